@@ -1,0 +1,312 @@
+-- 0002_runs: starting, claiming, checkpointing and finishing runs.
+--
+--   runledger.start_run(workflow, input, options)  public: create a run and dispatch it
+--   runledger._dispatch(...)                        enqueue "run R may be runnable" (graphile-worker job)
+--   runledger._claim_run(...)                       compare-and-set claim; returns the run and its checkpoints
+--   runledger._checkpoint(...)                      fenced checkpoint write
+--   runledger._checkpoint_outcome(...)              resolves a COMMIT whose outcome the client did not see
+--   runledger._complete_run / _fail_run / _dead_letter_run / _release_run
+--
+-- Error codes (SQLSTATE) are the ones RunledgerError maps in src/errors.ts:
+--   RL001 LEASE_LOST, RL002 NOT_FOUND, RL003 INVALID_INPUT, RL004 PAYLOAD_TOO_LARGE,
+--   RL005 INVALID_STATE, RL006 UNKNOWN_WORKFLOW.
+-- Every function that changes a run writes its event in the same transaction.
+
+create function runledger._max_payload_bytes() returns int
+language sql stable parallel safe as $$
+  select coalesce(nullif(current_setting('runledger.max_payload_bytes', true), '')::int, 4194304)
+$$;
+comment on function runledger._max_payload_bytes() is
+  'Largest input/output accepted, in bytes: setting runledger.max_payload_bytes, default 4 MiB.';
+
+create function runledger._task_identifier(p_queue text, p_workflow text, p_version text) returns text
+language sql immutable parallel safe as $$
+  select 'runledger:' || p_queue || ':' || p_workflow || '@' || p_version
+$$;
+comment on function runledger._task_identifier(text, text, text) is
+  'graphile-worker task that dispatches runs of one workflow version in one queue; a worker subscribes only to the pairs it serves.';
+
+create function runledger._dispatch(p_run_id text, p_task text, p_delay_ms int default 0) returns void
+language plpgsql volatile as $$
+begin
+  -- job_key per run: at most one pending dispatch per run. A duplicate is harmless
+  -- anyway, because claiming is a compare-and-set on the run row.
+  perform graphile_worker.add_job(
+    identifier   => p_task,
+    payload      => json_build_object('runId', p_run_id),
+    run_at       => case when p_delay_ms > 0 then now() + make_interval(secs => p_delay_ms / 1000.0) end,
+    max_attempts => 1,
+    job_key      => 'runledger:' || p_run_id,
+    job_key_mode => 'replace');
+end;
+$$;
+comment on function runledger._dispatch(text, text, int) is
+  'Enqueues a graphile-worker job meaning "run R may be runnable", optionally delayed. Called in the same transaction as every move into PENDING.';
+
+create function runledger.start_run(p_workflow text, p_input jsonb, p_options jsonb default '{}')
+returns text
+language plpgsql volatile as $$
+declare
+  v_now      timestamptz := runledger.now();
+  v_opts     jsonb := coalesce(p_options, '{}');
+  v_run_id   text := coalesce(v_opts->>'run_id', runledger._new_id());
+  v_version  text := v_opts->>'version';
+  v_wf       runledger.workflows;
+  v_queue    text;
+  v_deadline timestamptz;
+  v_existing runledger.runs;
+  v_inserted boolean;
+begin
+  if p_workflow is null then
+    raise exception using errcode = 'RL003', message = 'start_run: workflow name is required';
+  end if;
+  if jsonb_typeof(v_opts) <> 'object' then
+    raise exception using errcode = 'RL003', message = 'start_run: options must be a JSON object';
+  end if;
+  if pg_column_size(p_input) > runledger._max_payload_bytes() then
+    raise exception using errcode = 'RL004',
+      message = format('start_run: input is %s bytes, over the limit of %s', pg_column_size(p_input), runledger._max_payload_bytes());
+  end if;
+
+  select * into v_wf from runledger.workflows w
+   where w.workflow_name = p_workflow and (v_version is null or w.workflow_version = v_version)
+   order by w.registered_at desc limit 1;
+  if not found then
+    raise exception using errcode = 'RL006',
+      message = format('start_run: workflow %L%s is not registered (start a worker or engine that defines it)',
+                       p_workflow, coalesce(' version ' || quote_literal(v_version), ''));
+  end if;
+
+  v_queue := coalesce(v_opts->>'queue', v_wf.queue_name);
+  if v_queue !~ '^[A-Za-z0-9][A-Za-z0-9_.-]{0,39}$' then
+    raise exception using errcode = 'RL003', message = format('start_run: invalid queue name %L', v_queue);
+  end if;
+  if v_run_id !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}$' then
+    raise exception using errcode = 'RL003', message = format('start_run: invalid run_id %L', v_run_id);
+  end if;
+  if v_opts ? 'deadline' then
+    begin
+      v_deadline := v_now + (v_opts->>'deadline')::interval;
+    exception when others then
+      begin
+        v_deadline := (v_opts->>'deadline')::timestamptz;
+      exception when others then
+        raise exception using errcode = 'RL003',
+          message = format('start_run: deadline %L is neither an interval nor a timestamp', v_opts->>'deadline');
+      end;
+    end;
+  end if;
+
+  insert into runledger.runs (
+    run_id, workflow_name, workflow_version, queue_name, input, priority, concurrency_key,
+    idempotency_key, parent_run_id, deadline_at, max_recovery_attempts, version_manifest,
+    created_at, updated_at)
+  values (
+    v_run_id, v_wf.workflow_name, v_wf.workflow_version, v_queue, p_input,
+    coalesce((v_opts->>'priority')::int, 0), v_opts->>'concurrency_key',
+    v_opts->>'idempotency_key', v_opts->>'parent_run_id', v_deadline,
+    coalesce((v_opts->>'max_recovery_attempts')::int, v_wf.max_recovery_attempts),
+    coalesce(v_opts->'version_manifest', '{}'), v_now, v_now)
+  on conflict do nothing;
+  get diagnostics v_inserted = row_count;
+
+  if not v_inserted then
+    -- Idempotent start: the same run_id or idempotency key returns the existing run.
+    select * into v_existing from runledger.runs r
+     where r.run_id = v_run_id
+        or (v_opts ? 'idempotency_key' and r.workflow_name = p_workflow and r.idempotency_key = v_opts->>'idempotency_key')
+     limit 1;
+    if v_existing.workflow_name is distinct from p_workflow then
+      raise exception using errcode = 'RL005',
+        message = format('start_run: run_id %L already belongs to workflow %L', v_run_id, v_existing.workflow_name);
+    end if;
+    return v_existing.run_id;
+  end if;
+
+  insert into runledger.events (run_id, kind, detail, at)
+  values (v_run_id, 'created', jsonb_build_object('workflow', p_workflow, 'version', v_wf.workflow_version, 'queue', v_queue), v_now);
+  perform runledger._dispatch(v_run_id, runledger._task_identifier(v_queue, p_workflow, v_wf.workflow_version));
+  return v_run_id;
+end;
+$$;
+comment on function runledger.start_run(text, jsonb, jsonb) is
+  'Starts a run of a registered workflow and dispatches it; returns run_id. Options: run_id, idempotency_key (same key or run_id returns the existing run), queue, priority, concurrency_key, deadline (interval or timestamp), version, max_recovery_attempts.';
+
+-- ULIDs generated in SQL so that psql-started runs look like TypeScript-started ones:
+-- 48-bit millisecond time + 80 random bits, Crockford base32.
+create function runledger._new_id() returns text
+language plpgsql volatile as $$
+declare
+  v_alphabet constant text := '0123456789ABCDEFGHJKMNPQRSTVWXYZ';
+  v_ms    bigint := (extract(epoch from clock_timestamp()) * 1000)::bigint;
+  v_out   text := '';
+  -- 10 random bytes from the random parts of two v4 UUIDs (no pgcrypto needed).
+  v_bytes bytea := substring(uuid_send(gen_random_uuid()) from 1 for 6) || substring(uuid_send(gen_random_uuid()) from 11 for 4);
+  i int;
+begin
+  for i in reverse 9..0 loop
+    v_out := v_out || substr(v_alphabet, ((v_ms >> (i * 5)) & 31)::int + 1, 1);
+  end loop;
+  for i in 0..15 loop
+    -- 16 base32 characters from 80 random bits, 5 bits each.
+    v_out := v_out || substr(v_alphabet,
+      (((get_byte(v_bytes, (i * 5) / 8) << 8) | get_byte(v_bytes, least((i * 5) / 8 + 1, 9))) >> (11 - (i * 5) % 8) & 31) + 1, 1);
+  end loop;
+  return v_out;
+end;
+$$;
+comment on function runledger._new_id() is 'A new ULID (26 characters, Crockford base32) for ids created in SQL.';
+
+create function runledger._claim_run(p_run_id text, p_worker_id text, p_lease_ms int)
+returns table (
+  run_id text, workflow_name text, workflow_version text, input jsonb, fencing_token bigint,
+  recovery_attempts int, created_at timestamptz, checkpoints jsonb)
+language plpgsql volatile as $$
+declare
+  v_now timestamptz := runledger.now();
+  v_run runledger.runs;
+begin
+  -- Compare-and-set: only a PENDING run can be claimed, and every claim takes a new
+  -- fencing token, so a duplicate dispatch or a late worker claims nothing.
+  update runledger.runs r
+     set status = 'RUNNING', fencing_token = r.fencing_token + 1, lease_owner = p_worker_id,
+         lease_expires_at = v_now + make_interval(secs => p_lease_ms / 1000.0),
+         started_at = coalesce(r.started_at, v_now), updated_at = v_now
+   where r.run_id = p_run_id and r.status = 'PENDING'
+  returning r.* into v_run;
+  if not found then
+    return;
+  end if;
+  insert into runledger.events (run_id, kind, detail, fencing_token, at)
+  values (p_run_id, 'claimed', jsonb_build_object('worker', p_worker_id), v_run.fencing_token, v_now);
+  return query
+    select v_run.run_id, v_run.workflow_name, v_run.workflow_version, v_run.input, v_run.fencing_token,
+           v_run.recovery_attempts, v_run.created_at,
+           coalesce((select jsonb_agg(jsonb_build_array(s.seq, s.name, s.status, s.output, s.error) order by s.seq)
+                       from runledger.steps s where s.run_id = p_run_id), '[]'::jsonb);
+end;
+$$;
+comment on function runledger._claim_run(text, text, int) is
+  'Worker claim: PENDING -> RUNNING with fencing_token + 1 and a lease; returns the run with all its checkpoints (one round trip), or no row when the run is not claimable.';
+
+create function runledger._fence(p_run_id text, p_token bigint) returns void
+language plpgsql volatile as $$
+begin
+  -- The row lock taken here is held until commit: a takeover (which updates this row)
+  -- waits for us, and once it has happened our token no longer matches.
+  update runledger.runs set updated_at = runledger.now()
+   where run_id = p_run_id and fencing_token = p_token and status in ('RUNNING', 'CANCELLING');
+  if not found then
+    raise exception using errcode = 'RL001',
+      message = format('run %s: lease lost (fencing token %s is stale or the run stopped executing)', p_run_id, p_token);
+  end if;
+end;
+$$;
+comment on function runledger._fence(text, bigint) is
+  'Raises RL001 LEASE_LOST unless the caller still holds the run with this fencing token; locks the run row until commit.';
+
+create function runledger._checkpoint(
+  p_run_id text, p_token bigint, p_seq int, p_name text, p_kind text, p_status text,
+  p_output jsonb, p_error jsonb, p_attempts int, p_started_at timestamptz)
+returns int
+language plpgsql volatile as $$
+begin
+  perform runledger._fence(p_run_id, p_token);
+  insert into runledger.steps (run_id, seq, name, kind, status, output, error, attempts, started_at, finished_at, fencing_token)
+  values (p_run_id, p_seq, p_name, p_kind, p_status, p_output, p_error, p_attempts, p_started_at, runledger.now(), p_token);
+  -- The backend pid lets a client whose COMMIT outcome is unknown recognise its own session.
+  return pg_backend_pid();
+end;
+$$;
+comment on function runledger._checkpoint(text, bigint, int, text, text, text, jsonb, jsonb, int, timestamptz) is
+  'Fenced checkpoint write: checks the fencing token (row lock on the run) and inserts the step row, in the caller''s transaction.';
+
+create function runledger._checkpoint_outcome(p_run_id text, p_seq int, p_token bigint)
+returns table (committed boolean, status text, output jsonb, error jsonb, still_owner boolean)
+language plpgsql volatile as $$
+declare
+  v_token bigint;
+begin
+  -- Waits for any transaction still holding the run row (a COMMIT in flight), so the
+  -- answer below is final: the checkpoint either exists now or never will.
+  select r.fencing_token into v_token from runledger.runs r where r.run_id = p_run_id for update;
+  return query
+    select s.run_id is not null, s.status, s.output, s.error, v_token = p_token
+      from (select 1) one
+      left join runledger.steps s on s.run_id = p_run_id and s.seq = p_seq and s.fencing_token = p_token;
+end;
+$$;
+comment on function runledger._checkpoint_outcome(text, int, bigint) is
+  'After a COMMIT whose outcome the client did not see: waits for in-flight transactions on the run, then says whether the checkpoint committed.';
+
+create function runledger._finish_run(
+  p_run_id text, p_token bigint, p_status runledger.run_status, p_reason text,
+  p_output jsonb, p_error jsonb, p_evidence jsonb, p_policy_version text)
+returns void
+language plpgsql volatile as $$
+declare
+  v_now timestamptz := runledger.now();
+begin
+  update runledger.runs
+     set status = p_status, output = p_output, error = p_error, finished_at = v_now, updated_at = v_now,
+         lease_owner = null, lease_expires_at = null, wait_kind = null, wake_at = null,
+         termination_reason = p_reason, termination_evidence = p_evidence, terminated_at = v_now,
+         policy_version = p_policy_version
+   where run_id = p_run_id and fencing_token = p_token and status in ('RUNNING', 'CANCELLING');
+  if not found then
+    raise exception using errcode = 'RL001',
+      message = format('run %s: lease lost (fencing token %s is stale or the run stopped executing)', p_run_id, p_token);
+  end if;
+  insert into runledger.events (run_id, kind, detail, fencing_token, at)
+  values (p_run_id, lower(p_reason),
+          jsonb_strip_nulls(jsonb_build_object('status', p_status, 'error', p_error, 'evidence', p_evidence)), p_token, v_now);
+end;
+$$;
+comment on function runledger._finish_run(text, bigint, runledger.run_status, text, jsonb, jsonb, jsonb, text) is
+  'Fenced move of an executing run to a terminal status with its termination record (reason, evidence, time, policy version).';
+
+create function runledger._complete_run(p_run_id text, p_token bigint, p_output jsonb, p_policy_version text)
+returns void language sql volatile as $$
+  select runledger._finish_run(p_run_id, p_token, 'SUCCEEDED', 'COMPLETED', p_output, null,
+    jsonb_build_object('steps', (select count(*) from runledger.steps s where s.run_id = p_run_id)), p_policy_version)
+$$;
+comment on function runledger._complete_run(text, bigint, jsonb, text) is
+  'Fenced completion: output, SUCCEEDED and the COMPLETED termination record commit together.';
+
+create function runledger._fail_run(p_run_id text, p_token bigint, p_error jsonb, p_policy_version text)
+returns void language sql volatile as $$
+  select runledger._finish_run(p_run_id, p_token, 'FAILED', 'FAILED', null, p_error, null, p_policy_version)
+$$;
+comment on function runledger._fail_run(text, bigint, jsonb, text) is
+  'Fenced failure: the workflow threw; FAILED with the error and the FAILED termination record.';
+
+create function runledger._dead_letter_run(p_run_id text, p_token bigint, p_reason text, p_evidence jsonb, p_policy_version text)
+returns void language sql volatile as $$
+  select runledger._finish_run(p_run_id, p_token, 'DEAD_LETTER', p_reason, null, null, p_evidence, p_policy_version)
+$$;
+comment on function runledger._dead_letter_run(text, bigint, text, jsonb, text) is
+  'Fenced move to DEAD_LETTER (e.g. NON_DETERMINISM) with evidence; the run leaves the automatic path until retry_run.';
+
+create function runledger._release_run(p_run_id text, p_token bigint, p_delay_ms int, p_reason text)
+returns boolean
+language plpgsql volatile as $$
+declare
+  v_run runledger.runs;
+begin
+  update runledger.runs
+     set status = 'PENDING', lease_owner = null, lease_expires_at = null, updated_at = runledger.now()
+   where run_id = p_run_id and fencing_token = p_token and status = 'RUNNING'
+  returning * into v_run;
+  if not found then
+    return false;
+  end if;
+  insert into runledger.events (run_id, kind, detail, fencing_token)
+  values (p_run_id, 'released', jsonb_build_object('reason', p_reason, 'delay_ms', p_delay_ms), p_token);
+  perform runledger._dispatch(p_run_id, runledger._task_identifier(v_run.queue_name, v_run.workflow_name, v_run.workflow_version), p_delay_ms);
+  return true;
+end;
+$$;
+comment on function runledger._release_run(text, bigint, int, text) is
+  'A worker gives a run back (shutdown, infrastructure error): RUNNING -> PENDING and re-dispatched after p_delay_ms. Not a recovery attempt.';
+
+insert into runledger.migrations (version, name) values (2, '0002_runs');

@@ -1,0 +1,170 @@
+-- 0003_recovery: workers, leases, recovery of crashed workers' runs, dead letter, retry.
+--
+--   runledger._register_workflow(...)  a (workflow, version) pair becomes startable from SQL
+--   runledger._register_worker(...)    a worker process announces itself
+--   runledger._heartbeat(...)          renews the worker and the leases of all its runs in one call
+--   runledger._stop_worker(...)        graceful stop: gives back every run the worker still holds
+--   runledger._recover_expired(...)    sweeper: runs whose lease expired go back to PENDING
+--                                      (one recovery attempt) or, past the limit, to DEAD_LETTER
+--   runledger.retry_run(run_id)        public: a DEAD_LETTER or FAILED run back to PENDING
+
+create function runledger._register_workflow(p_name text, p_version text, p_queue text, p_max_recovery_attempts int)
+returns void language sql volatile as $$
+  insert into runledger.workflows (workflow_name, workflow_version, queue_name, max_recovery_attempts)
+  values (p_name, p_version, p_queue, p_max_recovery_attempts)
+  on conflict (workflow_name, workflow_version) do update
+     set queue_name = excluded.queue_name, max_recovery_attempts = excluded.max_recovery_attempts,
+         registered_at = runledger.now()
+$$;
+comment on function runledger._register_workflow(text, text, text, int) is
+  'Records a workflow (name, version) with its default queue and recovery limit, so start_run from SQL can resolve them.';
+
+create function runledger._register_worker(
+  p_worker_id text, p_host text, p_pid int, p_workflows text[], p_queues text[], p_concurrency int, p_lease_ms int)
+returns void language sql volatile as $$
+  insert into runledger.workers (worker_id, host, pid, workflows, queues, concurrency, lease_ms)
+  values (p_worker_id, p_host, p_pid, p_workflows, p_queues, p_concurrency, p_lease_ms)
+  on conflict (worker_id) do update
+     set last_heartbeat_at = runledger.now(), stopped_at = null
+$$;
+comment on function runledger._register_worker(text, text, int, text[], text[], int, int) is
+  'A worker process announces what it serves (workflow@version, queues), its concurrency and lease length.';
+
+create function runledger._heartbeat(p_worker_id text, p_lease_ms int) returns text[]
+language plpgsql volatile as $$
+declare
+  v_now  timestamptz := runledger.now();
+  v_runs text[];
+begin
+  update runledger.workers set last_heartbeat_at = v_now, stopped_at = null where worker_id = p_worker_id;
+  -- One statement renews every lease this worker holds. A run taken over by another
+  -- worker has another lease_owner and is not renewed: the caller sees it missing.
+  with renewed as (
+    update runledger.runs
+       set lease_expires_at = v_now + make_interval(secs => p_lease_ms / 1000.0)
+     where lease_owner = p_worker_id and status in ('RUNNING', 'CANCELLING')
+    returning run_id)
+  select coalesce(array_agg(run_id), '{}') into v_runs from renewed;
+  return v_runs;
+end;
+$$;
+comment on function runledger._heartbeat(text, int) is
+  'Worker heartbeat: marks the worker alive and renews the leases of all runs it owns; returns their ids.';
+
+create function runledger._stop_worker(p_worker_id text) returns int
+language plpgsql volatile as $$
+declare
+  v_run   record;
+  v_count int := 0;
+begin
+  for v_run in
+    select r.run_id, r.fencing_token from runledger.runs r
+     where r.lease_owner = p_worker_id and r.status = 'RUNNING'
+     for update
+  loop
+    if runledger._release_run(v_run.run_id, v_run.fencing_token, 0, 'worker_stopped') then
+      v_count := v_count + 1;
+    end if;
+  end loop;
+  update runledger.workers set stopped_at = runledger.now() where worker_id = p_worker_id;
+  return v_count;
+end;
+$$;
+comment on function runledger._stop_worker(text) is
+  'Graceful worker stop: every run the worker still holds goes back to PENDING (not a recovery attempt); returns how many.';
+
+create function runledger._recover_expired(p_limit int default 1000) returns int
+language plpgsql volatile as $$
+declare
+  v_now   timestamptz := runledger.now();
+  v_run   runledger.runs;
+  v_count int := 0;
+begin
+  -- SKIP LOCKED: several workers sweep at once without blocking on each other or on
+  -- a run whose owner is committing a checkpoint right now.
+  for v_run in
+    select * from runledger.runs r
+     where r.status = 'RUNNING' and r.lease_expires_at < v_now
+     order by r.lease_expires_at
+     limit p_limit
+     for update skip locked
+  loop
+    v_count := v_count + 1;
+    if v_run.recovery_attempts + 1 > v_run.max_recovery_attempts then
+      update runledger.runs
+         set status = 'DEAD_LETTER', finished_at = v_now, updated_at = v_now,
+             lease_owner = null, lease_expires_at = null,
+             termination_reason = 'MAX_RECOVERY_ATTEMPTS', terminated_at = v_now,
+             termination_evidence = jsonb_build_object(
+               'recovery_attempts', v_run.recovery_attempts,
+               'max_recovery_attempts', v_run.max_recovery_attempts,
+               'last_owner', v_run.lease_owner,
+               'lease_expired_at', v_run.lease_expires_at),
+             policy_version = coalesce(v_run.policy_version, 'runledger/1')
+       where run_id = v_run.run_id;
+      insert into runledger.events (run_id, kind, detail, fencing_token, at)
+      values (v_run.run_id, 'dead_lettered',
+              jsonb_build_object('reason', 'MAX_RECOVERY_ATTEMPTS', 'recovery_attempts', v_run.recovery_attempts,
+                                 'last_owner', v_run.lease_owner), v_run.fencing_token, v_now);
+    else
+      update runledger.runs
+         set status = 'PENDING', recovery_attempts = v_run.recovery_attempts + 1, updated_at = v_now,
+             lease_owner = null, lease_expires_at = null
+       where run_id = v_run.run_id;
+      insert into runledger.events (run_id, kind, detail, fencing_token, at)
+      values (v_run.run_id, 'lease_expired',
+              jsonb_build_object('last_owner', v_run.lease_owner, 'lease_expired_at', v_run.lease_expires_at,
+                                 'recovery_attempt', v_run.recovery_attempts + 1), v_run.fencing_token, v_now);
+      perform runledger._dispatch(v_run.run_id,
+        runledger._task_identifier(v_run.queue_name, v_run.workflow_name, v_run.workflow_version));
+    end if;
+  end loop;
+
+  -- A worker silent for two lease lengths is dead; its runs were (or are being) recovered above.
+  update runledger.workers w set stopped_at = v_now
+   where w.stopped_at is null and w.last_heartbeat_at < v_now - make_interval(secs => 2 * w.lease_ms / 1000.0);
+  return v_count;
+end;
+$$;
+comment on function runledger._recover_expired(int) is
+  'Sweeper, run by every live worker: each RUNNING run whose lease expired goes back to PENDING counting one recovery attempt and is re-dispatched, or, past max_recovery_attempts, to DEAD_LETTER with its termination record. Marks silent workers stopped. Returns how many runs it handled.';
+
+create function runledger.retry_run(p_run_id text) returns text
+language plpgsql volatile as $$
+declare
+  v_run     runledger.runs;
+  v_dropped jsonb;
+begin
+  select * into v_run from runledger.runs where run_id = p_run_id for update;
+  if not found then
+    raise exception using errcode = 'RL002', message = format('retry_run: run %L not found', p_run_id);
+  end if;
+  if v_run.status not in ('DEAD_LETTER', 'FAILED') then
+    raise exception using errcode = 'RL005',
+      message = format('retry_run: run %s is %s; only DEAD_LETTER and FAILED runs can be retried', p_run_id, v_run.status);
+  end if;
+  -- The failed step that ended the run is run again; every successful checkpoint stays.
+  delete from runledger.steps s
+   where s.run_id = p_run_id and s.status = 'FAILED'
+     and s.seq = (select max(seq) from runledger.steps where run_id = p_run_id)
+  returning jsonb_build_object('seq', s.seq, 'name', s.name, 'error', s.error) into v_dropped;
+
+  update runledger.runs
+     set status = 'PENDING', error = null, output = null, finished_at = null, updated_at = runledger.now(),
+         recovery_attempts = 0, termination_reason = null, termination_evidence = null,
+         terminated_at = null, policy_version = null
+   where run_id = p_run_id;
+  -- The old termination record is kept in the history.
+  insert into runledger.events (run_id, kind, detail, fencing_token)
+  values (p_run_id, 'retried', jsonb_strip_nulls(jsonb_build_object(
+            'previous_status', v_run.status, 'termination_reason', v_run.termination_reason,
+            'termination_evidence', v_run.termination_evidence, 'error', v_run.error,
+            'dropped_failed_step', v_dropped)), v_run.fencing_token);
+  perform runledger._dispatch(p_run_id, runledger._task_identifier(v_run.queue_name, v_run.workflow_name, v_run.workflow_version));
+  return 'PENDING';
+end;
+$$;
+comment on function runledger.retry_run(text) is
+  'Operator action: a DEAD_LETTER or FAILED run goes back to PENDING with its successful checkpoints intact (the last failed step runs again) and recovery attempts reset; the old termination record stays in events. Returns the new status.';
+
+insert into runledger.migrations (version, name) values (3, '0003_recovery');

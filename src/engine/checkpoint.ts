@@ -1,0 +1,91 @@
+import { serializeError } from '../errors.js';
+import type { Execution } from './execution.js';
+import { isConnectionError, pgCode } from './pg-errors.js';
+
+export const CHECKPOINT_SQL =
+  'select runledger._checkpoint($1, $2, $3, $4, $5, $6, $7::jsonb, $8::jsonb, $9, $10) as pid';
+
+export interface CheckpointRecord {
+  seq: number;
+  name: string;
+  kind: 'step' | 'transaction';
+  status: 'SUCCEEDED' | 'FAILED';
+  outputText: string | undefined;
+  error: unknown;
+  attempts: number;
+  startedAt: Date;
+}
+
+export function checkpointValues(exec: Execution, record: CheckpointRecord): unknown[] {
+  return [
+    exec.runId,
+    exec.fencingToken.toString(),
+    record.seq,
+    record.name,
+    record.kind,
+    record.status,
+    record.outputText ?? null,
+    record.status === 'FAILED' ? JSON.stringify(serializeError(record.error)) : null,
+    record.attempts,
+    record.startedAt,
+  ];
+}
+
+export type WriteResult = { ok: true } | { ok: false; halted: true };
+
+const WRITE_TRIES = 5;
+
+/**
+ * Writes a checkpoint in its own one-statement transaction (one round trip).
+ * A stale fencing token halts the execution (lease lost). A connection lost
+ * mid-write leaves the outcome unknown: it is resolved by reading whether the
+ * checkpoint committed, and written again only if it did not.
+ */
+export async function writeCheckpoint(exec: Execution, record: CheckpointRecord): Promise<WriteResult> {
+  const values = checkpointValues(exec, record);
+  for (let attempt = 1; ; attempt++) {
+    try {
+      await exec.deps.pool.query({ name: 'runledger_checkpoint', text: CHECKPOINT_SQL, values });
+      return { ok: true };
+    } catch (error) {
+      if (pgCode(error) === 'RL001') {
+        exec.halt({ kind: 'lease_lost', message: (error as Error).message });
+        return { ok: false, halted: true };
+      }
+      if (!isConnectionError(error) || attempt >= WRITE_TRIES) {
+        exec.halt({ kind: 'infrastructure', error });
+        return { ok: false, halted: true };
+      }
+      const outcome = await readCheckpointOutcome(exec, record.seq).catch(() => undefined);
+      if (outcome?.committed) return { ok: true };
+      if (outcome && !outcome.stillOwner) {
+        exec.halt({ kind: 'lease_lost', message: `run ${exec.runId}: taken over while a checkpoint write was in doubt` });
+        return { ok: false, halted: true };
+      }
+      await backoff(attempt);
+    }
+  }
+}
+
+export interface CheckpointOutcome {
+  committed: boolean;
+  status: 'SUCCEEDED' | 'FAILED' | null;
+  output: unknown;
+  error: unknown;
+  stillOwner: boolean;
+}
+
+/** Waits out any in-flight transaction on the run (row lock), then reports whether the checkpoint exists. */
+export async function readCheckpointOutcome(exec: Execution, seq: number): Promise<CheckpointOutcome> {
+  const result = await exec.deps.pool.query(
+    'select committed, status, output, error, still_owner from runledger._checkpoint_outcome($1, $2, $3)',
+    [exec.runId, seq, exec.fencingToken.toString()],
+  );
+  const row = result.rows[0];
+  return { committed: row.committed, status: row.status, output: row.output, error: row.error, stillOwner: row.still_owner };
+}
+
+export function backoff(attempt: number): Promise<void> {
+  const ms = Math.min(2_000, 50 * 2 ** attempt) * (0.5 + Math.random() / 2);
+  return new Promise((resolve) => setTimeout(resolve, ms));
+}

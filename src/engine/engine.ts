@@ -1,0 +1,134 @@
+import { Kysely, PostgresDialect } from 'kysely';
+import pg from 'pg';
+import { z } from 'zod';
+import { ConfigError, serializeError } from '../errors.js';
+import type { ExecutionDeps } from './execution.js';
+import { guardPool } from './pools.js';
+import { migrate } from './migrate.js';
+import { getRun, listRuns, retryRun, type ListRunsOptions, type RunRecord } from './runs.js';
+import { startRun, type RunHandle, type StartOptions } from './start.js';
+import type { RunStatus } from './states.js';
+import { startWorker, type Worker, type WorkerOptions } from './worker.js';
+import { defineWorkflow, workflowKey, type Workflow, type WorkflowFunction, type WorkflowOptions } from './workflow.js';
+
+export const MAX_PAYLOAD_BYTES_DEFAULT = 4 * 1024 * 1024;
+export const POOL_MAX_DEFAULT = 20;
+
+import type { LogFunction } from './pools.js';
+export type { LogFunction, LogLevel } from './pools.js';
+
+export interface EngineOptions {
+  /** PostgreSQL URL; default process.env.DATABASE_URL. */
+  connectionString?: string;
+  /** Bring your own pool instead of a connection string. */
+  pool?: pg.Pool;
+  /** Only 'runledger' for now: the SQL files name their schema explicitly so they run as-is in psql. */
+  schema?: string;
+  /** Largest input or step output stored, in bytes; default 4 MiB. */
+  maxPayloadBytes?: number;
+  /** Connections in the engine's own pool; default 20 (size it to worker concurrency + a few). */
+  poolMax?: number;
+  /** Where warnings and errors go; default: console.warn/error for 'warn'/'error', silent for 'info'. */
+  log?: LogFunction;
+}
+
+const optionsSchema = z.object({
+  connectionString: z.string().min(1).optional(),
+  pool: z.instanceof(pg.Pool).optional(),
+  schema: z.literal('runledger', { message: "schema: only 'runledger' is supported" }).optional(),
+  maxPayloadBytes: z.number().int().positive().optional(),
+  poolMax: z.number().int().min(2).optional(),
+  log: z.function().optional(),
+});
+
+const defaultLog: LogFunction = (level, message, meta) => {
+  if (level === 'info') return;
+  (level === 'error' ? console.error : console.warn)(`[runledger] ${message}`, meta ?? '');
+};
+
+export interface Engine {
+  workflow<I = unknown, O = unknown>(options: WorkflowOptions<I>, fn: WorkflowFunction<I, O>): Workflow<I, O>;
+  migrate(): Promise<{ applied: string[] }>;
+  start<I, O>(workflow: Workflow<I, O>, input: I, options?: StartOptions): Promise<RunHandle<O>>;
+  getRun(runId: string): Promise<RunRecord | undefined>;
+  listRuns(options?: ListRunsOptions): Promise<RunRecord[]>;
+  retry(runId: string): Promise<RunStatus>;
+  runWorker(options?: WorkerOptions): Promise<Worker>;
+  /** Stops this engine's workers and closes its pool (not a pool you passed in). */
+  close(): Promise<void>;
+  /** The Kysely instance over the engine's pool, for reading runledger's tables or your own. */
+  readonly db: Kysely<any>;
+  readonly pool: pg.Pool;
+}
+
+export function createEngine(options: EngineOptions = {}): Engine {
+  const parsed = optionsSchema.safeParse(options);
+  if (!parsed.success) throw new ConfigError(`createEngine: ${parsed.error.issues.map((i) => `${i.path.join('.')}: ${i.message}`).join('; ')}`);
+  const log: LogFunction = options.log ?? defaultLog;
+  const connectionString = options.connectionString ?? (options.pool ? undefined : process.env.DATABASE_URL);
+  if (!options.pool && !connectionString) {
+    throw new ConfigError('createEngine: pass connectionString or pool, or set DATABASE_URL');
+  }
+  const ownsPool = !options.pool;
+  const poolConfig: pg.PoolConfig = options.pool
+    ? { ...(options.pool as unknown as { options: pg.PoolConfig }).options }
+    : { connectionString, max: options.poolMax ?? POOL_MAX_DEFAULT, keepAlive: true };
+  const pool = options.pool ?? new pg.Pool(poolConfig);
+  guardPool(pool, 'pool', log);
+  const db = new Kysely<any>({ dialect: new PostgresDialect({ pool }) });
+  const deps: ExecutionDeps = { pool, db, maxPayloadBytes: options.maxPayloadBytes ?? MAX_PAYLOAD_BYTES_DEFAULT, log };
+
+  const workflows = new Map<string, Workflow<any, any>>();
+  const registered = new Map<string, Promise<void>>();
+  const workers = new Set<Worker>();
+
+  const registerWorkflow = (workflow: Workflow<any, any>): Promise<void> => {
+    const key = workflowKey(workflow.name, workflow.version);
+    let done = registered.get(key);
+    if (!done) {
+      done = pool
+        .query('select runledger._register_workflow($1, $2, $3, $4)', [workflow.name, workflow.version, workflow.queue, workflow.maxRecoveryAttempts])
+        .then(() => undefined);
+      done.catch(() => registered.delete(key)); // a failed registration is tried again next time
+      registered.set(key, done);
+    }
+    return done;
+  };
+  const fetchRun = (runId: string, opts?: { withSteps?: boolean }) => getRun(db, runId, opts);
+
+  return {
+    db,
+    pool,
+    workflow(workflowOptions, fn) {
+      const workflow = defineWorkflow(workflowOptions, fn);
+      const key = workflowKey(workflow.name, workflow.version);
+      if (workflows.has(key)) throw new ConfigError(`workflow ${key} is already defined on this engine`);
+      workflows.set(key, workflow);
+      return workflow;
+    },
+    migrate: () => migrate(pool, (message) => log('info', message)),
+    start: (workflow, input, startOptions) => startRun({ deps, registerWorkflow, getRun: fetchRun }, workflow, input, startOptions),
+    getRun: (runId) => fetchRun(runId),
+    listRuns: (listOptions) => listRuns(db, listOptions),
+    retry: (runId) => retryRun(pool, runId),
+    async runWorker(workerOptions) {
+      const worker = await startWorker({ deps, poolConfig, workflows: [...workflows.values()], registerWorkflow }, workerOptions);
+      workers.add(worker);
+      return {
+        workerId: worker.workerId,
+        get inFlight() {
+          return worker.inFlight;
+        },
+        stop: async () => {
+          await worker.stop();
+          workers.delete(worker);
+        },
+      };
+    },
+    async close() {
+      await Promise.all([...workers].map((worker) => worker.stop()));
+      workers.clear();
+      if (ownsPool) await pool.end();
+    },
+  };
+}

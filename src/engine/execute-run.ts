@@ -1,0 +1,154 @@
+import { InvalidInputError, NonDeterminismError, serializeError } from '../errors.js';
+import { WorkflowContext } from '../steps/context.js';
+import { Execution, type CheckpointRow, type ExecutionDeps, type Halt } from './execution.js';
+import { failpoint } from './failpoints.js';
+import { toJsonText } from './json.js';
+import { isConnectionError, pgCode } from './pg-errors.js';
+import type { Workflow } from './workflow.js';
+
+/** How long an infrastructure failure keeps a released run off the workers. */
+export const RELEASE_DELAY_MS = 1_000;
+const FINISH_TRIES = 5;
+
+export interface ClaimedRun {
+  run_id: string;
+  workflow_name: string;
+  workflow_version: string;
+  input: unknown;
+  fencing_token: string;
+  recovery_attempts: number;
+  checkpoints: CheckpointRow[];
+}
+
+const CLAIM_SQL =
+  'select run_id, workflow_name, workflow_version, input, fencing_token, recovery_attempts, checkpoints from runledger._claim_run($1, $2, $3)';
+
+export interface ExecuteOptions {
+  deps: ExecutionDeps;
+  workerId: string;
+  leaseMs: number;
+  resolveWorkflow: (name: string, version: string) => Workflow<any, any> | undefined;
+  track: (exec: Execution) => void;
+  untrack: (exec: Execution) => void;
+}
+
+/**
+ * One dispatch: claim the run (compare-and-set; a duplicate dispatch claims
+ * nothing), replay the workflow from its checkpoints and record how it ended.
+ */
+export async function executeRun(runId: string, options: ExecuteOptions): Promise<void> {
+  const { deps } = options;
+  const claimed = await deps.pool.query<ClaimedRun>({
+    name: 'runledger_claim',
+    text: CLAIM_SQL,
+    values: [runId, options.workerId, options.leaseMs],
+  });
+  const run = claimed.rows[0];
+  if (!run) return;
+
+  const exec = new Execution(run.run_id, BigInt(run.fencing_token), run.recovery_attempts + 1, run.checkpoints, deps, Date.now());
+  options.track(exec);
+  try {
+    const workflow = options.resolveWorkflow(run.workflow_name, run.workflow_version);
+    if (!workflow) {
+      // Dispatch is per (workflow, version), so this only happens if a definition vanished mid-process.
+      await release(exec, RELEASE_DELAY_MS, 'workflow_not_served');
+      return;
+    }
+    const policyVersion = `${workflow.name}@${workflow.version}`;
+    let input: unknown = run.input;
+    if (workflow.inputSchema) {
+      const parsed = workflow.inputSchema.safeParse(run.input);
+      if (!parsed.success) {
+        const error = new InvalidInputError(`input of run ${runId} does not match workflow ${workflow.name}: ${parsed.error.message}`);
+        await finish(exec, 'runledger._fail_run($1, $2, $3::jsonb, $4)', [JSON.stringify(serializeError(error)), policyVersion]);
+        return;
+      }
+      input = parsed.data;
+    }
+
+    const ctx = new WorkflowContext(exec);
+    const settled = workflow.fn(ctx, input).then(
+      (value) => ({ kind: 'returned' as const, value }),
+      (error: unknown) => ({ kind: 'threw' as const, error }),
+    );
+    const outcome = await Promise.race([settled, exec.halted]);
+
+    if ('kind' in outcome && outcome.kind === 'returned') {
+      if (exec.haltReason) return handleHalt(exec, exec.haltReason, policyVersion);
+      const leftover = exec.unconsumedCheckpoints();
+      if (leftover.length > 0) {
+        const error = new NonDeterminismError(
+          `run ${runId}: the workflow returned after ${exec.stepsTaken} steps but the history has ${run.checkpoints.length}`,
+          { stepsTaken: exec.stepsTaken, checkpoints: run.checkpoints.length, firstUnreached: leftover[0]![1] },
+        );
+        return handleHalt(exec, { kind: 'non_determinism', error }, policyVersion);
+      }
+      let outputText: string | undefined;
+      try {
+        outputText = toJsonText(outcome.value, `output of run ${runId}`);
+      } catch (error) {
+        await finish(exec, 'runledger._fail_run($1, $2, $3::jsonb, $4)', [JSON.stringify(serializeError(error)), policyVersion]);
+        return;
+      }
+      failpoint('before-complete', workflow.name);
+      await finish(exec, 'runledger._complete_run($1, $2, $3::jsonb, $4)', [outputText ?? null, policyVersion]);
+    } else if ('kind' in outcome && outcome.kind === 'threw') {
+      if (exec.haltReason) return handleHalt(exec, exec.haltReason, policyVersion);
+      await finish(exec, 'runledger._fail_run($1, $2, $3::jsonb, $4)', [JSON.stringify(serializeError(outcome.error)), policyVersion]);
+    } else {
+      await handleHalt(exec, outcome as Halt, policyVersion);
+    }
+  } catch (error) {
+    // Our own bookkeeping failed (database unreachable...): give the run back, or let its lease expire.
+    deps.log('error', `run ${runId}: execution failed`, { error: serializeError(error) });
+    await release(exec, RELEASE_DELAY_MS, 'infrastructure').catch(() => undefined);
+  } finally {
+    options.untrack(exec);
+  }
+}
+
+async function handleHalt(exec: Execution, halt: Halt, policyVersion: string): Promise<void> {
+  switch (halt.kind) {
+    case 'lease_lost':
+      exec.deps.log('warn', `run ${exec.runId}: ${halt.message}; another worker owns it now`);
+      return;
+    case 'non_determinism':
+      exec.deps.log('error', halt.error.message);
+      await finish(exec, 'runledger._dead_letter_run($1, $2, $3, $4::jsonb, $5)', [
+        'NON_DETERMINISM',
+        JSON.stringify({ message: halt.error.message, ...halt.error.details }),
+        policyVersion,
+      ]);
+      return;
+    case 'infrastructure':
+      exec.deps.log('warn', `run ${exec.runId}: released after an infrastructure error`, { error: serializeError(halt.error) });
+      await release(exec, RELEASE_DELAY_MS, 'infrastructure');
+      return;
+    case 'shutdown':
+      await release(exec, 0, 'worker_stopping');
+      return;
+  }
+}
+
+/** A fenced terminal write, retried across lost connections; a commit already made is recognised by the run's status. */
+async function finish(exec: Execution, call: string, args: unknown[]): Promise<void> {
+  for (let attempt = 1; ; attempt++) {
+    try {
+      await exec.deps.pool.query(`select ${call}`, [exec.runId, exec.fencingToken.toString(), ...args]);
+      return;
+    } catch (error) {
+      if (pgCode(error) === 'RL001') {
+        // Either another worker took over, or our previous try committed before its reply was lost.
+        exec.deps.log('warn', `run ${exec.runId}: not finished by this worker: ${(error as Error).message}`);
+        return;
+      }
+      if (!isConnectionError(error) || attempt >= FINISH_TRIES) throw error;
+      await new Promise((resolve) => setTimeout(resolve, 100 * attempt));
+    }
+  }
+}
+
+async function release(exec: Execution, delayMs: number, reason: string): Promise<void> {
+  await exec.deps.pool.query('select runledger._release_run($1, $2, $3, $4)', [exec.runId, exec.fencingToken.toString(), delayMs, reason]);
+}

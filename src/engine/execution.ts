@@ -1,0 +1,90 @@
+import type pg from 'pg';
+import type { Kysely } from 'kysely';
+import { NonDeterminismError } from '../errors.js';
+
+/** One checkpoint as loaded at claim time: [seq, name, status, output, error]. */
+export type CheckpointRow = [number, string, 'SUCCEEDED' | 'FAILED', unknown, unknown];
+
+/** Why an execution stopped before the workflow function settled. */
+export type Halt =
+  | { kind: 'lease_lost'; message: string }
+  | { kind: 'non_determinism'; error: NonDeterminismError }
+  | { kind: 'infrastructure'; error: unknown }
+  | { kind: 'shutdown' };
+
+export interface ExecutionDeps {
+  pool: pg.Pool;
+  db: Kysely<any>;
+  maxPayloadBytes: number;
+  log: (level: 'info' | 'warn' | 'error', message: string, meta?: Record<string, unknown>) => void;
+}
+
+/**
+ * The in-memory state of one claimed run on one worker: its fencing token, the
+ * checkpoints loaded at claim, the position of the next step and how it stops.
+ * Internal control flow (lease lost, non-determinism, shutdown) never throws
+ * through user code: the execution halts and the pending ctx call never settles.
+ */
+export class Execution {
+  readonly abortController = new AbortController();
+  readonly halted: Promise<Halt>;
+  haltReason: Halt | undefined;
+  private resolveHalt!: (halt: Halt) => void;
+  private nextSeq = 0;
+  private consumed = 0;
+
+  constructor(
+    readonly runId: string,
+    readonly fencingToken: bigint,
+    readonly attempt: number,
+    readonly checkpoints: ReadonlyArray<CheckpointRow>,
+    readonly deps: ExecutionDeps,
+    readonly claimedAt: number,
+  ) {
+    this.halted = new Promise((resolve) => (this.resolveHalt = resolve));
+  }
+
+  halt(reason: Halt): void {
+    if (this.haltReason) return;
+    this.haltReason = reason;
+    this.abortController.abort(reason.kind);
+    this.resolveHalt(reason);
+  }
+
+  /** A promise that never settles: the execution is abandoned by the worker, not unwound through user frames. */
+  suspend<T>(): Promise<T> {
+    return new Promise<T>(() => {});
+  }
+
+  /**
+   * Takes the next step position and returns the checkpoint recorded there, if any.
+   * A name differing from the recorded one is non-determinism: the run is parked, never guessed.
+   */
+  takeStep(name: string): { seq: number; recorded: CheckpointRow | undefined } | undefined {
+    const seq = this.nextSeq++;
+    const recorded = this.checkpoints[seq];
+    if (recorded) {
+      if (recorded[1] !== name) {
+        this.halt({
+          kind: 'non_determinism',
+          error: new NonDeterminismError(
+            `run ${this.runId}: step ${seq} is ${JSON.stringify(name)} in this execution but ${JSON.stringify(recorded[1])} in the checkpoint`,
+            { seq, expected: recorded[1], actual: name },
+          ),
+        });
+        return undefined;
+      }
+      this.consumed++;
+    }
+    return { seq, recorded };
+  }
+
+  /** Checkpoints the workflow returned without reaching: the code now takes fewer steps than the history. */
+  unconsumedCheckpoints(): CheckpointRow[] {
+    return this.checkpoints.slice(this.nextSeq);
+  }
+
+  get stepsTaken(): number {
+    return this.nextSeq;
+  }
+}

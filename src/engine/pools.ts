@@ -1,0 +1,12 @@
+import type pg from 'pg';
+import { serializeError } from '../errors.js';
+
+export type LogLevel = 'info' | 'warn' | 'error';
+export type LogFunction = (level: LogLevel, message: string, meta?: Record<string, unknown>) => void;
+
+/** A connection killed by the server (restart, pg_terminate_backend) must not crash the process; the pool replaces it. */
+export function guardPool(pool: pg.Pool, label: string, log: LogFunction): void {
+  const onError = (error: Error) => log('warn', `${label}: connection lost`, { error: serializeError(error) });
+  pool.on('error', onError);
+  pool.on('connect', (client) => client.on('error', onError));
+}

@@ -1,0 +1,104 @@
+import type pg from 'pg';
+import type { Kysely } from 'kysely';
+import { ConfigError, fromPgError } from '../errors.js';
+import { RUN_STATES, type RunStatus, type TerminationReason } from './states.js';
+
+export interface StepRecord {
+  seq: number;
+  name: string;
+  kind: 'step' | 'transaction';
+  status: 'SUCCEEDED' | 'FAILED';
+  output: unknown;
+  error: unknown;
+  attempts: number;
+  startedAt: Date;
+  finishedAt: Date;
+  fencingToken: string;
+}
+
+export interface RunRecord {
+  runId: string;
+  workflowName: string;
+  workflowVersion: string;
+  queueName: string;
+  status: RunStatus;
+  input: unknown;
+  output: unknown;
+  error: unknown;
+  priority: number;
+  concurrencyKey: string | null;
+  idempotencyKey: string | null;
+  parentRunId: string | null;
+  createdAt: Date;
+  updatedAt: Date;
+  startedAt: Date | null;
+  finishedAt: Date | null;
+  deadlineAt: Date | null;
+  waitKind: string | null;
+  wakeAt: Date | null;
+  leaseOwner: string | null;
+  leaseExpiresAt: Date | null;
+  fencingToken: string;
+  recoveryAttempts: number;
+  maxRecoveryAttempts: number;
+  versionManifest: unknown;
+  terminationReason: TerminationReason | null;
+  terminationEvidence: unknown;
+  terminatedAt: Date | null;
+  policyVersion: string | null;
+  /** Present from getRun (not from listRuns). */
+  steps?: StepRecord[];
+}
+
+const camel = (key: string) => key.replace(/_([a-z])/g, (_, c: string) => c.toUpperCase());
+
+function toRecord<T>(row: Record<string, unknown>): T {
+  const out: Record<string, unknown> = {};
+  for (const [key, value] of Object.entries(row)) out[camel(key)] = value;
+  if (typeof out.fencingToken === 'number' || typeof out.fencingToken === 'bigint') out.fencingToken = String(out.fencingToken);
+  return out as T;
+}
+
+export async function getRun(db: Kysely<any>, runId: string, options: { withSteps?: boolean } = {}): Promise<RunRecord | undefined> {
+  const row = await db.selectFrom('runledger.runs').selectAll().where('run_id', '=', runId).executeTakeFirst();
+  if (!row) return undefined;
+  const run = toRecord<RunRecord>(row);
+  if (options.withSteps !== false) {
+    const steps = await db.selectFrom('runledger.steps').selectAll().where('run_id', '=', runId).orderBy('seq').execute();
+    run.steps = steps.map((step) => {
+      const { runId: _ignored, ...rest } = toRecord<StepRecord & { runId: string }>(step);
+      return rest;
+    });
+  }
+  return run;
+}
+
+export interface ListRunsOptions {
+  status?: RunStatus | RunStatus[];
+  workflow?: string;
+  /** Default 100, at most 10,000. */
+  limit?: number;
+}
+
+export async function listRuns(db: Kysely<any>, options: ListRunsOptions = {}): Promise<RunRecord[]> {
+  const limit = options.limit ?? 100;
+  if (!Number.isInteger(limit) || limit < 1 || limit > 10_000) throw new ConfigError('listRuns: limit must be a whole number from 1 to 10000');
+  const statuses = options.status === undefined ? [] : Array.isArray(options.status) ? options.status : [options.status];
+  for (const status of statuses) {
+    if (!(RUN_STATES as readonly string[]).includes(status)) throw new ConfigError(`listRuns: unknown status ${JSON.stringify(status)}`);
+  }
+  let query = db.selectFrom('runledger.runs').selectAll().orderBy('created_at', 'desc').orderBy('run_id', 'desc').limit(limit);
+  if (statuses.length > 0) query = query.where('status', 'in', statuses);
+  if (options.workflow !== undefined) query = query.where('workflow_name', '=', options.workflow);
+  const rows = await query.execute();
+  return rows.map((row) => toRecord<RunRecord>(row));
+}
+
+export async function retryRun(pool: pg.Pool, runId: string): Promise<RunStatus> {
+  try {
+    const result = await pool.query('select runledger.retry_run($1) as status', [runId]);
+    return result.rows[0].status;
+  } catch (error) {
+    throw fromPgError(error);
+  }
+}

@@ -1,0 +1,115 @@
+import { ulid } from 'ulid';
+import { InvalidInputError, PayloadTooLargeError, RunFailedError, fromPgError } from '../errors.js';
+import { toMs, type Duration } from './duration.js';
+import type { ExecutionDeps } from './execution.js';
+import { toJsonText } from './json.js';
+import type { RunRecord } from './runs.js';
+import { TERMINAL_STATES } from './states.js';
+import type { Workflow } from './workflow.js';
+import { RUNTIME_MANIFEST } from './version.js';
+
+export interface StartOptions {
+  /** Explicit run id; starting again with the same id returns the same run. */
+  runId?: string;
+  /** Starting again with the same key (per workflow) returns the same run. */
+  idempotencyKey?: string;
+  queue?: string;
+  priority?: number;
+  concurrencyKey?: string;
+  /** Wall-clock lifetime ('2d', ms) or an absolute Date. */
+  deadline?: Duration | Date;
+}
+
+export interface RunHandle<O> {
+  readonly runId: string;
+  /** Resolves with the output when the run succeeds; rejects with RunFailedError when it ends any other way. */
+  result(options?: { timeoutMs?: number }): Promise<O>;
+}
+
+export interface StartHost {
+  deps: ExecutionDeps;
+  registerWorkflow: (workflow: Workflow<any, any>) => Promise<void>;
+  getRun: (runId: string, options?: { withSteps?: boolean }) => Promise<RunRecord | undefined>;
+}
+
+export async function startRun<I, O>(host: StartHost, workflow: Workflow<I, O>, input: I, options: StartOptions = {}): Promise<RunHandle<O>> {
+  let stored: unknown = input;
+  if (workflow.inputSchema) {
+    const parsed = workflow.inputSchema.safeParse(input);
+    if (!parsed.success) {
+      throw new InvalidInputError(`input for workflow ${workflow.name} is invalid: ${parsed.error.message}`, {
+        details: { issues: parsed.error.issues },
+      });
+    }
+    stored = parsed.data;
+  }
+  let inputText: string | undefined;
+  try {
+    inputText = toJsonText(stored, `input of workflow ${workflow.name}`);
+  } catch (error) {
+    throw new InvalidInputError((error as Error).message, { cause: error });
+  }
+  const size = inputText === undefined ? 0 : Buffer.byteLength(inputText);
+  if (size > host.deps.maxPayloadBytes) {
+    throw new PayloadTooLargeError(`input for workflow ${workflow.name} is ${size} bytes, over the limit of ${host.deps.maxPayloadBytes}`, {
+      details: { bytes: size, limit: host.deps.maxPayloadBytes },
+    });
+  }
+  await host.registerWorkflow(workflow);
+
+  const sqlOptions: Record<string, unknown> = {
+    run_id: options.runId ?? ulid(),
+    version: workflow.version,
+    queue: options.queue ?? workflow.queue,
+    max_recovery_attempts: workflow.maxRecoveryAttempts,
+    version_manifest: RUNTIME_MANIFEST,
+  };
+  if (options.idempotencyKey !== undefined) sqlOptions.idempotency_key = options.idempotencyKey;
+  if (options.priority !== undefined) sqlOptions.priority = options.priority;
+  if (options.concurrencyKey !== undefined) sqlOptions.concurrency_key = options.concurrencyKey;
+  if (options.deadline !== undefined) {
+    sqlOptions.deadline =
+      options.deadline instanceof Date ? options.deadline.toISOString() : `${toMs(options.deadline, 'deadline')} milliseconds`;
+  }
+  let runId: string;
+  try {
+    const result = await host.deps.pool.query({
+      name: 'runledger_start_run',
+      text: 'select runledger.start_run($1, $2::jsonb, $3::jsonb) as run_id',
+      values: [workflow.name, inputText ?? null, JSON.stringify(sqlOptions)],
+    });
+    runId = result.rows[0].run_id;
+  } catch (error) {
+    throw fromPgError(error);
+  }
+  return { runId, result: (opts) => awaitResult<O>(host, runId, opts?.timeoutMs) };
+}
+
+/**
+ * Polls the run row with a growing interval (10 ms up to 500 ms) until it is
+ * terminal. Polling keeps NOTIFY traffic off every completion's commit.
+ */
+export async function awaitResult<O>(host: StartHost, runId: string, timeoutMs = Infinity): Promise<O> {
+  const deadline = Date.now() + timeoutMs;
+  for (let interval = 10; ; interval = Math.min(500, interval * 1.5)) {
+    const run = await host.getRun(runId, { withSteps: false });
+    if (!run) throw new RunFailedError(`run ${runId} not found`, { runId });
+    if (TERMINAL_STATES.has(run.status)) {
+      if (run.status === 'SUCCEEDED') return run.output as O;
+      throw new RunFailedError(`run ${runId} ended ${run.status} (${run.terminationReason})${errorSuffix(run.error)}`, {
+        runId,
+        status: run.status,
+        terminationReason: run.terminationReason,
+        terminationEvidence: run.terminationEvidence,
+        error: run.error,
+      });
+    }
+    if (Date.now() + interval > deadline) throw new RunFailedError(`run ${runId} still ${run.status} after ${timeoutMs} ms`, { runId, status: run.status });
+    await new Promise((resolve) => setTimeout(resolve, interval));
+  }
+}
+
+function errorSuffix(error: unknown): string {
+  const message = (error as { message?: unknown } | null)?.message;
+  return typeof message === 'string' ? `: ${message}` : '';
+}

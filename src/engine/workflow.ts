@@ -1,0 +1,73 @@
+import type { ZodType } from 'zod';
+import { ConfigError } from '../errors.js';
+import type { WorkflowContext } from '../steps/context.js';
+
+/** Workflow, queue and version names: safe in task identifiers and never spliced into SQL. */
+export const NAME_PATTERN = /^[A-Za-z0-9][A-Za-z0-9_.-]{0,49}$/;
+export const QUEUE_PATTERN = /^[A-Za-z0-9][A-Za-z0-9_.-]{0,39}$/;
+export const VERSION_PATTERN = /^[A-Za-z0-9][A-Za-z0-9_.-]{0,19}$/;
+export const MAX_RECOVERY_ATTEMPTS_DEFAULT = 10;
+export const QUEUE_DEFAULT = 'default';
+
+export interface WorkflowLimits {
+  deadline?: string | number;
+  maxSteps?: number;
+  budget?: number;
+  noProgress?: number;
+}
+
+export interface WorkflowOptions<I> {
+  name: string;
+  /** Runs are pinned to the version they started with; default '1'. */
+  version?: string;
+  /** Validated before a run is stored (bad input: INVALID_INPUT, nothing stored) and again when a run started from SQL is claimed. */
+  input?: ZodType<I>;
+  queue?: string;
+  /** Recoveries after a lost lease before the run is dead-lettered; default 10. */
+  maxRecoveryAttempts?: number;
+  limits?: WorkflowLimits;
+}
+
+export type WorkflowFunction<I, O> = (ctx: WorkflowContext, input: I) => Promise<O>;
+
+export interface Workflow<I = unknown, O = unknown> {
+  readonly name: string;
+  readonly version: string;
+  readonly queue: string;
+  readonly maxRecoveryAttempts: number;
+  readonly inputSchema: ZodType<I> | undefined;
+  readonly limits: WorkflowLimits;
+  readonly fn: WorkflowFunction<I, O>;
+}
+
+export function defineWorkflow<I, O>(options: WorkflowOptions<I>, fn: WorkflowFunction<I, O>): Workflow<I, O> {
+  if (typeof options?.name !== 'string' || !NAME_PATTERN.test(options.name)) {
+    throw new ConfigError(`workflow name ${JSON.stringify(options?.name)} is invalid: 1-50 characters of letters, digits, '_', '.', '-'`);
+  }
+  const version = options.version ?? '1';
+  if (!VERSION_PATTERN.test(version)) {
+    throw new ConfigError(`workflow ${options.name}: version ${JSON.stringify(version)} is invalid: 1-20 characters of letters, digits, '_', '.', '-'`);
+  }
+  const queue = options.queue ?? QUEUE_DEFAULT;
+  if (!QUEUE_PATTERN.test(queue)) {
+    throw new ConfigError(`workflow ${options.name}: queue ${JSON.stringify(queue)} is invalid: 1-40 characters of letters, digits, '_', '.', '-'`);
+  }
+  const maxRecoveryAttempts = options.maxRecoveryAttempts ?? MAX_RECOVERY_ATTEMPTS_DEFAULT;
+  if (!Number.isInteger(maxRecoveryAttempts) || maxRecoveryAttempts < 0) {
+    throw new ConfigError(`workflow ${options.name}: maxRecoveryAttempts must be a whole number >= 0`);
+  }
+  if (typeof fn !== 'function') throw new ConfigError(`workflow ${options.name}: the second argument must be the workflow function`);
+  return Object.freeze({
+    name: options.name,
+    version,
+    queue,
+    maxRecoveryAttempts,
+    inputSchema: options.input,
+    limits: Object.freeze({ ...(options.limits ?? {}) }),
+    fn,
+  });
+}
+
+export function workflowKey(name: string, version: string): string {
+  return `${name}@${version}`;
+}

@@ -1,0 +1,137 @@
+/**
+ * Every error runledger raises is a RunledgerError with a stable `code`. The SQL
+ * functions raise the same codes as SQLSTATEs (RL001...), and `fromPgError` maps
+ * them back, so a failure reads the same from TypeScript and from psql.
+ */
+export type ErrorCode =
+  | 'LEASE_LOST'
+  | 'NOT_FOUND'
+  | 'INVALID_INPUT'
+  | 'PAYLOAD_TOO_LARGE'
+  | 'INVALID_STATE'
+  | 'UNKNOWN_WORKFLOW'
+  | 'NON_DETERMINISM'
+  | 'OUTPUT_NOT_SERIALIZABLE'
+  | 'SCHEMA_TOO_NEW'
+  | 'CONFIG'
+  | 'RUN_FAILED'
+  | 'STEP_FAILED'
+  | 'NOT_IN_WORKFLOW';
+
+export class RunledgerError extends Error {
+  readonly code: ErrorCode;
+  readonly details: Record<string, unknown> | undefined;
+
+  constructor(code: ErrorCode, message: string, options: { cause?: unknown; details?: Record<string, unknown> } = {}) {
+    super(message, options.cause === undefined ? undefined : { cause: options.cause });
+    this.name = new.target.name;
+    this.code = code;
+    this.details = options.details;
+  }
+}
+
+export class LeaseLostError extends RunledgerError {
+  constructor(message: string, options?: { cause?: unknown }) { super('LEASE_LOST', message, options); }
+}
+export class NotFoundError extends RunledgerError {
+  constructor(message: string, options?: { cause?: unknown }) { super('NOT_FOUND', message, options); }
+}
+export class InvalidInputError extends RunledgerError {
+  constructor(message: string, options?: { cause?: unknown; details?: Record<string, unknown> }) {
+    super('INVALID_INPUT', message, options);
+  }
+}
+export class PayloadTooLargeError extends RunledgerError {
+  constructor(message: string, options?: { cause?: unknown; details?: Record<string, unknown> }) {
+    super('PAYLOAD_TOO_LARGE', message, options);
+  }
+}
+export class InvalidStateError extends RunledgerError {
+  constructor(message: string, options?: { cause?: unknown }) { super('INVALID_STATE', message, options); }
+}
+export class UnknownWorkflowError extends RunledgerError {
+  constructor(message: string, options?: { cause?: unknown }) { super('UNKNOWN_WORKFLOW', message, options); }
+}
+export class NonDeterminismError extends RunledgerError {
+  constructor(message: string, details: Record<string, unknown>) { super('NON_DETERMINISM', message, { details }); }
+}
+export class NotSerializableError extends RunledgerError {
+  constructor(message: string) { super('OUTPUT_NOT_SERIALIZABLE', message); }
+}
+export class SchemaTooNewError extends RunledgerError {
+  constructor(message: string) { super('SCHEMA_TOO_NEW', message); }
+}
+export class ConfigError extends RunledgerError {
+  constructor(message: string, options?: { cause?: unknown }) { super('CONFIG', message, options); }
+}
+export class NotInWorkflowError extends RunledgerError {
+  constructor(message: string) { super('NOT_IN_WORKFLOW', message); }
+}
+
+/** A run ended FAILED (or another non-success terminal state); `details` holds the stored error and record. */
+export class RunFailedError extends RunledgerError {
+  constructor(message: string, details: Record<string, unknown>) { super('RUN_FAILED', message, { details }); }
+}
+
+/** What a failed step rethrows on replay: the recorded name, message and code of the original error. */
+export class StepFailedError extends RunledgerError {
+  readonly originalName: string;
+  readonly originalCode: unknown;
+  constructor(message: string, recorded: SerializedError) {
+    super('STEP_FAILED', message, { details: { ...recorded } });
+    this.originalName = recorded.name;
+    this.originalCode = recorded.code;
+  }
+}
+
+export interface SerializedError {
+  name: string;
+  message: string;
+  code?: unknown;
+  stack?: string;
+}
+
+/** SQLSTATEs raised by sql/*.sql, mapped to error classes. */
+const SQLSTATE_CLASSES: Record<string, new (message: string, options?: { cause?: unknown }) => RunledgerError> = {
+  RL001: LeaseLostError,
+  RL002: NotFoundError,
+  RL003: InvalidInputError,
+  RL004: PayloadTooLargeError,
+  RL005: InvalidStateError,
+  RL006: UnknownWorkflowError,
+};
+
+/** Maps a pg error raised by a runledger SQL function to its RunledgerError; other errors pass through. */
+export function fromPgError(error: unknown): unknown {
+  const code = (error as { code?: unknown } | null)?.code;
+  if (typeof code === 'string' && code in SQLSTATE_CLASSES) {
+    const Class = SQLSTATE_CLASSES[code]!;
+    return new Class((error as Error).message, { cause: error });
+  }
+  return error;
+}
+
+/** Normalises anything thrown into an Error. */
+export function coerceError(thrown: unknown): Error {
+  if (thrown instanceof Error) return thrown;
+  return new Error(typeof thrown === 'string' ? thrown : `non-error thrown: ${safeString(thrown)}`);
+}
+
+export function serializeError(thrown: unknown): SerializedError {
+  const error = coerceError(thrown);
+  const code = (error as { code?: unknown }).code;
+  return {
+    name: error.name,
+    message: error.message,
+    ...(code === undefined ? {} : { code: typeof code === 'string' || typeof code === 'number' ? code : String(code) }),
+    ...(error.stack === undefined ? {} : { stack: error.stack }),
+  };
+}
+
+function safeString(value: unknown): string {
+  try {
+    return JSON.stringify(value) ?? String(value);
+  } catch {
+    return String(value);
+  }
+}

@@ -1,0 +1,33 @@
+export { createEngine, MAX_PAYLOAD_BYTES_DEFAULT } from './engine/engine.js';
+export type { Engine, EngineOptions, LogFunction, LogLevel } from './engine/engine.js';
+export { defineWorkflow } from './engine/workflow.js';
+export type { Workflow, WorkflowFunction, WorkflowLimits, WorkflowOptions } from './engine/workflow.js';
+export type { RunHandle, StartOptions } from './engine/start.js';
+export type { ListRunsOptions, RunRecord, StepRecord } from './engine/runs.js';
+export type { Worker, WorkerOptions } from './engine/worker.js';
+export { LEASE_MS_DEFAULT, CONCURRENCY_DEFAULT } from './engine/worker.js';
+export { RUN_STATES, TERMINAL_STATES, TERMINATION_REASONS } from './engine/states.js';
+export type { RunStatus, TerminationReason } from './engine/states.js';
+export { loadMigrations } from './engine/migrate.js';
+export { WorkflowContext } from './steps/context.js';
+export type { StepFunction, StepInfo } from './steps/step.js';
+export type { TransactionFunction } from './steps/transaction.js';
+export {
+  RunledgerError,
+  LeaseLostError,
+  NotFoundError,
+  InvalidInputError,
+  PayloadTooLargeError,
+  InvalidStateError,
+  UnknownWorkflowError,
+  NonDeterminismError,
+  NotSerializableError,
+  SchemaTooNewError,
+  ConfigError,
+  NotInWorkflowError,
+  RunFailedError,
+  StepFailedError,
+} from './errors.js';
+export type { ErrorCode, SerializedError } from './errors.js';
+export { startEmbeddedPostgres } from './dev/embedded-postgres.js';
+export type { EmbeddedPostgres } from './dev/embedded-postgres.js';

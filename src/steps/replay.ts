@@ -1,0 +1,31 @@
+import { PayloadTooLargeError, StepFailedError, type SerializedError } from '../errors.js';
+import type { CheckpointRow, Execution } from '../engine/execution.js';
+import { toJsonText } from '../engine/json.js';
+
+/** The value a recorded checkpoint stands for: its output, or its failure rethrown. */
+export function replayCheckpoint<T>(recorded: CheckpointRow): T {
+  const [, name, status, output, error] = recorded;
+  if (status === 'FAILED') throw stepFailure(name, error as SerializedError);
+  return (output ?? undefined) as T;
+}
+
+export function stepFailure(name: string, recorded: SerializedError, cause?: unknown): StepFailedError {
+  const error = new StepFailedError(`step ${JSON.stringify(name)} failed: ${recorded.message}`, recorded);
+  if (cause !== undefined) Object.defineProperty(error, 'cause', { value: cause, enumerable: false });
+  return error;
+}
+
+/**
+ * Encodes a step's result for its checkpoint, or throws the error that fails the
+ * step (not serialisable, too large). Returns the text and the value a replay
+ * would return, so the first execution and every replay see the same value.
+ */
+export function encodeOutput(exec: Execution, name: string, value: unknown): { text: string | undefined; value: unknown } {
+  const text = toJsonText(value, `output of step ${JSON.stringify(name)}`);
+  if (text !== undefined && Buffer.byteLength(text) > exec.deps.maxPayloadBytes) {
+    throw new PayloadTooLargeError(
+      `output of step ${JSON.stringify(name)} is ${Buffer.byteLength(text)} bytes, over the limit of ${exec.deps.maxPayloadBytes}`,
+    );
+  }
+  return { text, value: text === undefined ? undefined : JSON.parse(text) };
+}

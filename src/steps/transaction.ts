@@ -1,0 +1,89 @@
+import { sql, type Transaction } from 'kysely';
+import { serializeError } from '../errors.js';
+import { backoff, checkpointValues, readCheckpointOutcome, writeCheckpoint } from '../engine/checkpoint.js';
+import type { Execution } from '../engine/execution.js';
+import { failpoint } from '../engine/failpoints.js';
+import { isConnectionError, isRetryableTransactionError, pgCode } from '../engine/pg-errors.js';
+import { encodeOutput, replayCheckpoint, stepFailure } from './replay.js';
+
+/** How many times a transaction step is re-run after a serialization failure, deadlock or lost connection. */
+export const TRANSACTION_TRIES = 10;
+
+export type TransactionFunction<T, DB> = (trx: Transaction<DB>) => Promise<T>;
+
+class UserFailure {
+  constructor(readonly error: unknown) {}
+}
+
+/**
+ * `ctx.transaction(name, fn)`: the user's writes, the fencing check and the
+ * checkpoint commit in ONE transaction, so the writes happen exactly once.
+ * Serialization failures and deadlocks re-run the whole transaction. A COMMIT
+ * whose outcome the client did not see is resolved by reading whether the
+ * checkpoint exists (after any in-flight transaction on the run has finished),
+ * never by blindly running the step again.
+ */
+export async function runTransaction<T, DB>(exec: Execution, name: string, fn: TransactionFunction<T, DB>): Promise<T> {
+  const position = exec.takeStep(name);
+  if (!position) return exec.suspend();
+  if (position.recorded) return replayCheckpoint<T>(position.recorded);
+  const { seq } = position;
+
+  const startedAt = new Date();
+  for (let attempt = 1; ; attempt++) {
+    if (exec.haltReason) return exec.suspend();
+    let commitSent = false;
+    try {
+      const value = await exec.deps.db.transaction().execute(async (trx) => {
+        let encoded: { text: string | undefined; value: unknown };
+        try {
+          encoded = encodeOutput(exec, name, await fn(trx as unknown as Transaction<DB>));
+        } catch (error) {
+          // A transient database error inside the user's code re-runs the transaction; anything else fails the step.
+          if (isRetryableTransactionError(error) || isConnectionError(error)) throw error;
+          throw new UserFailure(error);
+        }
+        // Halted while the user's code ran (lease lost, shutdown): roll back, write nothing.
+        if (exec.haltReason) throw new Error('execution halted');
+        failpoint('before-checkpoint', name);
+        const record = { seq, name, kind: 'transaction' as const, status: 'SUCCEEDED' as const, outputText: encoded.text, error: undefined, attempts: attempt, startedAt };
+        // Fencing check (row lock on the run) and checkpoint, in the user's transaction.
+        await sql`select runledger._checkpoint(${sql.join(checkpointValues(exec, record))})`.execute(trx);
+        commitSent = true;
+        return encoded.value;
+      });
+      failpoint('after-commit', name);
+      return value as T;
+    } catch (error) {
+      if (exec.haltReason) return exec.suspend();
+      if (error instanceof UserFailure) {
+        const written = await writeCheckpoint(exec, {
+          seq, name, kind: 'transaction', status: 'FAILED', outputText: undefined, error: error.error, attempts: attempt, startedAt,
+        });
+        if (!written.ok) return exec.suspend();
+        throw stepFailure(name, serializeError(error.error), error.error);
+      }
+      if (pgCode(error) === 'RL001') {
+        exec.halt({ kind: 'lease_lost', message: (error as Error).message });
+        return exec.suspend();
+      }
+      if (commitSent && isConnectionError(error)) {
+        const outcome = await readCheckpointOutcome(exec, seq).catch(() => undefined);
+        if (outcome?.committed) {
+          return replayCheckpoint<T>([seq, name, outcome.status ?? 'SUCCEEDED', outcome.output, outcome.error]);
+        }
+        if (outcome && !outcome.stillOwner) {
+          exec.halt({ kind: 'lease_lost', message: `run ${exec.runId}: taken over while a commit was in doubt` });
+          return exec.suspend();
+        }
+        // Not committed (or not known yet): nothing of this attempt is in the database; run it again.
+      }
+      const transient = isRetryableTransactionError(error) || isConnectionError(error);
+      if (!transient || attempt >= TRANSACTION_TRIES) {
+        exec.halt({ kind: 'infrastructure', error });
+        return exec.suspend();
+      }
+      await backoff(attempt);
+    }
+  }
+}
