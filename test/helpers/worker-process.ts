@@ -1,0 +1,46 @@
+import { spawn, type ChildProcess } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
+
+const WORKER_SCRIPT = fileURLToPath(new URL('../fixtures/worker-process.ts', import.meta.url));
+const ROOT = fileURLToPath(new URL('../..', import.meta.url));
+
+export interface WorkerProcess {
+  child: ChildProcess;
+  pid: number;
+  /** Resolves with the exit code / signal once the process is gone. */
+  exited: Promise<{ code: number | null; signal: NodeJS.Signals | null }>;
+  kill(signal?: NodeJS.Signals): void;
+  output(): string;
+}
+
+/** Spawns test/fixtures/worker-process.ts and resolves once it prints "ready". */
+export async function spawnWorker(env: Record<string, string>): Promise<WorkerProcess> {
+  const child = spawn(process.execPath, ['--import', 'tsx', WORKER_SCRIPT], {
+    cwd: ROOT,
+    env: { ...process.env, ...env },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  let output = '';
+  child.stdout!.on('data', (chunk) => (output += chunk));
+  child.stderr!.on('data', (chunk) => (output += chunk));
+  const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) =>
+    child.on('exit', (code, signal) => resolve({ code, signal })),
+  );
+  await new Promise<void>((resolve, reject) => {
+    const onData = () => {
+      if (output.includes('ready ')) {
+        child.stdout!.off('data', onData);
+        resolve();
+      }
+    };
+    child.stdout!.on('data', onData);
+    void exited.then(({ code, signal }) => reject(new Error(`worker exited before ready (code ${code}, signal ${signal}):\n${output}`)));
+  });
+  return {
+    child,
+    pid: child.pid!,
+    exited,
+    kill: (signal = 'SIGKILL') => void child.kill(signal),
+    output: () => output,
+  };
+}
