@@ -114,6 +114,7 @@ create unique index runs_idempotency_key on runledger.runs (workflow_name, idemp
 create index runs_lease_expiry on runledger.runs (lease_expires_at)
   where status in ('RUNNING', 'CANCELLING');
 create index runs_status_created on runledger.runs (status, created_at);
+create index runs_pending_since on runledger.runs (updated_at) where status = 'PENDING';
 create index runs_parent on runledger.runs (parent_run_id) where parent_run_id is not null;
 
 create table runledger.steps (

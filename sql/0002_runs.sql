@@ -35,7 +35,8 @@ begin
     identifier   => p_task,
     payload      => json_build_object('runId', p_run_id),
     run_at       => case when p_delay_ms > 0 then now() + make_interval(secs => p_delay_ms / 1000.0) end,
-    max_attempts => 1,
+    -- A failed dispatch job (its claim could not reach the database) is retried by graphile-worker.
+    max_attempts => 25,
     job_key      => 'runledger:' || p_run_id,
     job_key_mode => 'replace');
 end;
@@ -157,7 +158,7 @@ end;
 $$;
 comment on function runledger._new_id() is 'A new ULID (26 characters, Crockford base32) for ids created in SQL.';
 
-create function runledger._claim_run(p_run_id text, p_worker_id text, p_lease_ms int)
+create function runledger._claim_run(p_run_id text, p_worker_id text, p_lease_ms int, p_reclaim boolean default false)
 returns table (
   run_id text, workflow_name text, workflow_version text, input jsonb, fencing_token bigint,
   recovery_attempts int, created_at timestamptz, checkpoints jsonb)
@@ -172,7 +173,11 @@ begin
      set status = 'RUNNING', fencing_token = r.fencing_token + 1, lease_owner = p_worker_id,
          lease_expires_at = v_now + make_interval(secs => p_lease_ms / 1000.0),
          started_at = coalesce(r.started_at, v_now), updated_at = v_now
-   where r.run_id = p_run_id and r.status = 'PENDING'
+   where r.run_id = p_run_id
+     and (r.status = 'PENDING'
+          -- p_reclaim: this worker's earlier claim may have committed with its reply lost
+          -- (connection dropped); the worker is not executing the run, so it claims it again.
+          or (p_reclaim and r.status = 'RUNNING' and r.lease_owner = p_worker_id))
   returning r.* into v_run;
   if not found then
     return;
@@ -186,8 +191,8 @@ begin
                        from runledger.steps s where s.run_id = p_run_id), '[]'::jsonb);
 end;
 $$;
-comment on function runledger._claim_run(text, text, int) is
-  'Worker claim: PENDING -> RUNNING with fencing_token + 1 and a lease; returns the run with all its checkpoints (one round trip), or no row when the run is not claimable.';
+comment on function runledger._claim_run(text, text, int, boolean) is
+  'Worker claim: PENDING -> RUNNING with fencing_token + 1 and a lease; returns the run with all its checkpoints (one round trip), or no row when the run is not claimable. p_reclaim also takes back a run this worker already owns (a claim whose reply was lost).';
 
 create function runledger._fence(p_run_id text, p_token bigint) returns void
 language plpgsql volatile as $$

@@ -129,6 +129,39 @@ $$;
 comment on function runledger._recover_expired(int) is
   'Sweeper, run by every live worker: each RUNNING run whose lease expired goes back to PENDING counting one recovery attempt and is re-dispatched, or, past max_recovery_attempts, to DEAD_LETTER with its termination record. Marks silent workers stopped. Returns how many runs it handled.';
 
+create function runledger._redispatch_orphans(p_older_than_ms int, p_limit int default 1000) returns int
+language plpgsql volatile as $$
+declare
+  v_now   timestamptz := runledger.now();
+  v_run   runledger.runs;
+  v_count int := 0;
+begin
+  -- Safety net: a PENDING run must always have a dispatch job waiting. One whose job
+  -- is gone or stuck locked (a claim that never reached the database, a job deleted by
+  -- hand) is dispatched again. Duplicates are harmless: the claim is a compare-and-set.
+  for v_run in
+    select * from runledger.runs r
+     where r.status = 'PENDING'
+       and r.updated_at < v_now - make_interval(secs => p_older_than_ms / 1000.0)
+       and not exists (select 1 from graphile_worker.jobs j
+                        where j.key = 'runledger:' || r.run_id and j.locked_at is null)
+     order by r.updated_at
+     limit p_limit
+     for update skip locked
+  loop
+    v_count := v_count + 1;
+    update runledger.runs set updated_at = v_now where run_id = v_run.run_id;
+    insert into runledger.events (run_id, kind, detail, at)
+    values (v_run.run_id, 'redispatched', jsonb_build_object('pending_since', v_run.updated_at), v_now);
+    perform runledger._dispatch(v_run.run_id,
+      runledger._task_identifier(v_run.queue_name, v_run.workflow_name, v_run.workflow_version));
+  end loop;
+  return v_count;
+end;
+$$;
+comment on function runledger._redispatch_orphans(int, int) is
+  'Sweeper safety net: PENDING runs older than p_older_than_ms with no waiting dispatch job are dispatched again. Returns how many.';
+
 create function runledger.retry_run(p_run_id text) returns text
 language plpgsql volatile as $$
 declare

@@ -21,13 +21,15 @@ export interface ClaimedRun {
 }
 
 const CLAIM_SQL =
-  'select run_id, workflow_name, workflow_version, input, fencing_token, recovery_attempts, checkpoints from runledger._claim_run($1, $2, $3)';
+  'select run_id, workflow_name, workflow_version, input, fencing_token, recovery_attempts, checkpoints from runledger._claim_run($1, $2, $3, $4)';
+const CLAIM_TRIES = 5;
 
 export interface ExecuteOptions {
   deps: ExecutionDeps;
   workerId: string;
   leaseMs: number;
   resolveWorkflow: (name: string, version: string) => Workflow<any, any> | undefined;
+  isExecuting: (runId: string) => boolean;
   track: (exec: Execution) => void;
   untrack: (exec: Execution) => void;
 }
@@ -38,12 +40,8 @@ export interface ExecuteOptions {
  */
 export async function executeRun(runId: string, options: ExecuteOptions): Promise<void> {
   const { deps } = options;
-  const claimed = await deps.pool.query<ClaimedRun>({
-    name: 'runledger_claim',
-    text: CLAIM_SQL,
-    values: [runId, options.workerId, options.leaseMs],
-  });
-  const run = claimed.rows[0];
+  if (options.isExecuting(runId)) return; // a duplicate dispatch while we run it
+  const run = await claim(runId, options);
   if (!run) return;
 
   const exec = new Execution(run.run_id, BigInt(run.fencing_token), run.recovery_attempts + 1, run.checkpoints, deps, Date.now());
@@ -105,6 +103,28 @@ export async function executeRun(runId: string, options: ExecuteOptions): Promis
     await release(exec, RELEASE_DELAY_MS, 'infrastructure').catch(() => undefined);
   } finally {
     options.untrack(exec);
+  }
+}
+
+/**
+ * Claims with retries across lost connections. After a try whose reply was lost,
+ * the claim may have committed, so the next try also takes back a run this worker
+ * already owns. Throws when the database stays unreachable: the dispatch job then
+ * fails and graphile-worker retries it later.
+ */
+async function claim(runId: string, options: ExecuteOptions): Promise<ClaimedRun | undefined> {
+  for (let attempt = 1; ; attempt++) {
+    try {
+      const result = await options.deps.pool.query<ClaimedRun>({
+        name: 'runledger_claim',
+        text: CLAIM_SQL,
+        values: [runId, options.workerId, options.leaseMs, attempt > 1],
+      });
+      return result.rows[0];
+    } catch (error) {
+      if (!isConnectionError(error) || attempt >= CLAIM_TRIES) throw error;
+      await new Promise((resolve) => setTimeout(resolve, 100 * attempt));
+    }
   }
 }
 

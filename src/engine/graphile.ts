@@ -44,5 +44,13 @@ export async function startDispatchRunner(options: DispatchRunnerOptions): Promi
     noHandleSignals: true,
     taskList,
     logger: graphileLogger(options.onError),
+    preset: {
+      worker: {
+        // Batched completion retries any error (a terminated connection included) instead
+        // of leaving an unhandled rejection; delay 0 batches within one tick only.
+        completeJobBatchDelay: 0,
+        failJobBatchDelay: 0,
+      },
+    },
   });
 }

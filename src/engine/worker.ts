@@ -13,6 +13,7 @@ export const LEASE_MS_MIN = 500;
 export const CONCURRENCY_DEFAULT = 16;
 export const SHUTDOWN_TIMEOUT_MS_DEFAULT = 10_000;
 export const POLL_INTERVAL_MS_DEFAULT = 2_000;
+export const ORPHAN_AFTER_MS_DEFAULT = 60_000;
 
 export interface WorkerOptions {
   /** Runs executed at once by this process; default 16. */
@@ -23,6 +24,8 @@ export interface WorkerOptions {
   leaseMs?: number;
   /** How often the sweeper looks for expired leases; default leaseMs / 2. */
   sweepIntervalMs?: number;
+  /** A PENDING run with no dispatch job waiting for this long is dispatched again; default 60 s. */
+  orphanAfterMs?: number;
   /** Fallback poll for dispatch jobs when LISTEN/NOTIFY is missed; default 2 s. */
   pollIntervalMs?: number;
   /** On stop(), how long in-flight runs may take to finish before they are released; default 10 s. */
@@ -78,6 +81,7 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
     workerId,
     leaseMs,
     resolveWorkflow: (name: string, version: string) => byKey.get(workflowKey(name, version)),
+    isExecuting: (runId: string) => [...executions].some((exec) => exec.runId === runId),
     track: (exec: Execution) => void executions.add(exec),
     untrack: (exec: Execution) => void executions.delete(exec),
   };
@@ -87,8 +91,10 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
       try {
         await executeRun(runId, execOptions);
       } catch (error) {
-        // Never fail the dispatch job: the run's own state (and the sweeper) decide what happens next.
-        deps.log('error', `run ${runId}: claim failed`, { error: serializeError(error) });
+        // Only a claim that never reached the database gets here: failing the job makes
+        // graphile-worker dispatch it again later.
+        deps.log('error', `run ${runId}: claim failed; the dispatch will be retried`, { error: serializeError(error) });
+        throw error;
       }
     });
   }
@@ -122,10 +128,17 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
       }
     }
   };
+  const orphanAfterMs = options.orphanAfterMs ?? ORPHAN_AFTER_MS_DEFAULT;
+  let lastOrphanSweep = 0;
   const sweep = async () => {
     try {
       const result = await deps.pool.query('select runledger._recover_expired(1000) as recovered');
       if (result.rows[0].recovered > 0) deps.log('info', `recovered ${result.rows[0].recovered} run(s) with expired leases`);
+      if (Date.now() - lastOrphanSweep >= orphanAfterMs / 2) {
+        lastOrphanSweep = Date.now();
+        const orphans = await deps.pool.query('select runledger._redispatch_orphans($1, 1000) as n', [orphanAfterMs]);
+        if (orphans.rows[0].n > 0) deps.log('warn', `dispatched ${orphans.rows[0].n} pending run(s) again that had no dispatch job`);
+      }
     } catch (error) {
       deps.log('warn', 'sweep failed', { error: serializeError(error) });
     }

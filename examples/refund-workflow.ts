@@ -1,0 +1,166 @@
+/**
+ * A refund as a durable workflow: the example used by `npm run demo` and
+ * loadable by the CLI (`runledger worker --module ./examples/refund-workflow.ts`
+ * under tsx, or its compiled .js).
+ *
+ *   load-order          ctx.step         read the order
+ *   reserve-refund      ctx.transaction  refund row + order total, exactly once
+ *   refund-at-provider  ctx.step         call the (fake) payment provider
+ *   record-ledger       ctx.transaction  double-entry ledger rows, exactly once
+ *   notify-customer     ctx.step         send the (fake) e-mail
+ *
+ * In an application, import from 'runledger' instead of '../src/index.js'.
+ */
+import type pg from 'pg';
+import { z } from 'zod';
+import type { Engine } from '../src/index.js';
+
+/**
+ * `shop` is the application's own data. `payment_provider` stands in for a
+ * system outside our database: its writes commit on their own, never inside a
+ * runledger checkpoint, exactly like a real HTTP call.
+ */
+export const REFUND_TABLES = `
+  create schema if not exists shop;
+  create table if not exists shop.orders (
+    order_id       text primary key,
+    customer_email text not null,
+    total_cents    int  not null check (total_cents > 0),
+    refunded_cents int  not null default 0 check (refunded_cents between 0 and total_cents));
+  create table if not exists shop.refunds (
+    refund_id          text primary key,  -- the run id: one refund per run
+    order_id           text not null references shop.orders,
+    amount_cents       int  not null check (amount_cents > 0),
+    reason             text not null,
+    status             text not null,     -- reserved, paid
+    provider_refund_id text,
+    created_at         timestamptz not null default now());
+  create table if not exists shop.ledger_entries (
+    entry_id     bigint generated always as identity primary key,
+    refund_id    text not null references shop.refunds,
+    account      text not null,
+    debit_cents  int  not null default 0,
+    credit_cents int  not null default 0);
+  create schema if not exists payment_provider;
+  create table if not exists payment_provider.refunds (
+    idempotency_key    text primary key,
+    provider_refund_id text not null,
+    amount_cents       int  not null,
+    calls              int  not null default 1);
+`;
+
+export async function createRefundTables(pool: pg.Pool): Promise<void> {
+  await pool.query(REFUND_TABLES);
+}
+
+const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+
+/**
+ * The fake provider dedupes on the idempotency key, as real payment APIs do:
+ * that is what makes an at-least-once `ctx.step` safe for a money movement.
+ * `calls` counts every request, so the demo can show a repeated call.
+ */
+async function refundAtProvider(pool: pg.Pool, idempotencyKey: string, amountCents: number) {
+  await sleep(80 + Math.random() * 120); // network and provider latency
+  const result = await pool.query(
+    `insert into payment_provider.refunds (idempotency_key, provider_refund_id, amount_cents)
+     values ($1, 're_' || substr(md5(random()::text), 1, 12), $2)
+     on conflict (idempotency_key) do update set calls = payment_provider.refunds.calls + 1
+     returning provider_refund_id`,
+    [idempotencyKey, amountCents],
+  );
+  return result.rows[0].provider_refund_id as string;
+}
+
+export class RefundRejectedError extends Error {
+  override name = 'RefundRejectedError';
+}
+
+export const refundInput = z.object({
+  orderId: z.string().min(1),
+  amountCents: z.number().int().positive(),
+  reason: z.string().default('customer request'),
+});
+
+export interface RefundHooks {
+  /** Called after the provider accepted the refund, before the step's checkpoint (the demo crashes here). */
+  afterProviderCall?: (orderId: string) => void;
+}
+
+export function defineRefundWorkflow(engine: Engine, hooks: RefundHooks = {}) {
+  return engine.workflow(
+    { name: 'refund', input: refundInput, maxRecoveryAttempts: 3 },
+    async (ctx, input) => {
+      const order = await ctx.step('load-order', async () => {
+        const result = await engine.pool.query('select * from shop.orders where order_id = $1', [input.orderId]);
+        if (result.rowCount === 0) throw new RefundRejectedError(`order ${input.orderId} does not exist`);
+        return result.rows[0] as { order_id: string; customer_email: string; total_cents: number };
+      });
+
+      // The check and both writes share one transaction with the checkpoint:
+      // a crash or a retry can never reserve the same refund twice.
+      await ctx.transaction('reserve-refund', async (trx) => {
+        const row = await trx
+          .selectFrom('shop.orders')
+          .select(['total_cents', 'refunded_cents'])
+          .where('order_id', '=', order.order_id)
+          .forUpdate()
+          .executeTakeFirstOrThrow();
+        const refundable = row.total_cents - row.refunded_cents;
+        if (input.amountCents > refundable) {
+          throw new RefundRejectedError(`refund of ${cents(input.amountCents)} exceeds the refundable ${cents(refundable)} on ${order.order_id}`);
+        }
+        await trx
+          .insertInto('shop.refunds')
+          .values({ refund_id: ctx.runId, order_id: order.order_id, amount_cents: input.amountCents, reason: input.reason, status: 'reserved' })
+          .execute();
+        await trx
+          .updateTable('shop.orders')
+          .set((eb) => ({ refunded_cents: eb('refunded_cents', '+', input.amountCents) }))
+          .where('order_id', '=', order.order_id)
+          .execute();
+      });
+
+      // At least once: the run id makes a stable key, so a repeat after a crash is deduplicated by the provider.
+      const providerRefundId = await ctx.step('refund-at-provider', async () => {
+        const id = await refundAtProvider(engine.pool, `refund-${ctx.runId}`, input.amountCents);
+        hooks.afterProviderCall?.(input.orderId);
+        return id;
+      });
+
+      await ctx.transaction('record-ledger', async (trx) => {
+        await trx
+          .insertInto('shop.ledger_entries')
+          .values([
+            { refund_id: ctx.runId, account: 'sales-returns', debit_cents: input.amountCents },
+            { refund_id: ctx.runId, account: 'cash-at-provider', credit_cents: input.amountCents },
+          ])
+          .execute();
+        await trx
+          .updateTable('shop.refunds')
+          .set({ status: 'paid', provider_refund_id: providerRefundId })
+          .where('refund_id', '=', ctx.runId)
+          .execute();
+      });
+
+      const messageId = await ctx.step('notify-customer', async () => {
+        await sleep(30); // the e-mail API
+        return `msg-${ctx.runId.slice(-8).toLowerCase()}`;
+      });
+
+      return { refundId: ctx.runId, providerRefundId, amountCents: input.amountCents, to: order.customer_email, messageId };
+    },
+  );
+}
+
+export function cents(amount: number): string {
+  return `${(amount / 100).toFixed(2)} EUR`;
+}
+
+/** The CLI's entry point: `runledger worker --module <this file>` calls it with its engine. */
+export async function register(engine: Engine) {
+  await createRefundTables(engine.pool);
+  return defineRefundWorkflow(engine);
+}
+
+export default register;

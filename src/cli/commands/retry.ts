@@ -1,0 +1,15 @@
+import { print } from '../format.js';
+import { parse, withEngine, type Command } from '../shared.js';
+
+/** Through runledger.retry_run, so the CLI, TypeScript and psql share one rule for what can be retried. */
+export const retry: Command = {
+  summary: 'put a FAILED or DEAD_LETTER run back to PENDING (its checkpoints stay)',
+  usage: 'runledger retry RUN_ID',
+  async run(args) {
+    const parsed = parse(retry, args, {}, { min: 1, max: 1 });
+    if (!parsed) return;
+    const runId = parsed.positionals[0]!;
+    const status = await withEngine(parsed.values, (engine) => engine.retry(runId));
+    print(`run ${runId} is ${status}; a worker serving its workflow will resume it from its last checkpoint`);
+  },
+};

@@ -1,0 +1,80 @@
+import { resolve } from 'node:path';
+import { pathToFileURL } from 'node:url';
+import type { Engine } from '../../engine/engine.js';
+import { print } from '../format.js';
+import { CliError, intOption, openEngine, parse, type Command } from '../shared.js';
+
+type Register = (engine: Engine) => unknown;
+
+/**
+ * Runs workflows from the user's module until SIGINT/SIGTERM. The module defines
+ * them on the engine it is given (default export or named `register`), so the
+ * same module works in the user's own process and here.
+ */
+export const worker: Command = {
+  summary: 'run a worker for the workflows a module defines, until Ctrl-C',
+  usage: 'runledger worker --module ./dist/workflows.js [--concurrency 16] [--queue Q ...] [--lease-ms N]',
+  async run(args) {
+    const parsed = parse(worker, args, {
+      module: { type: 'string', short: 'm' },
+      concurrency: { type: 'string' },
+      queue: { type: 'string', multiple: true },
+      'lease-ms': { type: 'string' },
+    });
+    if (!parsed) return;
+    const { values } = parsed;
+    if (typeof values.module !== 'string') throw new CliError('USAGE', `--module is required\nusage: ${worker.usage}`);
+    const concurrency = intOption(values, 'concurrency', 1) ?? 16;
+    const leaseMs = intOption(values, 'lease-ms', 500);
+    const register = await loadRegister(values.module);
+
+    // Each in-flight run may hold a connection for a transaction step, plus heartbeats and sweeps.
+    const engine = openEngine(values, { verbose: true, poolMax: concurrency + 4 });
+    try {
+      await register(engine);
+      const running = await engine.runWorker({
+        concurrency,
+        queues: values.queue as string[] | undefined,
+        ...(leaseMs === undefined ? {} : { leaseMs }),
+      });
+      const served = await engine.pool.query('select workflows, queues, lease_ms from runledger.workers where worker_id = $1', [running.workerId]);
+      const row = served.rows[0] ?? { workflows: [], queues: [], lease_ms: leaseMs };
+      print(`worker ${running.workerId}`);
+      print(`serving ${row.workflows.join(', ')} on queue(s) ${row.queues.join(', ')}; concurrency ${concurrency}, lease ${row.lease_ms} ms`);
+      print('Ctrl-C (SIGINT) or SIGTERM stops it gracefully');
+      await untilSignal();
+      print(`stopping: letting ${running.inFlight} run(s) in flight finish or releasing them ...`);
+      // A second signal means "now": the runs' leases expire and other workers recover them.
+      const force = () => process.exit(130);
+      process.once('SIGINT', force).once('SIGTERM', force);
+      await running.stop();
+      print('stopped');
+    } finally {
+      await engine.close();
+    }
+  },
+};
+
+async function loadRegister(path: string): Promise<Register> {
+  let mod: { default?: unknown; register?: unknown };
+  try {
+    mod = await import(pathToFileURL(resolve(path)).href);
+  } catch (error) {
+    throw new CliError('MODULE', `cannot load --module ${path}: ${(error as Error).message}`, 1);
+  }
+  const fn = typeof mod.register === 'function' ? mod.register : mod.default;
+  if (typeof fn !== 'function') {
+    throw new CliError('MODULE', `${path} must export register(engine) or a default function that defines workflows on the engine`, 1);
+  }
+  return fn as Register;
+}
+
+function untilSignal(): Promise<NodeJS.Signals> {
+  return new Promise((done) => {
+    const on = (sig: NodeJS.Signals) => {
+      process.off('SIGINT', on).off('SIGTERM', on);
+      done(sig);
+    };
+    process.on('SIGINT', on).on('SIGTERM', on);
+  });
+}

@@ -1,0 +1,52 @@
+import { ago, print, renderTable } from '../format.js';
+import { parse, withEngine, type Command } from '../shared.js';
+
+interface WorkerRow {
+  worker_id: string;
+  queues: string[];
+  workflows: string[];
+  concurrency: number;
+  lease_ms: number;
+  last_heartbeat_at: Date;
+  stopped_at: Date | null;
+  silent: boolean;
+}
+
+/**
+ * Worker rows with a state a person can act on: `live`, `stopped`, or `silent`
+ * (no heartbeat for longer than its lease: dead, its runs are being recovered).
+ */
+export const workers: Command = {
+  summary: 'worker processes: what they serve and when they were last heard from',
+  usage: 'runledger workers [--all (include stopped workers)]',
+  async run(args) {
+    const parsed = parse(workers, args, { all: { type: 'boolean' } });
+    if (!parsed) return;
+    const all = Boolean(parsed.values.all);
+    const rows = await withEngine(parsed.values, async (engine) => {
+      const result = await engine.pool.query<WorkerRow>(
+        `select w.*, w.last_heartbeat_at < runledger.now() - make_interval(secs => w.lease_ms / 1000.0) as silent
+           from runledger.workers w
+          where $1 or w.stopped_at is null
+          order by w.stopped_at is null desc, w.last_heartbeat_at desc
+          limit 100`,
+        [all],
+      );
+      return result.rows;
+    });
+    if (rows.length === 0) {
+      print(all ? 'no workers have registered yet' : 'no live workers (runledger workers --all shows stopped ones)');
+      return;
+    }
+    const table = rows.map((w) => [
+      w.worker_id,
+      w.stopped_at ? 'stopped' : w.silent ? 'silent' : 'live',
+      ago(w.stopped_at ?? w.last_heartbeat_at),
+      String(w.concurrency),
+      `${w.lease_ms} ms`,
+      w.queues.join(','),
+      w.workflows.join(','),
+    ]);
+    print(renderTable(['WORKER', 'STATE', 'SEEN', 'CONC', 'LEASE', 'QUEUES', 'SERVES'], table, { shrink: [6, 5, 0], right: [3, 4] }));
+  },
+};

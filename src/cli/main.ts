@@ -1,0 +1,86 @@
+#!/usr/bin/env node
+/**
+ * `runledger`: the operator's command line. Every command is a thin layer over
+ * the engine or a documented SQL function, so what it shows and does is what
+ * psql shows and does.
+ *
+ * Exit codes: 0 done, 1 the command failed, 2 it could not be attempted (usage,
+ * no database, not available yet).
+ */
+import { RUNTIME_VERSION } from '../engine/version.js';
+import { deadLetter } from './commands/dead-letter.js';
+import { migrate } from './commands/migrate.js';
+import { retry } from './commands/retry.js';
+import { runs } from './commands/runs.js';
+import { show } from './commands/show.js';
+import { start } from './commands/start.js';
+import { approve, cancel, dev, fork, signal } from './commands/unavailable.js';
+import { worker } from './commands/worker.js';
+import { workers } from './commands/workers.js';
+import { CliError, EXIT_USAGE, describeError, type Command } from './shared.js';
+
+const COMMANDS: Record<string, Command> = {
+  migrate,
+  worker,
+  start,
+  runs,
+  show,
+  retry,
+  'dead-letter': deadLetter,
+  workers,
+  signal,
+  approve,
+  cancel,
+  fork,
+  dev,
+};
+
+function usage(): string {
+  const width = Math.max(...Object.keys(COMMANDS).map((name) => name.length));
+  const lines = Object.entries(COMMANDS).map(([name, command]) => `  ${name.padEnd(width)}  ${command.summary}`);
+  return [
+    'usage: runledger COMMAND [options]     (runledger COMMAND --help for its options)',
+    '',
+    ...lines,
+    '',
+    'Connection: --database-url URL, or the DATABASE_URL environment variable.',
+  ].join('\n');
+}
+
+/** The command is the first argument that is neither an option nor --database-url's value, so the URL may come first. */
+function splitCommand(args: string[]): { name: string | undefined; rest: string[] } {
+  for (let i = 0; i < args.length; i++) {
+    const arg = args[i]!;
+    if (arg === '--database-url') {
+      i++;
+      continue;
+    }
+    if (!arg.startsWith('-')) return { name: arg, rest: [...args.slice(0, i), ...args.slice(i + 1)] };
+  }
+  return { name: undefined, rest: args };
+}
+
+async function main(args: string[]): Promise<number> {
+  const { name, rest } = splitCommand(args);
+  if (name === undefined || name === 'help') {
+    const asked = name === 'help' || rest.includes('--help') || rest.includes('-h');
+    (asked ? process.stdout : process.stderr).write(`${usage()}\n`);
+    return asked ? 0 : EXIT_USAGE;
+  }
+  const command = COMMANDS[name];
+  try {
+    if (!command) throw new CliError('USAGE', `unknown command ${JSON.stringify(name)}; runledger --help lists them`);
+    await command.run(rest);
+    return 0;
+  } catch (error) {
+    const { line, exitCode } = describeError(error);
+    process.stderr.write(`${line}\n`);
+    return exitCode;
+  }
+}
+
+if (process.argv[2] === '--version' && process.argv.length === 3) {
+  process.stdout.write(`runledger ${RUNTIME_VERSION}\n`);
+} else {
+  process.exitCode = await main(process.argv.slice(2));
+}

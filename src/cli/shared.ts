@@ -1,0 +1,109 @@
+/** What every command shares: argument parsing, the connection, errors and exit codes. */
+import { parseArgs, type ParseArgsConfig } from 'node:util';
+import { createEngine, type Engine } from '../engine/engine.js';
+import type { LogFunction } from '../engine/pools.js';
+import { fromPgError } from '../errors.js';
+
+/** Exit codes: 0 done, 1 the command failed, 2 the command could not be attempted (usage, no database, not available). */
+export const EXIT_FAILED = 1;
+export const EXIT_USAGE = 2;
+
+/** An error the CLI reports as `error [CODE]: message` with its own exit code. */
+export class CliError extends Error {
+  constructor(readonly code: string, message: string, readonly exitCode: number = EXIT_USAGE) {
+    super(message);
+  }
+}
+
+export interface Command {
+  /** One line for `runledger --help`. */
+  summary: string;
+  /** The synopsis, printed by `runledger CMD --help` and after a usage error. */
+  usage: string;
+  run(args: string[]): Promise<void>;
+}
+
+type Options = NonNullable<ParseArgsConfig['options']>;
+
+const COMMON: Options = {
+  'database-url': { type: 'string' },
+  help: { type: 'boolean', short: 'h' },
+};
+
+export interface Parsed {
+  values: Record<string, string | boolean | string[] | boolean[] | undefined>;
+  positionals: string[];
+}
+
+/**
+ * util.parseArgs with the options every command takes. Its own errors (unknown
+ * option, missing value) become usage errors, and `--help` prints the synopsis.
+ */
+export function parse(command: Command, args: string[], options: Options = {}, positionals: { min?: number; max?: number } = {}): Parsed | undefined {
+  let parsed: Parsed;
+  try {
+    parsed = parseArgs({ args, options: { ...COMMON, ...options }, allowPositionals: true, strict: true }) as Parsed;
+  } catch (error) {
+    throw new CliError('USAGE', `${(error as Error).message}\nusage: ${command.usage}`);
+  }
+  if (parsed.values.help) {
+    process.stdout.write(`usage: ${command.usage}\n`);
+    return undefined;
+  }
+  const { min = 0, max = 0 } = positionals;
+  if (parsed.positionals.length < min || parsed.positionals.length > max) {
+    const what = parsed.positionals.length < min ? 'missing argument' : `unexpected argument ${JSON.stringify(parsed.positionals[max])}`;
+    throw new CliError('USAGE', `${what}\nusage: ${command.usage}`);
+  }
+  return parsed;
+}
+
+/** A whole-number option, checked here so that a typo reads as a usage error, not a database error. */
+export function intOption(values: Parsed['values'], name: string, min: number): number | undefined {
+  const raw = values[name];
+  if (raw === undefined) return undefined;
+  const n = Number(raw);
+  if (!Number.isInteger(n) || n < min) throw new CliError('USAGE', `--${name} must be a whole number >= ${min}, got ${JSON.stringify(raw)}`);
+  return n;
+}
+
+export function databaseUrl(values: Parsed['values']): string {
+  const url = (values['database-url'] as string | undefined) ?? process.env.DATABASE_URL;
+  if (!url) throw new CliError('NO_DATABASE', 'no database: pass --database-url postgres://... or set DATABASE_URL');
+  return url;
+}
+
+/** Warnings go to stderr on one line; `verbose` adds the engine's info messages (the worker wants them). */
+export function cliLog(verbose = false): LogFunction {
+  return (level, message, meta) => {
+    if (level === 'info' && !verbose) return;
+    const detail = meta ? ` ${JSON.stringify(meta, (key, value) => (key === 'stack' ? undefined : value))}` : '';
+    process.stderr.write(`${new Date().toISOString()} ${level} ${message}${detail}\n`);
+  };
+}
+
+/** A small pool: one-shot commands make a few queries; the worker passes its own size. */
+export function openEngine(values: Parsed['values'], options: { verbose?: boolean; poolMax?: number } = {}): Engine {
+  return createEngine({ connectionString: databaseUrl(values), log: cliLog(options.verbose), poolMax: options.poolMax ?? 3 });
+}
+
+/** Runs `fn` with an engine and always closes it, so a one-shot command's process can end. */
+export async function withEngine<T>(values: Parsed['values'], fn: (engine: Engine) => Promise<T>): Promise<T> {
+  const engine = openEngine(values);
+  try {
+    return await fn(engine);
+  } finally {
+    await engine.close();
+  }
+}
+
+/** The line printed for any failure, and its exit code. SQL functions' RL00x codes read as runledger codes. */
+export function describeError(thrown: unknown): { line: string; exitCode: number } {
+  if (thrown instanceof CliError) return { line: `error [${thrown.code}]: ${thrown.message}`, exitCode: thrown.exitCode };
+  const error = fromPgError(thrown) as { code?: unknown; message?: unknown; errors?: unknown[] };
+  // pg reports "connection refused" for several addresses as an AggregateError with an empty message.
+  const inner = (!error?.message && Array.isArray(error?.errors) ? error.errors[0] : error) as { code?: unknown; message?: unknown };
+  const code = typeof inner?.code === 'string' ? inner.code : 'ERROR';
+  const message = typeof inner?.message === 'string' && inner.message ? inner.message : String(thrown);
+  return { line: `error [${code}]: ${message}`, exitCode: EXIT_FAILED };
+}

@@ -1,0 +1,247 @@
+import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { createEngine, type Engine } from '../src/index.js';
+import { createTestDatabase, waitFor, type TestDatabase } from './helpers/database.js';
+import { spawnWorker, type WorkerProcess } from './helpers/worker-process.js';
+import { createFixtureTables, defineFixtureWorkflows } from './fixtures/workflows.js';
+
+/**
+ * Crash claims proven with real processes: a worker process is SIGKILLed (or
+ * SIGSTOPped) at a chosen point, another one finishes, and the tables show that
+ * nothing was lost or done twice.
+ */
+let db: TestDatabase;
+let engine: Engine;
+let fixtures: ReturnType<typeof defineFixtureWorkflows>;
+const spawned: WorkerProcess[] = [];
+
+beforeAll(async () => {
+  db = await createTestDatabase();
+  await createFixtureTables(db.pool);
+  engine = createEngine({ connectionString: db.url, log: () => {} });
+  fixtures = defineFixtureWorkflows(engine);
+});
+
+afterEach(async () => {
+  for (const worker of spawned.splice(0)) {
+    worker.child.kill('SIGCONT');
+    worker.kill('SIGKILL');
+    await worker.exited;
+  }
+  await db.pool.query('truncate step_executions, orders, fault_switch');
+});
+
+afterAll(async () => {
+  await engine?.close();
+  await db?.drop();
+});
+
+async function worker(env: Record<string, string> = {}): Promise<WorkerProcess> {
+  const w = await spawnWorker({ DATABASE_URL: db.url, LEASE_MS: '1000', CONCURRENCY: '4', ...env });
+  spawned.push(w);
+  return w;
+}
+
+async function allFinished(runIds: string[]): Promise<boolean> {
+  const result = await db.pool.query(
+    `select count(*)::int as n from runledger.runs where run_id = any($1) and status in ('SUCCEEDED','FAILED','DEAD_LETTER','CANCELLED','TERMINATED')`,
+    [runIds],
+  );
+  return result.rows[0].n === runIds.length;
+}
+
+/** Per run and step: checkpoint token and how many times the step body ran. */
+async function stepFacts(runIds: string[]) {
+  const result = await db.pool.query(
+    `select s.run_id, s.name, s.fencing_token::int as token,
+            (select count(*)::int from step_executions e where e.run_id = s.run_id and e.step = s.name) as executions
+       from runledger.steps s where s.run_id = any($1)`,
+    [runIds],
+  );
+  return result.rows as Array<{ run_id: string; name: string; token: number; executions: number }>;
+}
+
+async function assertOrdersExactlyOnce(runIds: string[]) {
+  const result = await db.pool.query(
+    `select r.run_id, count(o.*)::int as n from unnest($1::text[]) r(run_id) left join orders o on o.run_id = r.run_id group by r.run_id`,
+    [runIds],
+  );
+  for (const row of result.rows) expect(row, `business rows of ${row.run_id}`).toEqual({ run_id: row.run_id, n: 2 });
+}
+
+async function startOrders(count: number): Promise<string[]> {
+  const ids: string[] = [];
+  for (let i = 0; i < count; i++) ids.push((await engine.start(fixtures.order, { item: `item${i}`, amount: i + 1 })).runId);
+  return ids;
+}
+
+describe('SIGKILL mid-run', () => {
+  it('before a step checkpoint: the next worker re-runs only that step; transaction rows exist once', async () => {
+    const runIds = await startOrders(6);
+    const doomed = await worker({ RUNLEDGER_FAILPOINTS: 'before-checkpoint:charge' });
+    expect((await doomed.exited).signal).toBe('SIGKILL');
+
+    await worker();
+    await waitFor('all runs finished', () => allFinished(runIds));
+    const runs = await db.pool.query(`select status, count(*)::int as n from runledger.runs where run_id = any($1) group by 1`, [runIds]);
+    expect(runs.rows).toEqual([{ status: 'SUCCEEDED', n: 6 }]);
+
+    const facts = await stepFacts(runIds);
+    expect(facts).toHaveLength(6 * 4);
+    // A step checkpointed by the first worker (token 1) never ran again.
+    for (const fact of facts.filter((f) => f.token === 1)) expect(fact, `${fact.run_id}/${fact.name}`).toMatchObject({ executions: 1 });
+    // The crash point was really hit: some run executed 'charge' on the first worker, lost it, and ran it again.
+    const rerun = facts.filter((f) => f.name === 'charge' && f.executions === 2);
+    expect(rerun.length).toBeGreaterThanOrEqual(1);
+    for (const fact of rerun) expect(fact.token).toBe(2);
+    await assertOrdersExactlyOnce(runIds);
+    const recovered = await db.pool.query(`select count(*)::int as n from runledger.events where run_id = any($1) and kind = 'lease_expired'`, [runIds]);
+    expect(recovered.rows[0].n).toBeGreaterThanOrEqual(1);
+  });
+
+  it('right after a transaction step commits: the step is not run again and its rows exist once', async () => {
+    const runIds = await startOrders(6);
+    const doomed = await worker({ RUNLEDGER_FAILPOINTS: 'after-commit:reserve' });
+    expect((await doomed.exited).signal).toBe('SIGKILL');
+    const committed = await db.pool.query(`select run_id from runledger.steps where run_id = any($1) and name = 'reserve'`, [runIds]);
+    expect(committed.rows.length).toBeGreaterThanOrEqual(1);
+
+    await worker();
+    await waitFor('all runs finished', () => allFinished(runIds));
+    const facts = await stepFacts(runIds);
+    for (const row of committed.rows) {
+      expect(facts.find((f) => f.run_id === row.run_id && f.name === 'reserve')).toMatchObject({ token: 1, executions: 1 });
+    }
+    for (const fact of facts.filter((f) => f.token === 1)) expect(fact, `${fact.run_id}/${fact.name}`).toMatchObject({ executions: 1 });
+    await assertOrdersExactlyOnce(runIds);
+  });
+});
+
+describe('zombie worker', () => {
+  it('a worker paused past its lease is fenced out: its late transaction commits nothing', async () => {
+    const handle = await engine.start(fixtures.slow, { ms: 2_500 });
+    const zombie = await worker({ LEASE_MS: '800' });
+    await waitFor('zombie inside the slow transaction', async () => {
+      const r = await db.pool.query(`select 1 from step_executions where run_id = $1 and step = 'slow-write' and pid = $2`, [handle.runId, zombie.pid]);
+      return r.rowCount === 1;
+    });
+    zombie.kill('SIGSTOP');
+
+    const survivor = await worker({ LEASE_MS: '800' });
+    await expect(handle.result({ timeoutMs: 30_000 })).resolves.toBe('done');
+    zombie.kill('SIGCONT');
+    await waitFor('zombie noticed it lost the run', async () => /lease/i.test(zombie.output()));
+
+    const orders = await db.pool.query(`select item from orders where run_id = $1`, [handle.runId]);
+    expect(orders.rows).toEqual([{ item: 'slow' }]);
+    const steps = await db.pool.query(`select seq, name, fencing_token::int as token from runledger.steps where run_id = $1 order by seq`, [handle.runId]);
+    expect(steps.rows).toEqual([
+      { seq: 0, name: 'first', token: 1 },
+      { seq: 1, name: 'slow-write', token: 2 },
+      { seq: 2, name: 'last', token: 2 },
+    ]);
+    const run = await engine.getRun(handle.runId);
+    expect(run).toMatchObject({ status: 'SUCCEEDED', fencingToken: '2', recoveryAttempts: 1 });
+    const last = await db.pool.query(`select pid from step_executions where run_id = $1 and step = 'last'`, [handle.runId]);
+    expect(last.rows).toEqual([{ pid: survivor.pid }]);
+  });
+});
+
+describe('poison run', () => {
+  it('dead-letters after maxRecoveryAttempts; retry_run from SQL completes it once the fault is gone', async () => {
+    await db.pool.query(`insert into fault_switch values ('boom', true)`);
+    const handle = await engine.start(fixtures.poison, undefined);
+    const deadLettered = async () =>
+      (await db.pool.query(`select 1 from runledger.dead_letter where run_id = $1`, [handle.runId])).rowCount === 1;
+    // Each worker dies in 'boom'; the next one recovers the run after the lease expires.
+    for (let i = 0; i < 6 && !(await deadLettered()); i++) {
+      const w = await worker();
+      await Promise.race([w.exited, waitFor('dead letter', deadLettered)]);
+    }
+    const run = await engine.getRun(handle.runId);
+    expect(run).toMatchObject({ status: 'DEAD_LETTER', terminationReason: 'MAX_RECOVERY_ATTEMPTS', recoveryAttempts: 2 });
+    expect(run?.terminationEvidence).toMatchObject({ recovery_attempts: 2, max_recovery_attempts: 2 });
+    const before = await db.pool.query(`select step, count(*)::int as n from step_executions where run_id = $1 group by 1 order by 1`, [handle.runId]);
+    expect(before.rows).toEqual([
+      { step: 'before', n: 1 },
+      { step: 'boom', n: 3 },
+    ]);
+
+    await db.pool.query(`update fault_switch set on_ = false where name = 'boom'`);
+    await expect(db.pool.query(`select runledger.retry_run($1) as status`, [handle.runId])).resolves.toMatchObject({ rows: [{ status: 'PENDING' }] });
+    await worker();
+    await expect(handle.result({ timeoutMs: 30_000 })).resolves.toBe('survived');
+    const after = await db.pool.query(`select step, count(*)::int as n from step_executions where run_id = $1 group by 1 order by 1`, [handle.runId]);
+    expect(after.rows).toEqual([
+      { step: 'before', n: 1 },
+      { step: 'boom', n: 4 },
+    ]);
+  });
+});
+
+describe('many workers racing', () => {
+  it('1,200 runs over 3 worker processes: every run completes, every checkpoint is written once', async () => {
+    await db.pool.query(`select runledger._register_workflow('noop', '1', 'default', 10)`);
+    const started = await db.pool.query(
+      `select array_agg(runledger.start_run('noop', jsonb_build_object('n', g))) as ids from generate_series(1, 1100) g`,
+    );
+    const runIds: string[] = [...started.rows[0].ids, ...(await startOrders(100))];
+    await Promise.all([worker({ CONCURRENCY: '8' }), worker({ CONCURRENCY: '8' }), worker({ CONCURRENCY: '8' })]);
+    await waitFor('1,200 runs finished', () => allFinished(runIds), 120_000);
+
+    const summary = await db.pool.query(
+      `select count(*)::int as runs, count(*) filter (where status = 'SUCCEEDED')::int as succeeded,
+              max(fencing_token)::int as max_token, count(distinct lease_owner)::int as owners
+         from runledger.runs where run_id = any($1)`,
+      [runIds],
+    );
+    expect(summary.rows[0]).toMatchObject({ runs: 1200, succeeded: 1200, max_token: 1 });
+    const steps = await db.pool.query(`select count(*)::int as n from runledger.steps where run_id = any($1)`, [runIds]);
+    expect(steps.rows[0].n).toBe(1100 + 100 * 4);
+    const twice = await db.pool.query(
+      `select run_id, step, count(*) from step_executions where run_id = any($1) group by 1, 2 having count(*) > 1`,
+      [runIds],
+    );
+    expect(twice.rows).toEqual([]);
+    const claimedBy = await db.pool.query(
+      `select count(distinct detail->>'worker')::int as n from runledger.events where run_id = any($1) and kind = 'claimed'`,
+      [runIds],
+    );
+    expect(claimedBy.rows[0].n).toBe(3);
+    await assertOrdersExactlyOnce(runIds.slice(1100));
+  });
+});
+
+describe('connection faults', () => {
+  it('every session of a worker terminated mid-run (LISTEN included): runs finish, nothing lost or duplicated', async () => {
+    const appName = `rl-faulty-${process.pid}`;
+    const runIds = await startOrders(300);
+    const faulty = await worker({ PGAPPNAME: appName, CONCURRENCY: '8' });
+    const killSessions = async () => {
+      const killed = await db.pool.query(
+        `select count(pg_terminate_backend(pid))::int as n from pg_stat_activity where application_name = $1`,
+        [appName],
+      );
+      return killed.rows[0].n as number;
+    };
+    await waitFor('some runs done', async () => {
+      const r = await db.pool.query(`select count(*)::int as n from runledger.runs where run_id = any($1) and status = 'SUCCEEDED'`, [runIds]);
+      return r.rows[0].n >= 5;
+    });
+    expect(await killSessions()).toBeGreaterThanOrEqual(2); // the engine pool and the dispatch pool's LISTEN at least
+    await waitFor('worker reconnected', async () => {
+      const r = await db.pool.query(`select count(*)::int as n from pg_stat_activity where application_name = $1`, [appName]);
+      return r.rows[0].n > 0;
+    });
+    await waitFor('second round of sessions terminated', killSessions);
+
+    // Runs started after the faults are dispatched and run too.
+    const later = await startOrders(10);
+    await waitFor('all runs finished', () => allFinished([...runIds, ...later]), 60_000);
+    expect(faulty.child.exitCode).toBeNull(); // the worker survived its connections dying
+    const statuses = await db.pool.query(`select status, count(*)::int as n from runledger.runs where run_id = any($1) group by 1`, [[...runIds, ...later]]);
+    expect(statuses.rows).toEqual([{ status: 'SUCCEEDED', n: 310 }]);
+    await assertOrdersExactlyOnce([...runIds, ...later]);
+    const facts = await stepFacts([...runIds, ...later]);
+    expect(facts).toHaveLength(310 * 4);
+  });
+});

@@ -1,0 +1,871 @@
+/**
+ * The SQL contract, exercised from SQL only: every statement here is what an operator
+ * (or another language's client) would type in psql. No TypeScript engine wrappers.
+ *
+ * Clock: runledger.now() honours the session setting runledger.fake_now, so tests that
+ * need exact times or expired leases open their own session (pg.Client) and move the
+ * clock there. Recovery tests use fake times in the past (years 2001-2003): a lease set
+ * in 2001 is expired in 2001 + a few seconds, while leases set on the real clock by other
+ * tests in this file are not, so each sweep touches only the runs its test made.
+ */
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import pg from 'pg';
+import { decodeTime } from 'ulid';
+import { createTestDatabase, type TestDatabase } from '../helpers/database.js';
+
+let db: TestDatabase;
+let seq = 0;
+
+beforeAll(async () => {
+  db = await createTestDatabase();
+  await db.pool.query(`select runledger._register_workflow('w', '1', 'default', 3)`);
+});
+
+afterAll(async () => {
+  await db?.drop();
+});
+
+// ---------------------------------------------------------------------------------------------
+// helpers (plain SQL over pg)
+
+type Queryable = Pick<pg.Pool, 'query'> | pg.Client;
+
+/** A dedicated session, for session settings (runledger.fake_now, runledger.max_payload_bytes). */
+async function session<T>(fn: (client: pg.Client) => Promise<T>): Promise<T> {
+  const client = new pg.Client({ connectionString: db.url });
+  await client.connect();
+  try {
+    return await fn(client);
+  } finally {
+    await client.end();
+  }
+}
+
+async function setNow(client: pg.Client, at: string): Promise<void> {
+  await client.query(`select set_config('runledger.fake_now', $1, false)`, [at]);
+}
+
+function newRunId(label: string): string {
+  seq += 1;
+  return `${label}-${seq}`;
+}
+
+async function startRun(options: Record<string, unknown> = {}, input: unknown = { n: 1 }, on: Queryable = db.pool, workflow = 'w'): Promise<string> {
+  const result = await on.query('select runledger.start_run($1, $2::jsonb, $3::jsonb) as run_id', [
+    workflow,
+    JSON.stringify(input),
+    JSON.stringify(options),
+  ]);
+  return result.rows[0].run_id;
+}
+
+interface Claimed {
+  run_id: string;
+  workflow_name: string;
+  workflow_version: string;
+  input: unknown;
+  fencing_token: number;
+  recovery_attempts: number;
+  checkpoints: unknown[];
+}
+
+async function claim(runId: string, worker = 'wk-1', leaseMs = 30_000, on: Queryable = db.pool): Promise<Claimed[]> {
+  const result = await on.query(
+    `select run_id, workflow_name, workflow_version, input, fencing_token::int as fencing_token, recovery_attempts, checkpoints
+       from runledger._claim_run($1, $2, $3)`,
+    [runId, worker, leaseMs],
+  );
+  return result.rows;
+}
+
+async function claimOne(runId: string, worker = 'wk-1', leaseMs = 30_000, on: Queryable = db.pool): Promise<Claimed> {
+  const rows = await claim(runId, worker, leaseMs, on);
+  expect(rows, `claim of ${runId}`).toHaveLength(1);
+  return rows[0]!;
+}
+
+async function checkpoint(
+  runId: string,
+  token: number,
+  stepSeq: number,
+  name: string,
+  options: { status?: 'SUCCEEDED' | 'FAILED'; output?: unknown; error?: unknown; on?: Queryable } = {},
+): Promise<number> {
+  const result = await (options.on ?? db.pool).query(
+    `select runledger._checkpoint($1, $2, $3, $4, 'step', $5, $6::jsonb, $7::jsonb, 1, runledger.now()) as pid`,
+    [
+      runId,
+      token,
+      stepSeq,
+      name,
+      options.status ?? 'SUCCEEDED',
+      options.output === undefined ? null : JSON.stringify(options.output),
+      options.error === undefined ? null : JSON.stringify(options.error),
+    ],
+  );
+  return result.rows[0].pid;
+}
+
+async function getRun(runId: string): Promise<Record<string, any> | undefined> {
+  const result = await db.pool.query(`select *, fencing_token::int as fencing_token from runledger.runs where run_id = $1`, [runId]);
+  return result.rows[0];
+}
+
+async function steps(runId: string): Promise<Array<{ seq: number; name: string; status: string; fencing_token: number }>> {
+  const result = await db.pool.query(
+    `select seq, name, status, fencing_token::int as fencing_token from runledger.steps where run_id = $1 order by seq`,
+    [runId],
+  );
+  return result.rows;
+}
+
+async function events(runId: string): Promise<Array<{ kind: string; detail: any }>> {
+  const result = await db.pool.query(`select kind, detail from runledger.events where run_id = $1 order by event_id`, [runId]);
+  return result.rows;
+}
+
+/** The run's dispatch jobs, from graphile-worker's public view (its payload is private, so not read here). */
+async function jobs(runId: string): Promise<Array<{ task_identifier: string; key: string; max_attempts: number; run_at: Date }>> {
+  const result = await db.pool.query(
+    `select task_identifier, key, max_attempts, run_at from graphile_worker.jobs where key = 'runledger:' || $1`,
+    [runId],
+  );
+  return result.rows;
+}
+
+/** Removes the run's pending dispatch, so a test can see whether a later call dispatches it again. */
+async function removeJob(runId: string): Promise<void> {
+  await db.pool.query(`select graphile_worker.remove_job('runledger:' || $1)`, [runId]);
+  expect(await jobs(runId)).toEqual([]);
+}
+
+async function countRuns(): Promise<number> {
+  return (await db.pool.query('select count(*)::int as n from runledger.runs')).rows[0].n;
+}
+
+async function sqlState(promise: Promise<unknown>): Promise<string | undefined> {
+  try {
+    await promise;
+  } catch (error) {
+    return (error as { code?: string }).code;
+  }
+  throw new Error('expected the statement to raise, but it succeeded');
+}
+
+const ULID = /^[0-9A-HJKMNP-TV-Z]{26}$/;
+
+// ---------------------------------------------------------------------------------------------
+
+describe('runledger.start_run', () => {
+  it('creates a PENDING run with a ULID, a created event and a graphile-worker dispatch job', async () => {
+    const before = (await db.pool.query(`select floor(extract(epoch from clock_timestamp()) * 1000)::bigint as ms`)).rows[0].ms;
+    const runId = await startRun({}, { orderId: 'o-1' });
+    const after = (await db.pool.query(`select ceil(extract(epoch from clock_timestamp()) * 1000)::bigint as ms`)).rows[0].ms;
+
+    expect(runId).toHaveLength(26);
+    expect(runId).toMatch(ULID);
+    // The ULID's 48-bit time prefix is the server clock at creation (rounded to the millisecond).
+    expect(decodeTime(runId)).toBeGreaterThanOrEqual(Number(before) - 1);
+    expect(decodeTime(runId)).toBeLessThanOrEqual(Number(after) + 1);
+
+    const run = await getRun(runId);
+    expect(run).toMatchObject({
+      status: 'PENDING',
+      workflow_name: 'w',
+      workflow_version: '1',
+      queue_name: 'default',
+      input: { orderId: 'o-1' },
+      fencing_token: 0,
+      recovery_attempts: 0,
+      max_recovery_attempts: 3,
+      lease_owner: null,
+      termination_reason: null,
+    });
+    expect(await events(runId)).toEqual([{ kind: 'created', detail: { workflow: 'w', version: '1', queue: 'default' } }]);
+    const dispatch = await jobs(runId);
+    // One attempt only: a dispatch is never retried by graphile-worker (claiming is the compare-and-set).
+    expect(dispatch.map((j) => [j.task_identifier, j.key, j.max_attempts])).toEqual([['runledger:default:w@1', `runledger:${runId}`, 1]]);
+  });
+
+  it('gives every run its own id', async () => {
+    const ids = await Promise.all(Array.from({ length: 20 }, () => startRun()));
+    expect(new Set(ids).size).toBe(20);
+    for (const id of ids) expect(id).toMatch(ULID);
+  });
+
+  it('raises RL006 for an unknown workflow or version and stores nothing', async () => {
+    const before = await countRuns();
+    expect(await sqlState(startRun({}, {}, db.pool, 'no-such-workflow'))).toBe('RL006');
+    expect(await sqlState(startRun({ version: '99' }))).toBe('RL006');
+    expect(await countRuns()).toBe(before);
+  });
+
+  it.each([
+    ['an invalid queue name', { queue: 'bad queue!' }],
+    ['a queue name starting with a dot', { queue: '.hidden' }],
+    ['an invalid run_id', { run_id: 'has space' }],
+    ['a run_id over 200 characters', { run_id: 'r'.repeat(201) }],
+    ['a deadline that is neither interval nor timestamp', { deadline: 'tomorrowish' }],
+  ])('raises RL003 for %s and stores nothing', async (_what, options) => {
+    const before = await countRuns();
+    expect(await sqlState(startRun(options))).toBe('RL003');
+    expect(await countRuns()).toBe(before);
+  });
+
+  it('raises RL004 for input over runledger.max_payload_bytes and stores nothing', async () => {
+    await session(async (client) => {
+      await client.query('set runledger.max_payload_bytes = 100');
+      const before = await countRuns();
+      const runId = newRunId('too-big');
+      const big = { text: 'x'.repeat(200) };
+      let caught: { code?: string; message?: string } | undefined;
+      try {
+        await startRun({ run_id: runId }, big, client);
+      } catch (error) {
+        caught = error as { code?: string; message?: string };
+      }
+      expect(caught?.code).toBe('RL004');
+      expect(caught?.message).toMatch(/over the limit of 100/);
+      expect(await countRuns()).toBe(before);
+      expect(await getRun(runId)).toBeUndefined();
+      expect(await jobs(runId)).toEqual([]);
+      // Under the limit, the same session starts runs normally.
+      const small = await startRun({ run_id: newRunId('small') }, { a: 1 }, client);
+      expect((await getRun(small))?.status).toBe('PENDING');
+    });
+  });
+
+  it('returns the same run for the same run_id and creates one row', async () => {
+    const runId = newRunId('fixed');
+    expect(await startRun({ run_id: runId }, { first: true })).toBe(runId);
+    expect(await startRun({ run_id: runId }, { second: true })).toBe(runId);
+    const rows = await db.pool.query('select input from runledger.runs where run_id = $1', [runId]);
+    expect(rows.rows).toEqual([{ input: { first: true } }]);
+    expect((await events(runId)).map((e) => e.kind)).toEqual(['created']);
+    expect(await jobs(runId)).toHaveLength(1);
+  });
+
+  it('raises RL005 when a run_id is reused for another workflow', async () => {
+    await db.pool.query(`select runledger._register_workflow('other', '1', 'default', 3)`);
+    const runId = await startRun({ run_id: newRunId('owned') });
+    expect(await sqlState(startRun({ run_id: runId }, {}, db.pool, 'other'))).toBe('RL005');
+    expect((await getRun(runId))?.workflow_name).toBe('w');
+  });
+
+  it('returns the first run for the same idempotency_key', async () => {
+    const key = newRunId('idem');
+    const first = await startRun({ idempotency_key: key }, { attempt: 1 });
+    const second = await startRun({ idempotency_key: key }, { attempt: 2 });
+    const third = await startRun({ idempotency_key: key, run_id: newRunId('ignored') }, { attempt: 3 });
+    expect(second).toBe(first);
+    expect(third).toBe(first);
+    const rows = await db.pool.query('select run_id, input from runledger.runs where idempotency_key = $1', [key]);
+    expect(rows.rows).toEqual([{ run_id: first, input: { attempt: 1 } }]);
+  });
+
+  it('uses the version named in options, else the most recently registered one', async () => {
+    await db.pool.query(`select runledger._register_workflow('multi', '1', 'q-one', 3)`);
+    await db.pool.query(`select runledger._register_workflow('multi', '2', 'q-two', 5)`);
+    const v1 = await startRun({ version: '1' }, {}, db.pool, 'multi');
+    const latest = await startRun({}, {}, db.pool, 'multi');
+    expect(await getRun(v1)).toMatchObject({ workflow_version: '1', queue_name: 'q-one', max_recovery_attempts: 3 });
+    expect(await getRun(latest)).toMatchObject({ workflow_version: '2', queue_name: 'q-two', max_recovery_attempts: 5 });
+    expect((await jobs(v1)).map((j) => j.task_identifier)).toEqual(['runledger:q-one:multi@1']);
+    expect((await jobs(latest)).map((j) => j.task_identifier)).toEqual(['runledger:q-two:multi@2']);
+  });
+
+  it('accepts a deadline as an interval or as an ISO timestamp', async () => {
+    await session(async (client) => {
+      await setNow(client, '2040-03-04T05:06:07Z');
+      const relative = await startRun({ deadline: '2 days' }, {}, client);
+      const absolute = await startRun({ deadline: '2041-05-06T07:08:09Z' }, {}, client);
+      const none = await startRun({}, {}, client);
+      const rel = await getRun(relative);
+      expect(rel?.created_at.toISOString()).toBe('2040-03-04T05:06:07.000Z');
+      expect(rel?.deadline_at.toISOString()).toBe('2040-03-06T05:06:07.000Z');
+      expect((await getRun(absolute))?.deadline_at.toISOString()).toBe('2041-05-06T07:08:09.000Z');
+      expect((await getRun(none))?.deadline_at).toBeNull();
+    });
+  });
+});
+
+// ---------------------------------------------------------------------------------------------
+
+describe('claim / fence protocol (_claim_run, _checkpoint, _fence, _complete_run, _fail_run, _release_run)', () => {
+  it('_claim_run takes a PENDING run once: fencing token 1, empty checkpoints, a lease and a claimed event', async () => {
+    await session(async (client) => {
+      await setNow(client, '2050-01-01T00:00:00Z');
+      const runId = await startRun({}, { x: 1 }, client);
+      const rows = await claim(runId, 'wk-claim', 30_000, client);
+      expect(rows).toEqual([
+        { run_id: runId, workflow_name: 'w', workflow_version: '1', input: { x: 1 }, fencing_token: 1, recovery_attempts: 0, checkpoints: [] },
+      ]);
+      const run = await getRun(runId);
+      expect(run).toMatchObject({ status: 'RUNNING', lease_owner: 'wk-claim', fencing_token: 1 });
+      expect(run?.lease_expires_at.toISOString()).toBe('2050-01-01T00:00:30.000Z');
+      expect(run?.started_at.toISOString()).toBe('2050-01-01T00:00:00.000Z');
+      expect(await events(runId)).toEqual([
+        { kind: 'created', detail: { workflow: 'w', version: '1', queue: 'default' } },
+        { kind: 'claimed', detail: { worker: 'wk-claim' } },
+      ]);
+
+      // Compare-and-set: a second claim (another worker, or a duplicate dispatch) gets nothing.
+      expect(await claim(runId, 'wk-other', 30_000, client)).toEqual([]);
+      expect(await getRun(runId)).toMatchObject({ status: 'RUNNING', lease_owner: 'wk-claim', fencing_token: 1 });
+      expect((await events(runId)).map((e) => e.kind)).toEqual(['created', 'claimed']);
+    });
+  });
+
+  it('_claim_run of an unknown run returns no row', async () => {
+    expect(await claim('no-such-run')).toEqual([]);
+  });
+
+  it('only one of many concurrent claims wins', async () => {
+    const runId = await startRun();
+    const results = await Promise.all(Array.from({ length: 5 }, (_, i) => claim(runId, `wk-race-${i}`)));
+    const winners = results.filter((rows) => rows.length === 1);
+    expect(winners).toHaveLength(1);
+    expect(winners[0]![0]!.fencing_token).toBe(1);
+    expect((await events(runId)).filter((e) => e.kind === 'claimed')).toHaveLength(1);
+  });
+
+  it('_checkpoint with the current token inserts the step and returns the backend pid', async () => {
+    const runId = await startRun();
+    const { fencing_token } = await claimOne(runId);
+    await session(async (client) => {
+      const pid = (await client.query('select pg_backend_pid() as pid')).rows[0].pid;
+      expect(await checkpoint(runId, fencing_token, 0, 'load', { output: { id: 7 }, on: client })).toBe(pid);
+    });
+    expect(await steps(runId)).toEqual([{ seq: 0, name: 'load', status: 'SUCCEEDED', fencing_token: 1 }]);
+    const stored = await db.pool.query('select output from runledger.steps where run_id = $1 and seq = 0', [runId]);
+    expect(stored.rows[0].output).toEqual({ id: 7 });
+    // The checkpoint comes back with the next claim.
+    await db.pool.query(`select runledger._release_run($1, $2, 0, 'test')`, [runId, fencing_token]);
+    expect((await claimOne(runId)).checkpoints).toEqual([[0, 'load', 'SUCCEEDED', { id: 7 }, null]]);
+  });
+
+  it('_checkpoint with a stale token (run taken over) raises RL001 and inserts nothing', async () => {
+    const runId = await startRun();
+    const first = await claimOne(runId, 'wk-old');
+    await checkpoint(runId, first.fencing_token, 0, 'a');
+    // The run is given back and claimed again: the old owner's token is now stale.
+    expect((await db.pool.query(`select runledger._release_run($1, $2, 0, 'test') as ok`, [runId, first.fencing_token])).rows[0].ok).toBe(true);
+    const second = await claimOne(runId, 'wk-new');
+    expect(second.fencing_token).toBe(2);
+
+    expect(await sqlState(checkpoint(runId, first.fencing_token, 1, 'b'))).toBe('RL001');
+    expect(await steps(runId)).toEqual([{ seq: 0, name: 'a', status: 'SUCCEEDED', fencing_token: 1 }]);
+    expect(await sqlState(db.pool.query('select runledger._fence($1, $2)', [runId, first.fencing_token]))).toBe('RL001');
+
+    // The new owner writes normally.
+    await checkpoint(runId, second.fencing_token, 1, 'b');
+    expect((await steps(runId)).map((s) => [s.seq, s.fencing_token])).toEqual([[0, 1], [1, 2]]);
+  });
+
+  it('_checkpoint on a run that is not executing raises RL001', async () => {
+    const pending = await startRun();
+    expect(await sqlState(checkpoint(pending, 0, 0, 'a'))).toBe('RL001');
+    expect(await steps(pending)).toEqual([]);
+  });
+
+  it('_checkpoint_outcome says whether a checkpoint committed and whether the caller still owns the run', async () => {
+    const runId = await startRun();
+    const { fencing_token } = await claimOne(runId);
+    await checkpoint(runId, fencing_token, 0, 'a', { output: 'out' });
+    const outcome = async (stepSeq: number, token: number) =>
+      (await db.pool.query('select * from runledger._checkpoint_outcome($1, $2, $3)', [runId, stepSeq, token])).rows;
+    expect(await outcome(0, fencing_token)).toEqual([{ committed: true, status: 'SUCCEEDED', output: 'out', error: null, still_owner: true }]);
+    expect(await outcome(1, fencing_token)).toEqual([{ committed: false, status: null, output: null, error: null, still_owner: true }]);
+    await db.pool.query(`select runledger._release_run($1, $2, 0, 'test')`, [runId, fencing_token]);
+    await claimOne(runId, 'wk-next');
+    expect(await outcome(1, fencing_token)).toEqual([{ committed: false, status: null, output: null, error: null, still_owner: false }]);
+  });
+
+  it('_complete_run: SUCCEEDED with output, COMPLETED and evidence {"steps": n}; a stale token raises RL001', async () => {
+    await session(async (client) => {
+      await setNow(client, '2050-02-01T00:00:00Z');
+      const runId = await startRun({}, {}, client);
+      const { fencing_token } = await claimOne(runId, 'wk-done', 30_000, client);
+      await checkpoint(runId, fencing_token, 0, 'a', { on: client });
+      await checkpoint(runId, fencing_token, 1, 'b', { on: client });
+      await checkpoint(runId, fencing_token, 2, 'c', { on: client });
+
+      expect(await sqlState(client.query(`select runledger._complete_run($1, $2, '{"no": 1}', 'p/1')`, [runId, fencing_token + 1]))).toBe('RL001');
+      expect((await getRun(runId))?.status).toBe('RUNNING');
+
+      await setNow(client, '2050-02-01T00:00:05Z');
+      await client.query(`select runledger._complete_run($1, $2, '{"total": 3}', 'p/1')`, [runId, fencing_token]);
+      const run = await getRun(runId);
+      expect(run).toMatchObject({
+        status: 'SUCCEEDED',
+        output: { total: 3 },
+        error: null,
+        termination_reason: 'COMPLETED',
+        termination_evidence: { steps: 3 },
+        policy_version: 'p/1',
+        lease_owner: null,
+        lease_expires_at: null,
+      });
+      expect(run?.finished_at.toISOString()).toBe('2050-02-01T00:00:05.000Z');
+      expect(run?.terminated_at.toISOString()).toBe('2050-02-01T00:00:05.000Z');
+      expect((await events(runId)).at(-1)).toEqual({ kind: 'completed', detail: { status: 'SUCCEEDED', evidence: { steps: 3 } } });
+
+      // Finished: the same token can neither complete again nor checkpoint.
+      expect(await sqlState(client.query(`select runledger._complete_run($1, $2, 'null', 'p/1')`, [runId, fencing_token]))).toBe('RL001');
+      expect(await sqlState(checkpoint(runId, fencing_token, 3, 'd', { on: client }))).toBe('RL001');
+      expect((await getRun(runId))?.output).toEqual({ total: 3 });
+    });
+  });
+
+  it('_fail_run: FAILED with the error and the FAILED termination record', async () => {
+    const runId = await startRun();
+    const { fencing_token } = await claimOne(runId);
+    const error = { name: 'Error', message: 'boom' };
+    await db.pool.query(`select runledger._fail_run($1, $2, $3::jsonb, 'p/1')`, [runId, fencing_token, JSON.stringify(error)]);
+    const run = await getRun(runId);
+    expect(run).toMatchObject({ status: 'FAILED', error, output: null, termination_reason: 'FAILED', lease_owner: null });
+    expect(run?.finished_at).toBeInstanceOf(Date);
+    expect((await events(runId)).at(-1)).toEqual({ kind: 'failed', detail: { status: 'FAILED', error } });
+  });
+
+  it('_dead_letter_run: DEAD_LETTER with the reason and evidence, listed in runledger.dead_letter', async () => {
+    const runId = await startRun();
+    const { fencing_token } = await claimOne(runId);
+    await checkpoint(runId, fencing_token, 0, 'alpha');
+    const evidence = { seq: 0, expected: 'alpha', actual: 'beta' };
+    await db.pool.query(`select runledger._dead_letter_run($1, $2, 'NON_DETERMINISM', $3::jsonb, 'p/1')`, [
+      runId,
+      fencing_token,
+      JSON.stringify(evidence),
+    ]);
+    expect(await getRun(runId)).toMatchObject({ status: 'DEAD_LETTER', termination_reason: 'NON_DETERMINISM', termination_evidence: evidence });
+    const view = await db.pool.query('select termination_reason, termination_evidence, steps_done::int from runledger.dead_letter where run_id = $1', [runId]);
+    expect(view.rows).toEqual([{ termination_reason: 'NON_DETERMINISM', termination_evidence: evidence, steps_done: 1 }]);
+  });
+
+  it('_release_run: RUNNING -> PENDING, lease cleared, re-dispatched after the delay; only once per token', async () => {
+    const runId = await startRun();
+    const { fencing_token } = await claimOne(runId, 'wk-release');
+    await checkpoint(runId, fencing_token, 0, 'a');
+    await removeJob(runId);
+
+    const dbNow = (await db.pool.query('select now() as t')).rows[0].t as Date;
+    const released = await db.pool.query(`select runledger._release_run($1, $2, 60000, 'shutdown') as ok`, [runId, fencing_token]);
+    expect(released.rows[0].ok).toBe(true);
+    expect(await getRun(runId)).toMatchObject({ status: 'PENDING', lease_owner: null, lease_expires_at: null, fencing_token: 1, recovery_attempts: 0 });
+    expect((await events(runId)).at(-1)).toEqual({ kind: 'released', detail: { reason: 'shutdown', delay_ms: 60000 } });
+    const dispatch = await jobs(runId);
+    expect(dispatch.map((j) => j.task_identifier)).toEqual(['runledger:default:w@1']);
+    expect(dispatch[0]!.run_at.getTime()).toBeGreaterThanOrEqual(dbNow.getTime() + 60_000);
+    expect(await steps(runId)).toHaveLength(1);
+
+    // The token is spent: a second release (or a late one from the old owner) does nothing.
+    const again = await db.pool.query(`select runledger._release_run($1, $2, 0, 'shutdown') as ok`, [runId, fencing_token]);
+    expect(again.rows[0].ok).toBe(false);
+    expect((await events(runId)).filter((e) => e.kind === 'released')).toHaveLength(1);
+  });
+});
+
+// ---------------------------------------------------------------------------------------------
+
+describe('runledger._recover_expired', () => {
+  it('sends a RUNNING run whose lease expired back to PENDING (one recovery attempt) and leaves a live lease alone', async () => {
+    await session(async (client) => {
+      await setNow(client, '2001-01-01T00:00:00Z');
+      const expired = await startRun({}, {}, client);
+      const live = await startRun({}, {}, client);
+      const e = await claimOne(expired, 'wk-dead', 1_000, client);
+      await checkpoint(expired, e.fencing_token, 0, 'a', { on: client });
+      const l = await claimOne(live, 'wk-alive', 3_600_000, client);
+      await removeJob(expired);
+      await removeJob(live);
+
+      await setNow(client, '2001-01-01T00:00:02Z');
+      const handled = await client.query('select runledger._recover_expired() as n');
+      expect(handled.rows[0].n).toBe(1);
+
+      expect(await getRun(expired)).toMatchObject({
+        status: 'PENDING',
+        recovery_attempts: 1,
+        lease_owner: null,
+        lease_expires_at: null,
+        fencing_token: 1,
+        termination_reason: null,
+      });
+      expect(await steps(expired)).toHaveLength(1);
+      expect((await events(expired)).at(-1)).toEqual({
+        kind: 'lease_expired',
+        detail: { last_owner: 'wk-dead', lease_expired_at: expect.any(String), recovery_attempt: 1 },
+      });
+      const detail = (await events(expired)).at(-1)!.detail;
+      expect(new Date(detail.lease_expired_at).toISOString()).toBe('2001-01-01T00:00:01.000Z');
+      expect((await jobs(expired)).map((j) => j.task_identifier)).toEqual(['runledger:default:w@1']);
+
+      const untouched = await getRun(live);
+      expect(untouched).toMatchObject({ status: 'RUNNING', lease_owner: 'wk-alive', recovery_attempts: 0, fencing_token: 1 });
+      expect(untouched?.lease_expires_at.toISOString()).toBe('2001-01-01T01:00:00.000Z');
+      expect((await events(live)).map((ev) => ev.kind)).toEqual(['created', 'claimed']);
+      expect(await jobs(live)).toEqual([]);
+
+      // The recovered run is claimable again, with its checkpoint and a new token.
+      const again = await claimOne(expired, 'wk-next', 1_000, client);
+      expect(again).toMatchObject({ fencing_token: 2, recovery_attempts: 1 });
+      expect(again.checkpoints).toEqual([[0, 'a', 'SUCCEEDED', null, null]]);
+
+      // Leave nothing RUNNING on the fake 2001 clock for later sweeps.
+      await client.query(`select runledger._release_run($1, $2, 0, 'test')`, [live, l.fencing_token]);
+      await client.query(`select runledger._release_run($1, $2, 0, 'test')`, [expired, again.fencing_token]);
+    });
+  });
+
+  it('dead-letters a run whose recovery_attempts already equal max_recovery_attempts, with MAX_RECOVERY_ATTEMPTS and evidence', async () => {
+    await session(async (client) => {
+      const base = Date.parse('2002-01-01T00:00:00Z');
+      const at = (seconds: number) => new Date(base + seconds * 1000).toISOString();
+      const runId = await startRun({}, {}, client); // workflow w: max_recovery_attempts 3
+      let t = 0;
+      for (let attempt = 1; attempt <= 3; attempt++) {
+        await setNow(client, at(t));
+        const claimed = await claimOne(runId, `wk-${attempt}`, 1_000, client);
+        expect(claimed).toMatchObject({ fencing_token: attempt, recovery_attempts: attempt - 1 });
+        await setNow(client, at(t + 2));
+        expect((await client.query('select runledger._recover_expired() as n')).rows[0].n).toBe(1);
+        expect(await getRun(runId)).toMatchObject({ status: 'PENDING', recovery_attempts: attempt });
+        t += 10;
+      }
+      expect(await getRun(runId)).toMatchObject({ recovery_attempts: 3, max_recovery_attempts: 3 });
+
+      // Attempts exhausted: the next expiry parks the run.
+      await setNow(client, at(t));
+      await claimOne(runId, 'wk-last', 1_000, client);
+      await removeJob(runId);
+      await setNow(client, at(t + 2));
+      expect((await client.query('select runledger._recover_expired() as n')).rows[0].n).toBe(1);
+
+      const run = await getRun(runId);
+      expect(run).toMatchObject({
+        status: 'DEAD_LETTER',
+        termination_reason: 'MAX_RECOVERY_ATTEMPTS',
+        recovery_attempts: 3,
+        lease_owner: null,
+        lease_expires_at: null,
+        policy_version: 'runledger/1',
+      });
+      expect(run?.finished_at.toISOString()).toBe(at(t + 2));
+      expect(run?.terminated_at.toISOString()).toBe(at(t + 2));
+      expect(run?.termination_evidence).toMatchObject({ recovery_attempts: 3, max_recovery_attempts: 3, last_owner: 'wk-last' });
+      expect(new Date(run?.termination_evidence.lease_expired_at).toISOString()).toBe(at(t + 1));
+      expect((await events(runId)).at(-1)).toEqual({
+        kind: 'dead_lettered',
+        detail: { reason: 'MAX_RECOVERY_ATTEMPTS', recovery_attempts: 3, last_owner: 'wk-last' },
+      });
+      // Out of the automatic path: not dispatched again.
+      expect(await jobs(runId)).toEqual([]);
+
+      const view = await db.pool.query(
+        'select run_id, termination_reason, termination_evidence, recovery_attempts, max_recovery_attempts from runledger.dead_letter where run_id = $1',
+        [runId],
+      );
+      expect(view.rows).toEqual([
+        {
+          run_id: runId,
+          termination_reason: 'MAX_RECOVERY_ATTEMPTS',
+          termination_evidence: run?.termination_evidence,
+          recovery_attempts: 3,
+          max_recovery_attempts: 3,
+        },
+      ]);
+      const active = await db.pool.query('select 1 from runledger.active where run_id = $1', [runId]);
+      expect(active.rows).toEqual([]);
+    });
+  });
+
+  it('marks a worker silent for two lease lengths as stopped', async () => {
+    await session(async (client) => {
+      await setNow(client, '2003-01-01T00:00:00Z');
+      await client.query(`select runledger._register_worker('wk-silent', 'host', 1, '{w@1}', '{default}', 1, 1000)`);
+      await client.query(`select runledger._register_worker('wk-chatty', 'host', 2, '{w@1}', '{default}', 1, 60000)`);
+      await setNow(client, '2003-01-01T00:00:03Z');
+      await client.query('select runledger._recover_expired()');
+      const workers = await db.pool.query(
+        `select worker_id, stopped_at from runledger.workers where worker_id in ('wk-silent', 'wk-chatty') order by worker_id`,
+      );
+      expect(workers.rows.map((w) => [w.worker_id, w.stopped_at?.toISOString() ?? null])).toEqual([
+        ['wk-chatty', null],
+        ['wk-silent', '2003-01-01T00:00:03.000Z'],
+      ]);
+    });
+  });
+});
+
+// ---------------------------------------------------------------------------------------------
+
+describe('runledger.retry_run', () => {
+  it('brings a DEAD_LETTER run back to PENDING with checkpoints intact and the old termination record in a retried event', async () => {
+    await session(async (client) => {
+      const runId = await startRun({ max_recovery_attempts: 1 }, {}, client);
+      // Claimed, two checkpoints, lease expires (recovery 1), claimed again, expires again: dead-lettered.
+      await setNow(client, '2002-06-01T00:00:00Z');
+      const c1 = await claimOne(runId, 'wk-a', 1_000, client);
+      await checkpoint(runId, c1.fencing_token, 0, 'a', { output: 1, on: client });
+      await checkpoint(runId, c1.fencing_token, 1, 'b', { output: 2, on: client });
+      await setNow(client, '2002-06-01T00:00:02Z');
+      await client.query('select runledger._recover_expired()');
+      await claimOne(runId, 'wk-b', 1_000, client);
+      await setNow(client, '2002-06-01T00:00:04Z');
+      await client.query('select runledger._recover_expired()');
+      const dead = await getRun(runId);
+      expect(dead).toMatchObject({ status: 'DEAD_LETTER', recovery_attempts: 1, termination_reason: 'MAX_RECOVERY_ATTEMPTS' });
+      await removeJob(runId);
+
+      const result = await client.query('select runledger.retry_run($1) as status', [runId]);
+      expect(result.rows[0].status).toBe('PENDING');
+
+      expect(await getRun(runId)).toMatchObject({
+        status: 'PENDING',
+        recovery_attempts: 0,
+        termination_reason: null,
+        termination_evidence: null,
+        terminated_at: null,
+        finished_at: null,
+        policy_version: null,
+        error: null,
+        output: null,
+        lease_owner: null,
+      });
+      expect((await steps(runId)).map((s) => [s.seq, s.name, s.status])).toEqual([
+        [0, 'a', 'SUCCEEDED'],
+        [1, 'b', 'SUCCEEDED'],
+      ]);
+      expect((await events(runId)).at(-1)).toEqual({
+        kind: 'retried',
+        detail: {
+          previous_status: 'DEAD_LETTER',
+          termination_reason: 'MAX_RECOVERY_ATTEMPTS',
+          termination_evidence: dead?.termination_evidence,
+        },
+      });
+      expect((await jobs(runId)).map((j) => j.task_identifier)).toEqual(['runledger:default:w@1']);
+      expect(await db.pool.query('select 1 from runledger.dead_letter where run_id = $1', [runId]).then((r) => r.rows)).toEqual([]);
+
+      // The next claim resumes from the checkpoints with a new token.
+      const resumed = await claimOne(runId, 'wk-c', 30_000, client);
+      expect(resumed).toMatchObject({ fencing_token: 3, recovery_attempts: 0 });
+      expect(resumed.checkpoints).toEqual([
+        [0, 'a', 'SUCCEEDED', 1, null],
+        [1, 'b', 'SUCCEEDED', 2, null],
+      ]);
+    });
+  });
+
+  it('brings a FAILED run back to PENDING, removing only its last (failed) step', async () => {
+    const runId = await startRun();
+    const { fencing_token } = await claimOne(runId);
+    await checkpoint(runId, fencing_token, 0, 'a', { output: 'ok' });
+    await checkpoint(runId, fencing_token, 1, 'b', { output: 'ok' });
+    const stepError = { name: 'Error', message: 'upstream said no' };
+    await checkpoint(runId, fencing_token, 2, 'c', { status: 'FAILED', error: stepError });
+    const runError = { name: 'StepFailedError', message: 'step "c" failed' };
+    await db.pool.query(`select runledger._fail_run($1, $2, $3::jsonb, 'p/1')`, [runId, fencing_token, JSON.stringify(runError)]);
+
+    expect((await db.pool.query('select runledger.retry_run($1) as status', [runId])).rows[0].status).toBe('PENDING');
+    expect(await getRun(runId)).toMatchObject({ status: 'PENDING', error: null, termination_reason: null, finished_at: null });
+    expect((await steps(runId)).map((s) => [s.seq, s.name, s.status])).toEqual([
+      [0, 'a', 'SUCCEEDED'],
+      [1, 'b', 'SUCCEEDED'],
+    ]);
+    expect((await events(runId)).at(-1)).toEqual({
+      kind: 'retried',
+      detail: {
+        previous_status: 'FAILED',
+        termination_reason: 'FAILED',
+        error: runError,
+        dropped_failed_step: { seq: 2, name: 'c', error: stepError },
+      },
+    });
+  });
+
+  it('keeps an earlier failed step that the workflow caught when the last step succeeded', async () => {
+    const runId = await startRun();
+    const { fencing_token } = await claimOne(runId);
+    await checkpoint(runId, fencing_token, 0, 'caught', { status: 'FAILED', error: { message: 'nope' } });
+    await checkpoint(runId, fencing_token, 1, 'after', { output: 'fine' });
+    await db.pool.query(`select runledger._fail_run($1, $2, '{"message": "thrown outside a step"}', 'p/1')`, [runId, fencing_token]);
+
+    await db.pool.query('select runledger.retry_run($1)', [runId]);
+    expect((await steps(runId)).map((s) => [s.seq, s.name, s.status])).toEqual([
+      [0, 'caught', 'FAILED'],
+      [1, 'after', 'SUCCEEDED'],
+    ]);
+    expect((await events(runId)).at(-1)?.detail).not.toHaveProperty('dropped_failed_step');
+  });
+
+  it('raises RL005 for a SUCCEEDED or RUNNING run and changes nothing', async () => {
+    const done = await startRun();
+    const c = await claimOne(done);
+    await db.pool.query(`select runledger._complete_run($1, $2, '"out"', 'p/1')`, [done, c.fencing_token]);
+    const running = await startRun();
+    await claimOne(running);
+
+    expect(await sqlState(db.pool.query('select runledger.retry_run($1)', [done]))).toBe('RL005');
+    expect(await sqlState(db.pool.query('select runledger.retry_run($1)', [running]))).toBe('RL005');
+    expect(await getRun(done)).toMatchObject({ status: 'SUCCEEDED', output: 'out', termination_reason: 'COMPLETED' });
+    expect(await getRun(running)).toMatchObject({ status: 'RUNNING' });
+    expect((await events(done)).map((e) => e.kind)).toEqual(['created', 'claimed', 'completed']);
+  });
+
+  it('raises RL002 for an unknown run', async () => {
+    expect(await sqlState(db.pool.query('select runledger.retry_run($1)', ['no-such-run']))).toBe('RL002');
+  });
+});
+
+// ---------------------------------------------------------------------------------------------
+
+describe('runledger._heartbeat', () => {
+  it('renews only the leases of runs this worker owns and returns their ids', async () => {
+    await session(async (client) => {
+      await setNow(client, '2060-01-01T00:00:00Z');
+      await client.query(`select runledger._register_worker('wk-hb-a', 'host', 1, '{w@1}', '{default}', 2, 10000)`);
+      const mine1 = await startRun({}, {}, client);
+      const mine2 = await startRun({}, {}, client);
+      const finished = await startRun({}, {}, client);
+      const theirs = await startRun({}, {}, client);
+      const pending = await startRun({}, {}, client);
+      await claimOne(mine1, 'wk-hb-a', 10_000, client);
+      await claimOne(mine2, 'wk-hb-a', 10_000, client);
+      const f = await claimOne(finished, 'wk-hb-a', 10_000, client);
+      await client.query(`select runledger._complete_run($1, $2, 'null', 'p/1')`, [finished, f.fencing_token]);
+      await claimOne(theirs, 'wk-hb-b', 10_000, client);
+
+      await setNow(client, '2060-01-01T00:00:05Z');
+      const renewed = (await client.query(`select runledger._heartbeat('wk-hb-a', 60000) as ids`)).rows[0].ids as string[];
+      expect([...renewed].sort()).toEqual([mine1, mine2].sort());
+
+      const leases = await db.pool.query(
+        `select run_id, status, lease_owner, lease_expires_at from runledger.runs where run_id = any($1)`,
+        [[mine1, mine2, finished, theirs, pending]],
+      );
+      const byId = new Map(leases.rows.map((r) => [r.run_id, r]));
+      expect(byId.get(mine1)?.lease_expires_at.toISOString()).toBe('2060-01-01T00:01:05.000Z');
+      expect(byId.get(mine2)?.lease_expires_at.toISOString()).toBe('2060-01-01T00:01:05.000Z');
+      expect(byId.get(theirs)).toMatchObject({ status: 'RUNNING', lease_owner: 'wk-hb-b' });
+      expect(byId.get(theirs)?.lease_expires_at.toISOString()).toBe('2060-01-01T00:00:10.000Z');
+      expect(byId.get(finished)).toMatchObject({ status: 'SUCCEEDED', lease_owner: null, lease_expires_at: null });
+      expect(byId.get(pending)).toMatchObject({ status: 'PENDING', lease_owner: null, lease_expires_at: null });
+
+      const worker = await db.pool.query(`select last_heartbeat_at from runledger.workers where worker_id = 'wk-hb-a'`);
+      expect(worker.rows[0].last_heartbeat_at.toISOString()).toBe('2060-01-01T00:00:05.000Z');
+
+      // A worker holding nothing gets an empty list.
+      expect((await client.query(`select runledger._heartbeat('wk-hb-none', 60000) as ids`)).rows[0].ids).toEqual([]);
+    });
+  });
+});
+
+// ---------------------------------------------------------------------------------------------
+
+describe('runledger.now()', () => {
+  it('returns runledger.fake_now when set, in the session and in defaults of rows written there', async () => {
+    await session(async (client) => {
+      await setNow(client, '2031-02-03T04:05:06.789Z');
+      const now = (await client.query('select runledger.now() as t')).rows[0].t as Date;
+      expect(now.toISOString()).toBe('2031-02-03T04:05:06.789Z');
+      const runId = await startRun({}, {}, client);
+      expect((await getRun(runId))?.created_at.toISOString()).toBe('2031-02-03T04:05:06.789Z');
+    });
+  });
+
+  it('is the real clock when fake_now is unset or empty', async () => {
+    await session(async (client) => {
+      const read = async () => (await client.query('select runledger.now() as fake, clock_timestamp() as real')).rows[0];
+      const unset = await read();
+      expect(Math.abs(unset.fake.getTime() - unset.real.getTime())).toBeLessThan(1_000);
+
+      await setNow(client, '2031-02-03T04:05:06Z');
+      expect((await read()).fake.toISOString()).toBe('2031-02-03T04:05:06.000Z');
+      await setNow(client, '');
+      const empty = await read();
+      expect(Math.abs(empty.fake.getTime() - empty.real.getTime())).toBeLessThan(1_000);
+    });
+  });
+
+  it('honours set local inside a transaction only', async () => {
+    await session(async (client) => {
+      await client.query('begin');
+      await client.query(`set local runledger.fake_now = '2032-01-01T00:00:00Z'`);
+      expect((await client.query('select runledger.now() as t')).rows[0].t.toISOString()).toBe('2032-01-01T00:00:00.000Z');
+      await client.query('commit');
+      const after = (await client.query('select runledger.now() as fake, clock_timestamp() as real')).rows[0];
+      expect(Math.abs(after.fake.getTime() - after.real.getTime())).toBeLessThan(1_000);
+    });
+  });
+});
+
+// ---------------------------------------------------------------------------------------------
+
+describe('runs check constraints', () => {
+  const insert = (runId: string, columns: Record<string, unknown>) => {
+    const all = { run_id: runId, workflow_name: 'w', workflow_version: '1', queue_name: 'default', ...columns };
+    const names = Object.keys(all);
+    return db.pool.query(
+      `insert into runledger.runs (${names.join(', ')}) values (${names.map((_, i) => `$${i + 1}`).join(', ')})`,
+      Object.values(all),
+    );
+  };
+  const violation = async (promise: Promise<unknown>) => {
+    try {
+      await promise;
+    } catch (error) {
+      const e = error as { code?: string; constraint?: string };
+      return { code: e.code, constraint: e.constraint };
+    }
+    throw new Error('expected a check violation, but the statement succeeded');
+  };
+
+  it('rejects a RUNNING run without lease_owner (and accepts one with its lease)', async () => {
+    expect(await violation(insert(newRunId('c-running'), { status: 'RUNNING', lease_expires_at: new Date() }))).toEqual({
+      code: '23514',
+      constraint: 'runs_lease_only_when_executing',
+    });
+    // The same move by update on an existing run.
+    const runId = await startRun();
+    expect(await violation(db.pool.query(`update runledger.runs set status = 'RUNNING' where run_id = $1`, [runId]))).toEqual({
+      code: '23514',
+      constraint: 'runs_lease_only_when_executing',
+    });
+    // Control: with owner and expiry it is a valid row.
+    const ok = newRunId('c-running-ok');
+    await insert(ok, { status: 'RUNNING', lease_owner: 'wk', lease_expires_at: new Date() });
+    expect((await getRun(ok))?.status).toBe('RUNNING');
+  });
+
+  it('rejects a lease on a run that is not executing', async () => {
+    expect(await violation(insert(newRunId('c-pending'), { status: 'PENDING', lease_owner: 'wk', lease_expires_at: new Date() }))).toEqual({
+      code: '23514',
+      constraint: 'runs_lease_only_when_executing',
+    });
+  });
+
+  it('rejects a terminal status without termination_reason (and accepts one with its record)', async () => {
+    for (const status of ['SUCCEEDED', 'FAILED', 'CANCELLED', 'TERMINATED', 'DEAD_LETTER']) {
+      expect(await violation(insert(newRunId('c-terminal'), { status, finished_at: new Date() })), status).toEqual({
+        code: '23514',
+        constraint: 'runs_terminal_has_record',
+      });
+    }
+    const runId = await startRun();
+    expect(
+      await violation(db.pool.query(`update runledger.runs set status = 'SUCCEEDED', finished_at = now() where run_id = $1`, [runId])),
+    ).toEqual({ code: '23514', constraint: 'runs_terminal_has_record' });
+    const ok = newRunId('c-terminal-ok');
+    await insert(ok, { status: 'SUCCEEDED', finished_at: new Date(), termination_reason: 'COMPLETED' });
+    expect((await getRun(ok))?.status).toBe('SUCCEEDED');
+  });
+
+  it('rejects a termination_reason outside the documented list', async () => {
+    expect(await violation(insert(newRunId('c-reason'), { status: 'FAILED', finished_at: new Date(), termination_reason: 'OOPS' }))).toEqual({
+      code: '23514',
+      constraint: 'runs_termination_reason_check',
+    });
+  });
+});
