@@ -87,15 +87,24 @@ begin
   end if;
   if v_opts ? 'deadline' then
     begin
-      v_deadline := v_now + (v_opts->>'deadline')::interval;
-    exception when others then
-      begin
+      -- A date-time ('2030-01-31T12:00Z') is a point in time; anything else ('2 days', '36h') a lifetime.
+      if v_opts->>'deadline' ~ '^\d{4}-\d{2}-\d{2}' then
         v_deadline := (v_opts->>'deadline')::timestamptz;
-      exception when others then
-        raise exception using errcode = 'RL003',
-          message = format('start_run: deadline %L is neither an interval nor a timestamp', v_opts->>'deadline');
-      end;
+      else
+        v_deadline := v_now + (v_opts->>'deadline')::interval;
+      end if;
+    exception when others then
+      raise exception using errcode = 'RL003',
+        message = format('start_run: deadline %L is neither an interval nor a timestamp', v_opts->>'deadline');
     end;
+  end if;
+  if v_opts ? 'priority' and (jsonb_typeof(v_opts->'priority') <> 'number' or (v_opts->>'priority') !~ '^-?\d{1,9}$') then
+    raise exception using errcode = 'RL003', message = format('start_run: priority must be a whole number, not %s', v_opts->'priority');
+  end if;
+  if v_opts ? 'max_recovery_attempts'
+     and (jsonb_typeof(v_opts->'max_recovery_attempts') <> 'number' or (v_opts->>'max_recovery_attempts') !~ '^\d{1,9}$') then
+    raise exception using errcode = 'RL003',
+      message = format('start_run: max_recovery_attempts must be a whole number >= 0, not %s', v_opts->'max_recovery_attempts');
   end if;
 
   insert into runledger.runs (

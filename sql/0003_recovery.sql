@@ -137,14 +137,15 @@ declare
   v_count int := 0;
 begin
   -- Safety net: a PENDING run must always have a dispatch job waiting. One whose job
-  -- is gone or stuck locked (a claim that never reached the database, a job deleted by
-  -- hand) is dispatched again. Duplicates are harmless: the claim is a compare-and-set.
+  -- is gone, stuck locked, or failed for good (a claim that could not reach the database
+  -- 25 times, a job deleted by hand) is dispatched again. Duplicates are harmless: the claim is a compare-and-set.
   for v_run in
     select * from runledger.runs r
      where r.status = 'PENDING'
        and r.updated_at < v_now - make_interval(secs => p_older_than_ms / 1000.0)
        and not exists (select 1 from graphile_worker.jobs j
-                        where j.key = 'runledger:' || r.run_id and j.locked_at is null)
+                        where j.key = 'runledger:' || r.run_id and j.locked_at is null
+                          and j.attempts < j.max_attempts)
      order by r.updated_at
      limit p_limit
      for update skip locked

@@ -98,6 +98,25 @@ export function shortJson(value: unknown, max = 60): string {
   return text.length <= max ? text : `${text.slice(0, max - 1)}…`;
 }
 
+/**
+ * Wraps `text` into lines of at most `width` characters, breaking at a space when
+ * one is near the end of the line, at most `maxLines` of them (the last ends with
+ * '…' when cut): long values stay readable without flooding the screen.
+ */
+export function wrap(text: string, width: number, maxLines = 3): string[] {
+  let rest = text.replace(/\s*[\r\n]\s*|\t/g, ' ');
+  const lines: string[] = [];
+  while (rest.length > width && lines.length < maxLines) {
+    const space = rest.lastIndexOf(' ', width);
+    const cut = space > width / 2 ? space : width;
+    lines.push(rest.slice(0, cut).trimEnd());
+    rest = rest.slice(cut).trimStart();
+  }
+  if (lines.length < maxLines) lines.push(rest);
+  else if (rest.length > 0) lines[maxLines - 1] = `${lines[maxLines - 1]!.slice(0, width - 1)}…`;
+  return lines;
+}
+
 export function print(line = ''): void {
   process.stdout.write(`${line}\n`);
 }

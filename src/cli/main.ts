@@ -79,6 +79,12 @@ async function main(args: string[]): Promise<number> {
   }
 }
 
+// `runledger runs | head` closes the pipe early: that is the reader's choice, not an error.
+process.stdout.on('error', (error: NodeJS.ErrnoException) => {
+  if (error.code === 'EPIPE') process.exit(process.exitCode ?? 0);
+  throw error;
+});
+
 if (process.argv[2] === '--version' && process.argv.length === 3) {
   process.stdout.write(`runledger ${RUNTIME_VERSION}\n`);
 } else {

@@ -44,7 +44,8 @@ export function parse(command: Command, args: string[], options: Options = {}, p
   try {
     parsed = parseArgs({ args, options: { ...COMMON, ...options }, allowPositionals: true, strict: true }) as Parsed;
   } catch (error) {
-    throw new CliError('USAGE', `${(error as Error).message}\nusage: ${command.usage}`);
+    // parseArgs appends a long hint about '--' to unknown options; the first sentence says it all.
+    throw new CliError('USAGE', `${(error as Error).message.split('. To specify')[0]}\nusage: ${command.usage}`);
   }
   if (parsed.values.help) {
     process.stdout.write(`usage: ${command.usage}\n`);
@@ -104,6 +105,8 @@ export function describeError(thrown: unknown): { line: string; exitCode: number
   // pg reports "connection refused" for several addresses as an AggregateError with an empty message.
   const inner = (!error?.message && Array.isArray(error?.errors) ? error.errors[0] : error) as { code?: unknown; message?: unknown };
   const code = typeof inner?.code === 'string' ? inner.code : 'ERROR';
-  const message = typeof inner?.message === 'string' && inner.message ? inner.message : String(thrown);
+  let message = typeof inner?.message === 'string' && inner.message ? inner.message : String(thrown);
+  // undefined_table / undefined_function / invalid_schema_name: almost always a database that was never migrated.
+  if (['42P01', '42883', '3F000'].includes(code) && message.includes('runledger')) message += ' (has `runledger migrate` been run on this database?)';
   return { line: `error [${code}]: ${message}`, exitCode: EXIT_FAILED };
 }

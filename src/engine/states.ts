@@ -1,6 +1,6 @@
 /**
  * The run state machine. Kept equal to the SQL enum `runledger.run_status`
- * (test/state-machine.test.ts compares them) and drawn in docs/state-machine.md.
+ * (test/sql/catalog.test.ts compares them) and drawn in docs/state-machine.md.
  */
 export const RUN_STATES = [
   /** Waiting to be claimed. A worker's claim (compare-and-set, fencing token + 1) moves it to RUNNING. */

@@ -69,11 +69,11 @@ interface Claimed {
   checkpoints: unknown[];
 }
 
-async function claim(runId: string, worker = 'wk-1', leaseMs = 30_000, on: Queryable = db.pool): Promise<Claimed[]> {
+async function claim(runId: string, worker = 'wk-1', leaseMs = 30_000, on: Queryable = db.pool, reclaim?: boolean): Promise<Claimed[]> {
   const result = await on.query(
     `select run_id, workflow_name, workflow_version, input, fencing_token::int as fencing_token, recovery_attempts, checkpoints
-       from runledger._claim_run($1, $2, $3)`,
-    [runId, worker, leaseMs],
+       from runledger._claim_run($1, $2, $3${reclaim === undefined ? '' : ', $4'})`,
+    reclaim === undefined ? [runId, worker, leaseMs] : [runId, worker, leaseMs, reclaim],
   );
   return result.rows;
 }
@@ -125,9 +125,9 @@ async function events(runId: string): Promise<Array<{ kind: string; detail: any 
 }
 
 /** The run's dispatch jobs, from graphile-worker's public view (its payload is private, so not read here). */
-async function jobs(runId: string): Promise<Array<{ task_identifier: string; key: string; max_attempts: number; run_at: Date }>> {
+async function jobs(runId: string): Promise<Array<{ task_identifier: string; key: string; run_at: Date }>> {
   const result = await db.pool.query(
-    `select task_identifier, key, max_attempts, run_at from graphile_worker.jobs where key = 'runledger:' || $1`,
+    `select task_identifier, key, run_at from graphile_worker.jobs where key = 'runledger:' || $1`,
     [runId],
   );
   return result.rows;
@@ -183,8 +183,7 @@ describe('runledger.start_run', () => {
     });
     expect(await events(runId)).toEqual([{ kind: 'created', detail: { workflow: 'w', version: '1', queue: 'default' } }]);
     const dispatch = await jobs(runId);
-    // One attempt only: a dispatch is never retried by graphile-worker (claiming is the compare-and-set).
-    expect(dispatch.map((j) => [j.task_identifier, j.key, j.max_attempts])).toEqual([['runledger:default:w@1', `runledger:${runId}`, 1]]);
+    expect(dispatch.map((j) => [j.task_identifier, j.key])).toEqual([['runledger:default:w@1', `runledger:${runId}`]]);
   });
 
   it('gives every run its own id', async () => {
@@ -263,6 +262,18 @@ describe('runledger.start_run', () => {
     expect(rows.rows).toEqual([{ run_id: first, input: { attempt: 1 } }]);
   });
 
+  it('concurrent starts with the same idempotency_key or run_id all return one run', async () => {
+    const key = newRunId('idem-race');
+    const byKey = await Promise.all(Array.from({ length: 8 }, (_, i) => startRun({ idempotency_key: key }, { i })));
+    expect(new Set(byKey).size).toBe(1);
+    expect((await db.pool.query('select count(*)::int as n from runledger.runs where idempotency_key = $1', [key])).rows[0].n).toBe(1);
+
+    const runId = newRunId('id-race');
+    const byId = await Promise.all(Array.from({ length: 8 }, (_, i) => startRun({ run_id: runId }, { i })));
+    expect(byId).toEqual(Array.from({ length: 8 }, () => runId));
+    expect((await events(runId)).map((e) => e.kind)).toEqual(['created']);
+  });
+
   it('uses the version named in options, else the most recently registered one', async () => {
     await db.pool.query(`select runledger._register_workflow('multi', '1', 'q-one', 3)`);
     await db.pool.query(`select runledger._register_workflow('multi', '2', 'q-two', 5)`);
@@ -279,11 +290,13 @@ describe('runledger.start_run', () => {
       await setNow(client, '2040-03-04T05:06:07Z');
       const relative = await startRun({ deadline: '2 days' }, {}, client);
       const absolute = await startRun({ deadline: '2041-05-06T07:08:09Z' }, {}, client);
+      const withOffset = await startRun({ deadline: '2041-05-06T09:08:09+02:00' }, {}, client);
       const none = await startRun({}, {}, client);
       const rel = await getRun(relative);
       expect(rel?.created_at.toISOString()).toBe('2040-03-04T05:06:07.000Z');
       expect(rel?.deadline_at.toISOString()).toBe('2040-03-06T05:06:07.000Z');
       expect((await getRun(absolute))?.deadline_at.toISOString()).toBe('2041-05-06T07:08:09.000Z');
+      expect((await getRun(withOffset))?.deadline_at.toISOString()).toBe('2041-05-06T07:08:09.000Z');
       expect((await getRun(none))?.deadline_at).toBeNull();
     });
   });
@@ -314,6 +327,28 @@ describe('claim / fence protocol (_claim_run, _checkpoint, _fence, _complete_run
       expect(await getRun(runId)).toMatchObject({ status: 'RUNNING', lease_owner: 'wk-claim', fencing_token: 1 });
       expect((await events(runId)).map((e) => e.kind)).toEqual(['created', 'claimed']);
     });
+  });
+
+  it('_claim_run with p_reclaim takes back a run only from the same owner, with a new token', async () => {
+    const runId = await startRun();
+    const first = await claimOne(runId, 'wk-reclaim');
+    await checkpoint(runId, first.fencing_token, 0, 'a', { output: 'kept' });
+    // Without p_reclaim (default false) a RUNNING run is not claimable, even by its owner.
+    expect(await claim(runId, 'wk-reclaim', 30_000, db.pool, false)).toEqual([]);
+    // Another worker cannot take it with p_reclaim either.
+    expect(await claim(runId, 'wk-thief', 30_000, db.pool, true)).toEqual([]);
+    expect(await getRun(runId)).toMatchObject({ lease_owner: 'wk-reclaim', fencing_token: 1 });
+
+    const again = await claim(runId, 'wk-reclaim', 30_000, db.pool, true);
+    expect(again).toEqual([
+      {
+        run_id: runId, workflow_name: 'w', workflow_version: '1', input: { n: 1 }, fencing_token: 2, recovery_attempts: 0,
+        checkpoints: [[0, 'a', 'SUCCEEDED', 'kept', null]],
+      },
+    ]);
+    // The first claim's token is now stale.
+    expect(await sqlState(checkpoint(runId, first.fencing_token, 1, 'b'))).toBe('RL001');
+    expect((await events(runId)).map((e) => e.kind)).toEqual(['created', 'claimed', 'claimed']);
   });
 
   it('_claim_run of an unknown run returns no row', async () => {
@@ -594,6 +629,76 @@ describe('runledger._recover_expired', () => {
         ['wk-chatty', null],
         ['wk-silent', '2003-01-01T00:00:03.000Z'],
       ]);
+    });
+  });
+});
+
+// ---------------------------------------------------------------------------------------------
+
+describe('runledger._redispatch_orphans', () => {
+  it('dispatches again a PENDING run older than the threshold that has no waiting job, and nothing else', async () => {
+    await session(async (client) => {
+      // Fake 2004 clock: every other PENDING run in this database either has its job or is newer.
+      await setNow(client, '2004-01-01T00:00:00Z');
+      const orphan = await startRun({}, {}, client);
+      const withJob = await startRun({}, {}, client);
+      const running = await startRun({}, {}, client);
+      await claimOne(running, 'wk-orphans', 3_600_000, client);
+      await setNow(client, '2004-01-01T00:00:08Z');
+      const fresh = await startRun({}, {}, client);
+      for (const runId of [orphan, running, fresh]) await removeJob(runId);
+
+      await setNow(client, '2004-01-01T00:00:10Z');
+      const handled = await client.query('select runledger._redispatch_orphans(5000) as n');
+      expect(handled.rows[0].n).toBe(1);
+
+      expect((await jobs(orphan)).map((j) => j.task_identifier)).toEqual(['runledger:default:w@1']);
+      expect((await events(orphan)).at(-1)).toEqual({ kind: 'redispatched', detail: { pending_since: expect.any(String) } });
+      expect(new Date((await events(orphan)).at(-1)!.detail.pending_since).toISOString()).toBe('2004-01-01T00:00:00.000Z');
+      expect((await getRun(orphan))?.updated_at.toISOString()).toBe('2004-01-01T00:00:10.000Z');
+
+      expect((await events(withJob)).map((e) => e.kind)).toEqual(['created']);
+      expect(await jobs(fresh)).toEqual([]);
+      expect((await events(fresh)).map((e) => e.kind)).toEqual(['created']);
+      expect(await jobs(running)).toEqual([]);
+      expect((await getRun(running))?.status).toBe('RUNNING');
+
+      // Handled runs have a job now: a second sweep finds nothing.
+      expect((await client.query('select runledger._redispatch_orphans(5000) as n')).rows[0].n).toBe(0);
+      // Once old enough, the fresh one is dispatched again too.
+      await setNow(client, '2004-01-01T00:00:20Z');
+      expect((await client.query('select runledger._redispatch_orphans(5000) as n')).rows[0].n).toBe(1);
+      expect((await jobs(fresh)).map((j) => j.task_identifier)).toEqual(['runledger:default:w@1']);
+      expect((await events(fresh)).map((e) => e.kind)).toEqual(['created', 'redispatched']);
+      // Leave nothing RUNNING on a fake clock for later sweeps.
+      await client.query(`select runledger._release_run($1, 1, 0, 'test')`, [running]);
+    });
+  });
+
+  // BUG (sql/0003_recovery.sql, _redispatch_orphans): a dispatch job whose attempts are used up
+  // (graphile-worker keeps it, unlocked, with attempts = max_attempts, and never runs it again)
+  // counts as "a dispatch job waiting", so its PENDING run is never dispatched again.
+  it('dispatches again a PENDING run whose dispatch job failed permanently (attempts used up)', async () => {
+    await session(async (client) => {
+      await setNow(client, '2004-02-01T00:00:00Z');
+      const runId = await startRun({}, {}, client);
+      // What graphile-worker does after the last failed attempt (e.g. claims failing through a long outage),
+      // done here with its public function.
+      const failed = await db.pool.query(
+        `select attempts, max_attempts from graphile_worker.permanently_fail_jobs(
+           array(select id from graphile_worker.jobs where key = 'runledger:' || $1), 'claim could not reach the database')`,
+        [runId],
+      );
+      expect(failed.rows).toEqual([{ attempts: 25, max_attempts: 25 }]);
+
+      await setNow(client, '2004-02-01T00:10:00Z');
+      const handled = await client.query('select runledger._redispatch_orphans(60000) as n');
+      const runnable = await db.pool.query(
+        `select count(*)::int as n from graphile_worker.jobs where key = 'runledger:' || $1 and locked_at is null and attempts < max_attempts`,
+        [runId],
+      );
+      expect({ handled: handled.rows[0].n, runnableJobs: runnable.rows[0].n }).toEqual({ handled: 1, runnableJobs: 1 });
+      expect((await events(runId)).map((e) => e.kind)).toEqual(['created', 'redispatched']);
     });
   });
 });

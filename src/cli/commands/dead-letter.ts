@@ -1,4 +1,4 @@
-import { ago, print, renderTable, shortJson } from '../format.js';
+import { ago, print, renderTable } from '../format.js';
 import { intOption, parse, withEngine, type Command } from '../shared.js';
 
 interface DeadRow {
@@ -6,11 +6,9 @@ interface DeadRow {
   workflow_name: string;
   workflow_version: string;
   termination_reason: string | null;
-  termination_evidence: unknown;
   terminated_at: Date | null;
   recovery_attempts: number;
   max_recovery_attempts: number;
-  steps_done: string;
 }
 
 /** Reads the runledger.dead_letter view, the same rows an operator sees in psql. */
@@ -37,11 +35,10 @@ export const deadLetter: Command = {
       `${r.workflow_name}@${r.workflow_version}`,
       r.termination_reason ?? '-',
       `${r.recovery_attempts}/${r.max_recovery_attempts}`,
-      String(r.steps_done),
       ago(r.terminated_at),
-      shortJson(r.termination_evidence, 300),
     ]);
-    print(renderTable(['RUN ID', 'WORKFLOW', 'REASON', 'RECOV', 'STEPS', 'WHEN', 'EVIDENCE'], table, { shrink: [6, 1], right: [3, 4] }));
-    print(`\nbring one back with: runledger retry RUN_ID`);
+    // Evidence is JSON of any length: it does not fit a row on 80 columns, `show` prints it whole.
+    print(renderTable(['RUN ID', 'WORKFLOW', 'REASON', 'RECOVERIES', 'WHEN'], table, { shrink: [1], right: [3] }));
+    print('\nevidence and history: runledger show RUN_ID    bring one back: runledger retry RUN_ID');
   },
 };

@@ -10,6 +10,7 @@ export const retry: Command = {
     if (!parsed) return;
     const runId = parsed.positionals[0]!;
     const status = await withEngine(parsed.values, (engine) => engine.retry(runId));
-    print(`run ${runId} is ${status}; a worker serving its workflow will resume it from its last checkpoint`);
+    print(`run ${runId} is ${status} again`);
+    print('a worker serving its workflow resumes it from its last successful checkpoint');
   },
 };

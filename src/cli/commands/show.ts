@@ -1,5 +1,5 @@
 import type { RunRecord } from '../../engine/runs.js';
-import { duration, offset, print, renderTable, screenWidth, shortJson, timestamp } from '../format.js';
+import { duration, offset, print, renderTable, screenWidth, shortJson, timestamp, wrap } from '../format.js';
 import { CliError, parse, withEngine, type Command } from '../shared.js';
 
 interface EventRow {
@@ -35,9 +35,14 @@ export const show: Command = {
   },
 };
 
+const LABEL = 12;
+
+/** `label  value`, the value wrapped under itself over a few lines. */
+function line(label: string, value: string, maxLines = 1): void {
+  wrap(value, screenWidth() - LABEL, maxLines).forEach((part, i) => print(`${(i === 0 ? label : '').padEnd(LABEL)}${part}`));
+}
+
 function printSummary(run: RunRecord): void {
-  const width = screenWidth() - 12;
-  const line = (label: string, value: string) => print(`${label.padEnd(12)}${value}`);
   line('run', run.runId);
   line('workflow', `${run.workflowName}@${run.workflowVersion}  queue ${run.queueName}  priority ${run.priority}`);
   line('status', run.terminationReason ? `${run.status} (${run.terminationReason})` : run.status + (run.waitKind ? `, waiting for ${run.waitKind}` : ''));
@@ -50,10 +55,11 @@ function printSummary(run: RunRecord): void {
   if (run.leaseOwner) line('lease', `${run.leaseOwner} until ${timestamp(run.leaseExpiresAt)}`);
   if (run.idempotencyKey) line('idem. key', run.idempotencyKey);
   if (run.parentRunId) line('parent', run.parentRunId);
-  line('input', shortJson(run.input, width));
-  if (run.output !== null && run.output !== undefined) line('output', shortJson(run.output, width));
-  if (run.error) line('error', errorText(run.error, width));
-  if (run.terminationEvidence) line('evidence', shortJson(run.terminationEvidence, width));
+  // Inputs and outputs can be megabytes: a few lines here, all of it in psql.
+  line('input', shortJson(run.input, Infinity), 3);
+  if (run.output !== null && run.output !== undefined) line('output', shortJson(run.output, Infinity), 3);
+  if (run.error) line('error', errorText(run.error), 6);
+  if (run.terminationEvidence) line('evidence', shortJson(run.terminationEvidence, Infinity), 3);
 }
 
 function printSteps(run: RunRecord): void {
@@ -68,15 +74,15 @@ function printSteps(run: RunRecord): void {
     s.status,
     offset(s.startedAt, run.createdAt),
     duration(s.finishedAt.getTime() - s.startedAt.getTime()),
-    s.status === 'FAILED' ? errorText(s.error, 200) : String(s.attempts),
+    String(s.attempts),
   ]);
-  print(renderTable(['#', 'STEP', 'KIND', 'STATUS', 'STARTED', 'TOOK', 'TRIES/ERROR'], rows, { shrink: [6, 1], right: [0, 5], indent: 2 }));
+  print(renderTable(['#', 'STEP', 'KIND', 'STATUS', 'STARTED', 'TOOK', 'TRIES'], rows, { shrink: [1], right: [0, 5, 6], indent: 2 }));
+  for (const s of steps.filter((step) => step.status === 'FAILED')) line(`  step ${s.seq}`, `failed: ${errorText(s.error)}`, 6);
 }
 
 /** A stored error is {name, message, code?, stack?}: the message is what a person needs here. */
-function errorText(error: unknown, max: number): string {
+function errorText(error: unknown): string {
   const e = error as { name?: string; message?: string; code?: unknown } | null;
-  if (!e || typeof e.message !== 'string') return shortJson(error, max);
-  const text = `${e.name ?? 'Error'}${e.code !== undefined ? ` [${String(e.code)}]` : ''}: ${e.message}`;
-  return text.length <= max ? text : `${text.slice(0, max - 1)}…`;
+  if (!e || typeof e.message !== 'string') return shortJson(error, Infinity);
+  return `${e.name ?? 'Error'}${e.code !== undefined ? ` [${String(e.code)}]` : ''}: ${e.message}`;
 }

@@ -43,10 +43,10 @@ export const workers: Command = {
       w.stopped_at ? 'stopped' : w.silent ? 'silent' : 'live',
       ago(w.stopped_at ?? w.last_heartbeat_at),
       String(w.concurrency),
-      `${w.lease_ms} ms`,
       w.queues.join(','),
       w.workflows.join(','),
     ]);
-    print(renderTable(['WORKER', 'STATE', 'SEEN', 'CONC', 'LEASE', 'QUEUES', 'SERVES'], table, { shrink: [6, 5, 0], right: [3, 4] }));
+        // The id is left whole (it is what you grep logs for); it already holds host and pid.
+    print(renderTable(['WORKER', 'STATE', 'SEEN', 'CONC', 'QUEUES', 'SERVES'], table, { shrink: [5, 4], right: [3] }));
   },
 };

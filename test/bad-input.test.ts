@@ -1,0 +1,136 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { z } from 'zod';
+import { ConfigError, createEngine, InvalidInputError, PayloadTooLargeError, RunledgerError, UnknownWorkflowError, type Engine } from '../src/index.js';
+import { createTestDatabase, type TestDatabase } from './helpers/database.js';
+
+let db: TestDatabase;
+let engine: Engine;
+
+beforeAll(async () => {
+  db = await createTestDatabase();
+  engine = createEngine({ connectionString: db.url, maxPayloadBytes: 1_000, log: () => {} });
+});
+
+afterAll(async () => {
+  await engine?.close();
+  await db?.drop();
+});
+
+const runCount = async () => Number((await db.pool.query('select count(*) from runledger.runs')).rows[0].count);
+
+describe('engine.start with bad input', () => {
+  it('rejects input that fails the zod schema with INVALID_INPUT and stores nothing', async () => {
+    const wf = engine.workflow({ name: 'typed', input: z.object({ orderId: z.string().min(1) }) }, async () => 'ok');
+    const before = await runCount();
+    const error = await engine.start(wf, { orderId: 42 } as never).catch((e: unknown) => e);
+    expect(error).toBeInstanceOf(InvalidInputError);
+    expect(error).toMatchObject({ code: 'INVALID_INPUT' });
+    expect((error as RunledgerError).message).toMatch(/orderId/);
+    expect(await runCount()).toBe(before);
+  });
+
+  it('rejects input over the size limit with PAYLOAD_TOO_LARGE and stores nothing', async () => {
+    const wf = engine.workflow({ name: 'big-input' }, async () => 'ok');
+    const before = await runCount();
+    await expect(engine.start(wf, { blob: 'x'.repeat(2_000) })).rejects.toMatchObject({ code: 'PAYLOAD_TOO_LARGE' });
+    await expect(engine.start(wf, { blob: 'x'.repeat(2_000) })).rejects.toBeInstanceOf(PayloadTooLargeError);
+    expect(await runCount()).toBe(before);
+  });
+
+  it('rejects input JSON cannot hold (bigint, function) with INVALID_INPUT', async () => {
+    const wf = engine.workflow({ name: 'weird-input' }, async () => 'ok');
+    await expect(engine.start(wf, { n: 1n })).rejects.toMatchObject({ code: 'INVALID_INPUT' });
+    await expect(engine.start(wf, { f: () => 1 })).rejects.toMatchObject({ code: 'INVALID_INPUT' });
+  });
+
+  it('rejects an invalid run id with INVALID_INPUT and stores nothing', async () => {
+    const wf = engine.workflow({ name: 'ids' }, async () => 'ok');
+    const before = await runCount();
+    await expect(engine.start(wf, {}, { runId: "x'; drop table runledger.runs; --" })).rejects.toMatchObject({ code: 'INVALID_INPUT' });
+    expect(await runCount()).toBe(before);
+  });
+
+  it('an explicit run id started twice gives one run', async () => {
+    const wf = engine.workflow({ name: 'explicit-id' }, async () => 'ok');
+    const first = await engine.start(wf, {}, { runId: 'order-77' });
+    const second = await engine.start(wf, {}, { runId: 'order-77' });
+    expect(second.runId).toBe(first.runId);
+    const rows = await db.pool.query(`select count(*)::int as n from runledger.runs where run_id = 'order-77'`);
+    expect(rows.rows[0].n).toBe(1);
+  });
+});
+
+describe('unknown workflows and bad names', () => {
+  it('start_run from SQL of an unknown workflow raises RL006, mapped to UNKNOWN_WORKFLOW', async () => {
+    const error = await db.pool.query(`select runledger.start_run('nope', '{}')`).catch((e: unknown) => e);
+    expect(error).toMatchObject({ code: 'RL006' });
+    expect((error as Error).message).toMatch(/workflow 'nope' is not registered/);
+    const { fromPgError } = await import('../src/errors.js');
+    expect(fromPgError(error)).toBeInstanceOf(UnknownWorkflowError);
+  });
+
+  it('refuses names that are not plain identifiers, with CONFIG errors naming the field', () => {
+    expect(() => engine.workflow({ name: 'bad name' }, async () => 1)).toThrow(ConfigError);
+    expect(() => engine.workflow({ name: "x'); drop" }, async () => 1)).toThrow(/workflow name/);
+    expect(() => engine.workflow({ name: 'ok-name', queue: 'a:b' }, async () => 1)).toThrow(/queue/);
+    expect(() => engine.workflow({ name: 'ok-name2', version: '1@2' }, async () => 1)).toThrow(/version/);
+    expect(() => engine.workflow({ name: 'ok-name3', maxRecoveryAttempts: -1 }, async () => 1)).toThrow(/maxRecoveryAttempts/);
+  });
+
+  it('refuses to define the same workflow version twice on one engine', () => {
+    engine.workflow({ name: 'twice' }, async () => 1);
+    expect(() => engine.workflow({ name: 'twice' }, async () => 2)).toThrow(/already defined/);
+  });
+
+  it('refuses bad engine and worker options with CONFIG errors', async () => {
+    expect(() => createEngine({ connectionString: db.url, schema: 'other' })).toThrow(/schema/);
+    expect(() => createEngine({ connectionString: db.url, maxPayloadBytes: -5 })).toThrow(ConfigError);
+    await expect(engine.runWorker({ leaseMs: 10 })).rejects.toThrow(/leaseMs/);
+    await expect(engine.runWorker({ concurrency: 0 })).rejects.toThrow(/concurrency/);
+    await expect(engine.runWorker({ queues: ['no-such-queue'] })).rejects.toThrow(/no workflow is defined/);
+  });
+
+  it('retry of a run that is not dead-lettered or failed is INVALID_STATE; of an unknown run NOT_FOUND', async () => {
+    const wf = engine.workflow({ name: 'not-retryable' }, async () => 'ok');
+    const handle = await engine.start(wf, {});
+    await expect(engine.retry(handle.runId)).rejects.toMatchObject({ code: 'INVALID_STATE' });
+    await expect(engine.retry('missing-run')).rejects.toMatchObject({ code: 'NOT_FOUND' });
+  });
+});
+
+describe('input validated again at claim', () => {
+  it('a run started from SQL with input that fails the schema ends FAILED with INVALID_INPUT', async () => {
+    const wf = engine.workflow({ name: 'sql-typed', queue: 'sql-typed', input: z.object({ n: z.number() }) }, async (_ctx, input) => input.n);
+    const worker = await engine.runWorker({ queues: ['sql-typed'], concurrency: 1, leaseMs: 2_000, pollIntervalMs: 100 });
+    try {
+      await engine.start(wf, { n: 1 }); // registers the workflow
+      const started = await db.pool.query(`select runledger.start_run('sql-typed', '{"n": "not a number"}') as id`);
+      const { awaitResult } = await import('../src/engine/start.js');
+      const failure = await awaitResult({ getRun: (id: string) => engine.getRun(id) } as never, started.rows[0].id).catch((e: unknown) => e);
+      expect(failure).toMatchObject({ code: 'RUN_FAILED' });
+      const run = await engine.getRun(started.rows[0].id);
+      expect(run).toMatchObject({ status: 'FAILED', error: { code: 'INVALID_INPUT' } });
+    } finally {
+      await worker.stop();
+    }
+  });
+});
+
+describe('start_run options from SQL', () => {
+  it('refuses a non-numeric priority, a negative recovery limit and an unreadable deadline with RL003', async () => {
+    await db.pool.query(`select runledger._register_workflow('sql-opts', '1', 'default', 3)`);
+    const before = await runCount();
+    for (const options of ['{"priority": "abc"}', '{"priority": 1.5}', '{"max_recovery_attempts": -1}', '{"deadline": "soon"}']) {
+      await expect(db.pool.query(`select runledger.start_run('sql-opts', '{}', $1::jsonb)`, [options]), options).rejects.toMatchObject({ code: 'RL003' });
+    }
+    expect(await runCount()).toBe(before);
+  });
+
+  it('reads a date as a point in time and anything else as a lifetime', async () => {
+    const result = await db.pool.query(`
+      select (select deadline_at from runledger.runs where run_id = runledger.start_run('sql-opts', '{}', '{"deadline": "2030-01-31"}')) as point,
+             (select deadline_at - created_at from runledger.runs where run_id = runledger.start_run('sql-opts', '{}', '{"deadline": "36 hours"}')) as lifetime`);
+    expect((result.rows[0].point as Date).toISOString().slice(0, 10)).toBe('2030-01-31');
+    expect(result.rows[0].lifetime).toMatchObject({ days: 1, hours: 12 });
+  });
+});
