@@ -127,9 +127,13 @@ describe('start_run options from SQL', () => {
   });
 
   it('reads a date as a point in time and anything else as a lifetime', async () => {
-    const result = await db.pool.query(`
-      select (select deadline_at from runledger.runs where run_id = runledger.start_run('sql-opts', '{}', '{"deadline": "2030-01-31"}')) as point,
-             (select deadline_at - created_at from runledger.runs where run_id = runledger.start_run('sql-opts', '{}', '{"deadline": "36 hours"}')) as lifetime`);
+    const point = await db.pool.query(`select runledger.start_run('sql-opts', '{}', '{"deadline": "2030-01-31"}') as id`);
+    const lifetime = await db.pool.query(`select runledger.start_run('sql-opts', '{}', '{"deadline": "36 hours"}') as id`);
+    const result = await db.pool.query(
+      `select (select deadline_at from runledger.runs where run_id = $1) as point,
+              (select deadline_at - created_at from runledger.runs where run_id = $2) as lifetime`,
+      [point.rows[0].id, lifetime.rows[0].id],
+    );
     expect((result.rows[0].point as Date).toISOString().slice(0, 10)).toBe('2030-01-31');
     expect(result.rows[0].lifetime).toMatchObject({ days: 1, hours: 12 });
   });
