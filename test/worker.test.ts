@@ -1,0 +1,109 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { createEngine, type Engine } from '../src/index.js';
+import { createTestDatabase, waitFor, type TestDatabase } from './helpers/database.js';
+
+let db: TestDatabase;
+const engines: Engine[] = [];
+
+beforeAll(async () => {
+  db = await createTestDatabase();
+  await db.pool.query(`create table accounts (id text primary key, balance int not null);
+                       insert into accounts values ('a', 100), ('b', 100)`);
+});
+
+afterAll(async () => {
+  await Promise.all(engines.map((e) => e.close()));
+  await db?.drop();
+});
+
+function engine(): Engine {
+  const e = createEngine({ connectionString: db.url, log: () => {} });
+  engines.push(e);
+  return e;
+}
+
+describe('versions', () => {
+  it('a worker claims only the (workflow, version) pairs it serves; other versions wait, visible', async () => {
+    const v1Engine = engine();
+    const v1 = v1Engine.workflow({ name: 'pinned', version: '1', queue: 'pinned' }, async (ctx) => ctx.step('which', () => 'v1'));
+    const v2Engine = engine();
+    const v2 = v2Engine.workflow({ name: 'pinned', version: '2', queue: 'pinned' }, async (ctx) => ctx.step('which', () => 'v2'));
+
+    const v1Worker = await v1Engine.runWorker({ queues: ['pinned'], concurrency: 2, leaseMs: 2_000, pollIntervalMs: 100 });
+    const newRun = await v2Engine.start(v2, undefined);
+    const oldRun = await v1Engine.start(v1, undefined);
+    await expect(oldRun.result()).resolves.toBe('v1');
+    expect((await v1Engine.getRun(newRun.runId))?.status).toBe('PENDING');
+
+    const v2Worker = await v2Engine.runWorker({ queues: ['pinned'], concurrency: 2, leaseMs: 2_000, pollIntervalMs: 100 });
+    await expect(newRun.result()).resolves.toBe('v2');
+    const run = await v2Engine.getRun(newRun.runId);
+    expect(run).toMatchObject({ workflowVersion: '2', versionManifest: { runtime: expect.stringMatching(/^runledger@/), checkpointSchema: 1 } });
+    await v1Worker.stop();
+    await v2Worker.stop();
+  });
+});
+
+describe('transaction steps under contention', () => {
+  it('a deadlock aborts one transaction step, which is re-run automatically; both runs succeed once', async () => {
+    const e = engine();
+    let arrived = 0;
+    let bothIn!: () => void;
+    const barrier = new Promise<void>((resolve) => (bothIn = resolve));
+    const transfer = e.workflow({ name: 'transfer', queue: 'transfer' }, async (ctx, input: { from: string; to: string }) => {
+      return ctx.transaction('move', async (trx) => {
+        await trx.updateTable('accounts').set((eb) => ({ balance: eb('balance', '-', 10) })).where('id', '=', input.from).execute();
+        if (arrived < 2 && ++arrived === 2) bothIn();
+        await barrier; // both transactions hold their first row lock before taking the second
+        await trx.updateTable('accounts').set((eb) => ({ balance: eb('balance', '+', 10) })).where('id', '=', input.to).execute();
+        return 'moved';
+      });
+    });
+    const worker = await e.runWorker({ queues: ['transfer'], concurrency: 2, leaseMs: 5_000, pollIntervalMs: 100 });
+    const ab = await e.start(transfer, { from: 'a', to: 'b' });
+    const ba = await e.start(transfer, { from: 'b', to: 'a' });
+    await expect(Promise.all([ab.result(), ba.result()])).resolves.toEqual(['moved', 'moved']);
+    const balances = await db.pool.query('select id, balance from accounts order by id');
+    expect(balances.rows).toEqual([
+      { id: 'a', balance: 100 },
+      { id: 'b', balance: 100 },
+    ]);
+    const attempts = await db.pool.query(`select attempts from runledger.steps where run_id = any($1) order by attempts`, [[ab.runId, ba.runId]]);
+    expect(attempts.rows).toEqual([{ attempts: 1 }, { attempts: 2 }]);
+    await worker.stop();
+  });
+});
+
+describe('graceful stop', () => {
+  it('finishes what it can, then gives the rest back as PENDING without counting a recovery attempt', async () => {
+    const e = engine();
+    let release!: () => void;
+    const gate = new Promise<void>((resolve) => (release = resolve));
+    const held = e.workflow({ name: 'held', queue: 'held' }, async (ctx) => {
+      await ctx.step('first', () => 1);
+      await ctx.step('blocked', async () => {
+        await gate;
+        return 2;
+      });
+      return 'done';
+    });
+    const first = await e.runWorker({ queues: ['held'], concurrency: 1, leaseMs: 2_000, pollIntervalMs: 100, shutdownTimeoutMs: 200 });
+    const handle = await e.start(held, undefined);
+    await waitFor('first step done', async () => (await e.getRun(handle.runId))?.steps?.length === 1);
+    expect(first.inFlight).toBe(1);
+    await first.stop();
+
+    const run = await e.getRun(handle.runId);
+    expect(run).toMatchObject({ status: 'PENDING', recoveryAttempts: 0, leaseOwner: null });
+    const released = await db.pool.query(`select detail from runledger.events where run_id = $1 and kind = 'released'`, [handle.runId]);
+    expect(released.rows).toEqual([{ detail: { reason: 'worker_stopping', delay_ms: 0 } }]);
+    const stopped = await db.pool.query(`select stopped_at is not null as stopped from runledger.workers where worker_id = $1`, [first.workerId]);
+    expect(stopped.rows).toEqual([{ stopped: true }]);
+
+    release();
+    const second = await e.runWorker({ queues: ['held'], concurrency: 1, leaseMs: 2_000, pollIntervalMs: 100 });
+    await expect(handle.result()).resolves.toBe('done');
+    expect(await e.getRun(handle.runId)).toMatchObject({ recoveryAttempts: 0, fencingToken: '2' });
+    await second.stop();
+  });
+});
