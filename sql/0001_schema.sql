@@ -79,6 +79,7 @@ create table runledger.runs (
   deadline_at           timestamptz,
   wake_at               timestamptz,
   wait_kind             text check (wait_kind in ('timer', 'signal', 'approval', 'child', 'retry', 'reconcile')),
+  wait_key              text,
   lease_owner           text,
   lease_expires_at      timestamptz,
   fencing_token         bigint not null default 0,
@@ -105,6 +106,8 @@ comment on column runledger.runs.fencing_token is
   'Incremented on every claim. Every checkpoint write checks it in the same transaction, so a worker that lost its lease cannot commit.';
 comment on column runledger.runs.recovery_attempts is
   'How many times the run was recovered after its lease expired (its worker died or stalled). Past max_recovery_attempts the run is dead-lettered.';
+comment on column runledger.runs.wait_key is
+  'What a WAITING run waits for: the signal topic, the approval request id or the child run id (null for timers).';
 comment on column runledger.runs.termination_reason is
   'Why a terminal run stopped: COMPLETED, FAILED, CANCELLED, DEADLINE, MAX_STEPS, BUDGET, NO_PROGRESS, MAX_RECOVERY_ATTEMPTS, NON_DETERMINISM.';
 
@@ -121,8 +124,10 @@ create table runledger.steps (
   run_id        text not null references runledger.runs (run_id) on delete cascade,
   seq           int  not null check (seq >= 0),
   name          text not null,
-  kind          text not null check (kind in ('step', 'transaction')),
-  status        text not null check (status in ('SUCCEEDED', 'FAILED')),
+  kind          text not null check (kind in ('step', 'transaction', 'sleep', 'signal', 'approval', 'child_start', 'child')),
+  -- WAITING: a durable wait began at this position (its wake time is in output); it
+  -- becomes SUCCEEDED with the wait's result when the wait ends.
+  status        text not null check (status in ('SUCCEEDED', 'FAILED', 'WAITING')),
   output        jsonb,
   error         jsonb,
   attempts      int not null default 1,

@@ -116,7 +116,7 @@ begin
     coalesce((v_opts->>'priority')::int, 0), v_opts->>'concurrency_key',
     v_opts->>'idempotency_key', v_opts->>'parent_run_id', v_deadline,
     coalesce((v_opts->>'max_recovery_attempts')::int, v_wf.max_recovery_attempts),
-    coalesce(v_opts->'version_manifest', '{}'), v_now, v_now)
+    coalesce(v_opts->'version_manifest', jsonb_build_object('started_from', 'sql')), v_now, v_now)
   on conflict do nothing;
   get diagnostics v_inserted = row_count;
 
@@ -180,10 +180,13 @@ begin
   -- fencing token, so a duplicate dispatch or a late worker claims nothing.
   update runledger.runs r
      set status = 'RUNNING', fencing_token = r.fencing_token + 1, lease_owner = p_worker_id,
+         wait_kind = null, wait_key = null, wake_at = null,
          lease_expires_at = v_now + make_interval(secs => p_lease_ms / 1000.0),
          started_at = coalesce(r.started_at, v_now), updated_at = v_now
    where r.run_id = p_run_id
      and (r.status = 'PENDING'
+          -- A due timer: the delayed dispatch job of a sleep or a wait's timeout fired.
+          or (r.status = 'WAITING' and r.wake_at <= v_now)
           -- p_reclaim: this worker's earlier claim may have committed with its reply lost
           -- (connection dropped); the worker is not executing the run, so it claims it again.
           or (p_reclaim and r.status = 'RUNNING' and r.lease_owner = p_worker_id))
@@ -196,7 +199,10 @@ begin
   return query
     select v_run.run_id, v_run.workflow_name, v_run.workflow_version, v_run.input, v_run.fencing_token,
            v_run.recovery_attempts, v_run.created_at,
-           coalesce((select jsonb_agg(jsonb_build_array(s.seq, s.name, s.status, s.output, s.error) order by s.seq)
+           -- output is wrapped in a one-element array so JSON null and "no value" (SQL NULL) stay distinct.
+           coalesce((select jsonb_agg(jsonb_build_array(s.seq, s.name, s.status,
+                                        case when s.output is null then null else jsonb_build_array(s.output) end,
+                                        s.error, s.kind) order by s.seq)
                        from runledger.steps s where s.run_id = p_run_id), '[]'::jsonb);
 end;
 $$;
@@ -245,13 +251,14 @@ begin
   -- answer below is final: the checkpoint either exists now or never will.
   select r.fencing_token into v_token from runledger.runs r where r.run_id = p_run_id for update;
   return query
-    select s.run_id is not null, s.status, s.output, s.error, v_token = p_token
+    select s.run_id is not null, s.status, case when s.output is null then null else jsonb_build_array(s.output) end,
+           s.error, v_token = p_token
       from (select 1) one
       left join runledger.steps s on s.run_id = p_run_id and s.seq = p_seq and s.fencing_token = p_token;
 end;
 $$;
 comment on function runledger._checkpoint_outcome(text, int, bigint) is
-  'After a COMMIT whose outcome the client did not see: waits for in-flight transactions on the run, then says whether the checkpoint committed.';
+  'After a COMMIT whose outcome the client did not see: waits for in-flight transactions on the run, then says whether the checkpoint committed (output wrapped in a one-element array, null when absent).';
 
 create function runledger._finish_run(
   p_run_id text, p_token bigint, p_status runledger.run_status, p_reason text,
@@ -263,7 +270,7 @@ declare
 begin
   update runledger.runs
      set status = p_status, output = p_output, error = p_error, finished_at = v_now, updated_at = v_now,
-         lease_owner = null, lease_expires_at = null, wait_kind = null, wake_at = null,
+         lease_owner = null, lease_expires_at = null, wait_kind = null, wait_key = null, wake_at = null,
          termination_reason = p_reason, termination_evidence = p_evidence, terminated_at = v_now,
          policy_version = p_policy_version
    where run_id = p_run_id and fencing_token = p_token and status in ('RUNNING', 'CANCELLING');
@@ -272,8 +279,9 @@ begin
       message = format('run %s: lease lost (fencing token %s is stale or the run stopped executing)', p_run_id, p_token);
   end if;
   insert into runledger.events (run_id, kind, detail, fencing_token, at)
-  values (p_run_id, lower(p_reason),
-          jsonb_strip_nulls(jsonb_build_object('status', p_status, 'error', p_error, 'evidence', p_evidence)), p_token, v_now);
+  values (p_run_id, case p_status when 'DEAD_LETTER' then 'dead_lettered' else lower(p_reason) end,
+          jsonb_strip_nulls(jsonb_build_object('status', p_status, 'reason', p_reason, 'error', p_error, 'evidence', p_evidence)), p_token, v_now);
+  perform runledger._wake_parent(p_run_id);
 end;
 $$;
 comment on function runledger._finish_run(text, bigint, runledger.run_status, text, jsonb, jsonb, jsonb, text) is
@@ -301,26 +309,38 @@ $$;
 comment on function runledger._dead_letter_run(text, bigint, text, jsonb, text) is
   'Fenced move to DEAD_LETTER (e.g. NON_DETERMINISM) with evidence; the run leaves the automatic path until retry_run.';
 
-create function runledger._release_run(p_run_id text, p_token bigint, p_delay_ms int, p_reason text)
+create function runledger._release_run(p_run_id text, p_token bigint, p_delay_ms int, p_reason text, p_counts_attempt boolean default false)
 returns boolean
 language plpgsql volatile as $$
 declare
   v_run runledger.runs;
+  v_now timestamptz := runledger.now();
 begin
-  update runledger.runs
-     set status = 'PENDING', lease_owner = null, lease_expires_at = null, updated_at = runledger.now()
+  select * into v_run from runledger.runs
    where run_id = p_run_id and fencing_token = p_token and status = 'RUNNING'
-  returning * into v_run;
+   for update;
   if not found then
     return false;
   end if;
-  insert into runledger.events (run_id, kind, detail, fencing_token)
-  values (p_run_id, 'released', jsonb_build_object('reason', p_reason, 'delay_ms', p_delay_ms), p_token);
+  if p_counts_attempt and v_run.recovery_attempts + 1 > v_run.max_recovery_attempts then
+    -- An execution that keeps failing for infrastructure reasons must not loop forever.
+    perform runledger._finish_run(p_run_id, p_token, 'DEAD_LETTER', 'MAX_RECOVERY_ATTEMPTS', null, null,
+      jsonb_build_object('recovery_attempts', v_run.recovery_attempts, 'max_recovery_attempts', v_run.max_recovery_attempts,
+                         'last_release', p_reason),
+      'runledger/1');
+    return true;
+  end if;
+  update runledger.runs
+     set status = 'PENDING', lease_owner = null, lease_expires_at = null, updated_at = v_now,
+         recovery_attempts = recovery_attempts + case when p_counts_attempt then 1 else 0 end
+   where run_id = p_run_id;
+  insert into runledger.events (run_id, kind, detail, fencing_token, at)
+  values (p_run_id, 'released', jsonb_build_object('reason', p_reason, 'delay_ms', p_delay_ms, 'counts_attempt', p_counts_attempt), p_token, v_now);
   perform runledger._dispatch(p_run_id, runledger._task_identifier(v_run.queue_name, v_run.workflow_name, v_run.workflow_version), p_delay_ms);
   return true;
 end;
 $$;
-comment on function runledger._release_run(text, bigint, int, text) is
-  'A worker gives a run back (shutdown, infrastructure error): RUNNING -> PENDING and re-dispatched after p_delay_ms. Not a recovery attempt.';
+comment on function runledger._release_run(text, bigint, int, text, boolean) is
+  'A worker gives a run back: RUNNING -> PENDING, re-dispatched after p_delay_ms. A graceful stop does not count a recovery attempt; an infrastructure failure does (p_counts_attempt), and past max_recovery_attempts the run is dead-lettered instead.';
 
 insert into runledger.migrations (version, name) values (2, '0002_runs');

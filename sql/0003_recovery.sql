@@ -62,7 +62,7 @@ begin
      where r.lease_owner = p_worker_id and r.status = 'RUNNING'
      for update
   loop
-    if runledger._release_run(v_run.run_id, v_run.fencing_token, 0, 'worker_stopped') then
+    if runledger._release_run(v_run.run_id, v_run.fencing_token, 0, 'worker_stopped', false) then
       v_count := v_count + 1;
     end if;
   end loop;
@@ -106,6 +106,7 @@ begin
       values (v_run.run_id, 'dead_lettered',
               jsonb_build_object('reason', 'MAX_RECOVERY_ATTEMPTS', 'recovery_attempts', v_run.recovery_attempts,
                                  'last_owner', v_run.lease_owner), v_run.fencing_token, v_now);
+      perform runledger._wake_parent(v_run.run_id);
     else
       update runledger.runs
          set status = 'PENDING', recovery_attempts = v_run.recovery_attempts + 1, updated_at = v_now,
@@ -153,7 +154,7 @@ begin
     v_count := v_count + 1;
     update runledger.runs set updated_at = v_now where run_id = v_run.run_id;
     insert into runledger.events (run_id, kind, detail, at)
-    values (v_run.run_id, 'redispatched', jsonb_build_object('pending_since', v_run.updated_at), v_now);
+    values (v_run.run_id, 'redispatched', jsonb_build_object('why', 'no dispatch job waiting', 'pending_since', v_run.updated_at), v_now);
     perform runledger._dispatch(v_run.run_id,
       runledger._task_identifier(v_run.queue_name, v_run.workflow_name, v_run.workflow_version));
   end loop;
@@ -162,6 +163,37 @@ end;
 $$;
 comment on function runledger._redispatch_orphans(int, int) is
   'Sweeper safety net: PENDING runs older than p_older_than_ms with no waiting dispatch job are dispatched again. Returns how many.';
+
+create function runledger._redispatch_stuck(p_locked_for_ms int, p_limit int default 1000) returns int
+language plpgsql volatile as $$
+declare
+  v_run   runledger.runs;
+  v_count int := 0;
+begin
+  -- A dispatch job is locked only between a worker fetching it and claiming its run
+  -- (milliseconds). A PENDING run whose job stays locked longer lost its dispatch: the
+  -- worker died after the fetch, or the fetch's reply never arrived. graphile-worker
+  -- would keep that job locked for hours; add_job with the same key makes a new one.
+  -- Starts from the few locked jobs, so a large backlog of PENDING runs costs nothing here.
+  for v_run in
+    select * from runledger.runs r
+     where r.status = 'PENDING'
+       and r.run_id in (select substr(j.key, 11) from graphile_worker.jobs j
+                         where j.key like 'runledger:%' and j.locked_at < now() - make_interval(secs => p_locked_for_ms / 1000.0))
+     limit p_limit
+     for update skip locked
+  loop
+    v_count := v_count + 1;
+    insert into runledger.events (run_id, kind, detail)
+    values (v_run.run_id, 'redispatched', jsonb_build_object('why', 'dispatch job locked but run never claimed'));
+    perform runledger._dispatch(v_run.run_id,
+      runledger._task_identifier(v_run.queue_name, v_run.workflow_name, v_run.workflow_version));
+  end loop;
+  return v_count;
+end;
+$$;
+comment on function runledger._redispatch_stuck(int, int) is
+  'Sweeper: PENDING runs whose dispatch job has been locked for longer than p_locked_for_ms (the fetching worker died or lost the reply before claiming) are dispatched again. Returns how many.';
 
 create function runledger.retry_run(p_run_id text) returns text
 language plpgsql volatile as $$

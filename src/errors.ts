@@ -16,7 +16,9 @@ export type ErrorCode =
   | 'CONFIG'
   | 'RUN_FAILED'
   | 'STEP_FAILED'
-  | 'NOT_IN_WORKFLOW';
+  | 'NOT_IN_WORKFLOW'
+  | 'NOT_ALLOWED'
+  | 'CHILD_FAILED';
 
 export class RunledgerError extends Error {
   readonly code: ErrorCode;
@@ -68,6 +70,15 @@ export class NotInWorkflowError extends RunledgerError {
   constructor(message: string) { super('NOT_IN_WORKFLOW', message); }
 }
 
+export class NotAllowedError extends RunledgerError {
+  constructor(message: string, options?: { cause?: unknown }) { super('NOT_ALLOWED', message, options); }
+}
+
+/** What `ctx.runChild` throws when the child run did not succeed; the same on every replay. */
+export class ChildFailedError extends RunledgerError {
+  constructor(message: string, details: Record<string, unknown>) { super('CHILD_FAILED', message, { details }); }
+}
+
 /** A run ended FAILED (or another non-success terminal state); `details` holds the stored error and record. */
 export class RunFailedError extends RunledgerError {
   constructor(message: string, details: Record<string, unknown>) { super('RUN_FAILED', message, { details }); }
@@ -99,6 +110,7 @@ const SQLSTATE_CLASSES: Record<string, new (message: string, options?: { cause?:
   RL004: PayloadTooLargeError,
   RL005: InvalidStateError,
   RL006: UnknownWorkflowError,
+  RL007: NotAllowedError,
 };
 
 /** Maps a pg error raised by a runledger SQL function to its RunledgerError; other errors pass through. */

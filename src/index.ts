@@ -12,6 +12,9 @@ export { loadMigrations } from './engine/migrate.js';
 export { WorkflowContext } from './steps/context.js';
 export type { StepFunction, StepInfo } from './steps/step.js';
 export type { TransactionFunction } from './steps/transaction.js';
+export type { ApprovalDecision, ApprovalRequest, ChildOptions, WaitForSignalOptions } from './steps/waits.js';
+export type { DecisionInput, DecisionRecord } from './engine/operator.js';
+export type { Duration } from './engine/duration.js';
 export {
   RunledgerError,
   LeaseLostError,
@@ -27,6 +30,8 @@ export {
   NotInWorkflowError,
   RunFailedError,
   StepFailedError,
+  NotAllowedError,
+  ChildFailedError,
 } from './errors.js';
 export type { ErrorCode, SerializedError } from './errors.js';
 export { startEmbeddedPostgres } from './dev/embedded-postgres.js';

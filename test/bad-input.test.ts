@@ -87,7 +87,8 @@ describe('unknown workflows and bad names', () => {
     expect(() => createEngine({ connectionString: db.url, maxPayloadBytes: -5 })).toThrow(ConfigError);
     await expect(engine.runWorker({ leaseMs: 10 })).rejects.toThrow(/leaseMs/);
     await expect(engine.runWorker({ concurrency: 0 })).rejects.toThrow(/concurrency/);
-    await expect(engine.runWorker({ queues: ['no-such-queue'] })).rejects.toThrow(/no workflow is defined/);
+    await expect(engine.runWorker({ queues: ['bad queue'] })).rejects.toThrow(/queue/);
+    await expect(createEngine({ connectionString: db.url }).runWorker()).rejects.toThrow(/no workflow is defined/);
   });
 
   it('retry of a run that is not dead-lettered or failed is INVALID_STATE; of an unknown run NOT_FOUND', async () => {

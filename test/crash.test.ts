@@ -1,4 +1,4 @@
-import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, afterEach, beforeAll, describe, expect, it, onTestFailed } from 'vitest';
 import { createEngine, type Engine } from '../src/index.js';
 import { createTestDatabase, waitFor, type TestDatabase } from './helpers/database.js';
 import { spawnWorker, type WorkerProcess } from './helpers/worker-process.js';
@@ -38,15 +38,23 @@ afterAll(async () => {
 async function worker(env: Record<string, string> = {}): Promise<WorkerProcess> {
   const w = await spawnWorker({ DATABASE_URL: db.url, LEASE_MS: '1000', CONCURRENCY: '4', ...env });
   spawned.push(w);
+  onTestFailed(() => console.error(`--- worker ${w.pid} output ---\n${w.output().slice(-4000)}`));
   return w;
 }
 
+/** True when every run is terminal; otherwise throws a description of what is left (shown if waitFor times out). */
 async function allFinished(runIds: string[]): Promise<boolean> {
   const result = await db.pool.query(
-    `select count(*)::int as n from runledger.runs where run_id = any($1) and status in ('SUCCEEDED','FAILED','DEAD_LETTER','CANCELLED','TERMINATED')`,
+    `select run_id, status, recovery_attempts, lease_owner, updated_at,
+            (select string_agg(kind, ',' order by event_id) from runledger.events e where e.run_id = r.run_id) as history,
+            (select string_agg(format('%s/%s/att%s/locked:%s', j.id, j.run_at, j.attempts, j.locked_at is not null), ',')
+               from graphile_worker.jobs j where j.key = 'runledger:' || r.run_id) as jobs
+       from runledger.runs r
+      where run_id = any($1) and status not in ('SUCCEEDED','FAILED','DEAD_LETTER','CANCELLED','TERMINATED')`,
     [runIds],
   );
-  return result.rows[0].n === runIds.length;
+  if (result.rowCount === 0) return true;
+  throw new Error(`${result.rowCount} unfinished, e.g. ${JSON.stringify(result.rows.slice(0, 3))}`);
 }
 
 /** Per run and step: checkpoint token and how many times the step body ran. */
@@ -215,7 +223,9 @@ describe('connection faults', () => {
   it('every session of a worker terminated mid-run (LISTEN included): runs finish, nothing lost or duplicated', async () => {
     const appName = `rl-faulty-${process.pid}`;
     const runIds = await startOrders(300);
-    const faulty = await worker({ PGAPPNAME: appName, CONCURRENCY: '8' });
+    // A dispatch job whose fetch reply was lost stays locked by graphile-worker; the orphan
+    // sweep re-dispatches its run (2 s here instead of the default).
+    const faulty = await worker({ PGAPPNAME: appName, CONCURRENCY: '8', ORPHAN_AFTER_MS: '2000' });
     const killSessions = async () => {
       const killed = await db.pool.query(
         `select count(pg_terminate_backend(pid))::int as n from pg_stat_activity where application_name = $1`,

@@ -96,7 +96,7 @@ describe('graceful stop', () => {
     const run = await e.getRun(handle.runId);
     expect(run).toMatchObject({ status: 'PENDING', recoveryAttempts: 0, leaseOwner: null });
     const released = await db.pool.query(`select detail from runledger.events where run_id = $1 and kind = 'released'`, [handle.runId]);
-    expect(released.rows).toEqual([{ detail: { reason: 'worker_stopping', delay_ms: 0 } }]);
+    expect(released.rows).toEqual([{ detail: { reason: 'worker_stopping', delay_ms: 0, counts_attempt: false } }]);
     const stopped = await db.pool.query(`select stopped_at is not null as stopped from runledger.workers where worker_id = $1`, [first.workerId]);
     expect(stopped.rows).toEqual([{ stopped: true }]);
 

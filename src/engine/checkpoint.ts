@@ -69,7 +69,7 @@ export async function writeCheckpoint(exec: Execution, record: CheckpointRecord)
 
 export interface CheckpointOutcome {
   committed: boolean;
-  status: 'SUCCEEDED' | 'FAILED' | null;
+  status: 'SUCCEEDED' | 'FAILED' | 'WAITING' | null;
   output: unknown;
   error: unknown;
   stillOwner: boolean;

@@ -5,6 +5,7 @@ import { ConfigError, serializeError } from '../errors.js';
 import type { ExecutionDeps } from './execution.js';
 import { guardPool } from './pools.js';
 import { migrate } from './migrate.js';
+import { decideApproval, sendSignal, type DecisionInput, type DecisionRecord } from './operator.js';
 import { getRun, listRuns, retryRun, type ListRunsOptions, type RunRecord } from './runs.js';
 import { startRun, type RunHandle, type StartOptions } from './start.js';
 import type { RunStatus } from './states.js';
@@ -53,6 +54,10 @@ export interface Engine {
   getRun(runId: string): Promise<RunRecord | undefined>;
   listRuns(options?: ListRunsOptions): Promise<RunRecord[]>;
   retry(runId: string): Promise<RunStatus>;
+  /** Delivers a signal; true if newly accepted, false if this signalId was accepted before. */
+  signal(runId: string, topic: string, payload?: unknown, options?: { signalId?: string }): Promise<boolean>;
+  /** Decides an approval request; the first decision wins (later calls return it with recorded: false). */
+  decideApproval(requestId: string, decision: DecisionInput): Promise<DecisionRecord>;
   runWorker(options?: WorkerOptions): Promise<Worker>;
   /** Stops this engine's workers and closes its pool (not a pool you passed in). */
   close(): Promise<void>;
@@ -76,7 +81,6 @@ export function createEngine(options: EngineOptions = {}): Engine {
   const pool = options.pool ?? new pg.Pool(poolConfig);
   guardPool(pool, 'pool', log);
   const db = new Kysely<any>({ dialect: new PostgresDialect({ pool }) });
-  const deps: ExecutionDeps = { pool, db, maxPayloadBytes: options.maxPayloadBytes ?? MAX_PAYLOAD_BYTES_DEFAULT, log };
 
   const workflows = new Map<string, Workflow<any, any>>();
   const registered = new Map<string, Promise<void>>();
@@ -94,6 +98,7 @@ export function createEngine(options: EngineOptions = {}): Engine {
     }
     return done;
   };
+  const deps: ExecutionDeps = { pool, db, maxPayloadBytes: options.maxPayloadBytes ?? MAX_PAYLOAD_BYTES_DEFAULT, log, registerWorkflow };
   const fetchRun = (runId: string, opts?: { withSteps?: boolean }) => getRun(db, runId, opts);
 
   return {
@@ -111,6 +116,8 @@ export function createEngine(options: EngineOptions = {}): Engine {
     getRun: (runId) => fetchRun(runId),
     listRuns: (listOptions) => listRuns(db, listOptions),
     retry: (runId) => retryRun(pool, runId),
+    signal: (runId, topic, payload, signalOptions) => sendSignal(pool, runId, topic, payload, signalOptions?.signalId),
+    decideApproval: (requestId, decision) => decideApproval(pool, requestId, decision),
     async runWorker(workerOptions) {
       const worker = await startWorker({ deps, poolConfig, workflows: [...workflows.values()], registerWorkflow }, workerOptions);
       workers.add(worker);

@@ -1,4 +1,4 @@
-import { InvalidInputError, NonDeterminismError, serializeError } from '../errors.js';
+import { InvalidInputError, NonDeterminismError, PayloadTooLargeError, serializeError } from '../errors.js';
 import { WorkflowContext } from '../steps/context.js';
 import { Execution, type CheckpointRow, type ExecutionDeps, type Halt } from './execution.js';
 import { failpoint } from './failpoints.js';
@@ -85,6 +85,9 @@ export async function executeRun(runId: string, options: ExecuteOptions): Promis
       let outputText: string | undefined;
       try {
         outputText = toJsonText(outcome.value, `output of run ${runId}`);
+        if (outputText !== undefined && Buffer.byteLength(outputText) > deps.maxPayloadBytes) {
+          throw new PayloadTooLargeError(`output of run ${runId} is ${Buffer.byteLength(outputText)} bytes, over the limit of ${deps.maxPayloadBytes}`);
+        }
       } catch (error) {
         await finish(exec, 'runledger._fail_run($1, $2, $3::jsonb, $4)', [JSON.stringify(serializeError(error)), policyVersion]);
         return;
@@ -148,6 +151,8 @@ async function handleHalt(exec: Execution, halt: Halt, policyVersion: string): P
     case 'shutdown':
       await release(exec, 0, 'worker_stopping');
       return;
+    case 'suspended':
+      return;
   }
 }
 
@@ -170,5 +175,7 @@ async function finish(exec: Execution, call: string, args: unknown[]): Promise<v
 }
 
 async function release(exec: Execution, delayMs: number, reason: string): Promise<void> {
-  await exec.deps.pool.query('select runledger._release_run($1, $2, $3, $4)', [exec.runId, exec.fencingToken.toString(), delayMs, reason]);
+  // Only a graceful stop gives a run back for free; every other release counts a recovery attempt.
+  const countsAttempt = reason !== 'worker_stopping';
+  await exec.deps.pool.query('select runledger._release_run($1, $2, $3, $4, $5)', [exec.runId, exec.fencingToken.toString(), delayMs, reason, countsAttempt]);
 }

@@ -2,21 +2,27 @@ import type pg from 'pg';
 import type { Kysely } from 'kysely';
 import { NonDeterminismError } from '../errors.js';
 
-/** One checkpoint as loaded at claim time: [seq, name, status, output, error]. */
-export type CheckpointRow = [number, string, 'SUCCEEDED' | 'FAILED', unknown, unknown];
+export type StepKind = 'step' | 'transaction' | 'sleep' | 'signal' | 'approval' | 'child_start' | 'child';
+
+/** One checkpoint as loaded at claim time: [seq, name, status, output, error, kind]. */
+export type CheckpointRow = [number, string, 'SUCCEEDED' | 'FAILED' | 'WAITING', unknown, unknown, StepKind];
 
 /** Why an execution stopped before the workflow function settled. */
 export type Halt =
   | { kind: 'lease_lost'; message: string }
   | { kind: 'non_determinism'; error: NonDeterminismError }
   | { kind: 'infrastructure'; error: unknown }
-  | { kind: 'shutdown' };
+  | { kind: 'shutdown' }
+  /** The run is parked WAITING in the database; the worker just lets go of it. */
+  | { kind: 'suspended' };
 
 export interface ExecutionDeps {
   pool: pg.Pool;
   db: Kysely<any>;
   maxPayloadBytes: number;
   log: (level: 'info' | 'warn' | 'error', message: string, meta?: Record<string, unknown>) => void;
+  /** Makes a workflow startable from SQL (child runs are started by runledger.start_run). */
+  registerWorkflow: (workflow: import('./workflow.js').Workflow<any, any>) => Promise<void>;
 }
 
 /**
@@ -60,16 +66,16 @@ export class Execution {
    * Takes the next step position and returns the checkpoint recorded there, if any.
    * A name differing from the recorded one is non-determinism: the run is parked, never guessed.
    */
-  takeStep(name: string): { seq: number; recorded: CheckpointRow | undefined } | undefined {
+  takeStep(name: string, kind: StepKind): { seq: number; recorded: CheckpointRow | undefined } | undefined {
     const seq = this.nextSeq++;
     const recorded = this.checkpoints[seq];
     if (recorded) {
-      if (recorded[1] !== name) {
+      if (recorded[1] !== name || recorded[5] !== kind) {
         this.halt({
           kind: 'non_determinism',
           error: new NonDeterminismError(
-            `run ${this.runId}: step ${seq} is ${JSON.stringify(name)} in this execution but ${JSON.stringify(recorded[1])} in the checkpoint`,
-            { seq, expected: recorded[1], actual: name },
+            `run ${this.runId}: step ${seq} is ${kind} ${JSON.stringify(name)} in this execution but ${recorded[5]} ${JSON.stringify(recorded[1])} in the checkpoint`,
+            { seq, expected: recorded[1], actual: name, expectedKind: recorded[5], actualKind: kind },
           ),
         });
         return undefined;

@@ -13,18 +13,20 @@ export const LEASE_MS_MIN = 500;
 export const CONCURRENCY_DEFAULT = 16;
 export const SHUTDOWN_TIMEOUT_MS_DEFAULT = 10_000;
 export const POLL_INTERVAL_MS_DEFAULT = 2_000;
-export const ORPHAN_AFTER_MS_DEFAULT = 60_000;
+export const ORPHAN_AFTER_MS_DEFAULT = 30_000;
+/** A due timer this late is woken by the sweeper instead of its dispatch job. */
+export const WAKE_GRACE_MS = 2_000;
 
 export interface WorkerOptions {
   /** Runs executed at once by this process; default 16. */
   concurrency?: number;
-  /** Queues served; default: every queue of the workflows defined on the engine. */
+  /** Queues served (every workflow defined on the engine, on each of them); default: the workflows' own queues. */
   queues?: string[];
   /** How long a silent worker keeps its runs before another worker recovers them; default 30 s, at least 500 ms. */
   leaseMs?: number;
   /** How often the sweeper looks for expired leases; default leaseMs / 2. */
   sweepIntervalMs?: number;
-  /** A PENDING run with no dispatch job waiting for this long is dispatched again; default 60 s. */
+  /** A PENDING run with no dispatch job waiting for this long is dispatched again; default 30 s. */
   orphanAfterMs?: number;
   /** Fallback poll for dispatch jobs when LISTEN/NOTIFY is missed; default 2 s. */
   pollIntervalMs?: number;
@@ -57,10 +59,12 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
   for (const queue of queues) {
     if (!QUEUE_PATTERN.test(queue)) throw new ConfigError(`runWorker: queue ${JSON.stringify(queue)} is invalid`);
   }
-  const served = host.workflows.filter((w) => queues.includes(w.queue));
-  if (served.length === 0) {
-    throw new ConfigError(`runWorker: no workflow is defined for queue(s) ${queues.join(', ')}; define workflows before starting a worker`);
+  if (queues.length === 0 || host.workflows.length === 0) {
+    throw new ConfigError('runWorker: no workflow is defined on this engine; define workflows before starting a worker');
   }
+  // A run's queue is chosen at start (default: its workflow's queue), so the worker serves
+  // every workflow it knows on every queue it was given.
+  const served = host.workflows;
   const byKey = new Map(served.map((w) => [workflowKey(w.name, w.version), w]));
   const workerId = options.workerId ?? `${hostname()}-${process.pid}-${ulid()}`;
   const { deps } = host;
@@ -86,8 +90,8 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
     untrack: (exec: Execution) => void executions.delete(exec),
   };
   const tasks = new Map<string, (runId: string) => Promise<void>>();
-  for (const workflow of served) {
-    tasks.set(taskIdentifier(workflow.queue, workflow.name, workflow.version), async (runId) => {
+  for (const [queue, workflow] of queues.flatMap((q) => served.map((w) => [q, w] as const))) {
+    tasks.set(taskIdentifier(queue, workflow.name, workflow.version), async (runId) => {
       try {
         await executeRun(runId, execOptions);
       } catch (error) {
@@ -134,6 +138,9 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
     try {
       const result = await deps.pool.query('select runledger._recover_expired(1000) as recovered');
       if (result.rows[0].recovered > 0) deps.log('info', `recovered ${result.rows[0].recovered} run(s) with expired leases`);
+      await deps.pool.query('select runledger._redispatch_stuck($1, 1000)', [leaseMs]);
+      // Timers normally fire as delayed dispatch jobs; this catches any that went missing.
+      await deps.pool.query('select runledger._wake_due(1000, $1)', [WAKE_GRACE_MS]);
       if (Date.now() - lastOrphanSweep >= orphanAfterMs / 2) {
         lastOrphanSweep = Date.now();
         const orphans = await deps.pool.query('select runledger._redispatch_orphans($1, 1000) as n', [orphanAfterMs]);

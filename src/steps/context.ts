@@ -1,5 +1,8 @@
 import type { Transaction } from 'kysely';
+import type { Duration } from '../engine/duration.js';
 import type { Execution } from '../engine/execution.js';
+import type { Workflow } from '../engine/workflow.js';
+import * as waits from './waits.js';
 import { runStep, type StepFunction } from './step.js';
 import { runTransaction, type TransactionFunction } from './transaction.js';
 
@@ -40,6 +43,37 @@ export class WorkflowContext {
    */
   transaction<T, DB = any>(name: string, fn: TransactionFunction<T, DB>): Promise<T> {
     return runTransaction<T, DB>(this.#exec, name, fn as (trx: Transaction<DB>) => Promise<T>);
+  }
+
+  /** Waits until the duration has passed (or the date is reached), holding no worker. */
+  sleep(name: string, duration: Duration | Date): Promise<void> {
+    return waits.sleep(this.#exec, name, duration);
+  }
+
+  /** Consumes exactly one signal sent to this run on `topic`; null if `timeout` passes first. */
+  waitForSignal<T = unknown>(topic: string, options?: waits.WaitForSignalOptions): Promise<T | null> {
+    return waits.waitForSignal<T>(this.#exec, topic, options);
+  }
+
+  /** Asks a person to approve `action`; the decision, or null when the request expires undecided. */
+  requestApproval(name: string, request: waits.ApprovalRequest): Promise<waits.ApprovalDecision | null> {
+    return waits.requestApproval(this.#exec, name, request);
+  }
+
+  /** Starts a child run without waiting for it; its id is checkpointed with the child's creation. */
+  startChild<I>(workflow: Workflow<I, any>, input: I, options?: waits.ChildOptions): Promise<{ runId: string }> {
+    return waits.startChild(this.#exec, this.#exec.deps.registerWorkflow, workflow, input, options);
+  }
+
+  /** Waits, holding nothing, for a child run started with startChild; its output, or ChildFailedError. */
+  waitForChild<O = unknown>(childRunId: string, options: { name?: string } = {}): Promise<O> {
+    return waits.waitForChild<O>(this.#exec, childRunId, options.name);
+  }
+
+  /** Starts a child run and waits for it: its output, or ChildFailedError when it did not succeed. */
+  async runChild<I, O>(workflow: Workflow<I, O>, input: I, options: waits.ChildOptions = {}): Promise<O> {
+    const { runId } = await this.startChild(workflow, input, options);
+    return this.waitForChild<O>(runId, { name: options.name ?? `child:${workflow.name}` });
   }
 
   /** The current time, recorded once and replayed: deterministic across recoveries. */

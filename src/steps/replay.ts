@@ -6,7 +6,8 @@ import { toJsonText } from '../engine/json.js';
 export function replayCheckpoint<T>(recorded: CheckpointRow): T {
   const [, name, status, output, error] = recorded;
   if (status === 'FAILED') throw stepFailure(name, error as SerializedError);
-  return (output ?? undefined) as T;
+  // Stored outputs come wrapped in a one-element array; null means the step returned undefined.
+  return (Array.isArray(output) ? output[0] : undefined) as T;
 }
 
 export function stepFailure(name: string, recorded: SerializedError, cause?: unknown): StepFailedError {

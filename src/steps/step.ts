@@ -21,7 +21,7 @@ export type StepFunction<T> = (info: StepInfo) => Promise<T> | T;
  * (also on the first execution), so replays see exactly what the first run saw.
  */
 export async function runStep<T>(exec: Execution, name: string, fn: StepFunction<T>): Promise<T> {
-  const position = exec.takeStep(name);
+  const position = exec.takeStep(name, 'step');
   if (!position) return exec.suspend();
   if (position.recorded) return replayCheckpoint<T>(position.recorded);
   if (exec.haltReason) return exec.suspend();

@@ -24,7 +24,7 @@ class UserFailure {
  * never by blindly running the step again.
  */
 export async function runTransaction<T, DB>(exec: Execution, name: string, fn: TransactionFunction<T, DB>): Promise<T> {
-  const position = exec.takeStep(name);
+  const position = exec.takeStep(name, 'transaction');
   if (!position) return exec.suspend();
   if (position.recorded) return replayCheckpoint<T>(position.recorded);
   const { seq } = position;
@@ -70,7 +70,7 @@ export async function runTransaction<T, DB>(exec: Execution, name: string, fn: T
       if (commitSent && isConnectionError(error)) {
         const outcome = await readCheckpointOutcome(exec, seq).catch(() => undefined);
         if (outcome?.committed) {
-          return replayCheckpoint<T>([seq, name, outcome.status ?? 'SUCCEEDED', outcome.output, outcome.error]);
+          return replayCheckpoint<T>([seq, name, outcome.status ?? 'SUCCEEDED', outcome.output, outcome.error, 'transaction']);
         }
         if (outcome && !outcome.stillOwner) {
           exec.halt({ kind: 'lease_lost', message: `run ${exec.runId}: taken over while a commit was in doubt` });

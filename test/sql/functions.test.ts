@@ -343,7 +343,7 @@ describe('claim / fence protocol (_claim_run, _checkpoint, _fence, _complete_run
     expect(again).toEqual([
       {
         run_id: runId, workflow_name: 'w', workflow_version: '1', input: { n: 1 }, fencing_token: 2, recovery_attempts: 0,
-        checkpoints: [[0, 'a', 'SUCCEEDED', 'kept', null]],
+        checkpoints: [[0, 'a', 'SUCCEEDED', ['kept'], null, 'step']],
       },
     ]);
     // The first claim's token is now stale.
@@ -376,7 +376,7 @@ describe('claim / fence protocol (_claim_run, _checkpoint, _fence, _complete_run
     expect(stored.rows[0].output).toEqual({ id: 7 });
     // The checkpoint comes back with the next claim.
     await db.pool.query(`select runledger._release_run($1, $2, 0, 'test')`, [runId, fencing_token]);
-    expect((await claimOne(runId)).checkpoints).toEqual([[0, 'load', 'SUCCEEDED', { id: 7 }, null]]);
+    expect((await claimOne(runId)).checkpoints).toEqual([[0, 'load', 'SUCCEEDED', [{ id: 7 }], null, 'step']]);
   });
 
   it('_checkpoint with a stale token (run taken over) raises RL001 and inserts nothing', async () => {
@@ -409,7 +409,7 @@ describe('claim / fence protocol (_claim_run, _checkpoint, _fence, _complete_run
     await checkpoint(runId, fencing_token, 0, 'a', { output: 'out' });
     const outcome = async (stepSeq: number, token: number) =>
       (await db.pool.query('select * from runledger._checkpoint_outcome($1, $2, $3)', [runId, stepSeq, token])).rows;
-    expect(await outcome(0, fencing_token)).toEqual([{ committed: true, status: 'SUCCEEDED', output: 'out', error: null, still_owner: true }]);
+    expect(await outcome(0, fencing_token)).toEqual([{ committed: true, status: 'SUCCEEDED', output: ['out'], error: null, still_owner: true }]);
     expect(await outcome(1, fencing_token)).toEqual([{ committed: false, status: null, output: null, error: null, still_owner: true }]);
     await db.pool.query(`select runledger._release_run($1, $2, 0, 'test')`, [runId, fencing_token]);
     await claimOne(runId, 'wk-next');
@@ -443,7 +443,7 @@ describe('claim / fence protocol (_claim_run, _checkpoint, _fence, _complete_run
       });
       expect(run?.finished_at.toISOString()).toBe('2050-02-01T00:00:05.000Z');
       expect(run?.terminated_at.toISOString()).toBe('2050-02-01T00:00:05.000Z');
-      expect((await events(runId)).at(-1)).toEqual({ kind: 'completed', detail: { status: 'SUCCEEDED', evidence: { steps: 3 } } });
+      expect((await events(runId)).at(-1)).toEqual({ kind: 'completed', detail: { status: 'SUCCEEDED', reason: 'COMPLETED', evidence: { steps: 3 } } });
 
       // Finished: the same token can neither complete again nor checkpoint.
       expect(await sqlState(client.query(`select runledger._complete_run($1, $2, 'null', 'p/1')`, [runId, fencing_token]))).toBe('RL001');
@@ -460,7 +460,7 @@ describe('claim / fence protocol (_claim_run, _checkpoint, _fence, _complete_run
     const run = await getRun(runId);
     expect(run).toMatchObject({ status: 'FAILED', error, output: null, termination_reason: 'FAILED', lease_owner: null });
     expect(run?.finished_at).toBeInstanceOf(Date);
-    expect((await events(runId)).at(-1)).toEqual({ kind: 'failed', detail: { status: 'FAILED', error } });
+    expect((await events(runId)).at(-1)).toEqual({ kind: 'failed', detail: { status: 'FAILED', reason: 'FAILED', error } });
   });
 
   it('_dead_letter_run: DEAD_LETTER with the reason and evidence, listed in runledger.dead_letter', async () => {
@@ -488,7 +488,7 @@ describe('claim / fence protocol (_claim_run, _checkpoint, _fence, _complete_run
     const released = await db.pool.query(`select runledger._release_run($1, $2, 60000, 'shutdown') as ok`, [runId, fencing_token]);
     expect(released.rows[0].ok).toBe(true);
     expect(await getRun(runId)).toMatchObject({ status: 'PENDING', lease_owner: null, lease_expires_at: null, fencing_token: 1, recovery_attempts: 0 });
-    expect((await events(runId)).at(-1)).toEqual({ kind: 'released', detail: { reason: 'shutdown', delay_ms: 60000 } });
+    expect((await events(runId)).at(-1)).toEqual({ kind: 'released', detail: { reason: 'shutdown', delay_ms: 60000, counts_attempt: false } });
     const dispatch = await jobs(runId);
     expect(dispatch.map((j) => j.task_identifier)).toEqual(['runledger:default:w@1']);
     expect(dispatch[0]!.run_at.getTime()).toBeGreaterThanOrEqual(dbNow.getTime() + 60_000);
@@ -545,7 +545,7 @@ describe('runledger._recover_expired', () => {
       // The recovered run is claimable again, with its checkpoint and a new token.
       const again = await claimOne(expired, 'wk-next', 1_000, client);
       expect(again).toMatchObject({ fencing_token: 2, recovery_attempts: 1 });
-      expect(again.checkpoints).toEqual([[0, 'a', 'SUCCEEDED', null, null]]);
+      expect(again.checkpoints).toEqual([[0, 'a', 'SUCCEEDED', null, null, 'step']]);
 
       // Leave nothing RUNNING on the fake 2001 clock for later sweeps.
       await client.query(`select runledger._release_run($1, $2, 0, 'test')`, [live, l.fencing_token]);
@@ -653,7 +653,7 @@ describe('runledger._redispatch_orphans', () => {
       expect(handled.rows[0].n).toBe(1);
 
       expect((await jobs(orphan)).map((j) => j.task_identifier)).toEqual(['runledger:default:w@1']);
-      expect((await events(orphan)).at(-1)).toEqual({ kind: 'redispatched', detail: { pending_since: expect.any(String) } });
+      expect((await events(orphan)).at(-1)).toEqual({ kind: 'redispatched', detail: { why: 'no dispatch job waiting', pending_since: expect.any(String) } });
       expect(new Date((await events(orphan)).at(-1)!.detail.pending_since).toISOString()).toBe('2004-01-01T00:00:00.000Z');
       expect((await getRun(orphan))?.updated_at.toISOString()).toBe('2004-01-01T00:00:10.000Z');
 
@@ -757,8 +757,8 @@ describe('runledger.retry_run', () => {
       const resumed = await claimOne(runId, 'wk-c', 30_000, client);
       expect(resumed).toMatchObject({ fencing_token: 3, recovery_attempts: 0 });
       expect(resumed.checkpoints).toEqual([
-        [0, 'a', 'SUCCEEDED', 1, null],
-        [1, 'b', 'SUCCEEDED', 2, null],
+        [0, 'a', 'SUCCEEDED', [1], null, 'step'],
+        [1, 'b', 'SUCCEEDED', [2], null, 'step'],
       ]);
     });
   });

@@ -1,0 +1,335 @@
+-- 0005_waits: durable waits. The run waits, not the worker: a waiting run holds no
+-- lease, no worker slot and no connection; it is rows and index entries.
+--
+--   runledger.signals            the durable inbox (signal_id deduplicates)
+--   runledger.approvals          human approval requests and their decisions (audit evidence)
+--   runledger._wait(...)         one round trip: fence, record the wait, finish it if it can,
+--                                else park the run WAITING and schedule its timer
+--   runledger.send_signal(...)   public: deliver a signal, wake the run waiting on its topic
+--   runledger.decide_approval()  public: first decision wins; wakes the run
+--   runledger._start_child(...)  start a child run and checkpoint its id in one transaction
+--   runledger._wake_parent(...)  a child reached a terminal state: wake its waiting parent
+--   runledger._wake_due(...)     sweeper: WAITING runs whose wake time passed without a timer firing
+--   runledger.waiting, runledger.approval_inbox   views for people
+
+create table runledger.signals (
+  signal_id    text primary key check (length(signal_id) between 1 and 200),
+  run_id       text not null references runledger.runs (run_id) on delete cascade,
+  topic        text not null,
+  payload      jsonb,
+  received_at  timestamptz not null default runledger.now(),
+  consumed_seq int,
+  consumed_at  timestamptz
+);
+create index signals_unconsumed on runledger.signals (run_id, topic, received_at) where consumed_seq is null;
+comment on table runledger.signals is
+  'Durable signal inbox. A signal_id is accepted once; a signal sent before the run waits is kept until a wait on its topic consumes it (consumed_seq = the consuming step).';
+
+create table runledger.approvals (
+  request_id   text primary key,
+  run_id       text not null references runledger.runs (run_id) on delete cascade,
+  seq          int not null,
+  name         text not null,
+  action       text not null,
+  evidence     jsonb,
+  approvers    text[],
+  requested_at timestamptz not null default runledger.now(),
+  expires_at   timestamptz,
+  decision     boolean,
+  decided_by   text,
+  decided_at   timestamptz,
+  note         text,
+  unique (run_id, seq),
+  constraint approvals_decision_complete check ((decision is null) = (decided_at is null and decided_by is null))
+);
+comment on table runledger.approvals is
+  'Human approval requests: what is asked (action, evidence), who may decide (approvers; null = anyone), until when, and the decision kept as audit evidence (who, when, note).';
+
+create function runledger._wake(p_run_id text, p_kind text, p_key text) returns boolean
+language plpgsql volatile as $$
+declare
+  v_run runledger.runs;
+begin
+  -- Compare-and-set: only a run still waiting for exactly this thing is woken.
+  update runledger.runs
+     set status = 'PENDING', wait_kind = null, wait_key = null, wake_at = null, updated_at = runledger.now()
+   where run_id = p_run_id and status = 'WAITING' and wait_kind = p_kind and wait_key is not distinct from p_key
+  returning * into v_run;
+  if not found then
+    return false;
+  end if;
+  insert into runledger.events (run_id, kind, detail) values (p_run_id, 'woken', jsonb_build_object('wait_kind', p_kind, 'key', p_key));
+  perform runledger._dispatch(p_run_id, runledger._task_identifier(v_run.queue_name, v_run.workflow_name, v_run.workflow_version));
+  return true;
+end;
+$$;
+comment on function runledger._wake(text, text, text) is
+  'Moves a run WAITING for (kind, key) back to PENDING and dispatches it; false when it is not waiting for that.';
+
+-- Finishes the wait step at p_seq with p_output (its result).
+create function runledger._end_wait(p_run_id text, p_seq int, p_output jsonb) returns void
+language sql volatile as $$
+  update runledger.steps set status = 'SUCCEEDED', output = p_output, finished_at = runledger.now()
+   where run_id = p_run_id and seq = p_seq and status = 'WAITING'
+$$;
+comment on function runledger._end_wait(text, int, jsonb) is 'Marks the wait step at p_seq finished with its result.';
+
+create function runledger._wait(
+  p_run_id text, p_token bigint, p_seq int, p_name text, p_kind text, p_spec jsonb)
+returns table (done boolean, output jsonb)
+language plpgsql volatile as $$
+declare
+  v_now      timestamptz := runledger.now();
+  v_run      runledger.runs;
+  v_step     runledger.steps;
+  v_wake_at  timestamptz;
+  v_key      text;
+  v_signal   runledger.signals;
+  v_approval runledger.approvals;
+  v_child    runledger.runs;
+begin
+  perform runledger._fence(p_run_id, p_token);
+  select * into v_run from runledger.runs where run_id = p_run_id;
+
+  -- First encounter: the wake time (timeout) is computed once, on the database clock, and kept.
+  select * into v_step from runledger.steps where run_id = p_run_id and seq = p_seq;
+  if not found then
+    v_wake_at := case
+      when p_spec ? 'until' then (p_spec->>'until')::timestamptz
+      when p_spec ? 'timeout_ms' then v_now + make_interval(secs => (p_spec->>'timeout_ms')::numeric / 1000.0)
+    end;
+    insert into runledger.steps (run_id, seq, name, kind, status, output, started_at, finished_at, fencing_token)
+    values (p_run_id, p_seq, p_name, p_kind, 'WAITING',
+            jsonb_strip_nulls(jsonb_build_object('wake_at', v_wake_at, 'spec', p_spec)), v_now, v_now, p_token)
+    returning * into v_step;
+    if p_kind = 'approval' then
+      insert into runledger.approvals (request_id, run_id, seq, name, action, evidence, approvers, expires_at)
+      values (coalesce(p_spec->>'request_id', runledger._new_id()), p_run_id, p_seq, p_name, p_spec->>'action', p_spec->'evidence',
+              (select array_agg(a) from jsonb_array_elements_text(p_spec->'approvers') a), v_wake_at);
+    end if;
+    insert into runledger.events (run_id, kind, detail, fencing_token, at)
+    values (p_run_id, 'wait_started', jsonb_build_object('seq', p_seq, 'name', p_name, 'kind', p_kind, 'wake_at', v_wake_at), p_token, v_now);
+  end if;
+  v_wake_at := (v_step.output->>'wake_at')::timestamptz;
+
+  -- Can the wait end now? Its result and the step's completion commit together.
+  if p_kind = 'signal' then
+    v_key := p_spec->>'topic';
+    select * into v_signal from runledger.signals s
+     where s.run_id = p_run_id and s.topic = v_key and s.consumed_seq is null
+     order by s.received_at, s.signal_id limit 1
+     for update;
+    if found then
+      update runledger.signals set consumed_seq = p_seq, consumed_at = v_now where signal_id = v_signal.signal_id;
+      perform runledger._end_wait(p_run_id, p_seq, jsonb_build_object('payload', v_signal.payload, 'signal_id', v_signal.signal_id));
+      return query select true, jsonb_build_object('payload', v_signal.payload, 'signal_id', v_signal.signal_id);
+      return;
+    end if;
+  elsif p_kind = 'approval' then
+    select * into v_approval from runledger.approvals a where a.run_id = p_run_id and a.seq = p_seq;
+    v_key := v_approval.request_id;
+    if v_approval.decision is not null then
+      perform runledger._end_wait(p_run_id, p_seq, jsonb_build_object(
+        'approved', v_approval.decision, 'decidedBy', v_approval.decided_by, 'decidedAt', v_approval.decided_at,
+        'note', v_approval.note, 'requestId', v_approval.request_id));
+      return query select s.status = 'SUCCEEDED', s.output from runledger.steps s where s.run_id = p_run_id and s.seq = p_seq;
+      return;
+    end if;
+  elsif p_kind = 'child' then
+    v_key := p_spec->>'child_run_id';
+    select * into v_child from runledger.runs where run_id = v_key;
+    if not found then
+      raise exception using errcode = 'RL002', message = format('run %s waits for child %s, which does not exist', p_run_id, v_key);
+    end if;
+    if runledger.is_terminal(v_child.status) then
+      perform runledger._end_wait(p_run_id, p_seq, jsonb_build_object(
+        'runId', v_child.run_id, 'status', v_child.status, 'output', v_child.output, 'error', v_child.error,
+        'terminationReason', v_child.termination_reason));
+      return query select true, s.output from runledger.steps s where s.run_id = p_run_id and s.seq = p_seq;
+      return;
+    end if;
+  end if;
+
+  if v_wake_at is not null and v_wake_at <= v_now then
+    -- Timer due (a sleep's end, or a wait's timeout: the wait returns null).
+    perform runledger._end_wait(p_run_id, p_seq, case when p_kind = 'sleep' then jsonb_build_object('woke_at', v_now) else jsonb_build_object('timed_out', true) end);
+    return query select true, s.output from runledger.steps s where s.run_id = p_run_id and s.seq = p_seq;
+    return;
+  end if;
+
+  -- Park the run: WAITING, no lease, woken by its timer (the earlier of the wait's wake
+  -- time and the run's deadline), a signal, a decision or a child's end.
+  v_wake_at := least(v_wake_at, v_run.deadline_at);
+  update runledger.runs
+     set status = 'WAITING', wait_kind = case p_kind when 'sleep' then 'timer' else p_kind end, wait_key = v_key,
+         wake_at = v_wake_at, lease_owner = null, lease_expires_at = null, updated_at = v_now
+   where run_id = p_run_id;
+  if v_wake_at is not null then
+    perform runledger._dispatch(p_run_id, runledger._task_identifier(v_run.queue_name, v_run.workflow_name, v_run.workflow_version),
+      greatest(0, ceil(extract(epoch from v_wake_at - v_now) * 1000))::int);
+  end if;
+  return query select false, null::jsonb;
+end;
+$$;
+comment on function runledger._wait(text, bigint, int, text, text, jsonb) is
+  'A durable wait at step p_seq (sleep, signal, approval, child), in one round trip: fences, records the wait once (its wake time is a checkpoint), ends it when it can (consuming a signal, reading a decision or a child''s end, or timing out) in the same transaction, else parks the run WAITING without a lease and schedules its timer.';
+
+create function runledger.send_signal(p_run_id text, p_topic text, p_payload jsonb, p_signal_id text default null)
+returns boolean
+language plpgsql volatile as $$
+declare
+  v_run runledger.runs;
+  v_id  text := coalesce(p_signal_id, runledger._new_id());
+begin
+  if p_topic is null or p_topic !~ '^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,99}$' then
+    raise exception using errcode = 'RL003', message = format('send_signal: invalid topic %L', p_topic);
+  end if;
+  if pg_column_size(p_payload) > runledger._max_payload_bytes() then
+    raise exception using errcode = 'RL004', message = format('send_signal: payload over the limit of %s bytes', runledger._max_payload_bytes());
+  end if;
+  -- Lock the run: a wait being recorded right now either sees this signal or is woken by it.
+  select * into v_run from runledger.runs where run_id = p_run_id for update;
+  if not found then
+    raise exception using errcode = 'RL002', message = format('send_signal: run %L not found', p_run_id);
+  end if;
+  if runledger.is_terminal(v_run.status) then
+    raise exception using errcode = 'RL005', message = format('send_signal: run %s already finished (%s)', p_run_id, v_run.status);
+  end if;
+  insert into runledger.signals (signal_id, run_id, topic, payload) values (v_id, p_run_id, p_topic, p_payload)
+  on conflict (signal_id) do nothing;
+  if not found then
+    return false; -- the same signal_id was accepted before: nothing changes
+  end if;
+  insert into runledger.events (run_id, kind, detail)
+  values (p_run_id, 'signal_received', jsonb_build_object('topic', p_topic, 'signal_id', v_id));
+  perform runledger._wake(p_run_id, 'signal', p_topic);
+  return true;
+end;
+$$;
+comment on function runledger.send_signal(text, text, jsonb, text) is
+  'Delivers a signal to a run''s durable inbox; returns false (changing nothing) when signal_id was already accepted. Wakes the run if it waits on this topic; otherwise the signal waits for a later wait. Unknown run: RL002; finished run: RL005.';
+
+create function runledger.decide_approval(p_request_id text, p_approved boolean, p_decided_by text, p_note text default null)
+returns jsonb
+language plpgsql volatile as $$
+declare
+  v_approval runledger.approvals;
+  v_recorded boolean := false;
+begin
+  if p_approved is null or p_decided_by is null or length(p_decided_by) = 0 then
+    raise exception using errcode = 'RL003', message = 'decide_approval: approved and decided_by are required';
+  end if;
+  select * into v_approval from runledger.approvals where request_id = p_request_id for update;
+  if not found then
+    raise exception using errcode = 'RL002', message = format('decide_approval: request %L not found', p_request_id);
+  end if;
+  if v_approval.decision is null then
+    if v_approval.approvers is not null and not (p_decided_by = any (v_approval.approvers)) then
+      raise exception using errcode = 'RL007',
+        message = format('decide_approval: %L may not decide request %s (allowed: %s)', p_decided_by, p_request_id, array_to_string(v_approval.approvers, ', '));
+    end if;
+    if v_approval.expires_at is not null and v_approval.expires_at <= runledger.now() then
+      raise exception using errcode = 'RL005', message = format('decide_approval: request %s expired at %s', p_request_id, v_approval.expires_at);
+    end if;
+    update runledger.approvals
+       set decision = p_approved, decided_by = p_decided_by, decided_at = runledger.now(), note = p_note
+     where request_id = p_request_id
+    returning * into v_approval;
+    v_recorded := true;
+    insert into runledger.events (run_id, kind, detail)
+    values (v_approval.run_id, 'approval_decided',
+            jsonb_build_object('request_id', p_request_id, 'approved', p_approved, 'decided_by', p_decided_by, 'note', p_note));
+    perform runledger._wake(v_approval.run_id, 'approval', p_request_id);
+  end if;
+  -- The first decision wins; a repeated call answers with the standing decision.
+  return jsonb_build_object('recorded', v_recorded, 'request_id', p_request_id, 'approved', v_approval.decision,
+                            'decided_by', v_approval.decided_by, 'decided_at', v_approval.decided_at, 'note', v_approval.note);
+end;
+$$;
+comment on function runledger.decide_approval(text, boolean, text, text) is
+  'Decides a pending approval request. The first decision wins and stays as audit evidence; later calls return it with recorded = false. An approver outside the request''s list: RL007; expired request: RL005. Wakes the waiting run.';
+
+create function runledger._start_child(
+  p_run_id text, p_token bigint, p_seq int, p_name text, p_workflow text, p_input jsonb, p_options jsonb)
+returns text
+language plpgsql volatile as $$
+declare
+  v_parent  runledger.runs;
+  v_options jsonb;
+  v_child   text;
+begin
+  perform runledger._fence(p_run_id, p_token);
+  select * into v_parent from runledger.runs where run_id = p_run_id;
+  -- The child's id derives from the parent and the step position, and the child row and
+  -- the checkpoint commit together: a replay can never start a second child.
+  v_options := coalesce(p_options, '{}') || jsonb_build_object('run_id', p_run_id || '.' || p_seq, 'parent_run_id', p_run_id);
+  if v_parent.deadline_at is not null and not (v_options ? 'deadline') then
+    v_options := v_options || jsonb_build_object('deadline', v_parent.deadline_at);
+  end if;
+  v_child := runledger.start_run(p_workflow, p_input, v_options);
+  insert into runledger.steps (run_id, seq, name, kind, status, output, started_at, fencing_token)
+  values (p_run_id, p_seq, p_name, 'child_start', 'SUCCEEDED', jsonb_build_object('runId', v_child), runledger.now(), p_token);
+  return v_child;
+end;
+$$;
+comment on function runledger._start_child(text, bigint, int, text, text, jsonb, jsonb) is
+  'Starts a child run (id = parent id || ''.'' || seq, parent_run_id set, parent''s deadline inherited) and checkpoints its id, in one transaction.';
+
+create function runledger._wake_parent(p_child_run_id text) returns boolean
+language sql volatile as $$
+  select coalesce((select runledger._wake(r.parent_run_id, 'child', r.run_id)
+                     from runledger.runs r where r.run_id = p_child_run_id and r.parent_run_id is not null), false)
+$$;
+comment on function runledger._wake_parent(text) is
+  'Called when a run reaches a terminal state: wakes its parent if the parent waits for it.';
+
+create function runledger._wake_due(p_limit int default 1000, p_grace_ms int default 0) returns int
+language plpgsql volatile as $$
+declare
+  v_run   runledger.runs;
+  v_count int := 0;
+begin
+  -- Normally the delayed dispatch job claims a due run directly. This sweep covers a
+  -- timer job that is missing, and clocks moved with runledger.fake_now in tests.
+  for v_run in
+    select * from runledger.runs r
+     where r.status = 'WAITING' and r.wake_at <= runledger.now() - make_interval(secs => p_grace_ms / 1000.0)
+     order by r.wake_at
+     limit p_limit
+     for update skip locked
+  loop
+    if runledger._wake(v_run.run_id, v_run.wait_kind, v_run.wait_key) then
+      v_count := v_count + 1;
+    end if;
+  end loop;
+  return v_count;
+end;
+$$;
+comment on function runledger._wake_due(int, int) is
+  'Wakes WAITING runs whose wake time passed more than p_grace_ms ago (a missing timer, or a clock moved by runledger.fake_now). Returns how many.';
+
+create view runledger.waiting as
+select r.run_id, r.workflow_name, r.queue_name, r.wait_kind,
+       case r.wait_kind when 'signal' then 'signal ' || r.wait_key
+                        when 'approval' then 'approval ' || r.wait_key
+                        when 'child' then 'child run ' || r.wait_key
+                        when 'timer' then 'timer' else r.wait_kind end as waiting_for,
+       s.name as step_name, s.seq as step_seq, s.started_at as since, r.wake_at as until,
+       r.deadline_at, runledger.now() - s.started_at as waited
+  from runledger.runs r
+  left join lateral (select st.name, st.seq, st.started_at from runledger.steps st
+                      where st.run_id = r.run_id and st.status = 'WAITING' order by st.seq desc limit 1) s on true
+ where r.status = 'WAITING';
+comment on view runledger.waiting is
+  'Runs waiting, holding no worker: what for (timer, signal topic, approval request, child run), at which step, since when and until when (timeout or deadline).';
+
+create view runledger.approval_inbox as
+select a.request_id, a.run_id, r.workflow_name, a.name, a.action, a.evidence, a.approvers, a.requested_at, a.expires_at
+  from runledger.approvals a
+  join runledger.runs r on r.run_id = a.run_id
+ where a.decision is null and (a.expires_at is null or a.expires_at > runledger.now())
+   and r.status = 'WAITING';
+comment on view runledger.approval_inbox is
+  'Pending approval requests: the action asked for, its evidence, who may decide and until when. Decide with select runledger.decide_approval(request_id, true|false, ''name'', ''note'').';
+
+insert into runledger.migrations (version, name) values (5, '0005_waits');

@@ -1,0 +1,47 @@
+import type pg from 'pg';
+import { ulid } from 'ulid';
+import { fromPgError } from '../errors.js';
+import { toJsonText } from './json.js';
+
+/** Operator actions: each is one SQL function call, the same one psql users call. */
+
+export async function sendSignal(pool: pg.Pool, runId: string, topic: string, payload: unknown, signalId: string = ulid()): Promise<boolean> {
+  const payloadText = toJsonText(payload, `signal ${topic} payload`);
+  try {
+    const result = await pool.query('select runledger.send_signal($1, $2, $3::jsonb, $4) as accepted', [runId, topic, payloadText ?? null, signalId]);
+    return result.rows[0].accepted;
+  } catch (error) {
+    throw fromPgError(error);
+  }
+}
+
+export interface DecisionInput {
+  approved: boolean;
+  decidedBy: string;
+  note?: string;
+}
+
+export interface DecisionRecord {
+  /** False when an earlier decision stands (the first decision wins). */
+  recorded: boolean;
+  requestId: string;
+  approved: boolean;
+  decidedBy: string;
+  decidedAt: string;
+  note: string | null;
+}
+
+export async function decideApproval(pool: pg.Pool, requestId: string, decision: DecisionInput): Promise<DecisionRecord> {
+  try {
+    const result = await pool.query('select runledger.decide_approval($1, $2, $3, $4) as decision', [
+      requestId,
+      decision.approved,
+      decision.decidedBy,
+      decision.note ?? null,
+    ]);
+    const d = result.rows[0].decision;
+    return { recorded: d.recorded, requestId: d.request_id, approved: d.approved, decidedBy: d.decided_by, decidedAt: d.decided_at, note: d.note };
+  } catch (error) {
+    throw fromPgError(error);
+  }
+}

@@ -1,0 +1,35 @@
+import type { Execution, StepKind } from '../engine/execution.js';
+import { pgCode } from '../engine/pg-errors.js';
+
+const WAIT_SQL = 'select done, output from runledger._wait($1, $2, $3, $4, $5, $6::jsonb)';
+
+/**
+ * A durable wait at the next step position, in one round trip (runledger._wait).
+ * Returns the wait's recorded result once it ended (now or in an earlier
+ * execution). Otherwise the run is already parked WAITING in the database: the
+ * execution is suspended and this promise never settles, so no user try/catch
+ * ever sees the suspension.
+ */
+export async function runWait(exec: Execution, name: string, kind: StepKind, spec: Record<string, unknown>): Promise<Record<string, unknown>> {
+  const position = exec.takeStep(name, kind);
+  if (!position) return exec.suspend();
+  if (position.recorded?.[2] === 'SUCCEEDED') return (position.recorded[3] as [Record<string, unknown>])[0];
+  if (exec.haltReason) return exec.suspend();
+  let result;
+  try {
+    result = await exec.deps.pool.query({
+      name: 'runledger_wait',
+      text: WAIT_SQL,
+      values: [exec.runId, exec.fencingToken.toString(), position.seq, name, kind, JSON.stringify(spec)],
+    });
+  } catch (error) {
+    // Lease lost: someone else owns the run. Anything else (a lost connection included) is
+    // resolved by replay: the wait either committed (parked, or ended with its result) or not.
+    exec.halt(pgCode(error) === 'RL001' ? { kind: 'lease_lost', message: (error as Error).message } : { kind: 'infrastructure', error });
+    return exec.suspend();
+  }
+  const row = result.rows[0];
+  if (row.done) return row.output;
+  exec.halt({ kind: 'suspended' });
+  return exec.suspend();
+}

@@ -1,0 +1,120 @@
+import { ChildFailedError, ConfigError } from '../errors.js';
+import { toMs, type Duration } from '../engine/duration.js';
+import type { Execution } from '../engine/execution.js';
+import { toJsonText } from '../engine/json.js';
+import { pgCode } from '../engine/pg-errors.js';
+import type { Workflow } from '../engine/workflow.js';
+import { replayCheckpoint } from './replay.js';
+import { runWait } from './wait.js';
+
+/** Signal topics: plain names, never spliced into SQL. */
+export const TOPIC_PATTERN = /^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,99}$/;
+
+function timeoutSpec(timeout: Duration | Date | undefined, what: string): Record<string, unknown> {
+  if (timeout === undefined) return {};
+  if (timeout instanceof Date) return { until: timeout.toISOString() };
+  return { timeout_ms: toMs(timeout, what) };
+}
+
+/** `ctx.sleep(name, duration | Date)`: the wake time is a checkpoint; the run waits holding no worker. */
+export async function sleep(exec: Execution, name: string, duration: Duration | Date): Promise<void> {
+  await runWait(exec, name, 'sleep', timeoutSpec(duration, `sleep ${JSON.stringify(name)}`));
+}
+
+export interface WaitForSignalOptions {
+  /** Give up after this long (or at this time): the wait returns null. */
+  timeout?: Duration | Date;
+  /** Step name; default the topic. */
+  name?: string;
+}
+
+/** `ctx.waitForSignal(topic)`: consumes exactly one signal on the topic (consumption and checkpoint commit together), or null at the timeout. */
+export async function waitForSignal<T>(exec: Execution, topic: string, options: WaitForSignalOptions = {}): Promise<T | null> {
+  if (!TOPIC_PATTERN.test(topic)) throw new ConfigError(`waitForSignal: invalid topic ${JSON.stringify(topic)}`);
+  const output = await runWait(exec, options.name ?? topic, 'signal', { topic, ...timeoutSpec(options.timeout, `waitForSignal ${topic}`) });
+  return output.timed_out ? null : ((output.payload ?? null) as T | null);
+}
+
+export interface ApprovalRequest {
+  /** What is asked for, e.g. 'refund'. */
+  action: string;
+  /** What the approver sees (JSON). */
+  evidence?: unknown;
+  /** Who may decide; default anyone. */
+  approvers?: string[];
+  timeout?: Duration | Date;
+}
+
+export interface ApprovalDecision {
+  approved: boolean;
+  decidedBy: string;
+  decidedAt: string;
+  note: string | null;
+  requestId: string;
+}
+
+/** `ctx.requestApproval(name, request)`: the decision, or null when the request expires undecided. */
+export async function requestApproval(exec: Execution, name: string, request: ApprovalRequest): Promise<ApprovalDecision | null> {
+  if (typeof request?.action !== 'string' || request.action.length === 0) throw new ConfigError('requestApproval: action is required');
+  if (request.approvers !== undefined && (!Array.isArray(request.approvers) || request.approvers.some((a) => typeof a !== 'string'))) {
+    throw new ConfigError('requestApproval: approvers must be a list of names');
+  }
+  toJsonText(request.evidence, `approval ${name} evidence`);
+  const output = await runWait(exec, name, 'approval', {
+    action: request.action,
+    evidence: request.evidence ?? null,
+    ...(request.approvers ? { approvers: request.approvers } : {}),
+    ...timeoutSpec(request.timeout, `requestApproval ${name}`),
+  });
+  return output.timed_out ? null : (output as unknown as ApprovalDecision);
+}
+
+export interface ChildOptions {
+  /** Step name; default `child:<workflow name>`. */
+  name?: string;
+  queue?: string;
+  priority?: number;
+}
+
+/** Starts a child run and checkpoints its id in one transaction: a replay never starts a second child. */
+export async function startChild<I>(
+  exec: Execution,
+  register: (workflow: Workflow<any, any>) => Promise<void>,
+  workflow: Workflow<I, any>,
+  input: I,
+  options: ChildOptions = {},
+): Promise<{ runId: string }> {
+  const name = `${options.name ?? `child:${workflow.name}`}:start`;
+  const position = exec.takeStep(name, 'child_start');
+  if (!position) return exec.suspend();
+  if (position.recorded) return replayCheckpoint<{ runId: string }>(position.recorded);
+  if (exec.haltReason) return exec.suspend();
+  let stored: unknown = input;
+  if (workflow.inputSchema) stored = workflow.inputSchema.parse(input);
+  const inputText = toJsonText(stored, `input of child ${workflow.name}`);
+  await register(workflow);
+  try {
+    const result = await exec.deps.pool.query('select runledger._start_child($1, $2, $3, $4, $5, $6::jsonb, $7::jsonb) as run_id', [
+      exec.runId,
+      exec.fencingToken.toString(),
+      position.seq,
+      name,
+      workflow.name,
+      inputText ?? null,
+      JSON.stringify({ version: workflow.version, queue: options.queue ?? workflow.queue, max_recovery_attempts: workflow.maxRecoveryAttempts, ...(options.priority === undefined ? {} : { priority: options.priority }) }),
+    ]);
+    return { runId: result.rows[0].run_id };
+  } catch (error) {
+    exec.halt(pgCode(error) === 'RL001' ? { kind: 'lease_lost', message: (error as Error).message } : { kind: 'infrastructure', error });
+    return exec.suspend();
+  }
+}
+
+/** Waits, holding nothing, until the child run ends; returns its output or throws ChildFailedError (the same on every replay). */
+export async function waitForChild<O>(exec: Execution, childRunId: string, name = `child:${childRunId}`): Promise<O> {
+  const output = await runWait(exec, name, 'child', { child_run_id: childRunId });
+  if (output.status !== 'SUCCEEDED') {
+    throw new ChildFailedError(`child run ${childRunId} ended ${String(output.status)} (${String(output.terminationReason)})`, output);
+  }
+  return output.output as O;
+}
