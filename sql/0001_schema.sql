@@ -53,6 +53,8 @@ create table runledger.workflows (
   workflow_version      text not null check (workflow_version ~ '^[A-Za-z0-9][A-Za-z0-9_.-]{0,19}$'),
   queue_name            text not null check (queue_name ~ '^[A-Za-z0-9][A-Za-z0-9_.-]{0,39}$'),
   max_recovery_attempts int  not null check (max_recovery_attempts >= 0),
+  -- Default limits of runs started from SQL: {"deadline": "2 days", "max_steps": 500, "budget": 1000, "no_progress": 3}.
+  limits                jsonb not null default '{}',
   registered_at         timestamptz not null default runledger.now(),
   primary key (workflow_name, workflow_version)
 );
@@ -86,6 +88,13 @@ create table runledger.runs (
   recovery_attempts     int not null default 0,
   max_recovery_attempts int not null default 10 check (max_recovery_attempts >= 0),
   version_manifest      jsonb not null default '{}',
+  -- Termination policies (limits), fixed at start: see sql/0006_termination.sql.
+  max_steps             int check (max_steps > 0),
+  budget                numeric check (budget >= 0),
+  budget_spent          numeric not null default 0,
+  no_progress           int check (no_progress >= 2),
+  cancel_requested_at   timestamptz,
+  cancel_reason         text,
   termination_reason    text check (termination_reason in (
                           'COMPLETED', 'FAILED', 'CANCELLED', 'DEADLINE', 'MAX_STEPS', 'BUDGET',
                           'NO_PROGRESS', 'MAX_RECOVERY_ATTEMPTS', 'NON_DETERMINISM')),
@@ -108,6 +117,10 @@ comment on column runledger.runs.recovery_attempts is
   'How many times the run was recovered after its lease expired (its worker died or stalled). Past max_recovery_attempts the run is dead-lettered.';
 comment on column runledger.runs.wait_key is
   'What a WAITING run waits for: the signal topic, the approval request id or the child run id (null for timers).';
+comment on column runledger.runs.budget is
+  'Budget in units charged by steps (ctx.charge: tokens, money...); budget_spent past it ends the run TERMINATED with reason BUDGET, atomically with the checkpoint that spent it.';
+comment on column runledger.runs.no_progress is
+  'N: the same step name returning the same result (hash) N times in a row ends the run TERMINATED with reason NO_PROGRESS.';
 comment on column runledger.runs.termination_reason is
   'Why a terminal run stopped: COMPLETED, FAILED, CANCELLED, DEADLINE, MAX_STEPS, BUDGET, NO_PROGRESS, MAX_RECOVERY_ATTEMPTS, NON_DETERMINISM.';
 
@@ -118,6 +131,8 @@ create index runs_lease_expiry on runledger.runs (lease_expires_at)
   where status in ('RUNNING', 'CANCELLING');
 create index runs_status_created on runledger.runs (status, created_at);
 create index runs_pending_since on runledger.runs (updated_at) where status = 'PENDING';
+-- Deadlines are enforced by a sweep over runs that hold no worker.
+create index runs_deadline on runledger.runs (deadline_at) where status in ('PENDING', 'WAITING') and deadline_at is not null;
 create index runs_parent on runledger.runs (parent_run_id) where parent_run_id is not null;
 
 create table runledger.steps (
@@ -134,6 +149,8 @@ create table runledger.steps (
   started_at    timestamptz not null,
   finished_at   timestamptz not null default runledger.now(),
   fencing_token bigint not null,
+  -- md5 of output, kept only for runs with a no_progress limit.
+  output_hash   text,
   primary key (run_id, seq)
 );
 comment on table runledger.steps is

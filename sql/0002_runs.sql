@@ -85,7 +85,9 @@ begin
   if v_run_id !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}$' then
     raise exception using errcode = 'RL003', message = format('start_run: invalid run_id %L', v_run_id);
   end if;
-  if v_opts ? 'deadline' then
+  -- Per-run limits override the workflow's (registered) defaults.
+  v_opts := coalesce(v_wf.limits, '{}') || v_opts;
+  if v_opts ? 'deadline' and jsonb_typeof(v_opts->'deadline') <> 'null' then
     begin
       -- A date-time ('2030-01-31T12:00Z') is a point in time; anything else ('2 days', '36h') a lifetime.
       if v_opts->>'deadline' ~ '^\d{4}-\d{2}-\d{2}' then
@@ -97,6 +99,11 @@ begin
       raise exception using errcode = 'RL003',
         message = format('start_run: deadline %L is neither an interval nor a timestamp', v_opts->>'deadline');
     end;
+  end if;
+  perform runledger._check_whole_number(v_opts, 'max_steps', 1);
+  perform runledger._check_whole_number(v_opts, 'no_progress', 2);
+  if v_opts ? 'budget' and (jsonb_typeof(v_opts->'budget') <> 'number' or (v_opts->>'budget')::numeric < 0) then
+    raise exception using errcode = 'RL003', message = format('start_run: budget must be a number >= 0, not %s', v_opts->'budget');
   end if;
   if v_opts ? 'priority' and (jsonb_typeof(v_opts->'priority') <> 'number' or (v_opts->>'priority') !~ '^-?\d{1,9}$') then
     raise exception using errcode = 'RL003', message = format('start_run: priority must be a whole number, not %s', v_opts->'priority');
@@ -110,13 +117,19 @@ begin
   insert into runledger.runs (
     run_id, workflow_name, workflow_version, queue_name, input, priority, concurrency_key,
     idempotency_key, parent_run_id, deadline_at, max_recovery_attempts, version_manifest,
-    created_at, updated_at)
+    max_steps, budget, no_progress, policy_version, created_at, updated_at)
   values (
     v_run_id, v_wf.workflow_name, v_wf.workflow_version, v_queue, p_input,
     coalesce((v_opts->>'priority')::int, 0), v_opts->>'concurrency_key',
     v_opts->>'idempotency_key', v_opts->>'parent_run_id', v_deadline,
     coalesce((v_opts->>'max_recovery_attempts')::int, v_wf.max_recovery_attempts),
-    coalesce(v_opts->'version_manifest', jsonb_build_object('started_from', 'sql')), v_now, v_now)
+    coalesce(v_opts->'version_manifest', jsonb_build_object('started_from', 'sql')),
+    (v_opts->>'max_steps')::int, (v_opts->>'budget')::numeric, (v_opts->>'no_progress')::int,
+    -- The policy a run is held to, named by what it contains: kept in its termination record.
+    'limits:' || left(md5(jsonb_build_object(
+      'deadline', v_deadline, 'max_steps', v_opts->'max_steps', 'budget', v_opts->'budget',
+      'no_progress', v_opts->'no_progress', 'max_recovery_attempts', coalesce(v_opts->'max_recovery_attempts', to_jsonb(v_wf.max_recovery_attempts)))::text), 12),
+    v_now, v_now)
   on conflict do nothing;
   get diagnostics v_inserted = row_count;
 
@@ -140,7 +153,19 @@ begin
 end;
 $$;
 comment on function runledger.start_run(text, jsonb, jsonb) is
-  'Starts a run of a registered workflow and dispatches it; returns run_id. Options: run_id, idempotency_key (same key or run_id returns the existing run), queue, priority, concurrency_key, deadline (interval or timestamp), version, max_recovery_attempts.';
+  'Starts a run of a registered workflow and dispatches it; returns run_id. Options: run_id, idempotency_key (same key or run_id returns the existing run), queue, priority, concurrency_key, version, max_recovery_attempts, and limits overriding the workflow''s: deadline (interval or timestamp), max_steps, budget, no_progress.';
+
+create function runledger._check_whole_number(p_opts jsonb, p_key text, p_min int) returns void
+language plpgsql immutable as $$
+begin
+  if p_opts ? p_key and jsonb_typeof(p_opts->p_key) <> 'null'
+     and (jsonb_typeof(p_opts->p_key) <> 'number' or (p_opts->>p_key) !~ '^\d{1,9}$' or (p_opts->>p_key)::int < p_min) then
+    raise exception using errcode = 'RL003',
+      message = format('start_run: %s must be a whole number >= %s, not %s', p_key, p_min, p_opts->p_key);
+  end if;
+end;
+$$;
+comment on function runledger._check_whole_number(jsonb, text, int) is 'Raises RL003 unless p_opts->p_key is absent or a whole number >= p_min.';
 
 -- ULIDs generated in SQL so that psql-started runs look like TypeScript-started ones:
 -- 48-bit millisecond time + 80 random bits, Crockford base32.
@@ -170,7 +195,8 @@ comment on function runledger._new_id() is 'A new ULID (26 characters, Crockford
 create function runledger._claim_run(p_run_id text, p_worker_id text, p_lease_ms int, p_reclaim boolean default false)
 returns table (
   run_id text, workflow_name text, workflow_version text, input jsonb, fencing_token bigint,
-  recovery_attempts int, created_at timestamptz, checkpoints jsonb)
+  recovery_attempts int, created_at timestamptz, max_steps int, budget numeric, budget_spent numeric,
+  checkpoints jsonb)
 language plpgsql volatile as $$
 declare
   v_now timestamptz := runledger.now();
@@ -190,15 +216,21 @@ begin
           -- p_reclaim: this worker's earlier claim may have committed with its reply lost
           -- (connection dropped); the worker is not executing the run, so it claims it again.
           or (p_reclaim and r.status = 'RUNNING' and r.lease_owner = p_worker_id))
+     and (r.deadline_at is null or r.deadline_at > v_now)
   returning r.* into v_run;
   if not found then
+    -- A run past its deadline is never put back to work: it ends here instead.
+    perform runledger._stop_unowned(r.run_id, 'TERMINATED', 'DEADLINE',
+              jsonb_build_object('deadline_at', r.deadline_at, 'noticed_at', v_now))
+       from runledger.runs r
+      where r.run_id = p_run_id and r.status in ('PENDING', 'WAITING') and r.deadline_at <= v_now;
     return;
   end if;
   insert into runledger.events (run_id, kind, detail, fencing_token, at)
   values (p_run_id, 'claimed', jsonb_build_object('worker', p_worker_id), v_run.fencing_token, v_now);
   return query
     select v_run.run_id, v_run.workflow_name, v_run.workflow_version, v_run.input, v_run.fencing_token,
-           v_run.recovery_attempts, v_run.created_at,
+           v_run.recovery_attempts, v_run.created_at, v_run.max_steps, v_run.budget, v_run.budget_spent,
            -- output is wrapped in a one-element array so JSON null and "no value" (SQL NULL) stay distinct.
            coalesce((select jsonb_agg(jsonb_build_array(s.seq, s.name, s.status,
                                         case when s.output is null then null else jsonb_build_array(s.output) end,
@@ -207,39 +239,64 @@ begin
 end;
 $$;
 comment on function runledger._claim_run(text, text, int, boolean) is
-  'Worker claim: PENDING -> RUNNING with fencing_token + 1 and a lease; returns the run with all its checkpoints (one round trip), or no row when the run is not claimable. p_reclaim also takes back a run this worker already owns (a claim whose reply was lost).';
+  'Worker claim: PENDING (or WAITING with a due timer) -> RUNNING with fencing_token + 1 and a lease; returns the run, its limits and all its checkpoints (one round trip), or no row when the run is not claimable. A run past its deadline is TERMINATED (DEADLINE) instead. p_reclaim also takes back a run this worker already owns (a claim whose reply was lost).';
 
-create function runledger._fence(p_run_id text, p_token bigint) returns void
+create function runledger._fence(p_run_id text, p_token bigint) returns runledger.runs
 language plpgsql volatile as $$
+declare
+  v_run runledger.runs;
+  v_now timestamptz := runledger.now();
 begin
   -- The row lock taken here is held until commit: a takeover (which updates this row)
   -- waits for us, and once it has happened our token no longer matches.
-  update runledger.runs set updated_at = runledger.now()
-   where run_id = p_run_id and fencing_token = p_token and status in ('RUNNING', 'CANCELLING');
+  update runledger.runs set updated_at = v_now
+   where run_id = p_run_id and fencing_token = p_token and status in ('RUNNING', 'CANCELLING')
+  returning * into v_run;
   if not found then
     raise exception using errcode = 'RL001',
       message = format('run %s: lease lost (fencing token %s is stale or the run stopped executing)', p_run_id, p_token);
   end if;
+  if v_run.deadline_at <= v_now then
+    -- Nothing commits past the deadline; the worker then ends the run (TERMINATED, DEADLINE).
+    raise exception using errcode = 'RL009', message = format('run %s: deadline %s passed', p_run_id, v_run.deadline_at);
+  end if;
+  return v_run;
 end;
 $$;
 comment on function runledger._fence(text, bigint) is
-  'Raises RL001 LEASE_LOST unless the caller still holds the run with this fencing token; locks the run row until commit.';
+  'Returns the run, locked until commit, if the caller still holds it with this fencing token; else raises RL001 LEASE_LOST. Past the run''s deadline raises RL009, so nothing commits after it.';
 
 create function runledger._checkpoint(
   p_run_id text, p_token bigint, p_seq int, p_name text, p_kind text, p_status text,
-  p_output jsonb, p_error jsonb, p_attempts int, p_started_at timestamptz)
-returns int
+  p_output jsonb, p_error jsonb, p_attempts int, p_started_at timestamptz, p_charge numeric default 0)
+returns table (pid int, run_status text)
 language plpgsql volatile as $$
+declare
+  v_run  runledger.runs := runledger._fence(p_run_id, p_token);
+  v_hash text;
 begin
-  perform runledger._fence(p_run_id, p_token);
-  insert into runledger.steps (run_id, seq, name, kind, status, output, error, attempts, started_at, finished_at, fencing_token)
-  values (p_run_id, p_seq, p_name, p_kind, p_status, p_output, p_error, p_attempts, p_started_at, runledger.now(), p_token);
-  -- The backend pid lets a client whose COMMIT outcome is unknown recognise its own session.
-  return pg_backend_pid();
+  if v_run.status = 'CANCELLING' and p_started_at >= v_run.cancel_requested_at then
+    -- Only a step already running when the cancel was committed may still record its result.
+    raise exception using errcode = 'RL008', message = format('run %s: step %s started after the cancel request', p_run_id, p_name);
+  end if;
+  if v_run.no_progress is not null and p_status = 'SUCCEEDED' then
+    v_hash := md5(coalesce(p_output::text, ''));
+  end if;
+  insert into runledger.steps (run_id, seq, name, kind, status, output, error, attempts, started_at, finished_at, fencing_token, output_hash)
+  values (p_run_id, p_seq, p_name, p_kind, p_status, p_output, p_error, p_attempts, p_started_at, runledger.now(), p_token, v_hash);
+  -- Termination policies are checked atomically with the checkpoint that trips them.
+  if p_charge <> 0 then
+    v_run := runledger._charge(v_run, p_charge, p_name, p_seq);
+  end if;
+  if v_hash is not null and v_run.status in ('RUNNING', 'CANCELLING') then
+    perform runledger._check_progress(v_run, p_name, p_seq, v_hash);
+  end if;
+  -- The caller learns here if the run was cancelled or terminated (one round trip).
+  return query select pg_backend_pid(), r.status::text from runledger.runs r where r.run_id = p_run_id;
 end;
 $$;
-comment on function runledger._checkpoint(text, bigint, int, text, text, text, jsonb, jsonb, int, timestamptz) is
-  'Fenced checkpoint write: checks the fencing token (row lock on the run) and inserts the step row, in the caller''s transaction.';
+comment on function runledger._checkpoint(text, bigint, int, text, text, text, jsonb, jsonb, int, timestamptz, numeric) is
+  'Fenced checkpoint write in the caller''s transaction: checks the fencing token (row lock on the run) and the deadline, inserts the step row, charges p_charge to the budget and checks the no-progress limit (either may end the run TERMINATED right here). Returns the backend pid and the run''s status (CANCELLING tells the worker to stop).';
 
 create function runledger._checkpoint_outcome(p_run_id text, p_seq int, p_token bigint)
 returns table (committed boolean, status text, output jsonb, error jsonb, still_owner boolean)
@@ -272,7 +329,7 @@ begin
      set status = p_status, output = p_output, error = p_error, finished_at = v_now, updated_at = v_now,
          lease_owner = null, lease_expires_at = null, wait_kind = null, wait_key = null, wake_at = null,
          termination_reason = p_reason, termination_evidence = p_evidence, terminated_at = v_now,
-         policy_version = p_policy_version
+         policy_version = coalesce(policy_version, p_policy_version)
    where run_id = p_run_id and fencing_token = p_token and status in ('RUNNING', 'CANCELLING');
   if not found then
     raise exception using errcode = 'RL001',
@@ -287,13 +344,25 @@ $$;
 comment on function runledger._finish_run(text, bigint, runledger.run_status, text, jsonb, jsonb, jsonb, text) is
   'Fenced move of an executing run to a terminal status with its termination record (reason, evidence, time, policy version).';
 
-create function runledger._complete_run(p_run_id text, p_token bigint, p_output jsonb, p_policy_version text)
-returns void language sql volatile as $$
-  select runledger._finish_run(p_run_id, p_token, 'SUCCEEDED', 'COMPLETED', p_output, null,
-    jsonb_build_object('steps', (select count(*) from runledger.steps s where s.run_id = p_run_id)), p_policy_version)
+create function runledger._complete_run(p_run_id text, p_token bigint, p_output jsonb, p_policy_version text, p_charge numeric default 0)
+returns void language plpgsql volatile as $$
+declare
+  v_run runledger.runs := runledger._fence(p_run_id, p_token);
+begin
+  if p_charge <> 0 then
+    v_run := runledger._charge(v_run, p_charge, 'complete', null);
+    if v_run.status = 'TERMINATED' then
+      return;
+    end if;
+  end if;
+  perform runledger._finish_run(p_run_id, p_token, 'SUCCEEDED', 'COMPLETED', p_output, null,
+    jsonb_build_object('steps', (select count(*) from runledger.steps s where s.run_id = p_run_id),
+                       'budget_spent', v_run.budget_spent),
+    p_policy_version);
+end;
 $$;
-comment on function runledger._complete_run(text, bigint, jsonb, text) is
-  'Fenced completion: output, SUCCEEDED and the COMPLETED termination record commit together.';
+comment on function runledger._complete_run(text, bigint, jsonb, text, numeric) is
+  'Fenced completion: output, SUCCEEDED and the COMPLETED termination record commit together (a last charge over the budget ends it TERMINATED, BUDGET instead).';
 
 create function runledger._fail_run(p_run_id text, p_token bigint, p_error jsonb, p_policy_version text)
 returns void language sql volatile as $$

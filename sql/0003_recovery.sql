@@ -8,16 +8,16 @@
 --                                      (one recovery attempt) or, past the limit, to DEAD_LETTER
 --   runledger.retry_run(run_id)        public: a DEAD_LETTER or FAILED run back to PENDING
 
-create function runledger._register_workflow(p_name text, p_version text, p_queue text, p_max_recovery_attempts int)
+create function runledger._register_workflow(p_name text, p_version text, p_queue text, p_max_recovery_attempts int, p_limits jsonb default '{}')
 returns void language sql volatile as $$
-  insert into runledger.workflows (workflow_name, workflow_version, queue_name, max_recovery_attempts)
-  values (p_name, p_version, p_queue, p_max_recovery_attempts)
+  insert into runledger.workflows (workflow_name, workflow_version, queue_name, max_recovery_attempts, limits)
+  values (p_name, p_version, p_queue, p_max_recovery_attempts, coalesce(p_limits, '{}'))
   on conflict (workflow_name, workflow_version) do update
      set queue_name = excluded.queue_name, max_recovery_attempts = excluded.max_recovery_attempts,
-         registered_at = runledger.now()
+         limits = excluded.limits, registered_at = runledger.now()
 $$;
-comment on function runledger._register_workflow(text, text, text, int) is
-  'Records a workflow (name, version) with its default queue and recovery limit, so start_run from SQL can resolve them.';
+comment on function runledger._register_workflow(text, text, text, int, jsonb) is
+  'Records a workflow (name, version) with its default queue, recovery limit and limits (deadline, max_steps, budget, no_progress), so start_run from SQL can resolve them.';
 
 create function runledger._register_worker(
   p_worker_id text, p_host text, p_pid int, p_workflows text[], p_queues text[], p_concurrency int, p_lease_ms int)
@@ -84,13 +84,18 @@ begin
   -- a run whose owner is committing a checkpoint right now.
   for v_run in
     select * from runledger.runs r
-     where r.status = 'RUNNING' and r.lease_expires_at < v_now
+     where r.status in ('RUNNING', 'CANCELLING') and r.lease_expires_at < v_now
      order by r.lease_expires_at
      limit p_limit
      for update skip locked
   loop
     v_count := v_count + 1;
-    if v_run.recovery_attempts + 1 > v_run.max_recovery_attempts then
+    if v_run.status = 'CANCELLING' then
+      -- Its owner died while cancelling: complete the cancellation instead of resuming the work.
+      perform runledger._finish_run(v_run.run_id, v_run.fencing_token, 'CANCELLED', 'CANCELLED', null, null,
+        jsonb_build_object('reason', v_run.cancel_reason, 'requested_at', v_run.cancel_requested_at,
+                           'completed_by', 'recovery', 'last_owner', v_run.lease_owner), null);
+    elsif v_run.recovery_attempts + 1 > v_run.max_recovery_attempts then
       update runledger.runs
          set status = 'DEAD_LETTER', finished_at = v_now, updated_at = v_now,
              lease_owner = null, lease_expires_at = null,
@@ -128,7 +133,7 @@ begin
 end;
 $$;
 comment on function runledger._recover_expired(int) is
-  'Sweeper, run by every live worker: each RUNNING run whose lease expired goes back to PENDING counting one recovery attempt and is re-dispatched, or, past max_recovery_attempts, to DEAD_LETTER with its termination record. Marks silent workers stopped. Returns how many runs it handled.';
+  'Sweeper, run by every live worker: each RUNNING run whose lease expired goes back to PENDING counting one recovery attempt and is re-dispatched, or, past max_recovery_attempts, to DEAD_LETTER with its termination record; a CANCELLING one is ended CANCELLED. Marks silent workers stopped. Returns how many runs it handled.';
 
 create function runledger._redispatch_orphans(p_older_than_ms int, p_limit int default 1000) returns int
 language plpgsql volatile as $$

@@ -29,7 +29,7 @@ describe('a multi-step workflow with transaction steps', () => {
     const run = await engine.getRun(handle.runId);
     expect(run?.status).toBe('SUCCEEDED');
     expect(run?.terminationReason).toBe('COMPLETED');
-    expect(run?.terminationEvidence).toEqual({ steps: 4 });
+    expect(run?.terminationEvidence).toEqual({ steps: 4, budget_spent: 0 });
     expect(run?.steps?.map((s) => [s.seq, s.name, s.kind, s.status])).toEqual([
       [0, 'load', 'step', 'SUCCEEDED'],
       [1, 'reserve', 'transaction', 'SUCCEEDED'],

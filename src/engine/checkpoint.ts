@@ -1,9 +1,10 @@
 import { serializeError } from '../errors.js';
 import type { Execution } from './execution.js';
-import { isConnectionError, pgCode } from './pg-errors.js';
+import { haltOnDbError, observeRunStatus } from './db-halts.js';
+import { isConnectionError } from './pg-errors.js';
 
 export const CHECKPOINT_SQL =
-  'select runledger._checkpoint($1, $2, $3, $4, $5, $6, $7::jsonb, $8::jsonb, $9, $10) as pid';
+  'select pid, run_status from runledger._checkpoint($1, $2, $3, $4, $5, $6, $7::jsonb, $8::jsonb, $9, $10, $11)';
 
 export interface CheckpointRecord {
   seq: number;
@@ -28,6 +29,7 @@ export function checkpointValues(exec: Execution, record: CheckpointRecord): unk
     record.status === 'FAILED' ? JSON.stringify(serializeError(record.error)) : null,
     record.attempts,
     record.startedAt,
+    exec.pendingCharge,
   ];
 }
 
@@ -45,19 +47,19 @@ export async function writeCheckpoint(exec: Execution, record: CheckpointRecord)
   const values = checkpointValues(exec, record);
   for (let attempt = 1; ; attempt++) {
     try {
-      await exec.deps.pool.query({ name: 'runledger_checkpoint', text: CHECKPOINT_SQL, values });
+      const result = await exec.deps.pool.query({ name: 'runledger_checkpoint', text: CHECKPOINT_SQL, values });
+      committed(exec, result.rows[0]?.run_status);
       return { ok: true };
     } catch (error) {
-      if (pgCode(error) === 'RL001') {
-        exec.halt({ kind: 'lease_lost', message: (error as Error).message });
-        return { ok: false, halted: true };
-      }
       if (!isConnectionError(error) || attempt >= WRITE_TRIES) {
-        exec.halt({ kind: 'infrastructure', error });
+        haltOnDbError(exec, error);
         return { ok: false, halted: true };
       }
       const outcome = await readCheckpointOutcome(exec, record.seq).catch(() => undefined);
-      if (outcome?.committed) return { ok: true };
+      if (outcome?.committed) {
+        committed(exec, undefined);
+        return { ok: true };
+      }
       if (outcome && !outcome.stillOwner) {
         exec.halt({ kind: 'lease_lost', message: `run ${exec.runId}: taken over while a checkpoint write was in doubt` });
         return { ok: false, halted: true };
@@ -65,6 +67,12 @@ export async function writeCheckpoint(exec: Execution, record: CheckpointRecord)
       await backoff(attempt);
     }
   }
+}
+
+/** After a checkpoint committed: its charge is spent, and the run's status (cancel, policy stop) is acted on. */
+export function committed(exec: Execution, runStatus: string | undefined): void {
+  exec.pendingCharge = 0;
+  observeRunStatus(exec, runStatus);
 }
 
 export interface CheckpointOutcome {

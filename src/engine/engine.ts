@@ -5,12 +5,12 @@ import { ConfigError, serializeError } from '../errors.js';
 import type { ExecutionDeps } from './execution.js';
 import { guardPool } from './pools.js';
 import { migrate } from './migrate.js';
-import { decideApproval, sendSignal, type DecisionInput, type DecisionRecord } from './operator.js';
+import { cancelRun, decideApproval, sendSignal, type DecisionInput, type DecisionRecord } from './operator.js';
 import { getRun, listRuns, retryRun, type ListRunsOptions, type RunRecord } from './runs.js';
 import { startRun, type RunHandle, type StartOptions } from './start.js';
 import type { RunStatus } from './states.js';
 import { startWorker, type Worker, type WorkerOptions } from './worker.js';
-import { defineWorkflow, workflowKey, type Workflow, type WorkflowFunction, type WorkflowOptions } from './workflow.js';
+import { defineWorkflow, limitsToSql, workflowKey, type Workflow, type WorkflowFunction, type WorkflowOptions } from './workflow.js';
 
 export const MAX_PAYLOAD_BYTES_DEFAULT = 4 * 1024 * 1024;
 export const POOL_MAX_DEFAULT = 20;
@@ -54,6 +54,8 @@ export interface Engine {
   getRun(runId: string): Promise<RunRecord | undefined>;
   listRuns(options?: ListRunsOptions): Promise<RunRecord[]>;
   retry(runId: string): Promise<RunStatus>;
+  /** Cancels a run: PENDING/WAITING at once, RUNNING through its worker; returns the run's new status (a finished run is left as it is). */
+  cancel(runId: string, options?: { reason?: string }): Promise<RunStatus>;
   /** Delivers a signal; true if newly accepted, false if this signalId was accepted before. */
   signal(runId: string, topic: string, payload?: unknown, options?: { signalId?: string }): Promise<boolean>;
   /** Decides an approval request; the first decision wins (later calls return it with recorded: false). */
@@ -91,7 +93,13 @@ export function createEngine(options: EngineOptions = {}): Engine {
     let done = registered.get(key);
     if (!done) {
       done = pool
-        .query('select runledger._register_workflow($1, $2, $3, $4)', [workflow.name, workflow.version, workflow.queue, workflow.maxRecoveryAttempts])
+        .query('select runledger._register_workflow($1, $2, $3, $4, $5::jsonb)', [
+          workflow.name,
+          workflow.version,
+          workflow.queue,
+          workflow.maxRecoveryAttempts,
+          JSON.stringify(limitsToSql(workflow.limits, `workflow ${workflow.name}`)),
+        ])
         .then(() => undefined);
       done.catch(() => registered.delete(key)); // a failed registration is tried again next time
       registered.set(key, done);
@@ -116,6 +124,7 @@ export function createEngine(options: EngineOptions = {}): Engine {
     getRun: (runId) => fetchRun(runId),
     listRuns: (listOptions) => listRuns(db, listOptions),
     retry: (runId) => retryRun(pool, runId),
+    cancel: (runId, cancelOptions) => cancelRun(pool, runId, cancelOptions?.reason),
     signal: (runId, topic, payload, signalOptions) => sendSignal(pool, runId, topic, payload, signalOptions?.signalId),
     decideApproval: (requestId, decision) => decideApproval(pool, requestId, decision),
     async runWorker(workerOptions) {

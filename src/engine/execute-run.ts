@@ -17,11 +17,14 @@ export interface ClaimedRun {
   input: unknown;
   fencing_token: string;
   recovery_attempts: number;
+  max_steps: number | null;
+  budget: string | null;
+  budget_spent: string;
   checkpoints: CheckpointRow[];
 }
 
 const CLAIM_SQL =
-  'select run_id, workflow_name, workflow_version, input, fencing_token, recovery_attempts, checkpoints from runledger._claim_run($1, $2, $3, $4)';
+  'select run_id, workflow_name, workflow_version, input, fencing_token, recovery_attempts, max_steps, budget, budget_spent, checkpoints from runledger._claim_run($1, $2, $3, $4)';
 const CLAIM_TRIES = 5;
 
 export interface ExecuteOptions {
@@ -44,7 +47,11 @@ export async function executeRun(runId: string, options: ExecuteOptions): Promis
   const run = await claim(runId, options);
   if (!run) return;
 
-  const exec = new Execution(run.run_id, BigInt(run.fencing_token), run.recovery_attempts + 1, run.checkpoints, deps, Date.now());
+  const exec = new Execution(run.run_id, BigInt(run.fencing_token), run.recovery_attempts + 1, run.checkpoints, deps, Date.now(), {
+    maxSteps: run.max_steps,
+    budget: run.budget === null ? null : Number(run.budget),
+    budgetSpent: Number(run.budget_spent),
+  });
   options.track(exec);
   try {
     const workflow = options.resolveWorkflow(run.workflow_name, run.workflow_version);
@@ -93,7 +100,7 @@ export async function executeRun(runId: string, options: ExecuteOptions): Promis
         return;
       }
       failpoint('before-complete', workflow.name);
-      await finish(exec, 'runledger._complete_run($1, $2, $3::jsonb, $4)', [outputText ?? null, policyVersion]);
+      await finish(exec, 'runledger._complete_run($1, $2, $3::jsonb, $4, $5)', [outputText ?? null, policyVersion, exec.pendingCharge]);
     } else if ('kind' in outcome && outcome.kind === 'threw') {
       if (exec.haltReason) return handleHalt(exec, exec.haltReason, policyVersion);
       await finish(exec, 'runledger._fail_run($1, $2, $3::jsonb, $4)', [JSON.stringify(serializeError(outcome.error)), policyVersion]);
@@ -152,6 +159,13 @@ async function handleHalt(exec: Execution, halt: Halt, policyVersion: string): P
       await release(exec, 0, 'worker_stopping');
       return;
     case 'suspended':
+    case 'stopped':
+      return;
+    case 'cancelled':
+      await finish(exec, 'runledger._finish_cancel($1, $2)', []);
+      return;
+    case 'terminate':
+      await finish(exec, 'runledger._terminate_run($1, $2, $3, $4::jsonb)', [halt.reason, JSON.stringify(halt.evidence)]);
       return;
   }
 }

@@ -14,7 +14,22 @@ export type Halt =
   | { kind: 'infrastructure'; error: unknown }
   | { kind: 'shutdown' }
   /** The run is parked WAITING in the database; the worker just lets go of it. */
-  | { kind: 'suspended' };
+  | { kind: 'suspended' }
+  /** Cancel requested: the step in flight has finished; the run ends CANCELLED. */
+  | { kind: 'cancelled' }
+  /** A policy stops the run (deadline, max steps); the worker records the termination. */
+  | { kind: 'terminate'; reason: 'DEADLINE' | 'MAX_STEPS'; evidence: Record<string, unknown> }
+  /** The run already ended in the database (a checkpoint tripped its budget or no-progress limit). */
+  | { kind: 'stopped'; status: string };
+
+export interface RunLimits {
+  maxSteps: number | null;
+  budget: number | null;
+  budgetSpent: number;
+}
+
+/** How long a cancelled run's step in flight may take to finish and record its result. */
+export const CANCEL_GRACE_MS = 10_000;
 
 export interface ExecutionDeps {
   pool: pg.Pool;
@@ -38,6 +53,10 @@ export class Execution {
   private resolveHalt!: (halt: Halt) => void;
   private nextSeq = 0;
   private consumed = 0;
+  private inFlight = 0;
+  cancelRequested = false;
+  /** Budget units charged with ctx.charge since the last checkpoint; they commit with the next one. */
+  pendingCharge = 0;
 
   constructor(
     readonly runId: string,
@@ -46,8 +65,38 @@ export class Execution {
     readonly checkpoints: ReadonlyArray<CheckpointRow>,
     readonly deps: ExecutionDeps,
     readonly claimedAt: number,
+    readonly limits: RunLimits = { maxSteps: null, budget: null, budgetSpent: 0 },
   ) {
     this.halted = new Promise((resolve) => (this.resolveHalt = resolve));
+  }
+
+  /** True when no new step may start: halted, or cancel requested. */
+  get stopping(): boolean {
+    return this.haltReason !== undefined || this.cancelRequested;
+  }
+
+  /**
+   * Cancel requested (NOTIFY or a checkpoint's answer): the abort signal fires at once,
+   * no new step starts, and the run ends once the step in flight has recorded its result
+   * (or after the grace period).
+   */
+  requestCancel(graceMs = CANCEL_GRACE_MS): void {
+    if (this.cancelRequested) return;
+    this.cancelRequested = true;
+    this.abortController.abort('cancelled');
+    if (this.inFlight === 0) this.halt({ kind: 'cancelled' });
+    else setTimeout(() => this.halt({ kind: 'cancelled' }), graceMs).unref();
+  }
+
+  /** Runs one step's work (body and checkpoint) counted as in flight, for cancellation. */
+  async inStep<T>(work: () => Promise<T>): Promise<T> {
+    this.inFlight++;
+    try {
+      return await work();
+    } finally {
+      this.inFlight--;
+      if (this.cancelRequested && this.inFlight === 0) this.halt({ kind: 'cancelled' });
+    }
   }
 
   halt(reason: Halt): void {
@@ -81,6 +130,11 @@ export class Execution {
         return undefined;
       }
       this.consumed++;
+      // Charges made before a recorded step were committed with it.
+      this.pendingCharge = 0;
+    } else if (this.limits.maxSteps !== null && seq >= this.limits.maxSteps) {
+      this.halt({ kind: 'terminate', reason: 'MAX_STEPS', evidence: { max_steps: this.limits.maxSteps, next_step: name, seq } });
+      return undefined;
     }
     return { seq, recorded };
   }

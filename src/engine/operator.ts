@@ -2,6 +2,7 @@ import type pg from 'pg';
 import { ulid } from 'ulid';
 import { fromPgError } from '../errors.js';
 import { toJsonText } from './json.js';
+import type { RunStatus } from './states.js';
 
 /** Operator actions: each is one SQL function call, the same one psql users call. */
 
@@ -41,6 +42,15 @@ export async function decideApproval(pool: pg.Pool, requestId: string, decision:
     ]);
     const d = result.rows[0].decision;
     return { recorded: d.recorded, requestId: d.request_id, approved: d.approved, decidedBy: d.decided_by, decidedAt: d.decided_at, note: d.note };
+  } catch (error) {
+    throw fromPgError(error);
+  }
+}
+
+export async function cancelRun(pool: pg.Pool, runId: string, reason?: string): Promise<RunStatus> {
+  try {
+    const result = await pool.query('select runledger.cancel_run($1, $2) as status', [runId, reason ?? null]);
+    return result.rows[0].status;
   } catch (error) {
     throw fromPgError(error);
   }

@@ -5,7 +5,7 @@ import type { ExecutionDeps } from './execution.js';
 import { toJsonText } from './json.js';
 import type { RunRecord } from './runs.js';
 import { TERMINAL_STATES } from './states.js';
-import type { Workflow } from './workflow.js';
+import { limitsToSql, type Workflow } from './workflow.js';
 import { RUNTIME_MANIFEST } from './version.js';
 
 export interface StartOptions {
@@ -16,8 +16,12 @@ export interface StartOptions {
   queue?: string;
   priority?: number;
   concurrencyKey?: string;
-  /** Wall-clock lifetime ('2d', ms) or an absolute Date. */
+  /** Wall-clock lifetime ('2d', ms) or an absolute Date; overrides the workflow's limit. */
   deadline?: Duration | Date;
+  /** Override the workflow's limits for this run. */
+  maxSteps?: number;
+  budget?: number;
+  noProgress?: number;
 }
 
 export interface RunHandle<O> {
@@ -67,6 +71,10 @@ export async function startRun<I, O>(host: StartHost, workflow: Workflow<I, O>, 
   if (options.idempotencyKey !== undefined) sqlOptions.idempotency_key = options.idempotencyKey;
   if (options.priority !== undefined) sqlOptions.priority = options.priority;
   if (options.concurrencyKey !== undefined) sqlOptions.concurrency_key = options.concurrencyKey;
+  Object.assign(
+    sqlOptions,
+    limitsToSql({ maxSteps: options.maxSteps, budget: options.budget, noProgress: options.noProgress }, 'start'),
+  );
   if (options.deadline !== undefined) {
     sqlOptions.deadline =
       options.deadline instanceof Date ? options.deadline.toISOString() : `${toMs(options.deadline, 'deadline')} milliseconds`;

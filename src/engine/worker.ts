@@ -4,6 +4,7 @@ import { ulid } from 'ulid';
 import { ConfigError, serializeError } from '../errors.js';
 import { guardPool } from './pools.js';
 import { executeRun } from './execute-run.js';
+import { listenForCancels } from './cancel-listener.js';
 import type { Execution, ExecutionDeps } from './execution.js';
 import { startDispatchRunner, taskIdentifier } from './graphile.js';
 import { QUEUE_PATTERN, workflowKey, type Workflow } from './workflow.js';
@@ -139,6 +140,7 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
       const result = await deps.pool.query('select runledger._recover_expired(1000) as recovered');
       if (result.rows[0].recovered > 0) deps.log('info', `recovered ${result.rows[0].recovered} run(s) with expired leases`);
       await deps.pool.query('select runledger._redispatch_stuck($1, 1000)', [leaseMs]);
+      await deps.pool.query('select runledger._enforce_deadlines(1000)');
       // Timers normally fire as delayed dispatch jobs; this catches any that went missing.
       await deps.pool.query('select runledger._wake_due(1000, $1)', [WAKE_GRACE_MS]);
       if (Date.now() - lastOrphanSweep >= orphanAfterMs / 2) {
@@ -150,6 +152,9 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
       deps.log('warn', 'sweep failed', { error: serializeError(error) });
     }
   };
+  const cancelListener = await listenForCancels(host.poolConfig, deps.log, (runId) => {
+    for (const exec of executions) if (exec.runId === runId) exec.requestCancel();
+  });
   const heartbeatTimer = setInterval(() => void heartbeat(), Math.max(100, Math.floor(leaseMs / 3)));
   const sweepEvery = options.sweepIntervalMs ?? Math.max(250, Math.floor(leaseMs / 2));
   const sweepTimer = setInterval(() => void sweep(), sweepEvery);
@@ -171,6 +176,7 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
         await deps.pool.query('select runledger._stop_worker($1)', [workerId]).catch((error) => {
           deps.log('warn', 'could not release runs on stop; their leases will expire', { error: serializeError(error) });
         });
+        await cancelListener.close();
         await dispatchPool.end().catch(() => undefined);
       }
     })());

@@ -1,5 +1,6 @@
 import type { ZodType } from 'zod';
 import { ConfigError } from '../errors.js';
+import { toMs, type Duration } from './duration.js';
 import type { WorkflowContext } from '../steps/context.js';
 
 /** Workflow, queue and version names: safe in task identifiers and never spliced into SQL. */
@@ -10,10 +11,33 @@ export const MAX_RECOVERY_ATTEMPTS_DEFAULT = 10;
 export const QUEUE_DEFAULT = 'default';
 
 export interface WorkflowLimits {
-  deadline?: string | number;
+  /** Wall-clock lifetime from creation ('2d', ms), enforced while waiting too. */
+  deadline?: Duration;
+  /** Steps (turns) a run may take, waits included. */
   maxSteps?: number;
+  /** Units a run may charge with ctx.charge. */
   budget?: number;
+  /** N: the same step returning the same result N times in a row stops the run. */
   noProgress?: number;
+}
+
+/** Validates limits and converts them to the SQL options start_run and the workflows table take. */
+export function limitsToSql(limits: WorkflowLimits, what: string): Record<string, unknown> {
+  const out: Record<string, unknown> = {};
+  if (limits.deadline !== undefined) out.deadline = `${toMs(limits.deadline, `${what}: deadline`)} milliseconds`;
+  if (limits.maxSteps !== undefined) {
+    if (!Number.isInteger(limits.maxSteps) || limits.maxSteps < 1) throw new ConfigError(`${what}: maxSteps must be a whole number >= 1`);
+    out.max_steps = limits.maxSteps;
+  }
+  if (limits.budget !== undefined) {
+    if (typeof limits.budget !== 'number' || !Number.isFinite(limits.budget) || limits.budget < 0) throw new ConfigError(`${what}: budget must be a number >= 0`);
+    out.budget = limits.budget;
+  }
+  if (limits.noProgress !== undefined) {
+    if (!Number.isInteger(limits.noProgress) || limits.noProgress < 2) throw new ConfigError(`${what}: noProgress must be a whole number >= 2`);
+    out.no_progress = limits.noProgress;
+  }
+  return out;
 }
 
 export interface WorkflowOptions<I> {
@@ -57,6 +81,7 @@ export function defineWorkflow<I, O>(options: WorkflowOptions<I>, fn: WorkflowFu
     throw new ConfigError(`workflow ${options.name}: maxRecoveryAttempts must be a whole number >= 0`);
   }
   if (typeof fn !== 'function') throw new ConfigError(`workflow ${options.name}: the second argument must be the workflow function`);
+  limitsToSql(options.limits ?? {}, `workflow ${options.name}`);
   return Object.freeze({
     name: options.name,
     version,

@@ -3,6 +3,7 @@ import type { Duration } from '../engine/duration.js';
 import type { Execution } from '../engine/execution.js';
 import type { Workflow } from '../engine/workflow.js';
 import * as waits from './waits.js';
+import { ConfigError } from '../errors.js';
 import { runStep, type StepFunction } from './step.js';
 import { runTransaction, type TransactionFunction } from './transaction.js';
 
@@ -74,6 +75,18 @@ export class WorkflowContext {
   async runChild<I, O>(workflow: Workflow<I, O>, input: I, options: waits.ChildOptions = {}): Promise<O> {
     const { runId } = await this.startChild(workflow, input, options);
     return this.waitForChild<O>(runId, { name: options.name ?? `child:${workflow.name}` });
+  }
+
+  /**
+   * Charges budget units (tokens, money...). They commit with the next checkpoint (the
+   * step they were charged in, usually); past the run's budget, that checkpoint ends the
+   * run TERMINATED with reason BUDGET, and no further step starts.
+   */
+  charge(units: number): void {
+    if (typeof units !== 'number' || !Number.isFinite(units) || units < 0) {
+      throw new ConfigError(`charge: ${String(units)} is not a number of units >= 0`);
+    }
+    this.#exec.pendingCharge += units;
   }
 
   /** The current time, recorded once and replayed: deterministic across recoveries. */

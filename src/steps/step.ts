@@ -24,8 +24,11 @@ export async function runStep<T>(exec: Execution, name: string, fn: StepFunction
   const position = exec.takeStep(name, 'step');
   if (!position) return exec.suspend();
   if (position.recorded) return replayCheckpoint<T>(position.recorded);
-  if (exec.haltReason) return exec.suspend();
+  if (exec.stopping) return exec.suspend();
+  return exec.inStep(() => executeStep(exec, position.seq, name, fn));
+}
 
+async function executeStep<T>(exec: Execution, seq: number, name: string, fn: StepFunction<T>): Promise<T> {
   const startedAt = new Date();
   let outcome: { ok: true; text: string | undefined; value: unknown } | { ok: false; error: unknown };
   try {
@@ -38,7 +41,7 @@ export async function runStep<T>(exec: Execution, name: string, fn: StepFunction
   failpoint('before-checkpoint', name);
 
   const written = await writeCheckpoint(exec, {
-    seq: position.seq,
+    seq,
     name,
     kind: 'step',
     status: outcome.ok ? 'SUCCEEDED' : 'FAILED',

@@ -1,6 +1,7 @@
 import { sql, type Transaction } from 'kysely';
 import { serializeError } from '../errors.js';
-import { backoff, checkpointValues, readCheckpointOutcome, writeCheckpoint } from '../engine/checkpoint.js';
+import { backoff, checkpointValues, committed, readCheckpointOutcome, writeCheckpoint } from '../engine/checkpoint.js';
+import { haltOnDbError } from '../engine/db-halts.js';
 import type { Execution } from '../engine/execution.js';
 import { failpoint } from '../engine/failpoints.js';
 import { isConnectionError, isRetryableTransactionError, pgCode } from '../engine/pg-errors.js';
@@ -27,12 +28,16 @@ export async function runTransaction<T, DB>(exec: Execution, name: string, fn: T
   const position = exec.takeStep(name, 'transaction');
   if (!position) return exec.suspend();
   if (position.recorded) return replayCheckpoint<T>(position.recorded);
-  const { seq } = position;
+  if (exec.stopping) return exec.suspend();
+  return exec.inStep(() => transactionAttempts(exec, name, position.seq, fn));
+}
 
+async function transactionAttempts<T, DB>(exec: Execution, name: string, seq: number, fn: TransactionFunction<T, DB>): Promise<T> {
   const startedAt = new Date();
   for (let attempt = 1; ; attempt++) {
     if (exec.haltReason) return exec.suspend();
     let commitSent = false;
+    let runStatus: string | undefined;
     try {
       const value = await exec.deps.db.transaction().execute(async (trx) => {
         let encoded: { text: string | undefined; value: unknown };
@@ -48,11 +53,13 @@ export async function runTransaction<T, DB>(exec: Execution, name: string, fn: T
         failpoint('before-checkpoint', name);
         const record = { seq, name, kind: 'transaction' as const, status: 'SUCCEEDED' as const, outputText: encoded.text, error: undefined, attempts: attempt, startedAt };
         // Fencing check (row lock on the run) and checkpoint, in the user's transaction.
-        await sql`select runledger._checkpoint(${sql.join(checkpointValues(exec, record))})`.execute(trx);
+        const written = await sql<{ run_status: string }>`select run_status from runledger._checkpoint(${sql.join(checkpointValues(exec, record))})`.execute(trx);
+        runStatus = written.rows[0]?.run_status;
         commitSent = true;
         return encoded.value;
       });
       failpoint('after-commit', name);
+      committed(exec, runStatus);
       return value as T;
     } catch (error) {
       if (exec.haltReason) return exec.suspend();
@@ -63,13 +70,14 @@ export async function runTransaction<T, DB>(exec: Execution, name: string, fn: T
         if (!written.ok) return exec.suspend();
         throw stepFailure(name, serializeError(error.error), error.error);
       }
-      if (pgCode(error) === 'RL001') {
-        exec.halt({ kind: 'lease_lost', message: (error as Error).message });
+      if (/^RL\d{3}$/.test(pgCode(error) ?? '')) {
+        haltOnDbError(exec, error);
         return exec.suspend();
       }
       if (commitSent && isConnectionError(error)) {
         const outcome = await readCheckpointOutcome(exec, seq).catch(() => undefined);
         if (outcome?.committed) {
+          committed(exec, undefined);
           return replayCheckpoint<T>([seq, name, outcome.status ?? 'SUCCEEDED', outcome.output, outcome.error, 'transaction']);
         }
         if (outcome && !outcome.stillOwner) {

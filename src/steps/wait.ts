@@ -1,5 +1,5 @@
 import type { Execution, StepKind } from '../engine/execution.js';
-import { pgCode } from '../engine/pg-errors.js';
+import { haltOnDbError } from '../engine/db-halts.js';
 
 const WAIT_SQL = 'select done, output from runledger._wait($1, $2, $3, $4, $5, $6::jsonb)';
 
@@ -14,18 +14,20 @@ export async function runWait(exec: Execution, name: string, kind: StepKind, spe
   const position = exec.takeStep(name, kind);
   if (!position) return exec.suspend();
   if (position.recorded?.[2] === 'SUCCEEDED') return (position.recorded[3] as [Record<string, unknown>])[0];
-  if (exec.haltReason) return exec.suspend();
+  if (exec.stopping) return exec.suspend();
   let result;
   try {
-    result = await exec.deps.pool.query({
-      name: 'runledger_wait',
-      text: WAIT_SQL,
-      values: [exec.runId, exec.fencingToken.toString(), position.seq, name, kind, JSON.stringify(spec)],
-    });
+    result = await exec.inStep(() =>
+      exec.deps.pool.query({
+        name: 'runledger_wait',
+        text: WAIT_SQL,
+        values: [exec.runId, exec.fencingToken.toString(), position.seq, name, kind, JSON.stringify(spec)],
+      }),
+    );
   } catch (error) {
-    // Lease lost: someone else owns the run. Anything else (a lost connection included) is
-    // resolved by replay: the wait either committed (parked, or ended with its result) or not.
-    exec.halt(pgCode(error) === 'RL001' ? { kind: 'lease_lost', message: (error as Error).message } : { kind: 'infrastructure', error });
+    // A lost connection included: replay resolves it, since the wait either committed
+    // (parked, or ended with its result) or did not.
+    haltOnDbError(exec, error);
     return exec.suspend();
   }
   const row = result.rows[0];

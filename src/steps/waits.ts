@@ -2,7 +2,7 @@ import { ChildFailedError, ConfigError } from '../errors.js';
 import { toMs, type Duration } from '../engine/duration.js';
 import type { Execution } from '../engine/execution.js';
 import { toJsonText } from '../engine/json.js';
-import { pgCode } from '../engine/pg-errors.js';
+import { haltOnDbError } from '../engine/db-halts.js';
 import type { Workflow } from '../engine/workflow.js';
 import { replayCheckpoint } from './replay.js';
 import { runWait } from './wait.js';
@@ -88,7 +88,7 @@ export async function startChild<I>(
   const position = exec.takeStep(name, 'child_start');
   if (!position) return exec.suspend();
   if (position.recorded) return replayCheckpoint<{ runId: string }>(position.recorded);
-  if (exec.haltReason) return exec.suspend();
+  if (exec.stopping) return exec.suspend();
   let stored: unknown = input;
   if (workflow.inputSchema) stored = workflow.inputSchema.parse(input);
   const inputText = toJsonText(stored, `input of child ${workflow.name}`);
@@ -105,7 +105,7 @@ export async function startChild<I>(
     ]);
     return { runId: result.rows[0].run_id };
   } catch (error) {
-    exec.halt(pgCode(error) === 'RL001' ? { kind: 'lease_lost', message: (error as Error).message } : { kind: 'infrastructure', error });
+    haltOnDbError(exec, error);
     return exec.suspend();
   }
 }

@@ -92,7 +92,7 @@ async function checkpoint(
   options: { status?: 'SUCCEEDED' | 'FAILED'; output?: unknown; error?: unknown; on?: Queryable } = {},
 ): Promise<number> {
   const result = await (options.on ?? db.pool).query(
-    `select runledger._checkpoint($1, $2, $3, $4, 'step', $5, $6::jsonb, $7::jsonb, 1, runledger.now()) as pid`,
+    `select pid from runledger._checkpoint($1, $2, $3, $4, 'step', $5, $6::jsonb, $7::jsonb, 1, runledger.now())`,
     [
       runId,
       token,
@@ -436,14 +436,15 @@ describe('claim / fence protocol (_claim_run, _checkpoint, _fence, _complete_run
         output: { total: 3 },
         error: null,
         termination_reason: 'COMPLETED',
-        termination_evidence: { steps: 3 },
-        policy_version: 'p/1',
+        termination_evidence: { steps: 3, budget_spent: 0 },
+        // The policy the run was started under (its limits), not the caller's label.
+        policy_version: expect.stringMatching(/^limits:[0-9a-f]{12}$/),
         lease_owner: null,
         lease_expires_at: null,
       });
       expect(run?.finished_at.toISOString()).toBe('2050-02-01T00:00:05.000Z');
       expect(run?.terminated_at.toISOString()).toBe('2050-02-01T00:00:05.000Z');
-      expect((await events(runId)).at(-1)).toEqual({ kind: 'completed', detail: { status: 'SUCCEEDED', reason: 'COMPLETED', evidence: { steps: 3 } } });
+      expect((await events(runId)).at(-1)).toEqual({ kind: 'completed', detail: { status: 'SUCCEEDED', reason: 'COMPLETED', evidence: { steps: 3, budget_spent: 0 } } });
 
       // Finished: the same token can neither complete again nor checkpoint.
       expect(await sqlState(client.query(`select runledger._complete_run($1, $2, 'null', 'p/1')`, [runId, fencing_token]))).toBe('RL001');
@@ -584,7 +585,7 @@ describe('runledger._recover_expired', () => {
         recovery_attempts: 3,
         lease_owner: null,
         lease_expires_at: null,
-        policy_version: 'runledger/1',
+        policy_version: expect.stringMatching(/^limits:[0-9a-f]{12}$/),
       });
       expect(run?.finished_at.toISOString()).toBe(at(t + 2));
       expect(run?.terminated_at.toISOString()).toBe(at(t + 2));

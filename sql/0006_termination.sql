@@ -1,0 +1,191 @@
+-- 0006_termination: runs stop for durable, explained reasons.
+--
+--   runledger.cancel_run(run_id, reason)   public: cancel now (PENDING, WAITING) or ask the owner (RUNNING)
+--   runledger._charge / _check_progress    budget and no-progress limits, checked with each checkpoint
+--   runledger._terminate_run(...)           fenced policy stop by the owner (deadline, max steps)
+--   runledger._finish_cancel(...)           fenced end of a CANCELLING run by its owner
+--   runledger._stop_unowned(...)            ends a run that holds no worker (PENDING, WAITING)
+--   runledger._enforce_deadlines(...)       sweeper: waiting and pending runs past their deadline
+--
+-- Every stop writes the termination record (reason, evidence, time, policy version) with
+-- the status change, in one transaction. A terminal run is never claimed again.
+--
+-- Error codes: RL008 CANCELLED (a step that began after the cancel request may not
+-- record its result), RL009 DEADLINE (nothing commits past the deadline).
+
+create function runledger._cancel_children(p_run_id text, p_reason text) returns int
+language plpgsql volatile as $$
+declare
+  v_child text;
+  v_count int := 0;
+begin
+  for v_child in
+    select r.run_id from runledger.runs r
+     where r.parent_run_id = p_run_id and not runledger.is_terminal(r.status)
+  loop
+    perform runledger.cancel_run(v_child, p_reason);
+    v_count := v_count + 1;
+  end loop;
+  return v_count;
+end;
+$$;
+comment on function runledger._cancel_children(text, text) is 'Cancels every unfinished child run of p_run_id (and, through cancel_run, theirs). Returns how many.';
+
+create function runledger._stop_unowned(p_run_id text, p_status runledger.run_status, p_reason text, p_evidence jsonb)
+returns boolean
+language plpgsql volatile as $$
+declare
+  v_now timestamptz := runledger.now();
+begin
+  update runledger.runs
+     set status = p_status, finished_at = v_now, updated_at = v_now, terminated_at = v_now,
+         termination_reason = p_reason, termination_evidence = p_evidence,
+         wait_kind = null, wait_key = null, wake_at = null
+   where run_id = p_run_id and status in ('PENDING', 'WAITING');
+  if not found then
+    return false;
+  end if;
+  -- Revoke what would have woken it: its queued dispatch or timer, and any pending approval
+  -- (left undecided; the approval inbox lists only waiting runs).
+  perform graphile_worker.remove_job('runledger:' || p_run_id);
+  insert into runledger.events (run_id, kind, detail, at)
+  values (p_run_id, case p_status when 'CANCELLED' then 'cancelled' else lower(p_reason) end,
+          jsonb_build_object('status', p_status, 'reason', p_reason, 'evidence', p_evidence), v_now);
+  perform runledger._cancel_children(p_run_id, format('parent %s ended %s', p_run_id, p_reason));
+  perform runledger._wake_parent(p_run_id);
+  return true;
+end;
+$$;
+comment on function runledger._stop_unowned(text, runledger.run_status, text, jsonb) is
+  'Ends a run that holds no worker (PENDING or WAITING) with a termination record; revokes its dispatch job and timer, cancels its children, wakes its parent.';
+
+create function runledger.cancel_run(p_run_id text, p_reason text default null) returns text
+language plpgsql volatile as $$
+declare
+  v_run runledger.runs;
+  v_now timestamptz := runledger.now();
+begin
+  select * into v_run from runledger.runs where run_id = p_run_id for update;
+  if not found then
+    raise exception using errcode = 'RL002', message = format('cancel_run: run %L not found', p_run_id);
+  end if;
+  if runledger.is_terminal(v_run.status) or v_run.status = 'CANCELLING' then
+    return v_run.status; -- nothing to do: the answer is where the run stands
+  end if;
+  if v_run.status in ('PENDING', 'WAITING') then
+    perform runledger._stop_unowned(p_run_id, 'CANCELLED', 'CANCELLED',
+      jsonb_build_object('reason', p_reason, 'requested_at', v_now, 'was', v_run.status));
+    return 'CANCELLED';
+  end if;
+  -- RUNNING: the owner is told now (NOTIFY) and at its next checkpoint at the latest; it
+  -- stops starting steps, lets the step in flight record its result, and ends the run.
+  update runledger.runs
+     set status = 'CANCELLING', cancel_requested_at = v_now, cancel_reason = p_reason, updated_at = v_now
+   where run_id = p_run_id;
+  insert into runledger.events (run_id, kind, detail, fencing_token, at)
+  values (p_run_id, 'cancel_requested', jsonb_build_object('reason', p_reason, 'owner', v_run.lease_owner), v_run.fencing_token, v_now);
+  perform runledger._cancel_children(p_run_id, format('parent %s cancelled', p_run_id));
+  perform pg_notify('runledger_cancel', p_run_id);
+  return 'CANCELLING';
+end;
+$$;
+comment on function runledger.cancel_run(text, text) is
+  'Cancels a run: PENDING or WAITING -> CANCELLED at once (timers, dispatches revoked); RUNNING -> CANCELLING, its worker is notified and ends it CANCELLED after the step in flight. Children are cancelled too. A finished run is left as it is. Returns the run''s new status.';
+
+create function runledger._finish_cancel(p_run_id text, p_token bigint) returns void
+language plpgsql volatile as $$
+declare
+  v_run runledger.runs;
+begin
+  select * into v_run from runledger.runs where run_id = p_run_id and fencing_token = p_token and status = 'CANCELLING';
+  if not found then
+    raise exception using errcode = 'RL001', message = format('run %s: not CANCELLING under fencing token %s', p_run_id, p_token);
+  end if;
+  perform runledger._finish_run(p_run_id, p_token, 'CANCELLED', 'CANCELLED', null, null,
+    jsonb_build_object('reason', v_run.cancel_reason, 'requested_at', v_run.cancel_requested_at,
+                       'steps', (select count(*) from runledger.steps s where s.run_id = p_run_id and s.status <> 'WAITING')),
+    null);
+end;
+$$;
+comment on function runledger._finish_cancel(text, bigint) is 'Fenced: the owner of a CANCELLING run ends it CANCELLED with the cancel request as evidence.';
+
+create function runledger._terminate_run(p_run_id text, p_token bigint, p_reason text, p_evidence jsonb) returns void
+language plpgsql volatile as $$
+begin
+  perform runledger._finish_run(p_run_id, p_token, 'TERMINATED', p_reason, null, null, p_evidence, null);
+  perform runledger._cancel_children(p_run_id, format('parent %s ended %s', p_run_id, p_reason));
+end;
+$$;
+comment on function runledger._terminate_run(text, bigint, text, jsonb) is
+  'Fenced policy stop by the run''s owner: TERMINATED with reason (DEADLINE, MAX_STEPS, ...) and evidence; children are cancelled.';
+
+create function runledger._charge(p_run runledger.runs, p_charge numeric, p_step text, p_seq int) returns runledger.runs
+language plpgsql volatile as $$
+declare
+  v_run runledger.runs;
+begin
+  update runledger.runs set budget_spent = budget_spent + p_charge where run_id = p_run.run_id returning * into v_run;
+  if v_run.budget is not null and v_run.budget_spent > v_run.budget then
+    perform runledger._terminate_run(v_run.run_id, v_run.fencing_token, 'BUDGET',
+      jsonb_build_object('budget', v_run.budget, 'spent', v_run.budget_spent, 'charge', p_charge, 'step', p_step, 'seq', p_seq));
+    select * into v_run from runledger.runs where run_id = p_run.run_id;
+  end if;
+  return v_run;
+end;
+$$;
+comment on function runledger._charge(runledger.runs, numeric, text, int) is
+  'Adds a charge to the run''s budget_spent; past its budget the run ends TERMINATED (BUDGET) with the spend as evidence, in the same transaction.';
+
+create function runledger._check_progress(p_run runledger.runs, p_step text, p_seq int, p_hash text) returns boolean
+language plpgsql volatile as $$
+declare
+  v_same int;
+  v_seqs int[];
+begin
+  -- The last no_progress results of this step name, newest first: all identical means the
+  -- run keeps seeing the same observation (a loop that learns nothing new).
+  select count(*) filter (where s.output_hash = p_hash), array_agg(s.seq order by s.seq)
+    into v_same, v_seqs
+    from (select output_hash, seq from runledger.steps
+           where run_id = p_run.run_id and name = p_step and status = 'SUCCEEDED'
+           order by seq desc limit p_run.no_progress) s;
+  if v_same < p_run.no_progress then
+    return false;
+  end if;
+  perform runledger._terminate_run(p_run.run_id, p_run.fencing_token, 'NO_PROGRESS',
+    jsonb_build_object('step', p_step, 'result_hash', p_hash, 'repeats', v_same, 'seqs', v_seqs, 'limit', p_run.no_progress));
+  return true;
+end;
+$$;
+comment on function runledger._check_progress(runledger.runs, text, int, text) is
+  'No-progress limit: when the last N results of this step name are identical (same hash), ends the run TERMINATED (NO_PROGRESS) with the repeated step as evidence.';
+
+create function runledger._enforce_deadlines(p_limit int default 1000) returns int
+language plpgsql volatile as $$
+declare
+  v_run   runledger.runs;
+  v_count int := 0;
+  v_now   timestamptz := runledger.now();
+begin
+  -- Runs that hold no worker are stopped here; an executing run is stopped by its own
+  -- worker at its next checkpoint (RL009), or by recovery if that worker died.
+  for v_run in
+    select * from runledger.runs r
+     where r.status in ('PENDING', 'WAITING') and r.deadline_at <= v_now
+     order by r.deadline_at
+     limit p_limit
+     for update skip locked
+  loop
+    if runledger._stop_unowned(v_run.run_id, 'TERMINATED', 'DEADLINE',
+         jsonb_build_object('deadline_at', v_run.deadline_at, 'noticed_at', v_now, 'was', v_run.status,
+                            'wait_kind', v_run.wait_kind)) then
+      v_count := v_count + 1;
+    end if;
+  end loop;
+  return v_count;
+end;
+$$;
+comment on function runledger._enforce_deadlines(int) is
+  'Sweeper: PENDING and WAITING runs past their deadline end TERMINATED (DEADLINE), exactly once, with the deadline as evidence. Honours runledger.fake_now. Returns how many.';
+
+insert into runledger.migrations (version, name) values (6, '0006_termination');

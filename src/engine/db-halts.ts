@@ -1,0 +1,30 @@
+import type { Execution } from './execution.js';
+import { pgCode } from './pg-errors.js';
+
+/**
+ * What a failed fenced write means for the execution, by SQLSTATE: someone else
+ * owns the run (RL001), the run is being cancelled (RL008), its deadline passed
+ * (RL009); anything else is an infrastructure failure, resolved by replay.
+ */
+export function haltOnDbError(exec: Execution, error: unknown): void {
+  switch (pgCode(error)) {
+    case 'RL001':
+      exec.halt({ kind: 'lease_lost', message: (error as Error).message });
+      return;
+    case 'RL008':
+      exec.requestCancel();
+      exec.halt({ kind: 'cancelled' });
+      return;
+    case 'RL009':
+      exec.halt({ kind: 'terminate', reason: 'DEADLINE', evidence: { message: (error as Error).message } });
+      return;
+    default:
+      exec.halt({ kind: 'infrastructure', error });
+  }
+}
+
+/** Reacts to the run status a checkpoint returned: the worker learns of a cancel or a policy stop within one round trip. */
+export function observeRunStatus(exec: Execution, status: string | undefined): void {
+  if (status === 'CANCELLING') exec.requestCancel();
+  else if (status !== undefined && status !== 'RUNNING') exec.halt({ kind: 'stopped', status });
+}
