@@ -94,6 +94,8 @@ create table runledger.runs (
   budget_spent          numeric not null default 0,
   no_progress           int check (no_progress >= 2),
   cancel_requested_at   timestamptz,
+  retry_budget          int check (retry_budget >= 0),
+  retries_used          int not null default 0,
   cancel_reason         text,
   termination_reason    text check (termination_reason in (
                           'COMPLETED', 'FAILED', 'CANCELLED', 'DEADLINE', 'MAX_STEPS', 'BUDGET',
@@ -105,8 +107,11 @@ create table runledger.runs (
   constraint runs_terminal_has_record check (
     runledger.is_terminal(status) = (finished_at is not null and termination_reason is not null)),
   -- Only an executing run has an owner; waiting and pending runs hold no worker.
+  -- (A CANCELLING run may be without an owner while it waits for a worker to finish its compensations.)
   constraint runs_lease_only_when_executing check (
-    (status in ('RUNNING', 'CANCELLING')) = (lease_owner is not null and lease_expires_at is not null)),
+    (lease_owner is not null) = (lease_expires_at is not null)
+    and (status in ('RUNNING', 'CANCELLING') or lease_owner is null)
+    and (status <> 'RUNNING' or lease_owner is not null)),
   constraint runs_wait_kind_only_when_waiting check ((status = 'WAITING') = (wait_kind is not null))
 );
 comment on table runledger.runs is
@@ -139,7 +144,7 @@ create table runledger.steps (
   run_id        text not null references runledger.runs (run_id) on delete cascade,
   seq           int  not null check (seq >= 0),
   name          text not null,
-  kind          text not null check (kind in ('step', 'transaction', 'sleep', 'signal', 'approval', 'child_start', 'child')),
+  kind          text not null check (kind in ('step', 'transaction', 'operation', 'sleep', 'signal', 'approval', 'child_start', 'child')),
   -- WAITING: a durable wait began at this position (its wake time is in output); it
   -- becomes SUCCEEDED with the wait's result when the wait ends.
   status        text not null check (status in ('SUCCEEDED', 'FAILED', 'WAITING')),

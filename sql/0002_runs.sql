@@ -102,6 +102,7 @@ begin
   end if;
   perform runledger._check_whole_number(v_opts, 'max_steps', 1);
   perform runledger._check_whole_number(v_opts, 'no_progress', 2);
+  perform runledger._check_whole_number(v_opts, 'retry_budget', 0);
   if v_opts ? 'budget' and (jsonb_typeof(v_opts->'budget') <> 'number' or (v_opts->>'budget')::numeric < 0) then
     raise exception using errcode = 'RL003', message = format('start_run: budget must be a number >= 0, not %s', v_opts->'budget');
   end if;
@@ -117,7 +118,7 @@ begin
   insert into runledger.runs (
     run_id, workflow_name, workflow_version, queue_name, input, priority, concurrency_key,
     idempotency_key, parent_run_id, deadline_at, max_recovery_attempts, version_manifest,
-    max_steps, budget, no_progress, policy_version, created_at, updated_at)
+    max_steps, budget, no_progress, retry_budget, policy_version, created_at, updated_at)
   values (
     v_run_id, v_wf.workflow_name, v_wf.workflow_version, v_queue, p_input,
     coalesce((v_opts->>'priority')::int, 0), v_opts->>'concurrency_key',
@@ -125,6 +126,7 @@ begin
     coalesce((v_opts->>'max_recovery_attempts')::int, v_wf.max_recovery_attempts),
     coalesce(v_opts->'version_manifest', jsonb_build_object('started_from', 'sql')),
     (v_opts->>'max_steps')::int, (v_opts->>'budget')::numeric, (v_opts->>'no_progress')::int,
+    (v_opts->>'retry_budget')::int,
     -- The policy a run is held to, named by what it contains: kept in its termination record.
     'limits:' || left(md5(jsonb_build_object(
       'deadline', v_deadline, 'max_steps', v_opts->'max_steps', 'budget', v_opts->'budget',
@@ -196,7 +198,7 @@ create function runledger._claim_run(p_run_id text, p_worker_id text, p_lease_ms
 returns table (
   run_id text, workflow_name text, workflow_version text, input jsonb, fencing_token bigint,
   recovery_attempts int, created_at timestamptz, max_steps int, budget numeric, budget_spent numeric,
-  checkpoints jsonb)
+  cancel_requested boolean, checkpoints jsonb, progress jsonb)
 language plpgsql volatile as $$
 declare
   v_now timestamptz := runledger.now();
@@ -205,7 +207,8 @@ begin
   -- Compare-and-set: only a PENDING run can be claimed, and every claim takes a new
   -- fencing token, so a duplicate dispatch or a late worker claims nothing.
   update runledger.runs r
-     set status = 'RUNNING', fencing_token = r.fencing_token + 1, lease_owner = p_worker_id,
+     set status = case when r.status = 'CANCELLING' then 'CANCELLING'::runledger.run_status else 'RUNNING' end,
+         fencing_token = r.fencing_token + 1, lease_owner = p_worker_id,
          wait_kind = null, wait_key = null, wake_at = null,
          lease_expires_at = v_now + make_interval(secs => p_lease_ms / 1000.0),
          started_at = coalesce(r.started_at, v_now), updated_at = v_now
@@ -213,6 +216,8 @@ begin
      and (r.status = 'PENDING'
           -- A due timer: the delayed dispatch job of a sleep or a wait's timeout fired.
           or (r.status = 'WAITING' and r.wake_at <= v_now)
+          -- A cancelled run whose owner died before its compensations finished.
+          or (r.status = 'CANCELLING' and r.lease_owner is null)
           -- p_reclaim: this worker's earlier claim may have committed with its reply lost
           -- (connection dropped); the worker is not executing the run, so it claims it again.
           or (p_reclaim and r.status = 'RUNNING' and r.lease_owner = p_worker_id))
@@ -231,11 +236,14 @@ begin
   return query
     select v_run.run_id, v_run.workflow_name, v_run.workflow_version, v_run.input, v_run.fencing_token,
            v_run.recovery_attempts, v_run.created_at, v_run.max_steps, v_run.budget, v_run.budget_spent,
+           v_run.status = 'CANCELLING',
            -- output is wrapped in a one-element array so JSON null and "no value" (SQL NULL) stay distinct.
            coalesce((select jsonb_agg(jsonb_build_array(s.seq, s.name, s.status,
                                         case when s.output is null then null else jsonb_build_array(s.output) end,
                                         s.error, s.kind) order by s.seq)
-                       from runledger.steps s where s.run_id = p_run_id), '[]'::jsonb);
+                       from runledger.steps s where s.run_id = p_run_id), '[]'::jsonb),
+           -- The last heartbeat progress of steps without a checkpoint: where a takeover resumes.
+           (select jsonb_object_agg(p.seq::text, p.progress) from runledger.step_progress p where p.run_id = p_run_id);
 end;
 $$;
 comment on function runledger._claim_run(text, text, int, boolean) is
@@ -283,7 +291,15 @@ begin
     v_hash := md5(coalesce(p_output::text, ''));
   end if;
   insert into runledger.steps (run_id, seq, name, kind, status, output, error, attempts, started_at, finished_at, fencing_token, output_hash)
-  values (p_run_id, p_seq, p_name, p_kind, p_status, p_output, p_error, p_attempts, p_started_at, runledger.now(), p_token, v_hash);
+  values (p_run_id, p_seq, p_name, p_kind, p_status, p_output, p_error, p_attempts, p_started_at, runledger.now(), p_token, v_hash)
+  -- A step that waited between attempts (durable retry backoff) left a WAITING row here.
+  on conflict (run_id, seq) do update
+     set status = excluded.status, output = excluded.output, error = excluded.error, attempts = excluded.attempts,
+         finished_at = excluded.finished_at, fencing_token = excluded.fencing_token, output_hash = excluded.output_hash
+   where runledger.steps.status = 'WAITING' and runledger.steps.name = excluded.name;
+  if not found then
+    raise exception using errcode = 'RL010', message = format('run %s: step %s already has a checkpoint', p_run_id, p_seq);
+  end if;
   -- Termination policies are checked atomically with the checkpoint that trips them.
   if p_charge <> 0 then
     v_run := runledger._charge(v_run, p_charge, p_name, p_seq);

@@ -30,7 +30,7 @@ $$;
 comment on function runledger._register_worker(text, text, int, text[], text[], int, int) is
   'A worker process announces what it serves (workflow@version, queues), its concurrency and lease length.';
 
-create function runledger._heartbeat(p_worker_id text, p_lease_ms int) returns text[]
+create function runledger._heartbeat(p_worker_id text, p_lease_ms int, p_except text[] default '{}') returns text[]
 language plpgsql volatile as $$
 declare
   v_now  timestamptz := runledger.now();
@@ -43,13 +43,15 @@ begin
     update runledger.runs
        set lease_expires_at = v_now + make_interval(secs => p_lease_ms / 1000.0)
      where lease_owner = p_worker_id and status in ('RUNNING', 'CANCELLING')
+       -- Runs inside a step that heartbeats itself are kept alive by that step only.
+       and run_id <> all (p_except)
     returning run_id)
   select coalesce(array_agg(run_id), '{}') into v_runs from renewed;
   return v_runs;
 end;
 $$;
-comment on function runledger._heartbeat(text, int) is
-  'Worker heartbeat: marks the worker alive and renews the leases of all runs it owns; returns their ids.';
+comment on function runledger._heartbeat(text, int, text[]) is
+  'Worker heartbeat: marks the worker alive and renews the leases of all runs it owns, except p_except (runs whose current step heartbeats itself); returns the ids renewed.';
 
 create function runledger._stop_worker(p_worker_id text) returns int
 language plpgsql volatile as $$
@@ -90,7 +92,18 @@ begin
      for update skip locked
   loop
     v_count := v_count + 1;
-    if v_run.status = 'CANCELLING' then
+    if v_run.status = 'CANCELLING' and exists (
+         select 1 from runledger.operations o
+          where o.run_id = v_run.run_id and o.compensable and o.status = 'SUCCEEDED'
+            and (o.compensation_status is null or o.compensation_status = 'STARTED')) then
+      -- Its owner died while cancelling, with compensations still to run: another worker
+      -- takes the run (still CANCELLING) and finishes them; it never resumes the work.
+      update runledger.runs set lease_owner = null, lease_expires_at = null, updated_at = v_now where run_id = v_run.run_id;
+      insert into runledger.events (run_id, kind, detail, fencing_token, at)
+      values (v_run.run_id, 'lease_expired', jsonb_build_object('last_owner', v_run.lease_owner, 'cancelling', true), v_run.fencing_token, v_now);
+      perform runledger._dispatch(v_run.run_id,
+        runledger._task_identifier(v_run.queue_name, v_run.workflow_name, v_run.workflow_version));
+    elsif v_run.status = 'CANCELLING' then
       -- Its owner died while cancelling: complete the cancellation instead of resuming the work.
       perform runledger._finish_run(v_run.run_id, v_run.fencing_token, 'CANCELLED', 'CANCELLED', null, null,
         jsonb_build_object('reason', v_run.cancel_reason, 'requested_at', v_run.cancel_requested_at,
@@ -149,9 +162,10 @@ begin
     select * from runledger.runs r
      where r.status = 'PENDING'
        and r.updated_at < v_now - make_interval(secs => p_older_than_ms / 1000.0)
+       -- A locked job is _redispatch_stuck's business; here only a missing or dead job counts.
        and not exists (select 1 from graphile_worker.jobs j
-                        where j.key = 'runledger:' || r.run_id and j.locked_at is null
-                          and j.attempts < j.max_attempts)
+                        where j.key = 'runledger:' || r.run_id
+                          and (j.locked_at is not null or j.attempts < j.max_attempts))
      order by r.updated_at
      limit p_limit
      for update skip locked

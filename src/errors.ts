@@ -18,7 +18,9 @@ export type ErrorCode =
   | 'STEP_FAILED'
   | 'NOT_IN_WORKFLOW'
   | 'NOT_ALLOWED'
-  | 'CHILD_FAILED';
+  | 'CHILD_FAILED'
+  | 'NON_RETRYABLE'
+  | 'NOT_IN_STEP';
 
 export class RunledgerError extends Error {
   readonly code: ErrorCode;
@@ -77,6 +79,17 @@ export class NotAllowedError extends RunledgerError {
 /** What `ctx.runChild` throws when the child run did not succeed; the same on every replay. */
 export class ChildFailedError extends RunledgerError {
   constructor(message: string, details: Record<string, unknown>) { super('CHILD_FAILED', message, { details }); }
+}
+
+/**
+ * Throw it (or an error with `nonRetryable: true`) from a step or operation to fail
+ * it at once, whatever its retry policy says.
+ */
+export class NonRetryableError extends RunledgerError {
+  readonly nonRetryable = true;
+  constructor(message: string, options?: { cause?: unknown; details?: Record<string, unknown> }) {
+    super('NON_RETRYABLE', message, options);
+  }
 }
 
 /** A run ended FAILED (or another non-success terminal state); `details` holds the stored error and record. */

@@ -10,7 +10,9 @@ export { RUN_STATES, TERMINAL_STATES, TERMINATION_REASONS } from './engine/state
 export type { RunStatus, TerminationReason } from './engine/states.js';
 export { loadMigrations } from './engine/migrate.js';
 export { WorkflowContext } from './steps/context.js';
-export type { StepFunction, StepInfo } from './steps/step.js';
+export type { StepFunction, StepInfo, StepOptions } from './steps/step.js';
+export type { OperationFunction, OperationOptions, ReconcileAnswer } from './steps/operation.js';
+export type { RetryPolicy } from './steps/retry.js';
 export type { TransactionFunction } from './steps/transaction.js';
 export type { ApprovalDecision, ApprovalRequest, ChildOptions, WaitForSignalOptions } from './steps/waits.js';
 export type { DecisionInput, DecisionRecord } from './engine/operator.js';
@@ -32,6 +34,7 @@ export {
   StepFailedError,
   NotAllowedError,
   ChildFailedError,
+  NonRetryableError,
 } from './errors.js';
 export type { ErrorCode, SerializedError } from './errors.js';
 export { startEmbeddedPostgres } from './dev/embedded-postgres.js';

@@ -246,12 +246,12 @@ describe('connection faults', () => {
 
     // Runs started after the faults are dispatched and run too.
     const later = await startOrders(10);
-    await waitFor('all runs finished', () => allFinished([...runIds, ...later]), 60_000);
+    await waitFor('all runs finished', () => allFinished([...runIds, ...later]), 50_000);
     expect(faulty.child.exitCode).toBeNull(); // the worker survived its connections dying
     const statuses = await db.pool.query(`select status, count(*)::int as n from runledger.runs where run_id = any($1) group by 1`, [[...runIds, ...later]]);
     expect(statuses.rows).toEqual([{ status: 'SUCCEEDED', n: 310 }]);
     await assertOrdersExactlyOnce([...runIds, ...later]);
     const facts = await stepFacts([...runIds, ...later]);
     expect(facts).toHaveLength(310 * 4);
-  });
+  }, 120_000);
 });

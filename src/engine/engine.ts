@@ -5,7 +5,7 @@ import { ConfigError, serializeError } from '../errors.js';
 import type { ExecutionDeps } from './execution.js';
 import { guardPool } from './pools.js';
 import { migrate } from './migrate.js';
-import { cancelRun, decideApproval, sendSignal, type DecisionInput, type DecisionRecord } from './operator.js';
+import { cancelRun, decideApproval, resolveOperation, sendSignal, type DecisionInput, type DecisionRecord } from './operator.js';
 import { getRun, listRuns, retryRun, type ListRunsOptions, type RunRecord } from './runs.js';
 import { startRun, type RunHandle, type StartOptions } from './start.js';
 import type { RunStatus } from './states.js';
@@ -56,6 +56,8 @@ export interface Engine {
   retry(runId: string): Promise<RunStatus>;
   /** Cancels a run: PENDING/WAITING at once, RUNNING through its worker; returns the run's new status (a finished run is left as it is). */
   cancel(runId: string, options?: { reason?: string }): Promise<RunStatus>;
+  /** Settles an UNKNOWN operation (an operator's decision) and wakes the run waiting on it. */
+  resolveOperation(operationId: string, resolution: { status: 'SUCCEEDED' | 'FAILED'; result?: unknown; resolvedBy?: string }): Promise<'SUCCEEDED' | 'FAILED'>;
   /** Delivers a signal; true if newly accepted, false if this signalId was accepted before. */
   signal(runId: string, topic: string, payload?: unknown, options?: { signalId?: string }): Promise<boolean>;
   /** Decides an approval request; the first decision wins (later calls return it with recorded: false). */
@@ -124,6 +126,7 @@ export function createEngine(options: EngineOptions = {}): Engine {
     getRun: (runId) => fetchRun(runId),
     listRuns: (listOptions) => listRuns(db, listOptions),
     retry: (runId) => retryRun(pool, runId),
+    resolveOperation: (operationId, resolution) => resolveOperation(pool, operationId, resolution),
     cancel: (runId, cancelOptions) => cancelRun(pool, runId, cancelOptions?.reason),
     signal: (runId, topic, payload, signalOptions) => sendSignal(pool, runId, topic, payload, signalOptions?.signalId),
     decideApproval: (requestId, decision) => decideApproval(pool, requestId, decision),

@@ -2,6 +2,7 @@ import { InvalidInputError, NonDeterminismError, PayloadTooLargeError, serialize
 import { WorkflowContext } from '../steps/context.js';
 import { Execution, type CheckpointRow, type ExecutionDeps, type Halt } from './execution.js';
 import { failpoint } from './failpoints.js';
+import { runCompensations } from './compensate.js';
 import { toJsonText } from './json.js';
 import { isConnectionError, pgCode } from './pg-errors.js';
 import type { Workflow } from './workflow.js';
@@ -20,11 +21,13 @@ export interface ClaimedRun {
   max_steps: number | null;
   budget: string | null;
   budget_spent: string;
+  cancel_requested: boolean;
   checkpoints: CheckpointRow[];
+  progress: Record<string, unknown> | null;
 }
 
 const CLAIM_SQL =
-  'select run_id, workflow_name, workflow_version, input, fencing_token, recovery_attempts, max_steps, budget, budget_spent, checkpoints from runledger._claim_run($1, $2, $3, $4)';
+  'select run_id, workflow_name, workflow_version, input, fencing_token, recovery_attempts, max_steps, budget, budget_spent, cancel_requested, checkpoints, progress from runledger._claim_run($1, $2, $3, $4)';
 const CLAIM_TRIES = 5;
 
 export interface ExecuteOptions {
@@ -52,6 +55,9 @@ export async function executeRun(runId: string, options: ExecuteOptions): Promis
     budget: run.budget === null ? null : Number(run.budget),
     budgetSpent: Number(run.budget_spent),
   });
+  exec.leaseMs = options.leaseMs;
+  exec.progress = run.progress ?? {};
+  if (run.cancel_requested) exec.startCancelled();
   options.track(exec);
   try {
     const workflow = options.resolveWorkflow(run.workflow_name, run.workflow_version);
@@ -103,7 +109,9 @@ export async function executeRun(runId: string, options: ExecuteOptions): Promis
       await finish(exec, 'runledger._complete_run($1, $2, $3::jsonb, $4, $5)', [outputText ?? null, policyVersion, exec.pendingCharge]);
     } else if ('kind' in outcome && outcome.kind === 'threw') {
       if (exec.haltReason) return handleHalt(exec, exec.haltReason, policyVersion);
-      await finish(exec, 'runledger._fail_run($1, $2, $3::jsonb, $4)', [JSON.stringify(serializeError(outcome.error)), policyVersion]);
+      const failures = await runCompensations(exec);
+      const error = { ...serializeError(outcome.error), ...(failures.length > 0 ? { compensationFailures: failures } : {}) };
+      await finish(exec, 'runledger._fail_run($1, $2, $3::jsonb, $4)', [JSON.stringify(error), policyVersion]);
     } else {
       await handleHalt(exec, outcome as Halt, policyVersion);
     }
@@ -162,6 +170,7 @@ async function handleHalt(exec: Execution, halt: Halt, policyVersion: string): P
     case 'stopped':
       return;
     case 'cancelled':
+      await runCompensations(exec);
       await finish(exec, 'runledger._finish_cancel($1, $2)', []);
       return;
     case 'terminate':

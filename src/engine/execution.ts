@@ -2,7 +2,9 @@ import type pg from 'pg';
 import type { Kysely } from 'kysely';
 import { NonDeterminismError } from '../errors.js';
 
-export type StepKind = 'step' | 'transaction' | 'sleep' | 'signal' | 'approval' | 'child_start' | 'child';
+export type CompensationFunction = (info: { result: unknown; idempotencyKey: string; signal: AbortSignal }) => Promise<unknown> | unknown;
+
+export type StepKind = 'step' | 'transaction' | 'operation' | 'sleep' | 'signal' | 'approval' | 'child_start' | 'child';
 
 /** One checkpoint as loaded at claim time: [seq, name, status, output, error, kind]. */
 export type CheckpointRow = [number, string, 'SUCCEEDED' | 'FAILED' | 'WAITING', unknown, unknown, StepKind];
@@ -55,6 +57,16 @@ export class Execution {
   private consumed = 0;
   private inFlight = 0;
   cancelRequested = false;
+  /** Steps in flight, newest last: ctx.heartbeat speaks for the newest. */
+  readonly activeSteps: number[] = [];
+  /** Set while a step heartbeats itself: the worker's own heartbeat then leaves this run's lease to it. */
+  selfHeartbeat = false;
+  /** Compensations of operations that succeeded in this run, in order; run in reverse on failure or cancel. */
+  readonly compensations: Array<{ operationId: string; name: string; idempotencyKey: string; result: unknown; fn: CompensationFunction }> = [];
+  /** Lease length of the worker executing this run (for step heartbeats). */
+  leaseMs = 30_000;
+  /** Last heartbeat progress per step position, loaded at claim. */
+  progress: Record<string, unknown> = {};
   /** Budget units charged with ctx.charge since the last checkpoint; they commit with the next one. */
   pendingCharge = 0;
 
@@ -88,13 +100,30 @@ export class Execution {
     else setTimeout(() => this.halt({ kind: 'cancelled' }), graceMs).unref();
   }
 
+  /** No new step may start: suspends, and ends a cancelled execution once nothing is in flight. */
+  noNewStep<T>(): Promise<T> {
+    if (this.cancelRequested && this.inFlight === 0) this.halt({ kind: 'cancelled' });
+    return this.suspend();
+  }
+
+  /** Marks the run cancelled from the start (a CANCELLING run claimed to finish its compensations). */
+  startCancelled(): void {
+    this.cancelRequested = true;
+    this.abortController.abort('cancelled');
+  }
+
   /** Runs one step's work (body and checkpoint) counted as in flight, for cancellation. */
-  async inStep<T>(work: () => Promise<T>): Promise<T> {
+  async inStep<T>(work: () => Promise<T>, seq?: number): Promise<T> {
     this.inFlight++;
+    if (seq !== undefined) this.activeSteps.push(seq);
     try {
       return await work();
     } finally {
       this.inFlight--;
+      if (seq !== undefined) {
+        this.activeSteps.splice(this.activeSteps.lastIndexOf(seq), 1);
+        if (this.activeSteps.length === 0) this.selfHeartbeat = false;
+      }
       if (this.cancelRequested && this.inFlight === 0) this.halt({ kind: 'cancelled' });
     }
   }

@@ -55,3 +55,19 @@ export async function cancelRun(pool: pg.Pool, runId: string, reason?: string): 
     throw fromPgError(error);
   }
 }
+
+export async function resolveOperation(
+  pool: pg.Pool,
+  operationId: string,
+  resolution: { status: 'SUCCEEDED' | 'FAILED'; result?: unknown; resolvedBy?: string },
+): Promise<'SUCCEEDED' | 'FAILED'> {
+  const resultText = toJsonText(resolution.result, 'resolveOperation result');
+  try {
+    const result = await pool.query('select runledger.resolve_operation($1, $2, $3::jsonb, $4) as status', [
+      operationId, resolution.status, resultText ?? null, resolution.resolvedBy ?? null,
+    ]);
+    return result.rows[0].status;
+  } catch (error) {
+    throw fromPgError(error);
+  }
+}

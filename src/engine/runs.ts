@@ -48,6 +48,8 @@ export interface RunRecord {
   policyVersion: string | null;
   /** Present from getRun (not from listRuns). */
   steps?: StepRecord[];
+  /** The run's external operations (ledger rows); present from getRun. */
+  operations?: Array<Record<string, unknown>>;
 }
 
 const camel = (key: string) => key.replace(/_([a-z])/g, (_, c: string) => c.toUpperCase());
@@ -69,6 +71,8 @@ export async function getRun(db: Kysely<any>, runId: string, options: { withStep
       const { runId: _ignored, ...rest } = toRecord<StepRecord & { runId: string }>(step);
       return rest;
     });
+    const operations = await db.selectFrom('runledger.operations').selectAll().where('run_id', '=', runId).orderBy('seq').execute();
+    run.operations = operations.map((op) => toRecord<Record<string, unknown>>(op));
   }
   return run;
 }

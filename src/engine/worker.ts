@@ -116,12 +116,13 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
   const heartbeat = async () => {
     const sentAt = Date.now();
     try {
-      const result = await deps.pool.query('select runledger._heartbeat($1, $2) as runs', [workerId, leaseMs]);
+      const selfBeating = [...executions].filter((exec) => exec.selfHeartbeat).map((exec) => exec.runId);
+      const result = await deps.pool.query('select runledger._heartbeat($1, $2, $3) as runs', [workerId, leaseMs, selfBeating]);
       lastHeartbeatOk = Date.now();
       const renewed = new Set<string>(result.rows[0].runs);
       for (const exec of executions) {
         // A run claimed after this heartbeat was sent may legitimately be missing from its answer.
-        if (exec.claimedAt < sentAt && !renewed.has(exec.runId)) {
+        if (exec.claimedAt < sentAt && !renewed.has(exec.runId) && !selfBeating.includes(exec.runId)) {
           exec.halt({ kind: 'lease_lost', message: `run ${exec.runId}: lease no longer held by ${workerId}` });
         }
       }

@@ -19,6 +19,8 @@ export interface WorkflowLimits {
   budget?: number;
   /** N: the same step returning the same result N times in a row stops the run. */
   noProgress?: number;
+  /** Retries all steps of a run may spend together; past it a failing step fails at once. */
+  retryBudget?: number;
 }
 
 /** Validates limits and converts them to the SQL options start_run and the workflows table take. */
@@ -36,6 +38,10 @@ export function limitsToSql(limits: WorkflowLimits, what: string): Record<string
   if (limits.noProgress !== undefined) {
     if (!Number.isInteger(limits.noProgress) || limits.noProgress < 2) throw new ConfigError(`${what}: noProgress must be a whole number >= 2`);
     out.no_progress = limits.noProgress;
+  }
+  if (limits.retryBudget !== undefined) {
+    if (!Number.isInteger(limits.retryBudget) || limits.retryBudget < 0) throw new ConfigError(`${what}: retryBudget must be a whole number >= 0`);
+    out.retry_budget = limits.retryBudget;
   }
   return out;
 }

@@ -4,7 +4,9 @@ import type { Execution } from '../engine/execution.js';
 import type { Workflow } from '../engine/workflow.js';
 import * as waits from './waits.js';
 import { ConfigError } from '../errors.js';
-import { runStep, type StepFunction } from './step.js';
+import { runStep, type StepFunction, type StepOptions } from './step.js';
+import { runOperation, type OperationFunction, type OperationOptions } from './operation.js';
+import { heartbeatCurrent } from './heartbeat.js';
 import { runTransaction, type TransactionFunction } from './transaction.js';
 
 /**
@@ -33,9 +35,24 @@ export class WorkflowContext {
     return this.#exec.abortController.signal;
   }
 
-  /** Runs `fn` at least once until its result is checkpointed, never again after. */
-  step<T>(name: string, fn: StepFunction<T>): Promise<T> {
-    return runStep(this.#exec, name, fn);
+  /** Runs `fn` at least once until its result is checkpointed, never again after; `retry` re-runs it on failure with backoff. */
+  step<T>(name: string, fn: StepFunction<T>, options?: StepOptions): Promise<T> {
+    return runStep(this.#exec, name, fn, options);
+  }
+
+  /**
+   * An external side effect through the operation ledger: the intent and its
+   * idempotency key commit before `fn` runs; the outcome commits with the checkpoint.
+   * An outcome lost in a crash is UNKNOWN and settled by `reconcile`, by calling an
+   * `idempotent` operation again with the same key, or by an operator.
+   */
+  operation<T>(name: string, options: OperationOptions<T>, fn: OperationFunction<T>): Promise<T> {
+    return runOperation(this.#exec, name, options, fn);
+  }
+
+  /** Inside a long step: renews the run's lease and records progress for an attempt that takes over. */
+  heartbeat(progress?: unknown): Promise<void> {
+    return heartbeatCurrent(this.#exec, progress);
   }
 
   /**

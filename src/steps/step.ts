@@ -2,55 +2,85 @@ import { serializeError } from '../errors.js';
 import { writeCheckpoint } from '../engine/checkpoint.js';
 import type { Execution } from '../engine/execution.js';
 import { failpoint } from '../engine/failpoints.js';
+import { heartbeatStep } from './heartbeat.js';
 import { encodeOutput, replayCheckpoint, stepFailure } from './replay.js';
+import { decideRetry, resolveRetryPolicy, type RetryPolicy } from './retry.js';
 
 export interface StepInfo {
   /** Fires when the run is cancelled or its lease is lost. */
   signal: AbortSignal;
-  /** 1 on the first execution of this step. */
+  /** 1 on the first attempt of this step; grows with retries. */
   attempt: number;
   /** The last progress recorded by an earlier attempt of this step (heartbeats), if any. */
   progress: unknown;
+  /** Renews the run's lease from inside a long step and records progress (same as ctx.heartbeat, for this step). */
+  heartbeat: (progress?: unknown) => Promise<void>;
 }
 
 export type StepFunction<T> = (info: StepInfo) => Promise<T> | T;
+
+export interface StepOptions {
+  retry?: RetryPolicy;
+}
+
+/** The attempt a step position resumes at: after a durable backoff its WAITING row holds the attempt reached. */
+export function resumeAttempt(recorded: readonly unknown[] | undefined): number {
+  if (recorded?.[2] !== 'WAITING') return 1;
+  const output = (recorded[3] as [{ attempt?: number }] | null)?.[0];
+  return (output?.attempt ?? 0) + 1;
+}
 
 /**
  * `ctx.step(name, fn)`: at least once until its checkpoint commits, never again
  * after. The result is stored as JSON; the caller gets the stored value back
  * (also on the first execution), so replays see exactly what the first run saw.
  */
-export async function runStep<T>(exec: Execution, name: string, fn: StepFunction<T>): Promise<T> {
+export async function runStep<T>(exec: Execution, name: string, fn: StepFunction<T>, options: StepOptions = {}): Promise<T> {
+  const policy = resolveRetryPolicy(options.retry, `step ${JSON.stringify(name)}`);
   const position = exec.takeStep(name, 'step');
   if (!position) return exec.suspend();
-  if (position.recorded) return replayCheckpoint<T>(position.recorded);
-  if (exec.stopping) return exec.suspend();
-  return exec.inStep(() => executeStep(exec, position.seq, name, fn));
-}
-
-async function executeStep<T>(exec: Execution, seq: number, name: string, fn: StepFunction<T>): Promise<T> {
-  const startedAt = new Date();
-  let outcome: { ok: true; text: string | undefined; value: unknown } | { ok: false; error: unknown };
-  try {
-    const result = await fn({ signal: exec.abortController.signal, attempt: 1, progress: undefined });
-    outcome = { ok: true, ...encodeOutput(exec, name, result) };
-  } catch (error) {
-    outcome = { ok: false, error };
-  }
-  if (exec.haltReason) return exec.suspend();
-  failpoint('before-checkpoint', name);
-
-  const written = await writeCheckpoint(exec, {
-    seq,
-    name,
-    kind: 'step',
-    status: outcome.ok ? 'SUCCEEDED' : 'FAILED',
-    outputText: outcome.ok ? outcome.text : undefined,
-    error: outcome.ok ? undefined : outcome.error,
-    attempts: 1,
-    startedAt,
-  });
-  if (!written.ok) return exec.suspend();
-  if (!outcome.ok) throw stepFailure(name, serializeError(outcome.error), outcome.error);
-  return outcome.value as T;
+  if (position.recorded && position.recorded[2] !== 'WAITING') return replayCheckpoint<T>(position.recorded);
+  if (exec.stopping) return exec.noNewStep();
+  const { seq } = position;
+  const firstAttempt = resumeAttempt(position.recorded);
+  return exec.inStep(async () => {
+    for (let attempt = firstAttempt; ; ) {
+      const startedAt = new Date();
+      let outcome: { ok: true; text: string | undefined; value: unknown } | { ok: false; error: unknown };
+      try {
+        const result = await fn({
+          signal: exec.abortController.signal,
+          attempt,
+          progress: exec.progress[String(seq)],
+          heartbeat: (progress) => heartbeatStep(exec, seq, progress),
+        });
+        outcome = { ok: true, ...encodeOutput(exec, name, result) };
+      } catch (error) {
+        outcome = { ok: false, error };
+      }
+      if (exec.haltReason) return exec.suspend<T>();
+      if (!outcome.ok && !exec.cancelRequested) {
+        const decision = await decideRetry(exec, policy, { seq, name, kind: 'step' }, attempt, outcome.error);
+        if (decision.kind === 'suspended') return exec.suspend<T>();
+        if (decision.kind === 'again') {
+          attempt = decision.attempt;
+          continue;
+        }
+      }
+      failpoint('before-checkpoint', name);
+      const written = await writeCheckpoint(exec, {
+        seq,
+        name,
+        kind: 'step',
+        status: outcome.ok ? 'SUCCEEDED' : 'FAILED',
+        outputText: outcome.ok ? outcome.text : undefined,
+        error: outcome.ok ? undefined : outcome.error,
+        attempts: attempt,
+        startedAt,
+      });
+      if (!written.ok) return exec.suspend<T>();
+      if (!outcome.ok) throw stepFailure(name, serializeError(outcome.error), outcome.error);
+      return outcome.value as T;
+    }
+  }, seq);
 }

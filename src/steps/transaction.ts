@@ -28,7 +28,7 @@ export async function runTransaction<T, DB>(exec: Execution, name: string, fn: T
   const position = exec.takeStep(name, 'transaction');
   if (!position) return exec.suspend();
   if (position.recorded) return replayCheckpoint<T>(position.recorded);
-  if (exec.stopping) return exec.suspend();
+  if (exec.stopping) return exec.noNewStep();
   return exec.inStep(() => transactionAttempts(exec, name, position.seq, fn));
 }
 

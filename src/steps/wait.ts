@@ -14,7 +14,7 @@ export async function runWait(exec: Execution, name: string, kind: StepKind, spe
   const position = exec.takeStep(name, kind);
   if (!position) return exec.suspend();
   if (position.recorded?.[2] === 'SUCCEEDED') return (position.recorded[3] as [Record<string, unknown>])[0];
-  if (exec.stopping) return exec.suspend();
+  if (exec.stopping) return exec.noNewStep();
   let result;
   try {
     result = await exec.inStep(() =>

@@ -88,7 +88,7 @@ export async function startChild<I>(
   const position = exec.takeStep(name, 'child_start');
   if (!position) return exec.suspend();
   if (position.recorded) return replayCheckpoint<{ runId: string }>(position.recorded);
-  if (exec.stopping) return exec.suspend();
+  if (exec.stopping) return exec.noNewStep();
   let stored: unknown = input;
   if (workflow.inputSchema) stored = workflow.inputSchema.parse(input);
   const inputText = toJsonText(stored, `input of child ${workflow.name}`);

@@ -1,0 +1,285 @@
+-- 0007_operations: the operation ledger for external side effects, retries with
+-- backoff, and heartbeats for long steps.
+--
+--   runledger.operations          the ledger: intent (STARTED) commits before the call; the
+--                                 outcome commits with the step's checkpoint
+--   runledger.step_progress       last heartbeat progress of a step still running
+--   runledger._operation_begin    records the intent, or reports what a replay finds
+--   runledger._operation_park     waits for an operator (or a later reconcile) on an UNKNOWN outcome
+--   runledger.resolve_operation   public: an operator settles an UNKNOWN operation
+--   runledger._record_retry       counts a retry against the run's retry budget, with its error
+--   runledger._retry_wait         a long backoff as a durable wait: the worker is freed
+--   runledger._heartbeat_step     a long step renews its run's lease and stores its progress
+--   runledger._compensation_*     saga compensations, each recorded so none runs twice
+--   runledger.unknown_operations  view: what is UNKNOWN now, for which run, since when
+
+create table runledger.operations (
+  operation_id         text primary key,
+  run_id               text not null references runledger.runs (run_id) on delete cascade,
+  seq                  int not null,
+  name                 text not null,
+  idempotency_key      text not null unique,
+  status               text not null check (status in ('PLANNED', 'STARTED', 'SUCCEEDED', 'FAILED', 'UNKNOWN')),
+  external_resource_id text,
+  result               jsonb,
+  error                jsonb,
+  attempts             int not null default 1,
+  compensable          boolean not null default false,
+  compensation_status  text check (compensation_status in ('STARTED', 'DONE', 'FAILED')),
+  compensation_error   jsonb,
+  started_at           timestamptz not null default runledger.now(),
+  updated_at           timestamptz not null default runledger.now(),
+  finished_at          timestamptz,
+  resolved_by          text,
+  unique (run_id, seq)
+);
+create index operations_unknown on runledger.operations (updated_at) where status = 'UNKNOWN';
+comment on table runledger.operations is
+  'Operation ledger: one row per external side effect (ctx.operation). STARTED (with its idempotency key) commits before the call; SUCCEEDED or FAILED commits with the step checkpoint; a STARTED row found on replay is UNKNOWN until reconcile, an idempotent retry or an operator (resolve_operation) settles it.';
+
+create table runledger.step_progress (
+  run_id     text not null references runledger.runs (run_id) on delete cascade,
+  seq        int not null,
+  progress   jsonb,
+  updated_at timestamptz not null default runledger.now(),
+  primary key (run_id, seq)
+);
+comment on table runledger.step_progress is
+  'Last progress a long step reported with ctx.heartbeat (e.g. a cursor); the attempt that takes over the step reads it to continue instead of starting over.';
+
+create function runledger._operation_begin(
+  p_run_id text, p_token bigint, p_seq int, p_name text, p_key text, p_compensable boolean, p_again boolean)
+returns table (operation_id text, status text, attempts int, idempotency_key text, result jsonb, error jsonb)
+language plpgsql volatile as $$
+declare
+  v_op runledger.operations;
+  v_now timestamptz := runledger.now();
+begin
+  perform runledger._fence(p_run_id, p_token);
+  select * into v_op from runledger.operations o where o.run_id = p_run_id and o.seq = p_seq for update;
+  if not found then
+    insert into runledger.operations (operation_id, run_id, seq, name, idempotency_key, status, compensable)
+    values (runledger._new_id(), p_run_id, p_seq, p_name, p_key, 'STARTED', p_compensable)
+    returning * into v_op;
+    insert into runledger.events (run_id, kind, detail, fencing_token, at)
+    values (p_run_id, 'operation_started', jsonb_build_object('operation_id', v_op.operation_id, 'name', p_name, 'key', p_key), p_token, v_now);
+  elsif p_again and v_op.status in ('STARTED', 'UNKNOWN', 'FAILED') then
+    -- Called again on purpose (declared idempotent, or a retry): same key, next attempt.
+    update runledger.operations o set status = 'STARTED', attempts = o.attempts + 1, updated_at = v_now, error = null
+     where o.operation_id = v_op.operation_id returning * into v_op;
+    insert into runledger.events (run_id, kind, detail, fencing_token, at)
+    values (p_run_id, 'operation_retried', jsonb_build_object('operation_id', v_op.operation_id, 'attempt', v_op.attempts), p_token, v_now);
+  elsif v_op.status = 'STARTED' then
+    -- Started by an execution that never recorded the outcome: it may or may not have happened.
+    update runledger.operations o set status = 'UNKNOWN', updated_at = v_now where o.operation_id = v_op.operation_id returning * into v_op;
+    insert into runledger.events (run_id, kind, detail, fencing_token, at)
+    values (p_run_id, 'operation_unknown', jsonb_build_object('operation_id', v_op.operation_id, 'name', p_name, 'key', v_op.idempotency_key), p_token, v_now);
+    return query select v_op.operation_id, 'UNKNOWN_NOW'::text, v_op.attempts, v_op.idempotency_key, v_op.result, v_op.error;
+    return;
+  end if;
+  return query select v_op.operation_id, v_op.status, v_op.attempts, v_op.idempotency_key, v_op.result, v_op.error;
+end;
+$$;
+comment on function runledger._operation_begin(text, bigint, int, text, text, boolean, boolean) is
+  'Fenced. First call: records the intent (STARTED, key, attempt 1) and commits before the external call. On replay a STARTED row becomes UNKNOWN (status UNKNOWN_NOW, with an event). p_again: the caller will call again with the same key (STARTED, attempt + 1). Otherwise returns the row as it stands.';
+
+create function runledger._operation_finish(
+  p_run_id text, p_token bigint, p_operation_id text, p_status text, p_result jsonb, p_error jsonb,
+  p_external_resource_id text, p_resolved_by text)
+returns void
+language plpgsql volatile as $$
+begin
+  update runledger.operations
+     set status = p_status, result = p_result, error = p_error, updated_at = runledger.now(), finished_at = runledger.now(),
+         external_resource_id = coalesce(p_external_resource_id, external_resource_id),
+         resolved_by = coalesce(p_resolved_by, resolved_by)
+   where operation_id = p_operation_id and run_id = p_run_id;
+  insert into runledger.events (run_id, kind, detail, fencing_token)
+  values (p_run_id, 'operation_' || lower(p_status),
+          jsonb_strip_nulls(jsonb_build_object('operation_id', p_operation_id, 'resolved_by', p_resolved_by, 'error', p_error)), p_token);
+end;
+$$;
+comment on function runledger._operation_finish(text, bigint, text, text, jsonb, jsonb, text, text) is
+  'Records an operation''s outcome; called in the same transaction as the step checkpoint that follows it.';
+
+create function runledger._operation_park(p_run_id text, p_token bigint, p_seq int, p_operation_id text, p_retry_in_ms int)
+returns void
+language plpgsql volatile as $$
+declare
+  v_run runledger.runs := runledger._fence(p_run_id, p_token);
+  v_wake timestamptz := case when p_retry_in_ms is not null then runledger.now() + make_interval(secs => p_retry_in_ms / 1000.0) end;
+begin
+  -- Never a silent retry of a call that may have happened: the run waits (holding nothing)
+  -- for resolve_operation, or until the next reconcile attempt when a reconciler said "unknown".
+  update runledger.runs
+     set status = 'WAITING', wait_kind = 'reconcile', wait_key = p_operation_id, wake_at = least(v_wake, v_run.deadline_at),
+         lease_owner = null, lease_expires_at = null, updated_at = runledger.now()
+   where run_id = p_run_id;
+  insert into runledger.events (run_id, kind, detail, fencing_token)
+  values (p_run_id, 'waiting_for_reconcile', jsonb_build_object('operation_id', p_operation_id, 'seq', p_seq, 'retry_in_ms', p_retry_in_ms), p_token);
+  if least(v_wake, v_run.deadline_at) is not null then
+    perform runledger._dispatch(p_run_id, runledger._task_identifier(v_run.queue_name, v_run.workflow_name, v_run.workflow_version),
+      greatest(0, ceil(extract(epoch from least(v_wake, v_run.deadline_at) - runledger.now()) * 1000))::int);
+  end if;
+end;
+$$;
+comment on function runledger._operation_park(text, bigint, int, text, int) is
+  'Fenced: an UNKNOWN operation that cannot be settled automatically parks the run WAITING (wait_kind reconcile) until resolve_operation, or until p_retry_in_ms for the next reconcile.';
+
+create function runledger.resolve_operation(p_operation_id text, p_status text, p_result jsonb default null, p_resolved_by text default null)
+returns text
+language plpgsql volatile as $$
+declare
+  v_op runledger.operations;
+begin
+  if p_status not in ('SUCCEEDED', 'FAILED') then
+    raise exception using errcode = 'RL003', message = format('resolve_operation: status must be SUCCEEDED or FAILED, not %L', p_status);
+  end if;
+  select * into v_op from runledger.operations where operation_id = p_operation_id for update;
+  if not found then
+    raise exception using errcode = 'RL002', message = format('resolve_operation: operation %L not found', p_operation_id);
+  end if;
+  if v_op.status not in ('UNKNOWN', 'STARTED') then
+    raise exception using errcode = 'RL005', message = format('resolve_operation: operation %s is %s, not UNKNOWN', p_operation_id, v_op.status);
+  end if;
+  update runledger.operations
+     set status = p_status, result = case when p_status = 'SUCCEEDED' then p_result end,
+         error = case when p_status = 'FAILED' then coalesce(p_result, jsonb_build_object('message', 'resolved as failed by an operator')) end,
+         resolved_by = coalesce(p_resolved_by, current_user), updated_at = runledger.now(), finished_at = runledger.now()
+   where operation_id = p_operation_id;
+  insert into runledger.events (run_id, kind, detail)
+  values (v_op.run_id, 'operation_resolved', jsonb_build_object('operation_id', p_operation_id, 'status', p_status, 'by', coalesce(p_resolved_by, current_user)));
+  perform runledger._wake(v_op.run_id, 'reconcile', p_operation_id);
+  return p_status;
+end;
+$$;
+comment on function runledger.resolve_operation(text, text, jsonb, text) is
+  'Operator action: settles an UNKNOWN operation as SUCCEEDED (p_result is its result) or FAILED (p_result is the error), and wakes the run waiting on it. Returns the status set.';
+
+create function runledger._record_retry(p_run_id text, p_token bigint, p_seq int, p_name text, p_attempt int, p_error jsonb, p_delay_ms int)
+returns boolean
+language plpgsql volatile as $$
+declare
+  v_run runledger.runs := runledger._fence(p_run_id, p_token);
+begin
+  if v_run.retry_budget is not null and v_run.retries_used + 1 > v_run.retry_budget then
+    insert into runledger.events (run_id, kind, detail, fencing_token)
+    values (p_run_id, 'retry_budget_exhausted', jsonb_build_object('seq', p_seq, 'name', p_name, 'attempt', p_attempt,
+            'retries_used', v_run.retries_used, 'retry_budget', v_run.retry_budget, 'error', p_error), p_token);
+    return false;
+  end if;
+  update runledger.runs set retries_used = retries_used + 1 where run_id = p_run_id;
+  insert into runledger.events (run_id, kind, detail, fencing_token)
+  values (p_run_id, 'attempt_failed', jsonb_build_object('seq', p_seq, 'name', p_name, 'attempt', p_attempt, 'error', p_error,
+          'retry_in_ms', p_delay_ms), p_token);
+  return true;
+end;
+$$;
+comment on function runledger._record_retry(text, bigint, int, text, int, jsonb, int) is
+  'Fenced: records a failed attempt of a step (its error and the backoff before the next) and spends one retry of the run''s retry budget; false when the budget is used up (the step then fails).';
+
+create function runledger._retry_wait(p_run_id text, p_token bigint, p_seq int, p_name text, p_kind text, p_attempt int, p_delay_ms int)
+returns void
+language plpgsql volatile as $$
+declare
+  v_run  runledger.runs := runledger._fence(p_run_id, p_token);
+  v_wake timestamptz := runledger.now() + make_interval(secs => p_delay_ms / 1000.0);
+begin
+  -- The step position keeps a WAITING row with the attempt reached; the next attempt after
+  -- the backoff reads it. The worker is freed meanwhile.
+  insert into runledger.steps (run_id, seq, name, kind, status, output, attempts, started_at, finished_at, fencing_token)
+  values (p_run_id, p_seq, p_name, p_kind, 'WAITING', jsonb_build_object('attempt', p_attempt, 'wake_at', v_wake), p_attempt,
+          runledger.now(), runledger.now(), p_token)
+  on conflict (run_id, seq) do update set output = excluded.output, attempts = excluded.attempts, fencing_token = excluded.fencing_token
+   where runledger.steps.status = 'WAITING';
+  update runledger.runs
+     set status = 'WAITING', wait_kind = 'retry', wait_key = p_name, wake_at = least(v_wake, v_run.deadline_at),
+         lease_owner = null, lease_expires_at = null, updated_at = runledger.now()
+   where run_id = p_run_id;
+  perform runledger._dispatch(p_run_id, runledger._task_identifier(v_run.queue_name, v_run.workflow_name, v_run.workflow_version),
+    greatest(0, ceil(extract(epoch from least(v_wake, v_run.deadline_at) - runledger.now()) * 1000))::int);
+end;
+$$;
+comment on function runledger._retry_wait(text, bigint, int, text, text, int, int) is
+  'Fenced: a backoff too long to sleep in memory becomes a durable wait (wait_kind retry): the step keeps a WAITING row with the attempt reached and the run waits, holding no worker, until the next attempt is due.';
+
+create function runledger._heartbeat_step(p_run_id text, p_token bigint, p_seq int, p_progress jsonb, p_lease_ms int)
+returns text
+language plpgsql volatile as $$
+declare
+  v_run runledger.runs;
+begin
+  update runledger.runs set lease_expires_at = runledger.now() + make_interval(secs => p_lease_ms / 1000.0)
+   where run_id = p_run_id and fencing_token = p_token and status in ('RUNNING', 'CANCELLING')
+  returning * into v_run;
+  if not found then
+    raise exception using errcode = 'RL001', message = format('run %s: lease lost (fencing token %s is stale)', p_run_id, p_token);
+  end if;
+  if p_progress is not null then
+    insert into runledger.step_progress (run_id, seq, progress) values (p_run_id, p_seq, p_progress)
+    on conflict (run_id, seq) do update set progress = excluded.progress, updated_at = runledger.now();
+  end if;
+  return v_run.status;
+end;
+$$;
+comment on function runledger._heartbeat_step(text, bigint, int, jsonb, int) is
+  'Fenced: a long step proves it is alive: renews its run''s lease and stores its progress. Returns the run status (CANCELLING tells the step to stop).';
+
+create function runledger._compensation_begin(p_run_id text, p_token bigint, p_operation_id text) returns text
+language plpgsql volatile as $$
+declare
+  v_status text;
+begin
+  perform runledger._fence(p_run_id, p_token);
+  select compensation_status into v_status from runledger.operations where operation_id = p_operation_id and run_id = p_run_id for update;
+  if v_status is null or v_status = 'STARTED' then
+    update runledger.operations set compensation_status = 'STARTED', updated_at = runledger.now() where operation_id = p_operation_id;
+    insert into runledger.events (run_id, kind, detail, fencing_token)
+    values (p_run_id, 'compensation_started', jsonb_build_object('operation_id', p_operation_id, 'again', v_status is not null), p_token);
+    return 'STARTED';
+  end if;
+  return v_status; -- DONE or FAILED: never run again
+end;
+$$;
+comment on function runledger._compensation_begin(text, bigint, text) is
+  'Fenced: records that an operation''s compensation starts (a STARTED one left by a crash is run again with the same key); returns DONE or FAILED when it already ran.';
+
+create function runledger._compensation_finish(p_run_id text, p_token bigint, p_operation_id text, p_ok boolean, p_error jsonb) returns void
+language plpgsql volatile as $$
+begin
+  perform runledger._fence(p_run_id, p_token);
+  update runledger.operations set compensation_status = case when p_ok then 'DONE' else 'FAILED' end, compensation_error = p_error,
+         updated_at = runledger.now()
+   where operation_id = p_operation_id and run_id = p_run_id;
+  insert into runledger.events (run_id, kind, detail, fencing_token)
+  values (p_run_id, case when p_ok then 'compensated' else 'compensation_failed' end,
+          jsonb_strip_nulls(jsonb_build_object('operation_id', p_operation_id, 'error', p_error)), p_token);
+end;
+$$;
+comment on function runledger._compensation_finish(text, bigint, text, boolean, jsonb) is 'Fenced: records a compensation''s outcome (DONE or FAILED).';
+
+create function runledger._operation_checkpoint(
+  p_run_id text, p_token bigint, p_seq int, p_name text, p_operation_id text, p_status text,
+  p_output jsonb, p_error jsonb, p_external_resource_id text, p_attempts int, p_started_at timestamptz, p_charge numeric)
+returns table (pid int, run_status text)
+language plpgsql volatile as $$
+begin
+  -- The outcome in the ledger and the step checkpoint commit together.
+  perform runledger._operation_finish(p_run_id, p_token, p_operation_id, p_status, p_output->'value', p_error, p_external_resource_id, null);
+  return query select * from runledger._checkpoint(p_run_id, p_token, p_seq, p_name, 'operation',
+    case when p_status = 'SUCCEEDED' then 'SUCCEEDED' else 'FAILED' end, p_output, p_error, p_attempts, p_started_at, p_charge);
+end;
+$$;
+comment on function runledger._operation_checkpoint(text, bigint, int, text, text, text, jsonb, jsonb, text, int, timestamptz, numeric) is
+  'Fenced: records an operation''s outcome in the ledger and its step checkpoint in one transaction.';
+
+create view runledger.unknown_operations as
+select o.operation_id, o.run_id, r.workflow_name, o.name, o.idempotency_key, o.attempts, o.started_at,
+       o.updated_at as unknown_since, runledger.now() - o.updated_at as unknown_for, r.status as run_status, r.wait_kind
+  from runledger.operations o
+  join runledger.runs r on r.run_id = o.run_id
+ where o.status = 'UNKNOWN';
+comment on view runledger.unknown_operations is
+  'External operations whose outcome is UNKNOWN (the worker died between the call and recording its result): which run, since when, with which idempotency key. Settle one with select runledger.resolve_operation(operation_id, ''SUCCEEDED''|''FAILED'', result).';
+
+insert into runledger.migrations (version, name) values (7, '0007_operations');

@@ -1,0 +1,201 @@
+import { serializeError } from '../errors.js';
+import { committed } from '../engine/checkpoint.js';
+import { haltOnDbError } from '../engine/db-halts.js';
+import type { CompensationFunction, Execution } from '../engine/execution.js';
+import { failpoint } from '../engine/failpoints.js';
+import { heartbeatStep } from './heartbeat.js';
+import { encodeOutput, stepFailure } from './replay.js';
+import { decideRetry, resolveRetryPolicy, type RetryPolicy } from './retry.js';
+import { resumeAttempt } from './step.js';
+
+export type ReconcileAnswer<T> =
+  | { status: 'succeeded'; result: T; externalResourceId?: string }
+  | { status: 'failed'; error?: unknown }
+  | { status: 'unknown' };
+
+export interface OperationOptions<T> {
+  /** Stable across attempts and recoveries; default `<runId>:<position>:<name>`. Passed to fn. */
+  idempotencyKey?: string;
+  /** Asks the outside world what happened to a call whose outcome is UNKNOWN. */
+  reconcile?: (info: { idempotencyKey: string; operationId: string }) => Promise<ReconcileAnswer<T>>;
+  /** The call is safe to repeat with the same key: an UNKNOWN outcome is settled by calling again. */
+  idempotent?: boolean;
+  retry?: RetryPolicy;
+  /** Names the external resource created (ticket id, payment id...) for the ledger. */
+  externalResourceId?: (result: T) => string | undefined;
+  /** Undoes the operation if the run later fails or is cancelled (sagas); recorded, never run twice. */
+  compensate?: (info: { result: T; idempotencyKey: string; signal: AbortSignal }) => Promise<unknown> | unknown;
+  /** How long to wait before asking `reconcile` again when it answered 'unknown'; default 30 s. */
+  reconcileEveryMs?: number;
+}
+
+export type OperationFunction<T> = (info: {
+  idempotencyKey: string;
+  operationId: string;
+  signal: AbortSignal;
+  attempt: number;
+  /** Renews the lease from inside a long call and records progress. */
+  heartbeat: (progress?: unknown) => Promise<void>;
+}) => Promise<T>;
+
+interface LedgerRow {
+  operation_id: string;
+  status: 'STARTED' | 'SUCCEEDED' | 'FAILED' | 'UNKNOWN' | 'UNKNOWN_NOW';
+  attempts: number;
+  idempotency_key: string;
+  result: unknown;
+  error: unknown;
+}
+
+const RECONCILE_EVERY_MS_DEFAULT = 30_000;
+
+/**
+ * `ctx.operation`: an external side effect through the ledger. The intent (STARTED,
+ * with the idempotency key) commits before `fn` is called; the outcome commits with
+ * the step checkpoint. A STARTED row found on replay is UNKNOWN: `reconcile` decides,
+ * or an idempotent operation is called again with the same key, or the run waits for
+ * an operator (resolve_operation). Never a silent retry of a non-idempotent call.
+ */
+export async function runOperation<T>(exec: Execution, name: string, options: OperationOptions<T>, fn: OperationFunction<T>): Promise<T> {
+  const policy = resolveRetryPolicy(options.retry, `operation ${JSON.stringify(name)}`);
+  const position = exec.takeStep(name, 'operation');
+  if (!position) return exec.suspend();
+  const { seq, recorded } = position;
+  if (recorded && recorded[2] !== 'WAITING') {
+    const stored = (recorded[3] as [{ value: T; operationId: string; idempotencyKey: string }] | null)?.[0];
+    if (recorded[2] === 'FAILED') throw stepFailure(name, recorded[4] as never);
+    registerCompensation(exec, name, options, stored!);
+    return stored!.value;
+  }
+  if (exec.stopping) return exec.noNewStep();
+  const key = options.idempotencyKey ?? `${exec.runId}:${seq}:${name}`;
+  const retryPending = recorded?.[2] === 'WAITING';
+
+  return exec.inStep(async () => {
+    const begin = async (again: boolean): Promise<LedgerRow | undefined> => {
+      try {
+        const result = await exec.deps.pool.query('select * from runledger._operation_begin($1, $2, $3, $4, $5, $6, $7)', [
+          exec.runId, exec.fencingToken.toString(), seq, name, key, options.compensate !== undefined, again,
+        ]);
+        return result.rows[0];
+      } catch (error) {
+        haltOnDbError(exec, error);
+        return undefined;
+      }
+    };
+    let row = await begin(retryPending);
+    let attempt = Math.max(resumeAttempt(recorded), row?.attempts ?? 1);
+    const startedAt = new Date();
+    for (;;) {
+      if (!row || exec.haltReason) return exec.suspend<T>();
+      let outcome: { ok: true; value: T } | { ok: false; error: unknown } | undefined;
+      if (row.status === 'STARTED') {
+        try {
+          const value = await fn({
+            idempotencyKey: row.idempotency_key,
+            operationId: row.operation_id,
+            signal: exec.abortController.signal,
+            attempt: row.attempts,
+            heartbeat: (progress) => heartbeatStep(exec, seq, progress),
+          });
+          outcome = { ok: true, value };
+        } catch (error) {
+          outcome = { ok: false, error };
+        }
+      } else if (row.status === 'SUCCEEDED') {
+        outcome = { ok: true, value: row.result as T }; // settled by an operator or a reconciler
+      } else if (row.status === 'FAILED') {
+        outcome = { ok: false, error: row.error ?? new Error(`operation ${name} failed`) };
+      } else if (options.reconcile) {
+        let answer: ReconcileAnswer<T>;
+        try {
+          answer = await options.reconcile({ idempotencyKey: row.idempotency_key, operationId: row.operation_id });
+        } catch {
+          answer = { status: 'unknown' };
+        }
+        if (answer.status === 'succeeded') outcome = { ok: true, value: answer.result };
+        else if (answer.status === 'failed') outcome = { ok: false, error: answer.error ?? new Error(`operation ${name} failed (reconciled)`) };
+        else return park(exec, seq, row.operation_id, options.reconcileEveryMs ?? RECONCILE_EVERY_MS_DEFAULT);
+      } else if (options.idempotent) {
+        row = await begin(true);
+        continue;
+      } else {
+        return park(exec, seq, row.operation_id, null);
+      }
+      if (exec.haltReason) return exec.suspend<T>();
+
+      if (!outcome.ok && !exec.cancelRequested) {
+        const decision = await decideRetry(exec, policy, { seq, name, kind: 'operation' }, attempt, outcome.error);
+        if (decision.kind === 'suspended') return exec.suspend<T>();
+        if (decision.kind === 'again') {
+          attempt = decision.attempt;
+          row = await begin(true);
+          continue;
+        }
+      }
+      failpoint('before-checkpoint', name);
+      return record(exec, { seq, name, operationId: row.operation_id, key: row.idempotency_key, attempt, startedAt }, outcome, options);
+    }
+  }, seq);
+}
+
+async function park<T>(exec: Execution, seq: number, operationId: string, retryInMs: number | null): Promise<T> {
+  try {
+    await exec.deps.pool.query('select runledger._operation_park($1, $2, $3, $4, $5)', [exec.runId, exec.fencingToken.toString(), seq, operationId, retryInMs]);
+    exec.halt({ kind: 'suspended' });
+  } catch (error) {
+    haltOnDbError(exec, error);
+  }
+  return exec.suspend();
+}
+
+async function record<T>(
+  exec: Execution,
+  at: { seq: number; name: string; operationId: string; key: string; attempt: number; startedAt: Date },
+  outcome: { ok: true; value: T } | { ok: false; error: unknown },
+  options: OperationOptions<T>,
+): Promise<T> {
+  let outputText: string | null = null;
+  let errorJson: string | null = null;
+  let stored: { value: T; operationId: string; idempotencyKey: string } | undefined;
+  let failure = outcome.ok ? undefined : outcome.error;
+  if (outcome.ok) {
+    try {
+      const encoded = encodeOutput(exec, at.name, outcome.value);
+      stored = { value: encoded.value as T, operationId: at.operationId, idempotencyKey: at.key };
+      outputText = JSON.stringify(stored);
+    } catch (error) {
+      failure = error;
+    }
+  }
+  if (failure !== undefined) errorJson = JSON.stringify(serializeError(failure));
+  try {
+    const result = await exec.deps.pool.query(
+      'select run_status from runledger._operation_checkpoint($1, $2, $3, $4, $5, $6, $7::jsonb, $8::jsonb, $9, $10, $11, $12)',
+      [
+        exec.runId, exec.fencingToken.toString(), at.seq, at.name, at.operationId, failure === undefined ? 'SUCCEEDED' : 'FAILED',
+        outputText, errorJson, stored && options.externalResourceId ? (options.externalResourceId(stored.value) ?? null) : null,
+        at.attempt, at.startedAt, exec.pendingCharge,
+      ],
+    );
+    committed(exec, result.rows[0]?.run_status);
+  } catch (error) {
+    // Unknown or failed write: replay settles it (the row is STARTED or final in the ledger).
+    haltOnDbError(exec, error);
+    return exec.suspend();
+  }
+  if (failure !== undefined) throw stepFailure(at.name, serializeError(failure), failure);
+  registerCompensation(exec, at.name, options, stored!);
+  return stored!.value;
+}
+
+function registerCompensation<T>(exec: Execution, name: string, options: OperationOptions<T>, stored: { value: T; operationId: string; idempotencyKey: string }): void {
+  if (!options.compensate) return;
+  exec.compensations.push({
+    operationId: stored.operationId,
+    name,
+    idempotencyKey: stored.idempotencyKey,
+    result: stored.value,
+    fn: options.compensate as CompensationFunction,
+  });
+}

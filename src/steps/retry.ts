@@ -1,0 +1,99 @@
+import { ConfigError, serializeError } from '../errors.js';
+import { haltOnDbError } from '../engine/db-halts.js';
+import type { Execution } from '../engine/execution.js';
+
+export interface RetryPolicy {
+  /** Attempts in all, the first included; default 1 (no retry). */
+  maxAttempts?: number;
+  /** Backoff before the second attempt; default 1 s. */
+  initialDelayMs?: number;
+  /** Backoff grows by this factor per attempt; default 2. */
+  factor?: number;
+  /** Backoff never exceeds this; default 5 min. */
+  maxDelayMs?: number;
+  /** Randomise each backoff between 50% and 100% of its value; default true. */
+  jitter?: boolean;
+  /** Decides whether an error is worth another attempt; default: every error except NonRetryableError. */
+  retryable?: (error: unknown) => boolean;
+  /** A backoff longer than this is a durable wait that frees the worker; default 2 s. */
+  durableAfterMs?: number;
+}
+
+export const RETRY_DEFAULTS = Object.freeze({
+  maxAttempts: 1,
+  initialDelayMs: 1_000,
+  factor: 2,
+  maxDelayMs: 300_000,
+  jitter: true,
+  durableAfterMs: 2_000,
+});
+
+export type ResolvedRetryPolicy = Required<Omit<RetryPolicy, 'retryable'>> & Pick<RetryPolicy, 'retryable'>;
+
+export function resolveRetryPolicy(policy: RetryPolicy | undefined, what: string): ResolvedRetryPolicy {
+  const resolved = { ...RETRY_DEFAULTS, ...(policy ?? {}) };
+  if (!Number.isInteger(resolved.maxAttempts) || resolved.maxAttempts < 1) throw new ConfigError(`${what}: retry.maxAttempts must be a whole number >= 1`);
+  for (const key of ['initialDelayMs', 'maxDelayMs', 'durableAfterMs'] as const) {
+    if (!Number.isFinite(resolved[key]) || resolved[key] < 0) throw new ConfigError(`${what}: retry.${key} must be a number >= 0`);
+  }
+  if (!Number.isFinite(resolved.factor) || resolved.factor < 1) throw new ConfigError(`${what}: retry.factor must be >= 1`);
+  return resolved;
+}
+
+/** Exponential backoff with a cap and optional jitter, before attempt `attempt + 1`. */
+export function backoffMs(policy: ResolvedRetryPolicy, attempt: number): number {
+  const raw = Math.min(policy.maxDelayMs, policy.initialDelayMs * policy.factor ** (attempt - 1));
+  return Math.round(policy.jitter ? raw * (0.5 + Math.random() / 2) : raw);
+}
+
+export function isRetryable(policy: ResolvedRetryPolicy, error: unknown): boolean {
+  if ((error as { nonRetryable?: unknown } | null)?.nonRetryable === true) return false;
+  return policy.retryable ? policy.retryable(error) : true;
+}
+
+export type RetryDecision = { kind: 'fail' } | { kind: 'again'; attempt: number } | { kind: 'suspended' };
+
+/**
+ * After attempt `attempt` failed: records it (and spends the run's retry budget), then
+ * either sleeps a short backoff in memory, or parks the run for a long one (a durable
+ * wait that frees the worker), or says the step fails.
+ */
+export async function decideRetry(
+  exec: Execution,
+  policy: ResolvedRetryPolicy,
+  position: { seq: number; name: string; kind: 'step' | 'operation' },
+  attempt: number,
+  error: unknown,
+): Promise<RetryDecision> {
+  if (attempt >= policy.maxAttempts || !isRetryable(policy, error)) return { kind: 'fail' };
+  const delay = backoffMs(policy, attempt);
+  try {
+    return await recordAndWait(exec, policy, position, attempt, error, delay);
+  } catch (dbError) {
+    haltOnDbError(exec, dbError);
+    return { kind: 'suspended' };
+  }
+}
+
+async function recordAndWait(
+  exec: Execution,
+  policy: ResolvedRetryPolicy,
+  position: { seq: number; name: string; kind: 'step' | 'operation' },
+  attempt: number,
+  error: unknown,
+  delay: number,
+): Promise<RetryDecision> {
+  const allowed = await exec.deps.pool.query('select runledger._record_retry($1, $2, $3, $4, $5, $6::jsonb, $7) as ok', [
+    exec.runId, exec.fencingToken.toString(), position.seq, position.name, attempt, JSON.stringify(serializeError(error)), delay,
+  ]);
+  if (!allowed.rows[0].ok) return { kind: 'fail' };
+  if (delay <= policy.durableAfterMs) {
+    await new Promise((resolve) => setTimeout(resolve, delay));
+    return { kind: 'again', attempt: attempt + 1 };
+  }
+  await exec.deps.pool.query('select runledger._retry_wait($1, $2, $3, $4, $5, $6, $7)', [
+    exec.runId, exec.fencingToken.toString(), position.seq, position.name, position.kind, attempt, delay,
+  ]);
+  exec.halt({ kind: 'suspended' });
+  return { kind: 'suspended' };
+}
