@@ -72,10 +72,25 @@ begin
   if runledger.is_terminal(v_run.status) or v_run.status = 'CANCELLING' then
     return v_run.status; -- nothing to do: the answer is where the run stands
   end if;
-  if v_run.status in ('PENDING', 'WAITING') then
+  if v_run.status in ('PENDING', 'WAITING') and not exists (
+       select 1 from runledger.operations o
+        where o.run_id = p_run_id and o.compensable and o.status = 'SUCCEEDED' and o.compensation_status is null) then
     perform runledger._stop_unowned(p_run_id, 'CANCELLED', 'CANCELLED',
       jsonb_build_object('reason', p_reason, 'requested_at', v_now, 'was', v_run.status));
     return 'CANCELLED';
+  end if;
+  if v_run.status in ('PENDING', 'WAITING') then
+    -- It did things that must be undone: a worker takes it (still CANCELLING) to run the
+    -- compensations, then ends it CANCELLED. No step of its own runs again.
+    update runledger.runs
+       set status = 'CANCELLING', cancel_requested_at = v_now, cancel_reason = p_reason, updated_at = v_now,
+           wait_kind = null, wait_key = null, wake_at = null
+     where run_id = p_run_id;
+    insert into runledger.events (run_id, kind, detail, at)
+    values (p_run_id, 'cancel_requested', jsonb_build_object('reason', p_reason, 'compensations', true, 'was', v_run.status), v_now);
+    perform runledger._cancel_children(p_run_id, format('parent %s cancelled', p_run_id));
+    perform runledger._dispatch(p_run_id, runledger._task_identifier(v_run.queue_name, v_run.workflow_name, v_run.workflow_version));
+    return 'CANCELLING';
   end if;
   -- RUNNING: the owner is told now (NOTIFY) and at its next checkpoint at the latest; it
   -- stops starting steps, lets the step in flight record its result, and ends the run.
@@ -90,7 +105,7 @@ begin
 end;
 $$;
 comment on function runledger.cancel_run(text, text) is
-  'Cancels a run: PENDING or WAITING -> CANCELLED at once (timers, dispatches revoked); RUNNING -> CANCELLING, its worker is notified and ends it CANCELLED after the step in flight. Children are cancelled too. A finished run is left as it is. Returns the run''s new status.';
+  'Cancels a run: PENDING or WAITING -> CANCELLED at once (timers, dispatches revoked), or CANCELLING when it has compensations to run (a worker runs them); RUNNING -> CANCELLING, its worker is notified and ends it CANCELLED after the step in flight. Children are cancelled too. A finished run is left as it is. Returns the run''s new status.';
 
 create function runledger._finish_cancel(p_run_id text, p_token bigint) returns void
 language plpgsql volatile as $$

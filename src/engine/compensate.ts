@@ -1,5 +1,6 @@
 import { serializeError } from '../errors.js';
 import type { Execution } from './execution.js';
+import { failpoint } from './failpoints.js';
 
 /**
  * Runs the compensations of the operations that succeeded in this run, newest first
@@ -27,6 +28,7 @@ export async function runCompensations(exec: Execution): Promise<Array<{ operati
       exec.runId, exec.fencingToken.toString(), compensation.operationId, error === undefined,
       error === undefined ? null : JSON.stringify(serializeError(error)),
     ]);
+    failpoint('after-compensation', compensation.name);
   }
   return failures;
 }

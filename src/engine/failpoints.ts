@@ -3,7 +3,7 @@
  * makes the process SIGKILL itself when it reaches that point for that step name.
  * Read once at start; with the variable unset every call is a cheap no-op.
  */
-export type FailpointName = 'before-checkpoint' | 'after-commit' | 'in-step' | 'before-complete';
+export type FailpointName = 'before-checkpoint' | 'after-commit' | 'in-step' | 'before-complete' | 'after-compensation';
 
 const armed: ReadonlyArray<{ point: string; match: string }> = (process.env.RUNLEDGER_FAILPOINTS ?? '')
   .split(',')
