@@ -94,6 +94,10 @@ create table runledger.runs (
   budget_spent          numeric not null default 0,
   no_progress           int check (no_progress >= 2),
   cancel_requested_at   timestamptz,
+  -- Admission (sql/0008_queues.sql): a PENDING run is dispatched only once its queue admits it.
+  admitted              boolean not null default false,
+  admitted_at           timestamptz,
+  not_before            timestamptz,
   retry_budget          int check (retry_budget >= 0),
   retries_used          int not null default 0,
   cancel_reason         text,
@@ -136,6 +140,12 @@ create index runs_lease_expiry on runledger.runs (lease_expires_at)
   where status in ('RUNNING', 'CANCELLING');
 create index runs_status_created on runledger.runs (status, created_at);
 create index runs_pending_since on runledger.runs (updated_at) where status = 'PENDING';
+-- Admission picks from the runs not yet admitted, per queue, by priority then age.
+create index runs_admission_key on runledger.runs (queue_name, coalesce(concurrency_key, ''), priority, created_at, run_id)
+  where status = 'PENDING' and not admitted;
+-- Admission counts what occupies a queue's slots.
+create index runs_queue_active on runledger.runs (queue_name, concurrency_key)
+  where status in ('RUNNING', 'CANCELLING') or (status = 'PENDING' and admitted);
 -- Deadlines are enforced by a sweep over runs that hold no worker.
 create index runs_deadline on runledger.runs (deadline_at) where status in ('PENDING', 'WAITING') and deadline_at is not null;
 create index runs_parent on runledger.runs (parent_run_id) where parent_run_id is not null;

@@ -57,6 +57,8 @@ declare
   v_deadline timestamptz;
   v_existing runledger.runs;
   v_inserted boolean;
+  v_not_before timestamptz;
+  v_limited  boolean;
 begin
   if p_workflow is null then
     raise exception using errcode = 'RL003', message = 'start_run: workflow name is required';
@@ -115,11 +117,22 @@ begin
       message = format('start_run: max_recovery_attempts must be a whole number >= 0, not %s', v_opts->'max_recovery_attempts');
   end if;
 
+  if v_opts ? 'run_at' then
+    begin
+      v_not_before := (v_opts->>'run_at')::timestamptz;
+    exception when others then
+      raise exception using errcode = 'RL003', message = format('start_run: run_at %L is not a timestamp', v_opts->>'run_at');
+    end;
+  end if;
+  v_limited := runledger._queue_limited(v_queue);
+
   insert into runledger.runs (
+    admitted, not_before,
     run_id, workflow_name, workflow_version, queue_name, input, priority, concurrency_key,
     idempotency_key, parent_run_id, deadline_at, max_recovery_attempts, version_manifest,
     max_steps, budget, no_progress, retry_budget, policy_version, created_at, updated_at)
   values (
+    not v_limited, v_not_before,
     v_run_id, v_wf.workflow_name, v_wf.workflow_version, v_queue, p_input,
     coalesce((v_opts->>'priority')::int, 0), v_opts->>'concurrency_key',
     v_opts->>'idempotency_key', v_opts->>'parent_run_id', v_deadline,
@@ -150,12 +163,17 @@ begin
 
   insert into runledger.events (run_id, kind, detail, at)
   values (v_run_id, 'created', jsonb_build_object('workflow', p_workflow, 'version', v_wf.workflow_version, 'queue', v_queue), v_now);
-  perform runledger._dispatch(v_run_id, runledger._task_identifier(v_queue, p_workflow, v_wf.workflow_version));
+  if v_limited then
+    perform runledger._admit(v_queue);
+  else
+    perform runledger._dispatch(v_run_id, runledger._task_identifier(v_queue, p_workflow, v_wf.workflow_version),
+      coalesce(greatest(0, ceil(extract(epoch from v_not_before - v_now) * 1000))::int, 0));
+  end if;
   return v_run_id;
 end;
 $$;
 comment on function runledger.start_run(text, jsonb, jsonb) is
-  'Starts a run of a registered workflow and dispatches it; returns run_id. Options: run_id, idempotency_key (same key or run_id returns the existing run), queue, priority, concurrency_key, version, max_recovery_attempts, and limits overriding the workflow''s: deadline (interval or timestamp), max_steps, budget, no_progress.';
+  'Starts a run of a registered workflow and dispatches it (or leaves it to its queue''s admission); returns run_id. Options: run_at (delayed start), run_id, idempotency_key (same key or run_id returns the existing run), queue, priority, concurrency_key, version, max_recovery_attempts, and limits overriding the workflow''s: deadline (interval or timestamp), max_steps, budget, no_progress.';
 
 create function runledger._check_whole_number(p_opts jsonb, p_key text, p_min int) returns void
 language plpgsql immutable as $$
@@ -163,7 +181,7 @@ begin
   if p_opts ? p_key and jsonb_typeof(p_opts->p_key) <> 'null'
      and (jsonb_typeof(p_opts->p_key) <> 'number' or (p_opts->>p_key) !~ '^\d{1,9}$' or (p_opts->>p_key)::int < p_min) then
     raise exception using errcode = 'RL003',
-      message = format('start_run: %s must be a whole number >= %s, not %s', p_key, p_min, p_opts->p_key);
+      message = format('option %s must be a whole number >= %s, not %s', p_key, p_min, p_opts->p_key);
   end if;
 end;
 $$;
@@ -209,13 +227,14 @@ begin
   update runledger.runs r
      set status = case when r.status = 'CANCELLING' then 'CANCELLING'::runledger.run_status else 'RUNNING' end,
          fencing_token = r.fencing_token + 1, lease_owner = p_worker_id,
-         wait_kind = null, wait_key = null, wake_at = null,
+         wait_kind = null, wait_key = null, wake_at = null, admitted = false,
          lease_expires_at = v_now + make_interval(secs => p_lease_ms / 1000.0),
          started_at = coalesce(r.started_at, v_now), updated_at = v_now
    where r.run_id = p_run_id
-     and (r.status = 'PENDING'
+     and ((r.status = 'PENDING' and r.admitted and (r.not_before is null or r.not_before <= v_now))
           -- A due timer: the delayed dispatch job of a sleep or a wait's timeout fired.
-          or (r.status = 'WAITING' and r.wake_at <= v_now)
+          -- (In a queue with limits the run is woken and goes through admission instead.)
+          or (r.status = 'WAITING' and r.wake_at <= v_now and not runledger._queue_limited(r.queue_name))
           -- A cancelled run whose owner died before its compensations finished.
           or (r.status = 'CANCELLING' and r.lease_owner is null)
           -- p_reclaim: this worker's earlier claim may have committed with its reply lost
@@ -224,6 +243,11 @@ begin
      and (r.deadline_at is null or r.deadline_at > v_now)
   returning r.* into v_run;
   if not found then
+    -- A due timer in a queue with limits: wake the run into admission.
+    perform runledger._wake(r.run_id, r.wait_kind, r.wait_key)
+       from runledger.runs r
+      where r.run_id = p_run_id and r.status = 'WAITING' and r.wake_at <= v_now
+        and (r.deadline_at is null or r.deadline_at > v_now);
     -- A run past its deadline is never put back to work: it ends here instead.
     perform runledger._stop_unowned(r.run_id, 'TERMINATED', 'DEADLINE',
               jsonb_build_object('deadline_at', r.deadline_at, 'noticed_at', v_now))
@@ -355,6 +379,7 @@ begin
   values (p_run_id, case p_status when 'DEAD_LETTER' then 'dead_lettered' else lower(p_reason) end,
           jsonb_strip_nulls(jsonb_build_object('status', p_status, 'reason', p_reason, 'error', p_error, 'evidence', p_evidence)), p_token, v_now);
   perform runledger._wake_parent(p_run_id);
+  perform runledger._slot_freed(p_run_id);
 end;
 $$;
 comment on function runledger._finish_run(text, bigint, runledger.run_status, text, jsonb, jsonb, jsonb, text) is
@@ -421,7 +446,7 @@ begin
    where run_id = p_run_id;
   insert into runledger.events (run_id, kind, detail, fencing_token, at)
   values (p_run_id, 'released', jsonb_build_object('reason', p_reason, 'delay_ms', p_delay_ms, 'counts_attempt', p_counts_attempt), p_token, v_now);
-  perform runledger._dispatch(p_run_id, runledger._task_identifier(v_run.queue_name, v_run.workflow_name, v_run.workflow_version), p_delay_ms);
+  perform runledger._make_runnable(p_run_id, p_delay_ms);
   return true;
 end;
 $$;

@@ -134,8 +134,7 @@ begin
       values (v_run.run_id, 'lease_expired',
               jsonb_build_object('last_owner', v_run.lease_owner, 'lease_expired_at', v_run.lease_expires_at,
                                  'recovery_attempt', v_run.recovery_attempts + 1), v_run.fencing_token, v_now);
-      perform runledger._dispatch(v_run.run_id,
-        runledger._task_identifier(v_run.queue_name, v_run.workflow_name, v_run.workflow_version));
+      perform runledger._make_runnable(v_run.run_id, 0);
     end if;
   end loop;
 
@@ -160,7 +159,7 @@ begin
   -- 25 times, a job deleted by hand) is dispatched again. Duplicates are harmless: the claim is a compare-and-set.
   for v_run in
     select * from runledger.runs r
-     where r.status = 'PENDING'
+     where r.status = 'PENDING' and r.admitted
        and r.updated_at < v_now - make_interval(secs => p_older_than_ms / 1000.0)
        -- A locked job is _redispatch_stuck's business; here only a missing or dead job counts.
        and not exists (select 1 from graphile_worker.jobs j
@@ -245,7 +244,7 @@ begin
             'previous_status', v_run.status, 'termination_reason', v_run.termination_reason,
             'termination_evidence', v_run.termination_evidence, 'error', v_run.error,
             'dropped_failed_step', v_dropped)), v_run.fencing_token);
-  perform runledger._dispatch(p_run_id, runledger._task_identifier(v_run.queue_name, v_run.workflow_name, v_run.workflow_version));
+  perform runledger._make_runnable(p_run_id, 0);
   return 'PENDING';
 end;
 $$;

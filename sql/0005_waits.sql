@@ -59,7 +59,7 @@ begin
     return false;
   end if;
   insert into runledger.events (run_id, kind, detail) values (p_run_id, 'woken', jsonb_build_object('wait_kind', p_kind, 'key', p_key));
-  perform runledger._dispatch(p_run_id, runledger._task_identifier(v_run.queue_name, v_run.workflow_name, v_run.workflow_version));
+  perform runledger._make_runnable(p_run_id, 0);
   return true;
 end;
 $$;
@@ -164,6 +164,7 @@ begin
      set status = 'WAITING', wait_kind = case p_kind when 'sleep' then 'timer' else p_kind end, wait_key = v_key,
          wake_at = v_wake_at, lease_owner = null, lease_expires_at = null, updated_at = v_now
    where run_id = p_run_id;
+  perform runledger._slot_freed(p_run_id);
   if v_wake_at is not null then
     perform runledger._dispatch(p_run_id, runledger._task_identifier(v_run.queue_name, v_run.workflow_name, v_run.workflow_version),
       greatest(0, ceil(extract(epoch from v_wake_at - v_now) * 1000))::int);

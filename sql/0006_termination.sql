@@ -48,6 +48,7 @@ begin
   -- Revoke what would have woken it: its queued dispatch or timer, and any pending approval
   -- (left undecided; the approval inbox lists only waiting runs).
   perform graphile_worker.remove_job('runledger:' || p_run_id);
+  perform runledger._slot_freed(p_run_id);
   insert into runledger.events (run_id, kind, detail, at)
   values (p_run_id, case p_status when 'CANCELLED' then 'cancelled' else lower(p_reason) end,
           jsonb_build_object('status', p_status, 'reason', p_reason, 'evidence', p_evidence), v_now);

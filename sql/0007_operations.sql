@@ -115,6 +115,7 @@ begin
      set status = 'WAITING', wait_kind = 'reconcile', wait_key = p_operation_id, wake_at = least(v_wake, v_run.deadline_at),
          lease_owner = null, lease_expires_at = null, updated_at = runledger.now()
    where run_id = p_run_id;
+  perform runledger._slot_freed(p_run_id);
   insert into runledger.events (run_id, kind, detail, fencing_token)
   values (p_run_id, 'waiting_for_reconcile', jsonb_build_object('operation_id', p_operation_id, 'seq', p_seq, 'retry_in_ms', p_retry_in_ms), p_token);
   if least(v_wake, v_run.deadline_at) is not null then
@@ -196,6 +197,7 @@ begin
      set status = 'WAITING', wait_kind = 'retry', wait_key = p_name, wake_at = least(v_wake, v_run.deadline_at),
          lease_owner = null, lease_expires_at = null, updated_at = runledger.now()
    where run_id = p_run_id;
+  perform runledger._slot_freed(p_run_id);
   perform runledger._dispatch(p_run_id, runledger._task_identifier(v_run.queue_name, v_run.workflow_name, v_run.workflow_version),
     greatest(0, ceil(extract(epoch from least(v_wake, v_run.deadline_at) - runledger.now()) * 1000))::int);
 end;

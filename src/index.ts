@@ -17,6 +17,8 @@ export type { TransactionFunction } from './steps/transaction.js';
 export type { ApprovalDecision, ApprovalRequest, ChildOptions, WaitForSignalOptions } from './steps/waits.js';
 export type { DecisionInput, DecisionRecord } from './engine/operator.js';
 export type { Duration } from './engine/duration.js';
+export type { QueueOptions, QueueRecord } from './engine/queues.js';
+export type { Schedule, ScheduleOptions } from './engine/schedules.js';
 export {
   RunledgerError,
   LeaseLostError,

@@ -5,6 +5,8 @@ import { ConfigError, serializeError } from '../errors.js';
 import type { ExecutionDeps } from './execution.js';
 import { guardPool } from './pools.js';
 import { migrate } from './migrate.js';
+import { setQueue, type QueueOptions, type QueueRecord } from './queues.js';
+import { defineSchedule, type Schedule, type ScheduleOptions, type StartScheduled } from './schedules.js';
 import { cancelRun, decideApproval, resolveOperation, sendSignal, type DecisionInput, type DecisionRecord } from './operator.js';
 import { getRun, listRuns, retryRun, type ListRunsOptions, type RunRecord } from './runs.js';
 import { startRun, type RunHandle, type StartOptions } from './start.js';
@@ -49,6 +51,10 @@ const defaultLog: LogFunction = (level, message, meta) => {
 
 export interface Engine {
   workflow<I = unknown, O = unknown>(options: WorkflowOptions<I>, fn: WorkflowFunction<I, O>): Workflow<I, O>;
+  /** A workflow started on a cron schedule by the workers, once per tick. Define it before runWorker. */
+  schedule<I>(options: ScheduleOptions<I>): Schedule;
+  /** Creates or changes a queue's limits (enforced by admission in SQL across all workers). */
+  setQueue(name: string, options: QueueOptions): Promise<QueueRecord>;
   migrate(): Promise<{ applied: string[] }>;
   start<I, O>(workflow: Workflow<I, O>, input: I, options?: StartOptions): Promise<RunHandle<O>>;
   getRun(runId: string): Promise<RunRecord | undefined>;
@@ -89,6 +95,7 @@ export function createEngine(options: EngineOptions = {}): Engine {
   const workflows = new Map<string, Workflow<any, any>>();
   const registered = new Map<string, Promise<void>>();
   const workers = new Set<Worker>();
+  const schedules = new Map<string, Schedule>();
 
   const registerWorkflow = (workflow: Workflow<any, any>): Promise<void> => {
     const key = workflowKey(workflow.name, workflow.version);
@@ -121,6 +128,13 @@ export function createEngine(options: EngineOptions = {}): Engine {
       workflows.set(key, workflow);
       return workflow;
     },
+    schedule(scheduleOptions) {
+      const schedule = defineSchedule(scheduleOptions);
+      if (schedules.has(schedule.name)) throw new ConfigError(`schedule ${schedule.name} is already defined on this engine`);
+      schedules.set(schedule.name, schedule);
+      return schedule;
+    },
+    setQueue: (name, queueOptions) => setQueue(pool, name, queueOptions),
     migrate: () => migrate(pool, (message) => log('info', message)),
     start: (workflow, input, startOptions) => startRun({ deps, registerWorkflow, getRun: fetchRun }, workflow, input, startOptions),
     getRun: (runId) => fetchRun(runId),
@@ -131,7 +145,13 @@ export function createEngine(options: EngineOptions = {}): Engine {
     signal: (runId, topic, payload, signalOptions) => sendSignal(pool, runId, topic, payload, signalOptions?.signalId),
     decideApproval: (requestId, decision) => decideApproval(pool, requestId, decision),
     async runWorker(workerOptions) {
-      const worker = await startWorker({ deps, poolConfig, workflows: [...workflows.values()], registerWorkflow }, workerOptions);
+      const startScheduled: StartScheduled = async (workflow, input, idempotencyKey) => {
+        await startRun({ deps, registerWorkflow, getRun: fetchRun }, workflow, input, { idempotencyKey });
+      };
+      const worker = await startWorker(
+        { deps, poolConfig, workflows: [...workflows.values()], registerWorkflow, schedules: [...schedules.values()], startScheduled },
+        workerOptions,
+      );
       workers.add(worker);
       return {
         workerId: worker.workerId,

@@ -18,6 +18,8 @@ export interface StartOptions {
   concurrencyKey?: string;
   /** Wall-clock lifetime ('2d', ms) or an absolute Date; overrides the workflow's limit. */
   deadline?: Duration | Date;
+  /** Start no earlier than this (a Date) or after this long ('10m', ms). */
+  runAt?: Date | Duration;
   /** Override the workflow's limits for this run. */
   maxSteps?: number;
   budget?: number;
@@ -69,7 +71,13 @@ export async function startRun<I, O>(host: StartHost, workflow: Workflow<I, O>, 
     version_manifest: RUNTIME_MANIFEST,
   };
   if (options.idempotencyKey !== undefined) sqlOptions.idempotency_key = options.idempotencyKey;
-  if (options.priority !== undefined) sqlOptions.priority = options.priority;
+  if (options.priority !== undefined) {
+    if (!Number.isInteger(options.priority)) throw new InvalidInputError('start: priority must be a whole number (lower runs first)');
+    sqlOptions.priority = options.priority;
+  }
+  if (options.runAt !== undefined) {
+    sqlOptions.run_at = options.runAt instanceof Date ? options.runAt.toISOString() : new Date(Date.now() + toMs(options.runAt, 'runAt')).toISOString();
+  }
   if (options.concurrencyKey !== undefined) sqlOptions.concurrency_key = options.concurrencyKey;
   Object.assign(
     sqlOptions,

@@ -5,8 +5,9 @@ import { ConfigError, serializeError } from '../errors.js';
 import { guardPool } from './pools.js';
 import { executeRun } from './execute-run.js';
 import { listenForCancels } from './cancel-listener.js';
+import { cronTaskIdentifier, crontabFor, fireSchedule, type Schedule, type StartScheduled } from './schedules.js';
 import type { Execution, ExecutionDeps } from './execution.js';
-import { startDispatchRunner, taskIdentifier } from './graphile.js';
+import { retryIdempotentStatements, startDispatchRunner, taskIdentifier } from './graphile.js';
 import { QUEUE_PATTERN, workflowKey, type Workflow } from './workflow.js';
 
 export const LEASE_MS_DEFAULT = 30_000;
@@ -49,6 +50,8 @@ export interface WorkerHost {
   poolConfig: pg.PoolConfig;
   workflows: ReadonlyArray<Workflow<any, any>>;
   registerWorkflow: (workflow: Workflow<any, any>) => Promise<void>;
+  schedules: ReadonlyArray<Schedule>;
+  startScheduled: StartScheduled;
 }
 
 export async function startWorker(host: WorkerHost, options: WorkerOptions = {}): Promise<Worker> {
@@ -80,6 +83,7 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
   // must not queue behind long user transactions on the engine pool.
   const dispatchPool = new pg.Pool({ ...host.poolConfig, max: Math.max(4, Math.ceil(concurrency / 4) + 2) });
   guardPool(dispatchPool, 'dispatch pool', deps.log);
+  retryIdempotentStatements(dispatchPool);
 
   const execOptions = {
     deps,
@@ -90,9 +94,11 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
     track: (exec: Execution) => void executions.add(exec),
     untrack: (exec: Execution) => void executions.delete(exec),
   };
-  const tasks = new Map<string, (runId: string) => Promise<void>>();
+  const tasks = new Map<string, (payload: Record<string, unknown>) => Promise<void>>();
   for (const [queue, workflow] of queues.flatMap((q) => served.map((w) => [q, w] as const))) {
-    tasks.set(taskIdentifier(queue, workflow.name, workflow.version), async (runId) => {
+    tasks.set(taskIdentifier(queue, workflow.name, workflow.version), async (payload) => {
+      const runId = payload.runId;
+      if (typeof runId !== 'string') return;
       try {
         await executeRun(runId, execOptions);
       } catch (error) {
@@ -104,11 +110,15 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
     });
   }
 
+  for (const schedule of host.schedules) {
+    tasks.set(cronTaskIdentifier(schedule.name), (payload) => fireSchedule(schedule, payload, host.startScheduled));
+  }
   const runner = await startDispatchRunner({
     pool: dispatchPool,
     concurrency,
     pollIntervalMs: options.pollIntervalMs ?? POLL_INTERVAL_MS_DEFAULT,
     tasks,
+    crontab: crontabFor(host.schedules),
     onError: (message) => deps.log('warn', `dispatch: ${message}`),
   });
 
@@ -142,6 +152,7 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
       if (result.rows[0].recovered > 0) deps.log('info', `recovered ${result.rows[0].recovered} run(s) with expired leases`);
       await deps.pool.query('select runledger._redispatch_stuck($1, 1000)', [leaseMs]);
       await deps.pool.query('select runledger._enforce_deadlines(1000)');
+      await deps.pool.query('select runledger._admit_all(1000)');
       // Timers normally fire as delayed dispatch jobs; this catches any that went missing.
       await deps.pool.query('select runledger._wake_due(1000, $1)', [WAKE_GRACE_MS]);
       if (Date.now() - lastOrphanSweep >= orphanAfterMs / 2) {

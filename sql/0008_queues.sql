@@ -1,0 +1,246 @@
+-- 0008_queues: queues as rows, and admission.
+--
+--   runledger.queues              per queue: concurrency, per-key concurrency, rate limit, paused
+--   runledger.admissions          recent admissions of rate-limited queues (a sliding window)
+--   runledger.set_queue(...)      public: create or change a queue
+--   runledger._make_runnable(...) every move into PENDING ends here: dispatch now, or admission
+--   runledger._admit(queue)       fills a queue's free slots: priority, then fair turns across
+--                                 concurrency keys, then age; under the queue row's lock
+--   runledger._slot_freed(run)    a run left its slot (finished, waiting): admit the next one
+--   runledger.queue_stats         view: depth, running, oldest pending, per key
+--
+-- A queue without a row (or with no limit set) costs nothing: its runs are dispatched at
+-- once. With limits, a run is dispatched only when admitted, and admission counts RUNNING
+-- runs plus admitted-but-not-yet-claimed ones, so the limit holds across any number of
+-- workers. A waiting run holds no slot.
+
+create table runledger.queues (
+  name                 text primary key check (name ~ '^[A-Za-z0-9][A-Za-z0-9_.-]{0,39}$'),
+  concurrency          int check (concurrency > 0),
+  per_key_concurrency  int check (per_key_concurrency > 0),
+  rate_limit_max       int check (rate_limit_max > 0),
+  rate_limit_period_ms int check (rate_limit_period_ms > 0),
+  paused               boolean not null default false,
+  updated_at           timestamptz not null default runledger.now(),
+  constraint queues_rate_limit_complete check ((rate_limit_max is null) = (rate_limit_period_ms is null))
+);
+comment on table runledger.queues is
+  'Queue limits, enforced by admission in SQL across all workers: concurrency (runs RUNNING at once), per_key_concurrency (per concurrency_key, e.g. a tenant), rate limit (admissions per period), paused. Change with runledger.set_queue.';
+
+create table runledger.admissions (
+  queue_name  text not null,
+  admitted_at timestamptz not null
+);
+create index admissions_window on runledger.admissions (queue_name, admitted_at);
+comment on table runledger.admissions is
+  'Admission times of rate-limited queues, kept for one rate-limit period: the sliding window the limit is counted over.';
+
+create function runledger._queue_limited(p_queue text) returns boolean
+language sql stable parallel safe as $$
+  select exists (select 1 from runledger.queues q
+                  where q.name = p_queue
+                    and (q.concurrency is not null or q.per_key_concurrency is not null
+                         or q.rate_limit_max is not null or q.paused))
+$$;
+comment on function runledger._queue_limited(text) is 'True when the queue has a limit or is paused: its runs go through admission.';
+
+create function runledger._admit(p_queue text, p_max int default 1000) returns int
+language plpgsql volatile as $$
+declare
+  v_q      runledger.queues;
+  v_now    timestamptz := runledger.now();
+  v_active int;
+  v_free   int := p_max;
+  v_recent int;
+  v_run    record;
+  v_count  int := 0;
+begin
+  -- One admitter per queue at a time: the count below and the admissions after it are
+  -- then consistent, whatever number of workers and starts run concurrently.
+  select * into v_q from runledger.queues where name = p_queue for update;
+  if not found or v_q.paused then
+    return 0;
+  end if;
+  if v_q.concurrency is not null then
+    select count(*) into v_active from runledger.runs r
+     where r.queue_name = p_queue and (r.status in ('RUNNING', 'CANCELLING') or (r.status = 'PENDING' and r.admitted));
+    v_free := least(v_free, v_q.concurrency - v_active);
+  end if;
+  if v_q.rate_limit_max is not null then
+    delete from runledger.admissions a
+     where a.queue_name = p_queue and a.admitted_at <= v_now - make_interval(secs => v_q.rate_limit_period_ms / 1000.0);
+    select count(*) into v_recent from runledger.admissions a where a.queue_name = p_queue;
+    v_free := least(v_free, v_q.rate_limit_max - v_recent);
+  end if;
+  if v_free <= 0 then
+    return 0;
+  end if;
+
+  for v_run in
+    with recursive keys(k) as (
+      -- The distinct concurrency keys with runs waiting, by skip scan over runs_admission_key:
+      -- a few index probes per tenant, whatever the backlog (null key counts as '').
+      select min(coalesce(r.concurrency_key, '')) from runledger.runs r
+       where r.queue_name = p_queue and r.status = 'PENDING' and not r.admitted
+      union all
+      select (select min(coalesce(r.concurrency_key, '')) from runledger.runs r
+               where r.queue_name = p_queue and r.status = 'PENDING' and not r.admitted
+                 and coalesce(r.concurrency_key, '') > keys.k)
+        from keys where keys.k is not null),
+    active as (
+      select coalesce(r.concurrency_key, '') as k, count(*) as n from runledger.runs r
+       where r.queue_name = p_queue and (r.status in ('RUNNING', 'CANCELLING') or (r.status = 'PENDING' and r.admitted))
+       group by 1),
+    candidates as (
+      -- Each key's turn: its place among its own pending runs, after the ones it already
+      -- has running. Ordering by turn interleaves keys: a tenant with a burst of 50,000
+      -- runs cannot starve one with 10.
+      select c.*, row_number() over (partition by keys.k order by c.priority, c.created_at, c.run_id) + coalesce(a.n, 0) as turn
+        from keys
+        cross join lateral (
+          select r.run_id, r.priority, r.created_at, r.workflow_name, r.workflow_version from runledger.runs r
+           where r.queue_name = p_queue and r.status = 'PENDING' and not r.admitted
+             and coalesce(r.concurrency_key, '') = keys.k and (r.not_before is null or r.not_before <= v_now)
+           order by r.priority, r.created_at, r.run_id
+           limit v_free) c
+        left join active a on a.k = keys.k
+       where keys.k is not null)
+    select c.* from candidates c
+     where v_q.per_key_concurrency is null or c.turn <= v_q.per_key_concurrency
+     order by c.priority, c.turn, c.created_at, c.run_id
+     limit v_free
+  loop
+    update runledger.runs set admitted = true, admitted_at = v_now where run_id = v_run.run_id;
+    perform runledger._dispatch(v_run.run_id, runledger._task_identifier(p_queue, v_run.workflow_name, v_run.workflow_version));
+    if v_q.rate_limit_max is not null then
+      insert into runledger.admissions (queue_name, admitted_at) values (p_queue, v_now);
+    end if;
+    v_count := v_count + 1;
+  end loop;
+  return v_count;
+end;
+$$;
+comment on function runledger._admit(text, int) is
+  'Admission for one queue, under its row lock: fills free slots (concurrency, per-key concurrency, rate limit; none when paused) with PENDING runs by priority (lower first), then fair turns across concurrency keys, then age, and dispatches them. Work-conserving. Returns how many it admitted.';
+
+create function runledger._make_runnable(p_run_id text, p_delay_ms int default 0) returns void
+language plpgsql volatile as $$
+declare
+  v_run runledger.runs;
+begin
+  select * into v_run from runledger.runs where run_id = p_run_id;
+  if runledger._queue_limited(v_run.queue_name) then
+    update runledger.runs
+       set admitted = false,
+           not_before = case when p_delay_ms > 0 then runledger.now() + make_interval(secs => p_delay_ms / 1000.0) else not_before end
+     where run_id = p_run_id;
+    perform runledger._admit(v_run.queue_name);
+  else
+    if not v_run.admitted then
+      update runledger.runs set admitted = true where run_id = p_run_id;
+    end if;
+    perform runledger._dispatch(p_run_id, runledger._task_identifier(v_run.queue_name, v_run.workflow_name, v_run.workflow_version), p_delay_ms);
+  end if;
+end;
+$$;
+comment on function runledger._make_runnable(text, int) is
+  'Every move of a run into PENDING ends here: dispatched at once (after p_delay_ms) in a queue without limits, else left to admission.';
+
+create function runledger._slot_freed(p_run_id text) returns void
+language plpgsql volatile as $$
+declare
+  v_queue text;
+begin
+  select queue_name into v_queue from runledger.runs where run_id = p_run_id;
+  if runledger._queue_limited(v_queue) then
+    perform runledger._admit(v_queue);
+  end if;
+end;
+$$;
+comment on function runledger._slot_freed(text) is
+  'Called when a run leaves its slot (finished, waiting, cancelled): admits the next run of a queue with limits.';
+
+create function runledger._admit_all(p_limit int default 1000) returns int
+language sql volatile as $$
+  -- Sweeper: rate-limit windows that opened, and queues whose limits were raised.
+  select coalesce(sum(runledger._admit(q.name, p_limit)), 0)::int
+    from runledger.queues q
+   where not q.paused
+     and exists (select 1 from runledger.runs r where r.queue_name = q.name and r.status = 'PENDING' and not r.admitted)
+$$;
+comment on function runledger._admit_all(int) is
+  'Sweeper: runs admission for every queue with runs waiting for it (a rate-limit window that opened, a raised limit). Returns how many runs it admitted.';
+
+create function runledger.set_queue(p_name text, p_options jsonb) returns runledger.queues
+language plpgsql volatile as $$
+declare
+  v_opts jsonb := coalesce(p_options, '{}');
+  v_key  text;
+  v_q    runledger.queues;
+begin
+  if p_name is null or p_name !~ '^[A-Za-z0-9][A-Za-z0-9_.-]{0,39}$' then
+    raise exception using errcode = 'RL003', message = format('set_queue: invalid queue name %L', p_name);
+  end if;
+  if jsonb_typeof(v_opts) <> 'object' then
+    raise exception using errcode = 'RL003', message = 'set_queue: options must be a JSON object';
+  end if;
+  for v_key in select jsonb_object_keys(v_opts) loop
+    if v_key not in ('concurrency', 'per_key_concurrency', 'rate_limit_max', 'rate_limit_period_ms', 'paused') then
+      raise exception using errcode = 'RL003', message = format('set_queue: unknown option %L', v_key);
+    end if;
+  end loop;
+  perform runledger._check_whole_number(v_opts, 'concurrency', 1);
+  perform runledger._check_whole_number(v_opts, 'per_key_concurrency', 1);
+  perform runledger._check_whole_number(v_opts, 'rate_limit_max', 1);
+  perform runledger._check_whole_number(v_opts, 'rate_limit_period_ms', 1);
+  if v_opts ? 'paused' and jsonb_typeof(v_opts->'paused') <> 'boolean' then
+    raise exception using errcode = 'RL003', message = 'set_queue: paused must be true or false';
+  end if;
+  insert into runledger.queues (name) values (p_name) on conflict (name) do nothing;
+  -- Keys given replace the current values (null clears a limit); keys not given are kept.
+  update runledger.queues q
+     set concurrency = case when v_opts ? 'concurrency' then (v_opts->>'concurrency')::int else q.concurrency end,
+         per_key_concurrency = case when v_opts ? 'per_key_concurrency' then (v_opts->>'per_key_concurrency')::int else q.per_key_concurrency end,
+         rate_limit_max = case when v_opts ? 'rate_limit_max' then (v_opts->>'rate_limit_max')::int else q.rate_limit_max end,
+         rate_limit_period_ms = case when v_opts ? 'rate_limit_period_ms' then (v_opts->>'rate_limit_period_ms')::int else q.rate_limit_period_ms end,
+         paused = case when v_opts ? 'paused' then (v_opts->>'paused')::boolean else q.paused end,
+         updated_at = runledger.now()
+   where q.name = p_name
+  returning * into v_q;
+  if (v_q.rate_limit_max is null) <> (v_q.rate_limit_period_ms is null) then
+    raise exception using errcode = 'RL003', message = 'set_queue: rate_limit_max and rate_limit_period_ms go together';
+  end if;
+  if runledger._queue_limited(p_name) then
+    -- Runs that were dispatched freely before the queue got limits count against them now.
+    perform runledger._admit(p_name);
+  else
+    -- Limits lifted: everything pending goes now.
+    perform runledger._make_runnable(r.run_id, 0)
+       from runledger.runs r where r.queue_name = p_name and r.status = 'PENDING' and not r.admitted;
+  end if;
+  return v_q;
+end;
+$$;
+comment on function runledger.set_queue(text, jsonb) is
+  'Creates or changes a queue. Options: concurrency, per_key_concurrency, rate_limit_max with rate_limit_period_ms, paused; a key set to null clears that limit, keys left out are kept. Admits what the new limits allow at once.';
+
+create view runledger.queue_stats as
+select r.queue_name,
+       case when grouping(r.concurrency_key) = 1 then null else coalesce(r.concurrency_key, '') end as concurrency_key,
+       grouping(r.concurrency_key) = 1 as queue_total,
+       count(*) filter (where r.status = 'PENDING' and not r.admitted) as waiting_admission,
+       count(*) filter (where r.status = 'PENDING' and r.admitted) as dispatched,
+       count(*) filter (where r.status in ('RUNNING', 'CANCELLING')) as running,
+       count(*) filter (where r.status = 'WAITING') as waiting,
+       runledger.now() - min(r.created_at) filter (where r.status = 'PENDING') as oldest_pending_age,
+       max(q.concurrency) as concurrency, max(q.per_key_concurrency) as per_key_concurrency,
+       max(q.rate_limit_max) as rate_limit_max, max(q.rate_limit_period_ms) as rate_limit_period_ms,
+       bool_or(q.paused) as paused
+  from runledger.runs r
+  left join runledger.queues q on q.name = r.queue_name
+ where r.status in ('PENDING', 'RUNNING', 'CANCELLING', 'WAITING')
+ group by grouping sets ((r.queue_name), (r.queue_name, r.concurrency_key));
+comment on view runledger.queue_stats is
+  'Per queue (queue_total = true) and per concurrency key: runs waiting for admission, dispatched, running, waiting, the oldest pending age, and the queue''s limits. For dashboards and alerts.';
+
+insert into runledger.migrations (version, name) values (8, '0008_queues');
