@@ -315,7 +315,8 @@ begin
     v_hash := md5(coalesce(p_output::text, ''));
   end if;
   insert into runledger.steps (run_id, seq, name, kind, status, output, error, attempts, started_at, finished_at, fencing_token, output_hash)
-  values (p_run_id, p_seq, p_name, p_kind, p_status, p_output, p_error, p_attempts, p_started_at, runledger.now(), p_token, v_hash)
+  -- finished_at is the fence's own time (the run's updated_at): the deadline was checked against it.
+  values (p_run_id, p_seq, p_name, p_kind, p_status, p_output, p_error, p_attempts, p_started_at, v_run.updated_at, p_token, v_hash)
   -- A step that waited between attempts (durable retry backoff) left a WAITING row here.
   on conflict (run_id, seq) do update
      set status = excluded.status, output = excluded.output, error = excluded.error, attempts = excluded.attempts,
