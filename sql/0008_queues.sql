@@ -198,18 +198,19 @@ begin
   end if;
   insert into runledger.queues (name) values (p_name) on conflict (name) do nothing;
   -- Keys given replace the current values (null clears a limit); keys not given are kept.
-  update runledger.queues q
-     set concurrency = case when v_opts ? 'concurrency' then (v_opts->>'concurrency')::int else q.concurrency end,
-         per_key_concurrency = case when v_opts ? 'per_key_concurrency' then (v_opts->>'per_key_concurrency')::int else q.per_key_concurrency end,
-         rate_limit_max = case when v_opts ? 'rate_limit_max' then (v_opts->>'rate_limit_max')::int else q.rate_limit_max end,
-         rate_limit_period_ms = case when v_opts ? 'rate_limit_period_ms' then (v_opts->>'rate_limit_period_ms')::int else q.rate_limit_period_ms end,
-         paused = case when v_opts ? 'paused' then (v_opts->>'paused')::boolean else q.paused end,
-         updated_at = runledger.now()
-   where q.name = p_name
-  returning * into v_q;
-  if (v_q.rate_limit_max is null) <> (v_q.rate_limit_period_ms is null) then
+  begin
+    update runledger.queues q
+       set concurrency = case when v_opts ? 'concurrency' then (v_opts->>'concurrency')::int else q.concurrency end,
+           per_key_concurrency = case when v_opts ? 'per_key_concurrency' then (v_opts->>'per_key_concurrency')::int else q.per_key_concurrency end,
+           rate_limit_max = case when v_opts ? 'rate_limit_max' then (v_opts->>'rate_limit_max')::int else q.rate_limit_max end,
+           rate_limit_period_ms = case when v_opts ? 'rate_limit_period_ms' then (v_opts->>'rate_limit_period_ms')::int else q.rate_limit_period_ms end,
+           paused = case when v_opts ? 'paused' then (v_opts->>'paused')::boolean else q.paused end,
+           updated_at = runledger.now()
+     where q.name = p_name
+    returning * into v_q;
+  exception when check_violation then
     raise exception using errcode = 'RL003', message = 'set_queue: rate_limit_max and rate_limit_period_ms go together';
-  end if;
+  end;
   if runledger._queue_limited(p_name) then
     -- Runs that were dispatched freely before the queue got limits count against them now.
     perform runledger._admit(p_name);
