@@ -73,7 +73,7 @@ create table runledger.runs (
   priority              int not null default 0,
   concurrency_key       text,
   idempotency_key       text,
-  parent_run_id         text references runledger.runs (run_id),
+  parent_run_id         text references runledger.runs (run_id) on delete set null,
   created_at            timestamptz not null default runledger.now(),
   updated_at            timestamptz not null default runledger.now(),
   started_at            timestamptz,

@@ -234,6 +234,10 @@ declare
 begin
   perform runledger._fence(p_run_id, p_token);
   select compensation_status into v_status from runledger.operations where operation_id = p_operation_id and run_id = p_run_id for update;
+  if not found then
+    -- A checkpoint copied by fork_run: the operation belongs to the source run, not to this one.
+    return 'NOT_THIS_RUN';
+  end if;
   if v_status is null or v_status = 'STARTED' then
     update runledger.operations set compensation_status = 'STARTED', updated_at = runledger.now() where operation_id = p_operation_id;
     insert into runledger.events (run_id, kind, detail, fencing_token)

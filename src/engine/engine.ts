@@ -7,9 +7,9 @@ import { guardPool } from './pools.js';
 import { migrate } from './migrate.js';
 import { setQueue, type QueueOptions, type QueueRecord } from './queues.js';
 import { defineSchedule, type Schedule, type ScheduleOptions, type StartScheduled } from './schedules.js';
-import { cancelRun, decideApproval, resolveOperation, sendSignal, type DecisionInput, type DecisionRecord } from './operator.js';
+import { cancelRun, decideApproval, forkRun, resolveOperation, sendSignal, type DecisionInput, type DecisionRecord } from './operator.js';
 import { getRun, listRuns, retryRun, type ListRunsOptions, type RunRecord } from './runs.js';
-import { startRun, type RunHandle, type StartOptions } from './start.js';
+import { awaitResult, startRun, type RunHandle, type StartOptions } from './start.js';
 import type { RunStatus } from './states.js';
 import { startWorker, type Worker, type WorkerOptions } from './worker.js';
 import { defineWorkflow, limitsToSql, workflowKey, type Workflow, type WorkflowFunction, type WorkflowOptions } from './workflow.js';
@@ -62,6 +62,8 @@ export interface Engine {
   retry(runId: string): Promise<RunStatus>;
   /** Cancels a run: PENDING/WAITING at once, RUNNING through its worker; returns the run's new status (a finished run is left as it is). */
   cancel(runId: string, options?: { reason?: string }): Promise<RunStatus>;
+  /** A new run reusing the source run's checkpoints before step `fromStep` (0 = start over); returns its handle. */
+  fork<O = unknown>(runId: string, options: { fromStep: number }): Promise<RunHandle<O>>;
   /** Settles an UNKNOWN operation (an operator's decision) and wakes the run waiting on it. */
   resolveOperation(operationId: string, resolution: { status: 'SUCCEEDED' | 'FAILED'; result?: unknown; resolvedBy?: string }): Promise<'SUCCEEDED' | 'FAILED'>;
   /** Delivers a signal; true if newly accepted, false if this signalId was accepted before. */
@@ -140,6 +142,10 @@ export function createEngine(options: EngineOptions = {}): Engine {
     getRun: (runId) => fetchRun(runId),
     listRuns: (listOptions) => listRuns(db, listOptions),
     retry: (runId) => retryRun(pool, runId),
+    fork: async (runId, forkOptions) => {
+      const forked = await forkRun(pool, runId, forkOptions.fromStep);
+      return { runId: forked, result: (opts) => awaitResult({ deps, registerWorkflow, getRun: fetchRun }, forked, opts?.timeoutMs) };
+    },
     resolveOperation: (operationId, resolution) => resolveOperation(pool, operationId, resolution),
     cancel: (runId, cancelOptions) => cancelRun(pool, runId, cancelOptions?.reason),
     signal: (runId, topic, payload, signalOptions) => sendSignal(pool, runId, topic, payload, signalOptions?.signalId),

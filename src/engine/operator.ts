@@ -71,3 +71,12 @@ export async function resolveOperation(
     throw fromPgError(error);
   }
 }
+
+export async function forkRun(pool: pg.Pool, runId: string, fromStep: number): Promise<string> {
+  try {
+    const result = await pool.query('select runledger.fork_run($1, $2) as run_id', [runId, fromStep]);
+    return result.rows[0].run_id;
+  } catch (error) {
+    throw fromPgError(error);
+  }
+}
