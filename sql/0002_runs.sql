@@ -406,6 +406,25 @@ $$;
 comment on function runledger._complete_run(text, bigint, jsonb, text, numeric) is
   'Fenced completion: output, SUCCEEDED and the COMPLETED termination record commit together (a last charge over the budget ends it TERMINATED, BUDGET instead).';
 
+create function runledger._complete_with_checkpoint(
+  p_run_id text, p_token bigint, p_seq int, p_name text, p_kind text, p_status text,
+  p_step_output jsonb, p_error jsonb, p_attempts int, p_started_at timestamptz, p_charge numeric,
+  p_output jsonb, p_policy_version text)
+returns void language plpgsql volatile as $$
+declare
+  v_status text;
+begin
+  -- The run's last step and its completion in one transaction (one round trip).
+  select run_status into v_status
+    from runledger._checkpoint(p_run_id, p_token, p_seq, p_name, p_kind, p_status, p_step_output, p_error, p_attempts, p_started_at, p_charge);
+  if v_status in ('RUNNING', 'CANCELLING') then
+    perform runledger._complete_run(p_run_id, p_token, p_output, p_policy_version, 0);
+  end if;
+end;
+$$;
+comment on function runledger._complete_with_checkpoint(text, bigint, int, text, text, text, jsonb, jsonb, int, timestamptz, numeric, jsonb, text) is
+  'Fenced: writes the last step''s checkpoint and completes the run in one transaction (unless the checkpoint itself ended the run, e.g. over budget).';
+
 create function runledger._fail_run(p_run_id text, p_token bigint, p_error jsonb, p_policy_version text)
 returns void language sql volatile as $$
   select runledger._finish_run(p_run_id, p_token, 'FAILED', 'FAILED', null, p_error, null, p_policy_version)

@@ -8,30 +8,49 @@
  * no database, not available yet).
  */
 import { RUNTIME_VERSION } from '../engine/version.js';
+import { approvals } from './commands/approvals.js';
+import { approve } from './commands/approve.js';
+import { cancel } from './commands/cancel.js';
 import { deadLetter } from './commands/dead-letter.js';
+import { fork } from './commands/fork.js';
 import { migrate } from './commands/migrate.js';
+import { prune } from './commands/prune.js';
+import { queues } from './commands/queues.js';
+import { resolve } from './commands/resolve.js';
 import { retry } from './commands/retry.js';
 import { runs } from './commands/runs.js';
+import { setQueue } from './commands/set-queue.js';
 import { show } from './commands/show.js';
+import { signal } from './commands/signal.js';
 import { start } from './commands/start.js';
-import { approve, cancel, dev, fork, signal } from './commands/unavailable.js';
+import { dev } from './commands/unavailable.js';
+import { unknown } from './commands/unknown.js';
+import { waiting } from './commands/waiting.js';
 import { worker } from './commands/worker.js';
 import { workers } from './commands/workers.js';
 import { CliError, EXIT_USAGE, describeError, type Command } from './shared.js';
 
+/** In the order `runledger --help` lists them: set up, look, act, clean up. */
 const COMMANDS: Record<string, Command> = {
   migrate,
   worker,
   start,
   runs,
   show,
-  retry,
+  waiting,
+  approvals,
+  unknown,
   'dead-letter': deadLetter,
+  queues,
   workers,
   signal,
   approve,
+  resolve,
   cancel,
+  retry,
   fork,
+  'set-queue': setQueue,
+  prune,
   dev,
 };
 

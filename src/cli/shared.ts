@@ -68,6 +68,23 @@ export function intOption(values: Parsed['values'], name: string, min: number): 
   return n;
 }
 
+/** A JSON argument (input, payload, result), parsed here so that a typo reads as a usage error. */
+export function jsonArgument(raw: string | undefined, what: string): unknown {
+  if (raw === undefined) return undefined;
+  try {
+    return JSON.parse(raw);
+  } catch (error) {
+    throw new CliError('USAGE', `${what} is not valid JSON: ${(error as Error).message}`);
+  }
+}
+
+/** A required string option: its absence is a usage error that shows the synopsis. */
+export function requiredOption(command: Command, values: Parsed['values'], name: string): string {
+  const value = values[name];
+  if (typeof value !== 'string' || value.length === 0) throw new CliError('USAGE', `--${name} is required\nusage: ${command.usage}`);
+  return value;
+}
+
 export function databaseUrl(values: Parsed['values']): string {
   const url = (values['database-url'] as string | undefined) ?? process.env.DATABASE_URL;
   if (!url) throw new CliError('NO_DATABASE', 'no database: pass --database-url postgres://... or set DATABASE_URL');

@@ -69,6 +69,15 @@ export async function writeCheckpoint(exec: Execution, record: CheckpointRecord)
   }
 }
 
+/** Writes the deferred checkpoint, if any; false when the execution halted instead. */
+export async function flushPending(exec: Execution): Promise<boolean> {
+  const pending = exec.pendingCheckpoint;
+  if (!pending) return true;
+  exec.pendingCheckpoint = undefined;
+  const written = await writeCheckpoint(exec, pending);
+  return written.ok;
+}
+
 /** After a checkpoint committed: its charge is spent, and the run's status (cancel, policy stop) is acted on. */
 export function committed(exec: Execution, runStatus: string | undefined): void {
   exec.pendingCharge = 0;

@@ -2,6 +2,7 @@ import { InvalidInputError, NonDeterminismError, PayloadTooLargeError, serialize
 import { WorkflowContext } from '../steps/context.js';
 import { Execution, type CheckpointRow, type ExecutionDeps, type Halt } from './execution.js';
 import { failpoint } from './failpoints.js';
+import { checkpointValues, flushPending } from './checkpoint.js';
 import { runCompensations } from './compensate.js';
 import { toJsonText } from './json.js';
 import { isConnectionError, pgCode } from './pg-errors.js';
@@ -106,9 +107,21 @@ export async function executeRun(runId: string, options: ExecuteOptions): Promis
         return;
       }
       failpoint('before-complete', workflow.name);
-      await finish(exec, 'runledger._complete_run($1, $2, $3::jsonb, $4, $5)', [outputText ?? null, policyVersion, exec.pendingCharge]);
+      const last = exec.pendingCheckpoint;
+      if (last) {
+        exec.pendingCheckpoint = undefined;
+        const [, , ...stepValues] = checkpointValues(exec, last);
+        await finish(exec, 'runledger._complete_with_checkpoint($1, $2, $3, $4, $5, $6, $7::jsonb, $8::jsonb, $9, $10, $11, $12::jsonb, $13)', [
+          ...stepValues,
+          outputText ?? null,
+          policyVersion,
+        ]);
+      } else {
+        await finish(exec, 'runledger._complete_run($1, $2, $3::jsonb, $4, $5)', [outputText ?? null, policyVersion, exec.pendingCharge]);
+      }
     } else if ('kind' in outcome && outcome.kind === 'threw') {
       if (exec.haltReason) return handleHalt(exec, exec.haltReason, policyVersion);
+      if (!(await flushPending(exec))) return handleHalt(exec, exec.haltReason!, policyVersion);
       const failures = await runCompensations(exec);
       const error = { ...serializeError(outcome.error), ...(failures.length > 0 ? { compensationFailures: failures } : {}) };
       await finish(exec, 'runledger._fail_run($1, $2, $3::jsonb, $4)', [JSON.stringify(error), policyVersion]);
@@ -164,12 +177,15 @@ async function handleHalt(exec: Execution, halt: Halt, policyVersion: string): P
       await release(exec, RELEASE_DELAY_MS, 'infrastructure');
       return;
     case 'shutdown':
+      await flushPending(exec);
       await release(exec, 0, 'worker_stopping');
       return;
     case 'suspended':
     case 'stopped':
       return;
     case 'cancelled':
+      // The step that was in flight when the cancel came keeps its result.
+      await flushPending(exec);
       await runCompensations(exec);
       await finish(exec, 'runledger._finish_cancel($1, $2)', []);
       return;
@@ -189,6 +205,13 @@ async function finish(exec: Execution, call: string, args: unknown[]): Promise<v
       if (pgCode(error) === 'RL001') {
         // Either another worker took over, or our previous try committed before its reply was lost.
         exec.deps.log('warn', `run ${exec.runId}: not finished by this worker: ${(error as Error).message}`);
+        return;
+      }
+      if (pgCode(error) === 'RL009') {
+        // The deadline passed before the run could finish: that is how it ends.
+        await exec.deps.pool.query('select runledger._terminate_run($1, $2, $3, $4::jsonb)', [
+          exec.runId, exec.fencingToken.toString(), 'DEADLINE', JSON.stringify({ message: (error as Error).message }),
+        ]);
         return;
       }
       if (!isConnectionError(error) || attempt >= FINISH_TRIES) throw error;

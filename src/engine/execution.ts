@@ -63,6 +63,13 @@ export class Execution {
   selfHeartbeat = false;
   /** Compensations of operations that succeeded in this run, in order; run in reverse on failure or cancel. */
   readonly compensations: Array<{ operationId: string; name: string; idempotencyKey: string; result: unknown; fn: CompensationFunction }> = [];
+  /**
+   * The last step's checkpoint, not yet written: it is written before anything else
+   * happens (the next step, a wait, a failure), or together with the run's completion,
+   * saving one round trip for a run's final step. Until then a crash re-runs that step,
+   * which ctx.step allows (at least once until its checkpoint commits).
+   */
+  pendingCheckpoint: import('./checkpoint.js').CheckpointRecord | undefined;
   /** Lease length of the worker executing this run (for step heartbeats). */
   leaseMs = 30_000;
   /** Last heartbeat progress per step position, loaded at claim. */
@@ -98,6 +105,10 @@ export class Execution {
     this.abortController.abort('cancelled');
     if (this.inFlight === 0) this.halt({ kind: 'cancelled' });
     else setTimeout(() => this.halt({ kind: 'cancelled' }), graceMs).unref();
+  }
+
+  get inFlightCount(): number {
+    return this.inFlight;
   }
 
   /** No new step may start: suspends, and ends a cancelled execution once nothing is in flight. */

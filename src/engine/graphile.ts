@@ -24,6 +24,8 @@ export interface DispatchRunnerOptions {
   pool: pg.Pool;
   concurrency: number;
   pollIntervalMs: number;
+  /** Jobs fetched (and locked) per query; 0 or 1 fetches one at a time. */
+  fetchBatchSize: number;
   /** task identifier -> handler(payload); a throw fails the job, which graphile-worker retries later. */
   tasks: Map<string, (payload: Record<string, unknown>) => Promise<void>>;
   /** graphile-worker crontab lines (scheduled workflows); graphile-worker fires each tick once across workers. */
@@ -105,6 +107,7 @@ export async function startDispatchRunner(options: DispatchRunnerOptions): Promi
           // rejection; delay 0 batches within one tick only.
           completeJobBatchDelay: 0,
           failJobBatchDelay: 0,
+          ...(options.fetchBatchSize > 1 ? { localQueue: { size: options.fetchBatchSize } } : {}),
         },
       },
     });

@@ -32,6 +32,11 @@ export interface WorkerOptions {
   orphanAfterMs?: number;
   /** Fallback poll for dispatch jobs when LISTEN/NOTIFY is missed; default 2 s. */
   pollIntervalMs?: number;
+  /**
+   * Dispatch jobs fetched per query (graphile-worker's local queue); default: the
+   * concurrency. Fewer queries under load; 1 fetches one job at a time.
+   */
+  fetchBatchSize?: number;
   /** On stop(), how long in-flight runs may take to finish before they are released; default 10 s. */
   shutdownTimeoutMs?: number;
   workerId?: string;
@@ -117,6 +122,7 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
     pool: dispatchPool,
     concurrency,
     pollIntervalMs: options.pollIntervalMs ?? POLL_INTERVAL_MS_DEFAULT,
+    fetchBatchSize: options.fetchBatchSize ?? concurrency,
     tasks,
     crontab: crontabFor(host.schedules),
     onError: (message) => deps.log('warn', `dispatch: ${message}`),

@@ -1,3 +1,4 @@
+import { flushPending } from '../engine/checkpoint.js';
 import { serializeError } from '../errors.js';
 import { committed } from '../engine/checkpoint.js';
 import { haltOnDbError } from '../engine/db-halts.js';
@@ -67,6 +68,7 @@ export async function runOperation<T>(exec: Execution, name: string, options: Op
     registerCompensation(exec, name, options, stored!);
     return stored!.value;
   }
+  if (!(await flushPending(exec))) return exec.suspend();
   if (exec.stopping) return exec.noNewStep();
   const key = options.idempotencyKey ?? `${exec.runId}:${seq}:${name}`;
   const retryPending = recorded?.[2] === 'WAITING';

@@ -1,5 +1,5 @@
 import { serializeError } from '../errors.js';
-import { writeCheckpoint } from '../engine/checkpoint.js';
+import { flushPending, writeCheckpoint } from '../engine/checkpoint.js';
 import type { Execution } from '../engine/execution.js';
 import { failpoint } from '../engine/failpoints.js';
 import { heartbeatStep } from './heartbeat.js';
@@ -40,6 +40,7 @@ export async function runStep<T>(exec: Execution, name: string, fn: StepFunction
   const position = exec.takeStep(name, 'step');
   if (!position) return exec.suspend();
   if (position.recorded && position.recorded[2] !== 'WAITING') return replayCheckpoint<T>(position.recorded);
+  if (!(await flushPending(exec))) return exec.suspend();
   if (exec.stopping) return exec.noNewStep();
   const { seq } = position;
   const firstAttempt = resumeAttempt(position.recorded);
@@ -68,16 +69,22 @@ export async function runStep<T>(exec: Execution, name: string, fn: StepFunction
         }
       }
       failpoint('before-checkpoint', name);
-      const written = await writeCheckpoint(exec, {
+      const record = {
         seq,
         name,
-        kind: 'step',
-        status: outcome.ok ? 'SUCCEEDED' : 'FAILED',
+        kind: 'step' as const,
+        status: outcome.ok ? ('SUCCEEDED' as const) : ('FAILED' as const),
         outputText: outcome.ok ? outcome.text : undefined,
         error: outcome.ok ? undefined : outcome.error,
         attempts: attempt,
         startedAt,
-      });
+      };
+      if (outcome.ok && exec.inFlightCount === 1 && !exec.cancelRequested) {
+        // Written before whatever the workflow does next, or with its completion.
+        exec.pendingCheckpoint = record;
+        return outcome.value as T;
+      }
+      const written = await writeCheckpoint(exec, record);
       if (!written.ok) return exec.suspend<T>();
       if (!outcome.ok) throw stepFailure(name, serializeError(outcome.error), outcome.error);
       return outcome.value as T;

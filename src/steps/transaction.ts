@@ -1,6 +1,6 @@
 import { sql, type Transaction } from 'kysely';
 import { serializeError } from '../errors.js';
-import { backoff, checkpointValues, committed, readCheckpointOutcome, writeCheckpoint } from '../engine/checkpoint.js';
+import { backoff, checkpointValues, committed, flushPending, readCheckpointOutcome, writeCheckpoint } from '../engine/checkpoint.js';
 import { haltOnDbError } from '../engine/db-halts.js';
 import type { Execution } from '../engine/execution.js';
 import { failpoint } from '../engine/failpoints.js';
@@ -28,6 +28,7 @@ export async function runTransaction<T, DB>(exec: Execution, name: string, fn: T
   const position = exec.takeStep(name, 'transaction');
   if (!position) return exec.suspend();
   if (position.recorded) return replayCheckpoint<T>(position.recorded);
+  if (!(await flushPending(exec))) return exec.suspend();
   if (exec.stopping) return exec.noNewStep();
   return exec.inStep(() => transactionAttempts(exec, name, position.seq, fn));
 }

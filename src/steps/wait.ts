@@ -1,3 +1,4 @@
+import { flushPending } from '../engine/checkpoint.js';
 import type { Execution, StepKind } from '../engine/execution.js';
 import { haltOnDbError } from '../engine/db-halts.js';
 
@@ -14,6 +15,7 @@ export async function runWait(exec: Execution, name: string, kind: StepKind, spe
   const position = exec.takeStep(name, kind);
   if (!position) return exec.suspend();
   if (position.recorded?.[2] === 'SUCCEEDED') return (position.recorded[3] as [Record<string, unknown>])[0];
+  if (!(await flushPending(exec))) return exec.suspend();
   if (exec.stopping) return exec.noNewStep();
   let result;
   try {

@@ -1,3 +1,4 @@
+import { flushPending } from '../engine/checkpoint.js';
 import { ChildFailedError, ConfigError } from '../errors.js';
 import { toMs, type Duration } from '../engine/duration.js';
 import type { Execution } from '../engine/execution.js';
@@ -88,6 +89,7 @@ export async function startChild<I>(
   const position = exec.takeStep(name, 'child_start');
   if (!position) return exec.suspend();
   if (position.recorded) return replayCheckpoint<{ runId: string }>(position.recorded);
+  if (!(await flushPending(exec))) return exec.suspend();
   if (exec.stopping) return exec.noNewStep();
   let stored: unknown = input;
   if (workflow.inputSchema) stored = workflow.inputSchema.parse(input);

@@ -1,5 +1,6 @@
+import { toMs } from '../../engine/duration.js';
 import { print } from '../format.js';
-import { CliError, parse, withEngine, type Command } from '../shared.js';
+import { CliError, jsonArgument, parse, withEngine, type Command } from '../shared.js';
 
 /**
  * Through runledger.start_run, exactly as from psql: the workflow must have been
@@ -8,7 +9,9 @@ import { CliError, parse, withEngine, type Command } from '../shared.js';
  */
 export const start: Command = {
   summary: 'start a run of a registered workflow; prints its run id',
-  usage: "runledger start WORKFLOW [JSON_INPUT] [--idempotency-key K] [--queue Q] [--version V] [--priority N]",
+  usage:
+    'runledger start WORKFLOW [JSON_INPUT] [--idempotency-key K] [--queue Q] [--version V] [--priority N]\n' +
+    '                [--concurrency-key K] [--deadline INTERVAL|TIMESTAMP] [--run-at TIMESTAMP|DURATION]',
   async run(args) {
     const parsed = parse(
       start,
@@ -18,23 +21,24 @@ export const start: Command = {
         queue: { type: 'string' },
         version: { type: 'string' },
         priority: { type: 'string' },
+        'concurrency-key': { type: 'string' },
+        deadline: { type: 'string' },
+        'run-at': { type: 'string' },
       },
       { min: 1, max: 2 },
     );
     if (!parsed) return;
     const [workflow, json] = parsed.positionals as [string, string | undefined];
-    if (json !== undefined) {
-      try {
-        JSON.parse(json);
-      } catch (error) {
-        throw new CliError('USAGE', `JSON_INPUT is not valid JSON: ${(error as Error).message}`);
-      }
-    }
+    jsonArgument(json, 'JSON_INPUT');
     const { values } = parsed;
     const options: Record<string, unknown> = {};
     if (values['idempotency-key'] !== undefined) options.idempotency_key = values['idempotency-key'];
     if (values.queue !== undefined) options.queue = values.queue;
     if (values.version !== undefined) options.version = values.version;
+    if (values['concurrency-key'] !== undefined) options.concurrency_key = values['concurrency-key'];
+    // start_run reads a date-time as a point in time and anything else ('2 days') as a lifetime.
+    if (values.deadline !== undefined) options.deadline = values.deadline;
+    if (values['run-at'] !== undefined) options.run_at = runAt(values['run-at'] as string);
     if (values.priority !== undefined) {
       options.priority = Number(values.priority);
       if (!Number.isInteger(options.priority)) throw new CliError('USAGE', `--priority must be a whole number, got ${JSON.stringify(values.priority)}`);
@@ -50,3 +54,13 @@ export const start: Command = {
     print(runId);
   },
 };
+
+/** '10m' (from now) or a date-time; the run is not claimed before then. */
+function runAt(raw: string): string {
+  if (/^\d{4}-\d{2}-\d{2}/.test(raw)) return raw;
+  try {
+    return new Date(Date.now() + toMs(raw, '--run-at')).toISOString();
+  } catch {
+    throw new CliError('USAGE', `--run-at must be a date-time (2030-01-31T12:00Z) or a duration (90s, 10m, 2h), got ${JSON.stringify(raw)}`);
+  }
+}

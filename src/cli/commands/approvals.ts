@@ -1,0 +1,45 @@
+import { ago, print, screenWidth, shortJson, timestamp, wrap } from '../format.js';
+import { intOption, parse, withEngine, type Command } from '../shared.js';
+
+interface InboxRow {
+  request_id: string;
+  run_id: string;
+  workflow_name: string;
+  name: string;
+  action: string;
+  evidence: unknown;
+  approvers: string[] | null;
+  requested_at: Date;
+  expires_at: Date | null;
+}
+
+/**
+ * Reads the runledger.approval_inbox view. One block per request rather than a
+ * table: the evidence is what an approver decides on, so it is shown, not cut.
+ */
+export const approvals: Command = {
+  summary: 'pending approval requests: action, evidence, who may decide, until when',
+  usage: 'runledger approvals [--limit N (default 50)]',
+  async run(args) {
+    const parsed = parse(approvals, args, { limit: { type: 'string' } });
+    if (!parsed) return;
+    const limit = intOption(parsed.values, 'limit', 1) ?? 50;
+    const rows = await withEngine(parsed.values, async (engine) => {
+      const result = await engine.pool.query<InboxRow>('select * from runledger.approval_inbox order by requested_at, request_id limit $1', [limit]);
+      return result.rows;
+    });
+    if (rows.length === 0) {
+      print('no pending approval requests');
+      return;
+    }
+    for (const r of rows) {
+      print(`request ${r.request_id}  ${r.action}`);
+      print(`  run        ${r.run_id} (${r.workflow_name}, step ${r.name})`);
+      print(`  approvers  ${r.approvers && r.approvers.length > 0 ? r.approvers.join(', ') : 'anyone'}`);
+      print(`  requested  ${timestamp(r.requested_at)} (${ago(r.requested_at)})${r.expires_at ? `, expires ${ago(r.expires_at)}` : ''}`);
+      wrap(shortJson(r.evidence, Infinity), screenWidth() - 13, 6).forEach((part, i) => print(`  ${(i === 0 ? 'evidence' : '').padEnd(11)}${part}`));
+      print();
+    }
+    print('decide: runledger approve REQUEST_ID --by NAME [--reject] [--note TEXT]');
+  },
+};

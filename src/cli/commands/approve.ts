@@ -1,0 +1,39 @@
+import { timestamp, print } from '../format.js';
+import { CliError, EXIT_FAILED, parse, requiredOption, withEngine, type Command } from '../shared.js';
+
+/**
+ * Through runledger.decide_approval: the first decision wins and stays as audit
+ * evidence. Repeating the same decision is not an error (exit 0); a different
+ * decision on a request already decided is refused (exit 1, ALREADY_DECIDED).
+ */
+export const approve: Command = {
+  summary: 'decide an approval request (approve, or --reject)',
+  usage: 'runledger approve REQUEST_ID --by NAME [--reject] [--note TEXT]',
+  async run(args) {
+    const parsed = parse(
+      approve,
+      args,
+      { by: { type: 'string' }, reject: { type: 'boolean' }, note: { type: 'string' } },
+      { min: 1, max: 1 },
+    );
+    if (!parsed) return;
+    const requestId = parsed.positionals[0]!;
+    const decidedBy = requiredOption(approve, parsed.values, 'by');
+    const approved = !parsed.values.reject;
+    const note = parsed.values.note as string | undefined;
+    const decision = await withEngine(parsed.values, (engine) =>
+      engine.decideApproval(requestId, { approved, decidedBy, ...(note === undefined ? {} : { note }) }),
+    );
+    const verdict = `${decision.approved ? 'approved' : 'rejected'} by ${decision.decidedBy} at ${timestamp(new Date(decision.decidedAt))}`;
+    if (decision.recorded) {
+      print(`request ${requestId} ${verdict}`);
+      print('the waiting run is woken and continues with this decision');
+      return;
+    }
+    if (decision.approved === approved) {
+      print(`request ${requestId} was already ${verdict}: nothing changed`);
+      return;
+    }
+    throw new CliError('ALREADY_DECIDED', `request ${requestId} was already ${verdict}; the first decision stands`, EXIT_FAILED);
+  },
+};

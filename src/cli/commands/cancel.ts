@@ -1,0 +1,26 @@
+import { print } from '../format.js';
+import { parse, withEngine, type Command } from '../shared.js';
+
+/** Through runledger.cancel_run, which is safe to repeat: a finished run is left as it is. */
+export const cancel: Command = {
+  summary: 'cancel a run (its children too); a finished run is left as it is',
+  usage: 'runledger cancel RUN_ID [--reason TEXT]',
+  async run(args) {
+    const parsed = parse(cancel, args, { reason: { type: 'string' } }, { min: 1, max: 1 });
+    if (!parsed) return;
+    const runId = parsed.positionals[0]!;
+    const reason = parsed.values.reason as string | undefined;
+    const status = await withEngine(parsed.values, (engine) => engine.cancel(runId, reason === undefined ? {} : { reason }));
+    switch (status) {
+      case 'CANCELLED':
+        print(`run ${runId} is CANCELLED`);
+        return;
+      case 'CANCELLING':
+        print(`run ${runId} is CANCELLING: its worker lets the step in flight record its result,`);
+        print('runs the compensations of what it already did, then ends it CANCELLED (runledger show RUN_ID)');
+        return;
+      default:
+        print(`run ${runId} had already finished (${status}): nothing to cancel`);
+    }
+  },
+};

@@ -1,0 +1,20 @@
+import { print } from '../format.js';
+import { intOption, parse, requiredOption, withEngine, type Command } from '../shared.js';
+
+/**
+ * Through runledger.fork_run. Prints only the new run's id, like `start`, so
+ * scripts can write NEW=$(runledger fork ...).
+ */
+export const fork: Command = {
+  summary: "start a new run that reuses a run's checkpoints before step --from; prints its run id",
+  usage: 'runledger fork RUN_ID --from STEP   (STEP: the position in `runledger show`; 0 starts over)',
+  async run(args) {
+    const parsed = parse(fork, args, { from: { type: 'string' } }, { min: 1, max: 1 });
+    if (!parsed) return;
+    const runId = parsed.positionals[0]!;
+    requiredOption(fork, parsed.values, 'from');
+    const fromStep = intOption(parsed.values, 'from', 0)!;
+    const handle = await withEngine(parsed.values, (engine) => engine.fork(runId, { fromStep }));
+    print(handle.runId);
+  },
+};

@@ -1,0 +1,78 @@
+import { ago, print, renderTable } from '../format.js';
+import { parse, withEngine, type Command } from '../shared.js';
+
+interface QueueRow {
+  queue_name: string;
+  concurrency_key: string | null;
+  waiting_admission: number;
+  dispatched: number;
+  running: number;
+  waiting: number;
+  oldest_pending_s: number | null;
+  concurrency: number | null;
+  per_key_concurrency: number | null;
+  rate_limit_max: number | null;
+  rate_limit_period_ms: number | null;
+  paused: boolean;
+}
+
+// Queues with unfinished runs (runledger.queue_stats) and configured queues that have none.
+const TOTALS_SQL = `
+  select coalesce(s.queue_name, q.name) as queue_name, null::text as concurrency_key,
+         coalesce(s.waiting_admission, 0)::int as waiting_admission, coalesce(s.dispatched, 0)::int as dispatched,
+         coalesce(s.running, 0)::int as running, coalesce(s.waiting, 0)::int as waiting,
+         extract(epoch from s.oldest_pending_age)::float8 as oldest_pending_s,
+         q.concurrency, q.per_key_concurrency, q.rate_limit_max, q.rate_limit_period_ms, coalesce(q.paused, false) as paused
+    from (select * from runledger.queue_stats where queue_total) s
+    full join runledger.queues q on q.name = s.queue_name
+   order by 1`;
+
+const KEYS_SQL = `
+  select queue_name, concurrency_key, waiting_admission::int, dispatched::int, running::int, waiting::int,
+         extract(epoch from oldest_pending_age)::float8 as oldest_pending_s,
+         concurrency, per_key_concurrency, rate_limit_max, rate_limit_period_ms, coalesce(paused, false) as paused
+    from runledger.queue_stats where not queue_total
+   order by 1, 2`;
+
+/** Reads runledger.queue_stats: what each queue holds right now, and its limits. */
+export const queues: Command = {
+  summary: 'queues: runs queued, dispatched, running and waiting, and their limits',
+  usage: 'runledger queues [--keys (one row per concurrency key too)]',
+  async run(args) {
+    const parsed = parse(queues, args, { keys: { type: 'boolean' } });
+    if (!parsed) return;
+    const byKey = Boolean(parsed.values.keys);
+    const rows = await withEngine(parsed.values, async (engine) => {
+      const totals = (await engine.pool.query<QueueRow>(TOTALS_SQL)).rows;
+      if (!byKey) return totals;
+      const keys = (await engine.pool.query<QueueRow>(KEYS_SQL)).rows;
+      return totals.flatMap((total) => [total, ...keys.filter((k) => k.queue_name === total.queue_name)]);
+    });
+    if (rows.length === 0) {
+      print('no queues: no unfinished runs and no queue configured (runledger set-queue NAME ...)');
+      return;
+    }
+    const table = rows.map((r) => [
+      r.concurrency_key === null ? r.queue_name : `  key ${r.concurrency_key === '' ? '(none)' : r.concurrency_key}`,
+      String(r.waiting_admission),
+      String(r.dispatched),
+      String(r.running),
+      String(r.waiting),
+      r.oldest_pending_s === null ? '-' : ago(new Date(Date.now() - r.oldest_pending_s * 1000)),
+      r.concurrency_key === null ? limits(r) : '',
+    ]);
+    print(renderTable(['QUEUE', 'QUEUED', 'DISPATCHED', 'RUNNING', 'WAITING', 'OLDEST PENDING', 'LIMITS'], table, { shrink: [6, 0], right: [1, 2, 3, 4] }));
+    print('\nQUEUED: pending, not admitted yet (limits or pause); DISPATCHED: admitted, waiting for a worker');
+  },
+};
+
+/** A queue's limits in one cell: "paused, concurrency 5, per key 1, 100 per 60000 ms" or "none". */
+export function limits(q: Pick<QueueRow, 'concurrency' | 'per_key_concurrency' | 'rate_limit_max' | 'rate_limit_period_ms' | 'paused'>): string {
+  const parts = [
+    q.paused ? 'PAUSED' : undefined,
+    q.concurrency === null ? undefined : `concurrency ${q.concurrency}`,
+    q.per_key_concurrency === null ? undefined : `per key ${q.per_key_concurrency}`,
+    q.rate_limit_max === null ? undefined : `${q.rate_limit_max} per ${q.rate_limit_period_ms} ms`,
+  ].filter((part) => part !== undefined);
+  return parts.length === 0 ? 'none' : parts.join(', ');
+}

@@ -1,0 +1,27 @@
+import { ulid } from 'ulid';
+import { print } from '../format.js';
+import { jsonArgument, parse, withEngine, type Command } from '../shared.js';
+
+/**
+ * Through runledger.send_signal. The signal id deduplicates: sending the same id
+ * again changes nothing, so a script may repeat the command safely. Without --id a
+ * new one is generated and printed, so it can be repeated by hand too.
+ */
+export const signal: Command = {
+  summary: 'deliver a signal to a run (deduplicated by signal id)',
+  usage: 'runledger signal RUN_ID TOPIC [JSON_PAYLOAD] [--id SIGNAL_ID]',
+  async run(args) {
+    const parsed = parse(signal, args, { id: { type: 'string' } }, { min: 2, max: 3 });
+    if (!parsed) return;
+    const [runId, topic, json] = parsed.positionals as [string, string, string | undefined];
+    const payload = jsonArgument(json, 'JSON_PAYLOAD');
+    const signalId = (parsed.values.id as string | undefined) ?? ulid();
+    const accepted = await withEngine(parsed.values, (engine) => engine.signal(runId, topic, payload, { signalId }));
+    if (accepted) {
+      print(`signal ${signalId} (${topic}) accepted by run ${runId}`);
+      print('a wait on that topic consumes it; if none is waiting yet, it stays in the inbox until one does');
+    } else {
+      print(`signal ${signalId} had already been accepted by run ${runId}: nothing changed`);
+    }
+  },
+};
