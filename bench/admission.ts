@@ -1,0 +1,74 @@
+/**
+ * Admission overhead: drain rate of one-step runs with no queue limits versus a
+ * queue with a concurrency limit and 100 tenants (concurrency keys), same machine,
+ * same run, median of REPS repetitions.
+ *
+ *   npx tsx bench/admission.ts            # embedded PostgreSQL
+ *   RUNS=5000 REPS=3 DATABASE_URL=... npx tsx bench/admission.ts
+ */
+import { mkdirSync, writeFileSync } from 'node:fs';
+import pg from 'pg';
+import { createEngine, startEmbeddedPostgres } from '../src/index.js';
+
+const RUNS = Number(process.env.RUNS ?? 5_000);
+const REPS = Number(process.env.REPS ?? 3);
+const CONCURRENCY = 16;
+
+const embedded = process.env.DATABASE_URL ? undefined : await startEmbeddedPostgres({ dataDir: '.runledger/bench-pg' });
+const adminUrl = process.env.DATABASE_URL ?? embedded!.connectionString;
+const admin = new pg.Client({ connectionString: adminUrl });
+await admin.connect();
+
+async function drain(limited: boolean, rep: number): Promise<number> {
+  const database = `rl_admission_${limited ? 'limited' : 'free'}_${rep}_${process.pid}`;
+  await admin.query(`create database ${database}`);
+  const url = new URL(adminUrl);
+  url.pathname = `/${database}`;
+  const engine = createEngine({ connectionString: url.toString(), poolMax: CONCURRENCY + 6, log: () => {} });
+  try {
+    await engine.migrate();
+    const wf = engine.workflow({ name: 'one-step', queue: 'work' }, async (ctx, input: { n: number }) => ctx.step('only', () => input.n));
+    await engine.start(wf, { n: -1 }).then((h) => h.runId); // registers the workflow; finished by the worker below
+    if (limited) await engine.setQueue('work', { concurrency: CONCURRENCY, perKeyConcurrency: 4 });
+    await engine.pool.query(
+      `select runledger.start_run('one-step', jsonb_build_object('n', g), jsonb_build_object('concurrency_key', 'tenant-' || (g % 100))) from generate_series(1, $1::int) g`,
+      [RUNS],
+    );
+    const t0 = performance.now();
+    const worker = await engine.runWorker({ concurrency: CONCURRENCY, pollIntervalMs: 1_000 });
+    for (;;) {
+      const r = await engine.pool.query(`select count(*)::int as n from runledger.runs where status = 'SUCCEEDED'`);
+      if (r.rows[0].n >= RUNS + 1) break;
+      await new Promise((resolve) => setTimeout(resolve, 20));
+    }
+    const seconds = (performance.now() - t0) / 1000;
+    await worker.stop();
+    return RUNS / seconds;
+  } finally {
+    await engine.close();
+    await admin.query(`drop database ${database} with (force)`);
+  }
+}
+
+const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
+const free: number[] = [];
+const limited: number[] = [];
+for (let rep = 0; rep < REPS; rep++) {
+  free.push(await drain(false, rep));
+  limited.push(await drain(true, rep));
+}
+const result = {
+  date: new Date().toISOString(),
+  runs: RUNS,
+  repetitions: REPS,
+  concurrency: CONCURRENCY,
+  noLimitsRunsPerSec: Math.round(median(free)),
+  limitedWith100TenantsRunsPerSec: Math.round(median(limited)),
+  ratioLimitedToFree: Number((median(limited) / median(free)).toFixed(2)),
+  samples: { free: free.map(Math.round), limited: limited.map(Math.round) },
+};
+console.log(JSON.stringify(result, null, 2));
+mkdirSync(new URL('./results/', import.meta.url), { recursive: true });
+writeFileSync(new URL(`./results/admission-${result.date.slice(0, 10)}.json`, import.meta.url), `${JSON.stringify(result, null, 2)}\n`);
+await admin.end();
+await embedded?.stop();
