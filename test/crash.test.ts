@@ -2,6 +2,7 @@ import { afterAll, afterEach, beforeAll, describe, expect, it, onTestFailed } fr
 import { createEngine, type Engine } from '../src/index.js';
 import { createTestDatabase, waitFor, type TestDatabase } from './helpers/database.js';
 import { spawnWorker, type WorkerProcess } from './helpers/worker-process.js';
+import { stoppedAfterEach } from './helpers/cleanup.js';
 import { createFixtureTables, defineFixtureWorkflows } from './fixtures/workflows.js';
 
 /**
@@ -12,7 +13,6 @@ import { createFixtureTables, defineFixtureWorkflows } from './fixtures/workflow
 let db: TestDatabase;
 let engine: Engine;
 let fixtures: ReturnType<typeof defineFixtureWorkflows>;
-const spawned: WorkerProcess[] = [];
 
 beforeAll(async () => {
   db = await createTestDatabase();
@@ -22,13 +22,10 @@ beforeAll(async () => {
 });
 
 afterEach(async () => {
-  for (const worker of spawned.splice(0)) {
-    worker.child.kill('SIGCONT');
-    worker.kill('SIGKILL');
-    await worker.exited;
-  }
   await db.pool.query('truncate step_executions, orders, fault_switch');
 });
+// Registered after the truncation above so it runs before it (hooks run in reverse): workers die first.
+const { processes: spawned } = stoppedAfterEach();
 
 afterAll(async () => {
   await engine?.close();

@@ -2,6 +2,7 @@ import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { createEngine, NonRetryableError, type Engine, type Worker } from '../src/index.js';
 import { createTestDatabase, waitFor, type TestDatabase } from './helpers/database.js';
 import { spawnWorker, type WorkerProcess } from './helpers/worker-process.js';
+import { stoppedAfterEach } from './helpers/cleanup.js';
 import { TicketService } from './helpers/ticket-service.js';
 import { createFixtureTables, defineFixtureWorkflows } from './fixtures/workflows.js';
 
@@ -9,8 +10,7 @@ let db: TestDatabase;
 let engine: Engine;
 let service: TicketService;
 let fixtures: ReturnType<typeof defineFixtureWorkflows>;
-const spawned: WorkerProcess[] = [];
-const workers: Worker[] = [];
+const { processes: spawned, workers } = stoppedAfterEach();
 const engines: Engine[] = [];
 
 beforeAll(async () => {
@@ -22,11 +22,6 @@ beforeAll(async () => {
 });
 
 afterEach(async () => {
-  for (const w of spawned.splice(0)) {
-    w.kill('SIGKILL');
-    await w.exited;
-  }
-  for (const w of workers.splice(0)) await w.stop();
   service.holdReplies(false);
 });
 

@@ -1,14 +1,14 @@
-import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createEngine, type Engine, type Worker } from '../src/index.js';
 import { createTestDatabase, waitFor, type TestDatabase } from './helpers/database.js';
 import { spawnWorker, type WorkerProcess } from './helpers/worker-process.js';
+import { stoppedAfterEach } from './helpers/cleanup.js';
 import { createFixtureTables, defineFixtureWorkflows } from './fixtures/workflows.js';
 
 let db: TestDatabase;
 let engine: Engine;
 let fixtures: ReturnType<typeof defineFixtureWorkflows>;
-const spawned: WorkerProcess[] = [];
-const workers: Worker[] = [];
+const { processes: spawned, workers } = stoppedAfterEach();
 const engines: Engine[] = [];
 
 beforeAll(async () => {
@@ -16,14 +16,6 @@ beforeAll(async () => {
   await createFixtureTables(db.pool);
   engine = createEngine({ connectionString: db.url, log: () => {} });
   fixtures = defineFixtureWorkflows(engine);
-});
-
-afterEach(async () => {
-  for (const w of spawned.splice(0)) {
-    w.kill('SIGKILL');
-    await w.exited;
-  }
-  for (const w of workers.splice(0)) await w.stop();
 });
 
 afterAll(async () => {
