@@ -139,7 +139,6 @@ create unique index runs_idempotency_key on runledger.runs (workflow_name, idemp
 create index runs_lease_expiry on runledger.runs (lease_expires_at)
   where status in ('RUNNING', 'CANCELLING');
 create index runs_status_created on runledger.runs (status, created_at);
-create index runs_pending_since on runledger.runs (updated_at) where status = 'PENDING';
 -- Admission picks from the runs not yet admitted, per queue, by priority then age.
 create index runs_admission_key on runledger.runs (queue_name, coalesce(concurrency_key, ''), priority, created_at, run_id)
   where status = 'PENDING' and not admitted;

@@ -273,17 +273,18 @@ $$;
 comment on function runledger._claim_run(text, text, int, boolean) is
   'Worker claim: PENDING (or WAITING with a due timer) -> RUNNING with fencing_token + 1 and a lease; returns the run, its limits and all its checkpoints (one round trip), or no row when the run is not claimable. A run past its deadline is TERMINATED (DEADLINE) instead. p_reclaim also takes back a run this worker already owns (a claim whose reply was lost).';
 
-create function runledger._fence(p_run_id text, p_token bigint) returns runledger.runs
+create function runledger._fence(p_run_id text, p_token bigint, p_now timestamptz default null) returns runledger.runs
 language plpgsql volatile as $$
 declare
   v_run runledger.runs;
-  v_now timestamptz := runledger.now();
+  v_now timestamptz := coalesce(p_now, runledger.now());
 begin
   -- The row lock taken here is held until commit: a takeover (which updates this row)
-  -- waits for us, and once it has happened our token no longer matches.
-  update runledger.runs set updated_at = v_now
+  -- waits for us, and once it has happened our token no longer matches. A lock, not an
+  -- update: no new row version per step.
+  select * into v_run from runledger.runs
    where run_id = p_run_id and fencing_token = p_token and status in ('RUNNING', 'CANCELLING')
-  returning * into v_run;
+   for update;
   if not found then
     raise exception using errcode = 'RL001',
       message = format('run %s: lease lost (fencing token %s is stale or the run stopped executing)', p_run_id, p_token);
@@ -295,7 +296,7 @@ begin
   return v_run;
 end;
 $$;
-comment on function runledger._fence(text, bigint) is
+comment on function runledger._fence(text, bigint, timestamptz) is
   'Returns the run, locked until commit, if the caller still holds it with this fencing token; else raises RL001 LEASE_LOST. Past the run''s deadline raises RL009, so nothing commits after it.';
 
 create function runledger._checkpoint(
@@ -304,7 +305,8 @@ create function runledger._checkpoint(
 returns table (pid int, run_status text)
 language plpgsql volatile as $$
 declare
-  v_run  runledger.runs := runledger._fence(p_run_id, p_token);
+  v_now  timestamptz := runledger.now();
+  v_run  runledger.runs := runledger._fence(p_run_id, p_token, v_now);
   v_hash text;
 begin
   if v_run.status = 'CANCELLING' and p_started_at >= v_run.cancel_requested_at then
@@ -315,8 +317,8 @@ begin
     v_hash := md5(coalesce(p_output::text, ''));
   end if;
   insert into runledger.steps (run_id, seq, name, kind, status, output, error, attempts, started_at, finished_at, fencing_token, output_hash)
-  -- finished_at is the fence's own time (the run's updated_at): the deadline was checked against it.
-  values (p_run_id, p_seq, p_name, p_kind, p_status, p_output, p_error, p_attempts, p_started_at, v_run.updated_at, p_token, v_hash)
+  -- finished_at is the time the deadline was checked against (fence), not a later one.
+  values (p_run_id, p_seq, p_name, p_kind, p_status, p_output, p_error, p_attempts, p_started_at, v_now, p_token, v_hash)
   -- A step that waited between attempts (durable retry backoff) left a WAITING row here.
   on conflict (run_id, seq) do update
      set status = excluded.status, output = excluded.output, error = excluded.error, attempts = excluded.attempts,
