@@ -1,8 +1,12 @@
 /** Plumbing for examples/demo.ts: the database, the crashing child process, the report. */
 import { spawn } from 'node:child_process';
+import { createHash } from 'node:crypto';
 import { fileURLToPath } from 'node:url';
 import pg from 'pg';
-import { startEmbeddedPostgres, TERMINAL_STATES, type Engine, type RunRecord } from '../src/index.js';
+import { createEngine, loadMigrations, startEmbeddedPostgres, TERMINAL_STATES, type Engine, type RunRecord } from '../src/index.js';
+
+export const DEMO_DATABASE = 'runledger_demo';
+const EMBEDDED_DIR = '.runledger/demo-pg';
 
 export interface DemoDatabase {
   url: string;
@@ -10,25 +14,104 @@ export interface DemoDatabase {
   stop(): Promise<void>;
 }
 
-/** DATABASE_URL as given, else an embedded server kept in .runledger/demo-pg (so a second demo starts in seconds). */
+/**
+ * The demo's own database, `runledger_demo`, on the server in DATABASE_URL (the role
+ * must be allowed to create databases, as for `npm test`) or else on an embedded
+ * server kept in .runledger/demo-pg (so a second demo starts in seconds). The
+ * database it is given is never written to.
+ */
 export async function openDatabase(): Promise<DemoDatabase> {
-  if (process.env.DATABASE_URL) return { url: process.env.DATABASE_URL, embedded: false, stop: async () => {} };
-  console.log('DATABASE_URL is not set: starting an embedded PostgreSQL in .runledger/demo-pg ...');
-  const server = await startEmbeddedPostgres({ dataDir: '.runledger/demo-pg' });
+  if (process.env.DATABASE_URL) {
+    const url = await prepareDemoDatabase(process.env.DATABASE_URL, false);
+    return { url, embedded: false, stop: async () => {} };
+  }
+  console.log(`DATABASE_URL is not set: starting an embedded PostgreSQL in ${EMBEDDED_DIR} ...`);
+  const server = await startEmbeddedPostgres({ dataDir: EMBEDDED_DIR });
   try {
-    const admin = new pg.Client({ connectionString: server.connectionString });
-    await admin.connect();
-    try {
-      const exists = await admin.query(`select 1 from pg_database where datname = 'runledger_demo'`);
-      if (exists.rowCount === 0) await admin.query('create database runledger_demo');
-    } finally {
-      await admin.end();
-    }
+    const url = await prepareDemoDatabase(server.connectionString, true);
+    return { url, embedded: true, stop: () => server.stop() };
   } catch (error) {
     await server.stop();
     throw error;
   }
-  return { url: server.urlFor('runledger_demo'), embedded: true, stop: () => server.stop() };
+}
+
+/**
+ * Creates and migrates runledger_demo. A database left by an older build of runledger
+ * (whose migration files have changed since) is dropped and created again: it is the
+ * demo's own, and `migrate` alone cannot repair a schema whose files were rewritten.
+ */
+async function prepareDemoDatabase(serverUrl: string, embedded: boolean): Promise<string> {
+  const url = withDatabase(serverUrl, DEMO_DATABASE);
+  const build = createHash('sha256').update(loadMigrations().map((m) => m.text).join('\n')).digest('hex').slice(0, 16);
+  const recreate = async (why: string) => {
+    console.log(`The database ${DEMO_DATABASE} ${why}: dropping and creating it again.`);
+    await admin(serverUrl, [`drop database if exists ${DEMO_DATABASE} with (force)`, `create database ${DEMO_DATABASE}`]);
+  };
+  try {
+    await admin(serverUrl, [`create database ${DEMO_DATABASE}`], { ignore: '42P04' }); // duplicate_database: reuse it
+    const found = await schemaBuild(url);
+    if (found.hasSchema && found.build !== build) await recreate('holds a runledger schema from an older build');
+    try {
+      await migrateDemo(url, build);
+    } catch (error) {
+      await recreate(`could not be migrated (${(error as Error).message})`);
+      await migrateDemo(url, build);
+    }
+  } catch (error) {
+    const fix = embedded
+      ? `Delete the folder ${EMBEDDED_DIR} (rm -rf ${EMBEDDED_DIR}) and run \`npm run demo\` again.`
+      : `Check that the role in DATABASE_URL may create databases, or drop the database ${DEMO_DATABASE} on that server and run the demo again.`;
+    throw new Error(`could not prepare the demo database ${DEMO_DATABASE}: ${(error as Error).message}\n${fix}`, { cause: error });
+  }
+  return url;
+}
+
+async function admin(serverUrl: string, statements: string[], options: { ignore?: string } = {}): Promise<void> {
+  const client = new pg.Client({ connectionString: serverUrl });
+  await client.connect();
+  try {
+    for (const statement of statements) {
+      await client.query(statement).catch((error: { code?: string }) => {
+        if (error.code !== options.ignore) throw error;
+      });
+    }
+  } finally {
+    await client.end();
+  }
+}
+
+/** Whether the runledger schema exists, and which build (fingerprint of sql/*.sql) the demo migrated it with. */
+async function schemaBuild(url: string): Promise<{ hasSchema: boolean; build: string | undefined }> {
+  const client = new pg.Client({ connectionString: url });
+  await client.connect();
+  try {
+    const { rows } = await client.query(
+      `select to_regnamespace('runledger') is not null as has_schema, to_regclass('public.runledger_demo_build') is not null as has_marker`,
+    );
+    const build = rows[0].has_marker ? (await client.query('select build from public.runledger_demo_build')).rows[0]?.build : undefined;
+    return { hasSchema: rows[0].has_schema, build };
+  } finally {
+    await client.end();
+  }
+}
+
+async function migrateDemo(url: string, build: string): Promise<void> {
+  const engine = createEngine({ connectionString: url, poolMax: 2, log: () => {} });
+  try {
+    await engine.migrate();
+    await engine.pool.query('create table if not exists public.runledger_demo_build (build text not null)');
+    await engine.pool.query('delete from public.runledger_demo_build');
+    await engine.pool.query('insert into public.runledger_demo_build (build) values ($1)', [build]);
+  } finally {
+    await engine.close();
+  }
+}
+
+function withDatabase(url: string, database: string): string {
+  const parsed = new URL(url);
+  parsed.pathname = `/${database}`;
+  return parsed.toString();
 }
 
 const CHILD = fileURLToPath(new URL('./crashing-worker.ts', import.meta.url));
@@ -69,6 +152,17 @@ export async function waitTerminal(engine: Engine, runId: string, timeoutMs = 20
   }
 }
 
+/** Polls `check` until it returns a value (not undefined); for states the demo waits to show. */
+export async function waitFor<T>(what: string, check: () => Promise<T | undefined>, timeoutMs = 20_000): Promise<T> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const value = await check();
+    if (value !== undefined) return value;
+    if (Date.now() > deadline) throw new Error(`still waiting for ${what} after ${timeoutMs} ms`);
+    await new Promise((resolve) => setTimeout(resolve, 100));
+  }
+}
+
 const pad = (value: unknown, width: number) => String(value).padEnd(width);
 
 /** Which process held a claim: worker ids are `<host>-<pid>-<ulid>`. */
@@ -99,6 +193,7 @@ export function printPsqlHelp(url: string, runIds: string[], embedded: boolean):
   console.log(`  psql '${url}'`);
   for (const runId of runIds) console.log(`  select * from runledger.run_timeline where run_id = '${runId}' order by at;`);
   console.log('  select * from runledger.active;');
+  console.log('  select request_id, action, decision, decided_by, decided_at, note from runledger.approvals order by requested_at;');
   console.log('  select termination_reason, count(*) from runledger.runs group by 1;');
   console.log('  select * from shop.refunds order by created_at desc limit 10;');
   console.log('  select * from payment_provider.refunds order by calls desc limit 10;');

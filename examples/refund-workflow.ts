@@ -3,11 +3,14 @@
  * loadable by the CLI (`runledger worker --module ./examples/refund-workflow.ts`
  * under tsx, or its compiled .js).
  *
- *   load-order          ctx.step         read the order
- *   reserve-refund      ctx.transaction  refund row + order total, exactly once
- *   refund-at-provider  ctx.step         call the (fake) payment provider
- *   record-ledger       ctx.transaction  double-entry ledger rows, exactly once
- *   notify-customer     ctx.step         send the (fake) e-mail
+ *   load-order          ctx.step             read the order
+ *   reserve-refund      ctx.transaction      refund row + order total, exactly once
+ *   manager-approval    ctx.requestApproval  only above APPROVAL_ABOVE_CENTS: the run waits,
+ *                                            holding no worker, until a manager decides
+ *   (release-refund     ctx.transaction      only when the manager rejects: undo the reservation)
+ *   refund-at-provider  ctx.step             call the (fake) payment provider
+ *   record-ledger       ctx.transaction      double-entry ledger rows, exactly once
+ *   notify-customer     ctx.step             send the (fake) e-mail
  *
  * In an application, import from 'runledger' instead of '../src/index.js'.
  */
@@ -32,7 +35,7 @@ export const REFUND_TABLES = `
     order_id           text not null references shop.orders,
     amount_cents       int  not null check (amount_cents > 0),
     reason             text not null,
-    status             text not null,     -- reserved, paid
+    status             text not null,     -- reserved, paid, rejected
     provider_refund_id text,
     created_at         timestamptz not null default now());
   create table if not exists shop.ledger_entries (
@@ -75,6 +78,11 @@ async function refundAtProvider(pool: pg.Pool, idempotencyKey: string, amountCen
 export class RefundRejectedError extends Error {
   override name = 'RefundRejectedError';
 }
+
+/** Refunds above this amount wait for a manager's decision before any money moves. */
+export const APPROVAL_ABOVE_CENTS = 5000;
+/** Who may decide; runledger refuses a decision by anyone else (NOT_ALLOWED). */
+export const REFUND_APPROVERS = ['maria.manager', 'omar.ops'];
 
 export const refundInput = z.object({
   orderId: z.string().min(1),
@@ -120,6 +128,37 @@ export function defineRefundWorkflow(engine: Engine, hooks: RefundHooks = {}) {
           .where('order_id', '=', order.order_id)
           .execute();
       });
+
+      // A large refund waits for a person. The run is parked WAITING in the database: no
+      // worker, no connection, no memory, for as long as the decision takes (here 2 days
+      // at most; an undecided request returns null and counts as a rejection).
+      if (input.amountCents > APPROVAL_ABOVE_CENTS) {
+        const decision = await ctx.requestApproval('manager-approval', {
+          action: 'refund',
+          evidence: {
+            orderId: order.order_id,
+            customer: order.customer_email,
+            amount: cents(input.amountCents),
+            orderTotal: cents(order.total_cents),
+            reason: input.reason,
+          },
+          approvers: REFUND_APPROVERS,
+          timeout: '2d',
+        });
+        if (!decision?.approved) {
+          // Undo the reservation in the same transaction as its checkpoint: released exactly once.
+          await ctx.transaction('release-refund', async (trx) => {
+            await trx.updateTable('shop.refunds').set({ status: 'rejected' }).where('refund_id', '=', ctx.runId).execute();
+            await trx
+              .updateTable('shop.orders')
+              .set((eb) => ({ refunded_cents: eb('refunded_cents', '-', input.amountCents) }))
+              .where('order_id', '=', order.order_id)
+              .execute();
+          });
+          const why = decision ? `rejected by ${decision.decidedBy}${decision.note ? `: ${decision.note}` : ''}` : 'not decided within 2 days';
+          throw new RefundRejectedError(`refund of ${cents(input.amountCents)} on ${order.order_id} ${why}`);
+        }
+      }
 
       // At least once: the run id makes a stable key, so a repeat after a crash is deduplicated by the provider.
       const providerRefundId = await ctx.step('refund-at-provider', async () => {

@@ -236,7 +236,7 @@ begin
   update runledger.runs
      set status = 'PENDING', error = null, output = null, finished_at = null, updated_at = runledger.now(),
          recovery_attempts = 0, termination_reason = null, termination_evidence = null,
-         terminated_at = null, policy_version = null
+         terminated_at = null
    where run_id = p_run_id;
   -- The old termination record is kept in the history.
   insert into runledger.events (run_id, kind, detail, fencing_token)

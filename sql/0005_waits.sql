@@ -193,6 +193,10 @@ begin
   if not found then
     raise exception using errcode = 'RL002', message = format('send_signal: run %L not found', p_run_id);
   end if;
+  -- A retry of a signal already accepted is answered the same way whatever happened since.
+  if exists (select 1 from runledger.signals s where s.signal_id = v_id) then
+    return false;
+  end if;
   if runledger.is_terminal(v_run.status) then
     raise exception using errcode = 'RL005', message = format('send_signal: run %s already finished (%s)', p_run_id, v_run.status);
   end if;
@@ -223,6 +227,10 @@ begin
   select * into v_approval from runledger.approvals where request_id = p_request_id for update;
   if not found then
     raise exception using errcode = 'RL002', message = format('decide_approval: request %L not found', p_request_id);
+  end if;
+  if v_approval.decision is null and exists (
+       select 1 from runledger.runs r where r.run_id = v_approval.run_id and runledger.is_terminal(r.status)) then
+    raise exception using errcode = 'RL005', message = format('decide_approval: the run of request %s already finished', p_request_id);
   end if;
   if v_approval.decision is null then
     if v_approval.approvers is not null and not (p_decided_by = any (v_approval.approvers)) then

@@ -145,6 +145,8 @@ describe('max steps and budget', () => {
     const handle = await engine.start(wf, undefined);
     await expect(handle.result()).rejects.toMatchObject({ details: { terminationReason: 'MAX_STEPS' } });
     expect(await executed(handle.runId)).toEqual(['s0', 's1', 's2']);
+    const checkpoints = await db.pool.query('select name from runledger.steps where run_id = $1 order by seq', [handle.runId]);
+    expect(checkpoints.rows.map((r) => r.name)).toEqual(['s0', 's1', 's2']); // every step that ran kept its result
     expect((await runRow(handle.runId)).termination_evidence).toEqual({ max_steps: 3, next_step: 's3', seq: 3 });
   });
 

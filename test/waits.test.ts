@@ -137,10 +137,16 @@ describe('signals', () => {
   it('refuses signals for unknown or finished runs with coded errors', async () => {
     await expect(engine.signal('no-such-run', 'x', 1)).rejects.toMatchObject({ code: 'NOT_FOUND' });
     const done = engine.workflow({ name: 'done-already', queue: 'signals-done' }, async () => 'ok');
+    const early = engine.workflow({ name: 'early-finish', queue: 'signals-done' }, async () => 'ok');
     await inProcessWorker(['signals-done']);
     const handle = await engine.start(done, undefined);
     await handle.result();
     await expect(engine.signal(handle.runId, 'x', 1)).rejects.toMatchObject({ code: 'INVALID_STATE' });
+    // A retry of a signal accepted earlier gets the same answer as before, even now.
+    const other = await engine.start(early, undefined);
+    expect(await engine.signal(other.runId, 'x', 1, { signalId: 'retry-me' })).toBe(true);
+    await other.result();
+    expect(await engine.signal(other.runId, 'x', 1, { signalId: 'retry-me' })).toBe(false);
     await expect(engine.signal(handle.runId, 'bad topic!', 1)).rejects.toMatchObject({ code: 'INVALID_INPUT' });
   });
 });
@@ -202,6 +208,15 @@ describe('approvals', () => {
       return r.rows[0]?.request_id as string | undefined;
     });
     await expect(handle.result()).resolves.toBe('expired');
+    await expect(engine.decideApproval(requestId, { approved: true, decidedBy: 'alice' })).rejects.toMatchObject({ code: 'INVALID_STATE' });
+  });
+
+  it('a request of a run that was cancelled meanwhile cannot be decided', async () => {
+    const wf = approvalFlow();
+    await inProcessWorker(['approvals']);
+    const handle = await engine.start(wf, {});
+    const requestId = await pendingRequest(handle.runId);
+    await engine.cancel(handle.runId);
     await expect(engine.decideApproval(requestId, { approved: true, decidedBy: 'alice' })).rejects.toMatchObject({ code: 'INVALID_STATE' });
   });
 });

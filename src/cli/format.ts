@@ -1,8 +1,14 @@
 /** Text output for the CLI: borderless tables that fit the terminal, times, durations, JSON. */
 import Table from 'cli-table3';
 
-/** Terminal width when stdout is one; 80 otherwise, so piped output stays readable too. */
+/**
+ * The COLUMNS environment variable when it is exported (`COLUMNS=200 runledger waiting | grep ...`
+ * keeps long cells whole); else the terminal's width when stdout is one; else 80, so piped
+ * output stays readable too.
+ */
 export function screenWidth(): number {
+  const columns = Number(process.env.COLUMNS);
+  if (Number.isInteger(columns) && columns > 0) return Math.max(60, columns);
   return Math.max(60, process.stdout.isTTY ? (process.stdout.columns ?? 80) : 80);
 }
 
@@ -81,9 +87,10 @@ export function duration(ms: number): string {
   return `${Math.floor(s / 60)}m ${String(s % 60).padStart(2, '0')}s`;
 }
 
-/** Offset from the start of a run, for timelines: "+0.015s". */
+/** Offset from the start of a run, for timelines: "+0.015s" ("-44.661s" for a checkpoint a fork copied from its source). */
 export function offset(at: Date, from: Date): string {
-  return `+${((at.getTime() - from.getTime()) / 1000).toFixed(3)}s`;
+  const seconds = (at.getTime() - from.getTime()) / 1000;
+  return `${seconds < 0 ? '-' : '+'}${Math.abs(seconds).toFixed(3)}s`;
 }
 
 /** UTC with milliseconds, no 'T': the server's clock, whatever the viewer's time zone. */

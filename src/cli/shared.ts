@@ -1,6 +1,7 @@
 /** What every command shares: argument parsing, the connection, errors and exit codes. */
 import { parseArgs, type ParseArgsConfig } from 'node:util';
-import { createEngine, type Engine } from '../engine/engine.js';
+import pg from 'pg';
+import type { Engine } from '../engine/engine.js';
 import type { LogFunction } from '../engine/pools.js';
 import { fromPgError } from '../errors.js';
 
@@ -100,18 +101,39 @@ export function cliLog(verbose = false): LogFunction {
   };
 }
 
-/** A small pool: one-shot commands make a few queries; the worker passes its own size. */
-export function openEngine(values: Parsed['values'], options: { verbose?: boolean; poolMax?: number } = {}): Engine {
-  return createEngine({ connectionString: databaseUrl(values), log: cliLog(options.verbose), poolMax: options.poolMax ?? 3 });
+/**
+ * A small pool: one-shot commands make a few queries; the worker passes its own size.
+ * The engine (graphile-worker, kysely, zod) is loaded only by the commands that need it,
+ * so the others start in a fraction of the time.
+ */
+export async function openEngine(values: Parsed['values'], options: { verbose?: boolean; poolMax?: number } = {}): Promise<Engine> {
+  const url = databaseUrl(values);
+  const { createEngine } = await import('../engine/engine.js');
+  return createEngine({ connectionString: url, log: cliLog(options.verbose), poolMax: options.poolMax ?? 3 });
 }
 
 /** Runs `fn` with an engine and always closes it, so a one-shot command's process can end. */
 export async function withEngine<T>(values: Parsed['values'], fn: (engine: Engine) => Promise<T>): Promise<T> {
-  const engine = openEngine(values);
+  const engine = await openEngine(values);
   try {
     return await fn(engine);
   } finally {
     await engine.close();
+  }
+}
+
+/**
+ * Runs `fn` with a plain pool and always closes it. For commands that are one SQL
+ * function or one view: they call the same TypeScript wrapper the engine uses
+ * (src/engine/operator.ts ...), without loading the engine.
+ */
+export async function withPool<T>(values: Parsed['values'], fn: (pool: pg.Pool) => Promise<T>): Promise<T> {
+  const pool = new pg.Pool({ connectionString: databaseUrl(values), max: 2 });
+  pool.on('error', () => {}); // an idle connection dropped by the server: the query that needs it reports it
+  try {
+    return await fn(pool);
+  } finally {
+    await pool.end();
   }
 }
 

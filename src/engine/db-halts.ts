@@ -9,6 +9,7 @@ import { pgCode } from './pg-errors.js';
 export function haltOnDbError(exec: Execution, error: unknown): void {
   switch (pgCode(error)) {
     case 'RL001':
+    case 'RL010': // the position already has a checkpoint: another execution wrote it
       exec.halt({ kind: 'lease_lost', message: (error as Error).message });
       return;
     case 'RL008':

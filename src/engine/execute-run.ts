@@ -166,6 +166,7 @@ async function handleHalt(exec: Execution, halt: Halt, policyVersion: string): P
       return;
     case 'non_determinism':
       exec.deps.log('error', halt.error.message);
+      await flushPending(exec); // the previous step finished in this execution: keep its result
       await finish(exec, 'runledger._dead_letter_run($1, $2, $3, $4::jsonb, $5)', [
         'NON_DETERMINISM',
         JSON.stringify({ message: halt.error.message, ...halt.error.details }),
@@ -174,6 +175,7 @@ async function handleHalt(exec: Execution, halt: Halt, policyVersion: string): P
       return;
     case 'infrastructure':
       exec.deps.log('warn', `run ${exec.runId}: released after an infrastructure error`, { error: serializeError(halt.error) });
+      await flushPending(exec).catch(() => false);
       await release(exec, RELEASE_DELAY_MS, 'infrastructure');
       return;
     case 'shutdown':
@@ -190,6 +192,7 @@ async function handleHalt(exec: Execution, halt: Halt, policyVersion: string): P
       await finish(exec, 'runledger._finish_cancel($1, $2)', []);
       return;
     case 'terminate':
+      await flushPending(exec); // the step before the limit finished: its result is kept
       await finish(exec, 'runledger._terminate_run($1, $2, $3, $4::jsonb)', [halt.reason, JSON.stringify(halt.evidence)]);
       return;
   }

@@ -6,8 +6,9 @@ import { RUN_STATES, type RunStatus, type TerminationReason } from './states.js'
 export interface StepRecord {
   seq: number;
   name: string;
-  kind: 'step' | 'transaction';
-  status: 'SUCCEEDED' | 'FAILED';
+  kind: 'step' | 'transaction' | 'operation' | 'sleep' | 'signal' | 'approval' | 'child_start' | 'child';
+  /** WAITING: a wait (or a retry backoff) in progress at this position. */
+  status: 'SUCCEEDED' | 'FAILED' | 'WAITING';
   output: unknown;
   error: unknown;
   attempts: number;
@@ -35,6 +36,18 @@ export interface RunRecord {
   finishedAt: Date | null;
   deadlineAt: Date | null;
   waitKind: string | null;
+  waitKey: string | null;
+  maxSteps: number | null;
+  budget: string | null;
+  budgetSpent: string;
+  noProgress: number | null;
+  retryBudget: number | null;
+  retriesUsed: number;
+  cancelRequestedAt: Date | null;
+  cancelReason: string | null;
+  admitted: boolean;
+  admittedAt: Date | null;
+  notBefore: Date | null;
   wakeAt: Date | null;
   leaseOwner: string | null;
   leaseExpiresAt: Date | null;

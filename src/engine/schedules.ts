@@ -54,7 +54,7 @@ export function defineSchedule<I>(options: ScheduleOptions<I>): Schedule {
 
 function cronLine(schedule: Schedule): string {
   const fill = schedule.catchUpMs > 0 ? `&fill=${Math.max(1, Math.round(schedule.catchUpMs / 1000))}s` : '';
-  return `${schedule.cron} ${cronTaskIdentifier(schedule.name)} ?id=${schedule.name}${fill}&max=1 ${JSON.stringify({ schedule: schedule.name })}`;
+  return `${schedule.cron} ${cronTaskIdentifier(schedule.name)} ?id=${schedule.name}${fill}&max=10 ${JSON.stringify({ schedule: schedule.name })}`;
 }
 
 export function crontabFor(schedules: ReadonlyArray<Schedule>): string | undefined {

@@ -1,4 +1,4 @@
-import { NotInWorkflowError } from '../errors.js';
+import { RunledgerError } from '../errors.js';
 import { observeRunStatus, haltOnDbError } from '../engine/db-halts.js';
 import type { Execution } from '../engine/execution.js';
 import { toJsonText } from '../engine/json.js';
@@ -27,6 +27,6 @@ export async function heartbeatStep(exec: Execution, seq: number, progress?: unk
 /** ctx.heartbeat: speaks for the newest step in flight. */
 export function heartbeatCurrent(exec: Execution, progress?: unknown): Promise<void> {
   const seq = exec.activeSteps.at(-1);
-  if (seq === undefined) throw new NotInWorkflowError('ctx.heartbeat is for use inside a step (ctx.step or ctx.operation)');
+  if (seq === undefined) throw new RunledgerError('NOT_IN_STEP', 'ctx.heartbeat is for use inside a step (ctx.step or ctx.operation)');
   return heartbeatStep(exec, seq, progress);
 }

@@ -87,6 +87,7 @@ export async function runOperation<T>(exec: Execution, name: string, options: Op
     };
     let row = await begin(retryPending);
     let attempt = Math.max(resumeAttempt(recorded), row?.attempts ?? 1);
+    let reconciledResourceId: string | undefined;
     const startedAt = new Date();
     for (;;) {
       if (!row || exec.haltReason) return exec.suspend<T>();
@@ -115,7 +116,10 @@ export async function runOperation<T>(exec: Execution, name: string, options: Op
         } catch {
           answer = { status: 'unknown' };
         }
-        if (answer.status === 'succeeded') outcome = { ok: true, value: answer.result };
+        if (answer.status === 'succeeded') {
+          outcome = { ok: true, value: answer.result };
+          if (answer.externalResourceId) reconciledResourceId = answer.externalResourceId;
+        }
         else if (answer.status === 'failed') outcome = { ok: false, error: answer.error ?? new Error(`operation ${name} failed (reconciled)`) };
         else return park(exec, seq, row.operation_id, options.reconcileEveryMs ?? RECONCILE_EVERY_MS_DEFAULT);
       } else if (options.idempotent) {
@@ -136,7 +140,7 @@ export async function runOperation<T>(exec: Execution, name: string, options: Op
         }
       }
       failpoint('before-checkpoint', name);
-      return record(exec, { seq, name, operationId: row.operation_id, key: row.idempotency_key, attempt, startedAt }, outcome, options);
+      return record(exec, { seq, name, operationId: row.operation_id, key: row.idempotency_key, attempt, startedAt, reconciledResourceId }, outcome, options);
     }
   }, seq);
 }
@@ -153,7 +157,7 @@ async function park<T>(exec: Execution, seq: number, operationId: string, retryI
 
 async function record<T>(
   exec: Execution,
-  at: { seq: number; name: string; operationId: string; key: string; attempt: number; startedAt: Date },
+  at: { seq: number; name: string; operationId: string; key: string; attempt: number; startedAt: Date; reconciledResourceId?: string },
   outcome: { ok: true; value: T } | { ok: false; error: unknown },
   options: OperationOptions<T>,
 ): Promise<T> {
@@ -176,7 +180,8 @@ async function record<T>(
       'select run_status from runledger._operation_checkpoint($1, $2, $3, $4, $5, $6, $7::jsonb, $8::jsonb, $9, $10, $11, $12)',
       [
         exec.runId, exec.fencingToken.toString(), at.seq, at.name, at.operationId, failure === undefined ? 'SUCCEEDED' : 'FAILED',
-        outputText, errorJson, stored && options.externalResourceId ? (options.externalResourceId(stored.value) ?? null) : null,
+        outputText, errorJson,
+        at.reconciledResourceId ?? (stored && options.externalResourceId ? (options.externalResourceId(stored.value) ?? null) : null),
         at.attempt, at.startedAt, exec.pendingCharge,
       ],
     );

@@ -1,5 +1,5 @@
 import { ago, print, screenWidth, shortJson, timestamp, wrap } from '../format.js';
-import { intOption, parse, withEngine, type Command } from '../shared.js';
+import { intOption, parse, withPool, type Command } from '../shared.js';
 
 interface InboxRow {
   request_id: string;
@@ -24,8 +24,8 @@ export const approvals: Command = {
     const parsed = parse(approvals, args, { limit: { type: 'string' } });
     if (!parsed) return;
     const limit = intOption(parsed.values, 'limit', 1) ?? 50;
-    const rows = await withEngine(parsed.values, async (engine) => {
-      const result = await engine.pool.query<InboxRow>('select * from runledger.approval_inbox order by requested_at, request_id limit $1', [limit]);
+    const rows = await withPool(parsed.values, async (pool) => {
+      const result = await pool.query<InboxRow>('select * from runledger.approval_inbox order by requested_at, request_id limit $1', [limit]);
       return result.rows;
     });
     if (rows.length === 0) {

@@ -1,5 +1,6 @@
 import { timestamp, print } from '../format.js';
-import { CliError, EXIT_FAILED, parse, requiredOption, withEngine, type Command } from '../shared.js';
+import { decideApproval } from '../../engine/operator.js';
+import { CliError, EXIT_FAILED, parse, requiredOption, withPool, type Command } from '../shared.js';
 
 /**
  * Through runledger.decide_approval: the first decision wins and stays as audit
@@ -21,8 +22,8 @@ export const approve: Command = {
     const decidedBy = requiredOption(approve, parsed.values, 'by');
     const approved = !parsed.values.reject;
     const note = parsed.values.note as string | undefined;
-    const decision = await withEngine(parsed.values, (engine) =>
-      engine.decideApproval(requestId, { approved, decidedBy, ...(note === undefined ? {} : { note }) }),
+    const decision = await withPool(parsed.values, (pool) =>
+      decideApproval(pool, requestId, { approved, decidedBy, ...(note === undefined ? {} : { note }) }),
     );
     const verdict = `${decision.approved ? 'approved' : 'rejected'} by ${decision.decidedBy} at ${timestamp(new Date(decision.decidedAt))}`;
     if (decision.recorded) {

@@ -1,5 +1,7 @@
+import { TERMINAL_STATES, type RunStatus } from '../../engine/states.js';
 import { print } from '../format.js';
-import { parse, withEngine, type Command } from '../shared.js';
+import { cancelRun } from '../../engine/operator.js';
+import { parse, withPool, type Command } from '../shared.js';
 
 /** Through runledger.cancel_run, which is safe to repeat: a finished run is left as it is. */
 export const cancel: Command = {
@@ -10,7 +12,15 @@ export const cancel: Command = {
     if (!parsed) return;
     const runId = parsed.positionals[0]!;
     const reason = parsed.values.reason as string | undefined;
-    const status = await withEngine(parsed.values, (engine) => engine.cancel(runId, reason === undefined ? {} : { reason }));
+    const { before, status } = await withPool(parsed.values, async (pool) => {
+      // Read first only to word the answer: cancel_run itself decides, under the run's row lock.
+      const row = await pool.query<{ status: RunStatus }>('select status from runledger.runs where run_id = $1', [runId]);
+      return { before: row.rows[0]?.status, status: await cancelRun(pool, runId, reason) };
+    });
+    if (before !== undefined && TERMINAL_STATES.has(before)) {
+      print(`run ${runId} had already finished (${before}): nothing to cancel`);
+      return;
+    }
     switch (status) {
       case 'CANCELLED':
         print(`run ${runId} is CANCELLED`);

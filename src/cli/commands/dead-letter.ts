@@ -1,5 +1,5 @@
 import { ago, print, renderTable } from '../format.js';
-import { intOption, parse, withEngine, type Command } from '../shared.js';
+import { intOption, parse, withPool, type Command } from '../shared.js';
 
 interface DeadRow {
   run_id: string;
@@ -19,8 +19,8 @@ export const deadLetter: Command = {
     const parsed = parse(deadLetter, args, { limit: { type: 'string' } });
     if (!parsed) return;
     const limit = intOption(parsed.values, 'limit', 1) ?? 50;
-    const rows = await withEngine(parsed.values, async (engine) => {
-      const result = await engine.pool.query<DeadRow>(
+    const rows = await withPool(parsed.values, async (pool) => {
+      const result = await pool.query<DeadRow>(
         'select * from runledger.dead_letter order by terminated_at desc nulls last, run_id desc limit $1',
         [limit],
       );

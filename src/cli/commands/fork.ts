@@ -1,5 +1,6 @@
 import { print } from '../format.js';
-import { intOption, parse, requiredOption, withEngine, type Command } from '../shared.js';
+import { forkRun } from '../../engine/operator.js';
+import { intOption, parse, requiredOption, withPool, type Command } from '../shared.js';
 
 /**
  * Through runledger.fork_run. Prints only the new run's id, like `start`, so
@@ -14,7 +15,6 @@ export const fork: Command = {
     const runId = parsed.positionals[0]!;
     requiredOption(fork, parsed.values, 'from');
     const fromStep = intOption(parsed.values, 'from', 0)!;
-    const handle = await withEngine(parsed.values, (engine) => engine.fork(runId, { fromStep }));
-    print(handle.runId);
+    print(await withPool(parsed.values, (pool) => forkRun(pool, runId, fromStep)));
   },
 };

@@ -1,6 +1,6 @@
 import { pgCode } from '../../engine/pg-errors.js';
 import { print } from '../format.js';
-import { CliError, parse, requiredOption, withEngine, type Command } from '../shared.js';
+import { CliError, parse, requiredOption, withPool, type Command } from '../shared.js';
 
 /** PostgreSQL's "that is not an interval" SQLSTATEs: a typo in --older-than is a usage error. */
 const BAD_INTERVAL = ['22007', '22008', '22P02', '22015'];
@@ -13,9 +13,9 @@ export const prune: Command = {
     const parsed = parse(prune, args, { 'older-than': { type: 'string' } });
     if (!parsed) return;
     const olderThan = requiredOption(prune, parsed.values, 'older-than');
-    const removed = await withEngine(parsed.values, async (engine) => {
+    const removed = await withPool(parsed.values, async (pool) => {
       try {
-        const result = await engine.pool.query('select runledger.prune($1::interval)::int8 as n', [olderThan]);
+        const result = await pool.query('select runledger.prune($1::interval)::int8 as n', [olderThan]);
         return Number(result.rows[0].n);
       } catch (error) {
         if (BAD_INTERVAL.includes(pgCode(error) ?? '')) {

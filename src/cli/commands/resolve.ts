@@ -1,5 +1,6 @@
 import { print } from '../format.js';
-import { CliError, jsonArgument, parse, requiredOption, withEngine, type Command } from '../shared.js';
+import { resolveOperation } from '../../engine/operator.js';
+import { CliError, jsonArgument, parse, requiredOption, withPool, type Command } from '../shared.js';
 
 /**
  * Through runledger.resolve_operation: an operator settles an external operation
@@ -24,8 +25,8 @@ export const resolve: Command = {
     }
     const result = jsonArgument(parsed.values.result as string | undefined, '--result');
     const by = parsed.values.by as string | undefined;
-    const settled = await withEngine(parsed.values, (engine) =>
-      engine.resolveOperation(operationId, { status, result, ...(by === undefined ? {} : { resolvedBy: by }) }),
+    const settled = await withPool(parsed.values, (pool) =>
+      resolveOperation(pool, operationId, { status, result, ...(by === undefined ? {} : { resolvedBy: by }) }),
     );
     print(`operation ${operationId} resolved as ${settled}`);
     print('the run waiting on it is woken; its workflow continues with this outcome');

@@ -1,5 +1,6 @@
 import { print } from '../format.js';
-import { parse, withEngine, type Command } from '../shared.js';
+import { retryRun } from '../../engine/runs.js';
+import { parse, withPool, type Command } from '../shared.js';
 
 /** Through runledger.retry_run, so the CLI, TypeScript and psql share one rule for what can be retried. */
 export const retry: Command = {
@@ -9,7 +10,7 @@ export const retry: Command = {
     const parsed = parse(retry, args, {}, { min: 1, max: 1 });
     if (!parsed) return;
     const runId = parsed.positionals[0]!;
-    const status = await withEngine(parsed.values, (engine) => engine.retry(runId));
+    const status = await withPool(parsed.values, (pool) => retryRun(pool, runId));
     print(`run ${runId} is ${status} again`);
     print('a worker serving its workflow resumes it from its last successful checkpoint');
   },

@@ -1,7 +1,7 @@
 import { toMs } from '../../engine/duration.js';
-import type { QueueOptions } from '../../engine/queues.js';
+import { setQueue as setQueueSql, type QueueOptions } from '../../engine/queues.js';
 import { print } from '../format.js';
-import { CliError, parse, withEngine, type Command, type Parsed } from '../shared.js';
+import { CliError, parse, withPool, type Command, type Parsed } from '../shared.js';
 import { limits } from './queues.js';
 
 /**
@@ -39,7 +39,7 @@ export const setQueue: Command = {
     if (values.rate !== undefined) options.rateLimit = rate(values.rate as string);
     if (values.pause) options.paused = true;
     if (values.resume) options.paused = false;
-    const queue = await withEngine(values, (engine) => engine.setQueue(name, options));
+    const queue = await withPool(values, (pool) => setQueueSql(pool, name, options));
     print(
       `queue ${queue.name}: ${limits({
         concurrency: queue.concurrency,

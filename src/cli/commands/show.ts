@@ -9,25 +9,71 @@ interface EventRow {
   fencing_token: string | null;
 }
 
-/** One screen about one run: the row, its checkpoints with durations, its history. */
+interface WaitRow {
+  waiting_for: string;
+  step_name: string | null;
+  until: Date | null;
+}
+
+interface ApprovalRow {
+  request_id: string;
+  name: string;
+  action: string;
+  approvers: string[] | null;
+  expires_at: Date | null;
+  decision: boolean | null;
+  decided_by: string | null;
+  decided_at: Date | null;
+  note: string | null;
+}
+
+interface SignalRow {
+  signal_id: string;
+  topic: string;
+  received_at: Date;
+  consumed_seq: number | null;
+}
+
+interface ChildRow {
+  run_id: string;
+  workflow_name: string;
+  status: string;
+}
+
+interface Related {
+  wait: WaitRow | undefined;
+  approvals: ApprovalRow[];
+  signals: SignalRow[];
+  children: ChildRow[];
+}
+
+/** One screen about one run: the row, what it waits for, its checkpoints, operations, approvals, signals, history. */
 export const show: Command = {
-  summary: 'one run: summary, steps with durations, events',
+  summary: 'one run: summary, wait, steps with durations, operations, approvals, signals, events',
   usage: 'runledger show RUN_ID',
   async run(args) {
     const parsed = parse(show, args, {}, { min: 1, max: 1 });
     if (!parsed) return;
     const runId = parsed.positionals[0]!;
-    const { run, events } = await withEngine(parsed.values, async (engine) => {
+    const { run, events, related } = await withEngine(parsed.values, async (engine) => {
       const found = await engine.getRun(runId);
       if (!found) throw new CliError('NOT_FOUND', `run ${runId} not found`, 1);
-      const history = await engine.pool.query<EventRow>(
-        'select at, kind, detail, fencing_token from runledger.events where run_id = $1 order by event_id',
-        [runId],
-      );
-      return { run: found, events: history.rows };
+      const query = async <T extends object>(text: string) => (await engine.pool.query<T>(text, [runId])).rows;
+      const [history, wait, approvalRows, signals, children] = await Promise.all([
+        query<EventRow>('select at, kind, detail, fencing_token from runledger.events where run_id = $1 order by event_id'),
+        query<WaitRow>('select waiting_for, step_name, until from runledger.waiting where run_id = $1'),
+        query<ApprovalRow>(
+          'select request_id, name, action, approvers, expires_at, decision, decided_by, decided_at, note from runledger.approvals where run_id = $1 order by seq',
+        ),
+        query<SignalRow>('select signal_id, topic, received_at, consumed_seq from runledger.signals where run_id = $1 order by received_at, signal_id'),
+        query<ChildRow>('select run_id, workflow_name, status from runledger.runs where parent_run_id = $1 order by created_at, run_id'),
+      ]);
+      return { run: found, events: history, related: { wait: wait[0], approvals: approvalRows, signals, children } };
     });
-    printSummary(run);
+    printSummary(run, related);
     printSteps(run);
+    printOperations(run);
+    printRelated(run, related);
     print();
     print(`events (${events.length}), times from creation`);
     const rows = events.map((e) => [offset(e.at, run.createdAt), e.kind, e.fencing_token ?? '-', shortJson(e.detail, 500)]);
@@ -42,15 +88,30 @@ function line(label: string, value: string, maxLines = 1): void {
   wrap(value, screenWidth() - LABEL, maxLines).forEach((part, i) => print(`${(i === 0 ? label : '').padEnd(LABEL)}${part}`));
 }
 
-function printSummary(run: RunRecord): void {
+function printSummary(run: RunRecord, related: Related): void {
+  // Columns added by later migrations (limits, cancellation) are on the row, not in RunRecord's type.
+  const extra = run as unknown as Record<string, unknown>;
   line('run', run.runId);
-  line('workflow', `${run.workflowName}@${run.workflowVersion}  queue ${run.queueName}  priority ${run.priority}`);
-  line('status', run.terminationReason ? `${run.status} (${run.terminationReason})` : run.status + (run.waitKind ? `, waiting for ${run.waitKind}` : ''));
+  line(
+    'workflow',
+    `${run.workflowName}@${run.workflowVersion}  queue ${run.queueName}  priority ${run.priority}` +
+      (run.concurrencyKey ? `  key ${run.concurrencyKey}` : ''),
+  );
+  const waitingFor = related.wait ? `, waiting for ${related.wait.waiting_for}${related.wait.step_name ? ` (step ${related.wait.step_name})` : ''}` : '';
+  line('status', run.terminationReason ? `${run.status} (${run.terminationReason})` : run.status + waitingFor, 2);
+  if (extra.cancelRequestedAt) line('cancel', `requested ${timestamp(extra.cancelRequestedAt as Date)}${extra.cancelReason ? `: ${String(extra.cancelReason)}` : ''}`, 2);
   line('created', timestamp(run.createdAt));
   if (run.startedAt) line('started', timestamp(run.startedAt));
   if (run.finishedAt) line('finished', `${timestamp(run.finishedAt)}  (${duration(run.finishedAt.getTime() - run.createdAt.getTime())} after creation)`);
   if (run.wakeAt) line('wakes', timestamp(run.wakeAt));
   if (run.deadlineAt) line('deadline', timestamp(run.deadlineAt));
+  const limits = [
+    extra.maxSteps === null || extra.maxSteps === undefined ? undefined : `max steps ${String(extra.maxSteps)}`,
+    extra.budget === null || extra.budget === undefined ? undefined : `budget ${String(extra.budgetSpent)} of ${String(extra.budget)} spent`,
+    extra.noProgress === null || extra.noProgress === undefined ? undefined : `no progress after ${String(extra.noProgress)} repeats`,
+    extra.retryBudget === null || extra.retryBudget === undefined ? undefined : `retries ${String(extra.retriesUsed)} of ${String(extra.retryBudget)} used`,
+  ].filter((part) => part !== undefined);
+  if (limits.length > 0) line('limits', limits.join(', '), 2);
   line('recovery', `${run.recoveryAttempts} of at most ${run.maxRecoveryAttempts}  fencing token ${run.fencingToken}`);
   if (run.leaseOwner) line('lease', `${run.leaseOwner} until ${timestamp(run.leaseExpiresAt)}`);
   if (run.idempotencyKey) line('idem. key', run.idempotencyKey);
@@ -65,7 +126,8 @@ function printSummary(run: RunRecord): void {
 function printSteps(run: RunRecord): void {
   const steps = run.steps ?? [];
   print();
-  print(`steps (${steps.length} checkpoints)`);
+  const open = steps.filter((step) => (step.status as string) === 'WAITING').length;
+  print(`steps (${steps.length - open} checkpoint${steps.length - open === 1 ? '' : 's'}${open > 0 ? `, ${open} waiting` : ''})`);
   if (steps.length === 0) return;
   const rows = steps.map((s) => [
     String(s.seq),
@@ -78,6 +140,52 @@ function printSteps(run: RunRecord): void {
   ]);
   print(renderTable(['#', 'STEP', 'KIND', 'STATUS', 'STARTED', 'TOOK', 'TRIES'], rows, { shrink: [1], right: [0, 5, 6], indent: 2 }));
   for (const s of steps.filter((step) => step.status === 'FAILED')) line(`  step ${s.seq}`, `failed: ${errorText(s.error)}`, 6);
+}
+
+function printOperations(run: RunRecord): void {
+  const operations = run.operations ?? [];
+  if (operations.length === 0) return;
+  print();
+  print(`operations (${operations.length}, the ledger of external calls)`);
+  const rows = operations.map((op) => [
+    String(op.seq),
+    String(op.name),
+    String(op.status),
+    String(op.attempts),
+    String(op.idempotencyKey),
+    op.compensationStatus ? `compensation ${String(op.compensationStatus)}` : op.externalResourceId ? `resource ${String(op.externalResourceId)}` : '-',
+    String(op.operationId),
+  ]);
+  print(renderTable(['#', 'OPERATION', 'STATUS', 'TRIES', 'KEY', 'NOTE', 'OPERATION ID'], rows, { shrink: [4, 5, 1], right: [0, 3], indent: 2 }));
+  if (operations.some((op) => op.status === 'UNKNOWN')) {
+    print('  UNKNOWN: settle with runledger resolve OPERATION_ID --status SUCCEEDED|FAILED [--result JSON]');
+  }
+}
+
+function printRelated(run: RunRecord, related: Related): void {
+  if (related.approvals.length > 0) {
+    print();
+    print(`approvals (${related.approvals.length})`);
+    const rows = related.approvals.map((a) => [
+      a.request_id,
+      a.action,
+      a.decision === null ? (a.expires_at && a.expires_at.getTime() <= Date.now() ? 'expired' : 'pending') : a.decision ? 'approved' : 'rejected',
+      a.decided_by ?? (a.approvers && a.approvers.length > 0 ? `(${a.approvers.join(', ')})` : '(anyone)'),
+      a.note ?? '-',
+    ]);
+    print(renderTable(['REQUEST ID', 'ACTION', 'DECISION', 'BY', 'NOTE'], rows, { shrink: [4, 3, 1], indent: 2 }));
+  }
+  if (related.signals.length > 0) {
+    print();
+    print(`signals (${related.signals.length})`);
+    const rows = related.signals.map((s) => [s.signal_id, s.topic, offset(s.received_at, run.createdAt), s.consumed_seq === null ? 'in the inbox' : `consumed by step ${s.consumed_seq}`]);
+    print(renderTable(['SIGNAL ID', 'TOPIC', 'RECEIVED', 'STATE'], rows, { shrink: [1], indent: 2 }));
+  }
+  if (related.children.length > 0) {
+    print();
+    print(`child runs (${related.children.length})`);
+    print(renderTable(['RUN ID', 'WORKFLOW', 'STATUS'], related.children.map((c) => [c.run_id, c.workflow_name, c.status]), { shrink: [1], indent: 2 }));
+  }
 }
 
 /** A stored error is {name, message, code?, stack?}: the message is what a person needs here. */

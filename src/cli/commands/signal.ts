@@ -1,6 +1,7 @@
 import { ulid } from 'ulid';
 import { print } from '../format.js';
-import { jsonArgument, parse, withEngine, type Command } from '../shared.js';
+import { sendSignal } from '../../engine/operator.js';
+import { jsonArgument, parse, withPool, type Command } from '../shared.js';
 
 /**
  * Through runledger.send_signal. The signal id deduplicates: sending the same id
@@ -16,7 +17,7 @@ export const signal: Command = {
     const [runId, topic, json] = parsed.positionals as [string, string, string | undefined];
     const payload = jsonArgument(json, 'JSON_PAYLOAD');
     const signalId = (parsed.values.id as string | undefined) ?? ulid();
-    const accepted = await withEngine(parsed.values, (engine) => engine.signal(runId, topic, payload, { signalId }));
+    const accepted = await withPool(parsed.values, (pool) => sendSignal(pool, runId, topic, payload, signalId));
     if (accepted) {
       print(`signal ${signalId} (${topic}) accepted by run ${runId}`);
       print('a wait on that topic consumes it; if none is waiting yet, it stays in the inbox until one does');

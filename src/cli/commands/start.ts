@@ -1,6 +1,6 @@
 import { toMs } from '../../engine/duration.js';
 import { print } from '../format.js';
-import { CliError, jsonArgument, parse, withEngine, type Command } from '../shared.js';
+import { CliError, jsonArgument, parse, withPool, type Command } from '../shared.js';
 
 /**
  * Through runledger.start_run, exactly as from psql: the workflow must have been
@@ -43,8 +43,8 @@ export const start: Command = {
       options.priority = Number(values.priority);
       if (!Number.isInteger(options.priority)) throw new CliError('USAGE', `--priority must be a whole number, got ${JSON.stringify(values.priority)}`);
     }
-    const runId = await withEngine(values, async (engine) => {
-      const result = await engine.pool.query('select runledger.start_run($1, $2::jsonb, $3::jsonb) as run_id', [
+    const runId = await withPool(values, async (pool) => {
+      const result = await pool.query('select runledger.start_run($1, $2::jsonb, $3::jsonb) as run_id', [
         workflow,
         json ?? null,
         JSON.stringify(options),

@@ -1,5 +1,5 @@
 import { ago, print, timestamp } from '../format.js';
-import { intOption, parse, withEngine, type Command } from '../shared.js';
+import { intOption, parse, withPool, type Command } from '../shared.js';
 
 interface UnknownRow {
   operation_id: string;
@@ -26,8 +26,8 @@ export const unknown: Command = {
     const parsed = parse(unknown, args, { limit: { type: 'string' } });
     if (!parsed) return;
     const limit = intOption(parsed.values, 'limit', 1) ?? 50;
-    const rows = await withEngine(parsed.values, async (engine) => {
-      const result = await engine.pool.query<UnknownRow>('select * from runledger.unknown_operations order by unknown_since, operation_id limit $1', [limit]);
+    const rows = await withPool(parsed.values, async (pool) => {
+      const result = await pool.query<UnknownRow>('select * from runledger.unknown_operations order by unknown_since, operation_id limit $1', [limit]);
       return result.rows;
     });
     if (rows.length === 0) {

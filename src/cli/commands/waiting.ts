@@ -1,5 +1,5 @@
 import { ago, print, renderTable } from '../format.js';
-import { CliError, intOption, parse, withEngine, type Command } from '../shared.js';
+import { CliError, intOption, parse, withPool, type Command } from '../shared.js';
 
 const WAIT_KINDS = ['timer', 'signal', 'approval', 'child', 'retry', 'reconcile'];
 
@@ -23,8 +23,8 @@ export const waiting: Command = {
     const limit = intOption(parsed.values, 'limit', 1) ?? 50;
     const kind = parsed.values.kind as string | undefined;
     if (kind !== undefined && !WAIT_KINDS.includes(kind)) throw new CliError('USAGE', `--kind must be one of ${WAIT_KINDS.join(', ')}, got ${JSON.stringify(kind)}`);
-    const rows = await withEngine(parsed.values, async (engine) => {
-      const result = await engine.pool.query<WaitingRow>(
+    const rows = await withPool(parsed.values, async (pool) => {
+      const result = await pool.query<WaitingRow>(
         `select run_id, workflow_name, wait_kind, waiting_for, step_name, since, until
            from runledger.waiting where $1::text is null or wait_kind = $1
           order by since nulls last, run_id limit $2`,

@@ -29,7 +29,7 @@ export const worker: Command = {
     const register = await loadRegister(values.module);
 
     // Each in-flight run may hold a connection for a transaction step, plus heartbeats and sweeps.
-    const engine = openEngine(values, { verbose: true, poolMax: concurrency + 4 });
+    const engine = await openEngine(values, { verbose: true, poolMax: concurrency + 4 });
     try {
       await register(engine);
       const running = await engine.runWorker({

@@ -1,5 +1,5 @@
 import { ago, print, renderTable } from '../format.js';
-import { parse, withEngine, type Command } from '../shared.js';
+import { parse, withPool, type Command } from '../shared.js';
 
 interface WorkerRow {
   worker_id: string;
@@ -23,8 +23,8 @@ export const workers: Command = {
     const parsed = parse(workers, args, { all: { type: 'boolean' } });
     if (!parsed) return;
     const all = Boolean(parsed.values.all);
-    const rows = await withEngine(parsed.values, async (engine) => {
-      const result = await engine.pool.query<WorkerRow>(
+    const rows = await withPool(parsed.values, async (pool) => {
+      const result = await pool.query<WorkerRow>(
         `select w.*, w.last_heartbeat_at < runledger.now() - make_interval(secs => w.lease_ms / 1000.0) as silent
            from runledger.workers w
           where $1 or w.stopped_at is null
