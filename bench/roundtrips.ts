@@ -8,7 +8,10 @@
  *
  * Not a test: it prints figures, it asserts nothing.
  */
-import pg from 'pg';
+import { createRequire } from 'node:module';
+import type PgModule from 'pg';
+// The pg that ../src uses (bench/ has its own copy in bench/node_modules for the peers).
+const pg = createRequire(new URL('../src/index.ts', import.meta.url))('pg') as typeof PgModule;
 import { createEngine, startEmbeddedPostgres } from '../src/index.js';
 
 const RUNS = Number(process.env.RUNS ?? 2_000);
