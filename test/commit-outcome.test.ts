@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { createEngine, type Engine, type Worker } from '../src/index.js';
+import { createEngine, type Engine } from '../src/index.js';
 import { createTestDatabase, type TestDatabase } from './helpers/database.js';
 import { CommitFaultProxy } from './helpers/tcp-proxy.js';
 
@@ -10,7 +10,6 @@ import { CommitFaultProxy } from './helpers/tcp-proxy.js';
 let db: TestDatabase;
 let proxy: CommitFaultProxy;
 let engine: Engine;
-let worker: Worker;
 let pay: ReturnType<typeof definePay>;
 
 function definePay(e: Engine) {
@@ -37,7 +36,7 @@ beforeAll(async () => {
   viaProxy.port = String(proxy.port);
   engine = createEngine({ connectionString: viaProxy.toString(), log: () => {} });
   pay = definePay(engine);
-  worker = await engine.runWorker({ concurrency: 2, leaseMs: 2_000, pollIntervalMs: 100 });
+  await engine.runWorker({ concurrency: 2, leaseMs: 2_000, pollIntervalMs: 100 });
 });
 
 afterAll(async () => {

@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createEngine, type Engine, type Worker } from '../src/index.js';
 import { createTestDatabase, waitFor, type TestDatabase } from './helpers/database.js';
-import { spawnWorker, type WorkerProcess } from './helpers/worker-process.js';
+import { spawnWorker } from './helpers/worker-process.js';
 import { stoppedAfterEach } from './helpers/cleanup.js';
 import { createFixtureTables, defineFixtureWorkflows } from './fixtures/workflows.js';
 

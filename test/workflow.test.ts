@@ -1,11 +1,10 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { createEngine, RunFailedError, type Engine, type Worker } from '../src/index.js';
+import { createEngine, RunFailedError, type Engine } from '../src/index.js';
 import { createTestDatabase, waitFor, type TestDatabase } from './helpers/database.js';
 import { createFixtureTables, defineFixtureWorkflows } from './fixtures/workflows.js';
 
 let db: TestDatabase;
 let engine: Engine;
-let worker: Worker;
 let fixtures: ReturnType<typeof defineFixtureWorkflows>;
 
 beforeAll(async () => {
@@ -13,7 +12,7 @@ beforeAll(async () => {
   await createFixtureTables(db.pool);
   engine = createEngine({ connectionString: db.url, log: () => {} });
   fixtures = defineFixtureWorkflows(engine);
-  worker = await engine.runWorker({ concurrency: 4, leaseMs: 2_000, pollIntervalMs: 100 });
+  await engine.runWorker({ concurrency: 4, leaseMs: 2_000, pollIntervalMs: 100 });
 });
 
 afterAll(async () => {

@@ -1,7 +1,7 @@
 import { Kysely, PostgresDialect } from 'kysely';
 import pg from 'pg';
 import { z } from 'zod';
-import { ConfigError, serializeError } from '../errors.js';
+import { ConfigError } from '../errors.js';
 import type { ExecutionDeps } from './execution.js';
 import { guardPool } from './pools.js';
 import { migrate } from './migrate.js';
