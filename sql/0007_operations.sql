@@ -89,6 +89,7 @@ create function runledger._operation_finish(
 returns void
 language plpgsql volatile as $$
 begin
+  perform runledger._fence(p_run_id, p_token);
   update runledger.operations
      set status = p_status, result = p_result, error = p_error, updated_at = runledger.now(), finished_at = runledger.now(),
          external_resource_id = coalesce(p_external_resource_id, external_resource_id),
@@ -100,7 +101,7 @@ begin
 end;
 $$;
 comment on function runledger._operation_finish(text, bigint, text, text, jsonb, jsonb, text, text) is
-  'Records an operation''s outcome; called in the same transaction as the step checkpoint that follows it.';
+  'Fenced: records an operation''s outcome; called in the same transaction as the step checkpoint that follows it.';
 
 create function runledger._operation_park(p_run_id text, p_token bigint, p_seq int, p_operation_id text, p_retry_in_ms int)
 returns void

@@ -121,6 +121,34 @@ describe('SIGKILL mid-run', () => {
   });
 });
 
+describe('SIGKILL before completion', () => {
+  it("the last step's checkpoint commits with the completion: a kill between them re-runs only that step", async () => {
+    const noopIds: string[] = [];
+    for (let n = 0; n < 3; n++) noopIds.push((await engine.start(fixtures.noop, { n })).runId);
+    const orderIds = await startOrders(3);
+    const doomed = await worker({ RUNLEDGER_FAILPOINTS: 'before-complete:noop', CONCURRENCY: '1' });
+    expect((await doomed.exited).signal).toBe('SIGKILL');
+    // The one-step run the worker died in has no checkpoint: its only step ran, its result was pending.
+    const killedIn = await db.pool.query(
+      `select r.run_id, r.workflow_name from runledger.runs r where r.run_id = any($1) and r.status = 'RUNNING'`,
+      [[...orderIds, ...noopIds]],
+    );
+    expect(killedIn.rows).toHaveLength(1);
+
+    await worker();
+    await waitFor('all runs finished', () => allFinished([...orderIds, ...noopIds]));
+    const statuses = await db.pool.query(`select status, count(*)::int as n from runledger.runs where run_id = any($1) group by 1`, [[...orderIds, ...noopIds]]);
+    expect(statuses.rows).toEqual([{ status: 'SUCCEEDED', n: 6 }]);
+    await assertOrdersExactlyOnce(orderIds); // 'ship', the last step of order, is a transaction step: never deferred
+    const facts = await stepFacts([...orderIds, ...noopIds]);
+    expect(facts).toHaveLength(3 * 4 + 3);
+    for (const fact of facts.filter((f) => f.token === 1)) expect(fact, `${fact.run_id}/${fact.name}`).toMatchObject({ executions: 1 });
+    expect(killedIn.rows[0].workflow_name).toBe('noop');
+    const rerun = facts.filter((f) => f.executions === 2);
+    expect(rerun).toEqual([{ run_id: killedIn.rows[0].run_id, name: 'only', token: 2, executions: 2 }]);
+  });
+});
+
 describe('zombie worker', () => {
   it('a worker paused past its lease is fenced out: its late transaction commits nothing', async () => {
     const handle = await engine.start(fixtures.slow, { ms: 2_500 });

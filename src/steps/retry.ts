@@ -88,7 +88,14 @@ async function recordAndWait(
   ]);
   if (!allowed.rows[0].ok) return { kind: 'fail' };
   if (delay <= policy.durableAfterMs) {
-    await new Promise((resolve) => setTimeout(resolve, delay));
+    // A cancel or a lost lease ends the backoff at once; the caller then stops.
+    const signal = exec.abortController.signal;
+    await new Promise<void>((resolve) => {
+      const timer = setTimeout(resolve, delay);
+      signal.addEventListener('abort', () => (clearTimeout(timer), resolve()), { once: true });
+    });
+    if (exec.haltReason) return { kind: 'suspended' }; // shutdown, lease lost: no failure is recorded
+    if (signal.aborted) return { kind: 'fail' }; // cancelled: the step ends with the error it had
     return { kind: 'again', attempt: attempt + 1 };
   }
   await exec.deps.pool.query('select runledger._retry_wait($1, $2, $3, $4, $5, $6, $7)', [
