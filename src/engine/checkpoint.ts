@@ -2,6 +2,7 @@ import { serializeError } from '../errors.js';
 import type { Execution } from './execution.js';
 import { haltOnDbError, observeRunStatus } from './db-halts.js';
 import { isConnectionError } from './pg-errors.js';
+import { checkpointItem, type StepItemValues } from './group-commit.js';
 
 export const CHECKPOINT_SQL =
   'select pid, run_status from runledger._checkpoint($1, $2, $3, $4, $5, $6, $7::jsonb, $8::jsonb, $9, $10, $11)';
@@ -33,12 +34,37 @@ export function checkpointValues(exec: Execution, record: CheckpointRecord): unk
   ];
 }
 
+/** The same checkpoint as named values, for the worker's group commit (runledger._commit_batch). */
+export function stepItemValues(exec: Execution, record: CheckpointRecord): StepItemValues {
+  return {
+    runId: exec.runId,
+    token: exec.fencingToken.toString(),
+    seq: record.seq,
+    name: record.name,
+    kind: record.kind,
+    status: record.status,
+    outputText: record.outputText,
+    errorJson: record.status === 'FAILED' ? JSON.stringify(serializeError(record.error)) : null,
+    attempts: record.attempts,
+    startedAt: record.startedAt,
+    charge: exec.pendingCharge,
+  };
+}
+
+/** One fenced checkpoint write: through the worker's group commit when there is one. Returns the run's status. */
+async function sendCheckpoint(exec: Execution, record: CheckpointRecord, values: unknown[]): Promise<string | undefined> {
+  if (exec.deps.commits) return (await exec.deps.commits.submit(checkpointItem(stepItemValues(exec, record)))).runStatus;
+  const result = await exec.deps.pool.query({ name: 'runledger_checkpoint', text: CHECKPOINT_SQL, values });
+  return result.rows[0]?.run_status;
+}
+
 export type WriteResult = { ok: true } | { ok: false; halted: true };
 
 const WRITE_TRIES = 5;
 
 /**
- * Writes a checkpoint in its own one-statement transaction (one round trip).
+ * Writes a checkpoint in one round trip: in its own transaction, or in the worker's
+ * group commit with the checkpoints of other runs ready at the same moment.
  * A stale fencing token halts the execution (lease lost). A connection lost
  * mid-write leaves the outcome unknown: it is resolved by reading whether the
  * checkpoint committed, and written again only if it did not.
@@ -47,8 +73,7 @@ export async function writeCheckpoint(exec: Execution, record: CheckpointRecord)
   const values = checkpointValues(exec, record);
   for (let attempt = 1; ; attempt++) {
     try {
-      const result = await exec.deps.pool.query({ name: 'runledger_checkpoint', text: CHECKPOINT_SQL, values });
-      committed(exec, result.rows[0]?.run_status);
+      committed(exec, await sendCheckpoint(exec, record, values));
       return { ok: true };
     } catch (error) {
       if (!isConnectionError(error) || attempt >= WRITE_TRIES) {

@@ -2,7 +2,8 @@ import { InvalidInputError, NonDeterminismError, PayloadTooLargeError, serialize
 import { WorkflowContext } from '../steps/context.js';
 import { Execution, type CheckpointRow, type ExecutionDeps, type Halt } from './execution.js';
 import { failpoint } from './failpoints.js';
-import { checkpointValues, flushPending } from './checkpoint.js';
+import { checkpointValues, flushPending, stepItemValues, type CheckpointRecord } from './checkpoint.js';
+import { completeItem } from './group-commit.js';
 import { runCompensations } from './compensate.js';
 import { toJsonText } from './json.js';
 import { isConnectionError, pgCode } from './pg-errors.js';
@@ -27,30 +28,22 @@ export interface ClaimedRun {
   progress: Record<string, unknown> | null;
 }
 
-const CLAIM_SQL =
-  'select run_id, workflow_name, workflow_version, input, fencing_token, recovery_attempts, max_steps, budget, budget_spent, cancel_requested, checkpoints, progress from runledger._claim_run($1, $2, $3, $4)';
-const CLAIM_TRIES = 5;
-
 export interface ExecuteOptions {
   deps: ExecutionDeps;
   workerId: string;
   leaseMs: number;
   resolveWorkflow: (name: string, version: string) => Workflow<any, any> | undefined;
-  isExecuting: (runId: string) => boolean;
   track: (exec: Execution) => void;
   untrack: (exec: Execution) => void;
 }
 
 /**
- * One dispatch: claim the run (compare-and-set; a duplicate dispatch claims
- * nothing), replay the workflow from its checkpoints and record how it ended.
+ * One claimed run (runledger._claim_batch gave it a new fencing token and a lease):
+ * replay the workflow from its checkpoints and record how it ended. Never throws.
  */
-export async function executeRun(runId: string, options: ExecuteOptions): Promise<void> {
+export async function executeClaimed(run: ClaimedRun, options: ExecuteOptions): Promise<void> {
   const { deps } = options;
-  if (options.isExecuting(runId)) return; // a duplicate dispatch while we run it
-  const run = await claim(runId, options);
-  if (!run) return;
-
+  const runId = run.run_id;
   const exec = new Execution(run.run_id, BigInt(run.fencing_token), run.recovery_attempts + 1, run.checkpoints, deps, Date.now(), {
     maxSteps: run.max_steps,
     budget: run.budget === null ? null : Number(run.budget),
@@ -108,17 +101,8 @@ export async function executeRun(runId: string, options: ExecuteOptions): Promis
       }
       failpoint('before-complete', workflow.name);
       const last = exec.pendingCheckpoint;
-      if (last) {
-        exec.pendingCheckpoint = undefined;
-        const [, , ...stepValues] = checkpointValues(exec, last);
-        await finish(exec, 'runledger._complete_with_checkpoint($1, $2, $3, $4, $5, $6, $7::jsonb, $8::jsonb, $9, $10, $11, $12::jsonb, $13)', [
-          ...stepValues,
-          outputText ?? null,
-          policyVersion,
-        ]);
-      } else {
-        await finish(exec, 'runledger._complete_run($1, $2, $3::jsonb, $4, $5)', [outputText ?? null, policyVersion, exec.pendingCharge]);
-      }
+      exec.pendingCheckpoint = undefined;
+      await complete(exec, outputText, policyVersion, last);
     } else if ('kind' in outcome && outcome.kind === 'threw') {
       if (exec.haltReason) return handleHalt(exec, exec.haltReason, policyVersion);
       if (!(await flushPending(exec))) return handleHalt(exec, exec.haltReason!, policyVersion);
@@ -134,28 +118,6 @@ export async function executeRun(runId: string, options: ExecuteOptions): Promis
     await release(exec, RELEASE_DELAY_MS, 'infrastructure').catch(() => undefined);
   } finally {
     options.untrack(exec);
-  }
-}
-
-/**
- * Claims with retries across lost connections. After a try whose reply was lost,
- * the claim may have committed, so the next try also takes back a run this worker
- * already owns. Throws when the database stays unreachable: the dispatch job then
- * fails and graphile-worker retries it later.
- */
-async function claim(runId: string, options: ExecuteOptions): Promise<ClaimedRun | undefined> {
-  for (let attempt = 1; ; attempt++) {
-    try {
-      const result = await options.deps.pool.query<ClaimedRun>({
-        name: 'runledger_claim',
-        text: CLAIM_SQL,
-        values: [runId, options.workerId, options.leaseMs, attempt > 1],
-      });
-      return result.rows[0];
-    } catch (error) {
-      if (!isConnectionError(error) || attempt >= CLAIM_TRIES) throw error;
-      await new Promise((resolve) => setTimeout(resolve, 100 * attempt));
-    }
   }
 }
 
@@ -198,11 +160,40 @@ async function handleHalt(exec: Execution, halt: Halt, policyVersion: string): P
   }
 }
 
+/** Success: the output (and the last step's deferred checkpoint) in one transaction, through the group commit when there is one. */
+async function complete(exec: Execution, outputText: string | undefined, policyVersion: string, last: CheckpointRecord | undefined): Promise<void> {
+  const { commits } = exec.deps;
+  if (commits) {
+    const item = completeItem({
+      runId: exec.runId,
+      token: exec.fencingToken.toString(),
+      outputText,
+      policyVersion,
+      charge: exec.pendingCharge,
+      ...(last ? { step: stepItemValues(exec, last) } : {}),
+    });
+    await fencedWrite(exec, () => commits.submit(item));
+  } else if (last) {
+    const [, , ...stepValues] = checkpointValues(exec, last);
+    await finish(exec, 'runledger._complete_with_checkpoint($1, $2, $3, $4, $5, $6, $7::jsonb, $8::jsonb, $9, $10, $11, $12::jsonb, $13)', [
+      ...stepValues,
+      outputText ?? null,
+      policyVersion,
+    ]);
+  } else {
+    await finish(exec, 'runledger._complete_run($1, $2, $3::jsonb, $4, $5)', [outputText ?? null, policyVersion, exec.pendingCharge]);
+  }
+}
+
 /** A fenced terminal write, retried across lost connections; a commit already made is recognised by the run's status. */
 async function finish(exec: Execution, call: string, args: unknown[]): Promise<void> {
+  await fencedWrite(exec, () => exec.deps.pool.query(`select ${call}`, [exec.runId, exec.fencingToken.toString(), ...args]));
+}
+
+async function fencedWrite(exec: Execution, write: () => Promise<unknown>): Promise<void> {
   for (let attempt = 1; ; attempt++) {
     try {
-      await exec.deps.pool.query(`select ${call}`, [exec.runId, exec.fencingToken.toString(), ...args]);
+      await write();
       return;
     } catch (error) {
       if (pgCode(error) === 'RL001') {

@@ -38,6 +38,8 @@ export interface ExecutionDeps {
   db: Kysely<any>;
   maxPayloadBytes: number;
   log: (level: 'info' | 'warn' | 'error', message: string, meta?: Record<string, unknown>) => void;
+  /** The worker's group commit for plain checkpoints and completions; without it each is its own transaction. */
+  commits?: import('./group-commit.js').GroupCommit;
   /** Makes a workflow startable from SQL (child runs are started by runledger.start_run). */
   registerWorkflow: (workflow: import('./workflow.js').Workflow<any, any>) => Promise<void>;
 }

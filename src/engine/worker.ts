@@ -3,11 +3,13 @@ import pg from 'pg';
 import { ulid } from 'ulid';
 import { ConfigError, serializeError } from '../errors.js';
 import { guardPool } from './pools.js';
-import { executeRun } from './execute-run.js';
-import { listenForCancels } from './cancel-listener.js';
+import { executeClaimed, type ClaimedRun } from './execute-run.js';
+import { CANCEL_CHANNEL, listen, RUNNABLE_CHANNEL } from './listener.js';
+import { Dispatcher } from './dispatcher.js';
+import { GroupCommit } from './group-commit.js';
 import { cronTaskIdentifier, crontabFor, fireSchedule, type Schedule, type StartScheduled } from './schedules.js';
 import type { Execution, ExecutionDeps } from './execution.js';
-import { retryIdempotentStatements, startDispatchRunner, taskIdentifier } from './graphile.js';
+import { retryIdempotentStatements, startDispatchRunner, type DispatchRunner } from './graphile.js';
 import { QUEUE_PATTERN, workflowKey, type Workflow } from './workflow.js';
 
 export const LEASE_MS_DEFAULT = 30_000;
@@ -15,7 +17,6 @@ export const LEASE_MS_MIN = 500;
 export const CONCURRENCY_DEFAULT = 16;
 export const SHUTDOWN_TIMEOUT_MS_DEFAULT = 10_000;
 export const POLL_INTERVAL_MS_DEFAULT = 2_000;
-export const ORPHAN_AFTER_MS_DEFAULT = 30_000;
 /** A due timer this late is woken by the sweeper instead of its dispatch job. */
 export const WAKE_GRACE_MS = 2_000;
 
@@ -28,13 +29,11 @@ export interface WorkerOptions {
   leaseMs?: number;
   /** How often the sweeper looks for expired leases; default leaseMs / 2. */
   sweepIntervalMs?: number;
-  /** A PENDING run with no dispatch job waiting for this long is dispatched again; default 30 s. */
-  orphanAfterMs?: number;
-  /** Fallback poll for dispatch jobs when LISTEN/NOTIFY is missed; default 2 s. */
+  /** Look for runnable runs at least this often, in case a notification was missed; default 2 s. */
   pollIntervalMs?: number;
   /**
-   * Dispatch jobs fetched per query (graphile-worker's local queue); default: the
-   * concurrency. Fewer queries under load; 1 fetches one job at a time.
+   * Most runs claimed per query; default: the concurrency. A claim never takes more
+   * runs than there are free slots; 1 claims one run at a time.
    */
   fetchBatchSize?: number;
   /** On stop(), how long in-flight runs may take to finish before they are released; default 10 s. */
@@ -64,6 +63,8 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
   const leaseMs = options.leaseMs ?? LEASE_MS_DEFAULT;
   if (!Number.isInteger(concurrency) || concurrency < 1) throw new ConfigError('runWorker: concurrency must be a whole number >= 1');
   if (!Number.isInteger(leaseMs) || leaseMs < LEASE_MS_MIN) throw new ConfigError(`runWorker: leaseMs must be a whole number >= ${LEASE_MS_MIN}`);
+  const fetchBatchSize = options.fetchBatchSize ?? concurrency;
+  if (!Number.isInteger(fetchBatchSize) || fetchBatchSize < 1) throw new ConfigError('runWorker: fetchBatchSize must be a whole number >= 1');
   const queues = options.queues ?? [...new Set(host.workflows.map((w) => w.queue))];
   for (const queue of queues) {
     if (!QUEUE_PATTERN.test(queue)) throw new ConfigError(`runWorker: queue ${JSON.stringify(queue)} is invalid`);
@@ -84,49 +85,37 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
     workerId, hostname(), process.pid, [...byKey.keys()], queues, concurrency, leaseMs,
   ]);
 
-  // graphile-worker gets its own small pool: its LISTEN connection and job fetches
-  // must not queue behind long user transactions on the engine pool.
-  const dispatchPool = new pg.Pool({ ...host.poolConfig, max: Math.max(4, Math.ceil(concurrency / 4) + 2) });
-  guardPool(dispatchPool, 'dispatch pool', deps.log);
-  retryIdempotentStatements(dispatchPool);
-
+  const done = new Set<Promise<void>>();
   const execOptions = {
-    deps,
+    // Checkpoints and completions of this worker's concurrent runs share commits.
+    deps: { ...deps, commits: new GroupCommit(deps.pool) },
     workerId,
     leaseMs,
     resolveWorkflow: (name: string, version: string) => byKey.get(workflowKey(name, version)),
-    isExecuting: (runId: string) => [...executions].some((exec) => exec.runId === runId),
     track: (exec: Execution) => void executions.add(exec),
     untrack: (exec: Execution) => void executions.delete(exec),
   };
-  const tasks = new Map<string, (payload: Record<string, unknown>) => Promise<void>>();
-  for (const [queue, workflow] of queues.flatMap((q) => served.map((w) => [q, w] as const))) {
-    tasks.set(taskIdentifier(queue, workflow.name, workflow.version), async (payload) => {
-      const runId = payload.runId;
-      if (typeof runId !== 'string') return;
-      try {
-        await executeRun(runId, execOptions);
-      } catch (error) {
-        // Only a claim that never reached the database gets here: failing the job makes
-        // graphile-worker dispatch it again later.
-        deps.log('error', `run ${runId}: claim failed; the dispatch will be retried`, { error: serializeError(error) });
-        throw error;
-      }
+  // graphile-worker fires cron ticks (once across workers); it gets its own small pool.
+  let cronPool: pg.Pool | undefined;
+  let cronRunner: DispatchRunner | undefined;
+  if (host.schedules.length > 0) {
+    cronPool = new pg.Pool({ ...host.poolConfig, max: 3 });
+    guardPool(cronPool, 'cron pool', deps.log);
+    retryIdempotentStatements(cronPool);
+    const tasks = new Map<string, (payload: Record<string, unknown>) => Promise<void>>();
+    for (const schedule of host.schedules) {
+      tasks.set(cronTaskIdentifier(schedule.name), (payload) => fireSchedule(schedule, payload, host.startScheduled));
+    }
+    cronRunner = await startDispatchRunner({
+      pool: cronPool,
+      concurrency: 1,
+      pollIntervalMs: options.pollIntervalMs ?? POLL_INTERVAL_MS_DEFAULT,
+      fetchBatchSize: 1,
+      tasks,
+      crontab: crontabFor(host.schedules),
+      onError: (message) => deps.log('warn', `cron: ${message}`),
     });
   }
-
-  for (const schedule of host.schedules) {
-    tasks.set(cronTaskIdentifier(schedule.name), (payload) => fireSchedule(schedule, payload, host.startScheduled));
-  }
-  const runner = await startDispatchRunner({
-    pool: dispatchPool,
-    concurrency,
-    pollIntervalMs: options.pollIntervalMs ?? POLL_INTERVAL_MS_DEFAULT,
-    fetchBatchSize: options.fetchBatchSize ?? concurrency,
-    tasks,
-    crontab: crontabFor(host.schedules),
-    onError: (message) => deps.log('warn', `dispatch: ${message}`),
-  });
 
   let lastHeartbeatOk = Date.now();
   const heartbeat = async () => {
@@ -142,6 +131,10 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
           exec.halt({ kind: 'lease_lost', message: `run ${exec.runId}: lease no longer held by ${workerId}` });
         }
       }
+      // A run leased to us that we do not execute was claimed by a claim whose answer we
+      // never got: the next claim takes it back (claims are serial, so none is in flight then).
+      const executingIds = new Set([...executions].map((exec) => exec.runId));
+      if ([...renewed].some((runId) => !executingIds.has(runId))) dispatcher?.reclaimUnexecuted();
     } catch (error) {
       deps.log('warn', 'heartbeat failed', { error: serializeError(error) });
       if (Date.now() - lastHeartbeatOk > leaseMs) {
@@ -150,33 +143,56 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
       }
     }
   };
-  const orphanAfterMs = options.orphanAfterMs ?? ORPHAN_AFTER_MS_DEFAULT;
-  let lastOrphanSweep = 0;
   const sweep = async () => {
     try {
       const result = await deps.pool.query('select runledger._recover_expired(1000) as recovered');
       if (result.rows[0].recovered > 0) deps.log('info', `recovered ${result.rows[0].recovered} run(s) with expired leases`);
-      await deps.pool.query('select runledger._redispatch_stuck($1, 1000)', [leaseMs]);
       await deps.pool.query('select runledger._enforce_deadlines(1000)');
       await deps.pool.query('select runledger._admit_all(1000)');
-      // Timers normally fire as delayed dispatch jobs; this catches any that went missing.
+      // Workers claim due timers themselves; this covers clocks moved by runledger.fake_now and queues no live worker claims from.
       await deps.pool.query('select runledger._wake_due(1000, $1)', [WAKE_GRACE_MS]);
-      if (Date.now() - lastOrphanSweep >= orphanAfterMs / 2) {
-        lastOrphanSweep = Date.now();
-        const orphans = await deps.pool.query('select runledger._redispatch_orphans($1, 1000) as n', [orphanAfterMs]);
-        if (orphans.rows[0].n > 0) deps.log('warn', `dispatched ${orphans.rows[0].n} pending run(s) again that had no dispatch job`);
-      }
     } catch (error) {
       deps.log('warn', 'sweep failed', { error: serializeError(error) });
     }
   };
-  const cancelListener = await listenForCancels(host.poolConfig, deps.log, (runId) => {
-    for (const exec of executions) if (exec.runId === runId) exec.requestCancel();
-  });
+  let dispatcher: Dispatcher | undefined;
+  const listener = await listen(
+    host.poolConfig,
+    deps.log,
+    {
+      [CANCEL_CHANNEL]: (runId) => {
+        for (const exec of executions) if (exec.runId === runId) exec.requestCancel();
+      },
+      [RUNNABLE_CHANNEL]: (payload) => dispatcher?.notified(payload),
+    },
+    () => dispatcher?.hint(),
+  );
   const heartbeatTimer = setInterval(() => void heartbeat(), Math.max(100, Math.floor(leaseMs / 3)));
   const sweepEvery = options.sweepIntervalMs ?? Math.max(250, Math.floor(leaseMs / 2));
   const sweepTimer = setInterval(() => void sweep(), sweepEvery);
   void sweep();
+
+  // Last: from here on runs are claimed.
+  const claimer: Dispatcher = new Dispatcher({
+    pool: deps.pool,
+    workerId,
+    queues,
+    workflows: [...byKey.keys()],
+    leaseMs,
+    concurrency,
+    batchSize: fetchBatchSize,
+    pollIntervalMs: options.pollIntervalMs ?? POLL_INTERVAL_MS_DEFAULT,
+    executing: () => [...executions].map((exec) => exec.runId),
+    execute: (run: ClaimedRun) => {
+      const running = executeClaimed(run, execOptions).finally(() => {
+        done.delete(running);
+        claimer.slotFreed();
+      });
+      done.add(running);
+    },
+    log: deps.log,
+  });
+  dispatcher = claimer;
 
   let stopping: Promise<void> | undefined;
   const stop = () =>
@@ -187,15 +203,17 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
         for (const exec of executions) exec.halt({ kind: 'shutdown' });
       }, shutdownTimeoutMs);
       try {
-        await runner.stop();
+        await claimer.stop();
+        await cronRunner?.stop();
+        while (done.size > 0) await Promise.allSettled([...done]);
       } finally {
         clearTimeout(releaseTimer);
         clearInterval(heartbeatTimer);
         await deps.pool.query('select runledger._stop_worker($1)', [workerId]).catch((error) => {
           deps.log('warn', 'could not release runs on stop; their leases will expire', { error: serializeError(error) });
         });
-        await cancelListener.close();
-        await dispatchPool.end().catch(() => undefined);
+        await listener.close();
+        await cronPool?.end().catch(() => undefined);
       }
     })());
 

@@ -11,7 +11,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import pg from 'pg';
 import { decodeTime } from 'ulid';
-import { createTestDatabase, type TestDatabase } from '../helpers/database.js';
+import { createTestDatabase, waitFor, type TestDatabase } from '../helpers/database.js';
 
 let db: TestDatabase;
 let seq = 0;
@@ -124,19 +124,99 @@ async function events(runId: string): Promise<Array<{ kind: string; detail: any 
   return result.rows;
 }
 
-/** The run's dispatch jobs, from graphile-worker's public view (its payload is private, so not read here). */
-async function jobs(runId: string): Promise<Array<{ task_identifier: string; key: string; run_at: Date }>> {
-  const result = await db.pool.query(
-    `select task_identifier, key, run_at from graphile_worker.jobs where key = 'runledger:' || $1`,
-    [runId],
+/** A run claimed by runledger._claim_batch, or (run_id null) the sentinel row that carries next_due_at. */
+interface BatchRow {
+  run_id: string | null;
+  workflow_name: string | null;
+  workflow_version: string | null;
+  input: unknown;
+  fencing_token: number | null;
+  recovery_attempts: number | null;
+  cancel_requested: boolean | null;
+  checkpoints: unknown[] | null;
+  next_due_at: Date | null;
+}
+
+async function claimBatch(
+  worker: string,
+  queues: string[],
+  workflows: string[],
+  limit: number | null,
+  options: { on?: Queryable; leaseMs?: number; reclaimExcept?: string[] } = {},
+): Promise<BatchRow[]> {
+  const result = await (options.on ?? db.pool).query(
+    `select run_id, workflow_name, workflow_version, input, fencing_token::int as fencing_token, recovery_attempts,
+            cancel_requested, checkpoints, next_due_at
+       from runledger._claim_batch($1, $2, $3, $4, $5${options.reclaimExcept === undefined ? '' : ', $6'})`,
+    options.reclaimExcept === undefined
+      ? [worker, queues, workflows, limit, options.leaseMs ?? 30_000]
+      : [worker, queues, workflows, limit, options.leaseMs ?? 30_000, options.reclaimExcept],
   );
   return result.rows;
 }
 
-/** Removes the run's pending dispatch, so a test can see whether a later call dispatches it again. */
-async function removeJob(runId: string): Promise<void> {
-  await db.pool.query(`select graphile_worker.remove_job('runledger:' || $1)`, [runId]);
-  expect(await jobs(runId)).toEqual([]);
+const claimedIds = (rows: BatchRow[]): string[] => rows.filter((r) => r.run_id !== null).map((r) => r.run_id!);
+const sentinels = (rows: BatchRow[]): BatchRow[] => rows.filter((r) => r.run_id === null);
+
+/** More than any queue in this file holds: a probe with this limit claims everything claimable. */
+const PROBE_LIMIT = 100_000;
+
+/**
+ * Would a worker claim the run now? runledger._claim_batch for the run's queue and
+ * workflow@version (or the ones given), in a transaction that is rolled back, so nothing
+ * changes. The limit is larger than any queue here, so the run comes back exactly when it
+ * is claimable, and the sentinel row (run_id null) is always there with next_due_at.
+ * `on`: a session whose runledger.fake_now is the clock of the probe.
+ */
+async function claimable(
+  runId: string,
+  options: { on?: pg.Client; queues?: string[]; workflows?: string[] } = {},
+): Promise<{ claimed: boolean; nextDueAt: Date | null }> {
+  const run = await getRun(runId);
+  expect(run, `run ${runId}`).toBeDefined();
+  const queues = options.queues ?? [run!.queue_name];
+  const workflows = options.workflows ?? [`${run!.workflow_name}@${run!.workflow_version}`];
+  const client = options.on ?? (await db.pool.connect());
+  try {
+    await client.query('begin');
+    try {
+      const rows = await claimBatch('wk-probe', queues, workflows, PROBE_LIMIT, { on: client });
+      expect(claimedIds(rows).filter((id) => id === runId).length, `${runId} claimed at most once`).toBeLessThanOrEqual(1);
+      expect(sentinels(rows), 'fewer runs than the limit: one sentinel row').toHaveLength(1);
+      return { claimed: claimedIds(rows).includes(runId), nextDueAt: sentinels(rows)[0]!.next_due_at };
+    } finally {
+      await client.query('rollback');
+    }
+  } finally {
+    if (!options.on) (client as pg.PoolClient).release();
+  }
+}
+
+let markers = 0;
+
+/**
+ * The runledger_runnable notifications (payloads, in order) sent while fn runs, seen by a
+ * dedicated LISTEN session. A marker notified afterwards bounds the wait: notifications
+ * arrive in commit order, so once the marker is in, everything fn committed is in too.
+ */
+async function notified<T>(fn: () => Promise<T>): Promise<{ result: T; payloads: string[] }> {
+  const listener = new pg.Client({ connectionString: db.url });
+  await listener.connect();
+  const payloads: string[] = [];
+  listener.on('notification', (message) => {
+    if (message.channel === 'runledger_runnable') payloads.push(message.payload ?? '');
+  });
+  try {
+    await listener.query('listen runledger_runnable');
+    const result = await fn();
+    markers += 1;
+    const marker = `.marker-${markers}`; // no queue name starts with a dot
+    await db.pool.query(`select pg_notify('runledger_runnable', $1)`, [marker]);
+    await waitFor('the marker notification', async () => payloads.includes(marker), 10_000);
+    return { result, payloads: payloads.slice(0, payloads.indexOf(marker)) };
+  } finally {
+    await listener.end();
+  }
 }
 
 async function countRuns(): Promise<number> {
@@ -157,9 +237,9 @@ const ULID = /^[0-9A-HJKMNP-TV-Z]{26}$/;
 // ---------------------------------------------------------------------------------------------
 
 describe('runledger.start_run', () => {
-  it('creates a PENDING run with a ULID, a created event and a graphile-worker dispatch job', async () => {
+  it('creates a PENDING run with a ULID and a created event, announces its queue on runledger_runnable and is claimable at once', async () => {
     const before = (await db.pool.query(`select floor(extract(epoch from clock_timestamp()) * 1000)::bigint as ms`)).rows[0].ms;
-    const runId = await startRun({}, { orderId: 'o-1' });
+    const { result: runId, payloads } = await notified(() => startRun({}, { orderId: 'o-1' }));
     const after = (await db.pool.query(`select ceil(extract(epoch from clock_timestamp()) * 1000)::bigint as ms`)).rows[0].ms;
 
     expect(runId).toHaveLength(26);
@@ -182,8 +262,10 @@ describe('runledger.start_run', () => {
       termination_reason: null,
     });
     expect(await events(runId)).toEqual([{ kind: 'created', detail: { workflow: 'w', version: '1', queue: 'default' } }]);
-    const dispatch = await jobs(runId);
-    expect(dispatch.map((j) => [j.task_identifier, j.key])).toEqual([['runledger:default:w@1', `runledger:${runId}`]]);
+    expect(run?.not_before).toBeNull();
+    // Announced once, as runnable now (no "@due"), to the workers of its queue.
+    expect(payloads).toEqual(['default']);
+    expect(await claimable(runId)).toMatchObject({ claimed: true });
   });
 
   it('gives every run its own id', async () => {
@@ -218,30 +300,38 @@ describe('runledger.start_run', () => {
       const runId = newRunId('too-big');
       const big = { text: 'x'.repeat(200) };
       let caught: { code?: string; message?: string } | undefined;
-      try {
-        await startRun({ run_id: runId }, big, client);
-      } catch (error) {
-        caught = error as { code?: string; message?: string };
-      }
+      const refused = await notified(async () => {
+        try {
+          await startRun({ run_id: runId }, big, client);
+        } catch (error) {
+          caught = error as { code?: string; message?: string };
+        }
+      });
       expect(caught?.code).toBe('RL004');
       expect(caught?.message).toMatch(/over the limit of 100/);
       expect(await countRuns()).toBe(before);
       expect(await getRun(runId)).toBeUndefined();
-      expect(await jobs(runId)).toEqual([]);
+      expect(refused.payloads).toEqual([]); // nothing announced
       // Under the limit, the same session starts runs normally.
-      const small = await startRun({ run_id: newRunId('small') }, { a: 1 }, client);
-      expect((await getRun(small))?.status).toBe('PENDING');
+      const accepted = await notified(() => startRun({ run_id: newRunId('small') }, { a: 1 }, client));
+      expect((await getRun(accepted.result))?.status).toBe('PENDING');
+      expect(accepted.payloads).toEqual(['default']);
     });
   });
 
   it('returns the same run for the same run_id and creates one row', async () => {
     const runId = newRunId('fixed');
-    expect(await startRun({ run_id: runId }, { first: true })).toBe(runId);
-    expect(await startRun({ run_id: runId }, { second: true })).toBe(runId);
+    const first = await notified(() => startRun({ run_id: runId }, { first: true }));
+    const second = await notified(() => startRun({ run_id: runId }, { second: true }));
+    expect(first.result).toBe(runId);
+    expect(second.result).toBe(runId);
     const rows = await db.pool.query('select input from runledger.runs where run_id = $1', [runId]);
     expect(rows.rows).toEqual([{ input: { first: true } }]);
     expect((await events(runId)).map((e) => e.kind)).toEqual(['created']);
-    expect(await jobs(runId)).toHaveLength(1);
+    // Announced by the first start only; the run is claimable (once: the probe checks).
+    expect(first.payloads).toEqual(['default']);
+    expect(second.payloads).toEqual([]);
+    expect(await claimable(runId)).toMatchObject({ claimed: true });
   });
 
   it('raises RL005 when a run_id is reused for another workflow', async () => {
@@ -277,12 +367,19 @@ describe('runledger.start_run', () => {
   it('uses the version named in options, else the most recently registered one', async () => {
     await db.pool.query(`select runledger._register_workflow('multi', '1', 'q-one', 3)`);
     await db.pool.query(`select runledger._register_workflow('multi', '2', 'q-two', 5)`);
-    const v1 = await startRun({ version: '1' }, {}, db.pool, 'multi');
-    const latest = await startRun({}, {}, db.pool, 'multi');
-    expect(await getRun(v1)).toMatchObject({ workflow_version: '1', queue_name: 'q-one', max_recovery_attempts: 3 });
-    expect(await getRun(latest)).toMatchObject({ workflow_version: '2', queue_name: 'q-two', max_recovery_attempts: 5 });
-    expect((await jobs(v1)).map((j) => j.task_identifier)).toEqual(['runledger:q-one:multi@1']);
-    expect((await jobs(latest)).map((j) => j.task_identifier)).toEqual(['runledger:q-two:multi@2']);
+    const v1 = await notified(() => startRun({ version: '1' }, {}, db.pool, 'multi'));
+    const latest = await notified(() => startRun({}, {}, db.pool, 'multi'));
+    expect(await getRun(v1.result)).toMatchObject({ workflow_version: '1', queue_name: 'q-one', max_recovery_attempts: 3 });
+    expect(await getRun(latest.result)).toMatchObject({ workflow_version: '2', queue_name: 'q-two', max_recovery_attempts: 5 });
+    expect(v1.payloads).toEqual(['q-one']);
+    expect(latest.payloads).toEqual(['q-two']);
+    // Claimed only by a worker serving its queue and its workflow version.
+    expect(await claimable(v1.result)).toMatchObject({ claimed: true });
+    expect(await claimable(v1.result, { workflows: ['multi@2'] })).toMatchObject({ claimed: false });
+    expect(await claimable(v1.result, { queues: ['q-two'] })).toMatchObject({ claimed: false });
+    expect(await claimable(latest.result)).toMatchObject({ claimed: true });
+    expect(await claimable(latest.result, { workflows: ['multi@1'] })).toMatchObject({ claimed: false });
+    expect(await claimable(latest.result, { queues: ['q-one'] })).toMatchObject({ claimed: false });
   });
 
   it('accepts a deadline as an interval or as an ISO timestamp', async () => {
@@ -479,20 +576,38 @@ describe('claim / fence protocol (_claim_run, _checkpoint, _fence, _complete_run
     expect(view.rows).toEqual([{ termination_reason: 'NON_DETERMINISM', termination_evidence: evidence, steps_done: 1 }]);
   });
 
-  it('_release_run: RUNNING -> PENDING, lease cleared, re-dispatched after the delay; only once per token', async () => {
-    const runId = await startRun();
+  it('_release_run: RUNNING -> PENDING, lease cleared, claimable again after the delay; only once per token', async () => {
+    // A queue of its own, so that its next due time is this run's.
+    const queue = newRunId('q-release');
+    const runId = await startRun({ queue });
     const { fencing_token } = await claimOne(runId, 'wk-release');
     await checkpoint(runId, fencing_token, 0, 'a');
-    await removeJob(runId);
+    expect(await claimable(runId)).toEqual({ claimed: false, nextDueAt: null }); // RUNNING under its lease
 
     const dbNow = (await db.pool.query('select now() as t')).rows[0].t as Date;
-    const released = await db.pool.query(`select runledger._release_run($1, $2, 60000, 'shutdown') as ok`, [runId, fencing_token]);
+    const { result: released, payloads } = await notified(() =>
+      db.pool.query(`select runledger._release_run($1, $2, 60000, 'shutdown') as ok`, [runId, fencing_token]),
+    );
+    const dbAfter = (await db.pool.query('select now() as t')).rows[0].t as Date;
     expect(released.rows[0].ok).toBe(true);
-    expect(await getRun(runId)).toMatchObject({ status: 'PENDING', lease_owner: null, lease_expires_at: null, fencing_token: 1, recovery_attempts: 0 });
+    const run = await getRun(runId);
+    expect(run).toMatchObject({ status: 'PENDING', lease_owner: null, lease_expires_at: null, fencing_token: 1, recovery_attempts: 0 });
     expect((await events(runId)).at(-1)).toEqual({ kind: 'released', detail: { reason: 'shutdown', delay_ms: 60000, counts_attempt: false } });
-    const dispatch = await jobs(runId);
-    expect(dispatch.map((j) => j.task_identifier)).toEqual(['runledger:default:w@1']);
-    expect(dispatch[0]!.run_at.getTime()).toBeGreaterThanOrEqual(dbNow.getTime() + 60_000);
+    // Runnable again 60 s after the release, and announced with that due time (epoch ms).
+    const notBefore = run!.not_before as Date;
+    expect(notBefore.getTime()).toBeGreaterThanOrEqual(dbNow.getTime() + 60_000);
+    expect(notBefore.getTime()).toBeLessThanOrEqual(dbAfter.getTime() + 60_000);
+    expect(payloads).toHaveLength(1);
+    expect(payloads[0]).toMatch(new RegExp(`^${queue}@\\d+$`));
+    expect(Math.abs(Number(payloads[0]!.split('@')[1]) - notBefore.getTime())).toBeLessThanOrEqual(1);
+    // Not claimable before then (the next due time says when), claimable after.
+    expect(await claimable(runId)).toEqual({ claimed: false, nextDueAt: notBefore });
+    await session(async (client) => {
+      await setNow(client, new Date(notBefore.getTime() - 1_000).toISOString());
+      expect(await claimable(runId, { on: client })).toEqual({ claimed: false, nextDueAt: notBefore });
+      await setNow(client, new Date(notBefore.getTime() + 1).toISOString());
+      expect(await claimable(runId, { on: client })).toEqual({ claimed: true, nextDueAt: null });
+    });
     expect(await steps(runId)).toHaveLength(1);
 
     // The token is spent: a second release (or a late one from the old owner) does nothing.
@@ -513,11 +628,11 @@ describe('runledger._recover_expired', () => {
       const e = await claimOne(expired, 'wk-dead', 1_000, client);
       await checkpoint(expired, e.fencing_token, 0, 'a', { on: client });
       const l = await claimOne(live, 'wk-alive', 3_600_000, client);
-      await removeJob(expired);
-      await removeJob(live);
 
       await setNow(client, '2001-01-01T00:00:02Z');
-      const handled = await client.query('select runledger._recover_expired() as n');
+      // An expired lease alone does not make a run claimable: recovery does.
+      expect((await claimable(expired, { on: client })).claimed).toBe(false);
+      const { result: handled, payloads } = await notified(() => client.query('select runledger._recover_expired() as n'));
       expect(handled.rows[0].n).toBe(1);
 
       expect(await getRun(expired)).toMatchObject({
@@ -535,13 +650,16 @@ describe('runledger._recover_expired', () => {
       });
       const detail = (await events(expired)).at(-1)!.detail;
       expect(new Date(detail.lease_expired_at).toISOString()).toBe('2001-01-01T00:00:01.000Z');
-      expect((await jobs(expired)).map((j) => j.task_identifier)).toEqual(['runledger:default:w@1']);
+      // Announced to the workers of its queue (once: the live run was not touched), and claimable now.
+      expect(payloads).toEqual(['default']);
+      expect((await getRun(expired))?.not_before).toBeNull();
+      expect((await claimable(expired, { on: client })).claimed).toBe(true);
 
       const untouched = await getRun(live);
       expect(untouched).toMatchObject({ status: 'RUNNING', lease_owner: 'wk-alive', recovery_attempts: 0, fencing_token: 1 });
       expect(untouched?.lease_expires_at.toISOString()).toBe('2001-01-01T01:00:00.000Z');
       expect((await events(live)).map((ev) => ev.kind)).toEqual(['created', 'claimed']);
-      expect(await jobs(live)).toEqual([]);
+      expect((await claimable(live, { on: client })).claimed).toBe(false);
 
       // The recovered run is claimable again, with its checkpoint and a new token.
       const again = await claimOne(expired, 'wk-next', 1_000, client);
@@ -574,9 +692,9 @@ describe('runledger._recover_expired', () => {
       // Attempts exhausted: the next expiry parks the run.
       await setNow(client, at(t));
       await claimOne(runId, 'wk-last', 1_000, client);
-      await removeJob(runId);
       await setNow(client, at(t + 2));
-      expect((await client.query('select runledger._recover_expired() as n')).rows[0].n).toBe(1);
+      const { result: swept, payloads } = await notified(() => client.query('select runledger._recover_expired() as n'));
+      expect(swept.rows[0].n).toBe(1);
 
       const run = await getRun(runId);
       expect(run).toMatchObject({
@@ -595,8 +713,9 @@ describe('runledger._recover_expired', () => {
         kind: 'dead_lettered',
         detail: { reason: 'MAX_RECOVERY_ATTEMPTS', recovery_attempts: 3, last_owner: 'wk-last' },
       });
-      // Out of the automatic path: not dispatched again.
-      expect(await jobs(runId)).toEqual([]);
+      // Out of the automatic path: not announced, and no worker claims it.
+      expect(payloads).toEqual([]);
+      expect((await claimable(runId, { on: client })).claimed).toBe(false);
 
       const view = await db.pool.query(
         'select run_id, termination_reason, termination_evidence, recovery_attempts, max_recovery_attempts from runledger.dead_letter where run_id = $1',
@@ -636,71 +755,382 @@ describe('runledger._recover_expired', () => {
 
 // ---------------------------------------------------------------------------------------------
 
-describe('runledger._redispatch_orphans', () => {
-  it('dispatches again a PENDING run older than the threshold that has no waiting job, and nothing else', async () => {
+describe('runledger._claim_batch', () => {
+  // Every test has queues of its own (so other runs in this database are not in the way) and,
+  // where leases are taken, a fake clock in the 2070s: those leases never expire on the real
+  // clock or on the 2001-2004 clocks of the recovery sweeps above.
+  beforeAll(async () => {
+    await db.pool.query(`select runledger._register_workflow('cb-other', '1', 'default', 3)`);
+    await db.pool.query(`select runledger._register_workflow('cb-other', '2', 'default', 3)`);
+  });
+
+  const at = (base: string, seconds: number) => new Date(Date.parse(base) + seconds * 1000).toISOString();
+  const sentinel = (nextDueAt: Date | null): BatchRow => ({
+    run_id: null,
+    workflow_name: null,
+    workflow_version: null,
+    input: null,
+    fencing_token: null,
+    recovery_attempts: null,
+    cancel_requested: null,
+    checkpoints: null,
+    next_due_at: nextDueAt,
+  });
+  const claimedEvents = async (runIds: string[]) =>
+    (
+      await db.pool.query(
+        `select run_id, detail, fencing_token::int as fencing_token, at from runledger.events
+          where run_id = any($1) and kind = 'claimed' order by event_id`,
+        [runIds],
+      )
+    ).rows;
+
+  it('claims up to the limit, lower priority first and then older: each RUNNING with a new token, a lease and a claimed event', async () => {
     await session(async (client) => {
-      // Fake 2004 clock: every other PENDING run in this database either has its job or is newer.
-      await setNow(client, '2004-01-01T00:00:00Z');
-      const orphan = await startRun({}, {}, client);
-      const withJob = await startRun({}, {}, client);
-      const running = await startRun({}, {}, client);
-      await claimOne(running, 'wk-orphans', 3_600_000, client);
-      await setNow(client, '2004-01-01T00:00:08Z');
-      const fresh = await startRun({}, {}, client);
-      for (const runId of [orphan, running, fresh]) await removeJob(runId);
+      const T = '2070-01-01T00:00:00Z';
+      const queue = newRunId('cb-order');
+      await setNow(client, at(T, 0));
+      const late = await startRun({ queue, priority: 5 }, { i: 'late' }, client);
+      await setNow(client, at(T, 1));
+      const older = await startRun({ queue }, { i: 'older' }, client);
+      await setNow(client, at(T, 2));
+      const newer = await startRun({ queue }, { i: 'newer' }, client);
+      await setNow(client, at(T, 3));
+      const urgent = await startRun({ queue, priority: -1 }, { i: 'urgent' }, client);
 
-      await setNow(client, '2004-01-01T00:00:10Z');
-      const handled = await client.query('select runledger._redispatch_orphans(5000) as n');
-      expect(handled.rows[0].n).toBe(1);
+      await setNow(client, at(T, 10));
+      const first = await claimBatch('wk-cb', [queue], ['w@1'], 2, { on: client });
+      // The limit was reached: two runs, no sentinel row.
+      expect(first).toHaveLength(2);
+      expect(claimedIds(first).sort()).toEqual([urgent, older].sort());
+      expect(first.find((r) => r.run_id === urgent)).toEqual({
+        run_id: urgent,
+        workflow_name: 'w',
+        workflow_version: '1',
+        input: { i: 'urgent' },
+        fencing_token: 1,
+        recovery_attempts: 0,
+        cancel_requested: false,
+        checkpoints: [],
+        next_due_at: null,
+      });
+      for (const runId of [urgent, older]) {
+        const run = await getRun(runId);
+        expect(run).toMatchObject({ status: 'RUNNING', lease_owner: 'wk-cb', fencing_token: 1 });
+        expect(run?.lease_expires_at.toISOString()).toBe(at(T, 40));
+        expect(run?.started_at.toISOString()).toBe(at(T, 10));
+      }
+      for (const runId of [newer, late]) expect(await getRun(runId)).toMatchObject({ status: 'PENDING', lease_owner: null, fencing_token: 0 });
 
-      expect((await jobs(orphan)).map((j) => j.task_identifier)).toEqual(['runledger:default:w@1']);
-      expect((await events(orphan)).at(-1)).toEqual({ kind: 'redispatched', detail: { why: 'no dispatch job waiting', pending_since: expect.any(String) } });
-      expect(new Date((await events(orphan)).at(-1)!.detail.pending_since).toISOString()).toBe('2004-01-01T00:00:00.000Z');
-      expect((await getRun(orphan))?.updated_at.toISOString()).toBe('2004-01-01T00:00:10.000Z');
+      // One at a time, the others come in the same order.
+      expect(await claimBatch('wk-cb', [queue], ['w@1'], 1, { on: client })).toEqual([expect.objectContaining({ run_id: newer, input: { i: 'newer' } })]);
+      expect(await claimBatch('wk-cb', [queue], ['w@1'], 1, { on: client })).toEqual([expect.objectContaining({ run_id: late, input: { i: 'late' } })]);
+      // Nothing left: only the sentinel row, with nothing due.
+      expect(await claimBatch('wk-cb', [queue], ['w@1'], 3, { on: client })).toEqual([sentinel(null)]);
 
-      expect((await events(withJob)).map((e) => e.kind)).toEqual(['created']);
-      expect(await jobs(fresh)).toEqual([]);
-      expect((await events(fresh)).map((e) => e.kind)).toEqual(['created']);
-      expect(await jobs(running)).toEqual([]);
-      expect((await getRun(running))?.status).toBe('RUNNING');
-
-      // Handled runs have a job now: a second sweep finds nothing.
-      expect((await client.query('select runledger._redispatch_orphans(5000) as n')).rows[0].n).toBe(0);
-      // Once old enough, the fresh one is dispatched again too.
-      await setNow(client, '2004-01-01T00:00:20Z');
-      expect((await client.query('select runledger._redispatch_orphans(5000) as n')).rows[0].n).toBe(1);
-      expect((await jobs(fresh)).map((j) => j.task_identifier)).toEqual(['runledger:default:w@1']);
-      expect((await events(fresh)).map((e) => e.kind)).toEqual(['created', 'redispatched']);
-      // Leave nothing RUNNING on a fake clock for later sweeps.
-      await client.query(`select runledger._release_run($1, 1, 0, 'test')`, [running]);
+      // Each claim is in the history once, with the worker, the new token and the time.
+      const claimed = await claimedEvents([late, older, newer, urgent]);
+      expect(claimed.map((e) => e.run_id).sort()).toEqual([late, older, newer, urgent].sort());
+      for (const event of claimed) {
+        expect(event).toMatchObject({ detail: { worker: 'wk-cb' }, fencing_token: 1 });
+        expect(event.at.toISOString()).toBe(at(T, 10));
+      }
+      expect((await events(urgent)).map((e) => e.kind)).toEqual(['created', 'claimed']);
     });
   });
 
-  // BUG (sql/0003_recovery.sql, _redispatch_orphans): a dispatch job whose attempts are used up
-  // (graphile-worker keeps it, unlocked, with attempts = max_attempts, and never runs it again)
-  // counts as "a dispatch job waiting", so its PENDING run is never dispatched again.
-  it('dispatches again a PENDING run whose dispatch job failed permanently (attempts used up)', async () => {
-    await session(async (client) => {
-      await setNow(client, '2004-02-01T00:00:00Z');
-      const runId = await startRun({}, {}, client);
-      // What graphile-worker does after the last failed attempt (e.g. claims failing through a long outage),
-      // done here with its public function.
-      const failed = await db.pool.query(
-        `select attempts, max_attempts from graphile_worker.permanently_fail_jobs(
-           array(select id from graphile_worker.jobs where key = 'runledger:' || $1), 'claim could not reach the database')`,
-        [runId],
-      );
-      expect(failed.rows).toEqual([{ attempts: 25, max_attempts: 25 }]);
+  it('two claimers in open transactions never get the same run (SKIP LOCKED), and neither waits for the other', async () => {
+    const queue = newRunId('cb-race');
+    const runIds = [await startRun({ queue }), await startRun({ queue }), await startRun({ queue })];
+    await session(async (a) => {
+      await session(async (b) => {
+        for (const client of [a, b]) {
+          await setNow(client, '2071-01-01T00:00:00Z');
+          // A claimer that waited for the other's locks would fail here instead of hanging.
+          await client.query(`set statement_timeout = '5s'`);
+          await client.query('begin');
+        }
+        const fromA = await claimBatch('wk-race-a', [queue], ['w@1'], 2, { on: a });
+        const fromB = await claimBatch('wk-race-b', [queue], ['w@1'], 3, { on: b });
+        expect(claimedIds(fromA)).toHaveLength(2);
+        expect(claimedIds(fromB)).toHaveLength(1);
+        expect(sentinels(fromB)).toEqual([sentinel(null)]);
+        // A looks again while B still holds its run: nothing for A.
+        expect(await claimBatch('wk-race-a', [queue], ['w@1'], 3, { on: a })).toEqual([sentinel(null)]);
+        await a.query('commit');
+        await b.query('commit');
 
-      await setNow(client, '2004-02-01T00:10:00Z');
-      const handled = await client.query('select runledger._redispatch_orphans(60000) as n');
-      const runnable = await db.pool.query(
-        `select count(*)::int as n from graphile_worker.jobs where key = 'runledger:' || $1 and locked_at is null and attempts < max_attempts`,
-        [runId],
-      );
-      expect({ handled: handled.rows[0].n, runnableJobs: runnable.rows[0].n }).toEqual({ handled: 1, runnableJobs: 1 });
-      expect((await events(runId)).map((e) => e.kind)).toEqual(['created', 'redispatched']);
+        expect([...claimedIds(fromA), ...claimedIds(fromB)].sort()).toEqual([...runIds].sort());
+        for (const runId of claimedIds(fromA)) expect(await getRun(runId)).toMatchObject({ status: 'RUNNING', lease_owner: 'wk-race-a', fencing_token: 1 });
+        for (const runId of claimedIds(fromB)) expect(await getRun(runId)).toMatchObject({ status: 'RUNNING', lease_owner: 'wk-race-b', fencing_token: 1 });
+        expect((await claimedEvents(runIds)).map((e) => e.run_id).sort()).toEqual([...runIds].sort());
+      });
     });
+  });
+
+  it('many concurrent claimers: every run is claimed by exactly one of them', async () => {
+    const queue = newRunId('cb-swarm');
+    const runIds: string[] = [];
+    for (let i = 0; i < 20; i++) runIds.push(await startRun({ queue }, { i }));
+    const results = await Promise.all([1, 2, 3, 4].map((w) => claimBatch(`wk-swarm-${w}`, [queue], ['w@1'], 6)));
+    const taken = results.flatMap(claimedIds);
+    expect(new Set(taken).size).toBe(taken.length);
+    const rest = claimedIds(await claimBatch('wk-swarm-last', [queue], ['w@1'], 20));
+    expect([...taken, ...rest].sort()).toEqual([...runIds].sort());
+    const claimed = await claimedEvents(runIds);
+    expect(claimed.map((e) => e.run_id).sort()).toEqual([...runIds].sort());
+    const owners = new Map<string, string>();
+    results.forEach((rows, w) => claimedIds(rows).forEach((id) => owners.set(id, `wk-swarm-${w + 1}`)));
+    rest.forEach((id) => owners.set(id, 'wk-swarm-last'));
+    for (const event of claimed) expect(event.detail.worker, event.run_id).toBe(owners.get(event.run_id));
+    const tokens = await db.pool.query(`select distinct status, fencing_token::int as t from runledger.runs where run_id = any($1)`, [runIds]);
+    expect(tokens.rows).toEqual([{ status: 'RUNNING', t: 1 }]);
+  });
+
+  it('claims only runs of the given queues and workflow@version keys', async () => {
+    await session(async (client) => {
+      await setNow(client, '2072-01-01T00:00:00Z');
+      const qa = newRunId('cb-qa');
+      const qb = newRunId('cb-qb');
+      const wInA = await startRun({ queue: qa }, {}, client);
+      const wInB = await startRun({ queue: qb }, {}, client);
+      const otherV1InA = await startRun({ queue: qa, version: '1' }, {}, client, 'cb-other');
+      const otherV2InA = await startRun({ queue: qa, version: '2' }, {}, client, 'cb-other');
+
+      expect(claimedIds(await claimBatch('wk-f', [qa], ['w@1'], 10, { on: client }))).toEqual([wInA]);
+      expect(claimedIds(await claimBatch('wk-f', [qa], ['cb-other@2', 'w@2'], 10, { on: client }))).toEqual([otherV2InA]);
+      expect(await claimBatch('wk-f', ['cb-nobody'], ['w@1', 'cb-other@1'], 10, { on: client })).toEqual([sentinel(null)]);
+      expect(await claimBatch('wk-f', [qa, qb], [], 10, { on: client })).toEqual([sentinel(null)]);
+      expect(await getRun(wInB)).toMatchObject({ status: 'PENDING', fencing_token: 0 });
+      expect(await getRun(otherV1InA)).toMatchObject({ status: 'PENDING', fencing_token: 0 });
+
+      const both = await claimBatch('wk-f', [qa, qb], ['w@1', 'cb-other@1'], 10, { on: client });
+      expect(claimedIds(both).sort()).toEqual([wInB, otherV1InA].sort());
+      expect(both.find((r) => r.run_id === otherV1InA)).toMatchObject({ workflow_name: 'cb-other', workflow_version: '1' });
+      for (const runId of [wInA, wInB, otherV1InA, otherV2InA]) {
+        expect(await getRun(runId)).toMatchObject({ status: 'RUNNING', lease_owner: 'wk-f', fencing_token: 1 });
+      }
+    });
+  });
+
+  it('leaves a delayed start or a timer that is not due, and reports the earliest due time in the sentinel row', async () => {
+    await session(async (client) => {
+      const T = '2073-01-01T00:00:00Z';
+      const queue = newRunId('cb-due');
+      await setNow(client, at(T, 0));
+      const start = await notified(() => startRun({ queue, run_at: at(T, 3600) }, {}, client));
+      const delayed = start.result;
+      expect((await getRun(delayed))?.not_before.toISOString()).toBe(at(T, 3600));
+      expect(start.payloads).toEqual([`${queue}@${Date.parse(at(T, 3600))}`]);
+
+      // A second run goes to sleep for 30 minutes.
+      const sleeper = await startRun({ queue }, {}, client);
+      expect(await claimBatch('wk-due', [queue], ['w@1'], 1, { on: client })).toEqual([expect.objectContaining({ run_id: sleeper, fencing_token: 1 })]);
+      const parked = await notified(() =>
+        client.query(`select done from runledger._wait($1, 1, 0, 'nap', 'sleep', '{"timeout_ms": 1800000}')`, [sleeper]),
+      );
+      expect(parked.result.rows).toEqual([{ done: false }]);
+      expect(parked.payloads).toEqual([`${queue}@${Date.parse(at(T, 1800))}`]);
+      expect(await getRun(sleeper)).toMatchObject({ status: 'WAITING', wait_kind: 'timer', lease_owner: null });
+
+      expect(await claimBatch('wk-due', [queue], ['w@1'], 5, { on: client })).toEqual([sentinel(new Date(at(T, 1800)))]);
+      await setNow(client, at(T, 1799));
+      expect(await claimBatch('wk-due', [queue], ['w@1'], 5, { on: client })).toEqual([sentinel(new Date(at(T, 1800)))]);
+      // The timer is due: the sleeper is claimed, and the delayed start is next.
+      await setNow(client, at(T, 1800));
+      const woke = await claimBatch('wk-due', [queue], ['w@1'], 5, { on: client });
+      expect(claimedIds(woke)).toEqual([sleeper]);
+      expect(sentinels(woke)).toEqual([sentinel(new Date(at(T, 3600)))]);
+      await setNow(client, at(T, 3599));
+      expect(await claimBatch('wk-due', [queue], ['w@1'], 5, { on: client })).toEqual([sentinel(new Date(at(T, 3600)))]);
+      expect(await getRun(delayed)).toMatchObject({ status: 'PENDING', fencing_token: 0 });
+      await setNow(client, at(T, 3600));
+      const started = await claimBatch('wk-due', [queue], ['w@1'], 5, { on: client });
+      expect(claimedIds(started)).toEqual([delayed]);
+      expect(sentinels(started)).toEqual([sentinel(null)]);
+    });
+  });
+
+  it('claims a WAITING run whose timer is due in a queue without limits (RUNNING, token + 1); with limits it wakes it into admission', async () => {
+    await session(async (client) => {
+      const T = '2074-01-01T00:00:00Z';
+      const queue = newRunId('cb-timer');
+      await setNow(client, at(T, 0));
+      const runId = await startRun({ queue }, { s: 1 }, client);
+      await claimOne(runId, 'wk-sleep-1', 30_000, client);
+      await client.query(`select runledger._wait($1, 1, 0, 'nap', 'sleep', '{"timeout_ms": 60000}')`, [runId]);
+      expect(await getRun(runId)).toMatchObject({ status: 'WAITING', wait_kind: 'timer', fencing_token: 1 });
+
+      await setNow(client, at(T, 61));
+      const rows = await claimBatch('wk-sleep-2', [queue], ['w@1'], 5, { on: client });
+      expect(claimedIds(rows)).toEqual([runId]);
+      expect(rows.find((r) => r.run_id === runId)).toMatchObject({
+        input: { s: 1 },
+        fencing_token: 2,
+        recovery_attempts: 0,
+        cancel_requested: false,
+        // The wait step comes back with the claim: replay finds its timer passed.
+        checkpoints: [[0, 'nap', 'WAITING', [expect.objectContaining({ spec: { timeout_ms: 60000 } })], null, 'sleep']],
+      });
+      const run = await getRun(runId);
+      expect(run).toMatchObject({ status: 'RUNNING', lease_owner: 'wk-sleep-2', fencing_token: 2, wait_kind: null, wait_key: null, wake_at: null });
+      expect(run?.lease_expires_at.toISOString()).toBe(at(T, 91));
+      expect((await events(runId)).map((e) => e.kind)).toEqual(['created', 'claimed', 'wait_started', 'claimed']);
+      expect((await events(runId)).at(-1)).toEqual({ kind: 'claimed', detail: { worker: 'wk-sleep-2' } });
+
+      // In a queue with a concurrency limit of 1, whose slot another run holds, the due timer
+      // only wakes the run: PENDING, waiting for admission, not claimed.
+      const limited = newRunId('cb-timer-limited');
+      await client.query(`select runledger.set_queue($1, '{"concurrency": 1}')`, [limited]);
+      await setNow(client, at(T, 100));
+      const sleeper = await startRun({ queue: limited }, {}, client);
+      expect(claimedIds(await claimBatch('wk-sleep-1', [limited], ['w@1'], 5, { on: client }))).toEqual([sleeper]);
+      await client.query(`select runledger._wait($1, 1, 0, 'nap', 'sleep', '{"timeout_ms": 60000}')`, [sleeper]);
+      const holder = await startRun({ queue: limited }, {}, client);
+      expect(claimedIds(await claimBatch('wk-sleep-1', [limited], ['w@1'], 5, { on: client }))).toEqual([holder]);
+      await setNow(client, at(T, 161));
+      expect(await claimBatch('wk-sleep-2', [limited], ['w@1'], 5, { on: client })).toEqual([sentinel(null)]);
+      expect(await getRun(sleeper)).toMatchObject({ status: 'PENDING', admitted: false, wait_kind: null, wake_at: null, fencing_token: 1 });
+      expect((await events(sleeper)).map((e) => e.kind)).toEqual(['created', 'claimed', 'wait_started', 'woken']);
+    });
+  });
+
+  it('ends a PENDING run past its deadline TERMINATED (DEADLINE) instead of claiming it', async () => {
+    await session(async (client) => {
+      const T = '2075-01-01T00:00:00Z';
+      const queue = newRunId('cb-deadline');
+      await setNow(client, at(T, 0));
+      const late = await startRun({ queue, deadline: '1 minute' }, {}, client);
+      const onTime = await startRun({ queue, deadline: '1 hour' }, {}, client);
+
+      await setNow(client, at(T, 120));
+      const rows = await claimBatch('wk-dl', [queue], ['w@1'], 5, { on: client });
+      expect(claimedIds(rows)).toEqual([onTime]);
+      const run = await getRun(late);
+      expect(run).toMatchObject({ status: 'TERMINATED', termination_reason: 'DEADLINE', lease_owner: null, fencing_token: 0 });
+      expect(run?.finished_at.toISOString()).toBe(at(T, 120));
+      expect(new Date(run?.termination_evidence.deadline_at).toISOString()).toBe(at(T, 60));
+      expect(new Date(run?.termination_evidence.noticed_at).toISOString()).toBe(at(T, 120));
+      expect((await events(late)).map((e) => e.kind)).toEqual(['created', 'deadline']);
+      expect(await claimedEvents([late])).toEqual([]);
+    });
+  });
+
+  // Runs past their deadline are terminated at most p_limit per queue and call; the ones left
+  // over must still never be claimed (as _claim_run never claims one).
+  it('claims no run past its deadline, however many of them there are', async () => {
+    await session(async (client) => {
+      const T = '2075-06-01T00:00:00Z';
+      const queue = newRunId('cb-deadlines');
+      await setNow(client, at(T, 0));
+      const runIds = [await startRun({ queue, deadline: '1 minute' }, {}, client), await startRun({ queue, deadline: '1 minute' }, {}, client)];
+
+      await setNow(client, at(T, 120));
+      const rows = await claimBatch('wk-dl', [queue], ['w@1'], 1, { on: client });
+      expect(claimedIds(rows)).toEqual([]);
+      const statuses = await db.pool.query(`select run_id, status from runledger.runs where run_id = any($1) order by run_id`, [runIds]);
+      for (const row of statuses.rows) expect(['PENDING', 'TERMINATED'], row.run_id).toContain(row.status);
+      expect(await claimedEvents(runIds)).toEqual([]);
+    });
+  });
+
+  it('claims a CANCELLING run without an owner (compensations to run) and says so with cancel_requested', async () => {
+    await session(async (client) => {
+      const T = '2076-01-01T00:00:00Z';
+      const queue = newRunId('cb-cancel');
+      await setNow(client, at(T, 0));
+      const runId = await startRun({ queue }, {}, client);
+      const { fencing_token } = await claimOne(runId, 'wk-saga-1', 30_000, client);
+      // A compensable operation succeeded, then the run was given back.
+      const op = await client.query(
+        `select operation_id from runledger._operation_begin($1, $2, 0, 'charge', $3, true, false)`,
+        [runId, fencing_token, `charge-${runId}`],
+      );
+      await client.query(`select runledger._operation_finish($1, $2, $3, 'SUCCEEDED', '{"charged": 1}', null, null, null)`, [
+        runId,
+        fencing_token,
+        op.rows[0].operation_id,
+      ]);
+      await checkpoint(runId, fencing_token, 0, 'charge', { output: { charged: 1 }, on: client });
+      await client.query(`select runledger._release_run($1, $2, 0, 'test')`, [runId, fencing_token]);
+
+      const cancel = await notified(() => client.query(`select runledger.cancel_run($1, 'changed my mind') as status`, [runId]));
+      expect(cancel.result.rows[0].status).toBe('CANCELLING');
+      expect(cancel.payloads).toEqual([queue]);
+      expect(await getRun(runId)).toMatchObject({ status: 'CANCELLING', lease_owner: null, fencing_token: 1 });
+
+      await setNow(client, at(T, 5));
+      const rows = await claimBatch('wk-saga-2', [queue], ['w@1'], 5, { on: client });
+      expect(claimedIds(rows)).toEqual([runId]);
+      expect(rows.find((r) => r.run_id === runId)).toMatchObject({
+        fencing_token: 2,
+        cancel_requested: true,
+        checkpoints: [[0, 'charge', 'SUCCEEDED', [{ charged: 1 }], null, 'step']],
+      });
+      const run = await getRun(runId);
+      expect(run).toMatchObject({ status: 'CANCELLING', lease_owner: 'wk-saga-2', fencing_token: 2, cancel_reason: 'changed my mind' });
+      expect(run?.lease_expires_at.toISOString()).toBe(at(T, 35));
+      expect((await events(runId)).at(-1)).toEqual({ kind: 'claimed', detail: { worker: 'wk-saga-2' } });
+      // It has an owner now: nobody else claims it.
+      expect(await claimBatch('wk-saga-3', [queue], ['w@1'], 5, { on: client })).toEqual([sentinel(null)]);
+    });
+  });
+
+  it('with p_reclaim_except takes back first this worker\'s RUNNING runs it is not executing, with a new token, never another worker\'s', async () => {
+    await session(async (client) => {
+      const T = '2077-01-01T00:00:00Z';
+      const queue = newRunId('cb-reclaim');
+      await setNow(client, at(T, 0));
+      const executing = await startRun({ queue }, {}, client);
+      const lost = await startRun({ queue }, {}, client);
+      const theirs = await startRun({ queue }, {}, client);
+      expect(claimedIds(await claimBatch('wk-re', [queue], ['w@1'], 2, { on: client })).sort()).toEqual([executing, lost].sort());
+      expect(claimedIds(await claimBatch('wk-re-other', [queue], ['w@1'], 2, { on: client }))).toEqual([theirs]);
+      await checkpoint(lost, 1, 0, 'a', { output: 'kept', on: client });
+      // Without p_reclaim_except a worker's own RUNNING runs are not claimed again.
+      expect(await claimBatch('wk-re', [queue], ['w@1'], 5, { on: client })).toEqual([sentinel(null)]);
+
+      const fresh = await startRun({ queue }, {}, client);
+      await setNow(client, at(T, 10));
+      // Limit 1: the lost claim is taken back before the PENDING run.
+      const reclaimed = await claimBatch('wk-re', [queue], ['w@1'], 1, { on: client, reclaimExcept: [executing] });
+      expect(reclaimed).toEqual([
+        {
+          run_id: lost,
+          workflow_name: 'w',
+          workflow_version: '1',
+          input: {},
+          fencing_token: 2,
+          recovery_attempts: 0,
+          cancel_requested: false,
+          checkpoints: [[0, 'a', 'SUCCEEDED', ['kept'], null, 'step']],
+          next_due_at: null,
+        },
+      ]);
+      expect(await getRun(lost)).toMatchObject({ status: 'RUNNING', lease_owner: 'wk-re', fencing_token: 2 });
+      expect((await getRun(lost))?.lease_expires_at.toISOString()).toBe(at(T, 40));
+      expect(await getRun(executing)).toMatchObject({ status: 'RUNNING', lease_owner: 'wk-re', fencing_token: 1 });
+      expect(await getRun(theirs)).toMatchObject({ status: 'RUNNING', lease_owner: 'wk-re-other', fencing_token: 1 });
+      expect(await getRun(fresh)).toMatchObject({ status: 'PENDING', fencing_token: 0 });
+      // The earlier claim's token is stale now.
+      expect(await sqlState(checkpoint(lost, 1, 1, 'b', { on: client }))).toBe('RL001');
+      expect((await events(lost)).map((e) => e.kind)).toEqual(['created', 'claimed', 'claimed']);
+
+      // Another worker reclaiming (nothing excepted) never gets runs it does not own: only the PENDING one.
+      const thief = await claimBatch('wk-re-thief', [queue], ['w@1'], 5, { on: client, reclaimExcept: [] });
+      expect(claimedIds(thief)).toEqual([fresh]);
+      expect(await getRun(theirs)).toMatchObject({ lease_owner: 'wk-re-other', fencing_token: 1 });
+      expect(await getRun(executing)).toMatchObject({ lease_owner: 'wk-re', fencing_token: 1 });
+      expect(await getRun(lost)).toMatchObject({ lease_owner: 'wk-re', fencing_token: 2 });
+    });
+  });
+
+  it('raises RL003 for a limit below 1 (or none) and claims nothing', async () => {
+    const queue = newRunId('cb-limit');
+    const runId = await startRun({ queue });
+    for (const limit of [0, -1, null]) expect(await sqlState(claimBatch('wk-limit', [queue], ['w@1'], limit)), String(limit)).toBe('RL003');
+    expect(await getRun(runId)).toMatchObject({ status: 'PENDING', lease_owner: null, fencing_token: 0 });
+    expect((await events(runId)).map((e) => e.kind)).toEqual(['created']);
   });
 });
 
@@ -722,9 +1152,9 @@ describe('runledger.retry_run', () => {
       await client.query('select runledger._recover_expired()');
       const dead = await getRun(runId);
       expect(dead).toMatchObject({ status: 'DEAD_LETTER', recovery_attempts: 1, termination_reason: 'MAX_RECOVERY_ATTEMPTS' });
-      await removeJob(runId);
+      expect((await claimable(runId, { on: client })).claimed).toBe(false);
 
-      const result = await client.query('select runledger.retry_run($1) as status', [runId]);
+      const { result, payloads } = await notified(() => client.query('select runledger.retry_run($1) as status', [runId]));
       expect(result.rows[0].status).toBe('PENDING');
 
       expect(await getRun(runId)).toMatchObject({
@@ -751,7 +1181,9 @@ describe('runledger.retry_run', () => {
           termination_evidence: dead?.termination_evidence,
         },
       });
-      expect((await jobs(runId)).map((j) => j.task_identifier)).toEqual(['runledger:default:w@1']);
+      // Announced to the workers of its queue, and claimable at once.
+      expect(payloads).toEqual(['default']);
+      expect((await claimable(runId, { on: client })).claimed).toBe(true);
       expect(await db.pool.query('select 1 from runledger.dead_letter where run_id = $1', [runId]).then((r) => r.rows)).toEqual([]);
 
       // The next claim resumes from the checkpoints with a new token.

@@ -1,0 +1,216 @@
+-- breaking: runs are no longer dispatched as graphile-worker jobs; a worker built before 0010 would wait for jobs that never come.
+-- 0010_dispatch: workers claim runnable runs straight from runledger.runs.
+--
+--   runledger._claim_batch(...)   claims up to N runnable runs in one statement (SKIP LOCKED)
+--   runledger._dispatch(...)      now only announces work (NOTIFY runledger_runnable)
+--
+-- Before 0010 every move into PENDING added a graphile-worker job, and a worker
+-- fetched the job, claimed the run, ran it and deleted the job: three writes to a
+-- second queue table per run, plus sweeps for jobs that went missing or stuck. The
+-- runs table already says which runs can execute (PENDING and admitted, a WAITING
+-- run whose timer is due, a CANCELLING run without an owner), so a worker now takes
+-- them from there: one round trip claims a batch, and a run can no longer lose its
+-- dispatch. graphile-worker remains for cron schedules.
+
+-- Dispatch jobs left by earlier versions: their runs are claimable from the table now.
+-- (graphile-worker may be absent when the files are run by hand with psql.)
+do $$
+begin
+  if to_regclass('graphile_worker.jobs') is not null then
+    execute $sql$select graphile_worker.remove_job(j.key) from graphile_worker.jobs j where j.key like 'runledger:%'$sql$;
+  end if;
+end;
+$$;
+
+drop function runledger._redispatch_orphans(int, int);
+drop function runledger._redispatch_stuck(int, int);
+
+-- What a worker claims, in its order: priority (lower first), then age.
+create index runs_ready on runledger.runs (queue_name, priority, created_at)
+  where status = 'PENDING' and admitted;
+-- When the next delayed start or timer of a queue is due (a worker arms a timer for it).
+create index runs_not_before on runledger.runs (queue_name, not_before)
+  where status = 'PENDING' and admitted and not_before is not null;
+create index runs_timer on runledger.runs (queue_name, wake_at)
+  where status = 'WAITING' and wake_at is not null;
+
+create or replace function runledger._dispatch(p_run_id text, p_task text, p_delay_ms int default 0) returns void
+language plpgsql volatile as $$
+declare
+  v_due timestamptz;
+begin
+  if p_delay_ms > 0 then
+    -- A delayed PENDING run becomes claimable at not_before; a WAITING run already has its wake_at.
+    v_due := runledger.now() + make_interval(secs => p_delay_ms / 1000.0);
+    update runledger.runs set not_before = v_due
+     where run_id = p_run_id and status = 'PENDING' and (not_before is null or not_before < v_due);
+  end if;
+  -- Workers serving the queue claim at once, or arm a timer for the due time (epoch ms).
+  -- Identical notifications in one transaction are delivered once.
+  perform pg_notify('runledger_runnable',
+    split_part(p_task, ':', 2) || coalesce('@' || (extract(epoch from v_due) * 1000)::bigint, ''));
+end;
+$$;
+comment on function runledger._dispatch(text, text, int) is
+  'Announces that a run is (or after p_delay_ms will be) runnable: sets not_before for a delayed PENDING run and notifies runledger_runnable with the queue name (and "@" due time in epoch ms). Workers claim from the runs table; a lost notification only delays a run until the next poll.';
+
+create function runledger._claim_batch(
+  p_worker_id text, p_queues text[], p_workflows text[], p_limit int, p_lease_ms int,
+  p_reclaim_except text[] default null)
+returns table (
+  run_id text, workflow_name text, workflow_version text, input jsonb, fencing_token bigint,
+  recovery_attempts int, max_steps int, budget numeric, budget_spent numeric,
+  cancel_requested boolean, checkpoints jsonb, progress jsonb, next_due_at timestamptz)
+language plpgsql volatile as $$
+declare
+  v_now   timestamptz := runledger.now();
+  v_ids   text[] := '{}';
+  v_queue text;
+  v_seen  text[] := '{}';
+  v_next  timestamptz;
+begin
+  if p_limit is null or p_limit < 1 then
+    raise exception using errcode = 'RL003', message = format('_claim_batch: limit must be >= 1, not %s', p_limit);
+  end if;
+  if p_reclaim_except is not null then
+    -- A claim whose reply was lost may have committed: take back this worker's runs
+    -- that it is not executing (new token), before anything else.
+    v_ids := array(
+      select r.run_id from runledger.runs r
+       where r.lease_owner = p_worker_id and r.status in ('RUNNING', 'CANCELLING')
+         and not (r.run_id = any(p_reclaim_except))
+       limit p_limit
+       for update skip locked);
+  end if;
+
+  foreach v_queue in array p_queues loop
+    exit when cardinality(v_ids) >= p_limit;
+    continue when v_queue = any(v_seen); -- a queue named twice is looked at once
+    v_seen := v_seen || v_queue;
+    -- A run past its deadline is never put back to work: it ends here instead.
+    perform runledger._stop_unowned(d.run_id, 'TERMINATED', 'DEADLINE',
+              jsonb_build_object('deadline_at', d.deadline_at, 'noticed_at', v_now))
+       from (select r.run_id, r.deadline_at from runledger.runs r
+              where r.deadline_at <= v_now and r.status in ('PENDING', 'WAITING') and r.queue_name = v_queue
+              limit p_limit
+              for update skip locked) d;
+    -- A cancelled run whose owner died before its compensations finished.
+    v_ids := v_ids || array(
+      select r.run_id from runledger.runs r
+       where r.queue_name = v_queue and r.status = 'CANCELLING' and r.lease_owner is null
+         and (r.workflow_name || '@' || r.workflow_version) = any(p_workflows)
+       limit p_limit - cardinality(v_ids)
+       for update skip locked);
+    if runledger._queue_limited(v_queue) then
+      -- In a queue with limits a due timer wakes the run into admission instead.
+      perform runledger._wake(t.run_id, t.wait_kind, t.wait_key)
+         from (select r.run_id, r.wait_kind, r.wait_key from runledger.runs r
+                where r.queue_name = v_queue and r.status = 'WAITING' and r.wake_at <= v_now
+                  and (r.deadline_at is null or r.deadline_at > v_now)
+                order by r.wake_at
+                limit p_limit
+                for update skip locked) t;
+    else
+      -- Runs already under way (a sleep ended, a wait timed out, a retry backoff passed) go first.
+      v_ids := v_ids || array(
+        select r.run_id from runledger.runs r
+         where r.queue_name = v_queue and r.status = 'WAITING' and r.wake_at <= v_now
+           and (r.deadline_at is null or r.deadline_at > v_now)
+           and (r.workflow_name || '@' || r.workflow_version) = any(p_workflows)
+         order by r.wake_at
+         limit p_limit - cardinality(v_ids)
+         for update skip locked);
+    end if;
+    v_ids := v_ids || array(
+      select r.run_id from runledger.runs r
+       where r.queue_name = v_queue and r.status = 'PENDING' and r.admitted
+         and (r.not_before is null or r.not_before <= v_now)
+         -- Past its deadline: ended above, or by the next claim or the deadline sweep; never claimed.
+         and (r.deadline_at is null or r.deadline_at > v_now)
+         and (r.workflow_name || '@' || r.workflow_version) = any(p_workflows)
+       order by r.priority, r.created_at
+       limit p_limit - cardinality(v_ids)
+       for update skip locked);
+  end loop;
+
+  if cardinality(v_ids) > 0 then
+    -- Compare-and-set as in _claim_run: a new fencing token and a lease for each.
+    return query
+      with claimed as (
+        update runledger.runs r
+           set status = case when r.status = 'CANCELLING' then 'CANCELLING'::runledger.run_status else 'RUNNING' end,
+               fencing_token = r.fencing_token + 1, lease_owner = p_worker_id,
+               wait_kind = null, wait_key = null, wake_at = null, admitted = false,
+               lease_expires_at = v_now + make_interval(secs => p_lease_ms / 1000.0),
+               started_at = coalesce(r.started_at, v_now), updated_at = v_now
+         where r.run_id = any(v_ids)
+        returning r.*
+      ), logged as (
+        insert into runledger.events (run_id, kind, detail, fencing_token, at)
+        select c.run_id, 'claimed', jsonb_build_object('worker', p_worker_id), c.fencing_token, v_now from claimed c
+      )
+      select c.run_id, c.workflow_name, c.workflow_version, c.input, c.fencing_token,
+             c.recovery_attempts, c.max_steps, c.budget, c.budget_spent, c.status = 'CANCELLING',
+             -- output wrapped in a one-element array so JSON null and "no value" (SQL NULL) stay distinct.
+             coalesce((select jsonb_agg(jsonb_build_array(s.seq, s.name, s.status,
+                                          case when s.output is null then null else jsonb_build_array(s.output) end,
+                                          s.error, s.kind) order by s.seq)
+                         from runledger.steps s where s.run_id = c.run_id), '[]'::jsonb),
+             (select jsonb_object_agg(p.seq::text, p.progress) from runledger.step_progress p where p.run_id = c.run_id),
+             null::timestamptz
+        from claimed c;
+  end if;
+
+  if cardinality(v_ids) < p_limit then
+    -- Nothing more is runnable now: say when something next will be.
+    foreach v_queue in array v_seen loop
+      v_next := least(v_next,
+        (select min(r.not_before) from runledger.runs r
+          where r.queue_name = v_queue and r.status = 'PENDING' and r.admitted and r.not_before > v_now),
+        (select min(r.wake_at) from runledger.runs r
+          where r.queue_name = v_queue and r.status = 'WAITING' and r.wake_at > v_now));
+    end loop;
+    return query select null::text, null::text, null::text, null::jsonb, null::bigint, null::int, null::int,
+                        null::numeric, null::numeric, null::boolean, null::jsonb, null::jsonb, v_next;
+  end if;
+end;
+$$;
+comment on function runledger._claim_batch(text, text[], text[], int, int, text[]) is
+  'Worker claim of up to p_limit runnable runs of the given queues and workflow@version keys, in one statement: CANCELLING runs without an owner, then due timers, then admitted PENDING runs by priority and age (FOR UPDATE SKIP LOCKED, so workers never wait on each other). Each becomes RUNNING with fencing_token + 1 and a lease, and is returned with its checkpoints. Runs past their deadline are TERMINATED on the way; a due timer in a queue with limits is woken into admission. When fewer than p_limit were claimed, a last row with run_id null gives next_due_at, the next delayed start or timer (null if none). p_reclaim_except (the runs the worker is executing) also takes back this worker''s other runs: a claim whose reply was lost.';
+
+-- Unchanged but for the dispatch job it no longer has to revoke (and so no longer needs
+-- graphile-worker's schema): a stopped run is simply not claimable.
+create or replace function runledger._stop_unowned(p_run_id text, p_status runledger.run_status, p_reason text, p_evidence jsonb)
+returns boolean
+language plpgsql volatile as $$
+declare
+  v_now timestamptz := runledger.now();
+begin
+  update runledger.runs
+     set status = p_status, finished_at = v_now, updated_at = v_now, terminated_at = v_now,
+         termination_reason = p_reason, termination_evidence = p_evidence,
+         wait_kind = null, wait_key = null, wake_at = null
+   where run_id = p_run_id and status in ('PENDING', 'WAITING');
+  if not found then
+    return false;
+  end if;
+  -- A pending approval is left undecided; the approval inbox lists only waiting runs.
+  perform runledger._slot_freed(p_run_id);
+  insert into runledger.events (run_id, kind, detail, at)
+  values (p_run_id, case p_status when 'CANCELLED' then 'cancelled' else lower(p_reason) end,
+          jsonb_build_object('status', p_status, 'reason', p_reason, 'evidence', p_evidence), v_now);
+  perform runledger._cancel_children(p_run_id, format('parent %s ended %s', p_run_id, p_reason));
+  perform runledger._wake_parent(p_run_id);
+  return true;
+end;
+$$;
+comment on function runledger._stop_unowned(text, runledger.run_status, text, jsonb) is
+  'Ends a run that holds no worker (PENDING or WAITING) with a termination record, so no worker claims it again; cancels its children, wakes its parent.';
+
+comment on function runledger._task_identifier(text, text, text) is
+  'Name of a (queue, workflow@version) pair, as _dispatch receives it: the queue is its second '':''-separated part. (Before 0010 it was the graphile-worker task that dispatched those runs.)';
+
+comment on function runledger._wake_due(int, int) is
+  'Sweeper: wakes WAITING runs whose wake time passed more than p_grace_ms ago (workers claim due timers themselves; this covers queues no live worker claims from, and clocks moved by runledger.fake_now). Returns how many.';
+
+insert into runledger.migrations (version, name) values (10, '0010_dispatch');

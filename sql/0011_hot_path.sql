@@ -1,0 +1,241 @@
+-- 0011_hot_path: the same rules, cheaper to check on every transition.
+--
+-- A LANGUAGE sql function that PostgreSQL cannot inline is parsed and planned again
+-- on every call in a new transaction, and each run transition called several: the
+-- CHECK constraint on runs.status (is_terminal), _queue_limited, _wake_parent,
+-- _end_wait, _fail_run. Profiles of a worker draining one-step runs spent about a
+-- quarter of the server's time there. PL/pgSQL caches its plans for the session, so
+-- these become PL/pgSQL (same names, arguments and results), and the constraint
+-- spells its list out.
+
+alter table runledger.runs drop constraint runs_terminal_has_record;
+alter table runledger.runs add constraint runs_terminal_has_record check (
+  (status in ('SUCCEEDED', 'FAILED', 'CANCELLED', 'TERMINATED', 'DEAD_LETTER'))
+  = (finished_at is not null and termination_reason is not null));
+comment on constraint runs_terminal_has_record on runledger.runs is
+  'A terminal run (the statuses of runledger.is_terminal, spelled out so the check costs no function call) has its finish time and termination record; a live one has neither.';
+
+create or replace function runledger._queue_limited(p_queue text) returns boolean
+language plpgsql stable parallel safe as $$
+begin
+  return exists (select 1 from runledger.queues q
+                  where q.name = p_queue
+                    and (q.concurrency is not null or q.per_key_concurrency is not null
+                         or q.rate_limit_max is not null or q.paused));
+end;
+$$;
+
+create or replace function runledger._wake_parent(p_child_run_id text) returns boolean
+language plpgsql volatile as $$
+declare
+  v_parent text;
+begin
+  select r.parent_run_id into v_parent from runledger.runs r where r.run_id = p_child_run_id;
+  if v_parent is null then
+    return false;
+  end if;
+  return runledger._wake(v_parent, 'child', p_child_run_id);
+end;
+$$;
+
+create or replace function runledger._end_wait(p_run_id text, p_seq int, p_output jsonb) returns void
+language plpgsql volatile as $$
+begin
+  update runledger.steps set status = 'SUCCEEDED', output = p_output, finished_at = runledger.now()
+   where run_id = p_run_id and seq = p_seq and status = 'WAITING';
+end;
+$$;
+
+create or replace function runledger._fail_run(p_run_id text, p_token bigint, p_error jsonb, p_policy_version text)
+returns void language plpgsql volatile as $$
+begin
+  perform runledger._finish_run(p_run_id, p_token, 'FAILED', 'FAILED', null, p_error, null, p_policy_version);
+end;
+$$;
+
+create or replace function runledger._dead_letter_run(p_run_id text, p_token bigint, p_reason text, p_evidence jsonb, p_policy_version text)
+returns void language plpgsql volatile as $$
+begin
+  perform runledger._finish_run(p_run_id, p_token, 'DEAD_LETTER', p_reason, null, null, p_evidence, p_policy_version);
+end;
+$$;
+
+-- runs.run_id was checked by a regular expression on every UPDATE of a run (PostgreSQL
+-- evaluates every CHECK constraint on every update); an id never changes, so it is
+-- checked where one is written: on insert, and on the rare update of the id itself.
+alter table runledger.runs drop constraint runs_run_id_check;
+create function runledger._check_run_id() returns trigger
+language plpgsql as $$
+begin
+  raise exception using errcode = '23514',
+    message = format('run_id %L is invalid: 1 to 200 letters, digits and _.:- starting with a letter or digit', new.run_id);
+end;
+$$;
+comment on function runledger._check_run_id() is
+  'Trigger function: rejects a run_id that is not 1 to 200 characters of [A-Za-z0-9_.:-] starting with a letter or digit (the old runs_run_id_check).';
+create trigger runs_run_id_insert before insert on runledger.runs
+  for each row when (new.run_id !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}$') execute function runledger._check_run_id();
+create trigger runs_run_id_update before update of run_id on runledger.runs
+  for each row when (new.run_id !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}$') execute function runledger._check_run_id();
+
+-- Checkpoint and finish without the statements they repeated: the run row read by the
+-- fence is reused instead of being read again, and a parent or queue admission is looked
+-- at only when the run has one.
+create function runledger._checkpoint_row(
+  p_run_id text, p_token bigint, p_seq int, p_name text, p_kind text, p_status text,
+  p_output jsonb, p_error jsonb, p_attempts int, p_started_at timestamptz, p_charge numeric default 0)
+returns runledger.runs
+language plpgsql volatile as $$
+declare
+  v_now  timestamptz := runledger.now();
+  v_run  runledger.runs := runledger._fence(p_run_id, p_token, v_now);
+  v_hash text;
+begin
+  if v_run.status = 'CANCELLING' and p_started_at >= v_run.cancel_requested_at then
+    -- Only a step already running when the cancel was committed may still record its result.
+    raise exception using errcode = 'RL008', message = format('run %s: step %s started after the cancel request', p_run_id, p_name);
+  end if;
+  if v_run.no_progress is not null and p_status = 'SUCCEEDED' then
+    v_hash := md5(coalesce(p_output::text, ''));
+  end if;
+  insert into runledger.steps (run_id, seq, name, kind, status, output, error, attempts, started_at, finished_at, fencing_token, output_hash)
+  -- finished_at is the time the deadline was checked against (fence), not a later one.
+  values (p_run_id, p_seq, p_name, p_kind, p_status, p_output, p_error, p_attempts, p_started_at, v_now, p_token, v_hash)
+  -- A step that waited between attempts (durable retry backoff) left a WAITING row here.
+  on conflict (run_id, seq) do update
+     set status = excluded.status, output = excluded.output, error = excluded.error, attempts = excluded.attempts,
+         finished_at = excluded.finished_at, fencing_token = excluded.fencing_token, output_hash = excluded.output_hash
+   where runledger.steps.status = 'WAITING' and runledger.steps.name = excluded.name;
+  if not found then
+    raise exception using errcode = 'RL010', message = format('run %s: step %s already has a checkpoint', p_run_id, p_seq);
+  end if;
+  -- Termination policies are checked atomically with the checkpoint that trips them.
+  if p_charge <> 0 then
+    v_run := runledger._charge(v_run, p_charge, p_name, p_seq);
+  end if;
+  if v_hash is not null and v_run.status in ('RUNNING', 'CANCELLING') then
+    if runledger._check_progress(v_run, p_name, p_seq, v_hash) then
+      v_run.status := 'TERMINATED';
+    end if;
+  end if;
+  return v_run;
+end;
+$$;
+comment on function runledger._checkpoint_row(text, bigint, int, text, text, text, jsonb, jsonb, int, timestamptz, numeric) is
+  'The body of _checkpoint: fenced checkpoint write (see _checkpoint), returning the run row as it is after the checkpoint (its status says whether a policy ended it).';
+
+create or replace function runledger._checkpoint(
+  p_run_id text, p_token bigint, p_seq int, p_name text, p_kind text, p_status text,
+  p_output jsonb, p_error jsonb, p_attempts int, p_started_at timestamptz, p_charge numeric default 0)
+returns table (pid int, run_status text)
+language plpgsql volatile as $$
+begin
+  run_status := (runledger._checkpoint_row(p_run_id, p_token, p_seq, p_name, p_kind, p_status, p_output, p_error,
+                                           p_attempts, p_started_at, p_charge)).status;
+  pid := pg_backend_pid();
+  return next;
+end;
+$$;
+
+create or replace function runledger._finish_run(
+  p_run_id text, p_token bigint, p_status runledger.run_status, p_reason text,
+  p_output jsonb, p_error jsonb, p_evidence jsonb, p_policy_version text)
+returns void
+language plpgsql volatile as $$
+declare
+  v_now    timestamptz := runledger.now();
+  v_parent text;
+  v_queue  text;
+begin
+  update runledger.runs
+     set status = p_status, output = p_output, error = p_error, finished_at = v_now, updated_at = v_now,
+         lease_owner = null, lease_expires_at = null, wait_kind = null, wait_key = null, wake_at = null,
+         termination_reason = p_reason, termination_evidence = p_evidence, terminated_at = v_now,
+         policy_version = coalesce(policy_version, p_policy_version)
+   where run_id = p_run_id and fencing_token = p_token and status in ('RUNNING', 'CANCELLING')
+  returning parent_run_id, queue_name into v_parent, v_queue;
+  if not found then
+    raise exception using errcode = 'RL001',
+      message = format('run %s: lease lost (fencing token %s is stale or the run stopped executing)', p_run_id, p_token);
+  end if;
+  insert into runledger.events (run_id, kind, detail, fencing_token, at)
+  values (p_run_id, case p_status when 'DEAD_LETTER' then 'dead_lettered' else lower(p_reason) end,
+          jsonb_strip_nulls(jsonb_build_object('status', p_status, 'reason', p_reason, 'error', p_error, 'evidence', p_evidence)), p_token, v_now);
+  -- As _wake_parent and _slot_freed, without reading the row again.
+  if v_parent is not null then
+    perform runledger._wake(v_parent, 'child', p_run_id);
+  end if;
+  if runledger._queue_limited(v_queue) then
+    perform runledger._admit(v_queue);
+  end if;
+end;
+$$;
+
+create or replace function runledger._complete_with_checkpoint(
+  p_run_id text, p_token bigint, p_seq int, p_name text, p_kind text, p_status text,
+  p_step_output jsonb, p_error jsonb, p_attempts int, p_started_at timestamptz, p_charge numeric,
+  p_output jsonb, p_policy_version text)
+returns void language plpgsql volatile as $$
+declare
+  v_run runledger.runs;
+begin
+  -- The run's last step and its completion in one transaction (one round trip); the
+  -- checkpoint's fence holds the run's row lock, so the completion needs no second one.
+  v_run := runledger._checkpoint_row(p_run_id, p_token, p_seq, p_name, p_kind, p_status, p_step_output, p_error,
+                                     p_attempts, p_started_at, p_charge);
+  if v_run.status in ('RUNNING', 'CANCELLING') then
+    perform runledger._finish_run(p_run_id, p_token, 'SUCCEEDED', 'COMPLETED', p_output, null,
+      jsonb_build_object('steps', (select count(*) from runledger.steps s where s.run_id = p_run_id),
+                         'budget_spent', v_run.budget_spent),
+      p_policy_version);
+  end if;
+end;
+$$;
+
+-- Group commit: a worker sends the checkpoints and completions of its concurrent runs
+-- that are ready at the same moment in one call, so they share one round trip and one
+-- commit. Each item runs in its own subtransaction: one item's error (a lost lease, a
+-- deadline) is reported for that item alone and undoes only its own writes.
+create function runledger._commit_batch(p_items jsonb)
+returns table (item int, code text, message text, run_status text)
+language plpgsql volatile as $$
+declare
+  v_item jsonb;
+  v_index int := 0;
+  v_run runledger.runs;
+begin
+  for v_item in select value from jsonb_array_elements(p_items) loop
+    item := v_index;
+    code := null;
+    message := null;
+    run_status := null;
+    begin
+      if v_item->>'op' = 'checkpoint' then
+        v_run := runledger._checkpoint_row(v_item->>'run_id', (v_item->>'token')::bigint, (v_item->>'seq')::int,
+          v_item->>'name', v_item->>'kind', v_item->>'status', v_item->'output', v_item->'error',
+          (v_item->>'attempts')::int, (v_item->>'started_at')::timestamptz, coalesce((v_item->>'charge')::numeric, 0));
+        run_status := v_run.status;
+      elsif v_item->>'op' = 'complete' and v_item ? 'seq' then
+        perform runledger._complete_with_checkpoint(v_item->>'run_id', (v_item->>'token')::bigint, (v_item->>'seq')::int,
+          v_item->>'name', v_item->>'kind', v_item->>'status', v_item->'step_output', v_item->'error',
+          (v_item->>'attempts')::int, (v_item->>'started_at')::timestamptz, coalesce((v_item->>'charge')::numeric, 0),
+          v_item->'output', v_item->>'policy_version');
+      elsif v_item->>'op' = 'complete' then
+        perform runledger._complete_run(v_item->>'run_id', (v_item->>'token')::bigint, v_item->'output',
+          v_item->>'policy_version', coalesce((v_item->>'charge')::numeric, 0));
+      else
+        raise exception using errcode = 'RL003', message = format('_commit_batch: unknown op %L', v_item->>'op');
+      end if;
+    exception when others then
+      code := sqlstate;
+      message := sqlerrm;
+    end;
+    return next;
+    v_index := v_index + 1;
+  end loop;
+end;
+$$;
+comment on function runledger._commit_batch(jsonb) is
+  'Group commit for a worker: a JSON array of items, each {"op": "checkpoint"} (the arguments of _checkpoint by name) or {"op": "complete"} (those of _complete_run, or of _complete_with_checkpoint when it has "seq"; the step''s result is "step_output"), done in order in one transaction. Each item runs in a subtransaction and returns one row: its index, the SQLSTATE and message of its error (null when it committed), and for a checkpoint the run''s status after it.';
+
+insert into runledger.migrations (version, name) values (11, '0011_hot_path');

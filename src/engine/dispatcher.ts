@@ -1,0 +1,160 @@
+import type pg from 'pg';
+import { serializeError } from '../errors.js';
+import type { ClaimedRun } from './execute-run.js';
+import { isConnectionError } from './pg-errors.js';
+import type { LogFunction } from './pools.js';
+
+const CLAIM_SQL =
+  'select run_id, workflow_name, workflow_version, input, fencing_token, recovery_attempts, max_steps, budget, budget_spent, ' +
+  'cancel_requested, checkpoints, progress, next_due_at from runledger._claim_batch($1, $2, $3, $4, $5, $6)';
+const ERROR_BACKOFF_MS_MAX = 5_000;
+/** setTimeout's ceiling; a due time further away is left to the poll. */
+const TIMER_MS_MAX = 2 ** 31 - 1;
+
+export interface DispatcherOptions {
+  pool: pg.Pool;
+  workerId: string;
+  queues: string[];
+  /** workflow@version keys this worker can execute. */
+  workflows: string[];
+  leaseMs: number;
+  concurrency: number;
+  /** Most runs claimed per query. */
+  batchSize: number;
+  /** Look for work at least this often, whatever the notifications said. */
+  pollIntervalMs: number;
+  /** Runs this worker executes right now. */
+  executing(): string[];
+  /** Starts executing a claimed run; the worker calls slotFreed() when it ends. */
+  execute(run: ClaimedRun): void;
+  log: LogFunction;
+}
+
+/**
+ * Takes runnable runs from runledger.runs for a worker: one round trip claims as many
+ * as there are free slots (runledger._claim_batch, SKIP LOCKED). It looks when told
+ * that work may be there (a NOTIFY, a due time, a freed slot after a full batch, the
+ * poll) and never has more than one claim in flight.
+ */
+export class Dispatcher {
+  private claiming: Promise<void> | undefined;
+  /** Something may be claimable: set by every hint, cleared by a claim that found less than it asked for. */
+  private mayHaveWork = true;
+  /** A claim whose reply was lost may have committed: the next claim takes back our own runs too. */
+  private reclaim = false;
+  private stopped = false;
+  private failures = 0;
+  /** Which served queue the next claim looks at first: turns, so a busy queue cannot starve the others. */
+  private turn = 0;
+  private dueTimer: NodeJS.Timeout | undefined;
+  private dueAt = Infinity;
+  private readonly pollTimer: NodeJS.Timeout;
+  private readonly served: Set<string>;
+
+  constructor(private readonly options: DispatcherOptions) {
+    this.served = new Set(options.queues);
+    this.pollTimer = setInterval(() => this.hint(), options.pollIntervalMs);
+    this.hint();
+  }
+
+  /** Work may be claimable (a notification lost or not, a poll tick). */
+  hint(): void {
+    this.mayHaveWork = true;
+    this.pump();
+  }
+
+  /** Runs leased to this worker that it does not execute: the next claim takes them back. */
+  reclaimUnexecuted(): void {
+    this.reclaim = true;
+    this.hint();
+  }
+
+  /** A runledger_runnable notification: "queue" (runnable now) or "queue@epochMs" (runnable then). */
+  notified(payload: string): void {
+    const at = payload.lastIndexOf('@');
+    const queue = at === -1 ? payload : payload.slice(0, at);
+    if (!this.served.has(queue)) return;
+    const dueMs = at === -1 ? NaN : Number(payload.slice(at + 1));
+    if (Number.isFinite(dueMs) && dueMs > Date.now()) this.armAt(dueMs);
+    else this.hint();
+  }
+
+  /** A run ended here: its slot can take the next run. */
+  slotFreed(): void {
+    this.pump();
+  }
+
+  /** Claims nothing more; resolves once a claim in flight has handed over its runs. */
+  async stop(): Promise<void> {
+    this.stopped = true;
+    clearInterval(this.pollTimer);
+    if (this.dueTimer) clearTimeout(this.dueTimer);
+    await this.claiming;
+  }
+
+  private armAt(dueMs: number): void {
+    if (dueMs >= this.dueAt) return;
+    if (this.dueTimer) clearTimeout(this.dueTimer);
+    this.dueAt = dueMs;
+    this.dueTimer = setTimeout(() => {
+      this.dueTimer = undefined;
+      this.dueAt = Infinity;
+      this.hint();
+    }, Math.min(TIMER_MS_MAX, Math.max(0, dueMs - Date.now())));
+  }
+
+  private freeSlots(): number {
+    return this.options.concurrency - this.options.executing().length;
+  }
+
+  private pump(): void {
+    if (this.stopped || this.claiming || !this.mayHaveWork || this.freeSlots() <= 0) return;
+    this.claiming = this.claim().finally(() => {
+      this.claiming = undefined;
+      this.pump();
+    });
+  }
+
+  private async claim(): Promise<void> {
+    const limit = Math.min(this.options.batchSize, this.freeSlots());
+    // Hints that arrive while this claim runs may concern runs its snapshot cannot see.
+    this.mayHaveWork = false;
+    const reclaim = this.reclaim;
+    const { queues } = this.options;
+    const first = this.turn++ % queues.length;
+    const ordered = [...queues.slice(first), ...queues.slice(0, first)];
+    let rows: Array<ClaimedRun & { next_due_at: Date | null }>;
+    try {
+      const result = await this.options.pool.query({
+        name: 'runledger_claim_batch',
+        text: CLAIM_SQL,
+        values: [
+          this.options.workerId, ordered, this.options.workflows, limit, this.options.leaseMs,
+          reclaim ? this.options.executing() : null,
+        ],
+      });
+      rows = result.rows;
+      this.reclaim = false;
+      this.failures = 0;
+    } catch (error) {
+      if (isConnectionError(error)) this.reclaim = true;
+      this.failures++;
+      this.options.log('warn', 'claim failed; trying again', { error: serializeError(error) });
+      const delay = Math.min(ERROR_BACKOFF_MS_MAX, 100 * 2 ** Math.min(this.failures, 6));
+      await new Promise((resolve) => setTimeout(resolve, delay));
+      this.mayHaveWork = true;
+      return;
+    }
+    let claimed = 0;
+    for (const row of rows) {
+      if (row.run_id === null) {
+        if (row.next_due_at) this.armAt(new Date(row.next_due_at).getTime());
+        continue;
+      }
+      claimed++;
+      this.options.execute(row);
+    }
+    // A full batch: more may be waiting, and the next freed slot looks at once.
+    if (claimed >= limit) this.mayHaveWork = true;
+  }
+}

@@ -1,0 +1,69 @@
+import pg from 'pg';
+import type { LogFunction } from './pools.js';
+
+/** A run was cancelled: its worker stops it within milliseconds, not at its next checkpoint. */
+export const CANCEL_CHANNEL = 'runledger_cancel';
+/** A run became (or will at "@ms" become) runnable in the queue named by the payload. */
+export const RUNNABLE_CHANNEL = 'runledger_runnable';
+const RECONNECT_MS_MAX = 5_000;
+
+export interface Listener {
+  close(): Promise<void>;
+}
+
+/**
+ * One LISTEN connection per worker for runledger's channels. Reconnects after a lost
+ * connection and then calls onReconnect: notifications sent meanwhile are gone, so the
+ * caller looks for itself (a cancel is still seen in the checkpoint's answer, and
+ * runnable runs by the next claim).
+ */
+export async function listen(
+  config: pg.PoolConfig,
+  log: LogFunction,
+  handlers: Record<string, (payload: string) => void>,
+  onReconnect: () => void = () => {},
+): Promise<Listener> {
+  let client: pg.Client | undefined;
+  let closed = false;
+  let retryMs = 100;
+  let connectedBefore = false;
+
+  const retry = () => {
+    setTimeout(() => void connect().catch(() => undefined), retryMs).unref();
+    retryMs = Math.min(RECONNECT_MS_MAX, retryMs * 2);
+  };
+  const connect = async (): Promise<void> => {
+    if (closed) return;
+    const next = new pg.Client(config);
+    next.on('notification', (message) => {
+      const handler = handlers[message.channel];
+      if (handler && message.payload !== undefined) handler(message.payload);
+    });
+    next.on('error', (error) => {
+      log('warn', `listener: connection lost (${error.message}); reconnecting`);
+      void next.end().catch(() => undefined);
+      if (client === next) client = undefined;
+      retry();
+    });
+    try {
+      await next.connect();
+      for (const channel of Object.keys(handlers)) await next.query(`listen ${channel}`);
+      client = next;
+      retryMs = 100;
+      if (closed) await next.end();
+      else if (connectedBefore) onReconnect();
+      connectedBefore = true;
+    } catch (error) {
+      log('warn', `listener: cannot connect (${(error as Error).message}); retrying`);
+      void next.end().catch(() => undefined);
+      retry();
+    }
+  };
+  await connect();
+  return {
+    async close() {
+      closed = true;
+      await client?.end().catch(() => undefined);
+    },
+  };
+}
