@@ -379,4 +379,77 @@ $$;
 comment on function runledger._commit_batch(jsonb) is
   'Group commit for a worker: a JSON array of items, each {"op": "checkpoint"} (the arguments of _checkpoint by name) or {"op": "complete"} (those of _complete_run, or of _complete_with_checkpoint when it has "seq"; the step''s result is "step_output"), done in order in one transaction. Each item runs in a subtransaction and returns one row: its index, the SQLSTATE and message of its error (null when it committed), and for a checkpoint the run''s status after it.';
 
+-- A worker's group commit locks several of its runs in one transaction, in run_id order.
+-- Its heartbeat, which renews all its leases in one statement, locks them in the same
+-- order, so the two wait for each other instead of deadlocking.
+create or replace function runledger._heartbeat(p_worker_id text, p_lease_ms int, p_except text[] default '{}') returns text[]
+language plpgsql volatile as $$
+declare
+  v_now  timestamptz := runledger.now();
+  v_runs text[];
+begin
+  update runledger.workers set last_heartbeat_at = v_now, stopped_at = null where worker_id = p_worker_id;
+  -- One statement renews every lease this worker holds. A run taken over by another
+  -- worker has another lease_owner and is not renewed: the caller sees it missing.
+  with held as (
+    select r.run_id from runledger.runs r
+     where r.lease_owner = p_worker_id and r.status in ('RUNNING', 'CANCELLING')
+       -- Runs inside a step that heartbeats itself are kept alive by that step only.
+       and r.run_id <> all (p_except)
+     order by r.run_id
+     for update
+  ), renewed as (
+    update runledger.runs r
+       set lease_expires_at = v_now + make_interval(secs => p_lease_ms / 1000.0)
+      from held
+     where r.run_id = held.run_id and r.lease_owner = p_worker_id and r.status in ('RUNNING', 'CANCELLING')
+    returning r.run_id)
+  select coalesce(array_agg(run_id), '{}') into v_runs from renewed;
+  return v_runs;
+end;
+$$;
+
+create or replace function runledger._stop_worker(p_worker_id text) returns int
+language plpgsql volatile as $$
+declare
+  v_run   record;
+  v_count int := 0;
+begin
+  for v_run in
+    select r.run_id, r.fencing_token from runledger.runs r
+     where r.lease_owner = p_worker_id and r.status = 'RUNNING'
+     order by r.run_id
+     for update
+  loop
+    if runledger._release_run(v_run.run_id, v_run.fencing_token, 0, 'worker_stopped', false) then
+      v_count := v_count + 1;
+    end if;
+  end loop;
+  update runledger.workers set stopped_at = runledger.now() where worker_id = p_worker_id;
+  return v_count;
+end;
+$$;
+
+-- A worker whose batch completes runs refills the slots they free in the same
+-- transaction: one round trip and one commit for both.
+create function runledger._commit_and_claim(
+  p_items jsonb, p_worker_id text, p_queues text[], p_workflows text[], p_limit int, p_lease_ms int)
+returns table (item int, code text, message text, run_status text, claimed jsonb)
+language plpgsql volatile as $$
+begin
+  return query select b.item, b.code, b.message, b.run_status, null::jsonb from runledger._commit_batch(p_items) b;
+  begin
+    -- Rows as _claim_batch returns them (a claimed run each, and the row with only
+    -- next_due_at when fewer than p_limit were claimed), one JSON object per row.
+    return query select null::int, null::text, null::text, null::text, to_jsonb(c)
+      from runledger._claim_batch(p_worker_id, p_queues, p_workflows, p_limit, p_lease_ms) c;
+  exception when others then
+    -- The items stand; only the claim is lost (its runs stay claimable).
+    return query select null::int, sqlstate::text, sqlerrm, null::text, null::jsonb;
+  end;
+end;
+$$;
+comment on function runledger._commit_and_claim(jsonb, text, text[], text[], int, int) is
+  'Group commit (_commit_batch) and then a claim (_claim_batch) in one transaction. Rows with item set answer the items; rows with item null carry the claim''s rows as JSON in claimed, or, when the claim failed, its SQLSTATE and message (the items are committed regardless).';
+
 insert into runledger.migrations (version, name) values (11, '0011_hot_path');

@@ -11,6 +11,19 @@ const ERROR_BACKOFF_MS_MAX = 5_000;
 /** setTimeout's ceiling; a due time further away is left to the poll. */
 const TIMER_MS_MAX = 2 ** 31 - 1;
 
+/** A row of runledger._claim_batch: a claimed run, or (run_id null) the next due time. */
+export type ClaimRow = (ClaimedRun & { next_due_at: Date | string | null }) | { run_id: null; next_due_at: Date | string | null };
+
+export interface PiggybackClaim {
+  workerId: string;
+  queues: string[];
+  workflows: string[];
+  limit: number;
+  leaseMs: number;
+  /** The claim's rows, or the error that failed the transaction it rode in. */
+  settle(outcome: ClaimRow[] | Error): void;
+}
+
 export interface DispatcherOptions {
   pool: pg.Pool;
   workerId: string;
@@ -25,6 +38,8 @@ export interface DispatcherOptions {
   pollIntervalMs: number;
   /** Runs this worker executes right now. */
   executing(): string[];
+  /** The worker's group commit is busy: the next claim rides on its next batch (piggyback) instead of going alone. */
+  commitBusy?(): boolean;
   /** Starts executing a claimed run; the worker calls slotFreed() when it ends. */
   execute(run: ClaimedRun): void;
   log: LogFunction;
@@ -107,12 +122,55 @@ export class Dispatcher {
     return this.options.concurrency - this.options.executing().length;
   }
 
+  /** The group commit went idle: a claim it would have carried goes alone. */
+  commitIdle(): void {
+    this.pump();
+  }
+
   private pump(): void {
     if (this.stopped || this.claiming || !this.mayHaveWork || this.freeSlots() <= 0) return;
+    if (this.options.commitBusy?.()) return; // its next batch carries the claim
     this.claiming = this.claim().finally(() => {
       this.claiming = undefined;
       this.pump();
     });
+  }
+
+  /**
+   * A claim that rides on the worker's next group commit (runledger._commit_and_claim):
+   * the runs its completions free are refilled in the same transaction, saving a round
+   * trip and a commit. Undefined when this dispatcher would not claim now.
+   */
+  piggyback(completions: number): PiggybackClaim | undefined {
+    if (this.stopped || this.claiming || !this.mayHaveWork || this.reclaim) return undefined;
+    const limit = Math.min(this.options.batchSize, this.freeSlots() + completions);
+    if (limit <= 0) return undefined;
+    const queues = this.nextQueueOrder();
+    this.mayHaveWork = false;
+    let settled!: () => void;
+    this.claiming = new Promise<void>((resolve) => (settled = resolve)).finally(() => {
+      this.claiming = undefined;
+      this.pump();
+    });
+    return {
+      workerId: this.options.workerId,
+      queues,
+      workflows: this.options.workflows,
+      limit,
+      leaseMs: this.options.leaseMs,
+      settle: (outcome) => {
+        // The claim's transaction is the commit's: a lost reply leaves both unknown.
+        if (outcome instanceof Error) this.failed(outcome);
+        else this.handOver(outcome, limit);
+        settled();
+      },
+    };
+  }
+
+  private nextQueueOrder(): string[] {
+    const { queues } = this.options;
+    const first = this.turn++ % queues.length;
+    return [...queues.slice(first), ...queues.slice(0, first)];
   }
 
   private async claim(): Promise<void> {
@@ -120,10 +178,8 @@ export class Dispatcher {
     // Hints that arrive while this claim runs may concern runs its snapshot cannot see.
     this.mayHaveWork = false;
     const reclaim = this.reclaim;
-    const { queues } = this.options;
-    const first = this.turn++ % queues.length;
-    const ordered = [...queues.slice(first), ...queues.slice(0, first)];
-    let rows: Array<ClaimedRun & { next_due_at: Date | null }>;
+    const ordered = this.nextQueueOrder();
+    let rows: ClaimRow[];
     try {
       const result = await this.options.pool.query({
         name: 'runledger_claim_batch',
@@ -135,16 +191,25 @@ export class Dispatcher {
       });
       rows = result.rows;
       this.reclaim = false;
-      this.failures = 0;
     } catch (error) {
-      if (isConnectionError(error)) this.reclaim = true;
-      this.failures++;
-      this.options.log('warn', 'claim failed; trying again', { error: serializeError(error) });
+      this.failed(error);
       const delay = Math.min(ERROR_BACKOFF_MS_MAX, 100 * 2 ** Math.min(this.failures, 6));
       await new Promise((resolve) => setTimeout(resolve, delay));
-      this.mayHaveWork = true;
       return;
     }
+    this.handOver(rows, limit);
+  }
+
+  private failed(error: unknown): void {
+    if (isConnectionError(error)) this.reclaim = true;
+    this.failures++;
+    this.options.log('warn', 'claim failed; trying again', { error: serializeError(error) });
+    this.mayHaveWork = true;
+  }
+
+  /** Starts the claimed runs; the row without a run says when the next one is due. */
+  private handOver(rows: ClaimRow[], limit: number): void {
+    this.failures = 0;
     let claimed = 0;
     for (const row of rows) {
       if (row.run_id === null) {

@@ -172,7 +172,7 @@ async function complete(exec: Execution, outputText: string | undefined, policyV
       charge: exec.pendingCharge,
       ...(last ? { step: stepItemValues(exec, last) } : {}),
     });
-    await fencedWrite(exec, () => commits.submit(item));
+    await fencedWrite(exec, () => commits.submit(item, true));
   } else if (last) {
     const [, , ...stepValues] = checkpointValues(exec, last);
     await finish(exec, 'runledger._complete_with_checkpoint($1, $2, $3, $4, $5, $6, $7::jsonb, $8::jsonb, $9, $10, $11, $12::jsonb, $13)', [

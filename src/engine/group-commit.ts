@@ -1,4 +1,5 @@
 import type pg from 'pg';
+import type { ClaimRow, PiggybackClaim } from './dispatcher.js';
 
 /** One item of runledger._commit_batch, as JSON text (outputs are spliced in as the JSON they already are). */
 export type CommitItem = string;
@@ -18,11 +19,34 @@ export class BatchItemError extends Error {
 
 interface Waiting {
   item: CommitItem;
+  /** Sort key: a batch locks its runs in run_id order, as the heartbeat does. */
+  runId: string;
+  /** Times this item was sent again after a deadlock or serialization failure. */
+  retries: number;
+  /** A completion: it frees its run's slot when the batch commits. */
+  completes: boolean;
   resolve: (result: CommitResult) => void;
   reject: (error: unknown) => void;
 }
 
 const BATCH_SQL = 'select item, code, message, run_status from runledger._commit_batch($1::jsonb)';
+const BATCH_AND_CLAIM_SQL =
+  'select item, code, message, run_status, claimed from runledger._commit_and_claim($1::jsonb, $2, $3, $4, $5, $6)';
+
+/** run_id is the second field of every item; run ids never contain quotes (see runs_run_id_insert). */
+const RUN_ID = /"run_id":"([^"]*)"/;
+/** Deadlock and serialization failure: the item's writes were undone, and it may simply be sent again. */
+const RETRYABLE = new Set(['40P01', '40001']);
+const ITEM_RETRIES = 5;
+
+type BatchRow = { item: number | null; code: string | null; message: string | null; run_status: string | null; claimed?: ClaimRow | null };
+
+/** The worker's dispatcher, asked whether a claim should ride on a batch that completes runs. */
+export interface PiggybackSource {
+  piggyback(completions: number): PiggybackClaim | undefined;
+  /** The group commit has nothing in flight or waiting: a claim must go on its own now. */
+  commitIdle(): void;
+}
 
 /**
  * Group commit of one worker's plain checkpoints and completions. An item submitted
@@ -38,6 +62,8 @@ const BATCH_SQL = 'select item, code, message, run_status from runledger._commit
 export class GroupCommit {
   private waiting: Waiting[] = [];
   private inFlight = 0;
+  /** Set by the worker once its dispatcher exists. */
+  claimer: PiggybackSource | undefined;
 
   constructor(
     private readonly pool: pg.Pool,
@@ -45,11 +71,16 @@ export class GroupCommit {
     private readonly maxBatch = 64,
   ) {}
 
-  submit(item: CommitItem): Promise<CommitResult> {
+  submit(item: CommitItem, completes = false): Promise<CommitResult> {
     return new Promise((resolve, reject) => {
-      this.waiting.push({ item, resolve, reject });
+      this.waiting.push({ item, runId: RUN_ID.exec(item)?.[1] ?? '', retries: 0, completes, resolve, reject });
       this.send();
     });
+  }
+
+  /** A batch is in flight or about to be sent: a claim can ride on it. */
+  get busy(): boolean {
+    return this.inFlight > 0 || this.waiting.length > 0;
   }
 
   private send(): void {
@@ -59,28 +90,58 @@ export class GroupCommit {
       void this.commit(batch).finally(() => {
         this.inFlight--;
         this.send();
+        if (!this.busy) this.claimer?.commitIdle();
       });
     }
   }
 
   private async commit(batch: Waiting[]): Promise<void> {
-    let rows: Array<{ item: number; code: string | null; message: string | null; run_status: string | null }>;
+    // Locks taken in one order by every multi-run transaction of a worker cannot form a cycle.
+    batch.sort((a, b) => (a.runId < b.runId ? -1 : a.runId > b.runId ? 1 : 0));
+    const items = `[${batch.map((w) => w.item).join(',')}]`;
+    const completions = batch.filter((w) => w.completes).length;
+    const claim = this.claimer?.piggyback(completions);
+    let rows: BatchRow[];
     try {
-      const result = await this.pool.query({ name: 'runledger_commit_batch', text: BATCH_SQL, values: [`[${batch.map((w) => w.item).join(',')}]`] });
+      const result = claim
+        ? await this.pool.query<BatchRow>({
+            name: 'runledger_commit_and_claim',
+            text: BATCH_AND_CLAIM_SQL,
+            values: [items, claim.workerId, claim.queues, claim.workflows, claim.limit, claim.leaseMs],
+          })
+        : await this.pool.query<BatchRow>({ name: 'runledger_commit_batch', text: BATCH_SQL, values: [items] });
       rows = result.rows;
     } catch (error) {
+      claim?.settle(error as Error);
       for (const waiting of batch) waiting.reject(error);
       return;
     }
+    if (claim) {
+      const claimRows = rows.filter((row) => row.item === null);
+      const failure = claimRows.find((row) => row.code);
+      claim.settle(failure ? new BatchItemError(failure.code!, failure.message ?? `claim failed: ${failure.code}`) : claimRows.map((row) => normalizeClaimRow(row.claimed!)));
+    }
     for (const row of rows) {
+      if (row.item === null) continue;
       const waiting = batch[row.item];
       if (!waiting) continue;
-      if (row.code) waiting.reject(new BatchItemError(row.code, row.message ?? `error ${row.code}`));
+      if (row.code && RETRYABLE.has(row.code) && waiting.retries < ITEM_RETRIES) {
+        // Its subtransaction was rolled back: nothing of it committed, so it goes again.
+        waiting.retries++;
+        this.waiting.push(waiting);
+      } else if (row.code) waiting.reject(new BatchItemError(row.code, row.message ?? `error ${row.code}`));
       else waiting.resolve({ runStatus: row.run_status ?? undefined });
     }
     // A row missing for an item would be a bug in _commit_batch: never leave its caller hanging.
-    for (let i = rows.length; i < batch.length; i++) batch[i]!.reject(new Error('runledger._commit_batch returned no row for an item'));
+    const answered = rows.filter((row) => row.item !== null).length;
+    for (let i = answered; i < batch.length; i++) batch[i]!.reject(new Error('runledger._commit_batch returned no row for an item'));
   }
+}
+
+/** A claimed run that came back as JSON: the fencing token as text, as pg gives a bigint. */
+function normalizeClaimRow(row: ClaimRow): ClaimRow {
+  if (row.run_id === null) return row;
+  return { ...row, fencing_token: String(row.fencing_token) };
 }
 
 const json = (value: unknown): string => JSON.stringify(value);

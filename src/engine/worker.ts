@@ -86,9 +86,10 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
   ]);
 
   const done = new Set<Promise<void>>();
+  // Checkpoints and completions of this worker's concurrent runs share commits.
+  const commits = new GroupCommit(deps.pool);
   const execOptions = {
-    // Checkpoints and completions of this worker's concurrent runs share commits.
-    deps: { ...deps, commits: new GroupCommit(deps.pool) },
+    deps: { ...deps, commits },
     workerId,
     leaseMs,
     resolveWorkflow: (name: string, version: string) => byKey.get(workflowKey(name, version)),
@@ -183,6 +184,7 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
     batchSize: fetchBatchSize,
     pollIntervalMs: options.pollIntervalMs ?? POLL_INTERVAL_MS_DEFAULT,
     executing: () => [...executions].map((exec) => exec.runId),
+    commitBusy: () => commits.busy,
     execute: (run: ClaimedRun) => {
       const running = executeClaimed(run, execOptions).finally(() => {
         done.delete(running);
@@ -193,6 +195,7 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
     log: deps.log,
   });
   dispatcher = claimer;
+  commits.claimer = claimer;
 
   let stopping: Promise<void> | undefined;
   const stop = () =>

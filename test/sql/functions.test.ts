@@ -1407,3 +1407,577 @@ describe('runs check constraints', () => {
     });
   });
 });
+
+// ---------------------------------------------------------------------------------------------
+// Group commit and the completion fast path (sql/0011_hot_path.sql)
+
+interface BatchResultRow {
+  item: number;
+  code: string | null;
+  message: string | null;
+  run_status: string | null;
+}
+
+/** runledger._commit_batch over a JSON array of items (plain objects here). */
+async function commitBatch(items: unknown[], on: Queryable = db.pool): Promise<BatchResultRow[]> {
+  const result = await on.query('select item, code, message, run_status from runledger._commit_batch($1::jsonb)', [JSON.stringify(items)]);
+  return result.rows;
+}
+
+/** The step fields of a batch item: a SUCCEEDED 'step' at its first attempt, started now, no charge. */
+function stepItem(runId: string, token: number, stepSeq: number, name: string, extra: Record<string, unknown> = {}): Record<string, unknown> {
+  return {
+    run_id: runId, token, seq: stepSeq, name, kind: 'step', status: 'SUCCEEDED', attempts: 1,
+    started_at: new Date().toISOString(), charge: 0, ...extra,
+  };
+}
+
+async function stepRows(runId: string): Promise<Array<Record<string, any>>> {
+  const result = await db.pool.query(
+    `select seq, name, kind, status, output, error, attempts, fencing_token::int as fencing_token, output_hash
+       from runledger.steps where run_id = $1 order by seq`,
+    [runId],
+  );
+  return result.rows;
+}
+
+/** Everything a failed commit must not have touched: the run row, its steps and its events. */
+async function snapshot(runId: string): Promise<{ run: Record<string, any> | undefined; steps: unknown[]; events: unknown[] }> {
+  return { run: await getRun(runId), steps: await stepRows(runId), events: await events(runId) };
+}
+
+/** A run claimed, given back and claimed again: its first token (1) is stale, its current one is 2. */
+async function reclaimedRun(options: Record<string, unknown> = {}, on: Queryable = db.pool): Promise<{ runId: string; stale: number; token: number }> {
+  const runId = await startRun(options, { n: 1 }, on);
+  const first = await claimOne(runId, 'wk-first', 30_000, on);
+  await on.query(`select runledger._release_run($1, $2, 0, 'test')`, [runId, first.fencing_token]);
+  const second = await claimOne(runId, 'wk-second', 30_000, on);
+  expect(second.fencing_token).toBe(first.fencing_token + 1);
+  return { runId, stale: first.fencing_token, token: second.fencing_token };
+}
+
+describe('runledger._commit_batch', () => {
+  it('commits each item on its own: rows in order with their codes; the failed items change nothing, the others commit', async () => {
+    // A: a plain checkpoint.
+    const a = await startRun();
+    const ta = (await claimOne(a)).fencing_token;
+    // B: its last step and its completion together.
+    const b = await startRun();
+    const tb = (await claimOne(b)).fencing_token;
+    await checkpoint(b, tb, 0, 'b0', { output: 'first' });
+    // C: a completion under a token that is no longer the run's.
+    const c = await reclaimedRun();
+    await checkpoint(c.runId, c.token, 0, 'c0');
+    // D: a checkpoint at a position that already has one.
+    const d = await startRun();
+    const td = (await claimOne(d)).fencing_token;
+    await checkpoint(d, td, 0, 'd0', { output: 'original' });
+
+    const beforeC = await snapshot(c.runId);
+    const beforeD = await snapshot(d);
+
+    const rows = await commitBatch([
+      { op: 'checkpoint', ...stepItem(a, ta, 0, 'a0', { output: { a: 1 } }) },
+      { op: 'complete', ...stepItem(b, tb, 1, 'b1', { step_output: { last: true } }), output: { done: 'B' }, policy_version: 'p/1' },
+      { op: 'complete', ...stepItem(c.runId, c.stale, 1, 'c1', { step_output: 'late' }), output: { done: 'C' }, policy_version: 'p/1' },
+      { op: 'checkpoint', ...stepItem(d, td, 0, 'd0', { output: 'overwritten?' }) },
+    ]);
+    expect(rows.map((r) => [r.item, r.code])).toEqual([[0, null], [1, null], [2, 'RL001'], [3, 'RL010']]);
+    expect(rows[0]).toEqual({ item: 0, code: null, message: null, run_status: 'RUNNING' });
+    expect(rows[1]).toEqual({ item: 1, code: null, message: null, run_status: null });
+    expect(rows[2]!.message).toMatch(/lease lost/);
+    expect(rows[2]!.run_status).toBeNull();
+    expect(rows[3]!.message).toMatch(/already has a checkpoint/);
+    expect(rows[3]!.run_status).toBeNull();
+
+    // A's step committed, under its token; A still runs.
+    expect(await stepRows(a)).toEqual([
+      { seq: 0, name: 'a0', kind: 'step', status: 'SUCCEEDED', output: { a: 1 }, error: null, attempts: 1, fencing_token: ta, output_hash: null },
+    ]);
+    expect((await getRun(a))?.status).toBe('RUNNING');
+
+    // B: its last step and its completion committed together.
+    expect((await stepRows(b)).map((s) => [s.seq, s.name, s.status, s.output, s.fencing_token])).toEqual([
+      [0, 'b0', 'SUCCEEDED', 'first', tb],
+      [1, 'b1', 'SUCCEEDED', { last: true }, tb],
+    ]);
+    expect(await getRun(b)).toMatchObject({
+      status: 'SUCCEEDED', output: { done: 'B' }, termination_reason: 'COMPLETED',
+      termination_evidence: { steps: 2, budget_spent: 0 }, lease_owner: null,
+    });
+    expect((await events(b)).filter((e) => e.kind === 'completed')).toEqual([
+      { kind: 'completed', detail: { status: 'SUCCEEDED', reason: 'COMPLETED', evidence: { steps: 2, budget_spent: 0 } } },
+    ]);
+
+    // C and D: nothing changed.
+    expect(await snapshot(c.runId)).toEqual(beforeC);
+    expect(await snapshot(d)).toEqual(beforeD);
+  });
+
+  it('an unknown op gives RL003 for that item only', async () => {
+    const runId = await startRun();
+    const token = (await claimOne(runId)).fencing_token;
+    const rows = await commitBatch([
+      { op: 'checkpoint', ...stepItem(runId, token, 0, 's0') },
+      { op: 'frobnicate', ...stepItem(runId, token, 1, 's1') },
+      { ...stepItem(runId, token, 1, 's1') }, // no op at all
+      { op: 'checkpoint', ...stepItem(runId, token, 1, 's1') },
+    ]);
+    expect(rows.map((r) => [r.item, r.code, r.run_status])).toEqual([
+      [0, null, 'RUNNING'],
+      [1, 'RL003', null],
+      [2, 'RL003', null],
+      [3, null, 'RUNNING'],
+    ]);
+    expect(rows[1]!.message).toMatch(/unknown op/);
+    expect((await steps(runId)).map((s) => [s.seq, s.name])).toEqual([[0, 's0'], [1, 's1']]);
+    expect(await commitBatch([])).toEqual([]);
+  });
+
+  it('undoes all the writes of an item that fails half-way (fast-path completion at a taken seq) and keeps the rest of the batch', async () => {
+    const runId = await startRun();
+    const token = (await claimOne(runId)).fencing_token;
+    await checkpoint(runId, token, 0, 'x', { output: 'kept' });
+    const other = await startRun();
+    const otherToken = (await claimOne(other)).fencing_token;
+    const before = await snapshot(runId);
+
+    const rows = await commitBatch([
+      { op: 'checkpoint', ...stepItem(other, otherToken, 0, 'o0') },
+      // Charge 0 and RUNNING: the fast path updates the run to SUCCEEDED, then finds seq 0 taken.
+      { op: 'complete', ...stepItem(runId, token, 0, 'x', { step_output: 'dup' }), output: 'never', policy_version: 'p/1' },
+      { op: 'checkpoint', ...stepItem(other, otherToken, 1, 'o1') },
+    ]);
+    expect(rows.map((r) => r.code)).toEqual([null, 'RL010', null]);
+    expect(await snapshot(runId)).toEqual(before);
+    expect((await getRun(runId))?.status).toBe('RUNNING');
+    expect((await steps(other)).map((s) => s.name)).toEqual(['o0', 'o1']);
+
+    // Still RUNNING inside the same batch too: a later item of the same run commits.
+    const again = await commitBatch([
+      { op: 'complete', ...stepItem(runId, token, 0, 'x'), output: 'never', policy_version: 'p/1' },
+      { op: 'checkpoint', ...stepItem(runId, token, 1, 'y') },
+    ]);
+    expect(again.map((r) => [r.code, r.run_status])).toEqual([['RL010', null], [null, 'RUNNING']]);
+    expect((await steps(runId)).map((s) => s.name)).toEqual(['x', 'y']);
+  });
+
+  it('a complete item without seq completes the run like _complete_run', async () => {
+    const runId = await startRun();
+    const token = (await claimOne(runId)).fencing_token;
+    await checkpoint(runId, token, 0, 'a');
+    await checkpoint(runId, token, 1, 'b');
+    const rows = await commitBatch([{ op: 'complete', run_id: runId, token, output: { total: 2 }, policy_version: 'p/1', charge: 0 }]);
+    expect(rows).toEqual([{ item: 0, code: null, message: null, run_status: null }]);
+    expect(await getRun(runId)).toMatchObject({
+      status: 'SUCCEEDED', output: { total: 2 }, termination_reason: 'COMPLETED', termination_evidence: { steps: 2, budget_spent: 0 },
+    });
+    expect((await steps(runId)).length).toBe(2);
+    // Finished: the same item again is a lost lease.
+    expect((await commitBatch([{ op: 'complete', run_id: runId, token, output: null, policy_version: 'p/1', charge: 0 }]))[0]!.code).toBe('RL001');
+  });
+
+  it('reports the run status after a checkpoint: TERMINATED by a charge over budget, CANCELLING after a cancel request', async () => {
+    const budgeted = await startRun({ budget: 5 });
+    const tb = (await claimOne(budgeted)).fencing_token;
+    const cancelled = await startRun();
+    const tc = (await claimOne(cancelled)).fencing_token;
+    const startedBefore = new Date(Date.now() - 60_000).toISOString();
+    expect((await db.pool.query('select runledger.cancel_run($1) as s', [cancelled])).rows[0].s).toBe('CANCELLING');
+
+    const rows = await commitBatch([
+      { op: 'checkpoint', ...stepItem(budgeted, tb, 0, 'cheap', { charge: 2 }) },
+      { op: 'checkpoint', ...stepItem(budgeted, tb, 1, 'dear', { charge: 4 }) },
+      { op: 'checkpoint', ...stepItem(cancelled, tc, 0, 'in-flight', { started_at: startedBefore }) },
+    ]);
+    expect(rows.map((r) => [r.code, r.run_status])).toEqual([[null, 'RUNNING'], [null, 'TERMINATED'], [null, 'CANCELLING']]);
+    expect(await getRun(budgeted)).toMatchObject({ status: 'TERMINATED', termination_reason: 'BUDGET', budget_spent: '6' });
+    expect((await steps(budgeted)).map((s) => s.name)).toEqual(['cheap', 'dear']);
+    expect((await steps(cancelled)).map((s) => s.name)).toEqual(['in-flight']);
+  });
+});
+
+// ---------------------------------------------------------------------------------------------
+
+/**
+ * Calls runledger._complete_with_checkpoint in `client` and says which path it took: the
+ * general path goes through _checkpoint_row, the fast path does not (counted with
+ * track_functions, per transaction). A call that raises rejects with its SQLSTATE.
+ */
+async function completeWithCheckpoint(
+  client: pg.Client,
+  args: {
+    runId: string; token: number; seq: number; name: string; charge?: number; stepOutput?: unknown; output?: unknown;
+    attempts?: number; startedAt?: string; status?: string;
+  },
+): Promise<'fast' | 'general'> {
+  await client.query(`set track_functions = 'pl'`);
+  await client.query('begin');
+  try {
+    await client.query(
+      `select runledger._complete_with_checkpoint($1, $2, $3, $4, 'step', $5, $6::jsonb, null, $7,
+                                                 coalesce($8::timestamptz, runledger.now()), $9, $10::jsonb, 'p/1')`,
+      [
+        args.runId, args.token, args.seq, args.name, args.status ?? 'SUCCEEDED',
+        args.stepOutput === undefined ? null : JSON.stringify(args.stepOutput), args.attempts ?? 1, args.startedAt ?? null,
+        args.charge ?? 0, args.output === undefined ? null : JSON.stringify(args.output),
+      ],
+    );
+    const calls = await client.query(
+      `select coalesce(pg_stat_get_xact_function_calls(
+                'runledger._checkpoint_row(text, bigint, int, text, text, text, jsonb, jsonb, int, timestamptz, numeric)'::regprocedure), 0)::int as n`,
+    );
+    await client.query('commit');
+    return calls.rows[0].n === 0 ? 'fast' : 'general';
+  } catch (error) {
+    await client.query('rollback');
+    throw error;
+  }
+}
+
+async function completedEvents(runId: string): Promise<Array<{ kind: string; detail: any }>> {
+  return (await events(runId)).filter((e) => e.kind === 'completed');
+}
+
+describe('runledger._complete_with_checkpoint', () => {
+  const variants = [
+    { label: 'fast path (charge 0, RUNNING, no no_progress limit, before its deadline)', path: 'fast', charge: 0, options: {}, spent: 0 },
+    { label: 'general path (a charge)', path: 'general', charge: 1.5, options: {}, spent: 1.5 },
+    { label: 'general path (a no_progress limit)', path: 'general', charge: 0, options: { no_progress: 5 }, spent: 0 },
+  ] as const;
+
+  for (const v of variants) describe(v.label, () => {
+    it('SUCCEEDED, COMPLETED, evidence {steps, budget_spent}, one completed event, the step row under the token', async () => {
+      await session(async (client) => {
+        await setNow(client, '2070-01-01T00:00:00Z');
+        const { runId, token } = await reclaimedRun({ ...v.options, deadline: '1 hour' }, client);
+        await checkpoint(runId, token, 0, 'a', { output: 1, on: client });
+        await checkpoint(runId, token, 1, 'b', { output: 2, on: client });
+        await setNow(client, '2070-01-01T00:00:07Z');
+        const path = await completeWithCheckpoint(client, {
+          runId, token, seq: 2, name: 'c', charge: v.charge, stepOutput: { c: 3 }, output: { total: 6 }, attempts: 2,
+          startedAt: '2070-01-01T00:00:06Z',
+        });
+        expect(path).toBe(v.path);
+
+        const evidence = { steps: 3, budget_spent: v.spent };
+        const run = await getRun(runId);
+        expect(run).toMatchObject({
+          status: 'SUCCEEDED', output: { total: 6 }, error: null, termination_reason: 'COMPLETED', termination_evidence: evidence,
+          lease_owner: null, lease_expires_at: null, wait_kind: null, fencing_token: token,
+          policy_version: expect.stringMatching(/^limits:[0-9a-f]{12}$/),
+        });
+        expect(Number(run?.budget_spent)).toBe(v.spent);
+        expect(run?.finished_at.toISOString()).toBe('2070-01-01T00:00:07.000Z');
+        expect(run?.terminated_at.toISOString()).toBe('2070-01-01T00:00:07.000Z');
+        const rows = await stepRows(runId);
+        expect(rows.map((s) => [s.seq, s.name, s.status, s.output, s.attempts, s.fencing_token])).toEqual([
+          [0, 'a', 'SUCCEEDED', 1, 1, token],
+          [1, 'b', 'SUCCEEDED', 2, 1, token],
+          [2, 'c', 'SUCCEEDED', { c: 3 }, 2, token],
+        ]);
+        expect(evidence.steps).toBe(rows.length);
+        expect(await completedEvents(runId)).toEqual([
+          { kind: 'completed', detail: { status: 'SUCCEEDED', reason: 'COMPLETED', evidence } },
+        ]);
+        expect((await events(runId)).at(-1)?.kind).toBe('completed');
+        const finishedAt = await db.pool.query('select finished_at from runledger.steps where run_id = $1 and seq = 2', [runId]);
+        expect(finishedAt.rows[0].finished_at.toISOString()).toBe('2070-01-01T00:00:07.000Z');
+      });
+    });
+
+    it('counts once the step whose durable retry left a WAITING row at the last seq', async () => {
+      await session(async (client) => {
+        await setNow(client, '2070-02-01T00:00:00Z');
+        const runId = await startRun(v.options, {}, client);
+        const first = (await claimOne(runId, 'wk-retry', 30_000, client)).fencing_token;
+        await checkpoint(runId, first, 0, 'a', { output: 'a', on: client });
+        await client.query(`select runledger._retry_wait($1, $2, 1, 'flaky', 'step', 1, 5000)`, [runId, first]);
+        expect(await getRun(runId)).toMatchObject({ status: 'WAITING', wait_kind: 'retry' });
+        expect((await steps(runId)).map((s) => [s.seq, s.status])).toEqual([[0, 'SUCCEEDED'], [1, 'WAITING']]);
+        await setNow(client, '2070-02-01T00:00:06Z');
+        const token = (await claimOne(runId, 'wk-retry', 30_000, client)).fencing_token;
+        expect(token).toBe(first + 1);
+
+        const path = await completeWithCheckpoint(client, {
+          runId, token, seq: 1, name: 'flaky', charge: v.charge, stepOutput: 'ok at last', output: 'done', attempts: 2,
+        });
+        expect(path).toBe(v.path);
+        const rows = await stepRows(runId);
+        expect(rows.map((s) => [s.seq, s.name, s.status, s.output, s.attempts, s.fencing_token])).toEqual([
+          [0, 'a', 'SUCCEEDED', 'a', 1, first],
+          [1, 'flaky', 'SUCCEEDED', 'ok at last', 2, token],
+        ]);
+        const evidence = { steps: 2, budget_spent: v.spent };
+        expect(await getRun(runId)).toMatchObject({ status: 'SUCCEEDED', output: 'done', termination_reason: 'COMPLETED', termination_evidence: evidence });
+        expect(await completedEvents(runId)).toEqual([{ kind: 'completed', detail: { status: 'SUCCEEDED', reason: 'COMPLETED', evidence } }]);
+      });
+    });
+
+    it('a stale token raises RL001 and writes nothing', async () => {
+      await session(async (client) => {
+        const { runId, stale, token } = await reclaimedRun(v.options, client);
+        await checkpoint(runId, token, 0, 'a', { on: client });
+        const before = await snapshot(runId);
+        expect(await sqlState(completeWithCheckpoint(client, { runId, token: stale, seq: 1, name: 'b', charge: v.charge, output: 'x' }))).toBe('RL001');
+        expect(await snapshot(runId)).toEqual(before);
+        // A finished run: its own token is spent too.
+        await completeWithCheckpoint(client, { runId, token, seq: 1, name: 'b', charge: v.charge, output: 'x' });
+        const done = await snapshot(runId);
+        expect(await sqlState(completeWithCheckpoint(client, { runId, token, seq: 2, name: 'c', charge: v.charge, output: 'y' }))).toBe('RL001');
+        expect(await snapshot(runId)).toEqual(done);
+      });
+    });
+
+    it('a seq that already has a checkpoint raises RL010 and writes nothing', async () => {
+      await session(async (client) => {
+        const runId = await startRun(v.options, {}, client);
+        const token = (await claimOne(runId, 'wk-dup', 30_000, client)).fencing_token;
+        await checkpoint(runId, token, 0, 'a', { output: 'first', on: client });
+        await checkpoint(runId, token, 1, 'b', { output: 'second', on: client });
+        const before = await snapshot(runId);
+        // The same step again, and another step at a taken position.
+        expect(await sqlState(completeWithCheckpoint(client, { runId, token, seq: 1, name: 'b', charge: v.charge, stepOutput: 'again', output: 'x' }))).toBe('RL010');
+        expect(await sqlState(completeWithCheckpoint(client, { runId, token, seq: 0, name: 'z', charge: v.charge, stepOutput: 'again', output: 'x' }))).toBe('RL010');
+        expect(await snapshot(runId)).toEqual(before);
+        expect((await getRun(runId))?.status).toBe('RUNNING');
+      });
+    });
+
+    it('past the deadline (or at it) raises RL009 and writes nothing', async () => {
+      await session(async (client) => {
+        await setNow(client, '2070-03-01T00:00:00Z');
+        const runId = await startRun({ ...v.options, deadline: '10 seconds' }, {}, client);
+        const token = (await claimOne(runId, 'wk-late', 30_000, client)).fencing_token;
+        await checkpoint(runId, token, 0, 'a', { on: client });
+        const before = await snapshot(runId);
+        await setNow(client, '2070-03-01T00:00:10Z');
+        expect(await sqlState(completeWithCheckpoint(client, { runId, token, seq: 1, name: 'b', charge: v.charge, output: 'x' }))).toBe('RL009');
+        await setNow(client, '2070-03-01T00:00:20Z');
+        expect(await sqlState(completeWithCheckpoint(client, { runId, token, seq: 1, name: 'b', charge: v.charge, output: 'x' }))).toBe('RL009');
+        expect(await snapshot(runId)).toEqual(before);
+      });
+    });
+
+    it('a CANCELLING run whose step started before the cancel request still completes; one started after raises RL008', async () => {
+      await session(async (client) => {
+        await setNow(client, '2070-04-01T00:00:00Z');
+        const runId = await startRun(v.options, {}, client);
+        const token = (await claimOne(runId, 'wk-cancel', 30_000, client)).fencing_token;
+        await checkpoint(runId, token, 0, 'a', { output: 'a', on: client });
+        await setNow(client, '2070-04-01T00:00:02Z');
+        expect((await client.query('select runledger.cancel_run($1) as s', [runId])).rows[0].s).toBe('CANCELLING');
+        await setNow(client, '2070-04-01T00:00:03Z');
+
+        const before = await snapshot(runId);
+        expect(
+          await sqlState(completeWithCheckpoint(client, { runId, token, seq: 1, name: 'b', charge: v.charge, output: 'x', startedAt: '2070-04-01T00:00:02Z' })),
+        ).toBe('RL008');
+        expect(await snapshot(runId)).toEqual(before);
+
+        // Only the general path handles a cancel under way.
+        expect(
+          await completeWithCheckpoint(client, { runId, token, seq: 1, name: 'b', charge: v.charge, stepOutput: 'b', output: 'x', startedAt: '2070-04-01T00:00:01Z' }),
+        ).toBe('general');
+        const evidence = { steps: 2, budget_spent: v.spent };
+        expect(await getRun(runId)).toMatchObject({
+          status: 'SUCCEEDED', output: 'x', termination_reason: 'COMPLETED', termination_evidence: evidence, lease_owner: null,
+        });
+        expect((await stepRows(runId)).map((s) => [s.seq, s.name, s.fencing_token])).toEqual([[0, 'a', token], [1, 'b', token]]);
+        expect(await completedEvents(runId)).toEqual([{ kind: 'completed', detail: { status: 'SUCCEEDED', reason: 'COMPLETED', evidence } }]);
+      });
+    });
+  });
+});
+
+// ---------------------------------------------------------------------------------------------
+
+/** The SQLSTATE and constraint name of a statement's error (it must fail). */
+async function checkViolation(promise: Promise<unknown>): Promise<{ code?: string; constraint?: string }> {
+  try {
+    await promise;
+  } catch (error) {
+    const e = error as { code?: string; constraint?: string };
+    return { code: e.code, constraint: e.constraint };
+  }
+  throw new Error('expected a check violation, but the statement succeeded');
+}
+
+function insertRunRow(columns: Record<string, unknown>): Promise<unknown> {
+  const all = { workflow_name: 'w', workflow_version: '1', queue_name: 'default', ...columns };
+  const names = Object.keys(all);
+  return db.pool.query(
+    `insert into runledger.runs (${names.join(', ')}) values (${names.map((_, i) => `$${i + 1}`).join(', ')})`,
+    Object.values(all),
+  );
+}
+
+describe('runs invariants: the other rule names of runledger._check_run', () => {
+  const violated = (constraint: string) => ({ code: '23514', constraint });
+  const update = (runId: string, set: string) => db.pool.query(`update runledger.runs set ${set} where run_id = $1`, [runId]);
+
+  it('runs_wait_kind_check: a wait_kind outside the list', async () => {
+    expect(await checkViolation(insertRunRow({ run_id: newRunId('i-wk'), status: 'WAITING', wait_kind: 'nap' }))).toEqual(violated('runs_wait_kind_check'));
+    const runId = await startRun();
+    expect(await checkViolation(update(runId, `status = 'WAITING', wait_kind = 'snooze'`))).toEqual(violated('runs_wait_kind_check'));
+    // Every listed kind is accepted.
+    for (const kind of ['timer', 'signal', 'approval', 'child', 'retry', 'reconcile']) {
+      const ok = newRunId('i-wk-ok');
+      await insertRunRow({ run_id: ok, status: 'WAITING', wait_kind: kind });
+      expect((await getRun(ok))?.wait_kind).toBe(kind);
+    }
+  });
+
+  it('runs_wait_kind_only_when_waiting: a wait_kind exactly when WAITING', async () => {
+    expect(await checkViolation(insertRunRow({ run_id: newRunId('i-wkw'), status: 'PENDING', wait_kind: 'timer' }))).toEqual(
+      violated('runs_wait_kind_only_when_waiting'),
+    );
+    expect(await checkViolation(insertRunRow({ run_id: newRunId('i-wkw'), status: 'WAITING' }))).toEqual(violated('runs_wait_kind_only_when_waiting'));
+    const runId = await startRun();
+    expect(await checkViolation(update(runId, `status = 'WAITING'`))).toEqual(violated('runs_wait_kind_only_when_waiting'));
+    expect(await checkViolation(update(runId, `wait_kind = 'timer'`))).toEqual(violated('runs_wait_kind_only_when_waiting'));
+    expect((await getRun(runId))).toMatchObject({ status: 'PENDING', wait_kind: null });
+  });
+
+  it('runs_budget_check: budget below 0 (0 and null are accepted)', async () => {
+    expect(await checkViolation(insertRunRow({ run_id: newRunId('i-budget'), budget: -0.01 }))).toEqual(violated('runs_budget_check'));
+    const runId = await startRun({ budget: 10 });
+    expect(await checkViolation(update(runId, 'budget = -1'))).toEqual(violated('runs_budget_check'));
+    await update(runId, 'budget = 0');
+    await update(runId, 'budget = null');
+    expect((await getRun(runId))?.budget).toBeNull();
+  });
+
+  it('runs_max_steps_check: max_steps 0 or below (1 and null are accepted)', async () => {
+    expect(await checkViolation(insertRunRow({ run_id: newRunId('i-steps'), max_steps: 0 }))).toEqual(violated('runs_max_steps_check'));
+    const runId = await startRun();
+    expect(await checkViolation(update(runId, 'max_steps = -5'))).toEqual(violated('runs_max_steps_check'));
+    await update(runId, 'max_steps = 1');
+    expect((await getRun(runId))?.max_steps).toBe(1);
+  });
+
+  it('runs_no_progress_check: no_progress below 2 (2 and null are accepted)', async () => {
+    expect(await checkViolation(insertRunRow({ run_id: newRunId('i-np'), no_progress: 1 }))).toEqual(violated('runs_no_progress_check'));
+    const runId = await startRun();
+    expect(await checkViolation(update(runId, 'no_progress = 0'))).toEqual(violated('runs_no_progress_check'));
+    await update(runId, 'no_progress = 2');
+    expect((await getRun(runId))?.no_progress).toBe(2);
+  });
+
+  it('runs_retry_budget_check: retry_budget below 0 (0 and null are accepted)', async () => {
+    expect(await checkViolation(insertRunRow({ run_id: newRunId('i-rb'), retry_budget: -1 }))).toEqual(violated('runs_retry_budget_check'));
+    const runId = await startRun();
+    expect(await checkViolation(update(runId, 'retry_budget = -3'))).toEqual(violated('runs_retry_budget_check'));
+    await update(runId, 'retry_budget = 0');
+    expect((await getRun(runId))?.retry_budget).toBe(0);
+  });
+
+  it('runs_max_recovery_attempts_check: max_recovery_attempts below 0 (0 is accepted)', async () => {
+    expect(await checkViolation(insertRunRow({ run_id: newRunId('i-mra'), max_recovery_attempts: -1 }))).toEqual(
+      violated('runs_max_recovery_attempts_check'),
+    );
+    const runId = await startRun();
+    expect(await checkViolation(update(runId, 'max_recovery_attempts = -1'))).toEqual(violated('runs_max_recovery_attempts_check'));
+    await update(runId, 'max_recovery_attempts = 0');
+    expect((await getRun(runId))?.max_recovery_attempts).toBe(0);
+  });
+
+  it('reports the table and schema of the rule with it', async () => {
+    try {
+      await insertRunRow({ run_id: newRunId('i-table'), budget: -1 });
+      expect.unreachable('the insert should fail');
+    } catch (error) {
+      expect(error).toMatchObject({ code: '23514', constraint: 'runs_budget_check', table: 'runs', schema: 'runledger' });
+      expect((error as Error).message).toMatch(/violates check constraint "runs_budget_check"/);
+    }
+  });
+});
+
+describe('steps invariants: runledger._check_step', () => {
+  const insertStep = (runId: string, columns: Record<string, unknown>) => {
+    const all = { run_id: runId, seq: 0, name: 's', kind: 'step', status: 'SUCCEEDED', started_at: new Date(), fencing_token: 1, ...columns };
+    const names = Object.keys(all);
+    return db.pool.query(
+      `insert into runledger.steps (${names.join(', ')}) values (${names.map((_, i) => `$${i + 1}`).join(', ')})`,
+      Object.values(all),
+    );
+  };
+  const violated = (constraint: string) => ({ code: '23514', constraint });
+
+  it('steps_seq_check: seq below 0', async () => {
+    const runId = await startRun();
+    expect(await checkViolation(insertStep(runId, { seq: -1 }))).toEqual(violated('steps_seq_check'));
+    await insertStep(runId, { seq: 0 });
+    expect(await checkViolation(db.pool.query('update runledger.steps set seq = -2 where run_id = $1', [runId]))).toEqual(violated('steps_seq_check'));
+    expect((await steps(runId)).map((s) => s.seq)).toEqual([0]);
+  });
+
+  it('steps_kind_check: a kind outside the list (every listed kind is accepted)', async () => {
+    const runId = await startRun();
+    expect(await checkViolation(insertStep(runId, { kind: 'bogus' }))).toEqual(violated('steps_kind_check'));
+    const kinds = ['step', 'transaction', 'operation', 'sleep', 'signal', 'approval', 'child_start', 'child'];
+    for (const [i, kind] of kinds.entries()) await insertStep(runId, { seq: i, kind });
+    expect(await checkViolation(db.pool.query(`update runledger.steps set kind = 'job' where run_id = $1 and seq = 0`, [runId]))).toEqual(
+      violated('steps_kind_check'),
+    );
+    expect((await steps(runId)).length).toBe(kinds.length);
+  });
+
+  it('steps_status_check: a status other than SUCCEEDED, FAILED or WAITING', async () => {
+    const runId = await startRun();
+    expect(await checkViolation(insertStep(runId, { status: 'RUNNING' }))).toEqual(violated('steps_status_check'));
+    for (const [i, status] of ['SUCCEEDED', 'FAILED', 'WAITING'].entries()) await insertStep(runId, { seq: i, status });
+    expect(await checkViolation(db.pool.query(`update runledger.steps set status = 'PENDING' where run_id = $1 and seq = 2`, [runId]))).toEqual(
+      violated('steps_status_check'),
+    );
+    expect((await steps(runId)).map((s) => s.status)).toEqual(['SUCCEEDED', 'FAILED', 'WAITING']);
+  });
+
+  it('reports the table and schema of the rule with it', async () => {
+    const runId = await startRun();
+    try {
+      await insertStep(runId, { kind: 'bogus' });
+      expect.unreachable('the insert should fail');
+    } catch (error) {
+      expect(error).toMatchObject({ code: '23514', constraint: 'steps_kind_check', table: 'steps', schema: 'runledger' });
+    }
+  });
+});
+
+describe('runs.run_id validation (triggers runs_run_id_insert and runs_run_id_update)', () => {
+  const invalid = ['', '-leading-dash', '_leading_underscore', 'has space', 'slash/inside', 'é-accent', `a${'b'.repeat(200)}`];
+
+  it('rejects an invalid run_id on insert with 23514 and stores nothing', async () => {
+    for (const runId of invalid) {
+      expect(await sqlState(insertRunRow({ run_id: runId })), JSON.stringify(runId)).toBe('23514');
+    }
+    const stored = await db.pool.query('select count(*)::int as n from runledger.runs where run_id = any($1)', [invalid]);
+    expect(stored.rows[0].n).toBe(0);
+    // The longest and the odd-but-valid ones are accepted.
+    for (const runId of [`a${'b'.repeat(199)}`, newRunId('ok.run:id_with-all'), `9${newRunId('x')}`]) {
+      await insertRunRow({ run_id: runId });
+      expect((await getRun(runId))?.run_id).toBe(runId);
+    }
+  });
+
+  it('rejects an invalid run_id set by update, and leaves updates of other columns alone', async () => {
+    const runId = newRunId('rename-me');
+    await insertRunRow({ run_id: runId });
+    for (const bad of invalid) {
+      expect(await sqlState(db.pool.query('update runledger.runs set run_id = $2 where run_id = $1', [runId, bad])), JSON.stringify(bad)).toBe('23514');
+    }
+    expect((await getRun(runId))?.run_id).toBe(runId);
+    try {
+      await db.pool.query('update runledger.runs set run_id = $2 where run_id = $1', [runId, 'bad id']);
+      expect.unreachable('the update should fail');
+    } catch (error) {
+      expect((error as Error).message).toMatch(/run_id 'bad id' is invalid/);
+    }
+    // A valid new id is accepted, and so is any update that does not touch the id.
+    const renamed = newRunId('renamed');
+    await db.pool.query('update runledger.runs set run_id = $2 where run_id = $1', [runId, renamed]);
+    await db.pool.query('update runledger.runs set priority = 7 where run_id = $1', [renamed]);
+    expect(await getRun(renamed)).toMatchObject({ run_id: renamed, priority: 7 });
+    expect(await getRun(runId)).toBeUndefined();
+  });
+});

@@ -1,0 +1,196 @@
+/**
+ * GroupCommit (src/engine/group-commit.ts) against a real database: items submitted while
+ * a batch is in flight share the next round trip, and an item's own failure rejects only
+ * that item. Runs are started and claimed from SQL (start_run, _claim_run); items are
+ * built with the exported checkpointItem / completeItem helpers, as the worker does.
+ */
+import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import pg from 'pg';
+import { BatchItemError, GroupCommit, checkpointItem, completeItem, type StepItemValues } from '../src/engine/group-commit.js';
+import { createTestDatabase, type TestDatabase } from './helpers/database.js';
+
+let db: TestDatabase;
+/** The pool the group commit under test sends through (its query is wrapped to count round trips). */
+let pools: pg.Pool[] = [];
+
+beforeAll(async () => {
+  db = await createTestDatabase();
+  await db.pool.query(`select runledger._register_workflow('gc', '1', 'default', 3)`);
+});
+
+afterEach(async () => {
+  await Promise.all(pools.map((pool) => pool.end()));
+  pools = [];
+});
+
+afterAll(async () => {
+  await db?.drop();
+});
+
+/** A pool whose every query is recorded: the number of items of each _commit_batch call, in call order. */
+function countingPool(): { pool: pg.Pool; batches: number[] } {
+  const pool = new pg.Pool({ connectionString: db.url, max: 2 });
+  pool.on('error', () => {});
+  pools.push(pool);
+  const batches: number[] = [];
+  const query = pool.query.bind(pool) as (...args: unknown[]) => Promise<unknown>;
+  (pool as unknown as { query: (...args: unknown[]) => Promise<unknown> }).query = (...args: unknown[]) => {
+    const config = args[0] as { text?: string; values?: unknown[] };
+    expect(config.text).toMatch(/runledger\._commit_batch/);
+    batches.push((JSON.parse(String(config.values![0])) as unknown[]).length);
+    return query(...args);
+  };
+  return { pool, batches };
+}
+
+/** A started and claimed run, with its fencing token as text (as pg gives a bigint). */
+async function claimedRun(label: string): Promise<{ runId: string; token: string }> {
+  const started = await db.pool.query(`select runledger.start_run('gc', '{}'::jsonb, $1::jsonb) as run_id`, [
+    JSON.stringify({ run_id: `${label}-${Math.random().toString(36).slice(2, 10)}` }),
+  ]);
+  const runId = started.rows[0].run_id as string;
+  const claimed = await db.pool.query(`select fencing_token::text as token from runledger._claim_run($1, 'wk-gc', 60000)`, [runId]);
+  expect(claimed.rows, `claim of ${runId}`).toHaveLength(1);
+  return { runId, token: claimed.rows[0].token };
+}
+
+function step(runId: string, token: string, seq: number, extra: Partial<StepItemValues> = {}): StepItemValues {
+  return {
+    runId, token, seq, name: `s${seq}`, kind: 'step', status: 'SUCCEEDED', outputText: JSON.stringify({ runId, seq }),
+    errorJson: null, attempts: 1, startedAt: new Date(), charge: 0, ...extra,
+  };
+}
+
+async function stepRows(runId: string): Promise<Array<{ seq: number; name: string; status: string; output: unknown; token: string }>> {
+  const result = await db.pool.query(
+    `select seq, name, status, output, fencing_token::text as token from runledger.steps where run_id = $1 order by seq`,
+    [runId],
+  );
+  return result.rows;
+}
+
+async function runRow(runId: string): Promise<Record<string, any>> {
+  return (await db.pool.query('select * from runledger.runs where run_id = $1', [runId])).rows[0];
+}
+
+describe('GroupCommit', () => {
+  it('sends items submitted while a batch is in flight together in the next batch: fewer round trips than items, all committed', async () => {
+    const { pool, batches } = countingPool();
+    const commits = new GroupCommit(pool);
+    const runs = await Promise.all(['gc-a', 'gc-b', 'gc-c', 'gc-d', 'gc-e'].map(claimedRun));
+    const perRun = 8;
+
+    const items = runs.flatMap(({ runId, token }) => Array.from({ length: perRun }, (_, seq) => checkpointItem(step(runId, token, seq))));
+    const results = await Promise.all(items.map((item) => commits.submit(item)));
+
+    expect(results).toEqual(items.map(() => ({ runStatus: 'RUNNING' })));
+    // The first item goes at once, alone; the rest were submitted while it was in flight and go together.
+    expect(batches).toEqual([1, items.length - 1]);
+    expect(batches.length).toBeLessThan(items.length);
+    for (const { runId, token } of runs) {
+      expect(await stepRows(runId)).toEqual(
+        Array.from({ length: perRun }, (_, seq) => ({ seq, name: `s${seq}`, status: 'SUCCEEDED', output: { runId, seq }, token })),
+      );
+    }
+  });
+
+  it('items submitted while a batch is in flight wait for it, then go together; maxBatch caps a batch', async () => {
+    const { pool, batches } = countingPool();
+    const commits = new GroupCommit(pool, 1, 4);
+    const { runId, token } = await claimedRun('gc-cap');
+
+    const first = commits.submit(checkpointItem(step(runId, token, 0)));
+    const rest = Array.from({ length: 9 }, (_, i) => commits.submit(checkpointItem(step(runId, token, i + 1))));
+    expect(batches).toEqual([1]); // the others wait for the batch in flight
+    await first;
+    await Promise.all(rest);
+    expect(batches).toEqual([1, 4, 4, 1]);
+    expect((await stepRows(runId)).map((s) => s.seq)).toEqual([0, 1, 2, 3, 4, 5, 6, 7, 8, 9]);
+
+    // Idle again: the next item is sent at once, alone.
+    await commits.submit(checkpointItem(step(runId, token, 10)));
+    expect(batches).toEqual([1, 4, 4, 1, 1]);
+  });
+
+  it('one failing item (stale token) rejects with RL001; the others in the same batch resolve and are committed', async () => {
+    const { pool, batches } = countingPool();
+    const commits = new GroupCommit(pool);
+    const a = await claimedRun('gc-ok-a');
+    const b = await claimedRun('gc-ok-b');
+    const done = await claimedRun('gc-done');
+    const last = await claimedRun('gc-last');
+    // A run given back and claimed again: its first token is stale.
+    const taken = await claimedRun('gc-taken');
+    await db.pool.query(`select runledger._release_run($1, $2, 0, 'test')`, [taken.runId, taken.token]);
+    const retaken = await db.pool.query(`select fencing_token::text as token from runledger._claim_run($1, 'wk-other', 60000)`, [taken.runId]);
+    expect(retaken.rows[0].token).toBe(String(Number(taken.token) + 1));
+
+    // The first submission goes alone; everything below waits for it and shares one batch.
+    const opener = commits.submit(checkpointItem(step(a.runId, a.token, 0)));
+    const submitted = [
+      commits.submit(checkpointItem(step(a.runId, a.token, 1))),
+      commits.submit(checkpointItem(step(taken.runId, taken.token, 0))), // stale token
+      commits.submit(checkpointItem(step(b.runId, b.token, 0))),
+      commits.submit(completeItem({ runId: done.runId, token: done.token, outputText: '{"total":1}', policyVersion: 'p/1', charge: 0 })),
+      commits.submit(
+        completeItem({
+          runId: last.runId, token: last.token, outputText: '"finished"', policyVersion: 'p/1', charge: 0,
+          step: step(last.runId, last.token, 0, { name: 'final', outputText: '[1,2]' }),
+        }),
+      ),
+    ];
+    await opener;
+    const settled = await Promise.allSettled(submitted);
+    expect(batches).toEqual([1, 5]);
+
+    const failed = settled[1]!;
+    expect(failed.status).toBe('rejected');
+    const error = (failed as PromiseRejectedResult).reason;
+    expect(error).toBeInstanceOf(BatchItemError);
+    expect(error).toMatchObject({ name: 'BatchItemError', code: 'RL001' });
+    expect((error as Error).message).toMatch(/lease lost/);
+
+    expect(settled.map((s) => s.status)).toEqual(['fulfilled', 'rejected', 'fulfilled', 'fulfilled', 'fulfilled']);
+    expect((settled[0] as PromiseFulfilledResult<unknown>).value).toEqual({ runStatus: 'RUNNING' });
+    expect((settled[2] as PromiseFulfilledResult<unknown>).value).toEqual({ runStatus: 'RUNNING' });
+    // A completion has no run status to report.
+    expect((settled[3] as PromiseFulfilledResult<unknown>).value).toEqual({ runStatus: undefined });
+    expect((settled[4] as PromiseFulfilledResult<unknown>).value).toEqual({ runStatus: undefined });
+
+    // The others committed.
+    expect((await stepRows(a.runId)).map((s) => [s.seq, s.token])).toEqual([[0, a.token], [1, a.token]]);
+    expect((await stepRows(b.runId)).map((s) => [s.seq, s.token])).toEqual([[0, b.token]]);
+    expect(await runRow(done.runId)).toMatchObject({ status: 'SUCCEEDED', output: { total: 1 }, termination_reason: 'COMPLETED' });
+    expect(await runRow(last.runId)).toMatchObject({
+      status: 'SUCCEEDED', output: 'finished', termination_reason: 'COMPLETED', termination_evidence: { steps: 1, budget_spent: 0 },
+    });
+    expect(await stepRows(last.runId)).toEqual([{ seq: 0, name: 'final', status: 'SUCCEEDED', output: [1, 2], token: last.token }]);
+    // The stale one wrote nothing; the run stays with its new owner.
+    expect(await stepRows(taken.runId)).toEqual([]);
+    expect(await runRow(taken.runId)).toMatchObject({ status: 'RUNNING', lease_owner: 'wk-other' });
+  });
+
+  it('a batch that fails as a whole rejects every item with its error, and the next batch goes on', async () => {
+    const { pool, batches } = countingPool();
+    const commits = new GroupCommit(pool);
+    const { runId, token } = await claimedRun('gc-lost');
+    const query = pool.query.bind(pool) as (...args: unknown[]) => Promise<unknown>;
+    const lost = new Error('Connection terminated unexpectedly');
+    let failNext = true;
+    (pool as unknown as { query: (...args: unknown[]) => Promise<unknown> }).query = (...args: unknown[]) => {
+      if (failNext) {
+        failNext = false;
+        batches.push(-1);
+        return Promise.reject(lost);
+      }
+      return query(...args);
+    };
+
+    const settled = await Promise.allSettled([0, 1].map((seq) => commits.submit(checkpointItem(step(runId, token, seq)))));
+    // The first (alone) failed; the second went in the next batch.
+    expect(settled[0]).toEqual({ status: 'rejected', reason: lost });
+    expect(settled[1]).toEqual({ status: 'fulfilled', value: { runStatus: 'RUNNING' } });
+    expect(batches).toEqual([-1, 1]);
+    expect((await stepRows(runId)).map((s) => s.seq)).toEqual([1]);
+  });
+});
