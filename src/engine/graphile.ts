@@ -3,16 +3,11 @@ import { isConnectionError } from './pg-errors.js';
 import { Logger, run, type Runner, type Task } from 'graphile-worker';
 
 /**
- * The only file that talks to graphile-worker. Its schema is foreign: we call its
- * public `add_job` (from SQL, in runledger._dispatch) and its runner, never its
- * private tables.
+ * The only file that talks to graphile-worker, which fires cron ticks (runs are
+ * claimed from runledger.runs, see dispatcher.ts). Its schema is foreign: we use its
+ * migrator and runner, never its private tables.
  */
 export const GRAPHILE_SCHEMA = 'graphile_worker';
-
-/** The task that dispatches runs of one workflow version in one queue (same as SQL runledger._task_identifier). */
-export function taskIdentifier(queue: string, workflow: string, version: string): string {
-  return `runledger:${queue}:${workflow}@${version}`;
-}
 
 export function graphileLogger(onError: (message: string) => void = () => {}): Logger {
   return new Logger(() => (level, message) => {
@@ -20,7 +15,7 @@ export function graphileLogger(onError: (message: string) => void = () => {}): L
   });
 }
 
-export interface DispatchRunnerOptions {
+export interface CronRunnerOptions {
   pool: pg.Pool;
   concurrency: number;
   pollIntervalMs: number;
@@ -74,7 +69,7 @@ export function retryIdempotentStatements(pool: pg.Pool): void {
   });
 }
 
-export interface DispatchRunner {
+export interface CronRunner {
   stop(): Promise<void>;
 }
 
@@ -83,10 +78,11 @@ const RESTART_DELAY_MS_MAX = 5_000;
 /**
  * Runs graphile-worker for our tasks and keeps it running: graphile-worker shuts its
  * pool down when it cannot record a job's completion (a connection terminated at the
- * wrong moment), so a runner that ends without our asking is started again. Jobs it
- * held are recovered by the sweeps (stuck dispatch, lease expiry).
+ * wrong moment), so a runner that ends without our asking is started again. A cron
+ * job it held is retried by graphile-worker; the run a tick starts has an idempotency
+ * key, so a tick fired twice starts one run.
  */
-export async function startDispatchRunner(options: DispatchRunnerOptions): Promise<DispatchRunner> {
+export async function startCronRunner(options: CronRunnerOptions): Promise<CronRunner> {
   const taskList: Record<string, Task> = {};
   for (const [identifier, handler] of options.tasks) {
     taskList[identifier] = async (payload) => handler((payload ?? {}) as Record<string, unknown>);
@@ -117,10 +113,10 @@ export async function startDispatchRunner(options: DispatchRunnerOptions): Promi
   let restartDelay = 100;
   const supervise = (runner: Runner): void => {
     void runner.promise
-      .catch((error: unknown) => options.onError(`dispatch runner stopped: ${(error as Error)?.message ?? String(error)}`))
+      .catch((error: unknown) => options.onError(`cron runner stopped: ${(error as Error)?.message ?? String(error)}`))
       .then(async () => {
         while (!stopping) {
-          options.onError('dispatch runner ended unexpectedly; starting it again');
+          options.onError('cron runner ended unexpectedly; starting it again');
           await new Promise((resolve) => setTimeout(resolve, restartDelay));
           restartDelay = Math.min(RESTART_DELAY_MS_MAX, restartDelay * 2);
           if (stopping) return;
@@ -130,7 +126,7 @@ export async function startDispatchRunner(options: DispatchRunnerOptions): Promi
             supervise(current);
             return;
           } catch (error) {
-            options.onError(`dispatch runner failed to start: ${(error as Error).message}`);
+            options.onError(`cron runner failed to start: ${(error as Error).message}`);
           }
         }
       });

@@ -9,7 +9,7 @@ import { Dispatcher } from './dispatcher.js';
 import { GroupCommit } from './group-commit.js';
 import { cronTaskIdentifier, crontabFor, fireSchedule, type Schedule, type StartScheduled } from './schedules.js';
 import type { Execution, ExecutionDeps } from './execution.js';
-import { retryIdempotentStatements, startDispatchRunner, type DispatchRunner } from './graphile.js';
+import { retryIdempotentStatements, startCronRunner, type CronRunner } from './graphile.js';
 import { QUEUE_PATTERN, workflowKey, type Workflow } from './workflow.js';
 
 export const LEASE_MS_DEFAULT = 30_000;
@@ -98,7 +98,7 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
   };
   // graphile-worker fires cron ticks (once across workers); it gets its own small pool.
   let cronPool: pg.Pool | undefined;
-  let cronRunner: DispatchRunner | undefined;
+  let cronRunner: CronRunner | undefined;
   if (host.schedules.length > 0) {
     cronPool = new pg.Pool({ ...host.poolConfig, max: 3 });
     guardPool(cronPool, 'cron pool', deps.log);
@@ -107,7 +107,7 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
     for (const schedule of host.schedules) {
       tasks.set(cronTaskIdentifier(schedule.name), (payload) => fireSchedule(schedule, payload, host.startScheduled));
     }
-    cronRunner = await startDispatchRunner({
+    cronRunner = await startCronRunner({
       pool: cronPool,
       concurrency: 1,
       pollIntervalMs: options.pollIntervalMs ?? POLL_INTERVAL_MS_DEFAULT,

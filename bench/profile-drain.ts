@@ -1,0 +1,104 @@
+/**
+ * Where a drain's time goes, for working on the hot path (not part of `npm start`).
+ *
+ *   DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres N=20000 npx tsx profile-drain.ts
+ *
+ * Enqueues N one-step runs into a fresh database `rl_profile` on that server, drains
+ * them with one worker at concurrency 16, and prints enqueue and drain rates, the
+ * worker's CPU per run and, when the server runs on this machine and POSTMASTER_PID
+ * names its postmaster, the server's CPU per run (all its processes, from /proc).
+ * TRACK_FUNCTIONS=1 also prints pg_stat_user_functions (calls and time per function;
+ * it slows the server a little). Run it with `perf record -p <backend pids>` beside it
+ * for a profile of the server.
+ */
+import { readFileSync, readdirSync } from 'node:fs';
+import pg from 'pg';
+import { createEngine } from 'runledger';
+
+const url = process.env.DATABASE_URL;
+if (!url) throw new Error('DATABASE_URL is required (a server you may create databases on)');
+const runs = Number(process.env.N ?? 10_000);
+const postmaster = process.env.POSTMASTER_PID ? Number(process.env.POSTMASTER_PID) : undefined;
+const database = 'rl_profile';
+
+/** CPU ticks (1/100 s) of the postmaster and its children. */
+function serverTicks(): number {
+  if (postmaster === undefined) return 0;
+  const pids = [postmaster];
+  for (const entry of readdirSync('/proc')) {
+    if (!/^\d+$/.test(entry)) continue;
+    try {
+      const stat = readFileSync(`/proc/${entry}/stat`, 'utf8');
+      if (Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]) === postmaster) pids.push(Number(entry));
+    } catch {
+      // the process ended meanwhile
+    }
+  }
+  let ticks = 0;
+  for (const pid of pids) {
+    try {
+      const fields = readFileSync(`/proc/${pid}/stat`, 'utf8').slice(0).split(') ')[1]!.split(' ');
+      ticks += Number(fields[11]) + Number(fields[12]); // utime, stime
+    } catch {
+      // the process ended meanwhile
+    }
+  }
+  return ticks;
+}
+
+const admin = new pg.Client({ connectionString: url });
+await admin.connect();
+await admin.query(`drop database if exists ${database} with (force)`);
+await admin.query(`create database ${database}`);
+if (process.env.TRACK_FUNCTIONS === '1') await admin.query(`alter database ${database} set track_functions = 'pl'`);
+await admin.end();
+const dbUrl = new URL(url);
+dbUrl.pathname = `/${database}`;
+
+const engine = createEngine({ connectionString: dbUrl.toString(), poolMax: 20, log: () => {} });
+await engine.migrate();
+const workflow = engine.workflow({ name: 'profile' }, async (ctx, input: { n: number }) => {
+  await ctx.step('only', async () => input.n);
+  return null;
+});
+
+const enqueueStart = performance.now();
+let next = 0;
+await Promise.all(
+  Array.from({ length: 16 }, async () => {
+    while (next < runs) {
+      next++;
+      await engine.start(workflow, { n: next });
+    }
+  }),
+);
+const enqueueSeconds = (performance.now() - enqueueStart) / 1000;
+
+const probe = new pg.Pool({ connectionString: dbUrl.toString(), max: 1 });
+const cpuBefore = process.cpuUsage();
+const ticksBefore = serverTicks();
+const drainStart = performance.now();
+const worker = await engine.runWorker({ concurrency: 16 });
+for (;;) {
+  const left = await probe.query(`select count(*)::int as n from runledger.runs where status <> 'SUCCEEDED'`);
+  if (left.rows[0].n === 0) break;
+  await new Promise((resolve) => setTimeout(resolve, 50));
+}
+const drainSeconds = (performance.now() - drainStart) / 1000;
+const cpu = process.cpuUsage(cpuBefore);
+const serverMs = (serverTicks() - ticksBefore) * 10;
+
+console.log(`enqueue: ${(runs / enqueueSeconds).toFixed(0)} runs/s`);
+console.log(`drain:   ${(runs / drainSeconds).toFixed(0)} runs/s (${((drainSeconds * 1000) / runs).toFixed(3)} ms of wall time per run)`);
+console.log(`worker CPU: ${((cpu.user + cpu.system) / 1000 / runs).toFixed(3)} ms per run`);
+if (postmaster !== undefined) console.log(`server CPU: ${(serverMs / runs).toFixed(3)} ms per run`);
+if (process.env.TRACK_FUNCTIONS === '1') {
+  const functions = await probe.query(
+    `select funcname, calls, round(total_time::numeric, 1) as total_ms, round(self_time::numeric, 1) as self_ms
+       from pg_stat_user_functions order by total_time desc limit 15`,
+  );
+  console.table(functions.rows);
+}
+await worker.stop();
+await probe.end();
+await engine.close();
