@@ -73,7 +73,9 @@ describe('fairness', () => {
       return r.rows[0].n === 0;
     }, 120_000);
     const order = await db.pool.query(
-      `select concurrency_key, row_number() over (order by finished_at, run_id) as position from runledger.runs where queue_name = 'fair'`,
+      // rank(): runs completed in one group commit share their finished_at, and none of them
+      // finished before another; a tie-break (by run_id, say) would put B behind A in every batch.
+      `select concurrency_key, rank() over (order by finished_at) as position from runledger.runs where queue_name = 'fair'`,
     );
     const lastB = Math.max(...order.rows.filter((r) => r.concurrency_key === 'tenant-b').map((r) => Number(r.position)));
     // B's 20 runs alternate with A's: all done within the first ~50 completions of 2,020.

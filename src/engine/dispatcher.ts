@@ -49,7 +49,9 @@ export interface DispatcherOptions {
  * Takes runnable runs from runledger.runs for a worker: one round trip claims as many
  * as there are free slots (runledger._claim_batch, SKIP LOCKED). It looks when told
  * that work may be there (a NOTIFY, a due time, a freed slot after a full batch, the
- * poll) and never has more than one claim in flight.
+ * poll) and never has more than one claim in flight. While the worker's group commit
+ * is busy, the claim rides on its next batch instead (piggyback): the slots that
+ * batch's completions free are refilled in the same transaction.
  */
 export class Dispatcher {
   private claiming: Promise<void> | undefined;
