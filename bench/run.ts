@@ -4,7 +4,7 @@
  * database per workload and repetition, each measurement in a child process.
  *   cd bench && npm ci && npm start          # full run
  *   BENCH_QUICK=1 npm start                  # smoke run (small sizes, 1 repetition)
- * Results: bench/results/<YYYY-MM-DD>.md and .json (-quick suffix in quick mode).
+ * Results: bench/results/<YYYY-MM-DD>.md and .json (-<BENCH_NAME> and -quick suffixes when set).
  * Never run by `npm test`.
  */
 import { existsSync } from 'node:fs';
@@ -114,7 +114,7 @@ try {
   const loads = Object.values(results).flatMap((bySystem) => Object.values(bySystem).flat().map((m) => m.load1Before)).filter((v): v is number => typeof v === 'number');
   const loadLine = loads.length ? `1-minute load average just before each measurement: median ${median(loads)!.toFixed(2)}, max ${Math.max(...loads).toFixed(2)} on ${machine.nproc} cores (anything well above 1 means something else was running).` : '';
   const date = started.toISOString().slice(0, 10);
-  const name = config.quick ? `${date}-quick` : date;
+  const name = [date, config.name, config.quick ? 'quick' : undefined].filter(Boolean).join('-');
   const capNote = `\\* the drain hit the ${config.drainCapSeconds} s cap (BENCH_DRAIN_CAP_S): the rate is completed jobs over the capped time.`;
   const markdown = [
     `# runledger benchmark, ${date}${config.quick ? ' (quick mode: small sizes, not for quoting)' : ''}`,

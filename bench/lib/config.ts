@@ -56,6 +56,8 @@ export const config = {
   systems: list('BENCH_SYSTEMS'),
   workloads: list('BENCH_WORKLOADS'),
   databaseUrl: process.env.DATABASE_URL || undefined,
+  /** Names the report results/<date>-<BENCH_NAME>.md, so a run on another server does not overwrite the day's report. */
+  name: process.env.BENCH_NAME || undefined,
 };
 
 export type BenchConfig = typeof config;
