@@ -67,6 +67,7 @@ declare
   v_ids   text[] := '{}';
   v_queue text;
   v_seen  text[] := '{}';
+  v_limited boolean;
   v_next  timestamptz;
 begin
   if p_limit is null or p_limit < 1 then
@@ -101,7 +102,8 @@ begin
          and (r.workflow_name || '@' || r.workflow_version) = any(p_workflows)
        limit p_limit - cardinality(v_ids)
        for update skip locked);
-    if runledger._queue_limited(v_queue) then
+    v_limited := runledger._queue_limited(v_queue);
+    if v_limited then
       -- In a queue with limits a due timer wakes the run into admission instead.
       perform runledger._wake(t.run_id, t.wait_kind, t.wait_key)
          from (select r.run_id, r.wait_kind, r.wait_key from runledger.runs r
@@ -110,6 +112,19 @@ begin
                 order by r.wake_at
                 limit p_limit
                 for update skip locked) t;
+      -- Admitted runs in the order admission chose (priority, fair turns across keys,
+      -- age), so a claim with fewer free slots than admitted runs keeps that order. At
+      -- most the queue's concurrency is admitted and unclaimed: the sort is small.
+      v_ids := v_ids || array(
+        select r.run_id from runledger.runs r
+         where r.queue_name = v_queue and r.status = 'PENDING' and r.admitted
+           and (r.not_before is null or r.not_before <= v_now)
+           and (r.deadline_at is null or r.deadline_at > v_now)
+           and (r.workflow_name || '@' || r.workflow_version) = any(p_workflows)
+         order by r.admitted_at nulls first, r.priority, r.created_at
+         limit p_limit - cardinality(v_ids)
+         for update skip locked);
+      continue;
     else
       -- Runs already under way (a sleep ended, a wait timed out, a retry backoff passed) go first.
       v_ids := v_ids || array(

@@ -569,4 +569,88 @@ $$;
 comment on function runledger._commit_and_claim(jsonb, text, text[], text[], int, int) is
   'Group commit (_commit_batch) and then a claim (_claim_batch) in one transaction. Rows with item set answer the items; rows with item null carry the claim''s rows as JSON in claimed, or, when the claim failed, its SQLSTATE and message (the items are committed regardless).';
 
+-- Admission as in 0008, but each run admitted in a round gets its own admitted_at, in
+-- the round's order (priority, fair turns, age): _claim_batch takes a limited queue's
+-- admitted runs in that order. With one timestamp for the round, a claim with fewer
+-- free slots than the round took the oldest first, and a tenant with a long backlog
+-- got ahead of the others again.
+create or replace function runledger._admit(p_queue text, p_max int default 1000) returns int
+language plpgsql volatile as $$
+declare
+  v_q      runledger.queues;
+  v_now    timestamptz := runledger.now();
+  v_active int;
+  v_free   int := p_max;
+  v_recent int;
+  v_run    record;
+  v_count  int := 0;
+begin
+  -- One admitter per queue at a time: the count below and the admissions after it are
+  -- then consistent, whatever number of workers and starts run concurrently.
+  select * into v_q from runledger.queues where name = p_queue for update;
+  if not found or v_q.paused then
+    return 0;
+  end if;
+  if v_q.concurrency is not null then
+    select count(*) into v_active from runledger.runs r
+     where r.queue_name = p_queue and (r.status in ('RUNNING', 'CANCELLING') or (r.status = 'PENDING' and r.admitted));
+    v_free := least(v_free, v_q.concurrency - v_active);
+  end if;
+  if v_q.rate_limit_max is not null then
+    delete from runledger.admissions a
+     where a.queue_name = p_queue and a.admitted_at <= v_now - make_interval(secs => v_q.rate_limit_period_ms / 1000.0);
+    select count(*) into v_recent from runledger.admissions a where a.queue_name = p_queue;
+    v_free := least(v_free, v_q.rate_limit_max - v_recent);
+  end if;
+  if v_free <= 0 then
+    return 0;
+  end if;
+
+  for v_run in
+    with recursive keys(k) as (
+      -- The distinct concurrency keys with runs waiting, by skip scan over runs_admission_key:
+      -- a few index probes per tenant, whatever the backlog (null key counts as '').
+      select min(coalesce(r.concurrency_key, '')) from runledger.runs r
+       where r.queue_name = p_queue and r.status = 'PENDING' and not r.admitted
+      union all
+      select (select min(coalesce(r.concurrency_key, '')) from runledger.runs r
+               where r.queue_name = p_queue and r.status = 'PENDING' and not r.admitted
+                 and coalesce(r.concurrency_key, '') > keys.k)
+        from keys where keys.k is not null),
+    active as (
+      select coalesce(r.concurrency_key, '') as k, count(*) as n from runledger.runs r
+       where r.queue_name = p_queue and (r.status in ('RUNNING', 'CANCELLING') or (r.status = 'PENDING' and r.admitted))
+       group by 1),
+    candidates as (
+      -- Each key's turn: its place among its own pending runs, after the ones it already
+      -- has running. Ordering by turn interleaves keys: a tenant with a burst of 50,000
+      -- runs cannot starve one with 10.
+      select c.*, row_number() over (partition by keys.k order by c.priority, c.created_at, c.run_id) + coalesce(a.n, 0) as turn
+        from keys
+        cross join lateral (
+          select r.run_id, r.priority, r.created_at, r.workflow_name, r.workflow_version from runledger.runs r
+           where r.queue_name = p_queue and r.status = 'PENDING' and not r.admitted
+             and coalesce(r.concurrency_key, '') = keys.k and (r.not_before is null or r.not_before <= v_now)
+           order by r.priority, r.created_at, r.run_id
+           limit v_free) c
+        left join active a on a.k = keys.k
+       where keys.k is not null)
+    select c.* from candidates c
+     where v_q.per_key_concurrency is null or c.turn <= v_q.per_key_concurrency
+     order by c.priority, c.turn, c.created_at, c.run_id
+     limit v_free
+  loop
+    -- One microsecond apart, in the order chosen here: workers claim admitted runs by
+    -- admitted_at, so a claim smaller than this round keeps its fairness.
+    update runledger.runs set admitted = true, admitted_at = v_now + v_count * interval '1 microsecond' where run_id = v_run.run_id;
+    perform runledger._dispatch(v_run.run_id, runledger._task_identifier(p_queue, v_run.workflow_name, v_run.workflow_version));
+    if v_q.rate_limit_max is not null then
+      insert into runledger.admissions (queue_name, admitted_at) values (p_queue, v_now);
+    end if;
+    v_count := v_count + 1;
+  end loop;
+  return v_count;
+end;
+$$;
+
 insert into runledger.migrations (version, name) values (11, '0011_hot_path');

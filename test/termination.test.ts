@@ -85,7 +85,11 @@ describe('deadline', () => {
     const handle = await engine.start(wf, undefined, { deadline: 400 });
     await expect(handle.result({ timeoutMs: 20_000 })).rejects.toMatchObject({ details: { status: 'TERMINATED', terminationReason: 'DEADLINE' } });
     const run = await runRow(handle.runId);
-    const late = await db.pool.query('select count(*)::int as n from runledger.steps where run_id = $1 and finished_at > $2', [handle.runId, run.deadline_at]);
+    // Compared in SQL: deadline_at has microseconds, a JavaScript Date only milliseconds.
+    const late = await db.pool.query(
+      'select count(*)::int as n from runledger.steps s join runledger.runs r using (run_id) where s.run_id = $1 and s.finished_at > r.deadline_at',
+      [handle.runId],
+    );
     expect(late.rows[0].n).toBe(0);
     expect(run.terminated_at.getTime()).toBeGreaterThanOrEqual(run.deadline_at.getTime());
   });
