@@ -121,6 +121,48 @@ describe('SIGKILL mid-run', () => {
   });
 });
 
+describe('SIGKILL in a group commit', () => {
+  it('after a batch of several runs committed, before the worker heard: nothing committed there runs again, nothing is lost', async () => {
+    // One-step runs first: the first batches complete some of them.
+    const noopIds: string[] = [];
+    for (let n = 0; n < 24; n++) noopIds.push((await engine.start(fixtures.noop, { n })).runId);
+    const orderIds = await startOrders(24);
+    const runIds = [...orderIds, ...noopIds];
+    const doomed = await worker({ RUNLEDGER_FAILPOINTS: 'after-group-commit:batch', CONCURRENCY: '8' });
+    expect((await doomed.exited).signal).toBe('SIGKILL');
+    // The batch it died after did commit: several writes of the first claim (token 1) are there.
+    const before = await db.pool.query(
+      `select (select count(*)::int from runledger.steps where run_id = any($1) and fencing_token = 1) as checkpoints,
+              (select count(*)::int from runledger.runs where run_id = any($1) and status = 'SUCCEEDED') as succeeded`,
+      [runIds],
+    );
+    expect(before.rows[0].checkpoints + before.rows[0].succeeded).toBeGreaterThanOrEqual(2);
+
+    await worker();
+    await waitFor('all runs finished', () => allFinished(runIds));
+    const statuses = await db.pool.query(`select status, count(*)::int as n from runledger.runs where run_id = any($1) group by 1`, [runIds]);
+    expect(statuses.rows).toEqual([{ status: 'SUCCEEDED', n: 48 }]);
+    const facts = await stepFacts(runIds);
+    expect(facts).toHaveLength(24 * 4 + 24);
+    // Every checkpoint the first worker committed, the last batch's included, ran exactly once.
+    const first = facts.filter((f) => f.token === 1);
+    expect(first.length).toBeGreaterThanOrEqual(before.rows[0].checkpoints);
+    for (const fact of first) expect(fact, `${fact.run_id}/${fact.name}`).toMatchObject({ executions: 1 });
+    // The runs the first worker completed (its last batch's included) were not run again.
+    const doomedId = /ready (\S+)/.exec(doomed.output())?.[1];
+    expect(doomedId).toBeTruthy();
+    const completedFirst = await db.pool.query(
+      `select e.run_id from runledger.events e
+        where e.run_id = any($1) and e.kind = 'completed' and e.fencing_token = 1
+          and exists (select 1 from runledger.events c where c.run_id = e.run_id and c.kind = 'claimed' and c.detail->>'worker' = $2)`,
+      [noopIds, doomedId],
+    );
+    expect(completedFirst.rows.length).toBeGreaterThanOrEqual(1);
+    for (const row of completedFirst.rows) expect(facts.find((f) => f.run_id === row.run_id)?.executions).toBe(1);
+    await assertOrdersExactlyOnce(orderIds);
+  });
+});
+
 describe('SIGKILL before completion', () => {
   it("the last step's checkpoint commits with the completion: a kill between them re-runs only that step", async () => {
     const noopIds: string[] = [];

@@ -3,7 +3,14 @@
  * makes the process SIGKILL itself when it reaches that point for that step name.
  * Read once at start; with the variable unset every call is a cheap no-op.
  */
-export type FailpointName = 'before-checkpoint' | 'after-commit' | 'in-step' | 'before-complete' | 'after-compensation';
+export type FailpointName =
+  | 'before-checkpoint'
+  | 'after-commit'
+  | 'in-step'
+  | 'before-complete'
+  | 'after-compensation'
+  /** A group commit batch committed, before its items hear so; matched by 'batch' (several items) or 'single'. */
+  | 'after-group-commit';
 
 const armed: ReadonlyArray<{ point: string; match: string }> = (process.env.RUNLEDGER_FAILPOINTS ?? '')
   .split(',')

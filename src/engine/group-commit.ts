@@ -1,5 +1,6 @@
 import type pg from 'pg';
 import type { ClaimRow, PiggybackClaim } from './dispatcher.js';
+import { failpoint } from './failpoints.js';
 
 /** One item of runledger._commit_batch, as JSON text (outputs are spliced in as the JSON they already are). */
 export type CommitItem = string;
@@ -111,6 +112,7 @@ export class GroupCommit {
           })
         : await this.pool.query<BatchRow>({ name: 'runledger_commit_batch', text: BATCH_SQL, values: [items] });
       rows = result.rows;
+      failpoint('after-group-commit', batch.length > 1 ? 'batch' : 'single');
     } catch (error) {
       claim?.settle(error as Error);
       for (const waiting of batch) waiting.reject(error);
