@@ -73,6 +73,9 @@ begin
   if p_limit is null or p_limit < 1 then
     raise exception using errcode = 'RL003', message = format('_claim_batch: limit must be >= 1, not %s', p_limit);
   end if;
+  if p_queues is null or p_workflows is null then
+    raise exception using errcode = 'RL003', message = '_claim_batch: queues and workflows must be arrays (empty claims nothing)';
+  end if;
   if p_reclaim_except is not null then
     -- A claim whose reply was lost may have committed: take back this worker's runs
     -- that it is not executing (new token), before anything else.

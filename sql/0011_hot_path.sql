@@ -451,6 +451,9 @@ declare
   v_run runledger.runs;
   v_fast int[] := '{}';
 begin
+  if jsonb_typeof(p_items) is distinct from 'array' then
+    raise exception using errcode = 'RL003', message = format('_commit_batch: items must be a JSON array, not %s', coalesce(jsonb_typeof(p_items), 'null'));
+  end if;
   if jsonb_array_length(p_items) > 1 then
     begin
       v_fast := runledger._commit_fast(p_items);

@@ -88,6 +88,9 @@ describe('unknown workflows and bad names', () => {
     await expect(engine.runWorker({ leaseMs: 10 })).rejects.toThrow(/leaseMs/);
     await expect(engine.runWorker({ concurrency: 0 })).rejects.toThrow(/concurrency/);
     await expect(engine.runWorker({ queues: ['bad queue'] })).rejects.toThrow(/queue/);
+    await expect(engine.runWorker({ fetchBatchSize: 0 })).rejects.toMatchObject({ code: 'CONFIG', message: expect.stringMatching(/fetchBatchSize/) });
+    await expect(engine.runWorker({ pollIntervalMs: 0 })).rejects.toMatchObject({ code: 'CONFIG', message: expect.stringMatching(/pollIntervalMs/) });
+    await expect(engine.runWorker({ sweepIntervalMs: 2.5 })).rejects.toMatchObject({ code: 'CONFIG', message: expect.stringMatching(/sweepIntervalMs/) });
     await expect(createEngine({ connectionString: db.url }).runWorker()).rejects.toThrow(/no workflow is defined/);
   });
 

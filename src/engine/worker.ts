@@ -17,6 +17,8 @@ export const LEASE_MS_MIN = 500;
 export const CONCURRENCY_DEFAULT = 16;
 export const SHUTDOWN_TIMEOUT_MS_DEFAULT = 10_000;
 export const POLL_INTERVAL_MS_DEFAULT = 2_000;
+/** Shortest poll or sweep interval accepted. */
+export const INTERVAL_MS_MIN = 10;
 /** A due timer this late is woken by the sweeper instead of its dispatch job. */
 export const WAKE_GRACE_MS = 2_000;
 
@@ -65,6 +67,13 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
   if (!Number.isInteger(leaseMs) || leaseMs < LEASE_MS_MIN) throw new ConfigError(`runWorker: leaseMs must be a whole number >= ${LEASE_MS_MIN}`);
   const fetchBatchSize = options.fetchBatchSize ?? concurrency;
   if (!Number.isInteger(fetchBatchSize) || fetchBatchSize < 1) throw new ConfigError('runWorker: fetchBatchSize must be a whole number >= 1');
+  // A poll or sweep of 0 ms would run a query in a loop.
+  for (const name of ['pollIntervalMs', 'sweepIntervalMs'] as const) {
+    const value = options[name];
+    if (value !== undefined && (!Number.isInteger(value) || value < INTERVAL_MS_MIN)) {
+      throw new ConfigError(`runWorker: ${name} must be a whole number >= ${INTERVAL_MS_MIN}`);
+    }
+  }
   const queues = options.queues ?? [...new Set(host.workflows.map((w) => w.queue))];
   for (const queue of queues) {
     if (!QUEUE_PATTERN.test(queue)) throw new ConfigError(`runWorker: queue ${JSON.stringify(queue)} is invalid`);

@@ -1164,6 +1164,29 @@ describe('runledger._claim_batch', () => {
     expect(await getRun(runId)).toMatchObject({ status: 'PENDING', lease_owner: null, fencing_token: 0 });
     expect((await events(runId)).map((e) => e.kind)).toEqual(['created']);
   });
+
+  it('raises RL003 for null queues or workflows and claims nothing', async () => {
+    const queue = newRunId('cb-null');
+    const runId = await startRun({ queue });
+    const raw = (queues: string[] | null, workflows: string[] | null) =>
+      db.pool.query(`select * from runledger._claim_batch('wk-null', $1, $2, 5, 30000)`, [queues, workflows]);
+    expect(await sqlState(raw(null, ['w@1']))).toBe('RL003');
+    expect(await sqlState(raw([queue], null))).toBe('RL003');
+    expect(await getRun(runId)).toMatchObject({ status: 'PENDING', lease_owner: null, fencing_token: 0 });
+  });
+});
+
+describe('runledger._commit_batch input', () => {
+  it('raises RL003 for items that are not a JSON array, and writes nothing', async () => {
+    const runId = await startRun();
+    const token = (await claimOne(runId)).fencing_token;
+    const item = { op: 'checkpoint', run_id: runId, token, seq: 0, name: 's0', kind: 'step', status: 'SUCCEEDED', attempts: 1, started_at: new Date().toISOString(), charge: 0 };
+    for (const items of [item, 'text', null]) {
+      const state = await sqlState(db.pool.query('select * from runledger._commit_batch($1::jsonb)', [items === null ? null : JSON.stringify(items)]));
+      expect(state, JSON.stringify(items)).toBe('RL003');
+    }
+    expect(await steps(runId)).toEqual([]);
+  });
 });
 
 // ---------------------------------------------------------------------------------------------
