@@ -1,24 +1,24 @@
-export { createEngine, MAX_PAYLOAD_BYTES_DEFAULT } from './engine/engine.js';
-export type { Engine, EngineOptions, LogFunction, LogLevel } from './engine/engine.js';
-export { defineWorkflow } from './engine/workflow.js';
-export type { Workflow, WorkflowFunction, WorkflowLimits, WorkflowOptions } from './engine/workflow.js';
-export type { RunHandle, StartOptions } from './engine/start.js';
-export type { ListRunsOptions, RunRecord, StepRecord } from './engine/runs.js';
-export type { Worker, WorkerOptions } from './engine/worker.js';
-export { LEASE_MS_DEFAULT, CONCURRENCY_DEFAULT } from './engine/worker.js';
-export { RUN_STATES, TERMINAL_STATES, TERMINATION_REASONS } from './engine/states.js';
-export type { RunStatus, TerminationReason } from './engine/states.js';
-export { loadMigrations } from './engine/migrate.js';
+export { createEngine, MAX_PAYLOAD_BYTES_DEFAULT } from './engine/index.js';
+export type { Engine, EngineOptions, LogFunction, LogLevel } from './engine/index.js';
+export { defineWorkflow } from './engine/core/workflow.js';
+export type { Workflow, WorkflowFunction, WorkflowLimits, WorkflowOptions } from './engine/core/workflow.js';
+export type { RunHandle, StartOptions } from './engine/client/start.js';
+export type { ListRunsOptions, RunRecord, StepRecord } from './engine/client/runs.js';
+export type { Worker, WorkerOptions } from './engine/worker/worker.js';
+export { LEASE_MS_DEFAULT, CONCURRENCY_DEFAULT } from './engine/worker/worker.js';
+export { RUN_STATES, TERMINAL_STATES, TERMINATION_REASONS } from './engine/core/states.js';
+export type { RunStatus, TerminationReason } from './engine/core/states.js';
+export { loadMigrations } from './engine/db/migrate.js';
 export { WorkflowContext } from './steps/context.js';
 export type { StepFunction, StepInfo, StepOptions } from './steps/step.js';
 export type { OperationFunction, OperationOptions, ReconcileAnswer } from './steps/operation.js';
 export type { RetryPolicy } from './steps/retry.js';
 export type { TransactionFunction } from './steps/transaction.js';
 export type { ApprovalDecision, ApprovalRequest, ChildOptions, WaitForSignalOptions } from './steps/waits.js';
-export type { DecisionInput, DecisionRecord } from './engine/operator.js';
-export type { Duration } from './engine/duration.js';
-export type { QueueOptions, QueueRecord } from './engine/queues.js';
-export type { Schedule, ScheduleOptions } from './engine/schedules.js';
+export type { DecisionInput, DecisionRecord } from './engine/client/operator.js';
+export type { Duration } from './engine/core/duration.js';
+export type { QueueOptions, QueueRecord } from './engine/client/queues.js';
+export type { Schedule, ScheduleOptions } from './engine/client/schedules.js';
 export {
   RunledgerError,
   LeaseLostError,
@@ -37,7 +37,7 @@ export {
   NotAllowedError,
   ChildFailedError,
   NonRetryableError,
-} from './errors.js';
-export type { ErrorCode, SerializedError } from './errors.js';
+} from './engine/core/errors.js';
+export type { ErrorCode, SerializedError } from './engine/core/errors.js';
 export { startEmbeddedPostgres } from './dev/embedded-postgres.js';
 export type { EmbeddedPostgres } from './dev/embedded-postgres.js';

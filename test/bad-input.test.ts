@@ -65,7 +65,7 @@ describe('unknown workflows and bad names', () => {
     const error = await db.pool.query(`select runledger.start_run('nope', '{}')`).catch((e: unknown) => e);
     expect(error).toMatchObject({ code: 'RL006' });
     expect((error as Error).message).toMatch(/workflow 'nope' is not registered/);
-    const { fromPgError } = await import('../src/errors.js');
+    const { fromPgError } = await import('../src/engine/core/errors.js');
     expect(fromPgError(error)).toBeInstanceOf(UnknownWorkflowError);
   });
 
@@ -109,7 +109,7 @@ describe('input validated again at claim', () => {
     try {
       await engine.start(wf, { n: 1 }); // registers the workflow
       const started = await db.pool.query(`select runledger.start_run('sql-typed', '{"n": "not a number"}') as id`);
-      const { awaitResult } = await import('../src/engine/start.js');
+      const { awaitResult } = await import('../src/engine/client/start.js');
       const failure = await awaitResult({ getRun: (id: string) => engine.getRun(id) } as never, started.rows[0].id).catch((e: unknown) => e);
       expect(failure).toMatchObject({ code: 'RUN_FAILED' });
       const run = await engine.getRun(started.rows[0].id);

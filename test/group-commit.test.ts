@@ -1,12 +1,13 @@
 /**
- * GroupCommit (src/engine/group-commit.ts) against a real database: items submitted while
+ * GroupCommit (src/engine/worker/group-commit.ts) against a real database: items submitted while
  * a batch is in flight share the next round trip, and an item's own failure rejects only
  * that item. Runs are started and claimed from SQL (start_run, _claim_run); items are
  * built with the exported checkpointItem / completeItem helpers, as the worker does.
  */
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import pg from 'pg';
-import { BatchItemError, GroupCommit, checkpointItem, completeItem, type StepItemValues } from '../src/engine/group-commit.js';
+import { BatchItemError, GroupCommit } from '../src/engine/worker/group-commit.js';
+import { checkpointItem, completeItem, type StepItemValues } from '../src/engine/run/commit-items.js';
 import { createTestDatabase, type TestDatabase } from './helpers/database.js';
 
 let db: TestDatabase;

@@ -7,8 +7,8 @@ import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
 import pg from 'pg';
 import { ulid } from 'ulid';
-import { createEngine, type Engine } from '../src/engine/engine.js';
-import { RunledgerError, SchemaTooNewError } from '../src/errors.js';
+import { createEngine, type Engine } from '../src/engine/index.js';
+import { RunledgerError, SchemaTooNewError } from '../src/engine/core/errors.js';
 import { withDatabase } from './setup/global-setup.js';
 
 const SQL_DIR = fileURLToPath(new URL('../sql/', import.meta.url));

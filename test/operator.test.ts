@@ -33,7 +33,7 @@ describe('runledger.fork_run', () => {
     const forkId = (await db.pool.query(`select runledger.fork_run($1, 2) as id`, [source.runId])).rows[0].id as string;
     const fork = await engine.getRun(forkId);
     expect(fork).toMatchObject({ status: expect.stringMatching(/PENDING|RUNNING|SUCCEEDED/), versionManifest: expect.objectContaining({ forked_from: source.runId, from_step: 2 }) });
-    const { awaitResult } = await import('../src/engine/start.js');
+    const { awaitResult } = await import('../src/engine/client/start.js');
     await expect(awaitResult({ getRun: (id: string) => engine.getRun(id) } as never, forkId)).resolves.toEqual({ charged: 200 });
     expect(await executions(forkId)).toEqual({ charge: 1, ship: 1 }); // load and reserve were reused
     const forkOrders = await db.pool.query('select item from orders where run_id = $1 order by item', [forkId]);

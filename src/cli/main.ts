@@ -7,7 +7,7 @@
  * Exit codes: 0 done, 1 the command failed, 2 it could not be attempted (usage,
  * no database, not available yet).
  */
-import { RUNTIME_VERSION } from '../engine/version.js';
+import { RUNTIME_VERSION } from '../engine/core/version.js';
 import { approvals } from './commands/approvals.js';
 import { approve } from './commands/approve.js';
 import { cancel } from './commands/cancel.js';

@@ -1,9 +1,9 @@
 /** What every command shares: argument parsing, the connection, errors and exit codes. */
 import { parseArgs, type ParseArgsConfig } from 'node:util';
 import pg from 'pg';
-import type { Engine } from '../engine/engine.js';
-import type { LogFunction } from '../engine/pools.js';
-import { fromPgError } from '../errors.js';
+import type { Engine } from '../engine/index.js';
+import type { LogFunction } from '../engine/core/log.js';
+import { fromPgError } from '../engine/core/errors.js';
 
 /** Exit codes: 0 done, 1 the command failed, 2 the command could not be attempted (usage, no database, not available). */
 export const EXIT_FAILED = 1;
@@ -108,7 +108,7 @@ export function cliLog(verbose = false): LogFunction {
  */
 export async function openEngine(values: Parsed['values'], options: { verbose?: boolean; poolMax?: number } = {}): Promise<Engine> {
   const url = databaseUrl(values);
-  const { createEngine } = await import('../engine/engine.js');
+  const { createEngine } = await import('../engine/index.js');
   return createEngine({ connectionString: url, log: cliLog(options.verbose), poolMax: options.poolMax ?? 3 });
 }
 
@@ -125,7 +125,7 @@ export async function withEngine<T>(values: Parsed['values'], fn: (engine: Engin
 /**
  * Runs `fn` with a plain pool and always closes it. For commands that are one SQL
  * function or one view: they call the same TypeScript wrapper the engine uses
- * (src/engine/operator.ts ...), without loading the engine.
+ * (src/engine/client/operator.ts ...), without loading the engine.
  */
 export async function withPool<T>(values: Parsed['values'], fn: (pool: pg.Pool) => Promise<T>): Promise<T> {
   const pool = new pg.Pool({ connectionString: databaseUrl(values), max: 2 });

@@ -1,9 +1,9 @@
 import type { Transaction } from 'kysely';
-import type { Duration } from '../engine/duration.js';
-import type { Execution } from '../engine/execution.js';
-import type { Workflow } from '../engine/workflow.js';
+import type { Duration } from '../engine/core/duration.js';
+import type { Execution } from '../engine/run/execution.js';
+import type { Workflow } from '../engine/core/workflow.js';
 import * as waits from './waits.js';
-import { ConfigError } from '../errors.js';
+import { ConfigError } from '../engine/core/errors.js';
 import { runStep, type StepFunction, type StepOptions } from './step.js';
 import { runOperation, type OperationFunction, type OperationOptions } from './operation.js';
 import { heartbeatCurrent } from './heartbeat.js';

@@ -1,7 +1,7 @@
-import { RunledgerError } from '../errors.js';
-import { observeRunStatus, haltOnDbError } from '../engine/db-halts.js';
-import type { Execution } from '../engine/execution.js';
-import { toJsonText } from '../engine/json.js';
+import { RunledgerError } from '../engine/core/errors.js';
+import { observeRunStatus, haltOnDbError } from '../engine/run/halts.js';
+import type { Execution } from '../engine/run/execution.js';
+import { toJsonText } from '../engine/core/json.js';
 
 /**
  * A long step proves it is alive: renews the run's lease and stores its progress,

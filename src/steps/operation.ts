@@ -1,9 +1,9 @@
-import { flushPending } from '../engine/checkpoint.js';
-import { serializeError } from '../errors.js';
-import { committed } from '../engine/checkpoint.js';
-import { haltOnDbError } from '../engine/db-halts.js';
-import type { CompensationFunction, Execution } from '../engine/execution.js';
-import { failpoint } from '../engine/failpoints.js';
+import { flushPending } from '../engine/run/checkpoint.js';
+import { serializeError } from '../engine/core/errors.js';
+import { committed } from '../engine/run/checkpoint.js';
+import { haltOnDbError } from '../engine/run/halts.js';
+import type { CompensationFunction, Execution } from '../engine/run/execution.js';
+import { failpoint } from '../engine/core/failpoints.js';
 import { heartbeatStep } from './heartbeat.js';
 import { encodeOutput, stepFailure } from './replay.js';
 import { decideRetry, resolveRetryPolicy, type RetryPolicy } from './retry.js';

@@ -1,6 +1,6 @@
-import { PayloadTooLargeError, StepFailedError, type SerializedError } from '../errors.js';
-import type { CheckpointRow, Execution } from '../engine/execution.js';
-import { toJsonText } from '../engine/json.js';
+import { PayloadTooLargeError, StepFailedError, type SerializedError } from '../engine/core/errors.js';
+import type { CheckpointRow, Execution } from '../engine/run/execution.js';
+import { toJsonText } from '../engine/core/json.js';
 
 /** The value a recorded checkpoint stands for: its output, or its failure rethrown. */
 export function replayCheckpoint<T>(recorded: CheckpointRow): T {

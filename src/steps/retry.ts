@@ -1,6 +1,6 @@
-import { ConfigError, serializeError } from '../errors.js';
-import { haltOnDbError } from '../engine/db-halts.js';
-import type { Execution } from '../engine/execution.js';
+import { ConfigError, serializeError } from '../engine/core/errors.js';
+import { haltOnDbError } from '../engine/run/halts.js';
+import type { Execution } from '../engine/run/execution.js';
 
 export interface RetryPolicy {
   /** Attempts in all, the first included; default 1 (no retry). */

@@ -1,7 +1,7 @@
-import { serializeError } from '../errors.js';
-import { flushPending, writeCheckpoint } from '../engine/checkpoint.js';
-import type { Execution } from '../engine/execution.js';
-import { failpoint } from '../engine/failpoints.js';
+import { serializeError } from '../engine/core/errors.js';
+import { flushPending, writeCheckpoint } from '../engine/run/checkpoint.js';
+import type { Execution } from '../engine/run/execution.js';
+import { failpoint } from '../engine/core/failpoints.js';
 import { heartbeatStep } from './heartbeat.js';
 import { encodeOutput, replayCheckpoint, stepFailure } from './replay.js';
 import { decideRetry, resolveRetryPolicy, type RetryPolicy } from './retry.js';

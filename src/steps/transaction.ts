@@ -1,10 +1,10 @@
 import { sql, type Transaction } from 'kysely';
-import { serializeError } from '../errors.js';
-import { backoff, checkpointValues, committed, flushPending, readCheckpointOutcome, writeCheckpoint } from '../engine/checkpoint.js';
-import { haltOnDbError } from '../engine/db-halts.js';
-import type { Execution } from '../engine/execution.js';
-import { failpoint } from '../engine/failpoints.js';
-import { isConnectionError, isRetryableTransactionError, pgCode } from '../engine/pg-errors.js';
+import { serializeError } from '../engine/core/errors.js';
+import { backoff, checkpointValues, committed, flushPending, readCheckpointOutcome, writeCheckpoint } from '../engine/run/checkpoint.js';
+import { haltOnDbError } from '../engine/run/halts.js';
+import type { Execution } from '../engine/run/execution.js';
+import { failpoint } from '../engine/core/failpoints.js';
+import { isConnectionError, isRetryableTransactionError, pgCode } from '../engine/db/pg-errors.js';
 import { encodeOutput, replayCheckpoint, stepFailure } from './replay.js';
 
 /** How many times a transaction step is re-run after a serialization failure, deadlock or lost connection. */

@@ -1,6 +1,6 @@
-import { flushPending } from '../engine/checkpoint.js';
-import type { Execution, StepKind } from '../engine/execution.js';
-import { haltOnDbError } from '../engine/db-halts.js';
+import { flushPending } from '../engine/run/checkpoint.js';
+import type { Execution, StepKind } from '../engine/run/execution.js';
+import { haltOnDbError } from '../engine/run/halts.js';
 
 const WAIT_SQL = 'select done, output from runledger._wait($1, $2, $3, $4, $5, $6::jsonb)';
 

@@ -1,10 +1,10 @@
-import { flushPending } from '../engine/checkpoint.js';
-import { ChildFailedError, ConfigError } from '../errors.js';
-import { toMs, type Duration } from '../engine/duration.js';
-import type { Execution } from '../engine/execution.js';
-import { toJsonText } from '../engine/json.js';
-import { haltOnDbError } from '../engine/db-halts.js';
-import type { Workflow } from '../engine/workflow.js';
+import { flushPending } from '../engine/run/checkpoint.js';
+import { ChildFailedError, ConfigError } from '../engine/core/errors.js';
+import { toMs, type Duration } from '../engine/core/duration.js';
+import type { Execution } from '../engine/run/execution.js';
+import { toJsonText } from '../engine/core/json.js';
+import { haltOnDbError } from '../engine/run/halts.js';
+import type { Workflow } from '../engine/core/workflow.js';
 import { replayCheckpoint } from './replay.js';
 import { runWait } from './wait.js';
 

@@ -1,6 +1,6 @@
 import pg from 'pg';
 import type { TestProject } from 'vitest/node';
-import { createEngine } from '../../src/engine/engine.js';
+import { createEngine } from '../../src/engine/index.js';
 import { startEmbeddedPostgres, type EmbeddedPostgres } from '../../src/dev/embedded-postgres.js';
 
 declare module 'vitest' {

@@ -10,7 +10,7 @@ import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
 import pg from 'pg';
 import { ulid } from 'ulid';
-import { RUN_STATES } from '../../src/engine/states.js';
+import { RUN_STATES } from '../../src/engine/core/states.js';
 import { withDatabase } from '../setup/global-setup.js';
 import { createTestDatabase, type TestDatabase } from '../helpers/database.js';
 
@@ -84,7 +84,7 @@ describe('catalog comments', () => {
 });
 
 describe('runledger.run_status', () => {
-  it('equals RUN_STATES in src/engine/states.ts, in order', async () => {
+  it('equals RUN_STATES in src/engine/core/states.ts, in order', async () => {
     const result = await db.pool.query(`select enum_range(null::runledger.run_status)::text[] as states`);
     expect(result.rows[0].states).toEqual([...RUN_STATES]);
   });

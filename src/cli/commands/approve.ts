@@ -1,5 +1,5 @@
 import { timestamp, print } from '../format.js';
-import { decideApproval } from '../../engine/operator.js';
+import { decideApproval } from '../../engine/client/operator.js';
 import { CliError, EXIT_FAILED, parse, requiredOption, withPool, type Command } from '../shared.js';
 
 /**

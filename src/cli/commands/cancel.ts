@@ -1,6 +1,6 @@
-import { TERMINAL_STATES, type RunStatus } from '../../engine/states.js';
+import { TERMINAL_STATES, type RunStatus } from '../../engine/core/states.js';
 import { print } from '../format.js';
-import { cancelRun } from '../../engine/operator.js';
+import { cancelRun } from '../../engine/client/operator.js';
 import { parse, withPool, type Command } from '../shared.js';
 
 /** Through runledger.cancel_run, which is safe to repeat: a finished run is left as it is. */

@@ -1,5 +1,5 @@
 import { print } from '../format.js';
-import { forkRun } from '../../engine/operator.js';
+import { forkRun } from '../../engine/client/operator.js';
 import { intOption, parse, requiredOption, withPool, type Command } from '../shared.js';
 
 /**

@@ -1,4 +1,4 @@
-import { pgCode } from '../../engine/pg-errors.js';
+import { pgCode } from '../../engine/db/pg-errors.js';
 import { print } from '../format.js';
 import { CliError, parse, requiredOption, withPool, type Command } from '../shared.js';
 

@@ -1,5 +1,5 @@
 import { print } from '../format.js';
-import { resolveOperation } from '../../engine/operator.js';
+import { resolveOperation } from '../../engine/client/operator.js';
 import { CliError, jsonArgument, parse, requiredOption, withPool, type Command } from '../shared.js';
 
 /**

@@ -1,5 +1,5 @@
 import { print } from '../format.js';
-import { retryRun } from '../../engine/runs.js';
+import { retryRun } from '../../engine/client/runs.js';
 import { parse, withPool, type Command } from '../shared.js';
 
 /** Through runledger.retry_run, so the CLI, TypeScript and psql share one rule for what can be retried. */

@@ -1,4 +1,4 @@
-import { RUN_STATES, type RunStatus } from '../../engine/states.js';
+import { RUN_STATES, type RunStatus } from '../../engine/core/states.js';
 import { ago, print, renderTable } from '../format.js';
 import { CliError, intOption, parse, withEngine, type Command } from '../shared.js';
 

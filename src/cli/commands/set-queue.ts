@@ -1,5 +1,5 @@
-import { toMs } from '../../engine/duration.js';
-import { setQueue as setQueueSql, type QueueOptions } from '../../engine/queues.js';
+import { toMs } from '../../engine/core/duration.js';
+import { setQueue as setQueueSql, type QueueOptions } from '../../engine/client/queues.js';
 import { print } from '../format.js';
 import { CliError, parse, withPool, type Command, type Parsed } from '../shared.js';
 import { limits } from './queues.js';

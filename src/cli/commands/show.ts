@@ -1,4 +1,4 @@
-import type { RunRecord } from '../../engine/runs.js';
+import type { RunRecord } from '../../engine/client/runs.js';
 import { duration, offset, print, renderTable, screenWidth, shortJson, timestamp, wrap } from '../format.js';
 import { CliError, parse, withEngine, type Command } from '../shared.js';
 

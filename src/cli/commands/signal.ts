@@ -1,6 +1,6 @@
 import { ulid } from 'ulid';
 import { print } from '../format.js';
-import { sendSignal } from '../../engine/operator.js';
+import { sendSignal } from '../../engine/client/operator.js';
 import { jsonArgument, parse, withPool, type Command } from '../shared.js';
 
 /**

@@ -1,4 +1,4 @@
-import { toMs } from '../../engine/duration.js';
+import { toMs } from '../../engine/core/duration.js';
 import { print } from '../format.js';
 import { CliError, jsonArgument, parse, withPool, type Command } from '../shared.js';
 

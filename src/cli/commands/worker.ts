@@ -1,6 +1,6 @@
 import { resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
-import type { Engine } from '../../engine/engine.js';
+import type { Engine } from '../../engine/index.js';
 import { print } from '../format.js';
 import { CliError, intOption, openEngine, parse, type Command } from '../shared.js';
 

@@ -1,5 +1,5 @@
 import type { Execution } from './execution.js';
-import { pgCode } from './pg-errors.js';
+import { pgCode } from '../db/pg-errors.js';
 
 /**
  * What a failed fenced write means for the execution, by SQLSTATE: someone else

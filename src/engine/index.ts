@@ -1,24 +1,24 @@
 import { Kysely, PostgresDialect } from 'kysely';
 import pg from 'pg';
 import { z } from 'zod';
-import { ConfigError } from '../errors.js';
-import type { ExecutionDeps } from './execution.js';
-import { guardPool } from './pools.js';
-import { migrate } from './migrate.js';
-import { setQueue, type QueueOptions, type QueueRecord } from './queues.js';
-import { defineSchedule, type Schedule, type ScheduleOptions, type StartScheduled } from './schedules.js';
-import { cancelRun, decideApproval, forkRun, resolveOperation, sendSignal, type DecisionInput, type DecisionRecord } from './operator.js';
-import { getRun, listRuns, retryRun, type ListRunsOptions, type RunRecord } from './runs.js';
-import { awaitResult, startRun, type RunHandle, type StartOptions } from './start.js';
-import type { RunStatus } from './states.js';
-import { startWorker, type Worker, type WorkerOptions } from './worker.js';
-import { defineWorkflow, limitsToSql, workflowKey, type Workflow, type WorkflowFunction, type WorkflowOptions } from './workflow.js';
+import { ConfigError } from './core/errors.js';
+import type { ExecutionDeps } from './run/execution.js';
+import { guardPool } from './db/pools.js';
+import { migrate } from './db/migrate.js';
+import { setQueue, type QueueOptions, type QueueRecord } from './client/queues.js';
+import { defineSchedule, type Schedule, type ScheduleOptions, type StartScheduled } from './client/schedules.js';
+import { cancelRun, decideApproval, forkRun, resolveOperation, sendSignal, type DecisionInput, type DecisionRecord } from './client/operator.js';
+import { getRun, listRuns, retryRun, type ListRunsOptions, type RunRecord } from './client/runs.js';
+import { awaitResult, startRun, type RunHandle, type StartOptions } from './client/start.js';
+import type { RunStatus } from './core/states.js';
+import { startWorker, type Worker, type WorkerOptions } from './worker/worker.js';
+import { defineWorkflow, limitsToSql, workflowKey, type Workflow, type WorkflowFunction, type WorkflowOptions } from './core/workflow.js';
 
 export const MAX_PAYLOAD_BYTES_DEFAULT = 4 * 1024 * 1024;
 export const POOL_MAX_DEFAULT = 20;
 
-import type { LogFunction } from './pools.js';
-export type { LogFunction, LogLevel } from './pools.js';
+import type { LogFunction } from './core/log.js';
+export type { LogFunction, LogLevel } from './core/log.js';
 
 export interface EngineOptions {
   /** PostgreSQL URL; default process.env.DATABASE_URL. */

@@ -2,11 +2,11 @@ import { readdirSync, readFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import type pg from 'pg';
 import { runMigrations } from 'graphile-worker';
-import { SchemaTooNewError } from '../errors.js';
+import { SchemaTooNewError } from '../core/errors.js';
 import { GRAPHILE_SCHEMA, graphileLogger } from './graphile.js';
 
-/** `sql/` ships with the package; this file sits at src/engine or dist/engine. */
-const SQL_DIR = fileURLToPath(new URL('../../sql/', import.meta.url));
+/** `sql/` ships with the package; this file sits at src/engine/db or dist/engine/db. */
+const SQL_DIR = fileURLToPath(new URL('../../../sql/', import.meta.url));
 
 export interface Migration {
   version: number;

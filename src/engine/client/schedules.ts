@@ -1,7 +1,7 @@
 import { parseCrontab } from 'graphile-worker';
-import { ConfigError } from '../errors.js';
-import { toMs, type Duration } from './duration.js';
-import { NAME_PATTERN, type Workflow } from './workflow.js';
+import { ConfigError } from '../core/errors.js';
+import { toMs, type Duration } from '../core/duration.js';
+import { NAME_PATTERN, type Workflow } from '../core/workflow.js';
 
 /**
  * Scheduled workflows. Every worker carries the same crontab; graphile-worker fires

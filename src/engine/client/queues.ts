@@ -1,5 +1,5 @@
 import type pg from 'pg';
-import { ConfigError, fromPgError } from '../errors.js';
+import { ConfigError, fromPgError } from '../core/errors.js';
 
 export interface QueueOptions {
   /** Runs RUNNING at once in this queue, across all workers; null clears the limit. */

@@ -1,22 +1,13 @@
-import { serializeError } from '../errors.js';
-import type { Execution } from './execution.js';
-import { haltOnDbError, observeRunStatus } from './db-halts.js';
-import { isConnectionError } from './pg-errors.js';
-import { checkpointItem, type StepItemValues } from './group-commit.js';
+import { serializeError } from '../core/errors.js';
+import type { CheckpointRecord, Execution } from './execution.js';
+import { haltOnDbError, observeRunStatus } from './halts.js';
+import { isConnectionError } from '../db/pg-errors.js';
+import { checkpointItem, type StepItemValues } from './commit-items.js';
 
 export const CHECKPOINT_SQL =
   'select pid, run_status from runledger._checkpoint($1, $2, $3, $4, $5, $6, $7::jsonb, $8::jsonb, $9, $10, $11)';
 
-export interface CheckpointRecord {
-  seq: number;
-  name: string;
-  kind: 'step' | 'transaction';
-  status: 'SUCCEEDED' | 'FAILED';
-  outputText: string | undefined;
-  error: unknown;
-  attempts: number;
-  startedAt: Date;
-}
+export type { CheckpointRecord } from './execution.js';
 
 export function checkpointValues(exec: Execution, record: CheckpointRecord): unknown[] {
   return [

@@ -1,14 +1,9 @@
 import type pg from 'pg';
 import type { ClaimRow, PiggybackClaim } from './dispatcher.js';
-import { failpoint } from './failpoints.js';
+import { failpoint } from '../core/failpoints.js';
+import type { CommitItem, CommitResult } from '../run/commit-items.js';
+import type { CommitQueue } from '../run/execution.js';
 
-/** One item of runledger._commit_batch, as JSON text (outputs are spliced in as the JSON they already are). */
-export type CommitItem = string;
-
-export interface CommitResult {
-  /** For a checkpoint: the run's status after it (CANCELLING, TERMINATED... tell the worker to stop). */
-  runStatus: string | undefined;
-}
 
 /** An item's own failure inside the batch, carrying its SQLSTATE like a pg error. */
 export class BatchItemError extends Error {
@@ -60,7 +55,7 @@ export interface PiggybackSource {
  * A batch whose reply is lost rejects every item with the connection error: each
  * caller already knows how to settle an outcome it did not see.
  */
-export class GroupCommit {
+export class GroupCommit implements CommitQueue {
   private waiting: Waiting[] = [];
   private inFlight = 0;
   /** Set by the worker once its dispatcher exists. */
@@ -144,50 +139,4 @@ export class GroupCommit {
 function normalizeClaimRow(row: ClaimRow): ClaimRow {
   if (row.run_id === null) return row;
   return { ...row, fencing_token: String(row.fencing_token) };
-}
-
-const json = (value: unknown): string => JSON.stringify(value);
-
-/** Item fields shared by a checkpoint and by the last step of a completion. */
-function stepFields(values: {
-  runId: string;
-  token: string;
-  seq: number;
-  name: string;
-  kind: string;
-  status: string;
-  outputText: string | undefined;
-  errorJson: string | null;
-  attempts: number;
-  startedAt: Date;
-  charge: number;
-}, outputKey: string): string {
-  return (
-    `"run_id":${json(values.runId)},"token":${json(values.token)},"seq":${values.seq},"name":${json(values.name)},` +
-    `"kind":${json(values.kind)},"status":${json(values.status)},` +
-    (values.outputText === undefined ? '' : `${json(outputKey)}:${values.outputText},`) +
-    (values.errorJson === null ? '' : `"error":${values.errorJson},`) +
-    `"attempts":${values.attempts},"started_at":${json(values.startedAt.toISOString())},"charge":${values.charge}`
-  );
-}
-
-export type StepItemValues = Parameters<typeof stepFields>[0];
-
-export function checkpointItem(values: StepItemValues): CommitItem {
-  return `{"op":"checkpoint",${stepFields(values, 'output')}}`;
-}
-
-/** A completion; with `step`, the run's last step is checkpointed in the same transaction. */
-export function completeItem(values: {
-  runId: string;
-  token: string;
-  outputText: string | undefined;
-  policyVersion: string;
-  charge: number;
-  step?: StepItemValues;
-}): CommitItem {
-  const head = values.step
-    ? stepFields(values.step, 'step_output')
-    : `"run_id":${json(values.runId)},"token":${json(values.token)},"charge":${values.charge}`;
-  return `{"op":"complete",${head},` + (values.outputText === undefined ? '' : `"output":${values.outputText},`) + `"policy_version":${json(values.policyVersion)}}`;
 }

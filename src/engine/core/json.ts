@@ -1,4 +1,4 @@
-import { NotSerializableError } from '../errors.js';
+import { NotSerializableError } from './errors.js';
 
 /**
  * Checks that a value survives JSON unchanged in meaning and returns its JSON

@@ -1,8 +1,8 @@
 import type pg from 'pg';
 import { ulid } from 'ulid';
-import { fromPgError } from '../errors.js';
-import { toJsonText } from './json.js';
-import type { RunStatus } from './states.js';
+import { fromPgError } from '../core/errors.js';
+import { toJsonText } from '../core/json.js';
+import type { RunStatus } from '../core/states.js';
 
 /** Operator actions: each is one SQL function call, the same one psql users call. */
 

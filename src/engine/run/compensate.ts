@@ -1,6 +1,6 @@
-import { serializeError } from '../errors.js';
+import { serializeError } from '../core/errors.js';
 import type { Execution } from './execution.js';
-import { failpoint } from './failpoints.js';
+import { failpoint } from '../core/failpoints.js';
 
 /**
  * Runs the compensations of the operations that succeeded in this run, newest first

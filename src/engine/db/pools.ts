@@ -1,8 +1,7 @@
 import type pg from 'pg';
-import { serializeError } from '../errors.js';
+import { serializeError } from '../core/errors.js';
 
-export type LogLevel = 'info' | 'warn' | 'error';
-export type LogFunction = (level: LogLevel, message: string, meta?: Record<string, unknown>) => void;
+import type { LogFunction } from '../core/log.js';
 
 /** A connection killed by the server (restart, pg_terminate_backend) must not crash the process; the pool replaces it. */
 export function guardPool(pool: pg.Pool, label: string, log: LogFunction): void {

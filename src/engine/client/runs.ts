@@ -1,7 +1,7 @@
 import type pg from 'pg';
 import type { Kysely } from 'kysely';
-import { ConfigError, fromPgError } from '../errors.js';
-import { RUN_STATES, type RunStatus, type TerminationReason } from './states.js';
+import { ConfigError, fromPgError } from '../core/errors.js';
+import { RUN_STATES, type RunStatus, type TerminationReason } from '../core/states.js';
 
 export interface StepRecord {
   seq: number;

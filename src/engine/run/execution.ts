@@ -1,6 +1,8 @@
 import type pg from 'pg';
 import type { Kysely } from 'kysely';
-import { NonDeterminismError } from '../errors.js';
+import { NonDeterminismError } from '../core/errors.js';
+import type { Workflow } from '../core/workflow.js';
+import type { CommitItem, CommitResult } from './commit-items.js';
 
 export type CompensationFunction = (info: { result: unknown; idempotencyKey: string; signal: AbortSignal }) => Promise<unknown> | unknown;
 
@@ -33,15 +35,32 @@ export interface RunLimits {
 /** How long a cancelled run's step in flight may take to finish and record its result. */
 export const CANCEL_GRACE_MS = 10_000;
 
+/** A step's checkpoint before it is written. */
+export interface CheckpointRecord {
+  seq: number;
+  name: string;
+  kind: 'step' | 'transaction';
+  status: 'SUCCEEDED' | 'FAILED';
+  outputText: string | undefined;
+  error: unknown;
+  attempts: number;
+  startedAt: Date;
+}
+
+/** What the run layer needs of the worker's group commit: send an item, hear how it went. */
+export interface CommitQueue {
+  submit(item: CommitItem, completes?: boolean): Promise<CommitResult>;
+}
+
 export interface ExecutionDeps {
   pool: pg.Pool;
   db: Kysely<any>;
   maxPayloadBytes: number;
   log: (level: 'info' | 'warn' | 'error', message: string, meta?: Record<string, unknown>) => void;
   /** The worker's group commit for plain checkpoints and completions; without it each is its own transaction. */
-  commits?: import('./group-commit.js').GroupCommit;
+  commits?: CommitQueue;
   /** Makes a workflow startable from SQL (child runs are started by runledger.start_run). */
-  registerWorkflow: (workflow: import('./workflow.js').Workflow<any, any>) => Promise<void>;
+  registerWorkflow: (workflow: Workflow<any, any>) => Promise<void>;
 }
 
 /**
@@ -71,7 +90,7 @@ export class Execution {
    * saving one round trip for a run's final step. Until then a crash re-runs that step,
    * which ctx.step allows (at least once until its checkpoint commits).
    */
-  pendingCheckpoint: import('./checkpoint.js').CheckpointRecord | undefined;
+  pendingCheckpoint: CheckpointRecord | undefined;
   /** Lease length of the worker executing this run (for step heartbeats). */
   leaseMs = 30_000;
   /** Last heartbeat progress per step position, loaded at claim. */

@@ -1,5 +1,5 @@
 import pg from 'pg';
-import type { LogFunction } from './pools.js';
+import type { LogFunction } from '../core/log.js';
 
 /** A run was cancelled: its worker stops it within milliseconds, not at its next checkpoint. */
 export const CANCEL_CHANNEL = 'runledger_cancel';

@@ -1,32 +1,18 @@
-import { InvalidInputError, NonDeterminismError, PayloadTooLargeError, serializeError } from '../errors.js';
-import { WorkflowContext } from '../steps/context.js';
-import { Execution, type CheckpointRow, type ExecutionDeps, type Halt } from './execution.js';
-import { failpoint } from './failpoints.js';
-import { checkpointValues, flushPending, stepItemValues, type CheckpointRecord } from './checkpoint.js';
-import { completeItem } from './group-commit.js';
-import { runCompensations } from './compensate.js';
-import { toJsonText } from './json.js';
-import { isConnectionError, pgCode } from './pg-errors.js';
-import type { Workflow } from './workflow.js';
+import { InvalidInputError, NonDeterminismError, PayloadTooLargeError, serializeError } from '../core/errors.js';
+import { WorkflowContext } from '../../steps/context.js';
+import { Execution, type ExecutionDeps, type Halt } from '../run/execution.js';
+import { failpoint } from '../core/failpoints.js';
+import { checkpointValues, flushPending, stepItemValues, type CheckpointRecord } from '../run/checkpoint.js';
+import { completeItem } from '../run/commit-items.js';
+import type { ClaimedRun } from './dispatcher.js';
+import { runCompensations } from '../run/compensate.js';
+import { toJsonText } from '../core/json.js';
+import { isConnectionError, pgCode } from '../db/pg-errors.js';
+import type { Workflow } from '../core/workflow.js';
 
 /** How long an infrastructure failure keeps a released run off the workers. */
 export const RELEASE_DELAY_MS = 1_000;
 const FINISH_TRIES = 5;
-
-export interface ClaimedRun {
-  run_id: string;
-  workflow_name: string;
-  workflow_version: string;
-  input: unknown;
-  fencing_token: string;
-  recovery_attempts: number;
-  max_steps: number | null;
-  budget: string | null;
-  budget_spent: string;
-  cancel_requested: boolean;
-  checkpoints: CheckpointRow[];
-  progress: Record<string, unknown> | null;
-}
 
 export interface ExecuteOptions {
   deps: ExecutionDeps;

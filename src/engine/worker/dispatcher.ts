@@ -1,8 +1,8 @@
 import type pg from 'pg';
-import { serializeError } from '../errors.js';
-import type { ClaimedRun } from './execute-run.js';
-import { isConnectionError } from './pg-errors.js';
-import type { LogFunction } from './pools.js';
+import { serializeError } from '../core/errors.js';
+import type { CheckpointRow } from '../run/execution.js';
+import { isConnectionError } from '../db/pg-errors.js';
+import type { LogFunction } from '../core/log.js';
 
 const CLAIM_SQL =
   'select run_id, workflow_name, workflow_version, input, fencing_token, recovery_attempts, max_steps, budget, budget_spent, ' +
@@ -10,6 +10,22 @@ const CLAIM_SQL =
 const ERROR_BACKOFF_MS_MAX = 5_000;
 /** setTimeout's ceiling; a due time further away is left to the poll. */
 const TIMER_MS_MAX = 2 ** 31 - 1;
+
+/** A run as runledger._claim_batch hands it over: a new fencing token, a lease, its checkpoints. */
+export interface ClaimedRun {
+  run_id: string;
+  workflow_name: string;
+  workflow_version: string;
+  input: unknown;
+  fencing_token: string;
+  recovery_attempts: number;
+  max_steps: number | null;
+  budget: string | null;
+  budget_spent: string;
+  cancel_requested: boolean;
+  checkpoints: CheckpointRow[];
+  progress: Record<string, unknown> | null;
+}
 
 /** A row of runledger._claim_batch: a claimed run, or (run_id null) the next due time. */
 export type ClaimRow = (ClaimedRun & { next_due_at: Date | string | null }) | { run_id: null; next_due_at: Date | string | null };

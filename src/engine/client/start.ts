@@ -1,12 +1,12 @@
 import { ulid } from 'ulid';
-import { InvalidInputError, PayloadTooLargeError, RunFailedError, fromPgError } from '../errors.js';
-import { toMs, type Duration } from './duration.js';
-import type { ExecutionDeps } from './execution.js';
-import { toJsonText } from './json.js';
+import { InvalidInputError, PayloadTooLargeError, RunFailedError, fromPgError } from '../core/errors.js';
+import { toMs, type Duration } from '../core/duration.js';
+import type pg from 'pg';
+import { toJsonText } from '../core/json.js';
 import type { RunRecord } from './runs.js';
-import { TERMINAL_STATES } from './states.js';
-import { limitsToSql, type Workflow } from './workflow.js';
-import { RUNTIME_MANIFEST } from './version.js';
+import { TERMINAL_STATES } from '../core/states.js';
+import { limitsToSql, type Workflow } from '../core/workflow.js';
+import { RUNTIME_MANIFEST } from '../core/version.js';
 
 export interface StartOptions {
   /** Explicit run id; starting again with the same id returns the same run. */
@@ -33,7 +33,7 @@ export interface RunHandle<O> {
 }
 
 export interface StartHost {
-  deps: ExecutionDeps;
+  deps: { pool: pg.Pool; maxPayloadBytes: number };
   registerWorkflow: (workflow: Workflow<any, any>) => Promise<void>;
   getRun: (runId: string, options?: { withSteps?: boolean }) => Promise<RunRecord | undefined>;
 }

@@ -1,16 +1,18 @@
 import { hostname } from 'node:os';
 import pg from 'pg';
 import { ulid } from 'ulid';
-import { ConfigError, serializeError } from '../errors.js';
-import { guardPool } from './pools.js';
-import { executeClaimed, type ClaimedRun } from './execute-run.js';
+import { ConfigError, serializeError } from '../core/errors.js';
+import { guardPool } from '../db/pools.js';
+import { executeClaimed } from './execute.js';
 import { CANCEL_CHANNEL, listen, RUNNABLE_CHANNEL } from './listener.js';
-import { Dispatcher } from './dispatcher.js';
+import { Dispatcher, type ClaimedRun } from './dispatcher.js';
 import { GroupCommit } from './group-commit.js';
-import { cronTaskIdentifier, crontabFor, fireSchedule, type Schedule, type StartScheduled } from './schedules.js';
-import type { Execution, ExecutionDeps } from './execution.js';
-import { retryIdempotentStatements, startCronRunner, type CronRunner } from './graphile.js';
-import { QUEUE_PATTERN, workflowKey, type Workflow } from './workflow.js';
+import { createHeartbeat } from './heartbeat.js';
+import { createSweeper } from './sweeper.js';
+import { cronTaskIdentifier, crontabFor, fireSchedule, type Schedule, type StartScheduled } from '../client/schedules.js';
+import type { Execution, ExecutionDeps } from '../run/execution.js';
+import { retryIdempotentStatements, startCronRunner, type CronRunner } from '../db/graphile.js';
+import { QUEUE_PATTERN, workflowKey, type Workflow } from '../core/workflow.js';
 
 export const LEASE_MS_DEFAULT = 30_000;
 export const LEASE_MS_MIN = 500;
@@ -19,8 +21,6 @@ export const SHUTDOWN_TIMEOUT_MS_DEFAULT = 10_000;
 export const POLL_INTERVAL_MS_DEFAULT = 2_000;
 /** Shortest poll or sweep interval accepted. */
 export const INTERVAL_MS_MIN = 10;
-/** A due timer this late is woken by the sweeper instead of its dispatch job. */
-export const WAKE_GRACE_MS = 2_000;
 
 export interface WorkerOptions {
   /** Runs executed at once by this process; default 16. */
@@ -127,45 +127,9 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
     });
   }
 
-  let lastHeartbeatOk = Date.now();
-  const heartbeat = async () => {
-    const sentAt = Date.now();
-    try {
-      const selfBeating = [...executions].filter((exec) => exec.selfHeartbeat).map((exec) => exec.runId);
-      const result = await deps.pool.query('select runledger._heartbeat($1, $2, $3) as runs', [workerId, leaseMs, selfBeating]);
-      lastHeartbeatOk = Date.now();
-      const renewed = new Set<string>(result.rows[0].runs);
-      for (const exec of executions) {
-        // A run claimed after this heartbeat was sent may legitimately be missing from its answer.
-        if (exec.claimedAt < sentAt && !renewed.has(exec.runId) && !selfBeating.includes(exec.runId)) {
-          exec.halt({ kind: 'lease_lost', message: `run ${exec.runId}: lease no longer held by ${workerId}` });
-        }
-      }
-      // A run leased to us that we do not execute was claimed by a claim whose answer we
-      // never got: the next claim takes it back (claims are serial, so none is in flight then).
-      const executingIds = new Set([...executions].map((exec) => exec.runId));
-      if ([...renewed].some((runId) => !executingIds.has(runId))) dispatcher?.reclaimUnexecuted();
-    } catch (error) {
-      deps.log('warn', 'heartbeat failed', { error: serializeError(error) });
-      if (Date.now() - lastHeartbeatOk > leaseMs) {
-        // We cannot prove we still own anything: stop user code early (its writes would be fenced anyway).
-        for (const exec of executions) exec.halt({ kind: 'lease_lost', message: `run ${exec.runId}: heartbeat failing for longer than the lease` });
-      }
-    }
-  };
-  const sweep = async () => {
-    try {
-      const result = await deps.pool.query('select runledger._recover_expired(1000) as recovered');
-      if (result.rows[0].recovered > 0) deps.log('info', `recovered ${result.rows[0].recovered} run(s) with expired leases`);
-      await deps.pool.query('select runledger._enforce_deadlines(1000)');
-      await deps.pool.query('select runledger._admit_all(1000)');
-      // Workers claim due timers themselves; this covers clocks moved by runledger.fake_now and queues no live worker claims from.
-      await deps.pool.query('select runledger._wake_due(1000, $1)', [WAKE_GRACE_MS]);
-    } catch (error) {
-      deps.log('warn', 'sweep failed', { error: serializeError(error) });
-    }
-  };
   let dispatcher: Dispatcher | undefined;
+  const heartbeat = createHeartbeat({ pool: deps.pool, workerId, leaseMs, executions, log: deps.log, reclaimUnexecuted: () => dispatcher?.reclaimUnexecuted() });
+  const sweep = createSweeper(deps.pool, deps.log);
   const listener = await listen(
     host.poolConfig,
     deps.log,

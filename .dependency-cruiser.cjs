@@ -1,0 +1,84 @@
+/**
+ * The layering rule of src/ (docs/architecture.md): imports run one way,
+ * core → db → client and run → steps → worker → the engine entry → cli, dev, testing.
+ * `npm run lint:deps` checks it, in `npm test`'s CI job; a violation fails the build.
+ */
+const layer = (name) => `^src/engine/${name}/`;
+
+/** Each layer may import only the layers below it (and itself). */
+const allowedBelow = {
+  core: [layer('core')],
+  db: [layer('core'), layer('db')],
+  client: [layer('core'), layer('db'), layer('client')],
+  run: [layer('core'), layer('db'), layer('run')],
+  steps: [layer('core'), layer('db'), layer('run'), '^src/steps/'],
+  worker: [layer('core'), layer('db'), layer('client'), layer('run'), '^src/steps/', layer('worker')],
+};
+
+const layerRule = (name, from) => ({
+  name: `layer-${name}`,
+  severity: 'error',
+  comment: `${name} may import only ${allowedBelow[name].join(', ')}`,
+  from: { path: from },
+  to: { path: '^src/', pathNot: allowedBelow[name] },
+});
+
+module.exports = {
+  forbidden: [
+    {
+      name: 'no-circular',
+      severity: 'error',
+      comment:
+        'No import circles. The one allowed: core/workflow.ts names the WorkflowContext type that ' +
+        'steps/context.ts implements (a workflow function receives the context, the context starts child workflows); ' +
+        'it is a type-only import, erased at build.',
+      from: {},
+      to: { circular: true, viaOnly: { pathNot: '^src/engine/core/workflow\\.ts$' } },
+    },
+    {
+      ...layerRule('core', layer('core')),
+      // The allowed triangle above, and only as a type.
+      to: { path: '^src/', pathNot: [layer('core')] },
+      from: { path: layer('core'), pathNot: '^src/engine/core/workflow\\.ts$' },
+    },
+    {
+      name: 'layer-core-workflow',
+      severity: 'error',
+      comment: 'core/workflow.ts may name the WorkflowContext type, nothing else above core, and only as a type',
+      from: { path: '^src/engine/core/workflow\\.ts$' },
+      to: { path: '^src/', pathNot: [layer('core'), '^src/steps/context\\.ts$'] },
+    },
+    {
+      name: 'layer-core-workflow-type-only',
+      severity: 'error',
+      comment: 'core/workflow.ts imports steps/context.ts as a type only',
+      from: { path: '^src/engine/core/workflow\\.ts$' },
+      to: { path: '^src/steps/context\\.ts$', dependencyTypesNot: ['type-only'] },
+    },
+    layerRule('db', layer('db')),
+    layerRule('client', layer('client')),
+    layerRule('run', layer('run')),
+    layerRule('steps', '^src/steps/'),
+    layerRule('worker', layer('worker')),
+    {
+      name: 'engine-internals-stay-inside',
+      severity: 'error',
+      comment: 'outside src/engine and src/steps, code uses the engine entry (src/engine/index.ts) or core, never worker or run internals',
+      from: { path: '^src/', pathNot: ['^src/engine/', '^src/steps/', '^src/testing/', '^src/index\\.ts$'] },
+      to: { path: [layer('worker'), layer('run'), '^src/steps/'] },
+    },
+    {
+      name: 'no-unresolvable',
+      severity: 'error',
+      from: {},
+      to: { couldNotResolve: true },
+    },
+  ],
+  options: {
+    doNotFollow: { path: 'node_modules' },
+    includeOnly: '^src/',
+    tsPreCompilationDeps: true,
+    tsConfig: { fileName: 'tsconfig.json' },
+    enhancedResolveOptions: { exportsFields: ['exports'], conditionNames: ['import', 'types', 'node', 'default'], extensions: ['.ts', '.js'] },
+  },
+};

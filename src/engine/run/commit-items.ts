@@ -1,0 +1,60 @@
+/**
+ * Items of runledger._commit_batch, encoded as JSON text by hand: outputs are spliced
+ * in as the JSON text they already are, so a large output is never parsed and
+ * re-serialized on the hot path. The worker's group commit sends them; the run layer
+ * builds them.
+ */
+
+/** One item of runledger._commit_batch, as JSON text. */
+export type CommitItem = string;
+
+export interface CommitResult {
+  /** For a checkpoint: the run's status after it (CANCELLING, TERMINATED... tell the worker to stop). */
+  runStatus: string | undefined;
+}
+
+const json = (value: unknown): string => JSON.stringify(value);
+
+/** Item fields shared by a checkpoint and by the last step of a completion. */
+function stepFields(values: {
+  runId: string;
+  token: string;
+  seq: number;
+  name: string;
+  kind: string;
+  status: string;
+  outputText: string | undefined;
+  errorJson: string | null;
+  attempts: number;
+  startedAt: Date;
+  charge: number;
+}, outputKey: string): string {
+  return (
+    `"run_id":${json(values.runId)},"token":${json(values.token)},"seq":${values.seq},"name":${json(values.name)},` +
+    `"kind":${json(values.kind)},"status":${json(values.status)},` +
+    (values.outputText === undefined ? '' : `${json(outputKey)}:${values.outputText},`) +
+    (values.errorJson === null ? '' : `"error":${values.errorJson},`) +
+    `"attempts":${values.attempts},"started_at":${json(values.startedAt.toISOString())},"charge":${values.charge}`
+  );
+}
+
+export type StepItemValues = Parameters<typeof stepFields>[0];
+
+export function checkpointItem(values: StepItemValues): CommitItem {
+  return `{"op":"checkpoint",${stepFields(values, 'output')}}`;
+}
+
+/** A completion; with `step`, the run's last step is checkpointed in the same transaction. */
+export function completeItem(values: {
+  runId: string;
+  token: string;
+  outputText: string | undefined;
+  policyVersion: string;
+  charge: number;
+  step?: StepItemValues;
+}): CommitItem {
+  const head = values.step
+    ? stepFields(values.step, 'step_output')
+    : `"run_id":${json(values.runId)},"token":${json(values.token)},"charge":${values.charge}`;
+  return `{"op":"complete",${head},` + (values.outputText === undefined ? '' : `"output":${values.outputText},`) + `"policy_version":${json(values.policyVersion)}}`;
+}

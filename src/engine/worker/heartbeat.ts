@@ -1,0 +1,51 @@
+import type pg from 'pg';
+import { serializeError } from '../core/errors.js';
+import type { LogFunction } from '../core/log.js';
+import type { Execution } from '../run/execution.js';
+
+export interface HeartbeatOptions {
+  pool: pg.Pool;
+  workerId: string;
+  leaseMs: number;
+  /** The runs this worker executes right now. */
+  executions: ReadonlySet<Execution>;
+  log: LogFunction;
+  /** A run is leased to this worker but not executed by it: the next claim should take it back. */
+  reclaimUnexecuted: () => void;
+}
+
+/**
+ * One heartbeat renews the leases of all runs the worker owns in one statement
+ * (runledger._heartbeat). A run missing from the answer was lost (recovered by another
+ * worker after a pause): its execution halts at once. A heartbeat failing for longer
+ * than the lease means ownership can no longer be proved, so user code stops early
+ * (its writes would be fenced anyway).
+ */
+export function createHeartbeat(options: HeartbeatOptions): () => Promise<void> {
+  const { pool, workerId, leaseMs, executions, log } = options;
+  let lastHeartbeatOk = Date.now();
+  return async () => {
+    const sentAt = Date.now();
+    try {
+      const selfBeating = [...executions].filter((exec) => exec.selfHeartbeat).map((exec) => exec.runId);
+      const result = await pool.query('select runledger._heartbeat($1, $2, $3) as runs', [workerId, leaseMs, selfBeating]);
+      lastHeartbeatOk = Date.now();
+      const renewed = new Set<string>(result.rows[0].runs);
+      for (const exec of executions) {
+        // A run claimed after this heartbeat was sent may legitimately be missing from its answer.
+        if (exec.claimedAt < sentAt && !renewed.has(exec.runId) && !selfBeating.includes(exec.runId)) {
+          exec.halt({ kind: 'lease_lost', message: `run ${exec.runId}: lease no longer held by ${workerId}` });
+        }
+      }
+      // A run leased to us that we do not execute was claimed by a claim whose answer we
+      // never got: the next claim takes it back (claims are serial, so none is in flight then).
+      const executingIds = new Set([...executions].map((exec) => exec.runId));
+      if ([...renewed].some((runId) => !executingIds.has(runId))) options.reclaimUnexecuted();
+    } catch (error) {
+      log('warn', 'heartbeat failed', { error: serializeError(error) });
+      if (Date.now() - lastHeartbeatOk > leaseMs) {
+        for (const exec of executions) exec.halt({ kind: 'lease_lost', message: `run ${exec.runId}: heartbeat failing for longer than the lease` });
+      }
+    }
+  };
+}
