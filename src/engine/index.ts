@@ -104,7 +104,7 @@ export function createEngine(options: EngineOptions = {}): Engine {
     let done = registered.get(key);
     if (!done) {
       done = pool
-        .query('select runledger._register_workflow($1, $2, $3, $4, $5::jsonb)', [
+        .query('select runledger._register_workflow(p_name => $1, p_version => $2, p_queue => $3, p_max_recovery_attempts => $4, p_limits => $5::jsonb)', [
           workflow.name,
           workflow.version,
           workflow.queue,

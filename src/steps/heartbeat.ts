@@ -15,7 +15,7 @@ export async function heartbeatStep(exec: Execution, seq: number, progress?: unk
   const progressText = progress === undefined ? null : toJsonText(progress, 'heartbeat progress') ?? null;
   exec.selfHeartbeat = true;
   try {
-    const result = await exec.deps.pool.query('select runledger._heartbeat_step($1, $2, $3, $4::jsonb, $5) as status', [
+    const result = await exec.deps.pool.query('select runledger._heartbeat_step(p_run_id => $1, p_token => $2, p_seq => $3, p_progress => $4::jsonb, p_lease_ms => $5) as status', [
       exec.runId, exec.fencingToken.toString(), seq, progressText, exec.leaseMs,
     ]);
     observeRunStatus(exec, result.rows[0].status);

@@ -76,7 +76,7 @@ export async function runOperation<T>(exec: Execution, name: string, options: Op
   return exec.inStep(async () => {
     const begin = async (again: boolean): Promise<LedgerRow | undefined> => {
       try {
-        const result = await exec.deps.pool.query('select * from runledger._operation_begin($1, $2, $3, $4, $5, $6, $7)', [
+        const result = await exec.deps.pool.query('select * from runledger._operation_begin(p_run_id => $1, p_token => $2, p_seq => $3, p_name => $4, p_key => $5, p_compensable => $6, p_again => $7)', [
           exec.runId, exec.fencingToken.toString(), seq, name, key, options.compensate !== undefined, again,
         ]);
         return result.rows[0];
@@ -147,7 +147,7 @@ export async function runOperation<T>(exec: Execution, name: string, options: Op
 
 async function park<T>(exec: Execution, seq: number, operationId: string, retryInMs: number | null): Promise<T> {
   try {
-    await exec.deps.pool.query('select runledger._operation_park($1, $2, $3, $4, $5)', [exec.runId, exec.fencingToken.toString(), seq, operationId, retryInMs]);
+    await exec.deps.pool.query('select runledger._operation_park(p_run_id => $1, p_token => $2, p_seq => $3, p_operation_id => $4, p_retry_in_ms => $5)', [exec.runId, exec.fencingToken.toString(), seq, operationId, retryInMs]);
     exec.halt({ kind: 'suspended' });
   } catch (error) {
     haltOnDbError(exec, error);
@@ -177,7 +177,7 @@ async function record<T>(
   if (failure !== undefined) errorJson = JSON.stringify(serializeError(failure));
   try {
     const result = await exec.deps.pool.query(
-      'select run_status from runledger._operation_checkpoint($1, $2, $3, $4, $5, $6, $7::jsonb, $8::jsonb, $9, $10, $11, $12)',
+      'select run_status from runledger._operation_checkpoint(p_run_id => $1, p_token => $2, p_seq => $3, p_name => $4, p_operation_id => $5, p_status => $6, p_output => $7::jsonb, p_error => $8::jsonb, p_external_resource_id => $9, p_attempts => $10, p_started_at => $11, p_charge => $12)',
       [
         exec.runId, exec.fencingToken.toString(), at.seq, at.name, at.operationId, failure === undefined ? 'SUCCEEDED' : 'FAILED',
         outputText, errorJson,

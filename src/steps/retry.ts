@@ -83,7 +83,7 @@ async function recordAndWait(
   error: unknown,
   delay: number,
 ): Promise<RetryDecision> {
-  const allowed = await exec.deps.pool.query('select runledger._record_retry($1, $2, $3, $4, $5, $6::jsonb, $7) as ok', [
+  const allowed = await exec.deps.pool.query('select runledger._record_retry(p_run_id => $1, p_token => $2, p_seq => $3, p_name => $4, p_attempt => $5, p_error => $6::jsonb, p_delay_ms => $7) as ok', [
     exec.runId, exec.fencingToken.toString(), position.seq, position.name, attempt, JSON.stringify(serializeError(error)), delay,
   ]);
   if (!allowed.rows[0].ok) return { kind: 'fail' };
@@ -98,7 +98,7 @@ async function recordAndWait(
     if (signal.aborted) return { kind: 'fail' }; // cancelled: the step ends with the error it had
     return { kind: 'again', attempt: attempt + 1 };
   }
-  await exec.deps.pool.query('select runledger._retry_wait($1, $2, $3, $4, $5, $6, $7)', [
+  await exec.deps.pool.query('select runledger._retry_wait(p_run_id => $1, p_token => $2, p_seq => $3, p_name => $4, p_kind => $5, p_attempt => $6, p_delay_ms => $7)', [
     exec.runId, exec.fencingToken.toString(), position.seq, position.name, position.kind, attempt, delay,
   ]);
   exec.halt({ kind: 'suspended' });

@@ -1,6 +1,6 @@
 import { sql, type Transaction } from 'kysely';
 import { serializeError } from '../engine/core/errors.js';
-import { backoff, checkpointValues, committed, flushPending, readCheckpointOutcome, writeCheckpoint } from '../engine/run/checkpoint.js';
+import { backoff, CHECKPOINT_PARAMS, checkpointValues, committed, flushPending, readCheckpointOutcome, writeCheckpoint } from '../engine/run/checkpoint.js';
 import { haltOnDbError } from '../engine/run/halts.js';
 import type { Execution } from '../engine/run/execution.js';
 import { failpoint } from '../engine/core/failpoints.js';
@@ -54,7 +54,9 @@ async function transactionAttempts<T, DB>(exec: Execution, name: string, seq: nu
         failpoint('before-checkpoint', name);
         const record = { seq, name, kind: 'transaction' as const, status: 'SUCCEEDED' as const, outputText: encoded.text, error: undefined, attempts: attempt, startedAt };
         // Fencing check (row lock on the run) and checkpoint, in the user's transaction.
-        const written = await sql<{ run_status: string }>`select run_status from runledger._checkpoint(${sql.join(checkpointValues(exec, record))})`.execute(trx);
+        const values = checkpointValues(exec, record);
+        const args = CHECKPOINT_PARAMS.map((param, i) => sql`${sql.raw(param)} => ${values[i]}`);
+        const written = await sql<{ run_status: string }>`select run_status from runledger._checkpoint(${sql.join(args)})`.execute(trx);
         runStatus = written.rows[0]?.run_status;
         commitSent = true;
         return encoded.value;

@@ -2,7 +2,7 @@ import { flushPending } from '../engine/run/checkpoint.js';
 import type { Execution, StepKind } from '../engine/run/execution.js';
 import { haltOnDbError } from '../engine/run/halts.js';
 
-const WAIT_SQL = 'select done, output from runledger._wait($1, $2, $3, $4, $5, $6::jsonb)';
+const WAIT_SQL = 'select done, output from runledger._wait(p_run_id => $1, p_token => $2, p_seq => $3, p_name => $4, p_kind => $5, p_spec => $6::jsonb)';
 
 /**
  * A durable wait at the next step position, in one round trip (runledger._wait).

@@ -96,7 +96,7 @@ export async function startChild<I>(
   const inputText = toJsonText(stored, `input of child ${workflow.name}`);
   await register(workflow);
   try {
-    const result = await exec.deps.pool.query('select runledger._start_child($1, $2, $3, $4, $5, $6::jsonb, $7::jsonb) as run_id', [
+    const result = await exec.deps.pool.query('select runledger._start_child(p_run_id => $1, p_token => $2, p_seq => $3, p_name => $4, p_workflow => $5, p_input => $6::jsonb, p_options => $7::jsonb) as run_id', [
       exec.runId,
       exec.fencingToken.toString(),
       position.seq,

@@ -15,7 +15,7 @@ export const prune: Command = {
     const olderThan = requiredOption(prune, parsed.values, 'older-than');
     const removed = await withPool(parsed.values, async (pool) => {
       try {
-        const result = await pool.query('select runledger.prune($1::interval)::int8 as n', [olderThan]);
+        const result = await pool.query('select runledger.prune(p_older_than => $1::interval)::int8 as n', [olderThan]);
         return Number(result.rows[0].n);
       } catch (error) {
         if (BAD_INTERVAL.includes(pgCode(error) ?? '')) {

@@ -44,7 +44,7 @@ export const start: Command = {
       if (!Number.isInteger(options.priority)) throw new CliError('USAGE', `--priority must be a whole number, got ${JSON.stringify(values.priority)}`);
     }
     const runId = await withPool(values, async (pool) => {
-      const result = await pool.query('select runledger.start_run($1, $2::jsonb, $3::jsonb) as run_id', [
+      const result = await pool.query('select runledger.start_run(p_workflow => $1, p_input => $2::jsonb, p_options => $3::jsonb) as run_id', [
         workflow,
         json ?? null,
         JSON.stringify(options),

@@ -9,7 +9,7 @@ import type { RunStatus } from '../core/states.js';
 export async function sendSignal(pool: pg.Pool, runId: string, topic: string, payload: unknown, signalId: string = ulid()): Promise<boolean> {
   const payloadText = toJsonText(payload, `signal ${topic} payload`);
   try {
-    const result = await pool.query('select runledger.send_signal($1, $2, $3::jsonb, $4) as accepted', [runId, topic, payloadText ?? null, signalId]);
+    const result = await pool.query('select runledger.send_signal(p_run_id => $1, p_topic => $2, p_payload => $3::jsonb, p_signal_id => $4) as accepted', [runId, topic, payloadText ?? null, signalId]);
     return result.rows[0].accepted;
   } catch (error) {
     throw fromPgError(error);
@@ -34,7 +34,7 @@ export interface DecisionRecord {
 
 export async function decideApproval(pool: pg.Pool, requestId: string, decision: DecisionInput): Promise<DecisionRecord> {
   try {
-    const result = await pool.query('select runledger.decide_approval($1, $2, $3, $4) as decision', [
+    const result = await pool.query('select runledger.decide_approval(p_request_id => $1, p_approved => $2, p_decided_by => $3, p_note => $4) as decision', [
       requestId,
       decision.approved,
       decision.decidedBy,
@@ -49,7 +49,7 @@ export async function decideApproval(pool: pg.Pool, requestId: string, decision:
 
 export async function cancelRun(pool: pg.Pool, runId: string, reason?: string): Promise<RunStatus> {
   try {
-    const result = await pool.query('select runledger.cancel_run($1, $2) as status', [runId, reason ?? null]);
+    const result = await pool.query('select runledger.cancel_run(p_run_id => $1, p_reason => $2) as status', [runId, reason ?? null]);
     return result.rows[0].status;
   } catch (error) {
     throw fromPgError(error);
@@ -63,7 +63,7 @@ export async function resolveOperation(
 ): Promise<'SUCCEEDED' | 'FAILED'> {
   const resultText = toJsonText(resolution.result, 'resolveOperation result');
   try {
-    const result = await pool.query('select runledger.resolve_operation($1, $2, $3::jsonb, $4) as status', [
+    const result = await pool.query('select runledger.resolve_operation(p_operation_id => $1, p_status => $2, p_result => $3::jsonb, p_resolved_by => $4) as status', [
       operationId, resolution.status, resultText ?? null, resolution.resolvedBy ?? null,
     ]);
     return result.rows[0].status;
@@ -74,7 +74,7 @@ export async function resolveOperation(
 
 export async function forkRun(pool: pg.Pool, runId: string, fromStep: number): Promise<string> {
   try {
-    const result = await pool.query('select runledger.fork_run($1, $2) as run_id', [runId, fromStep]);
+    const result = await pool.query('select runledger.fork_run(p_run_id => $1, p_from_step => $2) as run_id', [runId, fromStep]);
     return result.rows[0].run_id;
   } catch (error) {
     throw fromPgError(error);

@@ -32,7 +32,7 @@ export async function setQueue(pool: pg.Pool, name: string, options: QueueOption
   }
   if (options.paused !== undefined) sql.paused = options.paused;
   try {
-    const result = await pool.query('select (runledger.set_queue($1, $2::jsonb)).*', [name, JSON.stringify(sql)]);
+    const result = await pool.query('select (runledger.set_queue(p_name => $1, p_options => $2::jsonb)).*', [name, JSON.stringify(sql)]);
     const row = result.rows[0];
     return {
       name: row.name,

@@ -113,7 +113,7 @@ export async function listRuns(db: Kysely<any>, options: ListRunsOptions = {}): 
 
 export async function retryRun(pool: pg.Pool, runId: string): Promise<RunStatus> {
   try {
-    const result = await pool.query('select runledger.retry_run($1) as status', [runId]);
+    const result = await pool.query('select runledger.retry_run(p_run_id => $1) as status', [runId]);
     return result.rows[0].status;
   } catch (error) {
     throw fromPgError(error);

@@ -91,7 +91,7 @@ export async function startRun<I, O>(host: StartHost, workflow: Workflow<I, O>, 
   try {
     const result = await host.deps.pool.query({
       name: 'runledger_start_run',
-      text: 'select runledger.start_run($1, $2::jsonb, $3::jsonb) as run_id',
+      text: 'select runledger.start_run(p_workflow => $1, p_input => $2::jsonb, p_options => $3::jsonb) as run_id',
       values: [workflow.name, inputText ?? null, JSON.stringify(sqlOptions)],
     });
     runId = result.rows[0].run_id;

@@ -4,8 +4,14 @@ import { haltOnDbError, observeRunStatus } from './halts.js';
 import { isConnectionError } from '../db/pg-errors.js';
 import { checkpointItem, type StepItemValues } from './commit-items.js';
 
+/** runledger._checkpoint's parameters, in the order of checkpointValues(). */
+export const CHECKPOINT_PARAMS = [
+  'p_run_id', 'p_token', 'p_seq', 'p_name', 'p_kind', 'p_status', 'p_output', 'p_error', 'p_attempts', 'p_started_at', 'p_charge',
+] as const;
+
 export const CHECKPOINT_SQL =
-  'select pid, run_status from runledger._checkpoint($1, $2, $3, $4, $5, $6, $7::jsonb, $8::jsonb, $9, $10, $11)';
+  'select pid, run_status from runledger._checkpoint(p_run_id => $1, p_token => $2, p_seq => $3, p_name => $4, p_kind => $5, ' +
+  'p_status => $6, p_output => $7::jsonb, p_error => $8::jsonb, p_attempts => $9, p_started_at => $10, p_charge => $11)';
 
 export type { CheckpointRecord } from './execution.js';
 
@@ -111,7 +117,7 @@ export interface CheckpointOutcome {
 /** Waits out any in-flight transaction on the run (row lock), then reports whether the checkpoint exists. */
 export async function readCheckpointOutcome(exec: Execution, seq: number): Promise<CheckpointOutcome> {
   const result = await exec.deps.pool.query(
-    'select committed, status, output, error, still_owner from runledger._checkpoint_outcome($1, $2, $3)',
+    'select committed, status, output, error, still_owner from runledger._checkpoint_outcome(p_run_id => $1, p_seq => $2, p_token => $3)',
     [exec.runId, seq, exec.fencingToken.toString()],
   );
   const row = result.rows[0];

@@ -13,7 +13,7 @@ export async function runCompensations(exec: Execution): Promise<Array<{ operati
   const failures: Array<{ operation: string; error: unknown }> = [];
   const signal = new AbortController().signal; // compensations run to completion, even for a cancelled run
   for (const compensation of [...exec.compensations].reverse()) {
-    const begun = await exec.deps.pool.query('select runledger._compensation_begin($1, $2, $3) as status', [
+    const begun = await exec.deps.pool.query('select runledger._compensation_begin(p_run_id => $1, p_token => $2, p_operation_id => $3) as status', [
       exec.runId, exec.fencingToken.toString(), compensation.operationId,
     ]);
     if (begun.rows[0].status !== 'STARTED') continue;
@@ -24,7 +24,7 @@ export async function runCompensations(exec: Execution): Promise<Array<{ operati
       error = caught;
       failures.push({ operation: compensation.name, error: serializeError(caught) });
     }
-    await exec.deps.pool.query('select runledger._compensation_finish($1, $2, $3, $4, $5::jsonb)', [
+    await exec.deps.pool.query('select runledger._compensation_finish(p_run_id => $1, p_token => $2, p_operation_id => $3, p_ok => $4, p_error => $5::jsonb)', [
       exec.runId, exec.fencingToken.toString(), compensation.operationId, error === undefined,
       error === undefined ? null : JSON.stringify(serializeError(error)),
     ]);

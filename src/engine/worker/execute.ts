@@ -52,7 +52,7 @@ export async function executeClaimed(run: ClaimedRun, options: ExecuteOptions): 
       const parsed = workflow.inputSchema.safeParse(run.input);
       if (!parsed.success) {
         const error = new InvalidInputError(`input of run ${runId} does not match workflow ${workflow.name}: ${parsed.error.message}`);
-        await finish(exec, 'runledger._fail_run($1, $2, $3::jsonb, $4)', [JSON.stringify(serializeError(error)), policyVersion]);
+        await finish(exec, 'runledger._fail_run(p_run_id => $1, p_token => $2, p_error => $3::jsonb, p_policy_version => $4)', [JSON.stringify(serializeError(error)), policyVersion]);
         return;
       }
       input = parsed.data;
@@ -82,7 +82,7 @@ export async function executeClaimed(run: ClaimedRun, options: ExecuteOptions): 
           throw new PayloadTooLargeError(`output of run ${runId} is ${Buffer.byteLength(outputText)} bytes, over the limit of ${deps.maxPayloadBytes}`);
         }
       } catch (error) {
-        await finish(exec, 'runledger._fail_run($1, $2, $3::jsonb, $4)', [JSON.stringify(serializeError(error)), policyVersion]);
+        await finish(exec, 'runledger._fail_run(p_run_id => $1, p_token => $2, p_error => $3::jsonb, p_policy_version => $4)', [JSON.stringify(serializeError(error)), policyVersion]);
         return;
       }
       failpoint('before-complete', workflow.name);
@@ -94,7 +94,7 @@ export async function executeClaimed(run: ClaimedRun, options: ExecuteOptions): 
       if (!(await flushPending(exec))) return handleHalt(exec, exec.haltReason!, policyVersion);
       const failures = await runCompensations(exec);
       const error = { ...serializeError(outcome.error), ...(failures.length > 0 ? { compensationFailures: failures } : {}) };
-      await finish(exec, 'runledger._fail_run($1, $2, $3::jsonb, $4)', [JSON.stringify(error), policyVersion]);
+      await finish(exec, 'runledger._fail_run(p_run_id => $1, p_token => $2, p_error => $3::jsonb, p_policy_version => $4)', [JSON.stringify(error), policyVersion]);
     } else {
       await handleHalt(exec, outcome as Halt, policyVersion);
     }
@@ -115,7 +115,7 @@ async function handleHalt(exec: Execution, halt: Halt, policyVersion: string): P
     case 'non_determinism':
       exec.deps.log('error', halt.error.message);
       await flushPending(exec); // the previous step finished in this execution: keep its result
-      await finish(exec, 'runledger._dead_letter_run($1, $2, $3, $4::jsonb, $5)', [
+      await finish(exec, 'runledger._dead_letter_run(p_run_id => $1, p_token => $2, p_reason => $3, p_evidence => $4::jsonb, p_policy_version => $5)', [
         'NON_DETERMINISM',
         JSON.stringify({ message: halt.error.message, ...halt.error.details }),
         policyVersion,
@@ -137,11 +137,11 @@ async function handleHalt(exec: Execution, halt: Halt, policyVersion: string): P
       // The step that was in flight when the cancel came keeps its result.
       await flushPending(exec);
       await runCompensations(exec);
-      await finish(exec, 'runledger._finish_cancel($1, $2)', []);
+      await finish(exec, 'runledger._finish_cancel(p_run_id => $1, p_token => $2)', []);
       return;
     case 'terminate':
       await flushPending(exec); // the step before the limit finished: its result is kept
-      await finish(exec, 'runledger._terminate_run($1, $2, $3, $4::jsonb)', [halt.reason, JSON.stringify(halt.evidence)]);
+      await finish(exec, 'runledger._terminate_run(p_run_id => $1, p_token => $2, p_reason => $3, p_evidence => $4::jsonb)', [halt.reason, JSON.stringify(halt.evidence)]);
       return;
   }
 }
@@ -161,13 +161,13 @@ async function complete(exec: Execution, outputText: string | undefined, policyV
     await fencedWrite(exec, () => commits.submit(item, true));
   } else if (last) {
     const [, , ...stepValues] = checkpointValues(exec, last);
-    await finish(exec, 'runledger._complete_with_checkpoint($1, $2, $3, $4, $5, $6, $7::jsonb, $8::jsonb, $9, $10, $11, $12::jsonb, $13)', [
+    await finish(exec, 'runledger._complete_with_checkpoint(p_run_id => $1, p_token => $2, p_seq => $3, p_name => $4, p_kind => $5, p_status => $6, p_step_output => $7::jsonb, p_error => $8::jsonb, p_attempts => $9, p_started_at => $10, p_charge => $11, p_output => $12::jsonb, p_policy_version => $13)', [
       ...stepValues,
       outputText ?? null,
       policyVersion,
     ]);
   } else {
-    await finish(exec, 'runledger._complete_run($1, $2, $3::jsonb, $4, $5)', [outputText ?? null, policyVersion, exec.pendingCharge]);
+    await finish(exec, 'runledger._complete_run(p_run_id => $1, p_token => $2, p_output => $3::jsonb, p_policy_version => $4, p_charge => $5)', [outputText ?? null, policyVersion, exec.pendingCharge]);
   }
 }
 
@@ -189,7 +189,7 @@ async function fencedWrite(exec: Execution, write: () => Promise<unknown>): Prom
       }
       if (pgCode(error) === 'RL009') {
         // The deadline passed before the run could finish: that is how it ends.
-        await exec.deps.pool.query('select runledger._terminate_run($1, $2, $3, $4::jsonb)', [
+        await exec.deps.pool.query('select runledger._terminate_run(p_run_id => $1, p_token => $2, p_reason => $3, p_evidence => $4::jsonb)', [
           exec.runId, exec.fencingToken.toString(), 'DEADLINE', JSON.stringify({ message: (error as Error).message }),
         ]);
         return;
@@ -203,5 +203,5 @@ async function fencedWrite(exec: Execution, write: () => Promise<unknown>): Prom
 async function release(exec: Execution, delayMs: number, reason: string): Promise<void> {
   // Only a graceful stop gives a run back for free; every other release counts a recovery attempt.
   const countsAttempt = reason !== 'worker_stopping';
-  await exec.deps.pool.query('select runledger._release_run($1, $2, $3, $4, $5)', [exec.runId, exec.fencingToken.toString(), delayMs, reason, countsAttempt]);
+  await exec.deps.pool.query('select runledger._release_run(p_run_id => $1, p_token => $2, p_delay_ms => $3, p_reason => $4, p_counts_attempt => $5)', [exec.runId, exec.fencingToken.toString(), delayMs, reason, countsAttempt]);
 }

@@ -25,9 +25,9 @@ interface Waiting {
   reject: (error: unknown) => void;
 }
 
-const BATCH_SQL = 'select item, code, message, run_status from runledger._commit_batch($1::jsonb)';
+const BATCH_SQL = 'select item, code, message, run_status from runledger._commit_batch(p_items => $1::jsonb)';
 const BATCH_AND_CLAIM_SQL =
-  'select item, code, message, run_status, claimed from runledger._commit_and_claim($1::jsonb, $2, $3, $4, $5, $6)';
+  'select item, code, message, run_status, claimed from runledger._commit_and_claim(p_items => $1::jsonb, p_worker_id => $2, p_queues => $3, p_workflows => $4, p_limit => $5, p_lease_ms => $6)';
 
 /** run_id is the second field of every item; run ids never contain quotes (see runs_run_id_insert). */
 const RUN_ID = /"run_id":"([^"]*)"/;

@@ -16,11 +16,11 @@ const SWEEP_BATCH = 1000;
 export function createSweeper(pool: pg.Pool, log: LogFunction): () => Promise<void> {
   return async () => {
     try {
-      const result = await pool.query('select runledger._recover_expired($1) as recovered', [SWEEP_BATCH]);
+      const result = await pool.query('select runledger._recover_expired(p_limit => $1) as recovered', [SWEEP_BATCH]);
       if (result.rows[0].recovered > 0) log('info', `recovered ${result.rows[0].recovered} run(s) with expired leases`);
-      await pool.query('select runledger._enforce_deadlines($1)', [SWEEP_BATCH]);
-      await pool.query('select runledger._admit_all($1)', [SWEEP_BATCH]);
-      await pool.query('select runledger._wake_due($1, $2)', [SWEEP_BATCH, WAKE_GRACE_MS]);
+      await pool.query('select runledger._enforce_deadlines(p_limit => $1)', [SWEEP_BATCH]);
+      await pool.query('select runledger._admit_all(p_limit => $1)', [SWEEP_BATCH]);
+      await pool.query('select runledger._wake_due(p_limit => $1, p_grace_ms => $2)', [SWEEP_BATCH, WAKE_GRACE_MS]);
     } catch (error) {
       log('warn', 'sweep failed', { error: serializeError(error) });
     }

@@ -90,7 +90,7 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
   const executions = new Set<Execution>();
 
   for (const workflow of served) await host.registerWorkflow(workflow);
-  await deps.pool.query('select runledger._register_worker($1, $2, $3, $4, $5, $6, $7)', [
+  await deps.pool.query('select runledger._register_worker(p_worker_id => $1, p_host => $2, p_pid => $3, p_workflows => $4, p_queues => $5, p_concurrency => $6, p_lease_ms => $7)', [
     workerId, hostname(), process.pid, [...byKey.keys()], queues, concurrency, leaseMs,
   ]);
 
@@ -185,7 +185,7 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
       } finally {
         clearTimeout(releaseTimer);
         clearInterval(heartbeatTimer);
-        await deps.pool.query('select runledger._stop_worker($1)', [workerId]).catch((error) => {
+        await deps.pool.query('select runledger._stop_worker(p_worker_id => $1)', [workerId]).catch((error) => {
           deps.log('warn', 'could not release runs on stop; their leases will expire', { error: serializeError(error) });
         });
         await listener.close();
