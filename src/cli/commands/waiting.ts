@@ -1,7 +1,6 @@
 import { ago, print, renderTable } from '../format.js';
 import { CliError, intOption, parse, withPool, type Command } from '../shared.js';
-
-const WAIT_KINDS = ['timer', 'signal', 'approval', 'child', 'retry', 'reconcile'];
+import { WAIT_KINDS } from '../../engine/core/states.js';
 
 interface WaitingRow {
   run_id: string;
@@ -22,7 +21,7 @@ export const waiting: Command = {
     if (!parsed) return;
     const limit = intOption(parsed.values, 'limit', 1) ?? 50;
     const kind = parsed.values.kind as string | undefined;
-    if (kind !== undefined && !WAIT_KINDS.includes(kind)) throw new CliError('USAGE', `--kind must be one of ${WAIT_KINDS.join(', ')}, got ${JSON.stringify(kind)}`);
+    if (kind !== undefined && !(WAIT_KINDS as readonly string[]).includes(kind)) throw new CliError('USAGE', `--kind must be one of ${WAIT_KINDS.join(', ')}, got ${JSON.stringify(kind)}`);
     const rows = await withPool(parsed.values, async (pool) => {
       const result = await pool.query<WaitingRow>(
         `select run_id, workflow_name, wait_kind, waiting_for, step_name, since, until

@@ -1,12 +1,12 @@
 import type pg from 'pg';
 import type { Kysely } from 'kysely';
 import { ConfigError, fromPgError } from '../core/errors.js';
-import { RUN_STATES, type RunStatus, type TerminationReason } from '../core/states.js';
+import { RUN_STATES, type RunStatus, type StepKind, type TerminationReason } from '../core/states.js';
 
 export interface StepRecord {
   seq: number;
   name: string;
-  kind: 'step' | 'transaction' | 'operation' | 'sleep' | 'signal' | 'approval' | 'child_start' | 'child';
+  kind: StepKind;
   /** WAITING: a wait (or a retry backoff) in progress at this position. */
   status: 'SUCCEEDED' | 'FAILED' | 'WAITING';
   output: unknown;

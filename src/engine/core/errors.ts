@@ -115,23 +115,51 @@ export interface SerializedError {
   stack?: string;
 }
 
-/** SQLSTATEs raised by sql/*.sql, mapped to error classes. */
-const SQLSTATE_CLASSES: Record<string, new (message: string, options?: { cause?: unknown }) => RunledgerError> = {
-  RL001: LeaseLostError,
-  RL002: NotFoundError,
-  RL003: InvalidInputError,
-  RL004: PayloadTooLargeError,
-  RL005: InvalidStateError,
-  RL006: UnknownWorkflowError,
-  RL007: NotAllowedError,
+/**
+ * Every SQLSTATE the SQL functions raise, in one table: the README's error table
+ * and sql/ are checked against it (test/contracts.test.ts). The first seven reach
+ * callers as RunledgerError classes; the last three are answers to the worker about
+ * a run it executes, handled in run/halts.ts, never shown to callers.
+ */
+export const SQLSTATES = {
+  RL001: { code: 'LEASE_LOST', meaning: 'a write with a stale fencing token, or for a run that is no longer executing' },
+  RL002: { code: 'NOT_FOUND', meaning: 'an unknown run, approval request, operation or child run' },
+  RL003: { code: 'INVALID_INPUT', meaning: 'a bad argument to a SQL function' },
+  RL004: { code: 'PAYLOAD_TOO_LARGE', meaning: 'an input or signal payload over the size limit' },
+  RL005: { code: 'INVALID_STATE', meaning: 'the run, request or operation is not in a state that allows this' },
+  RL006: { code: 'UNKNOWN_WORKFLOW', meaning: 'a workflow (or version) that no engine or worker has registered' },
+  RL007: { code: 'NOT_ALLOWED', meaning: 'a decision by someone who is not an approver' },
+  RL008: { code: null, meaning: 'a step that started after the cancel request tries to record its result' },
+  RL009: { code: null, meaning: "a write after the run's deadline" },
+  RL010: { code: null, meaning: 'a checkpoint for a position that already has one' },
+} as const satisfies Record<string, { code: ErrorCode | null; meaning: string }>;
+
+export type Sqlstate = keyof typeof SQLSTATES;
+
+/** The named SQLSTATEs the worker reacts to (run/halts.ts, worker/execute.ts). */
+export const SQLSTATE = {
+  LEASE_LOST: 'RL001',
+  CANCEL_REQUESTED: 'RL008',
+  PAST_DEADLINE: 'RL009',
+  CHECKPOINT_EXISTS: 'RL010',
+} as const satisfies Record<string, Sqlstate>;
+
+const CLASS_OF_CODE: Partial<Record<ErrorCode, new (message: string, options?: { cause?: unknown }) => RunledgerError>> = {
+  LEASE_LOST: LeaseLostError,
+  NOT_FOUND: NotFoundError,
+  INVALID_INPUT: InvalidInputError,
+  PAYLOAD_TOO_LARGE: PayloadTooLargeError,
+  INVALID_STATE: InvalidStateError,
+  UNKNOWN_WORKFLOW: UnknownWorkflowError,
+  NOT_ALLOWED: NotAllowedError,
 };
 
 /** Maps a pg error raised by a runledger SQL function to its RunledgerError; other errors pass through. */
 export function fromPgError(error: unknown): unknown {
   const code = (error as { code?: unknown } | null)?.code;
-  if (typeof code === 'string' && code in SQLSTATE_CLASSES) {
-    const Class = SQLSTATE_CLASSES[code]!;
-    return new Class((error as Error).message, { cause: error });
+  if (typeof code === 'string' && code in SQLSTATES) {
+    const Class = CLASS_OF_CODE[SQLSTATES[code as Sqlstate].code ?? ('' as ErrorCode)];
+    if (Class) return new Class((error as Error).message, { cause: error });
   }
   return error;
 }

@@ -1,6 +1,9 @@
 /**
- * The run state machine. Kept equal to the SQL enum `runledger.run_status`
- * (test/sql/catalog.test.ts compares them) and drawn in docs/state-machine.md.
+ * The contract lists, defined once for TypeScript: run states and their transitions,
+ * termination reasons, step kinds and wait kinds. SQL defines each once too
+ * (the enum `runledger.run_status`, the functions `runledger.run_transitions()`,
+ * `termination_reasons()`, `step_kinds()`, `wait_kinds()`), docs/state-machine.md
+ * draws them, and test/contracts.test.ts checks that the three agree.
  */
 export const RUN_STATES = [
   /** Waiting to be claimed. A worker's claim (compare-and-set, fencing token + 1) moves it to RUNNING. */
@@ -10,7 +13,8 @@ export const RUN_STATES = [
   'RUNNING',
   /** Holds no worker. A timer, signal, approval, child completion or operator moves it back to PENDING. */
   'WAITING',
-  /** Cancel requested while executing; the owner (or recovery, if the owner died) moves it to CANCELLED. */
+  /** Cancel requested while executing; the owner (or recovery, if the owner died) moves it to CANCELLED. A cancel that
+   *  loses the race with the run's last write ends it as that write says (SUCCEEDED, FAILED, TERMINATED, DEAD_LETTER). */
   'CANCELLING',
   /** Terminal: the workflow returned. */
   'SUCCEEDED',
@@ -28,8 +32,48 @@ export type RunStatus = (typeof RUN_STATES)[number];
 
 export const TERMINAL_STATES: ReadonlySet<RunStatus> = new Set(['SUCCEEDED', 'FAILED', 'CANCELLED', 'TERMINATED', 'DEAD_LETTER']);
 
+/**
+ * Every status change a run can make, with who makes it. SQL refuses any other
+ * (trigger runs_transition), so this list is the state machine, not a picture of it.
+ */
+export const RUN_TRANSITIONS: ReadonlyArray<{ from: RunStatus; to: RunStatus; by: string }> = [
+  { from: 'PENDING', to: 'RUNNING', by: 'a claim (_claim_batch, fencing_token + 1), once admitted' },
+  { from: 'PENDING', to: 'CANCELLED', by: 'cancel_run' },
+  { from: 'PENDING', to: 'CANCELLING', by: 'cancel_run with compensations to run' },
+  { from: 'PENDING', to: 'TERMINATED', by: 'deadline (_enforce_deadlines, or at claim)' },
+  { from: 'RUNNING', to: 'SUCCEEDED', by: 'the workflow returned (_complete_run)' },
+  { from: 'RUNNING', to: 'FAILED', by: 'the workflow threw, or its input is invalid (_fail_run)' },
+  { from: 'RUNNING', to: 'TERMINATED', by: 'deadline, max steps (_terminate_run); budget, no progress (in a checkpoint)' },
+  { from: 'RUNNING', to: 'DEAD_LETTER', by: 'NON_DETERMINISM, or past max_recovery_attempts' },
+  { from: 'RUNNING', to: 'PENDING', by: 'lease expired (+1 recovery attempt), or released' },
+  { from: 'RUNNING', to: 'WAITING', by: 'sleep, signal, approval, child, durable retry backoff, unknown operation' },
+  { from: 'RUNNING', to: 'CANCELLING', by: 'cancel_run' },
+  { from: 'WAITING', to: 'PENDING', by: 'timer, signal, decision, child ended, resolve_operation (_wake)' },
+  { from: 'WAITING', to: 'RUNNING', by: 'a claim of a due timer (_claim_batch, queue without limits)' },
+  { from: 'WAITING', to: 'CANCELLED', by: 'cancel_run' },
+  { from: 'WAITING', to: 'CANCELLING', by: 'cancel_run with compensations to run' },
+  { from: 'WAITING', to: 'TERMINATED', by: 'deadline (_enforce_deadlines, or at claim)' },
+  { from: 'CANCELLING', to: 'CANCELLED', by: 'the owner (_finish_cancel), or recovery if it died' },
+  { from: 'CANCELLING', to: 'SUCCEEDED', by: 'the cancel lost the race with the last step (_finish_run)' },
+  { from: 'CANCELLING', to: 'FAILED', by: 'the cancel lost the race with a failure (_finish_run)' },
+  { from: 'CANCELLING', to: 'TERMINATED', by: 'the cancel lost the race with a policy stop (_finish_run)' },
+  { from: 'CANCELLING', to: 'DEAD_LETTER', by: 'the cancel lost the race with a dead-letter (_finish_run)' },
+  { from: 'FAILED', to: 'PENDING', by: 'retry_run' },
+  { from: 'DEAD_LETTER', to: 'PENDING', by: 'retry_run' },
+];
+
 export const TERMINATION_REASONS = [
   'COMPLETED', 'FAILED', 'CANCELLED', 'DEADLINE', 'MAX_STEPS', 'BUDGET', 'NO_PROGRESS', 'MAX_RECOVERY_ATTEMPTS', 'NON_DETERMINISM',
 ] as const;
 
 export type TerminationReason = (typeof TERMINATION_REASONS)[number];
+
+/** What a checkpoint (a row of runledger.steps) records. */
+export const STEP_KINDS = ['step', 'transaction', 'operation', 'sleep', 'signal', 'approval', 'child_start', 'child'] as const;
+
+export type StepKind = (typeof STEP_KINDS)[number];
+
+/** What a WAITING run waits for (runs.wait_kind). */
+export const WAIT_KINDS = ['timer', 'signal', 'approval', 'child', 'retry', 'reconcile'] as const;
+
+export type WaitKind = (typeof WAIT_KINDS)[number];

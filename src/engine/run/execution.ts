@@ -6,7 +6,8 @@ import type { CommitItem, CommitResult } from './commit-items.js';
 
 export type CompensationFunction = (info: { result: unknown; idempotencyKey: string; signal: AbortSignal }) => Promise<unknown> | unknown;
 
-export type StepKind = 'step' | 'transaction' | 'operation' | 'sleep' | 'signal' | 'approval' | 'child_start' | 'child';
+import type { StepKind } from '../core/states.js';
+export type { StepKind } from '../core/states.js';
 
 /** One checkpoint as loaded at claim time: [seq, name, status, output, error, kind]. */
 export type CheckpointRow = [number, string, 'SUCCEEDED' | 'FAILED' | 'WAITING', unknown, unknown, StepKind];

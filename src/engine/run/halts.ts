@@ -1,4 +1,5 @@
 import type { Execution } from './execution.js';
+import { SQLSTATE } from '../core/errors.js';
 import { pgCode } from '../db/pg-errors.js';
 
 /**
@@ -8,15 +9,15 @@ import { pgCode } from '../db/pg-errors.js';
  */
 export function haltOnDbError(exec: Execution, error: unknown): void {
   switch (pgCode(error)) {
-    case 'RL001':
-    case 'RL010': // the position already has a checkpoint: another execution wrote it
+    case SQLSTATE.LEASE_LOST:
+    case SQLSTATE.CHECKPOINT_EXISTS: // another execution wrote this position
       exec.halt({ kind: 'lease_lost', message: (error as Error).message });
       return;
-    case 'RL008':
+    case SQLSTATE.CANCEL_REQUESTED:
       exec.requestCancel();
       exec.halt({ kind: 'cancelled' });
       return;
-    case 'RL009':
+    case SQLSTATE.PAST_DEADLINE:
       exec.halt({ kind: 'terminate', reason: 'DEADLINE', evidence: { message: (error as Error).message } });
       return;
     default:

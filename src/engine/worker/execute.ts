@@ -1,4 +1,4 @@
-import { InvalidInputError, NonDeterminismError, PayloadTooLargeError, serializeError } from '../core/errors.js';
+import { InvalidInputError, NonDeterminismError, PayloadTooLargeError, serializeError, SQLSTATE } from '../core/errors.js';
 import { WorkflowContext } from '../../steps/context.js';
 import { Execution, type ExecutionDeps, type Halt } from '../run/execution.js';
 import { failpoint } from '../core/failpoints.js';
@@ -182,12 +182,12 @@ async function fencedWrite(exec: Execution, write: () => Promise<unknown>): Prom
       await write();
       return;
     } catch (error) {
-      if (pgCode(error) === 'RL001') {
+      if (pgCode(error) === SQLSTATE.LEASE_LOST) {
         // Either another worker took over, or our previous try committed before its reply was lost.
         exec.deps.log('warn', `run ${exec.runId}: not finished by this worker: ${(error as Error).message}`);
         return;
       }
-      if (pgCode(error) === 'RL009') {
+      if (pgCode(error) === SQLSTATE.PAST_DEADLINE) {
         // The deadline passed before the run could finish: that is how it ends.
         await exec.deps.pool.query('select runledger._terminate_run(p_run_id => $1, p_token => $2, p_reason => $3, p_evidence => $4::jsonb)', [
           exec.runId, exec.fencingToken.toString(), 'DEADLINE', JSON.stringify({ message: (error as Error).message }),
