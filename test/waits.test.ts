@@ -137,7 +137,11 @@ describe('signals', () => {
   it('refuses signals for unknown or finished runs with coded errors', async () => {
     await expect(engine.signal('no-such-run', 'x', 1)).rejects.toMatchObject({ code: 'NOT_FOUND' });
     const done = engine.workflow({ name: 'done-already', queue: 'signals-done' }, async () => 'ok');
-    const early = engine.workflow({ name: 'early-finish', queue: 'signals-done' }, async () => 'ok');
+    // Waits for 'go', so the signal below reaches it before it can finish (it used to race a run that returned at once).
+    const early = engine.workflow({ name: 'early-finish', queue: 'signals-done' }, async (ctx) => {
+      await ctx.waitForSignal('go');
+      return 'ok';
+    });
     await inProcessWorker(['signals-done']);
     const handle = await engine.start(done, undefined);
     await handle.result();
@@ -145,6 +149,7 @@ describe('signals', () => {
     // A retry of a signal accepted earlier gets the same answer as before, even now.
     const other = await engine.start(early, undefined);
     expect(await engine.signal(other.runId, 'x', 1, { signalId: 'retry-me' })).toBe(true);
+    await engine.signal(other.runId, 'go', null);
     await other.result();
     expect(await engine.signal(other.runId, 'x', 1, { signalId: 'retry-me' })).toBe(false);
     await expect(engine.signal(handle.runId, 'bad topic!', 1)).rejects.toMatchObject({ code: 'INVALID_INPUT' });

@@ -4,6 +4,7 @@ import { z } from 'zod';
 import { ConfigError } from './core/errors.js';
 import type { ExecutionDeps } from './run/execution.js';
 import { guardPool } from './db/pools.js';
+import { CrashPoints, validateCrashPoints, type CrashPoint } from './core/crash-points.js';
 import { migrate } from './db/migrate.js';
 import { setQueue, type QueueOptions, type QueueRecord } from './client/queues.js';
 import { defineSchedule, type Schedule, type ScheduleOptions, type StartScheduled } from './client/schedules.js';
@@ -33,6 +34,11 @@ export interface EngineOptions {
   poolMax?: number;
   /** Where warnings and errors go; default: console.warn/error for 'warn'/'error', silent for 'info'. */
   log?: LogFunction;
+  /**
+   * Tests only: a worker of this engine dies at these points (see core/crash-points.ts
+   * and docs/testing.md), e.g. `{ step: 'charge', when: 'after-call' }`.
+   */
+  crashAt?: CrashPoint | CrashPoint[];
 }
 
 const optionsSchema = z.object({
@@ -42,6 +48,7 @@ const optionsSchema = z.object({
   maxPayloadBytes: z.number().int().positive().optional(),
   poolMax: z.number().int().min(2).optional(),
   log: z.function().optional(),
+  crashAt: z.union([z.object({}).passthrough(), z.array(z.object({}).passthrough())]).optional(),
 });
 
 const defaultLog: LogFunction = (level, message, meta) => {
@@ -86,6 +93,7 @@ export function createEngine(options: EngineOptions = {}): Engine {
   if (!options.pool && !connectionString) {
     throw new ConfigError('createEngine: pass connectionString or pool, or set DATABASE_URL');
   }
+  const crashPoints = new CrashPoints(validateCrashPoints(options.crashAt));
   const ownsPool = !options.pool;
   const poolConfig: pg.PoolConfig = options.pool
     ? { ...(options.pool as unknown as { options: pg.PoolConfig }).options }
@@ -155,7 +163,7 @@ export function createEngine(options: EngineOptions = {}): Engine {
         await startRun({ deps, registerWorkflow, getRun: fetchRun }, workflow, input, { idempotencyKey });
       };
       const worker = await startWorker(
-        { deps, poolConfig, workflows: [...workflows.values()], registerWorkflow, schedules: [...schedules.values()], startScheduled },
+        { deps, crashPoints, poolConfig, workflows: [...workflows.values()], registerWorkflow, schedules: [...schedules.values()], startScheduled },
         workerOptions,
       );
       workers.add(worker);
@@ -164,6 +172,11 @@ export function createEngine(options: EngineOptions = {}): Engine {
         get inFlight() {
           return worker.inFlight;
         },
+        get crashed() {
+          return worker.crashed;
+        },
+        runOnce: () => worker.runOnce(),
+        drain: (drainOptions) => worker.drain(drainOptions),
         stop: async () => {
           await worker.stop();
           workers.delete(worker);

@@ -3,7 +3,6 @@ import { serializeError } from '../engine/core/errors.js';
 import { committed } from '../engine/run/checkpoint.js';
 import { haltOnDbError } from '../engine/run/halts.js';
 import type { CompensationFunction, Execution } from '../engine/run/execution.js';
-import { failpoint } from '../engine/core/failpoints.js';
 import { heartbeatStep } from './heartbeat.js';
 import { encodeOutput, stepFailure } from './replay.js';
 import { decideRetry, resolveRetryPolicy, type RetryPolicy } from './retry.js';
@@ -139,7 +138,7 @@ export async function runOperation<T>(exec: Execution, name: string, options: Op
           continue;
         }
       }
-      failpoint('before-checkpoint', name);
+      if (exec.deps.crash?.hit('before-checkpoint', name)) return exec.suspend<T>();
       return record(exec, { seq, name, operationId: row.operation_id, key: row.idempotency_key, attempt, startedAt, reconciledResourceId }, outcome, options);
     }
   }, seq);

@@ -1,7 +1,6 @@
 import { serializeError } from '../engine/core/errors.js';
 import { flushPending, writeCheckpoint } from '../engine/run/checkpoint.js';
 import type { Execution } from '../engine/run/execution.js';
-import { failpoint } from '../engine/core/failpoints.js';
 import { heartbeatStep } from './heartbeat.js';
 import { encodeOutput, replayCheckpoint, stepFailure } from './replay.js';
 import { decideRetry, resolveRetryPolicy, type RetryPolicy } from './retry.js';
@@ -68,7 +67,7 @@ export async function runStep<T>(exec: Execution, name: string, fn: StepFunction
           continue;
         }
       }
-      failpoint('before-checkpoint', name);
+      if (exec.deps.crash?.hit('before-checkpoint', name)) return exec.suspend<T>();
       const record = {
         seq,
         name,

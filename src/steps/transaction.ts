@@ -3,7 +3,6 @@ import { serializeError } from '../engine/core/errors.js';
 import { backoff, CHECKPOINT_PARAMS, checkpointValues, committed, flushPending, readCheckpointOutcome, writeCheckpoint } from '../engine/run/checkpoint.js';
 import { haltOnDbError } from '../engine/run/halts.js';
 import type { Execution } from '../engine/run/execution.js';
-import { failpoint } from '../engine/core/failpoints.js';
 import { isConnectionError, isRetryableTransactionError, pgCode } from '../engine/db/pg-errors.js';
 import { encodeOutput, replayCheckpoint, stepFailure } from './replay.js';
 
@@ -51,7 +50,9 @@ async function transactionAttempts<T, DB>(exec: Execution, name: string, seq: nu
         }
         // Halted while the user's code ran (lease lost, shutdown): roll back, write nothing.
         if (exec.haltReason) throw new Error('execution halted');
-        failpoint('before-checkpoint', name);
+        // A crash here rolls the transaction back (below), as a dead process's connection would.
+        exec.deps.crash?.hit('before-checkpoint', name);
+        if (exec.haltReason) throw new Error('execution halted');
         const record = { seq, name, kind: 'transaction' as const, status: 'SUCCEEDED' as const, outputText: encoded.text, error: undefined, attempts: attempt, startedAt };
         // Fencing check (row lock on the run) and checkpoint, in the user's transaction.
         const values = checkpointValues(exec, record);
@@ -61,7 +62,7 @@ async function transactionAttempts<T, DB>(exec: Execution, name: string, seq: nu
         commitSent = true;
         return encoded.value;
       });
-      failpoint('after-commit', name);
+      if (exec.deps.crash?.hit('after-commit', name)) return exec.suspend<T>();
       committed(exec, runStatus);
       return value as T;
     } catch (error) {

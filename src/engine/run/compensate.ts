@@ -1,6 +1,5 @@
 import { serializeError } from '../core/errors.js';
 import type { Execution } from './execution.js';
-import { failpoint } from '../core/failpoints.js';
 
 /**
  * Runs the compensations of the operations that succeeded in this run, newest first
@@ -28,7 +27,7 @@ export async function runCompensations(exec: Execution): Promise<Array<{ operati
       exec.runId, exec.fencingToken.toString(), compensation.operationId, error === undefined,
       error === undefined ? null : JSON.stringify(serializeError(error)),
     ]);
-    failpoint('after-compensation', compensation.name);
+    if (exec.deps.crash?.hit('after-compensation', compensation.name)) return exec.suspend();
   }
   return failures;
 }

@@ -2,6 +2,7 @@ import type pg from 'pg';
 import type { Kysely } from 'kysely';
 import { NonDeterminismError } from '../core/errors.js';
 import type { Workflow } from '../core/workflow.js';
+import type { CrashHook } from '../core/crash-points.js';
 import type { CommitItem, CommitResult } from './commit-items.js';
 
 export type CompensationFunction = (info: { result: unknown; idempotencyKey: string; signal: AbortSignal }) => Promise<unknown> | unknown;
@@ -24,6 +25,8 @@ export type Halt =
   | { kind: 'cancelled' }
   /** A policy stops the run (deadline, max steps); the worker records the termination. */
   | { kind: 'terminate'; reason: 'DEADLINE' | 'MAX_STEPS'; evidence: Record<string, unknown> }
+  /** The worker crashed at a crash point (tests): it writes nothing more, its lease runs out. */
+  | { kind: 'crashed' }
   /** The run already ended in the database (a checkpoint tripped its budget or no-progress limit). */
   | { kind: 'stopped'; status: string };
 
@@ -60,6 +63,8 @@ export interface ExecutionDeps {
   log: (level: 'info' | 'warn' | 'error', message: string, meta?: Record<string, unknown>) => void;
   /** The worker's group commit for plain checkpoints and completions; without it each is its own transaction. */
   commits?: CommitQueue;
+  /** Crash points (tests only, engine option crashAt), bound to the worker that dies at one. */
+  crash?: CrashHook;
   /** Makes a workflow startable from SQL (child runs are started by runledger.start_run). */
   registerWorkflow: (workflow: Workflow<any, any>) => Promise<void>;
 }

@@ -59,6 +59,8 @@ export interface DispatcherOptions {
   /** Starts executing a claimed run; the worker calls slotFreed() when it ends. */
   execute(run: ClaimedRun): void;
   log: LogFunction;
+  /** Claims only when told (claimOnce): no poll, no notifications, no piggyback (a manual worker, for tests). */
+  manual?: boolean;
 }
 
 /**
@@ -81,11 +83,12 @@ export class Dispatcher {
   private turn = 0;
   private dueTimer: NodeJS.Timeout | undefined;
   private dueAt = Infinity;
-  private readonly pollTimer: NodeJS.Timeout;
+  private readonly pollTimer: NodeJS.Timeout | undefined;
   private readonly served: Set<string>;
 
   constructor(private readonly options: DispatcherOptions) {
     this.served = new Set(options.queues);
+    if (options.manual) return;
     this.pollTimer = setInterval(() => this.hint(), options.pollIntervalMs);
     this.hint();
   }
@@ -126,6 +129,7 @@ export class Dispatcher {
   }
 
   private armAt(dueMs: number): void {
+    if (this.options.manual || this.stopped) return;
     if (dueMs >= this.dueAt) return;
     if (this.dueTimer) clearTimeout(this.dueTimer);
     this.dueAt = dueMs;
@@ -146,7 +150,7 @@ export class Dispatcher {
   }
 
   private pump(): void {
-    if (this.stopped || this.claiming || !this.mayHaveWork || this.freeSlots() <= 0) return;
+    if (this.options.manual || this.stopped || this.claiming || !this.mayHaveWork || this.freeSlots() <= 0) return;
     if (this.options.commitBusy?.()) return; // its next batch carries the claim
     this.claiming = this.claim().finally(() => {
       this.claiming = undefined;
@@ -160,7 +164,7 @@ export class Dispatcher {
    * trip and a commit. Undefined when this dispatcher would not claim now.
    */
   piggyback(completions: number): PiggybackClaim | undefined {
-    if (this.stopped || this.claiming || !this.mayHaveWork || this.reclaim) return undefined;
+    if (this.options.manual || this.stopped || this.claiming || !this.mayHaveWork || this.reclaim) return undefined;
     const limit = Math.min(this.options.batchSize, this.freeSlots() + completions);
     if (limit <= 0) return undefined;
     const queues = this.nextQueueOrder();
@@ -191,7 +195,19 @@ export class Dispatcher {
     return [...queues.slice(first), ...queues.slice(0, first)];
   }
 
-  private async claim(): Promise<void> {
+  /** One claim now, for a manual worker: starts the runs it took and returns how many. */
+  async claimOnce(): Promise<number> {
+    if (this.stopped || this.freeSlots() <= 0) return 0;
+    await this.claiming;
+    let claimed = 0;
+    this.claiming = this.claim((count) => (claimed = count)).finally(() => {
+      this.claiming = undefined;
+    });
+    await this.claiming;
+    return claimed;
+  }
+
+  private async claim(onClaimed?: (count: number) => void): Promise<void> {
     const limit = Math.min(this.options.batchSize, this.freeSlots());
     // Hints that arrive while this claim runs may concern runs its snapshot cannot see.
     this.mayHaveWork = false;
@@ -211,11 +227,13 @@ export class Dispatcher {
       this.reclaim = false;
     } catch (error) {
       this.failed(error);
+      if (this.options.manual) throw error;
       const delay = Math.min(ERROR_BACKOFF_MS_MAX, 100 * 2 ** Math.min(this.failures, 6));
       await new Promise((resolve) => setTimeout(resolve, delay));
       return;
     }
-    this.handOver(rows, limit);
+    const claimed = this.handOver(rows, limit);
+    onClaimed?.(claimed);
   }
 
   private failed(error: unknown): void {
@@ -226,7 +244,7 @@ export class Dispatcher {
   }
 
   /** Starts the claimed runs; the row without a run says when the next one is due. */
-  private handOver(rows: ClaimRow[], limit: number): void {
+  private handOver(rows: ClaimRow[], limit: number): number {
     this.failures = 0;
     let claimed = 0;
     for (const row of rows) {
@@ -239,5 +257,6 @@ export class Dispatcher {
     }
     // A full batch: more may be waiting, and the next freed slot looks at once.
     if (claimed >= limit) this.mayHaveWork = true;
+    return claimed;
   }
 }

@@ -1,7 +1,6 @@
 import { InvalidInputError, NonDeterminismError, PayloadTooLargeError, serializeError, SQLSTATE } from '../core/errors.js';
 import { WorkflowContext } from '../../steps/context.js';
 import { Execution, type ExecutionDeps, type Halt } from '../run/execution.js';
-import { failpoint } from '../core/failpoints.js';
 import { checkpointValues, flushPending, stepItemValues, type CheckpointRecord } from '../run/checkpoint.js';
 import { completeItem } from '../run/commit-items.js';
 import type { ClaimedRun } from './dispatcher.js';
@@ -85,7 +84,7 @@ export async function executeClaimed(run: ClaimedRun, options: ExecuteOptions): 
         await finish(exec, 'runledger._fail_run(p_run_id => $1, p_token => $2, p_error => $3::jsonb, p_policy_version => $4)', [JSON.stringify(serializeError(error)), policyVersion]);
         return;
       }
-      failpoint('before-complete', workflow.name);
+      if (deps.crash?.hit('before-complete', workflow.name)) return;
       const last = exec.pendingCheckpoint;
       exec.pendingCheckpoint = undefined;
       await complete(exec, outputText, policyVersion, last);
@@ -132,6 +131,7 @@ async function handleHalt(exec: Execution, halt: Halt, policyVersion: string): P
       return;
     case 'suspended':
     case 'stopped':
+    case 'crashed':
       return;
     case 'cancelled':
       // The step that was in flight when the cancel came keeps its result.

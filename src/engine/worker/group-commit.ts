@@ -1,6 +1,6 @@
 import type pg from 'pg';
 import type { ClaimRow, PiggybackClaim } from './dispatcher.js';
-import { failpoint } from '../core/failpoints.js';
+import type { CrashHook } from '../core/crash-points.js';
 import type { CommitItem, CommitResult } from '../run/commit-items.js';
 import type { CommitQueue } from '../run/execution.js';
 
@@ -65,6 +65,7 @@ export class GroupCommit implements CommitQueue {
     private readonly pool: pg.Pool,
     private readonly maxInFlight = 1,
     private readonly maxBatch = 64,
+    private readonly crash?: CrashHook,
   ) {}
 
   submit(item: CommitItem, completes = false): Promise<CommitResult> {
@@ -107,7 +108,8 @@ export class GroupCommit implements CommitQueue {
           })
         : await this.pool.query<BatchRow>({ name: 'runledger_commit_batch', text: BATCH_SQL, values: [items] });
       rows = result.rows;
-      failpoint('after-group-commit', batch.length > 1 ? 'batch' : 'single');
+      // A crash here leaves every item unsettled, as a dead process would.
+      if (this.crash?.hit('after-group-commit', batch.length > 1 ? 'batch' : 'single')) return;
     } catch (error) {
       claim?.settle(error as Error);
       for (const waiting of batch) waiting.reject(error);

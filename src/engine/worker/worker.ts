@@ -11,6 +11,8 @@ import { createHeartbeat } from './heartbeat.js';
 import { createSweeper } from './sweeper.js';
 import { cronTaskIdentifier, crontabFor, fireSchedule, type Schedule, type StartScheduled } from '../client/schedules.js';
 import type { Execution, ExecutionDeps } from '../run/execution.js';
+import type { CrashPoints } from '../core/crash-points.js';
+import { deadAfterCrash } from './dead-pool.js';
 import { retryIdempotentStatements, startCronRunner, type CronRunner } from '../db/graphile.js';
 import { QUEUE_PATTERN, workflowKey, type Workflow } from '../core/workflow.js';
 
@@ -41,6 +43,11 @@ export interface WorkerOptions {
   /** On stop(), how long in-flight runs may take to finish before they are released; default 10 s. */
   shutdownTimeoutMs?: number;
   workerId?: string;
+  /**
+   * A manual worker claims only when told, through runOnce() and drain(), and runs no
+   * timers of its own (no poll, no sweep): a deterministic driver for tests (see runledger/testing).
+   */
+  manual?: boolean;
 }
 
 export interface Worker {
@@ -49,10 +56,24 @@ export interface Worker {
   readonly inFlight: number;
   /** Graceful: stops taking runs, lets in-flight ones finish (up to shutdownTimeoutMs), then releases the rest. */
   stop(): Promise<void>;
+  /**
+   * Manual workers only: one round of what the worker's timers would do (recover expired
+   * leases, enforce deadlines, admit, wake due timers), then one claim, and waits until
+   * every run it took has completed, failed or suspended. Returns how many runs it took.
+   */
+  runOnce(): Promise<number>;
+  /** Manual workers only: runOnce() until a round takes nothing; returns how many runs it took in all. */
+  drain(options?: { maxRounds?: number }): Promise<number>;
+  /** True once a crash point (engine option crashAt) killed this worker. */
+  readonly crashed: boolean;
 }
+
+/** Rounds after which drain() gives up: a run that keeps coming back at once would loop forever. */
+export const DRAIN_ROUNDS_MAX = 1_000;
 
 export interface WorkerHost {
   deps: ExecutionDeps;
+  crashPoints: CrashPoints;
   poolConfig: pg.PoolConfig;
   workflows: ReadonlyArray<Workflow<any, any>>;
   registerWorkflow: (workflow: Workflow<any, any>) => Promise<void>;
@@ -86,8 +107,18 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
   const served = host.workflows;
   const byKey = new Map(served.map((w) => [workflowKey(w.name, w.version), w]));
   const workerId = options.workerId ?? `${hostname()}-${process.pid}-${ulid()}`;
-  const { deps } = host;
   const executions = new Set<Execution>();
+  const manual = options.manual ?? false;
+  // After a crash point fired, this worker's queries never settle: like a killed process,
+  // it writes nothing more, and its leases run out for another worker to recover.
+  let crashed = false;
+  const pool = deadAfterCrash(host.deps.pool, () => crashed);
+  const crash = host.crashPoints.forWorker((point, name) => {
+    crashed = true;
+    deps.log('warn', `crash point ${point.when}${point.step ? `:${point.step}` : ''} reached at ${name}: the worker stops as if killed`);
+    die();
+  });
+  const deps: ExecutionDeps = { ...host.deps, pool, ...(crash ? { crash } : {}) };
 
   for (const workflow of served) await host.registerWorkflow(workflow);
   await deps.pool.query('select runledger._register_worker(p_worker_id => $1, p_host => $2, p_pid => $3, p_workflows => $4, p_queues => $5, p_concurrency => $6, p_lease_ms => $7)', [
@@ -96,7 +127,7 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
 
   const done = new Set<Promise<void>>();
   // Checkpoints and completions of this worker's concurrent runs share commits.
-  const commits = new GroupCommit(deps.pool);
+  const commits = new GroupCommit(deps.pool, 1, 64, crash);
   const execOptions = {
     deps: { ...deps, commits },
     workerId,
@@ -108,7 +139,7 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
   // graphile-worker fires cron ticks (once across workers); it gets its own small pool.
   let cronPool: pg.Pool | undefined;
   let cronRunner: CronRunner | undefined;
-  if (host.schedules.length > 0) {
+  if (host.schedules.length > 0 && !manual) {
     cronPool = new pg.Pool({ ...host.poolConfig, max: 3 });
     guardPool(cronPool, 'cron pool', deps.log);
     retryIdempotentStatements(cronPool);
@@ -143,8 +174,8 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
   );
   const heartbeatTimer = setInterval(() => void heartbeat(), Math.max(100, Math.floor(leaseMs / 3)));
   const sweepEvery = options.sweepIntervalMs ?? Math.max(250, Math.floor(leaseMs / 2));
-  const sweepTimer = setInterval(() => void sweep(), sweepEvery);
-  void sweep();
+  const sweepTimer = manual ? undefined : setInterval(() => void sweep(), sweepEvery);
+  if (!manual) void sweep();
 
   // Last: from here on runs are claimed.
   const claimer: Dispatcher = new Dispatcher({
@@ -166,13 +197,37 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
       done.add(running);
     },
     log: deps.log,
+    manual,
   });
   dispatcher = claimer;
   commits.claimer = claimer;
 
+  /** A crash point fired: everything stops at once, nothing is released or deregistered. */
+  function die(): void {
+    markCrashed();
+    clearInterval(sweepTimer);
+    clearInterval(heartbeatTimer);
+    void claimer.stop();
+    for (const exec of executions) exec.halt({ kind: 'crashed' });
+    void listener.close();
+    void cronRunner?.stop().catch(() => undefined);
+  }
+
+  const runOnce = async (): Promise<number> => {
+    if (!manual) throw new ConfigError('runOnce() and drain() need a manual worker: runWorker({ manual: true })');
+    if (crashed) return 0;
+    await sweep();
+    const claimed = await claimer.claimOnce();
+    while (done.size > 0 && !crashed) await Promise.race([Promise.allSettled([...done]), crashedSignal]);
+    return claimed;
+  };
+  let markCrashed!: () => void;
+  const crashedSignal = new Promise<void>((resolve) => (markCrashed = resolve));
+
   let stopping: Promise<void> | undefined;
   const stop = () =>
     (stopping ??= (async () => {
+      if (crashed) return;
       clearInterval(sweepTimer);
       const shutdownTimeoutMs = options.shutdownTimeoutMs ?? SHUTDOWN_TIMEOUT_MS_DEFAULT;
       const releaseTimer = setTimeout(() => {
@@ -198,6 +253,19 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
     get inFlight() {
       return executions.size;
     },
+    get crashed() {
+      return crashed;
+    },
     stop,
+    runOnce,
+    async drain({ maxRounds = DRAIN_ROUNDS_MAX } = {}) {
+      let total = 0;
+      for (let round = 0; round < maxRounds; round++) {
+        const claimed = await runOnce();
+        if (claimed === 0 || crashed) return total + claimed;
+        total += claimed;
+      }
+      throw new ConfigError(`drain(): runs were still runnable after ${maxRounds} rounds (a run that keeps coming back at once?)`);
+    },
   };
 }

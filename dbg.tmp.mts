@@ -1,0 +1,14 @@
+import pg from 'pg';
+import { createEngine } from './src/index.ts';
+const admin = new pg.Client({ connectionString: 'postgres://postgres@127.0.0.1:5432/postgres' });
+await admin.connect(); await admin.query('drop database if exists rl_dbg with (force)'); await admin.query('create database rl_dbg'); await admin.end();
+const engine = createEngine({ connectionString: 'postgres://postgres@127.0.0.1:5432/rl_dbg', log: (l, m, meta) => console.log(l, m, meta ?? '') });
+await engine.migrate();
+const wf = engine.workflow({ name: 'x' }, async (ctx) => { const a = await ctx.step('a', () => 1); return a + 1; });
+console.log('starting worker');
+const w = await engine.runWorker({ concurrency: 2 });
+console.log('worker up');
+const h = await engine.start(wf, {});
+console.log('started', h.runId);
+console.log(await h.result({ timeoutMs: 5000 }));
+await engine.close();
