@@ -54,8 +54,9 @@ export function unqualifySingleRelationView(def: string): string {
   }
   if (/\b(UNION|INTERSECT|EXCEPT|JOIN)\b/.test(top)) return def;
   const from = /\n\s*FROM ([\w."]+)(?: (\w+))?\s*(?:\n|;|$)/.exec(top);
-  if (!from) return def;
-  const alias = from[2] ?? from[1].split('.').at(-1)!;
+  const relation = from?.[1];
+  if (!from || !relation) return def;
+  const alias = from[2] ?? relation.split('.').at(-1) ?? relation;
   let out = '';
   const stack: boolean[] = []; // per open parenthesis: does it start a subquery?
   for (let i = 0; i < def.length; i++) {
@@ -84,12 +85,12 @@ export function unqualifySingleRelationView(def: string): string {
 
 export async function schemaSnapshot(client: pg.ClientBase, schema = 'runledger'): Promise<string> {
   const out: string[] = [];
-  const serverVersion = Number((await client.query<Row>('show server_version_num')).rows[0].server_version_num);
+  const serverVersion = Number((await client.query<Row>('show server_version_num')).rows[0]?.server_version_num);
   const section = (title: string) => out.push('', `-- ${title}`, '');
 
-  const ns = await rows(client, `select obj_description(n.oid, 'pg_namespace') as comment from pg_namespace n where n.nspname = $1`, schema);
-  if (ns.length === 0) throw new Error(`schemaSnapshot: schema ${schema} does not exist`);
-  out.push(`CREATE SCHEMA ${schema};`, ...comment(`SCHEMA ${schema}`, ns[0].comment));
+  const [ns] = await rows(client, `select obj_description(n.oid, 'pg_namespace') as comment from pg_namespace n where n.nspname = $1`, schema);
+  if (!ns) throw new Error(`schemaSnapshot: schema ${schema} does not exist`);
+  out.push(`CREATE SCHEMA ${schema};`, ...comment(`SCHEMA ${schema}`, ns.comment));
 
   section('types');
   const enums = await rows(
