@@ -633,7 +633,7 @@ begin
     message = format('run_id %L is invalid: 1 to 200 letters, digits and _.:- starting with a letter or digit', new.run_id);
 end;
 $function$;
-COMMENT ON FUNCTION runledger._check_run_id() IS 'Trigger function: rejects a run_id that is not 1 to 200 characters of [A-Za-z0-9_.:-] starting with a letter or digit (the old runs_run_id_check).';
+COMMENT ON FUNCTION runledger._check_run_id() IS 'Trigger function: rejects a run_id that is not 1 to 200 characters of [A-Za-z0-9_.:-] starting with a letter or digit.';
 
 CREATE OR REPLACE FUNCTION runledger._check_step(p_seq integer, p_kind text, p_status text)
  RETURNS boolean
@@ -840,7 +840,7 @@ begin
   end loop;
 
   if cardinality(v_ids) > 0 then
-    -- Compare-and-set as in _claim_run: a new fencing token and a lease for each.
+    -- Compare-and-set on the rows locked above: a new fencing token and a lease for each.
     return query
       with claimed as (
         update runledger.runs r
@@ -901,7 +901,7 @@ begin
          started_at = coalesce(r.started_at, v_now), updated_at = v_now
    where r.run_id = p_run_id
      and ((r.status = 'PENDING' and r.admitted and (r.not_before is null or r.not_before <= v_now))
-          -- A due timer: the delayed dispatch job of a sleep or a wait's timeout fired.
+          -- A due timer: a sleep ended, or a wait timed out.
           -- (In a queue with limits the run is woken and goes through admission instead.)
           or (r.status = 'WAITING' and r.wake_at <= v_now and not runledger._queue_limited(r.queue_name))
           -- A cancelled run whose owner died before its compensations finished.
@@ -1256,6 +1256,7 @@ begin
      where run_id = p_run_id and status = 'PENDING' and (not_before is null or not_before < v_due);
   end if;
   -- Workers serving the queue claim at once, or arm a timer for the due time (epoch ms).
+  -- p_task is _task_identifier(queue, workflow, version): the queue is its second part.
   -- Identical notifications in one transaction are delivered once.
   perform pg_notify('runledger_runnable',
     split_part(p_task, ':', 2) || coalesce('@' || (extract(epoch from v_due) * 1000)::bigint, ''));
@@ -1894,7 +1895,7 @@ CREATE OR REPLACE FUNCTION runledger._task_identifier(p_queue text, p_workflow t
 AS $function$
   select 'runledger:' || p_queue || ':' || p_workflow || '@' || p_version
 $function$;
-COMMENT ON FUNCTION runledger._task_identifier(text,text,text) IS 'Name of a (queue, workflow@version) pair, as _dispatch receives it: the queue is its second '':''-separated part. (Before 0010 it was the graphile-worker task that dispatched those runs.)';
+COMMENT ON FUNCTION runledger._task_identifier(text,text,text) IS 'Name of a (queue, workflow@version) pair, as _dispatch receives it: the queue is its second '':''-separated part.';
 
 CREATE OR REPLACE FUNCTION runledger._terminate_run(p_run_id text, p_token bigint, p_reason text, p_evidence jsonb)
  RETURNS void
@@ -2037,8 +2038,8 @@ declare
   v_run   runledger.runs;
   v_count int := 0;
 begin
-  -- Normally the delayed dispatch job claims a due run directly. This sweep covers a
-  -- timer job that is missing, and clocks moved with runledger.fake_now in tests.
+  -- Workers claim the due timers of the queues they serve (_claim_batch). This sweep
+  -- covers queues no live worker claims from, and clocks moved with runledger.fake_now in tests.
   for v_run in
     select * from runledger.runs r
      where r.status = 'WAITING' and r.wake_at <= runledger.now() - make_interval(secs => p_grace_ms / 1000.0)

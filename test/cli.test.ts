@@ -97,7 +97,7 @@ describe('runledger migrate', () => {
       const url = withDatabase(adminUrl, name);
       const first = await cli(['migrate'], { DATABASE_URL: url });
       expect(first).toMatchObject({ code: 0, stderr: '' });
-      expect(first.stdout).toMatch(/^applied 0001_schema, 0002_runs, .*0009_operator, 0010_dispatch(, \d{4}_[a-z0-9_]+)*\n$/);
+      expect(first.stdout).toMatch(/^applied 0001_schema, 0002_runs, .*0008_dispatch(, \d{4}_[a-z0-9_]+)*\n$/);
       expect(first.stdout).toBe(`applied ${loadMigrations().map((m) => m.name).join(', ')}\n`);
       const second = await cli(['migrate', '--database-url', url], { DATABASE_URL: '' });
       expect(second).toMatchObject({ code: 0, stdout: 'schema runledger is up to date\n' });
@@ -107,7 +107,7 @@ describe('runledger migrate', () => {
         const applied = await check.query('select count(*)::int as n from runledger.migrations');
         expect(applied.rows[0].n).toBe(loadMigrations().length);
         const breaking = await check.query('select name from runledger.migrations where breaking order by version');
-        expect(breaking.rows).toEqual([{ name: '0010_dispatch' }]);
+        expect(breaking.rows).toEqual([{ name: '0008_dispatch' }]);
       } finally {
         await check.end();
       }

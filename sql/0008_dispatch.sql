@@ -1,29 +1,15 @@
--- breaking: runs are no longer dispatched as graphile-worker jobs; a worker built before 0010 would wait for jobs that never come.
--- 0010_dispatch: workers claim runnable runs straight from runledger.runs.
+-- breaking: workers claim runs from runledger.runs; a runledger build that dispatched runs as graphile-worker jobs would wait for jobs that never come.
+-- 0008_dispatch: workers claim runnable runs straight from runledger.runs.
 --
+--   runledger._dispatch(...)      announces that a run is (or will be) runnable: NOTIFY runledger_runnable
 --   runledger._claim_batch(...)   claims up to N runnable runs in one statement (SKIP LOCKED)
---   runledger._dispatch(...)      now only announces work (NOTIFY runledger_runnable)
+--   runledger._claim_run(...)     claims one given run (operators and tests)
 --
--- Before 0010 every move into PENDING added a graphile-worker job, and a worker
--- fetched the job, claimed the run, ran it and deleted the job: three writes to a
--- second queue table per run, plus sweeps for jobs that went missing or stuck. The
--- runs table already says which runs can execute (PENDING and admitted, a WAITING
--- run whose timer is due, a CANCELLING run without an owner), so a worker now takes
--- them from there: one round trip claims a batch, and a run can no longer lose its
--- dispatch. graphile-worker remains for cron schedules.
-
--- Dispatch jobs left by earlier versions: their runs are claimable from the table now.
--- (graphile-worker may be absent when the files are run by hand with psql.)
-do $$
-begin
-  if to_regclass('graphile_worker.jobs') is not null then
-    execute $sql$select graphile_worker.remove_job(j.key) from graphile_worker.jobs j where j.key like 'runledger:%'$sql$;
-  end if;
-end;
-$$;
-
-drop function runledger._redispatch_orphans(int, int);
-drop function runledger._redispatch_stuck(int, int);
+-- The runs table says which runs can execute (PENDING and admitted, a WAITING run whose
+-- timer is due, a CANCELLING run without an owner), so a worker takes them from there:
+-- one round trip claims a batch, and a run cannot lose its dispatch. A notification only
+-- saves a worker the wait for its next poll. (graphile-worker is used for cron schedules
+-- only.)
 
 -- What a worker claims, in its order: priority (lower first), then age.
 create index runs_ready on runledger.runs (queue_name, priority, created_at)
@@ -33,8 +19,11 @@ create index runs_not_before on runledger.runs (queue_name, not_before)
   where status = 'PENDING' and admitted and not_before is not null;
 create index runs_timer on runledger.runs (queue_name, wake_at)
   where status = 'WAITING' and wake_at is not null;
+-- _claim_batch looks for CANCELLING runs without an owner in every claim; without an
+-- index of their own the planner walked every executing run of the queue to find none.
+create index runs_cancelling_unowned on runledger.runs (queue_name) where status = 'CANCELLING' and lease_owner is null;
 
-create or replace function runledger._dispatch(p_run_id text, p_task text, p_delay_ms int default 0) returns void
+create function runledger._dispatch(p_run_id text, p_task text, p_delay_ms int default 0) returns void
 language plpgsql volatile as $$
 declare
   v_due timestamptz;
@@ -46,6 +35,7 @@ begin
      where run_id = p_run_id and status = 'PENDING' and (not_before is null or not_before < v_due);
   end if;
   -- Workers serving the queue claim at once, or arm a timer for the due time (epoch ms).
+  -- p_task is _task_identifier(queue, workflow, version): the queue is its second part.
   -- Identical notifications in one transaction are delivered once.
   perform pg_notify('runledger_runnable',
     split_part(p_task, ':', 2) || coalesce('@' || (extract(epoch from v_due) * 1000)::bigint, ''));
@@ -152,7 +142,7 @@ begin
   end loop;
 
   if cardinality(v_ids) > 0 then
-    -- Compare-and-set as in _claim_run: a new fencing token and a lease for each.
+    -- Compare-and-set on the rows locked above: a new fencing token and a lease for each.
     return query
       with claimed as (
         update runledger.runs r
@@ -196,39 +186,65 @@ $$;
 comment on function runledger._claim_batch(text, text[], text[], int, int, text[]) is
   'Worker claim of up to p_limit runnable runs of the given queues and workflow@version keys, in one statement: CANCELLING runs without an owner, then due timers, then admitted PENDING runs by priority and age (FOR UPDATE SKIP LOCKED, so workers never wait on each other). Each becomes RUNNING with fencing_token + 1 and a lease, and is returned with its checkpoints. Runs past their deadline are TERMINATED on the way; a due timer in a queue with limits is woken into admission. When fewer than p_limit were claimed, a last row with run_id null gives next_due_at, the next delayed start or timer (null if none). p_reclaim_except (the runs the worker is executing) also takes back this worker''s other runs: a claim whose reply was lost.';
 
--- Unchanged but for the dispatch job it no longer has to revoke (and so no longer needs
--- graphile-worker's schema): a stopped run is simply not claimable.
-create or replace function runledger._stop_unowned(p_run_id text, p_status runledger.run_status, p_reason text, p_evidence jsonb)
-returns boolean
+create function runledger._claim_run(p_run_id text, p_worker_id text, p_lease_ms int, p_reclaim boolean default false)
+returns table (
+  run_id text, workflow_name text, workflow_version text, input jsonb, fencing_token bigint,
+  recovery_attempts int, created_at timestamptz, max_steps int, budget numeric, budget_spent numeric,
+  cancel_requested boolean, checkpoints jsonb, progress jsonb)
 language plpgsql volatile as $$
 declare
   v_now timestamptz := runledger.now();
+  v_run runledger.runs;
 begin
-  update runledger.runs
-     set status = p_status, finished_at = v_now, updated_at = v_now, terminated_at = v_now,
-         termination_reason = p_reason, termination_evidence = p_evidence,
-         wait_kind = null, wait_key = null, wake_at = null
-   where run_id = p_run_id and status in ('PENDING', 'WAITING');
+  -- Compare-and-set: only a PENDING run can be claimed, and every claim takes a new
+  -- fencing token, so a duplicate dispatch or a late worker claims nothing.
+  update runledger.runs r
+     set status = case when r.status = 'CANCELLING' then 'CANCELLING'::runledger.run_status else 'RUNNING' end,
+         fencing_token = r.fencing_token + 1, lease_owner = p_worker_id,
+         wait_kind = null, wait_key = null, wake_at = null, admitted = false,
+         lease_expires_at = v_now + make_interval(secs => p_lease_ms / 1000.0),
+         started_at = coalesce(r.started_at, v_now), updated_at = v_now
+   where r.run_id = p_run_id
+     and ((r.status = 'PENDING' and r.admitted and (r.not_before is null or r.not_before <= v_now))
+          -- A due timer: a sleep ended, or a wait timed out.
+          -- (In a queue with limits the run is woken and goes through admission instead.)
+          or (r.status = 'WAITING' and r.wake_at <= v_now and not runledger._queue_limited(r.queue_name))
+          -- A cancelled run whose owner died before its compensations finished.
+          or (r.status = 'CANCELLING' and r.lease_owner is null)
+          -- p_reclaim: this worker's earlier claim may have committed with its reply lost
+          -- (connection dropped); the worker is not executing the run, so it claims it again.
+          or (p_reclaim and r.status = 'RUNNING' and r.lease_owner = p_worker_id))
+     and (r.deadline_at is null or r.deadline_at > v_now)
+  returning r.* into v_run;
   if not found then
-    return false;
+    -- A due timer in a queue with limits: wake the run into admission.
+    perform runledger._wake(r.run_id, r.wait_kind, r.wait_key)
+       from runledger.runs r
+      where r.run_id = p_run_id and r.status = 'WAITING' and r.wake_at <= v_now
+        and (r.deadline_at is null or r.deadline_at > v_now);
+    -- A run past its deadline is never put back to work: it ends here instead.
+    perform runledger._stop_unowned(r.run_id, 'TERMINATED', 'DEADLINE',
+              jsonb_build_object('deadline_at', r.deadline_at, 'noticed_at', v_now))
+       from runledger.runs r
+      where r.run_id = p_run_id and r.status in ('PENDING', 'WAITING') and r.deadline_at <= v_now;
+    return;
   end if;
-  -- A pending approval is left undecided; the approval inbox lists only waiting runs.
-  perform runledger._slot_freed(p_run_id);
-  insert into runledger.events (run_id, kind, detail, at)
-  values (p_run_id, case p_status when 'CANCELLED' then 'cancelled' else lower(p_reason) end,
-          jsonb_build_object('status', p_status, 'reason', p_reason, 'evidence', p_evidence), v_now);
-  perform runledger._cancel_children(p_run_id, format('parent %s ended %s', p_run_id, p_reason));
-  perform runledger._wake_parent(p_run_id);
-  return true;
+  insert into runledger.events (run_id, kind, detail, fencing_token, at)
+  values (p_run_id, 'claimed', jsonb_build_object('worker', p_worker_id), v_run.fencing_token, v_now);
+  return query
+    select v_run.run_id, v_run.workflow_name, v_run.workflow_version, v_run.input, v_run.fencing_token,
+           v_run.recovery_attempts, v_run.created_at, v_run.max_steps, v_run.budget, v_run.budget_spent,
+           v_run.status = 'CANCELLING',
+           -- output is wrapped in a one-element array so JSON null and "no value" (SQL NULL) stay distinct.
+           coalesce((select jsonb_agg(jsonb_build_array(s.seq, s.name, s.status,
+                                        case when s.output is null then null else jsonb_build_array(s.output) end,
+                                        s.error, s.kind) order by s.seq)
+                       from runledger.steps s where s.run_id = p_run_id), '[]'::jsonb),
+           -- The last heartbeat progress of steps without a checkpoint: where a takeover resumes.
+           (select jsonb_object_agg(p.seq::text, p.progress) from runledger.step_progress p where p.run_id = p_run_id);
 end;
 $$;
-comment on function runledger._stop_unowned(text, runledger.run_status, text, jsonb) is
-  'Ends a run that holds no worker (PENDING or WAITING) with a termination record, so no worker claims it again; cancels its children, wakes its parent.';
+comment on function runledger._claim_run(text, text, int, boolean) is
+  'Worker claim: PENDING (or WAITING with a due timer) -> RUNNING with fencing_token + 1 and a lease; returns the run, its limits and all its checkpoints (one round trip), or no row when the run is not claimable. A run past its deadline is TERMINATED (DEADLINE) instead. p_reclaim also takes back a run this worker already owns (a claim whose reply was lost).';
 
-comment on function runledger._task_identifier(text, text, text) is
-  'Name of a (queue, workflow@version) pair, as _dispatch receives it: the queue is its second '':''-separated part. (Before 0010 it was the graphile-worker task that dispatched those runs.)';
-
-comment on function runledger._wake_due(int, int) is
-  'Sweeper: wakes WAITING runs whose wake time passed more than p_grace_ms ago (workers claim due timers themselves; this covers queues no live worker claims from, and clocks moved by runledger.fake_now). Returns how many.';
-
-insert into runledger.migrations (version, name) values (10, '0010_dispatch');
+insert into runledger.migrations (version, name) values (8, '0008_dispatch');
