@@ -1,7 +1,7 @@
 -- 0001_schema: the runledger schema, its run state machine, the rules every row obeys,
 -- and the tables that hold every durable fact about a run.
 --
---   runledger.migrations       which of these files are applied
+--   runledger.migrations       which of these files are applied, and the checksum of each
 --   runledger.run_status       the run state machine (kept equal to RUN_STATES in TS)
 --   runledger.now()            the one clock; honours `set runledger.fake_now`
 --   runledger.is_terminal()    the statuses a run never leaves on its own
@@ -29,10 +29,13 @@ create table runledger.migrations (
   version    int primary key,
   name       text not null,
   breaking   boolean not null default false,
-  applied_at timestamptz not null default now()
+  applied_at timestamptz not null default now(),
+  checksum   text
 );
 comment on table runledger.migrations is
   'Applied runledger migrations (files sql/NNNN_*.sql). A breaking migration newer than the code makes older code refuse to start.';
+comment on column runledger.migrations.checksum is
+  'sha256 (hex) of the file''s text as applied, recorded by migrate(); migrate() refuses a database whose applied files differ from its own (null: applied with psql, taken as the running build''s).';
 
 create type runledger.run_status as enum (
   'PENDING', 'RUNNING', 'WAITING', 'CANCELLING',

@@ -66,9 +66,11 @@ CREATE TABLE runledger.migrations (
   version integer NOT NULL,
   name text NOT NULL,
   breaking boolean DEFAULT false NOT NULL,
-  applied_at timestamp with time zone DEFAULT now() NOT NULL
+  applied_at timestamp with time zone DEFAULT now() NOT NULL,
+  checksum text
 );
 COMMENT ON TABLE runledger.migrations IS 'Applied runledger migrations (files sql/NNNN_*.sql). A breaking migration newer than the code makes older code refuse to start.';
+COMMENT ON COLUMN runledger.migrations.checksum IS 'sha256 (hex) of the file''s text as applied, recorded by migrate(); migrate() refuses a database whose applied files differ from its own (null: applied with psql, taken as the running build''s).';
 ALTER TABLE runledger.migrations ADD CONSTRAINT migrations_pkey PRIMARY KEY (version);
 CREATE UNIQUE INDEX migrations_pkey ON runledger.migrations USING btree (version);
 

@@ -37,6 +37,7 @@ export {
   NotAllowedError,
   ChildFailedError,
   NonRetryableError,
+  MigrationMismatchError,
 } from './errors.js';
 export type { ErrorCode, SerializedError } from './errors.js';
 export { startEmbeddedPostgres } from './dev/embedded-postgres.js';

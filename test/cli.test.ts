@@ -116,6 +116,19 @@ describe('runledger migrate', () => {
       await admin.end();
     }
   });
+
+  it('refuses a database migrated with a different build: one line with MIGRATION_MISMATCH on stderr, exit 1', async () => {
+    const saved = (await db.pool.query(`select checksum from runledger.migrations where name = '0002_runs'`)).rows[0].checksum;
+    await db.pool.query(`update runledger.migrations set checksum = repeat('0', 64) where name = '0002_runs'`);
+    try {
+      const result = await cli(['migrate']);
+      expect(result).toMatchObject({ code: 1, stdout: '' });
+      expect(result.stderr).toMatch(/^error \[MIGRATION_MISMATCH\]: runledger migration 0002_runs \(checksum differs\) .*different build of runledger.*\n$/);
+      expect(result.stderr.trim().split('\n')).toHaveLength(1);
+    } finally {
+      await db.pool.query(`update runledger.migrations set checksum = $1 where name = '0002_runs'`, [saved]);
+    }
+  });
 });
 
 describe('runledger start, runs, show', () => {
