@@ -6,6 +6,7 @@ import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
 import { createEngine, loadMigrations, type Engine, type Worker } from '../src/index.js';
 import { stoppedAfterEach } from './helpers/cleanup.js';
 import { createTestDatabase, waitFor, type TestDatabase } from './helpers/database.js';
+import { claimRun } from './helpers/claim.js';
 import { withDatabase } from './setup/global-setup.js';
 
 /**
@@ -223,7 +224,7 @@ describe('runledger dead-letter, retry', () => {
     await db.pool.query(`select runledger._register_workflow('cli-orphan', '1', 'nobody-serves', 0)`);
     const runId = (await db.pool.query(`select runledger.start_run('cli-orphan', '{}') as id`)).rows[0].id as string;
     // A worker claims it and dies: its 1 ms lease expires, and with max_recovery_attempts 0 the sweep dead-letters it.
-    await db.pool.query(`select 1 from runledger._claim_run($1, 'dead-worker', 1)`, [runId]);
+    await claimRun(db.pool, runId, 'dead-worker', 1);
     await waitFor('dead-lettered', async () => {
       await db.pool.query('select runledger._recover_expired()');
       return (await runRow(runId)).status === 'DEAD_LETTER';
@@ -267,10 +268,10 @@ describe('runledger unknown, resolve', () => {
     const handle = await engine.start(flows.ticket, undefined);
     const key = `ticket-${handle.runId}`;
     // A worker records the intent (STARTED) and dies before the outcome: what ctx.operation does up to the call.
-    const claimed = await db.pool.query(`select fencing_token from runledger._claim_run($1, 'dead-worker', 60000)`, [handle.runId]);
+    const claimed = await claimRun(db.pool, handle.runId, 'dead-worker', 60000);
     const operationId = (
       await db.pool.query(`select operation_id from runledger._operation_begin($1, $2, 0, 'create-ticket', $3, false, false)`, [
-        handle.runId, claimed.rows[0].fencing_token, key,
+        handle.runId, claimed.fencing_token, key,
       ])
     ).rows[0].operation_id as string;
     await db.pool.query(`update runledger.runs set lease_expires_at = runledger.now() - interval '1 second' where run_id = $1`, [handle.runId]);
