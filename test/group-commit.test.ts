@@ -44,8 +44,19 @@ function countingPool(): { pool: pg.Pool; batches: number[] } {
   return { pool, batches };
 }
 
-/** A started and claimed run, with its fencing token as text (as pg gives a bigint). */
-async function claimedRun(label: string): Promise<{ runId: string; token: string }> {
+let claiming: Promise<unknown> = Promise.resolve();
+
+/**
+ * A started and claimed run, with its fencing token as text (as pg gives a bigint). One
+ * at a time: a claim takes the queue's first runnable run, which must be this one.
+ */
+function claimedRun(label: string): Promise<{ runId: string; token: string }> {
+  const turn = claiming.then(() => startAndClaim(label));
+  claiming = turn.catch(() => undefined);
+  return turn;
+}
+
+async function startAndClaim(label: string): Promise<{ runId: string; token: string }> {
   const started = await db.pool.query(`select runledger.start_run('gc', '{}'::jsonb, $1::jsonb) as run_id`, [
     JSON.stringify({ run_id: `${label}-${Math.random().toString(36).slice(2, 10)}` }),
   ]);
