@@ -885,64 +885,6 @@ end;
 $function$;
 COMMENT ON FUNCTION runledger._claim_batch(text,text[],text[],integer,integer,text[]) IS 'Worker claim of up to p_limit runnable runs of the given queues and workflow@version keys, in one statement: CANCELLING runs without an owner, then due timers, then admitted PENDING runs by priority and age (FOR UPDATE SKIP LOCKED, so workers never wait on each other). Each becomes RUNNING with fencing_token + 1 and a lease, and is returned with its checkpoints. Runs past their deadline are TERMINATED on the way; a due timer in a queue with limits is woken into admission. When fewer than p_limit were claimed, a last row with run_id null gives next_due_at, the next delayed start or timer (null if none). p_reclaim_except (the runs the worker is executing) also takes back this worker''s other runs: a claim whose reply was lost.';
 
-CREATE OR REPLACE FUNCTION runledger._claim_run(p_run_id text, p_worker_id text, p_lease_ms integer, p_reclaim boolean DEFAULT false)
- RETURNS TABLE(run_id text, workflow_name text, workflow_version text, input jsonb, fencing_token bigint, recovery_attempts integer, created_at timestamp with time zone, max_steps integer, budget numeric, budget_spent numeric, cancel_requested boolean, checkpoints jsonb, progress jsonb)
- LANGUAGE plpgsql
-AS $function$
-declare
-  v_now timestamptz := runledger.now();
-  v_run runledger.runs;
-begin
-  -- Compare-and-set: only a PENDING run can be claimed, and every claim takes a new
-  -- fencing token, so a duplicate dispatch or a late worker claims nothing.
-  update runledger.runs r
-     set status = case when r.status = 'CANCELLING' then 'CANCELLING'::runledger.run_status else 'RUNNING' end,
-         fencing_token = r.fencing_token + 1, lease_owner = p_worker_id,
-         wait_kind = null, wait_key = null, wake_at = null, admitted = false,
-         lease_expires_at = v_now + make_interval(secs => p_lease_ms / 1000.0),
-         started_at = coalesce(r.started_at, v_now), updated_at = v_now
-   where r.run_id = p_run_id
-     and ((r.status = 'PENDING' and r.admitted and (r.not_before is null or r.not_before <= v_now))
-          -- A due timer: a sleep ended, or a wait timed out.
-          -- (In a queue with limits the run is woken and goes through admission instead.)
-          or (r.status = 'WAITING' and r.wake_at <= v_now and not runledger._queue_limited(r.queue_name))
-          -- A cancelled run whose owner died before its compensations finished.
-          or (r.status = 'CANCELLING' and r.lease_owner is null)
-          -- p_reclaim: this worker's earlier claim may have committed with its reply lost
-          -- (connection dropped); the worker is not executing the run, so it claims it again.
-          or (p_reclaim and r.status = 'RUNNING' and r.lease_owner = p_worker_id))
-     and (r.deadline_at is null or r.deadline_at > v_now)
-  returning r.* into v_run;
-  if not found then
-    -- A due timer in a queue with limits: wake the run into admission.
-    perform runledger._wake(r.run_id, r.wait_kind, r.wait_key)
-       from runledger.runs r
-      where r.run_id = p_run_id and r.status = 'WAITING' and r.wake_at <= v_now
-        and (r.deadline_at is null or r.deadline_at > v_now);
-    -- A run past its deadline is never put back to work: it ends here instead.
-    perform runledger._stop_unowned(r.run_id, 'TERMINATED', 'DEADLINE',
-              jsonb_build_object('deadline_at', r.deadline_at, 'noticed_at', v_now))
-       from runledger.runs r
-      where r.run_id = p_run_id and r.status in ('PENDING', 'WAITING') and r.deadline_at <= v_now;
-    return;
-  end if;
-  insert into runledger.events (run_id, kind, detail, fencing_token, at)
-  values (p_run_id, 'claimed', jsonb_build_object('worker', p_worker_id), v_run.fencing_token, v_now);
-  return query
-    select v_run.run_id, v_run.workflow_name, v_run.workflow_version, v_run.input, v_run.fencing_token,
-           v_run.recovery_attempts, v_run.created_at, v_run.max_steps, v_run.budget, v_run.budget_spent,
-           v_run.status = 'CANCELLING',
-           -- output is wrapped in a one-element array so JSON null and "no value" (SQL NULL) stay distinct.
-           coalesce((select jsonb_agg(jsonb_build_array(s.seq, s.name, s.status,
-                                        case when s.output is null then null else jsonb_build_array(s.output) end,
-                                        s.error, s.kind) order by s.seq)
-                       from runledger.steps s where s.run_id = p_run_id), '[]'::jsonb),
-           -- The last heartbeat progress of steps without a checkpoint: where a takeover resumes.
-           (select jsonb_object_agg(p.seq::text, p.progress) from runledger.step_progress p where p.run_id = p_run_id);
-end;
-$function$;
-COMMENT ON FUNCTION runledger._claim_run(text,text,integer,boolean) IS 'Worker claim: PENDING (or WAITING with a due timer) -> RUNNING with fencing_token + 1 and a lease; returns the run, its limits and all its checkpoints (one round trip), or no row when the run is not claimable. A run past its deadline is TERMINATED (DEADLINE) instead. p_reclaim also takes back a run this worker already owns (a claim whose reply was lost).';
-
 CREATE OR REPLACE FUNCTION runledger._commit_and_claim(p_items jsonb, p_worker_id text, p_queues text[], p_workflows text[], p_limit integer, p_lease_ms integer)
  RETURNS TABLE(item integer, code text, message text, run_status text, claimed jsonb)
  LANGUAGE plpgsql
