@@ -1,14 +1,23 @@
--- 0001_schema: the runledger schema, its run state machine and the tables that
--- hold every durable fact about a run.
+-- 0001_schema: the runledger schema, its run state machine, the rules every row obeys,
+-- and the tables that hold every durable fact about a run.
 --
---   runledger.migrations  which of these files are applied
---   runledger.run_status  the run state machine (kept equal to RUN_STATES in TS)
---   runledger.now()       the one clock; honours `set runledger.fake_now`
---   runledger.workflows   (name, version) pairs known to the engine
---   runledger.runs        one row per run: status, lease, fencing token, termination record
---   runledger.steps       one checkpoint per completed step, PK (run_id, seq)
---   runledger.events      append-only history of each run
---   runledger.workers     live and past worker processes
+--   runledger.migrations       which of these files are applied, and the checksum of each
+--   runledger.run_status       the run state machine (kept equal to RUN_STATES in TS)
+--   runledger.now()            the one clock; honours `set runledger.fake_now`
+--   runledger.is_terminal()    the statuses a run never leaves on its own
+--   runledger._check_run()     the invariants of a runs row (constraint runs_invariants)
+--   runledger._check_step()    the invariants of a steps row (constraint steps_invariants)
+--   runledger._check_run_id()  trigger function: a run_id is checked where one is written
+--   runledger.workflows        (name, version) pairs known to the engine
+--   runledger.runs             one row per run: status, lease, fencing token, termination record
+--   runledger.steps            one checkpoint per completed step, PK (run_id, seq)
+--   runledger.events           append-only history of each run
+--   runledger.workers          live and past worker processes
+--
+-- Functions called on every run transition are PL/pgSQL, not LANGUAGE sql: PostgreSQL
+-- plans a LANGUAGE sql function it cannot inline again on every call in a new
+-- transaction, while PL/pgSQL caches its plans for the session (profiles of a worker
+-- draining one-step runs spent about a quarter of the server's time in such re-planning).
 --
 -- Runnable as `psql -v ON_ERROR_STOP=1 -1 -f sql/0001_schema.sql`.
 
@@ -20,10 +29,13 @@ create table runledger.migrations (
   version    int primary key,
   name       text not null,
   breaking   boolean not null default false,
-  applied_at timestamptz not null default now()
+  applied_at timestamptz not null default now(),
+  checksum   text
 );
 comment on table runledger.migrations is
   'Applied runledger migrations (files sql/NNNN_*.sql). A breaking migration newer than the code makes older code refuse to start.';
+comment on column runledger.migrations.checksum is
+  'sha256 (hex) of the file''s text as applied, recorded by migrate(); migrate() refuses a database whose applied files differ from its own (null: applied with psql, taken as the running build''s).';
 
 create type runledger.run_status as enum (
   'PENDING', 'RUNNING', 'WAITING', 'CANCELLING',
@@ -48,6 +60,90 @@ $$;
 comment on function runledger.is_terminal(runledger.run_status) is
   'True for the statuses a run never leaves on its own (retry_run or fork_run are explicit operator actions).';
 
+-- PostgreSQL parses and prepares every CHECK constraint of a table again for each
+-- statement that writes it (from its stored node tree): with ten constraints on runs,
+-- with long lists of names, a profile of a draining worker put a fifth of the server's
+-- time there. So the rules of a row sit in one PL/pgSQL function called by one
+-- constraint: a small node tree to prepare, and a cached function to run. A row that
+-- breaks a rule fails with SQLSTATE 23514 and the name of the rule it broke.
+create function runledger._check_run(
+  p_status runledger.run_status, p_finished_at timestamptz, p_termination_reason text,
+  p_lease_owner text, p_lease_expires_at timestamptz, p_wait_kind text,
+  p_budget numeric, p_max_steps int, p_no_progress int, p_retry_budget int, p_max_recovery_attempts int)
+returns boolean
+language plpgsql immutable as $$
+declare
+  v_rule text;
+begin
+  if (p_status in ('SUCCEEDED', 'FAILED', 'CANCELLED', 'TERMINATED', 'DEAD_LETTER'))
+     <> (p_finished_at is not null and p_termination_reason is not null) then
+    v_rule := 'runs_terminal_has_record';
+  elsif p_termination_reason not in ('COMPLETED', 'FAILED', 'CANCELLED', 'DEADLINE', 'MAX_STEPS', 'BUDGET',
+                                     'NO_PROGRESS', 'MAX_RECOVERY_ATTEMPTS', 'NON_DETERMINISM') then
+    v_rule := 'runs_termination_reason_check';
+  elsif (p_lease_owner is not null) <> (p_lease_expires_at is not null)
+     or (p_status not in ('RUNNING', 'CANCELLING') and p_lease_owner is not null)
+     or (p_status = 'RUNNING' and p_lease_owner is null) then
+    v_rule := 'runs_lease_only_when_executing';
+  elsif p_wait_kind not in ('timer', 'signal', 'approval', 'child', 'retry', 'reconcile') then
+    v_rule := 'runs_wait_kind_check';
+  elsif (p_status = 'WAITING') <> (p_wait_kind is not null) then
+    v_rule := 'runs_wait_kind_only_when_waiting';
+  elsif p_budget < 0 then
+    v_rule := 'runs_budget_check';
+  elsif p_max_steps <= 0 then
+    v_rule := 'runs_max_steps_check';
+  elsif p_no_progress < 2 then
+    v_rule := 'runs_no_progress_check';
+  elsif p_retry_budget < 0 then
+    v_rule := 'runs_retry_budget_check';
+  elsif p_max_recovery_attempts < 0 then
+    v_rule := 'runs_max_recovery_attempts_check';
+  else
+    return true;
+  end if;
+  raise exception using errcode = '23514', constraint = v_rule, table = 'runs', schema = 'runledger',
+    message = format('new row for relation "runs" violates check constraint "%s" (status %s)', v_rule, p_status);
+end;
+$$;
+comment on function runledger._check_run(runledger.run_status, timestamptz, text, text, timestamptz, text, numeric, int, int, int, int) is
+  'The invariants of a runs row, checked by its constraint runs_invariants; a broken one raises 23514 naming the rule: runs_terminal_has_record (a terminal status, and only one, has finished_at and termination_reason), runs_termination_reason_check, runs_lease_only_when_executing (only RUNNING or CANCELLING runs hold a lease; a RUNNING one always does), runs_wait_kind_check, runs_wait_kind_only_when_waiting, and the ranges of budget, max_steps, no_progress, retry_budget and max_recovery_attempts.';
+
+-- The same for steps, written once per checkpoint.
+create function runledger._check_step(p_seq int, p_kind text, p_status text) returns boolean
+language plpgsql immutable as $$
+declare
+  v_rule text;
+begin
+  if p_seq < 0 then
+    v_rule := 'steps_seq_check';
+  elsif p_kind not in ('step', 'transaction', 'operation', 'sleep', 'signal', 'approval', 'child_start', 'child') then
+    v_rule := 'steps_kind_check';
+  elsif p_status not in ('SUCCEEDED', 'FAILED', 'WAITING') then
+    v_rule := 'steps_status_check';
+  else
+    return true;
+  end if;
+  raise exception using errcode = '23514', constraint = v_rule, table = 'steps', schema = 'runledger',
+    message = format('new row for relation "steps" violates check constraint "%s" (kind %s, status %s)', v_rule, p_kind, p_status);
+end;
+$$;
+comment on function runledger._check_step(int, text, text) is
+  'The invariants of a steps row, checked by its constraint steps_invariants; a broken one raises 23514 naming the rule: steps_seq_check (seq >= 0), steps_kind_check, steps_status_check (SUCCEEDED, FAILED or WAITING).';
+
+-- A CHECK on runs.run_id would run its regular expression on every UPDATE of a run
+-- (PostgreSQL evaluates every CHECK constraint on every update); an id never changes, so
+-- it is checked where one is written: on insert, and on the rare update of the id itself.
+create function runledger._check_run_id() returns trigger
+language plpgsql as $$
+begin
+  raise exception using errcode = '23514',
+    message = format('run_id %L is invalid: 1 to 200 letters, digits and _.:- starting with a letter or digit', new.run_id);
+end;
+$$;
+comment on function runledger._check_run_id() is
+  'Trigger function: rejects a run_id that is not 1 to 200 characters of [A-Za-z0-9_.:-] starting with a letter or digit.';
+
 create table runledger.workflows (
   workflow_name         text not null check (workflow_name ~ '^[A-Za-z0-9][A-Za-z0-9_.-]{0,49}$'),
   workflow_version      text not null check (workflow_version ~ '^[A-Za-z0-9][A-Za-z0-9_.-]{0,19}$'),
@@ -61,8 +157,10 @@ create table runledger.workflows (
 comment on table runledger.workflows is
   'Workflow (name, version) pairs registered by engines and workers. start_run uses it to resolve the default version, queue and recovery limit of a run started from SQL.';
 
+-- The value rules of a run (wait_kind, termination_reason, the ranges of the limits) and
+-- the rules between its columns are all in _check_run, under the names they are reported by.
 create table runledger.runs (
-  run_id                text primary key check (run_id ~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}$'),
+  run_id                text primary key,
   workflow_name         text not null,
   workflow_version      text not null,
   queue_name            text not null,
@@ -80,46 +178,39 @@ create table runledger.runs (
   finished_at           timestamptz,
   deadline_at           timestamptz,
   wake_at               timestamptz,
-  wait_kind             text check (wait_kind in ('timer', 'signal', 'approval', 'child', 'retry', 'reconcile')),
+  wait_kind             text,
   wait_key              text,
   lease_owner           text,
   lease_expires_at      timestamptz,
   fencing_token         bigint not null default 0,
   recovery_attempts     int not null default 0,
-  max_recovery_attempts int not null default 10 check (max_recovery_attempts >= 0),
+  max_recovery_attempts int not null default 10,
   version_manifest      jsonb not null default '{}',
-  -- Termination policies (limits), fixed at start: see sql/0006_termination.sql.
-  max_steps             int check (max_steps > 0),
-  budget                numeric check (budget >= 0),
+  -- Termination policies (limits), fixed at start: see sql/0005_termination.sql.
+  max_steps             int,
+  budget                numeric,
   budget_spent          numeric not null default 0,
-  no_progress           int check (no_progress >= 2),
+  no_progress           int,
   cancel_requested_at   timestamptz,
-  -- Admission (sql/0008_queues.sql): a PENDING run is dispatched only once its queue admits it.
+  -- Admission (sql/0007_queues.sql): a PENDING run is claimed only once its queue admits it.
   admitted              boolean not null default false,
   admitted_at           timestamptz,
   not_before            timestamptz,
-  retry_budget          int check (retry_budget >= 0),
+  retry_budget          int,
   retries_used          int not null default 0,
   cancel_reason         text,
-  termination_reason    text check (termination_reason in (
-                          'COMPLETED', 'FAILED', 'CANCELLED', 'DEADLINE', 'MAX_STEPS', 'BUDGET',
-                          'NO_PROGRESS', 'MAX_RECOVERY_ATTEMPTS', 'NON_DETERMINISM')),
+  termination_reason    text,
   termination_evidence  jsonb,
   terminated_at         timestamptz,
   policy_version        text,
-  -- A terminal run has its termination record and finish time; a live one has neither.
-  constraint runs_terminal_has_record check (
-    runledger.is_terminal(status) = (finished_at is not null and termination_reason is not null)),
-  -- Only an executing run has an owner; waiting and pending runs hold no worker.
-  -- (A CANCELLING run may be without an owner while it waits for a worker to finish its compensations.)
-  constraint runs_lease_only_when_executing check (
-    (lease_owner is not null) = (lease_expires_at is not null)
-    and (status in ('RUNNING', 'CANCELLING') or lease_owner is null)
-    and (status <> 'RUNNING' or lease_owner is not null)),
-  constraint runs_wait_kind_only_when_waiting check ((status = 'WAITING') = (wait_kind is not null))
+  constraint runs_invariants check (runledger._check_run(
+    status, finished_at, termination_reason, lease_owner, lease_expires_at, wait_kind,
+    budget, max_steps, no_progress, retry_budget, max_recovery_attempts))
 );
 comment on table runledger.runs is
   'One row per workflow run: status, lease (owner, expiry, fencing token), recovery attempts and the termination record (reason, evidence, time, policy version).';
+comment on constraint runs_invariants on runledger.runs is
+  'Every rule a runs row obeys, in runledger._check_run (see its comment); a broken rule is reported under its own name.';
 comment on column runledger.runs.fencing_token is
   'Incremented on every claim. Every checkpoint write checks it in the same transaction, so a worker that lost its lease cannot commit.';
 comment on column runledger.runs.recovery_attempts is
@@ -132,6 +223,11 @@ comment on column runledger.runs.no_progress is
   'N: the same step name returning the same result (hash) N times in a row ends the run TERMINATED with reason NO_PROGRESS.';
 comment on column runledger.runs.termination_reason is
   'Why a terminal run stopped: COMPLETED, FAILED, CANCELLED, DEADLINE, MAX_STEPS, BUDGET, NO_PROGRESS, MAX_RECOVERY_ATTEMPTS, NON_DETERMINISM.';
+
+create trigger runs_run_id_insert before insert on runledger.runs
+  for each row when (new.run_id !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}$') execute function runledger._check_run_id();
+create trigger runs_run_id_update before update of run_id on runledger.runs
+  for each row when (new.run_id !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}$') execute function runledger._check_run_id();
 
 create unique index runs_idempotency_key on runledger.runs (workflow_name, idempotency_key)
   where idempotency_key is not null;
@@ -151,12 +247,12 @@ create index runs_parent on runledger.runs (parent_run_id) where parent_run_id i
 
 create table runledger.steps (
   run_id        text not null references runledger.runs (run_id) on delete cascade,
-  seq           int  not null check (seq >= 0),
+  seq           int  not null,
   name          text not null,
-  kind          text not null check (kind in ('step', 'transaction', 'operation', 'sleep', 'signal', 'approval', 'child_start', 'child')),
+  kind          text not null,
   -- WAITING: a durable wait began at this position (its wake time is in output); it
   -- becomes SUCCEEDED with the wait's result when the wait ends.
-  status        text not null check (status in ('SUCCEEDED', 'FAILED', 'WAITING')),
+  status        text not null,
   output        jsonb,
   error         jsonb,
   attempts      int not null default 1,
@@ -165,10 +261,13 @@ create table runledger.steps (
   fencing_token bigint not null,
   -- md5 of output, kept only for runs with a no_progress limit.
   output_hash   text,
-  primary key (run_id, seq)
+  primary key (run_id, seq),
+  constraint steps_invariants check (runledger._check_step(seq, kind, status))
 );
 comment on table runledger.steps is
   'Checkpoints: one row per completed step of a run, at its position seq. A step whose row exists is never executed again; replay returns output (or rethrows error).';
+comment on constraint steps_invariants on runledger.steps is
+  'Every rule a steps row obeys, in runledger._check_step (see its comment); a broken rule is reported under its own name.';
 
 create table runledger.events (
   event_id      bigint generated always as identity primary key,

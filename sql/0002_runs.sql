@@ -1,11 +1,16 @@
--- 0002_runs: starting, claiming, checkpointing and finishing runs.
+-- 0002_runs: starting, checkpointing and finishing runs.
 --
---   runledger.start_run(workflow, input, options)  public: create a run and dispatch it
---   runledger._dispatch(...)                        enqueue "run R may be runnable" (graphile-worker job)
---   runledger._claim_run(...)                       compare-and-set claim; returns the run and its checkpoints
---   runledger._checkpoint(...)                      fenced checkpoint write
---   runledger._checkpoint_outcome(...)              resolves a COMMIT whose outcome the client did not see
---   runledger._complete_run / _fail_run / _dead_letter_run / _release_run
+--   runledger.start_run(workflow, input, options)  public: create a run and make it runnable
+--   runledger._max_payload_bytes()                 the largest input/output accepted
+--   runledger._check_whole_number(...)             option validation shared by start_run and set_queue
+--   runledger._new_id()                            ULIDs made in SQL
+--   runledger._task_identifier(...)                the (queue, workflow@version) name _dispatch takes
+--   runledger._fence(...)                          the lease check every write of an executing run makes
+--   runledger._checkpoint_row / _checkpoint        fenced checkpoint write
+--   runledger._checkpoint_outcome(...)             resolves a COMMIT whose outcome the client did not see
+--   runledger._finish_run / _finished              a fenced move to a terminal status, and what follows it
+--   runledger._complete_run / _complete_with_checkpoint / _fail_run / _dead_letter_run
+--   runledger._release_run(...)                    a worker gives a run back
 --
 -- Error codes (SQLSTATE) are the ones RunledgerError maps in src/errors.ts:
 --   RL001 LEASE_LOST, RL002 NOT_FOUND, RL003 INVALID_INPUT, RL004 PAYLOAD_TOO_LARGE,
@@ -24,25 +29,44 @@ language sql immutable parallel safe as $$
   select 'runledger:' || p_queue || ':' || p_workflow || '@' || p_version
 $$;
 comment on function runledger._task_identifier(text, text, text) is
-  'graphile-worker task that dispatches runs of one workflow version in one queue; a worker subscribes only to the pairs it serves.';
+  'Name of a (queue, workflow@version) pair, as _dispatch receives it: the queue is its second '':''-separated part.';
 
-create function runledger._dispatch(p_run_id text, p_task text, p_delay_ms int default 0) returns void
-language plpgsql volatile as $$
+create function runledger._check_whole_number(p_opts jsonb, p_key text, p_min int) returns void
+language plpgsql immutable as $$
 begin
-  -- job_key per run: at most one pending dispatch per run. A duplicate is harmless
-  -- anyway, because claiming is a compare-and-set on the run row.
-  perform graphile_worker.add_job(
-    identifier   => p_task,
-    payload      => json_build_object('runId', p_run_id),
-    run_at       => case when p_delay_ms > 0 then now() + make_interval(secs => p_delay_ms / 1000.0) end,
-    -- A failed dispatch job (its claim could not reach the database) is retried by graphile-worker.
-    max_attempts => 25,
-    job_key      => 'runledger:' || p_run_id,
-    job_key_mode => 'replace');
+  if p_opts ? p_key and jsonb_typeof(p_opts->p_key) <> 'null'
+     and (jsonb_typeof(p_opts->p_key) <> 'number' or (p_opts->>p_key) !~ '^\d{1,9}$' or (p_opts->>p_key)::int < p_min) then
+    raise exception using errcode = 'RL003',
+      message = format('option %s must be a whole number >= %s, not %s', p_key, p_min, p_opts->p_key);
+  end if;
 end;
 $$;
-comment on function runledger._dispatch(text, text, int) is
-  'Enqueues a graphile-worker job meaning "run R may be runnable", optionally delayed. Called in the same transaction as every move into PENDING.';
+comment on function runledger._check_whole_number(jsonb, text, int) is 'Raises RL003 unless p_opts->p_key is absent or a whole number >= p_min.';
+
+-- ULIDs generated in SQL so that psql-started runs look like TypeScript-started ones:
+-- 48-bit millisecond time + 80 random bits, Crockford base32.
+create function runledger._new_id() returns text
+language plpgsql volatile as $$
+declare
+  v_alphabet constant text := '0123456789ABCDEFGHJKMNPQRSTVWXYZ';
+  v_ms    bigint := (extract(epoch from clock_timestamp()) * 1000)::bigint;
+  v_out   text := '';
+  -- 10 random bytes from the random parts of two v4 UUIDs (no pgcrypto needed).
+  v_bytes bytea := substring(uuid_send(gen_random_uuid()) from 1 for 6) || substring(uuid_send(gen_random_uuid()) from 11 for 4);
+  i int;
+begin
+  for i in reverse 9..0 loop
+    v_out := v_out || substr(v_alphabet, ((v_ms >> (i * 5)) & 31)::int + 1, 1);
+  end loop;
+  for i in 0..15 loop
+    -- 16 base32 characters from 80 random bits, 5 bits each.
+    v_out := v_out || substr(v_alphabet,
+      (((get_byte(v_bytes, (i * 5) / 8) << 8) | get_byte(v_bytes, least((i * 5) / 8 + 1, 9))) >> (11 - (i * 5) % 8) & 31) + 1, 1);
+  end loop;
+  return v_out;
+end;
+$$;
+comment on function runledger._new_id() is 'A new ULID (26 characters, Crockford base32) for ids created in SQL.';
 
 create function runledger.start_run(p_workflow text, p_input jsonb, p_options jsonb default '{}')
 returns text
@@ -175,104 +199,6 @@ $$;
 comment on function runledger.start_run(text, jsonb, jsonb) is
   'Starts a run of a registered workflow and dispatches it (or leaves it to its queue''s admission); returns run_id. Options: run_at (delayed start), run_id, idempotency_key (same key or run_id returns the existing run), queue, priority, concurrency_key, version, max_recovery_attempts, and limits overriding the workflow''s: deadline (interval or timestamp), max_steps, budget, no_progress.';
 
-create function runledger._check_whole_number(p_opts jsonb, p_key text, p_min int) returns void
-language plpgsql immutable as $$
-begin
-  if p_opts ? p_key and jsonb_typeof(p_opts->p_key) <> 'null'
-     and (jsonb_typeof(p_opts->p_key) <> 'number' or (p_opts->>p_key) !~ '^\d{1,9}$' or (p_opts->>p_key)::int < p_min) then
-    raise exception using errcode = 'RL003',
-      message = format('option %s must be a whole number >= %s, not %s', p_key, p_min, p_opts->p_key);
-  end if;
-end;
-$$;
-comment on function runledger._check_whole_number(jsonb, text, int) is 'Raises RL003 unless p_opts->p_key is absent or a whole number >= p_min.';
-
--- ULIDs generated in SQL so that psql-started runs look like TypeScript-started ones:
--- 48-bit millisecond time + 80 random bits, Crockford base32.
-create function runledger._new_id() returns text
-language plpgsql volatile as $$
-declare
-  v_alphabet constant text := '0123456789ABCDEFGHJKMNPQRSTVWXYZ';
-  v_ms    bigint := (extract(epoch from clock_timestamp()) * 1000)::bigint;
-  v_out   text := '';
-  -- 10 random bytes from the random parts of two v4 UUIDs (no pgcrypto needed).
-  v_bytes bytea := substring(uuid_send(gen_random_uuid()) from 1 for 6) || substring(uuid_send(gen_random_uuid()) from 11 for 4);
-  i int;
-begin
-  for i in reverse 9..0 loop
-    v_out := v_out || substr(v_alphabet, ((v_ms >> (i * 5)) & 31)::int + 1, 1);
-  end loop;
-  for i in 0..15 loop
-    -- 16 base32 characters from 80 random bits, 5 bits each.
-    v_out := v_out || substr(v_alphabet,
-      (((get_byte(v_bytes, (i * 5) / 8) << 8) | get_byte(v_bytes, least((i * 5) / 8 + 1, 9))) >> (11 - (i * 5) % 8) & 31) + 1, 1);
-  end loop;
-  return v_out;
-end;
-$$;
-comment on function runledger._new_id() is 'A new ULID (26 characters, Crockford base32) for ids created in SQL.';
-
-create function runledger._claim_run(p_run_id text, p_worker_id text, p_lease_ms int, p_reclaim boolean default false)
-returns table (
-  run_id text, workflow_name text, workflow_version text, input jsonb, fencing_token bigint,
-  recovery_attempts int, created_at timestamptz, max_steps int, budget numeric, budget_spent numeric,
-  cancel_requested boolean, checkpoints jsonb, progress jsonb)
-language plpgsql volatile as $$
-declare
-  v_now timestamptz := runledger.now();
-  v_run runledger.runs;
-begin
-  -- Compare-and-set: only a PENDING run can be claimed, and every claim takes a new
-  -- fencing token, so a duplicate dispatch or a late worker claims nothing.
-  update runledger.runs r
-     set status = case when r.status = 'CANCELLING' then 'CANCELLING'::runledger.run_status else 'RUNNING' end,
-         fencing_token = r.fencing_token + 1, lease_owner = p_worker_id,
-         wait_kind = null, wait_key = null, wake_at = null, admitted = false,
-         lease_expires_at = v_now + make_interval(secs => p_lease_ms / 1000.0),
-         started_at = coalesce(r.started_at, v_now), updated_at = v_now
-   where r.run_id = p_run_id
-     and ((r.status = 'PENDING' and r.admitted and (r.not_before is null or r.not_before <= v_now))
-          -- A due timer: the delayed dispatch job of a sleep or a wait's timeout fired.
-          -- (In a queue with limits the run is woken and goes through admission instead.)
-          or (r.status = 'WAITING' and r.wake_at <= v_now and not runledger._queue_limited(r.queue_name))
-          -- A cancelled run whose owner died before its compensations finished.
-          or (r.status = 'CANCELLING' and r.lease_owner is null)
-          -- p_reclaim: this worker's earlier claim may have committed with its reply lost
-          -- (connection dropped); the worker is not executing the run, so it claims it again.
-          or (p_reclaim and r.status = 'RUNNING' and r.lease_owner = p_worker_id))
-     and (r.deadline_at is null or r.deadline_at > v_now)
-  returning r.* into v_run;
-  if not found then
-    -- A due timer in a queue with limits: wake the run into admission.
-    perform runledger._wake(r.run_id, r.wait_kind, r.wait_key)
-       from runledger.runs r
-      where r.run_id = p_run_id and r.status = 'WAITING' and r.wake_at <= v_now
-        and (r.deadline_at is null or r.deadline_at > v_now);
-    -- A run past its deadline is never put back to work: it ends here instead.
-    perform runledger._stop_unowned(r.run_id, 'TERMINATED', 'DEADLINE',
-              jsonb_build_object('deadline_at', r.deadline_at, 'noticed_at', v_now))
-       from runledger.runs r
-      where r.run_id = p_run_id and r.status in ('PENDING', 'WAITING') and r.deadline_at <= v_now;
-    return;
-  end if;
-  insert into runledger.events (run_id, kind, detail, fencing_token, at)
-  values (p_run_id, 'claimed', jsonb_build_object('worker', p_worker_id), v_run.fencing_token, v_now);
-  return query
-    select v_run.run_id, v_run.workflow_name, v_run.workflow_version, v_run.input, v_run.fencing_token,
-           v_run.recovery_attempts, v_run.created_at, v_run.max_steps, v_run.budget, v_run.budget_spent,
-           v_run.status = 'CANCELLING',
-           -- output is wrapped in a one-element array so JSON null and "no value" (SQL NULL) stay distinct.
-           coalesce((select jsonb_agg(jsonb_build_array(s.seq, s.name, s.status,
-                                        case when s.output is null then null else jsonb_build_array(s.output) end,
-                                        s.error, s.kind) order by s.seq)
-                       from runledger.steps s where s.run_id = p_run_id), '[]'::jsonb),
-           -- The last heartbeat progress of steps without a checkpoint: where a takeover resumes.
-           (select jsonb_object_agg(p.seq::text, p.progress) from runledger.step_progress p where p.run_id = p_run_id);
-end;
-$$;
-comment on function runledger._claim_run(text, text, int, boolean) is
-  'Worker claim: PENDING (or WAITING with a due timer) -> RUNNING with fencing_token + 1 and a lease; returns the run, its limits and all its checkpoints (one round trip), or no row when the run is not claimable. A run past its deadline is TERMINATED (DEADLINE) instead. p_reclaim also takes back a run this worker already owns (a claim whose reply was lost).';
-
 create function runledger._fence(p_run_id text, p_token bigint, p_now timestamptz default null) returns runledger.runs
 language plpgsql volatile as $$
 declare
@@ -299,10 +225,12 @@ $$;
 comment on function runledger._fence(text, bigint, timestamptz) is
   'Returns the run, locked until commit, if the caller still holds it with this fencing token; else raises RL001 LEASE_LOST. Past the run''s deadline raises RL009, so nothing commits after it.';
 
-create function runledger._checkpoint(
+-- The checkpoint's body returns the run row read by the fence, so a caller that goes on
+-- to finish the run (_complete_with_checkpoint, group commit) need not read it again.
+create function runledger._checkpoint_row(
   p_run_id text, p_token bigint, p_seq int, p_name text, p_kind text, p_status text,
   p_output jsonb, p_error jsonb, p_attempts int, p_started_at timestamptz, p_charge numeric default 0)
-returns table (pid int, run_status text)
+returns runledger.runs
 language plpgsql volatile as $$
 declare
   v_now  timestamptz := runledger.now();
@@ -332,10 +260,26 @@ begin
     v_run := runledger._charge(v_run, p_charge, p_name, p_seq);
   end if;
   if v_hash is not null and v_run.status in ('RUNNING', 'CANCELLING') then
-    perform runledger._check_progress(v_run, p_name, p_seq, v_hash);
+    if runledger._check_progress(v_run, p_name, p_seq, v_hash) then
+      v_run.status := 'TERMINATED';
+    end if;
   end if;
-  -- The caller learns here if the run was cancelled or terminated (one round trip).
-  return query select pg_backend_pid(), r.status::text from runledger.runs r where r.run_id = p_run_id;
+  return v_run;
+end;
+$$;
+comment on function runledger._checkpoint_row(text, bigint, int, text, text, text, jsonb, jsonb, int, timestamptz, numeric) is
+  'The body of _checkpoint: fenced checkpoint write (see _checkpoint), returning the run row as it is after the checkpoint (its status says whether a policy ended it).';
+
+create function runledger._checkpoint(
+  p_run_id text, p_token bigint, p_seq int, p_name text, p_kind text, p_status text,
+  p_output jsonb, p_error jsonb, p_attempts int, p_started_at timestamptz, p_charge numeric default 0)
+returns table (pid int, run_status text)
+language plpgsql volatile as $$
+begin
+  run_status := (runledger._checkpoint_row(p_run_id, p_token, p_seq, p_name, p_kind, p_status, p_output, p_error,
+                                           p_attempts, p_started_at, p_charge)).status;
+  pid := pg_backend_pid();
+  return next;
 end;
 $$;
 comment on function runledger._checkpoint(text, bigint, int, text, text, text, jsonb, jsonb, int, timestamptz, numeric) is
@@ -360,29 +304,52 @@ $$;
 comment on function runledger._checkpoint_outcome(text, int, bigint) is
   'After a COMMIT whose outcome the client did not see: waits for in-flight transactions on the run, then says whether the checkpoint committed (output wrapped in a one-element array, null when absent).';
 
+-- What every move to a terminal status does after the run row itself: its event, its
+-- parent's wake-up, and admission of the next run of a queue with limits. The callers
+-- pass what they already read from the row, so it is not read again.
+create function runledger._finished(
+  p_run_id text, p_token bigint, p_status runledger.run_status, p_reason text, p_error jsonb, p_evidence jsonb,
+  p_parent text, p_queue text, p_now timestamptz)
+returns void
+language plpgsql volatile as $$
+begin
+  insert into runledger.events (run_id, kind, detail, fencing_token, at)
+  values (p_run_id, case p_status when 'DEAD_LETTER' then 'dead_lettered' else lower(p_reason) end,
+          jsonb_strip_nulls(jsonb_build_object('status', p_status, 'reason', p_reason, 'error', p_error, 'evidence', p_evidence)), p_token, p_now);
+  -- As _wake_parent and _slot_freed, without reading the row again.
+  if p_parent is not null then
+    perform runledger._wake(p_parent, 'child', p_run_id);
+  end if;
+  if runledger._queue_limited(p_queue) then
+    perform runledger._admit(p_queue);
+  end if;
+end;
+$$;
+comment on function runledger._finished(text, bigint, runledger.run_status, text, jsonb, jsonb, text, text, timestamptz) is
+  'After a run''s row moved to a terminal status: writes its event, wakes its parent (p_parent) and admits the next run of its queue if the queue has limits.';
+
 create function runledger._finish_run(
   p_run_id text, p_token bigint, p_status runledger.run_status, p_reason text,
   p_output jsonb, p_error jsonb, p_evidence jsonb, p_policy_version text)
 returns void
 language plpgsql volatile as $$
 declare
-  v_now timestamptz := runledger.now();
+  v_now    timestamptz := runledger.now();
+  v_parent text;
+  v_queue  text;
 begin
   update runledger.runs
      set status = p_status, output = p_output, error = p_error, finished_at = v_now, updated_at = v_now,
          lease_owner = null, lease_expires_at = null, wait_kind = null, wait_key = null, wake_at = null,
          termination_reason = p_reason, termination_evidence = p_evidence, terminated_at = v_now,
          policy_version = coalesce(policy_version, p_policy_version)
-   where run_id = p_run_id and fencing_token = p_token and status in ('RUNNING', 'CANCELLING');
+   where run_id = p_run_id and fencing_token = p_token and status in ('RUNNING', 'CANCELLING')
+  returning parent_run_id, queue_name into v_parent, v_queue;
   if not found then
     raise exception using errcode = 'RL001',
       message = format('run %s: lease lost (fencing token %s is stale or the run stopped executing)', p_run_id, p_token);
   end if;
-  insert into runledger.events (run_id, kind, detail, fencing_token, at)
-  values (p_run_id, case p_status when 'DEAD_LETTER' then 'dead_lettered' else lower(p_reason) end,
-          jsonb_strip_nulls(jsonb_build_object('status', p_status, 'reason', p_reason, 'error', p_error, 'evidence', p_evidence)), p_token, v_now);
-  perform runledger._wake_parent(p_run_id);
-  perform runledger._slot_freed(p_run_id);
+  perform runledger._finished(p_run_id, p_token, p_status, p_reason, p_error, p_evidence, v_parent, v_queue, v_now);
 end;
 $$;
 comment on function runledger._finish_run(text, bigint, runledger.run_status, text, jsonb, jsonb, jsonb, text) is
@@ -414,13 +381,51 @@ create function runledger._complete_with_checkpoint(
   p_output jsonb, p_policy_version text)
 returns void language plpgsql volatile as $$
 declare
-  v_status text;
+  v_now      timestamptz := runledger.now();
+  v_run      runledger.runs;
+  v_parent   text;
+  v_queue    text;
+  v_evidence jsonb;
 begin
   -- The run's last step and its completion in one transaction (one round trip).
-  select run_status into v_status
-    from runledger._checkpoint(p_run_id, p_token, p_seq, p_name, p_kind, p_status, p_step_output, p_error, p_attempts, p_started_at, p_charge);
-  if v_status in ('RUNNING', 'CANCELLING') then
-    perform runledger._complete_run(p_run_id, p_token, p_output, p_policy_version, 0);
+  if p_charge = 0 then
+    -- The common case in one statement: the update is the fence (same token, RUNNING,
+    -- before the deadline) and the completion. A run with a no-progress limit, a charge
+    -- or a cancel under way takes the general path below, which also says what failed.
+    update runledger.runs r
+       set status = 'SUCCEEDED', output = p_output, error = null, finished_at = v_now, updated_at = v_now,
+           lease_owner = null, lease_expires_at = null, wait_kind = null, wait_key = null, wake_at = null,
+           termination_reason = 'COMPLETED', terminated_at = v_now,
+           policy_version = coalesce(r.policy_version, p_policy_version),
+           -- The step below is not written yet (or only as a retry's WAITING row): count it once.
+           termination_evidence = jsonb_build_object(
+             'steps', (select count(*) from runledger.steps s where s.run_id = p_run_id and s.seq <> p_seq) + 1,
+             'budget_spent', r.budget_spent)
+     where r.run_id = p_run_id and r.fencing_token = p_token and r.status = 'RUNNING'
+       and r.no_progress is null and (r.deadline_at is null or r.deadline_at > v_now)
+    returning r.parent_run_id, r.queue_name, r.termination_evidence into v_parent, v_queue, v_evidence;
+    if found then
+      insert into runledger.steps (run_id, seq, name, kind, status, output, error, attempts, started_at, finished_at, fencing_token)
+      values (p_run_id, p_seq, p_name, p_kind, p_status, p_step_output, p_error, p_attempts, p_started_at, v_now, p_token)
+      on conflict (run_id, seq) do update
+         set status = excluded.status, output = excluded.output, error = excluded.error, attempts = excluded.attempts,
+             finished_at = excluded.finished_at, fencing_token = excluded.fencing_token
+       where runledger.steps.status = 'WAITING' and runledger.steps.name = excluded.name;
+      if not found then
+        raise exception using errcode = 'RL010', message = format('run %s: step %s already has a checkpoint', p_run_id, p_seq);
+      end if;
+      perform runledger._finished(p_run_id, p_token, 'SUCCEEDED', 'COMPLETED', null, v_evidence, v_parent, v_queue, v_now);
+      return;
+    end if;
+  end if;
+  -- The checkpoint's fence holds the run's row lock, so the completion needs no second one.
+  v_run := runledger._checkpoint_row(p_run_id, p_token, p_seq, p_name, p_kind, p_status, p_step_output, p_error,
+                                     p_attempts, p_started_at, p_charge);
+  if v_run.status in ('RUNNING', 'CANCELLING') then
+    perform runledger._finish_run(p_run_id, p_token, 'SUCCEEDED', 'COMPLETED', p_output, null,
+      jsonb_build_object('steps', (select count(*) from runledger.steps s where s.run_id = p_run_id),
+                         'budget_spent', v_run.budget_spent),
+      p_policy_version);
   end if;
 end;
 $$;
@@ -428,15 +433,19 @@ comment on function runledger._complete_with_checkpoint(text, bigint, int, text,
   'Fenced: writes the last step''s checkpoint and completes the run in one transaction (unless the checkpoint itself ended the run, e.g. over budget).';
 
 create function runledger._fail_run(p_run_id text, p_token bigint, p_error jsonb, p_policy_version text)
-returns void language sql volatile as $$
-  select runledger._finish_run(p_run_id, p_token, 'FAILED', 'FAILED', null, p_error, null, p_policy_version)
+returns void language plpgsql volatile as $$
+begin
+  perform runledger._finish_run(p_run_id, p_token, 'FAILED', 'FAILED', null, p_error, null, p_policy_version);
+end;
 $$;
 comment on function runledger._fail_run(text, bigint, jsonb, text) is
   'Fenced failure: the workflow threw; FAILED with the error and the FAILED termination record.';
 
 create function runledger._dead_letter_run(p_run_id text, p_token bigint, p_reason text, p_evidence jsonb, p_policy_version text)
-returns void language sql volatile as $$
-  select runledger._finish_run(p_run_id, p_token, 'DEAD_LETTER', p_reason, null, null, p_evidence, p_policy_version)
+returns void language plpgsql volatile as $$
+begin
+  perform runledger._finish_run(p_run_id, p_token, 'DEAD_LETTER', p_reason, null, null, p_evidence, p_policy_version);
+end;
 $$;
 comment on function runledger._dead_letter_run(text, bigint, text, jsonb, text) is
   'Fenced move to DEAD_LETTER (e.g. NON_DETERMINISM) with evidence; the run leaves the automatic path until retry_run.';

@@ -30,6 +30,9 @@ $$;
 comment on function runledger._register_worker(text, text, int, text[], text[], int, int) is
   'A worker process announces what it serves (workflow@version, queues), its concurrency and lease length.';
 
+-- A worker's group commit locks several of its runs in one transaction, in run_id order.
+-- Its heartbeat, which renews all its leases in one statement, and its graceful stop lock
+-- them in the same order, so they wait for each other instead of deadlocking.
 create function runledger._heartbeat(p_worker_id text, p_lease_ms int, p_except text[] default '{}') returns text[]
 language plpgsql volatile as $$
 declare
@@ -39,13 +42,19 @@ begin
   update runledger.workers set last_heartbeat_at = v_now, stopped_at = null where worker_id = p_worker_id;
   -- One statement renews every lease this worker holds. A run taken over by another
   -- worker has another lease_owner and is not renewed: the caller sees it missing.
-  with renewed as (
-    update runledger.runs
-       set lease_expires_at = v_now + make_interval(secs => p_lease_ms / 1000.0)
-     where lease_owner = p_worker_id and status in ('RUNNING', 'CANCELLING')
+  with held as (
+    select r.run_id from runledger.runs r
+     where r.lease_owner = p_worker_id and r.status in ('RUNNING', 'CANCELLING')
        -- Runs inside a step that heartbeats itself are kept alive by that step only.
-       and run_id <> all (p_except)
-    returning run_id)
+       and r.run_id <> all (p_except)
+     order by r.run_id
+     for update
+  ), renewed as (
+    update runledger.runs r
+       set lease_expires_at = v_now + make_interval(secs => p_lease_ms / 1000.0)
+      from held
+     where r.run_id = held.run_id and r.lease_owner = p_worker_id and r.status in ('RUNNING', 'CANCELLING')
+    returning r.run_id)
   select coalesce(array_agg(run_id), '{}') into v_runs from renewed;
   return v_runs;
 end;
@@ -62,6 +71,7 @@ begin
   for v_run in
     select r.run_id, r.fencing_token from runledger.runs r
      where r.lease_owner = p_worker_id and r.status = 'RUNNING'
+     order by r.run_id
      for update
   loop
     if runledger._release_run(v_run.run_id, v_run.fencing_token, 0, 'worker_stopped', false) then
@@ -146,72 +156,6 @@ end;
 $$;
 comment on function runledger._recover_expired(int) is
   'Sweeper, run by every live worker: each RUNNING run whose lease expired goes back to PENDING counting one recovery attempt and is re-dispatched, or, past max_recovery_attempts, to DEAD_LETTER with its termination record; a CANCELLING one is ended CANCELLED. Marks silent workers stopped. Returns how many runs it handled.';
-
-create function runledger._redispatch_orphans(p_older_than_ms int, p_limit int default 1000) returns int
-language plpgsql volatile as $$
-declare
-  v_now   timestamptz := runledger.now();
-  v_run   runledger.runs;
-  v_count int := 0;
-begin
-  -- Safety net: a PENDING run must always have a dispatch job waiting. One whose job
-  -- is gone, stuck locked, or failed for good (a claim that could not reach the database
-  -- 25 times, a job deleted by hand) is dispatched again. Duplicates are harmless: the claim is a compare-and-set.
-  for v_run in
-    select * from runledger.runs r
-     where r.status = 'PENDING' and r.admitted
-       and r.updated_at < v_now - make_interval(secs => p_older_than_ms / 1000.0)
-       -- A locked job is _redispatch_stuck's business; here only a missing or dead job counts.
-       and not exists (select 1 from graphile_worker.jobs j
-                        where j.key = 'runledger:' || r.run_id
-                          and (j.locked_at is not null or j.attempts < j.max_attempts))
-     order by r.updated_at
-     limit p_limit
-     for update skip locked
-  loop
-    v_count := v_count + 1;
-    update runledger.runs set updated_at = v_now where run_id = v_run.run_id;
-    insert into runledger.events (run_id, kind, detail, at)
-    values (v_run.run_id, 'redispatched', jsonb_build_object('why', 'no dispatch job waiting', 'pending_since', v_run.updated_at), v_now);
-    perform runledger._dispatch(v_run.run_id,
-      runledger._task_identifier(v_run.queue_name, v_run.workflow_name, v_run.workflow_version));
-  end loop;
-  return v_count;
-end;
-$$;
-comment on function runledger._redispatch_orphans(int, int) is
-  'Sweeper safety net: PENDING runs older than p_older_than_ms with no waiting dispatch job are dispatched again. Returns how many.';
-
-create function runledger._redispatch_stuck(p_locked_for_ms int, p_limit int default 1000) returns int
-language plpgsql volatile as $$
-declare
-  v_run   runledger.runs;
-  v_count int := 0;
-begin
-  -- A dispatch job is locked only between a worker fetching it and claiming its run
-  -- (milliseconds). A PENDING run whose job stays locked longer lost its dispatch: the
-  -- worker died after the fetch, or the fetch's reply never arrived. graphile-worker
-  -- would keep that job locked for hours; add_job with the same key makes a new one.
-  -- Starts from the few locked jobs, so a large backlog of PENDING runs costs nothing here.
-  for v_run in
-    select * from runledger.runs r
-     where r.status = 'PENDING'
-       and r.run_id in (select substr(j.key, 11) from graphile_worker.jobs j
-                         where j.key like 'runledger:%' and j.locked_at < now() - make_interval(secs => p_locked_for_ms / 1000.0))
-     limit p_limit
-     for update skip locked
-  loop
-    v_count := v_count + 1;
-    insert into runledger.events (run_id, kind, detail)
-    values (v_run.run_id, 'redispatched', jsonb_build_object('why', 'dispatch job locked but run never claimed'));
-    perform runledger._dispatch(v_run.run_id,
-      runledger._task_identifier(v_run.queue_name, v_run.workflow_name, v_run.workflow_version));
-  end loop;
-  return v_count;
-end;
-$$;
-comment on function runledger._redispatch_stuck(int, int) is
-  'Sweeper: PENDING runs whose dispatch job has been locked for longer than p_locked_for_ms (the fetching worker died or lost the reply before claiming) are dispatched again. Returns how many.';
 
 create function runledger.retry_run(p_run_id text) returns text
 language plpgsql volatile as $$

@@ -39,6 +39,7 @@ export {
   NotAllowedError,
   ChildFailedError,
   NonRetryableError,
+  MigrationMismatchError,
 } from './engine/core/errors.js';
 export type { ErrorCode, SerializedError } from './engine/core/errors.js';
 export { startEmbeddedPostgres } from './dev/embedded-postgres.js';

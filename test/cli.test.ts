@@ -6,6 +6,7 @@ import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
 import { createEngine, loadMigrations, type Engine, type Worker } from '../src/index.js';
 import { stoppedAfterEach } from './helpers/cleanup.js';
 import { createTestDatabase, waitFor, type TestDatabase } from './helpers/database.js';
+import { claimRun } from './helpers/claim.js';
 import { withDatabase } from './setup/global-setup.js';
 
 /**
@@ -97,7 +98,7 @@ describe('runledger migrate', () => {
       const url = withDatabase(adminUrl, name);
       const first = await cli(['migrate'], { DATABASE_URL: url });
       expect(first).toMatchObject({ code: 0, stderr: '' });
-      expect(first.stdout).toMatch(/^applied 0001_schema, 0002_runs, .*0009_operator, 0010_dispatch(, \d{4}_[a-z0-9_]+)*\n$/);
+      expect(first.stdout).toMatch(/^applied 0001_schema, 0002_runs, .*0008_dispatch(, \d{4}_[a-z0-9_]+)*\n$/);
       expect(first.stdout).toBe(`applied ${loadMigrations().map((m) => m.name).join(', ')}\n`);
       const second = await cli(['migrate', '--database-url', url], { DATABASE_URL: '' });
       expect(second).toMatchObject({ code: 0, stdout: 'schema runledger is up to date\n' });
@@ -107,13 +108,26 @@ describe('runledger migrate', () => {
         const applied = await check.query('select count(*)::int as n from runledger.migrations');
         expect(applied.rows[0].n).toBe(loadMigrations().length);
         const breaking = await check.query('select name from runledger.migrations where breaking order by version');
-        expect(breaking.rows).toEqual([{ name: '0010_dispatch' }]);
+        expect(breaking.rows).toEqual([{ name: '0008_dispatch' }]);
       } finally {
         await check.end();
       }
     } finally {
       await admin.query(`drop database if exists ${name} with (force)`);
       await admin.end();
+    }
+  });
+
+  it('refuses a database migrated with a different build: one line with MIGRATION_MISMATCH on stderr, exit 1', async () => {
+    const saved = (await db.pool.query(`select checksum from runledger.migrations where name = '0002_runs'`)).rows[0].checksum;
+    await db.pool.query(`update runledger.migrations set checksum = repeat('0', 64) where name = '0002_runs'`);
+    try {
+      const result = await cli(['migrate']);
+      expect(result).toMatchObject({ code: 1, stdout: '' });
+      expect(result.stderr).toMatch(/^error \[MIGRATION_MISMATCH\]: runledger migration 0002_runs \(checksum differs\) .*different build of runledger.*\n$/);
+      expect(result.stderr.trim().split('\n')).toHaveLength(1);
+    } finally {
+      await db.pool.query(`update runledger.migrations set checksum = $1 where name = '0002_runs'`, [saved]);
     }
   });
 });
@@ -210,7 +224,7 @@ describe('runledger dead-letter, retry', () => {
     await db.pool.query(`select runledger._register_workflow('cli-orphan', '1', 'nobody-serves', 0)`);
     const runId = (await db.pool.query(`select runledger.start_run('cli-orphan', '{}') as id`)).rows[0].id as string;
     // A worker claims it and dies: its 1 ms lease expires, and with max_recovery_attempts 0 the sweep dead-letters it.
-    await db.pool.query(`select 1 from runledger._claim_run($1, 'dead-worker', 1)`, [runId]);
+    await claimRun(db.pool, runId, 'dead-worker', 1);
     await waitFor('dead-lettered', async () => {
       await db.pool.query('select runledger._recover_expired()');
       return (await runRow(runId)).status === 'DEAD_LETTER';
@@ -254,10 +268,10 @@ describe('runledger unknown, resolve', () => {
     const handle = await engine.start(flows.ticket, undefined);
     const key = `ticket-${handle.runId}`;
     // A worker records the intent (STARTED) and dies before the outcome: what ctx.operation does up to the call.
-    const claimed = await db.pool.query(`select fencing_token from runledger._claim_run($1, 'dead-worker', 60000)`, [handle.runId]);
+    const claimed = await claimRun(db.pool, handle.runId, 'dead-worker', 60000);
     const operationId = (
       await db.pool.query(`select operation_id from runledger._operation_begin($1, $2, 0, 'create-ticket', $3, false, false)`, [
-        handle.runId, claimed.rows[0].fencing_token, key,
+        handle.runId, claimed.fencing_token, key,
       ])
     ).rows[0].operation_id as string;
     await db.pool.query(`update runledger.runs set lease_expires_at = runledger.now() - interval '1 second' where run_id = $1`, [handle.runId]);

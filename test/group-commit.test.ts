@@ -1,7 +1,7 @@
 /**
  * GroupCommit (src/engine/worker/group-commit.ts) against a real database: items submitted while
  * a batch is in flight share the next round trip, and an item's own failure rejects only
- * that item. Runs are started and claimed from SQL (start_run, _claim_run); items are
+ * that item. Runs are started and claimed from SQL (start_run, _claim_batch); items are
  * built with the exported checkpointItem / completeItem helpers, as the worker does.
  */
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
@@ -9,6 +9,7 @@ import pg from 'pg';
 import { BatchItemError, GroupCommit } from '../src/engine/worker/group-commit.js';
 import { checkpointItem, completeItem, type StepItemValues } from '../src/engine/run/commit-items.js';
 import { createTestDatabase, type TestDatabase } from './helpers/database.js';
+import { claimRun } from './helpers/claim.js';
 
 let db: TestDatabase;
 /** The pool the group commit under test sends through (its query is wrapped to count round trips). */
@@ -44,15 +45,25 @@ function countingPool(): { pool: pg.Pool; batches: number[] } {
   return { pool, batches };
 }
 
-/** A started and claimed run, with its fencing token as text (as pg gives a bigint). */
-async function claimedRun(label: string): Promise<{ runId: string; token: string }> {
+let claiming: Promise<unknown> = Promise.resolve();
+
+/**
+ * A started and claimed run, with its fencing token as text (as pg gives a bigint). One
+ * at a time: a claim takes the queue's first runnable run, which must be this one.
+ */
+function claimedRun(label: string): Promise<{ runId: string; token: string }> {
+  const turn = claiming.then(() => startAndClaim(label));
+  claiming = turn.catch(() => undefined);
+  return turn;
+}
+
+async function startAndClaim(label: string): Promise<{ runId: string; token: string }> {
   const started = await db.pool.query(`select runledger.start_run('gc', '{}'::jsonb, $1::jsonb) as run_id`, [
     JSON.stringify({ run_id: `${label}-${Math.random().toString(36).slice(2, 10)}` }),
   ]);
   const runId = started.rows[0].run_id as string;
-  const claimed = await db.pool.query(`select fencing_token::text as token from runledger._claim_run($1, 'wk-gc', 60000)`, [runId]);
-  expect(claimed.rows, `claim of ${runId}`).toHaveLength(1);
-  return { runId, token: claimed.rows[0].token };
+  const claimed = await claimRun(db.pool, runId, 'wk-gc', 60000);
+  return { runId, token: claimed.fencing_token };
 }
 
 function step(runId: string, token: string, seq: number, extra: Partial<StepItemValues> = {}): StepItemValues {
@@ -123,8 +134,8 @@ describe('GroupCommit', () => {
     // A run given back and claimed again: its first token is stale.
     const taken = await claimedRun('gc-taken');
     await db.pool.query(`select runledger._release_run($1, $2, 0, 'test')`, [taken.runId, taken.token]);
-    const retaken = await db.pool.query(`select fencing_token::text as token from runledger._claim_run($1, 'wk-other', 60000)`, [taken.runId]);
-    expect(retaken.rows[0].token).toBe(String(Number(taken.token) + 1));
+    const retaken = await claimRun(db.pool, taken.runId, 'wk-other', 60000);
+    expect(retaken.fencing_token).toBe(String(Number(taken.token) + 1));
 
     // The first submission goes alone; everything below waits for it and shares one batch.
     const opener = commits.submit(checkpointItem(step(a.runId, a.token, 0)));

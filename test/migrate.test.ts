@@ -1,14 +1,16 @@
 /**
- * engine.migrate(): idempotent, safe to run from many processes at once, and refuses a
- * database that carries a breaking migration newer than the code.
+ * engine.migrate(): idempotent, safe to run from many processes at once, refuses a
+ * database that carries a breaking migration newer than the code, and one whose applied
+ * migrations differ from the code's files (checksums).
  */
-import { readdirSync } from 'node:fs';
+import { createHash } from 'node:crypto';
+import { readFileSync, readdirSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
 import pg from 'pg';
 import { ulid } from 'ulid';
 import { createEngine, type Engine } from '../src/engine/index.js';
-import { RunledgerError, SchemaTooNewError } from '../src/engine/core/errors.js';
+import { MigrationMismatchError, RunledgerError, SchemaTooNewError } from '../src/engine/core/errors.js';
 import { withDatabase } from './setup/global-setup.js';
 
 const SQL_DIR = fileURLToPath(new URL('../sql/', import.meta.url));
@@ -97,11 +99,11 @@ describe('engine.migrate()', () => {
     const workers = results.map((r) => (r as PromiseFulfilledResult<{ applied: string[] }>).value.applied);
     expect(workers.filter((a) => a.length > 0)).toEqual([FILES]);
 
-    // 0010_dispatch (claims from runledger.runs instead of graphile-worker jobs) is the one breaking migration:
+    // 0008_dispatch (claims from runledger.runs instead of graphile-worker jobs) is the one breaking migration:
     // code from before it would wait for dispatch jobs that never come, so it must refuse this database.
-    expect(FILES).toContain('0010_dispatch');
+    expect(FILES).toContain('0008_dispatch');
     expect(await migrations(pool)).toEqual(
-      FILES.map((name) => ({ version: Number(name.slice(0, 4)), name, breaking: name === '0010_dispatch' })),
+      FILES.map((name) => ({ version: Number(name.slice(0, 4)), name, breaking: name === '0008_dispatch' })),
     );
     const dup = await pool.query('select name, count(*)::int as n from runledger.migrations group by name having count(*) > 1');
     expect(dup.rows).toEqual([]);
@@ -146,5 +148,80 @@ describe('engine.migrate()', () => {
       await pool.query('delete from runledger.migrations where version = 9999');
     }
     await expect(engineFor(url).migrate()).resolves.toEqual({ applied: [] });
+  });
+});
+
+function sha256(file: string): string {
+  return createHash('sha256').update(readFileSync(`${SQL_DIR}/${file}.sql`, 'utf8'), 'utf8').digest('hex');
+}
+
+async function refusal(url: string): Promise<unknown> {
+  return engineFor(url).migrate().then(
+    () => undefined,
+    (e: unknown) => e,
+  );
+}
+
+describe('engine.migrate() and the checksums of applied migrations', () => {
+  let url: string;
+  let pool: pg.Pool;
+  const last = FILES.at(-1)!;
+  const lastVersion = Number(last.slice(0, 4));
+
+  beforeAll(async () => {
+    ({ url, pool } = await emptyDatabase());
+    await engineFor(url).migrate();
+  });
+
+  it('records the sha256 of each file it applies', async () => {
+    const rows = (await pool.query('select name, checksum from runledger.migrations order by version')).rows;
+    expect(rows).toEqual(FILES.map((name) => ({ name, checksum: sha256(name) })));
+  });
+
+  it('records the checksum of a migration applied without one (psql -f) and applies nothing', async () => {
+    await pool.query(`update runledger.migrations set checksum = null where name = '0002_runs'`);
+    await expect(engineFor(url).migrate()).resolves.toEqual({ applied: [] });
+    const row = (await pool.query(`select checksum from runledger.migrations where name = '0002_runs'`)).rows[0];
+    expect(row.checksum).toBe(sha256('0002_runs'));
+  });
+
+  it('refuses with MIGRATION_MISMATCH when an applied migration differs from the file, applies nothing, and releases its lock', async () => {
+    // A tampered checksum, and a missing last migration that migrate would otherwise apply.
+    await pool.query(`update runledger.migrations set checksum = repeat('0', 64) where name = '0002_runs'`);
+    await pool.query('delete from runledger.migrations where version = $1', [lastVersion]);
+    const error = await refusal(url);
+    expect(error).toBeInstanceOf(MigrationMismatchError);
+    expect(error).toBeInstanceOf(RunledgerError);
+    expect(error).toMatchObject({ code: 'MIGRATION_MISMATCH' });
+    const message = (error as Error).message;
+    expect(message).toContain('0002_runs');
+    expect(message).toContain('different build of runledger');
+    expect(message).toMatch(/recreate the database/);
+    expect(message).not.toContain('0003_');
+    // Nothing applied: the last migration is still missing.
+    expect((await migrations(pool)).map((m) => m.name)).toEqual(FILES.slice(0, -1));
+    expect(await migrateLockIsFree(pool)).toBe(true);
+    await pool.query(`update runledger.migrations set checksum = $1 where name = '0002_runs'`, [sha256('0002_runs')]);
+    await pool.query('insert into runledger.migrations (version, name, checksum) values ($1, $2, $3)', [lastVersion, last, sha256(last)]);
+    await expect(engineFor(url).migrate()).resolves.toEqual({ applied: [] });
+  });
+
+  it('refuses a migration of the same number under another name', async () => {
+    await pool.query(`update runledger.migrations set name = '0003_something_else' where version = 3`);
+    try {
+      const error = await refusal(url);
+      expect(error).toMatchObject({ code: 'MIGRATION_MISMATCH' });
+      expect((error as Error).message).toContain('0003_something_else');
+    } finally {
+      await pool.query(`update runledger.migrations set name = $1 where version = 3`, [FILES[2]]);
+    }
+  });
+
+  it('refuses a database migrated by a build from before checksums (no checksum column), naming every file', async () => {
+    await pool.query('alter table runledger.migrations drop column checksum');
+    const error = await refusal(url);
+    expect(error).toMatchObject({ code: 'MIGRATION_MISMATCH' });
+    for (const name of FILES) expect((error as Error).message).toContain(name);
+    expect(await migrateLockIsFree(pool)).toBe(true);
   });
 });

@@ -2,6 +2,7 @@ import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import pg from 'pg';
 import { createEngine, type Engine, type Worker } from '../src/index.js';
 import { createTestDatabase, waitFor, type TestDatabase } from './helpers/database.js';
+import { claimRun } from './helpers/claim.js';
 
 let db: TestDatabase;
 let engine: Engine;
@@ -257,7 +258,7 @@ describe('cancellation', () => {
   it('a CANCELLING run whose worker died is completed as CANCELLED by recovery, not resumed', async () => {
     await db.pool.query(`select runledger._register_workflow('orphan-cancel', '1', 'nobody-serves', 3)`);
     const runId = (await db.pool.query(`select runledger.start_run('orphan-cancel', '{}') as id`)).rows[0].id;
-    await db.pool.query(`select * from runledger._claim_run($1, 'dead-worker', 1000)`, [runId]);
+    await claimRun(db.pool, runId, 'dead-worker', 1000);
     expect((await db.pool.query(`select runledger.cancel_run($1, 'stop') as s`, [runId])).rows[0].s).toBe('CANCELLING');
     const later = new Date(Date.now() + 60_000);
     await withClock(later, (c) => c.query('select runledger._recover_expired()'));

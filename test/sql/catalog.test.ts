@@ -61,7 +61,7 @@ describe('catalog comments', () => {
     expect(names('function')).toEqual(
       expect.arrayContaining(
         [
-          'now', 'start_run', 'retry_run', '_claim_run', '_checkpoint', '_fence', '_checkpoint_outcome', '_complete_run',
+          'now', 'start_run', 'retry_run', '_claim_batch', '_checkpoint', '_fence', '_checkpoint_outcome', '_complete_run',
           '_fail_run', '_dead_letter_run', '_release_run', '_register_workflow', '_register_worker', '_heartbeat',
           '_stop_worker', '_recover_expired',
         ].map((f) => `runledger.${f}`),

@@ -20,7 +20,8 @@ export type ErrorCode =
   | 'NOT_ALLOWED'
   | 'CHILD_FAILED'
   | 'NON_RETRYABLE'
-  | 'NOT_IN_STEP';
+  | 'NOT_IN_STEP'
+  | 'MIGRATION_MISMATCH';
 
 export class RunledgerError extends Error {
   readonly code: ErrorCode;
@@ -106,6 +107,14 @@ export class StepFailedError extends RunledgerError {
     this.originalName = recorded.name;
     this.originalCode = recorded.code;
   }
+}
+
+/**
+ * migrate() found a migration applied to the database whose text differs from this
+ * build's file of the same number: the database was migrated by a different build.
+ */
+export class MigrationMismatchError extends RunledgerError {
+  constructor(message: string, details: Record<string, unknown>) { super('MIGRATION_MISMATCH', message, { details }); }
 }
 
 export interface SerializedError {

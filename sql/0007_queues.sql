@@ -1,16 +1,19 @@
--- 0008_queues: queues as rows, and admission.
+-- 0007_queues: queues as rows, and admission.
 --
 --   runledger.queues              per queue: concurrency, per-key concurrency, rate limit, paused
 --   runledger.admissions          recent admissions of rate-limited queues (a sliding window)
---   runledger.set_queue(...)      public: create or change a queue
---   runledger._make_runnable(...) every move into PENDING ends here: dispatch now, or admission
+--   runledger._queue_limited(q)   whether a queue's runs go through admission
 --   runledger._admit(queue)       fills a queue's free slots: priority, then fair turns across
 --                                 concurrency keys, then age; under the queue row's lock
+--   runledger._make_runnable(...) every move into PENDING ends here: dispatch now, or admission
 --   runledger._slot_freed(run)    a run left its slot (finished, waiting): admit the next one
---   runledger.queue_stats         view: depth, running, oldest pending, per key
+--   runledger._admit_all(...)     sweeper: admission for every queue with runs waiting for it
+--   runledger.set_queue(...)      public: create or change a queue
 --
--- A queue without a row (or with no limit set) costs nothing: its runs are dispatched at
--- once. With limits, a run is dispatched only when admitted, and admission counts RUNNING
+-- Its view runledger.queue_stats (depth, running, oldest pending, per key) is in 0010_views.sql.
+--
+-- A queue without a row (or with no limit set) costs nothing: its runs are claimable at
+-- once. With limits, a run is claimable only when admitted, and admission counts RUNNING
 -- runs plus admitted-but-not-yet-claimed ones, so the limit holds across any number of
 -- workers. A waiting run holds no slot.
 
@@ -36,14 +39,20 @@ comment on table runledger.admissions is
   'Admission times of rate-limited queues, kept for one rate-limit period: the sliding window the limit is counted over.';
 
 create function runledger._queue_limited(p_queue text) returns boolean
-language sql stable parallel safe as $$
-  select exists (select 1 from runledger.queues q
+language plpgsql stable parallel safe as $$
+begin
+  return exists (select 1 from runledger.queues q
                   where q.name = p_queue
                     and (q.concurrency is not null or q.per_key_concurrency is not null
-                         or q.rate_limit_max is not null or q.paused))
+                         or q.rate_limit_max is not null or q.paused));
+end;
 $$;
 comment on function runledger._queue_limited(text) is 'True when the queue has a limit or is paused: its runs go through admission.';
 
+-- Each run admitted in a round gets its own admitted_at, in the round's order (priority,
+-- fair turns, age), and _claim_batch takes a limited queue's admitted runs in that order.
+-- With one timestamp for the round, a claim with fewer free slots than the round took
+-- the oldest first, and a tenant with a long backlog got ahead of the others again.
 create function runledger._admit(p_queue text, p_max int default 1000) returns int
 language plpgsql volatile as $$
 declare
@@ -110,7 +119,9 @@ begin
      order by c.priority, c.turn, c.created_at, c.run_id
      limit v_free
   loop
-    update runledger.runs set admitted = true, admitted_at = v_now where run_id = v_run.run_id;
+    -- One microsecond apart, in the order chosen here: workers claim admitted runs by
+    -- admitted_at, so a claim smaller than this round keeps its fairness.
+    update runledger.runs set admitted = true, admitted_at = v_now + v_count * interval '1 microsecond' where run_id = v_run.run_id;
     perform runledger._dispatch(v_run.run_id, runledger._task_identifier(p_queue, v_run.workflow_name, v_run.workflow_version));
     if v_q.rate_limit_max is not null then
       insert into runledger.admissions (queue_name, admitted_at) values (p_queue, v_now);
@@ -225,23 +236,4 @@ $$;
 comment on function runledger.set_queue(text, jsonb) is
   'Creates or changes a queue. Options: concurrency, per_key_concurrency, rate_limit_max with rate_limit_period_ms, paused; a key set to null clears that limit, keys left out are kept. Admits what the new limits allow at once.';
 
-create view runledger.queue_stats as
-select r.queue_name,
-       case when grouping(r.concurrency_key) = 1 then null else coalesce(r.concurrency_key, '') end as concurrency_key,
-       grouping(r.concurrency_key) = 1 as queue_total,
-       count(*) filter (where r.status = 'PENDING' and not r.admitted) as waiting_admission,
-       count(*) filter (where r.status = 'PENDING' and r.admitted) as dispatched,
-       count(*) filter (where r.status in ('RUNNING', 'CANCELLING')) as running,
-       count(*) filter (where r.status = 'WAITING') as waiting,
-       runledger.now() - min(r.created_at) filter (where r.status = 'PENDING') as oldest_pending_age,
-       max(q.concurrency) as concurrency, max(q.per_key_concurrency) as per_key_concurrency,
-       max(q.rate_limit_max) as rate_limit_max, max(q.rate_limit_period_ms) as rate_limit_period_ms,
-       bool_or(q.paused) as paused
-  from runledger.runs r
-  left join runledger.queues q on q.name = r.queue_name
- where r.status in ('PENDING', 'RUNNING', 'CANCELLING', 'WAITING')
- group by grouping sets ((r.queue_name), (r.queue_name, r.concurrency_key));
-comment on view runledger.queue_stats is
-  'Per queue (queue_total = true) and per concurrency key: runs waiting for admission, dispatched, running, waiting, the oldest pending age, and the queue''s limits. For dashboards and alerts.';
-
-insert into runledger.migrations (version, name) values (8, '0008_queues');
+insert into runledger.migrations (version, name) values (7, '0007_queues');

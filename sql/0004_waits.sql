@@ -1,16 +1,19 @@
--- 0005_waits: durable waits. The run waits, not the worker: a waiting run holds no
+-- 0004_waits: durable waits. The run waits, not the worker: a waiting run holds no
 -- lease, no worker slot and no connection; it is rows and index entries.
 --
 --   runledger.signals            the durable inbox (signal_id deduplicates)
 --   runledger.approvals          human approval requests and their decisions (audit evidence)
+--   runledger._wake(...)         compare-and-set: a run waiting for (kind, key) back to PENDING
+--   runledger._end_wait(...)     a wait step finished with its result
 --   runledger._wait(...)         one round trip: fence, record the wait, finish it if it can,
---                                else park the run WAITING and schedule its timer
+--                                else park the run WAITING until its timer is due
 --   runledger.send_signal(...)   public: deliver a signal, wake the run waiting on its topic
 --   runledger.decide_approval()  public: first decision wins; wakes the run
 --   runledger._start_child(...)  start a child run and checkpoint its id in one transaction
 --   runledger._wake_parent(...)  a child reached a terminal state: wake its waiting parent
---   runledger._wake_due(...)     sweeper: WAITING runs whose wake time passed without a timer firing
---   runledger.waiting, runledger.approval_inbox   views for people
+--   runledger._wake_due(...)     sweeper: WAITING runs whose wake time passed and no worker claimed
+--
+-- Their views (runledger.waiting, runledger.approval_inbox) are in 0010_views.sql.
 
 create table runledger.signals (
   signal_id    text primary key check (length(signal_id) between 1 and 200),
@@ -66,11 +69,12 @@ $$;
 comment on function runledger._wake(text, text, text) is
   'Moves a run WAITING for (kind, key) back to PENDING and dispatches it; false when it is not waiting for that.';
 
--- Finishes the wait step at p_seq with p_output (its result).
 create function runledger._end_wait(p_run_id text, p_seq int, p_output jsonb) returns void
-language sql volatile as $$
+language plpgsql volatile as $$
+begin
   update runledger.steps set status = 'SUCCEEDED', output = p_output, finished_at = runledger.now()
-   where run_id = p_run_id and seq = p_seq and status = 'WAITING'
+   where run_id = p_run_id and seq = p_seq and status = 'WAITING';
+end;
 $$;
 comment on function runledger._end_wait(text, int, jsonb) is 'Marks the wait step at p_seq finished with its result.';
 
@@ -285,9 +289,16 @@ comment on function runledger._start_child(text, bigint, int, text, text, jsonb,
   'Starts a child run (id = parent id || ''.'' || seq, parent_run_id set, parent''s deadline inherited) and checkpoints its id, in one transaction.';
 
 create function runledger._wake_parent(p_child_run_id text) returns boolean
-language sql volatile as $$
-  select coalesce((select runledger._wake(r.parent_run_id, 'child', r.run_id)
-                     from runledger.runs r where r.run_id = p_child_run_id and r.parent_run_id is not null), false)
+language plpgsql volatile as $$
+declare
+  v_parent text;
+begin
+  select r.parent_run_id into v_parent from runledger.runs r where r.run_id = p_child_run_id;
+  if v_parent is null then
+    return false;
+  end if;
+  return runledger._wake(v_parent, 'child', p_child_run_id);
+end;
 $$;
 comment on function runledger._wake_parent(text) is
   'Called when a run reaches a terminal state: wakes its parent if the parent waits for it.';
@@ -298,8 +309,8 @@ declare
   v_run   runledger.runs;
   v_count int := 0;
 begin
-  -- Normally the delayed dispatch job claims a due run directly. This sweep covers a
-  -- timer job that is missing, and clocks moved with runledger.fake_now in tests.
+  -- Workers claim the due timers of the queues they serve (_claim_batch). This sweep
+  -- covers queues no live worker claims from, and clocks moved with runledger.fake_now in tests.
   for v_run in
     select * from runledger.runs r
      where r.status = 'WAITING' and r.wake_at <= runledger.now() - make_interval(secs => p_grace_ms / 1000.0)
@@ -315,30 +326,6 @@ begin
 end;
 $$;
 comment on function runledger._wake_due(int, int) is
-  'Wakes WAITING runs whose wake time passed more than p_grace_ms ago (a missing timer, or a clock moved by runledger.fake_now). Returns how many.';
+  'Sweeper: wakes WAITING runs whose wake time passed more than p_grace_ms ago (workers claim due timers themselves; this covers queues no live worker claims from, and clocks moved by runledger.fake_now). Returns how many.';
 
-create view runledger.waiting as
-select r.run_id, r.workflow_name, r.queue_name, r.wait_kind,
-       case r.wait_kind when 'signal' then 'signal ' || r.wait_key
-                        when 'approval' then 'approval ' || r.wait_key
-                        when 'child' then 'child run ' || r.wait_key
-                        when 'timer' then 'timer' else r.wait_kind end as waiting_for,
-       s.name as step_name, s.seq as step_seq, s.started_at as since, r.wake_at as until,
-       r.deadline_at, runledger.now() - s.started_at as waited
-  from runledger.runs r
-  left join lateral (select st.name, st.seq, st.started_at from runledger.steps st
-                      where st.run_id = r.run_id and st.status = 'WAITING' order by st.seq desc limit 1) s on true
- where r.status = 'WAITING';
-comment on view runledger.waiting is
-  'Runs waiting, holding no worker: what for (timer, signal topic, approval request, child run), at which step, since when and until when (timeout or deadline).';
-
-create view runledger.approval_inbox as
-select a.request_id, a.run_id, r.workflow_name, a.name, a.action, a.evidence, a.approvers, a.requested_at, a.expires_at
-  from runledger.approvals a
-  join runledger.runs r on r.run_id = a.run_id
- where a.decision is null and (a.expires_at is null or a.expires_at > runledger.now())
-   and r.status = 'WAITING';
-comment on view runledger.approval_inbox is
-  'Pending approval requests: the action asked for, its evidence, who may decide and until when. Decide with select runledger.decide_approval(request_id, true|false, ''name'', ''note'').';
-
-insert into runledger.migrations (version, name) values (5, '0005_waits');
+insert into runledger.migrations (version, name) values (4, '0004_waits');

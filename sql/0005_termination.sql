@@ -1,10 +1,11 @@
--- 0006_termination: runs stop for durable, explained reasons.
+-- 0005_termination: runs stop for durable, explained reasons.
 --
 --   runledger.cancel_run(run_id, reason)   public: cancel now (PENDING, WAITING) or ask the owner (RUNNING)
 --   runledger._charge / _check_progress    budget and no-progress limits, checked with each checkpoint
 --   runledger._terminate_run(...)           fenced policy stop by the owner (deadline, max steps)
 --   runledger._finish_cancel(...)           fenced end of a CANCELLING run by its owner
 --   runledger._stop_unowned(...)            ends a run that holds no worker (PENDING, WAITING)
+--   runledger._cancel_children(...)         cancels a run's unfinished children
 --   runledger._enforce_deadlines(...)       sweeper: waiting and pending runs past their deadline
 --
 -- Every stop writes the termination record (reason, evidence, time, policy version) with
@@ -45,9 +46,7 @@ begin
   if not found then
     return false;
   end if;
-  -- Revoke what would have woken it: its queued dispatch or timer, and any pending approval
-  -- (left undecided; the approval inbox lists only waiting runs).
-  perform graphile_worker.remove_job('runledger:' || p_run_id);
+  -- A pending approval is left undecided; the approval inbox lists only waiting runs.
   perform runledger._slot_freed(p_run_id);
   insert into runledger.events (run_id, kind, detail, at)
   values (p_run_id, case p_status when 'CANCELLED' then 'cancelled' else lower(p_reason) end,
@@ -58,7 +57,7 @@ begin
 end;
 $$;
 comment on function runledger._stop_unowned(text, runledger.run_status, text, jsonb) is
-  'Ends a run that holds no worker (PENDING or WAITING) with a termination record; revokes its dispatch job and timer, cancels its children, wakes its parent.';
+  'Ends a run that holds no worker (PENDING or WAITING) with a termination record, so no worker claims it again; cancels its children, wakes its parent.';
 
 create function runledger.cancel_run(p_run_id text, p_reason text default null) returns text
 language plpgsql volatile as $$
@@ -204,4 +203,4 @@ $$;
 comment on function runledger._enforce_deadlines(int) is
   'Sweeper: PENDING and WAITING runs past their deadline end TERMINATED (DEADLINE), exactly once, with the deadline as evidence. Honours runledger.fake_now. Returns how many.';
 
-insert into runledger.migrations (version, name) values (6, '0006_termination');
+insert into runledger.migrations (version, name) values (5, '0005_termination');

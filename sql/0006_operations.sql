@@ -1,17 +1,20 @@
--- 0007_operations: the operation ledger for external side effects, retries with
+-- 0006_operations: the operation ledger for external side effects, retries with
 -- backoff, and heartbeats for long steps.
 --
 --   runledger.operations          the ledger: intent (STARTED) commits before the call; the
 --                                 outcome commits with the step's checkpoint
 --   runledger.step_progress       last heartbeat progress of a step still running
 --   runledger._operation_begin    records the intent, or reports what a replay finds
+--   runledger._operation_finish   records the outcome (with the step checkpoint: _operation_checkpoint)
 --   runledger._operation_park     waits for an operator (or a later reconcile) on an UNKNOWN outcome
 --   runledger.resolve_operation   public: an operator settles an UNKNOWN operation
 --   runledger._record_retry       counts a retry against the run's retry budget, with its error
 --   runledger._retry_wait         a long backoff as a durable wait: the worker is freed
 --   runledger._heartbeat_step     a long step renews its run's lease and stores its progress
 --   runledger._compensation_*     saga compensations, each recorded so none runs twice
---   runledger.unknown_operations  view: what is UNKNOWN now, for which run, since when
+--
+-- Its view runledger.unknown_operations (what is UNKNOWN now, for which run, since when)
+-- is in 0010_views.sql.
 
 create table runledger.operations (
   operation_id         text primary key,
@@ -280,13 +283,4 @@ $$;
 comment on function runledger._operation_checkpoint(text, bigint, int, text, text, text, jsonb, jsonb, text, int, timestamptz, numeric) is
   'Fenced: records an operation''s outcome in the ledger and its step checkpoint in one transaction.';
 
-create view runledger.unknown_operations as
-select o.operation_id, o.run_id, r.workflow_name, o.name, o.idempotency_key, o.attempts, o.started_at,
-       o.updated_at as unknown_since, runledger.now() - o.updated_at as unknown_for, r.status as run_status, r.wait_kind
-  from runledger.operations o
-  join runledger.runs r on r.run_id = o.run_id
- where o.status = 'UNKNOWN';
-comment on view runledger.unknown_operations is
-  'External operations whose outcome is UNKNOWN (the worker died between the call and recording its result): which run, since when, with which idempotency key. Settle one with select runledger.resolve_operation(operation_id, ''SUCCEEDED''|''FAILED'', result).';
-
-insert into runledger.migrations (version, name) values (7, '0007_operations');
+insert into runledger.migrations (version, name) values (6, '0006_operations');

@@ -1,29 +1,14 @@
--- breaking: runs are no longer dispatched as graphile-worker jobs; a worker built before 0010 would wait for jobs that never come.
--- 0010_dispatch: workers claim runnable runs straight from runledger.runs.
+-- breaking: workers claim runs from runledger.runs; a runledger build that dispatched runs as graphile-worker jobs would wait for jobs that never come.
+-- 0008_dispatch: workers claim runnable runs straight from runledger.runs.
 --
+--   runledger._dispatch(...)      announces that a run is (or will be) runnable: NOTIFY runledger_runnable
 --   runledger._claim_batch(...)   claims up to N runnable runs in one statement (SKIP LOCKED)
---   runledger._dispatch(...)      now only announces work (NOTIFY runledger_runnable)
 --
--- Before 0010 every move into PENDING added a graphile-worker job, and a worker
--- fetched the job, claimed the run, ran it and deleted the job: three writes to a
--- second queue table per run, plus sweeps for jobs that went missing or stuck. The
--- runs table already says which runs can execute (PENDING and admitted, a WAITING
--- run whose timer is due, a CANCELLING run without an owner), so a worker now takes
--- them from there: one round trip claims a batch, and a run can no longer lose its
--- dispatch. graphile-worker remains for cron schedules.
-
--- Dispatch jobs left by earlier versions: their runs are claimable from the table now.
--- (graphile-worker may be absent when the files are run by hand with psql.)
-do $$
-begin
-  if to_regclass('graphile_worker.jobs') is not null then
-    execute $sql$select graphile_worker.remove_job(j.key) from graphile_worker.jobs j where j.key like 'runledger:%'$sql$;
-  end if;
-end;
-$$;
-
-drop function runledger._redispatch_orphans(int, int);
-drop function runledger._redispatch_stuck(int, int);
+-- The runs table says which runs can execute (PENDING and admitted, a WAITING run whose
+-- timer is due, a CANCELLING run without an owner), so a worker takes them from there:
+-- one round trip claims a batch, and a run cannot lose its dispatch. A notification only
+-- saves a worker the wait for its next poll. (graphile-worker is used for cron schedules
+-- only.)
 
 -- What a worker claims, in its order: priority (lower first), then age.
 create index runs_ready on runledger.runs (queue_name, priority, created_at)
@@ -33,8 +18,11 @@ create index runs_not_before on runledger.runs (queue_name, not_before)
   where status = 'PENDING' and admitted and not_before is not null;
 create index runs_timer on runledger.runs (queue_name, wake_at)
   where status = 'WAITING' and wake_at is not null;
+-- _claim_batch looks for CANCELLING runs without an owner in every claim; without an
+-- index of their own the planner walked every executing run of the queue to find none.
+create index runs_cancelling_unowned on runledger.runs (queue_name) where status = 'CANCELLING' and lease_owner is null;
 
-create or replace function runledger._dispatch(p_run_id text, p_task text, p_delay_ms int default 0) returns void
+create function runledger._dispatch(p_run_id text, p_task text, p_delay_ms int default 0) returns void
 language plpgsql volatile as $$
 declare
   v_due timestamptz;
@@ -46,6 +34,7 @@ begin
      where run_id = p_run_id and status = 'PENDING' and (not_before is null or not_before < v_due);
   end if;
   -- Workers serving the queue claim at once, or arm a timer for the due time (epoch ms).
+  -- p_task is _task_identifier(queue, workflow, version): the queue is its second part.
   -- Identical notifications in one transaction are delivered once.
   perform pg_notify('runledger_runnable',
     split_part(p_task, ':', 2) || coalesce('@' || (extract(epoch from v_due) * 1000)::bigint, ''));
@@ -152,7 +141,7 @@ begin
   end loop;
 
   if cardinality(v_ids) > 0 then
-    -- Compare-and-set as in _claim_run: a new fencing token and a lease for each.
+    -- Compare-and-set on the rows locked above: a new fencing token and a lease for each.
     return query
       with claimed as (
         update runledger.runs r
@@ -196,39 +185,4 @@ $$;
 comment on function runledger._claim_batch(text, text[], text[], int, int, text[]) is
   'Worker claim of up to p_limit runnable runs of the given queues and workflow@version keys, in one statement: CANCELLING runs without an owner, then due timers, then admitted PENDING runs by priority and age (FOR UPDATE SKIP LOCKED, so workers never wait on each other). Each becomes RUNNING with fencing_token + 1 and a lease, and is returned with its checkpoints. Runs past their deadline are TERMINATED on the way; a due timer in a queue with limits is woken into admission. When fewer than p_limit were claimed, a last row with run_id null gives next_due_at, the next delayed start or timer (null if none). p_reclaim_except (the runs the worker is executing) also takes back this worker''s other runs: a claim whose reply was lost.';
 
--- Unchanged but for the dispatch job it no longer has to revoke (and so no longer needs
--- graphile-worker's schema): a stopped run is simply not claimable.
-create or replace function runledger._stop_unowned(p_run_id text, p_status runledger.run_status, p_reason text, p_evidence jsonb)
-returns boolean
-language plpgsql volatile as $$
-declare
-  v_now timestamptz := runledger.now();
-begin
-  update runledger.runs
-     set status = p_status, finished_at = v_now, updated_at = v_now, terminated_at = v_now,
-         termination_reason = p_reason, termination_evidence = p_evidence,
-         wait_kind = null, wait_key = null, wake_at = null
-   where run_id = p_run_id and status in ('PENDING', 'WAITING');
-  if not found then
-    return false;
-  end if;
-  -- A pending approval is left undecided; the approval inbox lists only waiting runs.
-  perform runledger._slot_freed(p_run_id);
-  insert into runledger.events (run_id, kind, detail, at)
-  values (p_run_id, case p_status when 'CANCELLED' then 'cancelled' else lower(p_reason) end,
-          jsonb_build_object('status', p_status, 'reason', p_reason, 'evidence', p_evidence), v_now);
-  perform runledger._cancel_children(p_run_id, format('parent %s ended %s', p_run_id, p_reason));
-  perform runledger._wake_parent(p_run_id);
-  return true;
-end;
-$$;
-comment on function runledger._stop_unowned(text, runledger.run_status, text, jsonb) is
-  'Ends a run that holds no worker (PENDING or WAITING) with a termination record, so no worker claims it again; cancels its children, wakes its parent.';
-
-comment on function runledger._task_identifier(text, text, text) is
-  'Name of a (queue, workflow@version) pair, as _dispatch receives it: the queue is its second '':''-separated part. (Before 0010 it was the graphile-worker task that dispatched those runs.)';
-
-comment on function runledger._wake_due(int, int) is
-  'Sweeper: wakes WAITING runs whose wake time passed more than p_grace_ms ago (workers claim due timers themselves; this covers queues no live worker claims from, and clocks moved by runledger.fake_now). Returns how many.';
-
-insert into runledger.migrations (version, name) values (10, '0010_dispatch');
+insert into runledger.migrations (version, name) values (8, '0008_dispatch');

@@ -1,4 +1,6 @@
--- 0009_operator: the remaining operator actions.
+-- 0011_operator: operator actions on whole runs. (The others sit with their concept:
+-- retry_run in 0003_recovery, decide_approval in 0004_waits, cancel_run in
+-- 0005_termination, resolve_operation in 0006_operations, set_queue in 0007_queues.)
 --
 --   runledger.fork_run(run_id, from_step)  a new run that reuses the source's checkpoints before from_step
 --   runledger.prune(older_than)            deletes finished runs (and everything they own) older than that
@@ -67,4 +69,4 @@ $$;
 comment on function runledger.prune(interval) is
   'Deletes finished runs (terminal, finished before now - older_than) with their steps, events, operations, signals and approvals, and workers stopped before then. Returns how many runs it removed.';
 
-insert into runledger.migrations (version, name) values (9, '0009_operator');
+insert into runledger.migrations (version, name) values (11, '0011_operator');

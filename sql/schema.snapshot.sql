@@ -1,0 +1,2488 @@
+-- GENERATED FILE, do not edit. The net schema `runledger` after every migration in
+-- sql/NNNN_*.sql, read from the catalog (test/schema/snapshot.ts). Regenerate with
+--   npm run schema:snapshot
+-- and commit it with the migration that changes it; test/schema-snapshot.test.ts fails
+-- while it differs from a freshly migrated database.
+
+CREATE SCHEMA runledger;
+COMMENT ON SCHEMA runledger IS 'runledger: durable queue-and-workflow engine. Read the tables and views; change state through the functions (\df runledger.*).';
+
+-- types
+
+CREATE TYPE runledger.run_status AS ENUM ('PENDING', 'RUNNING', 'WAITING', 'CANCELLING', 'SUCCEEDED', 'FAILED', 'CANCELLED', 'TERMINATED', 'DEAD_LETTER');
+COMMENT ON TYPE runledger.run_status IS 'Run state machine. Terminal: SUCCEEDED, FAILED, CANCELLED, TERMINATED, DEAD_LETTER. See docs/state-machine.md.';
+
+-- sequences
+
+CREATE SEQUENCE runledger.events_event_id_seq AS bigint START 1 INCREMENT 1 MINVALUE 1 MAXVALUE 9223372036854775807 CACHE 1 OWNED BY runledger.events.event_id (identity);
+
+-- tables
+
+CREATE TABLE runledger.admissions (
+  queue_name text NOT NULL,
+  admitted_at timestamp with time zone NOT NULL
+);
+COMMENT ON TABLE runledger.admissions IS 'Admission times of rate-limited queues, kept for one rate-limit period: the sliding window the limit is counted over.';
+CREATE INDEX admissions_window ON runledger.admissions USING btree (queue_name, admitted_at);
+
+CREATE TABLE runledger.approvals (
+  request_id text NOT NULL,
+  run_id text NOT NULL,
+  seq integer NOT NULL,
+  name text NOT NULL,
+  action text NOT NULL,
+  evidence jsonb,
+  approvers text[],
+  requested_at timestamp with time zone DEFAULT runledger.now() NOT NULL,
+  expires_at timestamp with time zone,
+  decision boolean,
+  decided_by text,
+  decided_at timestamp with time zone,
+  note text
+);
+COMMENT ON TABLE runledger.approvals IS 'Human approval requests: what is asked (action, evidence), who may decide (approvers; null = anyone), until when, and the decision kept as audit evidence (who, when, note).';
+ALTER TABLE runledger.approvals ADD CONSTRAINT approvals_decision_complete CHECK (((decision IS NULL) = ((decided_at IS NULL) AND (decided_by IS NULL))));
+ALTER TABLE runledger.approvals ADD CONSTRAINT approvals_pkey PRIMARY KEY (request_id);
+ALTER TABLE runledger.approvals ADD CONSTRAINT approvals_run_id_fkey FOREIGN KEY (run_id) REFERENCES runledger.runs(run_id) ON DELETE CASCADE;
+ALTER TABLE runledger.approvals ADD CONSTRAINT approvals_run_id_seq_key UNIQUE (run_id, seq);
+CREATE UNIQUE INDEX approvals_pkey ON runledger.approvals USING btree (request_id);
+CREATE UNIQUE INDEX approvals_run_id_seq_key ON runledger.approvals USING btree (run_id, seq);
+
+CREATE TABLE runledger.events (
+  event_id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
+  run_id text NOT NULL,
+  at timestamp with time zone DEFAULT runledger.now() NOT NULL,
+  kind text NOT NULL,
+  detail jsonb,
+  fencing_token bigint
+);
+COMMENT ON TABLE runledger.events IS 'Append-only history of each run (created, claimed, lease_expired, recovered, completed, failed, dead_lettered, retried, released, ...), written in the same transaction as the change it records.';
+ALTER TABLE runledger.events ADD CONSTRAINT events_pkey PRIMARY KEY (event_id);
+ALTER TABLE runledger.events ADD CONSTRAINT events_run_id_fkey FOREIGN KEY (run_id) REFERENCES runledger.runs(run_id) ON DELETE CASCADE;
+CREATE UNIQUE INDEX events_pkey ON runledger.events USING btree (event_id);
+CREATE INDEX events_run ON runledger.events USING btree (run_id, event_id);
+
+CREATE TABLE runledger.migrations (
+  version integer NOT NULL,
+  name text NOT NULL,
+  breaking boolean DEFAULT false NOT NULL,
+  applied_at timestamp with time zone DEFAULT now() NOT NULL,
+  checksum text
+);
+COMMENT ON TABLE runledger.migrations IS 'Applied runledger migrations (files sql/NNNN_*.sql). A breaking migration newer than the code makes older code refuse to start.';
+COMMENT ON COLUMN runledger.migrations.checksum IS 'sha256 (hex) of the file''s text as applied, recorded by migrate(); migrate() refuses a database whose applied files differ from its own (null: applied with psql, taken as the running build''s).';
+ALTER TABLE runledger.migrations ADD CONSTRAINT migrations_pkey PRIMARY KEY (version);
+CREATE UNIQUE INDEX migrations_pkey ON runledger.migrations USING btree (version);
+
+CREATE TABLE runledger.operations (
+  operation_id text NOT NULL,
+  run_id text NOT NULL,
+  seq integer NOT NULL,
+  name text NOT NULL,
+  idempotency_key text NOT NULL,
+  status text NOT NULL,
+  external_resource_id text,
+  result jsonb,
+  error jsonb,
+  attempts integer DEFAULT 1 NOT NULL,
+  compensable boolean DEFAULT false NOT NULL,
+  compensation_status text,
+  compensation_error jsonb,
+  started_at timestamp with time zone DEFAULT runledger.now() NOT NULL,
+  updated_at timestamp with time zone DEFAULT runledger.now() NOT NULL,
+  finished_at timestamp with time zone,
+  resolved_by text
+);
+COMMENT ON TABLE runledger.operations IS 'Operation ledger: one row per external side effect (ctx.operation). STARTED (with its idempotency key) commits before the call; SUCCEEDED or FAILED commits with the step checkpoint; a STARTED row found on replay is UNKNOWN until reconcile, an idempotent retry or an operator (resolve_operation) settles it.';
+ALTER TABLE runledger.operations ADD CONSTRAINT operations_compensation_status_check CHECK ((compensation_status = ANY (ARRAY['STARTED'::text, 'DONE'::text, 'FAILED'::text])));
+ALTER TABLE runledger.operations ADD CONSTRAINT operations_idempotency_key_key UNIQUE (idempotency_key);
+ALTER TABLE runledger.operations ADD CONSTRAINT operations_pkey PRIMARY KEY (operation_id);
+ALTER TABLE runledger.operations ADD CONSTRAINT operations_run_id_fkey FOREIGN KEY (run_id) REFERENCES runledger.runs(run_id) ON DELETE CASCADE;
+ALTER TABLE runledger.operations ADD CONSTRAINT operations_run_id_seq_key UNIQUE (run_id, seq);
+ALTER TABLE runledger.operations ADD CONSTRAINT operations_status_check CHECK ((status = ANY (ARRAY['PLANNED'::text, 'STARTED'::text, 'SUCCEEDED'::text, 'FAILED'::text, 'UNKNOWN'::text])));
+CREATE UNIQUE INDEX operations_idempotency_key_key ON runledger.operations USING btree (idempotency_key);
+CREATE UNIQUE INDEX operations_pkey ON runledger.operations USING btree (operation_id);
+CREATE UNIQUE INDEX operations_run_id_seq_key ON runledger.operations USING btree (run_id, seq);
+CREATE INDEX operations_unknown ON runledger.operations USING btree (updated_at) WHERE (status = 'UNKNOWN'::text);
+
+CREATE TABLE runledger.queues (
+  name text NOT NULL,
+  concurrency integer,
+  per_key_concurrency integer,
+  rate_limit_max integer,
+  rate_limit_period_ms integer,
+  paused boolean DEFAULT false NOT NULL,
+  updated_at timestamp with time zone DEFAULT runledger.now() NOT NULL
+);
+COMMENT ON TABLE runledger.queues IS 'Queue limits, enforced by admission in SQL across all workers: concurrency (runs RUNNING at once), per_key_concurrency (per concurrency_key, e.g. a tenant), rate limit (admissions per period), paused. Change with runledger.set_queue.';
+ALTER TABLE runledger.queues ADD CONSTRAINT queues_concurrency_check CHECK ((concurrency > 0));
+ALTER TABLE runledger.queues ADD CONSTRAINT queues_name_check CHECK ((name ~ '^[A-Za-z0-9][A-Za-z0-9_.-]{0,39}$'::text));
+ALTER TABLE runledger.queues ADD CONSTRAINT queues_per_key_concurrency_check CHECK ((per_key_concurrency > 0));
+ALTER TABLE runledger.queues ADD CONSTRAINT queues_pkey PRIMARY KEY (name);
+ALTER TABLE runledger.queues ADD CONSTRAINT queues_rate_limit_complete CHECK (((rate_limit_max IS NULL) = (rate_limit_period_ms IS NULL)));
+ALTER TABLE runledger.queues ADD CONSTRAINT queues_rate_limit_max_check CHECK ((rate_limit_max > 0));
+ALTER TABLE runledger.queues ADD CONSTRAINT queues_rate_limit_period_ms_check CHECK ((rate_limit_period_ms > 0));
+CREATE UNIQUE INDEX queues_pkey ON runledger.queues USING btree (name);
+
+CREATE TABLE runledger.runs (
+  run_id text NOT NULL,
+  workflow_name text NOT NULL,
+  workflow_version text NOT NULL,
+  queue_name text NOT NULL,
+  status runledger.run_status DEFAULT 'PENDING'::runledger.run_status NOT NULL,
+  input jsonb,
+  output jsonb,
+  error jsonb,
+  priority integer DEFAULT 0 NOT NULL,
+  concurrency_key text,
+  idempotency_key text,
+  parent_run_id text,
+  created_at timestamp with time zone DEFAULT runledger.now() NOT NULL,
+  updated_at timestamp with time zone DEFAULT runledger.now() NOT NULL,
+  started_at timestamp with time zone,
+  finished_at timestamp with time zone,
+  deadline_at timestamp with time zone,
+  wake_at timestamp with time zone,
+  wait_kind text,
+  wait_key text,
+  lease_owner text,
+  lease_expires_at timestamp with time zone,
+  fencing_token bigint DEFAULT 0 NOT NULL,
+  recovery_attempts integer DEFAULT 0 NOT NULL,
+  max_recovery_attempts integer DEFAULT 10 NOT NULL,
+  version_manifest jsonb DEFAULT '{}'::jsonb NOT NULL,
+  max_steps integer,
+  budget numeric,
+  budget_spent numeric DEFAULT 0 NOT NULL,
+  no_progress integer,
+  cancel_requested_at timestamp with time zone,
+  admitted boolean DEFAULT false NOT NULL,
+  admitted_at timestamp with time zone,
+  not_before timestamp with time zone,
+  retry_budget integer,
+  retries_used integer DEFAULT 0 NOT NULL,
+  cancel_reason text,
+  termination_reason text,
+  termination_evidence jsonb,
+  terminated_at timestamp with time zone,
+  policy_version text
+);
+COMMENT ON TABLE runledger.runs IS 'One row per workflow run: status, lease (owner, expiry, fencing token), recovery attempts and the termination record (reason, evidence, time, policy version).';
+COMMENT ON COLUMN runledger.runs.wait_key IS 'What a WAITING run waits for: the signal topic, the approval request id or the child run id (null for timers).';
+COMMENT ON COLUMN runledger.runs.fencing_token IS 'Incremented on every claim. Every checkpoint write checks it in the same transaction, so a worker that lost its lease cannot commit.';
+COMMENT ON COLUMN runledger.runs.recovery_attempts IS 'How many times the run was recovered after its lease expired (its worker died or stalled). Past max_recovery_attempts the run is dead-lettered.';
+COMMENT ON COLUMN runledger.runs.budget IS 'Budget in units charged by steps (ctx.charge: tokens, money...); budget_spent past it ends the run TERMINATED with reason BUDGET, atomically with the checkpoint that spent it.';
+COMMENT ON COLUMN runledger.runs.no_progress IS 'N: the same step name returning the same result (hash) N times in a row ends the run TERMINATED with reason NO_PROGRESS.';
+COMMENT ON COLUMN runledger.runs.termination_reason IS 'Why a terminal run stopped: COMPLETED, FAILED, CANCELLED, DEADLINE, MAX_STEPS, BUDGET, NO_PROGRESS, MAX_RECOVERY_ATTEMPTS, NON_DETERMINISM.';
+ALTER TABLE runledger.runs ADD CONSTRAINT runs_invariants CHECK (runledger._check_run(status, finished_at, termination_reason, lease_owner, lease_expires_at, wait_kind, budget, max_steps, no_progress, retry_budget, max_recovery_attempts));
+COMMENT ON CONSTRAINT runs_invariants ON runledger.runs IS 'Every rule a runs row obeys, in runledger._check_run (see its comment); a broken rule is reported under its own name.';
+ALTER TABLE runledger.runs ADD CONSTRAINT runs_parent_run_id_fkey FOREIGN KEY (parent_run_id) REFERENCES runledger.runs(run_id) ON DELETE SET NULL;
+ALTER TABLE runledger.runs ADD CONSTRAINT runs_pkey PRIMARY KEY (run_id);
+CREATE INDEX runs_admission_key ON runledger.runs USING btree (queue_name, COALESCE(concurrency_key, ''::text), priority, created_at, run_id) WHERE ((status = 'PENDING'::runledger.run_status) AND (NOT admitted));
+CREATE INDEX runs_cancelling_unowned ON runledger.runs USING btree (queue_name) WHERE ((status = 'CANCELLING'::runledger.run_status) AND (lease_owner IS NULL));
+CREATE INDEX runs_deadline ON runledger.runs USING btree (deadline_at) WHERE ((status = ANY (ARRAY['PENDING'::runledger.run_status, 'WAITING'::runledger.run_status])) AND (deadline_at IS NOT NULL));
+CREATE UNIQUE INDEX runs_idempotency_key ON runledger.runs USING btree (workflow_name, idempotency_key) WHERE (idempotency_key IS NOT NULL);
+CREATE INDEX runs_lease_expiry ON runledger.runs USING btree (lease_expires_at) WHERE (status = ANY (ARRAY['RUNNING'::runledger.run_status, 'CANCELLING'::runledger.run_status]));
+CREATE INDEX runs_not_before ON runledger.runs USING btree (queue_name, not_before) WHERE ((status = 'PENDING'::runledger.run_status) AND admitted AND (not_before IS NOT NULL));
+CREATE INDEX runs_parent ON runledger.runs USING btree (parent_run_id) WHERE (parent_run_id IS NOT NULL);
+CREATE UNIQUE INDEX runs_pkey ON runledger.runs USING btree (run_id);
+CREATE INDEX runs_queue_active ON runledger.runs USING btree (queue_name, concurrency_key) WHERE ((status = ANY (ARRAY['RUNNING'::runledger.run_status, 'CANCELLING'::runledger.run_status])) OR ((status = 'PENDING'::runledger.run_status) AND admitted));
+CREATE INDEX runs_ready ON runledger.runs USING btree (queue_name, priority, created_at) WHERE ((status = 'PENDING'::runledger.run_status) AND admitted);
+CREATE INDEX runs_status_created ON runledger.runs USING btree (status, created_at);
+CREATE INDEX runs_timer ON runledger.runs USING btree (queue_name, wake_at) WHERE ((status = 'WAITING'::runledger.run_status) AND (wake_at IS NOT NULL));
+CREATE TRIGGER runs_run_id_insert BEFORE INSERT ON runledger.runs FOR EACH ROW WHEN ((new.run_id !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}$'::text)) EXECUTE FUNCTION runledger._check_run_id();
+CREATE TRIGGER runs_run_id_update BEFORE UPDATE OF run_id ON runledger.runs FOR EACH ROW WHEN ((new.run_id !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}$'::text)) EXECUTE FUNCTION runledger._check_run_id();
+
+CREATE TABLE runledger.signals (
+  signal_id text NOT NULL,
+  run_id text NOT NULL,
+  topic text NOT NULL,
+  payload jsonb,
+  received_at timestamp with time zone DEFAULT runledger.now() NOT NULL,
+  consumed_seq integer,
+  consumed_at timestamp with time zone
+);
+COMMENT ON TABLE runledger.signals IS 'Durable signal inbox. A signal_id is accepted once; a signal sent before the run waits is kept until a wait on its topic consumes it (consumed_seq = the consuming step).';
+ALTER TABLE runledger.signals ADD CONSTRAINT signals_pkey PRIMARY KEY (signal_id);
+ALTER TABLE runledger.signals ADD CONSTRAINT signals_run_id_fkey FOREIGN KEY (run_id) REFERENCES runledger.runs(run_id) ON DELETE CASCADE;
+ALTER TABLE runledger.signals ADD CONSTRAINT signals_signal_id_check CHECK (((length(signal_id) >= 1) AND (length(signal_id) <= 200)));
+CREATE UNIQUE INDEX signals_pkey ON runledger.signals USING btree (signal_id);
+CREATE INDEX signals_unconsumed ON runledger.signals USING btree (run_id, topic, received_at) WHERE (consumed_seq IS NULL);
+
+CREATE TABLE runledger.step_progress (
+  run_id text NOT NULL,
+  seq integer NOT NULL,
+  progress jsonb,
+  updated_at timestamp with time zone DEFAULT runledger.now() NOT NULL
+);
+COMMENT ON TABLE runledger.step_progress IS 'Last progress a long step reported with ctx.heartbeat (e.g. a cursor); the attempt that takes over the step reads it to continue instead of starting over.';
+ALTER TABLE runledger.step_progress ADD CONSTRAINT step_progress_pkey PRIMARY KEY (run_id, seq);
+ALTER TABLE runledger.step_progress ADD CONSTRAINT step_progress_run_id_fkey FOREIGN KEY (run_id) REFERENCES runledger.runs(run_id) ON DELETE CASCADE;
+CREATE UNIQUE INDEX step_progress_pkey ON runledger.step_progress USING btree (run_id, seq);
+
+CREATE TABLE runledger.steps (
+  run_id text NOT NULL,
+  seq integer NOT NULL,
+  name text NOT NULL,
+  kind text NOT NULL,
+  status text NOT NULL,
+  output jsonb,
+  error jsonb,
+  attempts integer DEFAULT 1 NOT NULL,
+  started_at timestamp with time zone NOT NULL,
+  finished_at timestamp with time zone DEFAULT runledger.now() NOT NULL,
+  fencing_token bigint NOT NULL,
+  output_hash text
+);
+COMMENT ON TABLE runledger.steps IS 'Checkpoints: one row per completed step of a run, at its position seq. A step whose row exists is never executed again; replay returns output (or rethrows error).';
+ALTER TABLE runledger.steps ADD CONSTRAINT steps_invariants CHECK (runledger._check_step(seq, kind, status));
+COMMENT ON CONSTRAINT steps_invariants ON runledger.steps IS 'Every rule a steps row obeys, in runledger._check_step (see its comment); a broken rule is reported under its own name.';
+ALTER TABLE runledger.steps ADD CONSTRAINT steps_pkey PRIMARY KEY (run_id, seq);
+ALTER TABLE runledger.steps ADD CONSTRAINT steps_run_id_fkey FOREIGN KEY (run_id) REFERENCES runledger.runs(run_id) ON DELETE CASCADE;
+CREATE UNIQUE INDEX steps_pkey ON runledger.steps USING btree (run_id, seq);
+
+CREATE TABLE runledger.workers (
+  worker_id text NOT NULL,
+  host text NOT NULL,
+  pid integer NOT NULL,
+  workflows text[] NOT NULL,
+  queues text[] NOT NULL,
+  concurrency integer NOT NULL,
+  lease_ms integer NOT NULL,
+  started_at timestamp with time zone DEFAULT runledger.now() NOT NULL,
+  last_heartbeat_at timestamp with time zone DEFAULT runledger.now() NOT NULL,
+  stopped_at timestamp with time zone
+);
+COMMENT ON TABLE runledger.workers IS 'Worker processes: what they serve (workflow@version, queues), their lease length and last heartbeat. A worker silent for longer than its lease is considered dead.';
+ALTER TABLE runledger.workers ADD CONSTRAINT workers_pkey PRIMARY KEY (worker_id);
+CREATE UNIQUE INDEX workers_pkey ON runledger.workers USING btree (worker_id);
+
+CREATE TABLE runledger.workflows (
+  workflow_name text NOT NULL,
+  workflow_version text NOT NULL,
+  queue_name text NOT NULL,
+  max_recovery_attempts integer NOT NULL,
+  limits jsonb DEFAULT '{}'::jsonb NOT NULL,
+  registered_at timestamp with time zone DEFAULT runledger.now() NOT NULL
+);
+COMMENT ON TABLE runledger.workflows IS 'Workflow (name, version) pairs registered by engines and workers. start_run uses it to resolve the default version, queue and recovery limit of a run started from SQL.';
+ALTER TABLE runledger.workflows ADD CONSTRAINT workflows_max_recovery_attempts_check CHECK ((max_recovery_attempts >= 0));
+ALTER TABLE runledger.workflows ADD CONSTRAINT workflows_pkey PRIMARY KEY (workflow_name, workflow_version);
+ALTER TABLE runledger.workflows ADD CONSTRAINT workflows_queue_name_check CHECK ((queue_name ~ '^[A-Za-z0-9][A-Za-z0-9_.-]{0,39}$'::text));
+ALTER TABLE runledger.workflows ADD CONSTRAINT workflows_workflow_name_check CHECK ((workflow_name ~ '^[A-Za-z0-9][A-Za-z0-9_.-]{0,49}$'::text));
+ALTER TABLE runledger.workflows ADD CONSTRAINT workflows_workflow_version_check CHECK ((workflow_version ~ '^[A-Za-z0-9][A-Za-z0-9_.-]{0,19}$'::text));
+CREATE UNIQUE INDEX workflows_pkey ON runledger.workflows USING btree (workflow_name, workflow_version);
+
+-- views
+
+CREATE VIEW runledger.active AS
+ SELECT run_id,
+    workflow_name,
+    workflow_version,
+    queue_name,
+    status,
+    wait_kind,
+    wake_at,
+    lease_owner,
+    lease_expires_at,
+    lease_expires_at - runledger.now() AS lease_remaining,
+    fencing_token,
+    recovery_attempts,
+    max_recovery_attempts,
+    ( SELECT count(*) AS count
+           FROM runledger.steps s
+          WHERE s.run_id = r.run_id) AS steps_done,
+    created_at,
+    updated_at,
+    runledger.now() - created_at AS age
+   FROM runledger.runs r
+  WHERE status = ANY (ARRAY['PENDING'::runledger.run_status, 'RUNNING'::runledger.run_status, 'WAITING'::runledger.run_status, 'CANCELLING'::runledger.run_status]);
+COMMENT ON VIEW runledger.active IS 'Runs not yet finished (PENDING, RUNNING, WAITING, CANCELLING): owner, lease remaining, fencing token, recovery attempts, checkpoints written.';
+
+CREATE VIEW runledger.approval_inbox AS
+ SELECT a.request_id,
+    a.run_id,
+    r.workflow_name,
+    a.name,
+    a.action,
+    a.evidence,
+    a.approvers,
+    a.requested_at,
+    a.expires_at
+   FROM runledger.approvals a
+     JOIN runledger.runs r ON r.run_id = a.run_id
+  WHERE a.decision IS NULL AND (a.expires_at IS NULL OR a.expires_at > runledger.now()) AND r.status = 'WAITING'::runledger.run_status;
+COMMENT ON VIEW runledger.approval_inbox IS 'Pending approval requests: the action asked for, its evidence, who may decide and until when. Decide with select runledger.decide_approval(request_id, true|false, ''name'', ''note'').';
+
+CREATE VIEW runledger.dead_letter AS
+ SELECT run_id,
+    workflow_name,
+    workflow_version,
+    queue_name,
+    termination_reason,
+    termination_evidence,
+    terminated_at,
+    recovery_attempts,
+    max_recovery_attempts,
+    error,
+    ( SELECT count(*) AS count
+           FROM runledger.steps s
+          WHERE s.run_id = r.run_id) AS steps_done,
+    created_at
+   FROM runledger.runs r
+  WHERE status = 'DEAD_LETTER'::runledger.run_status;
+COMMENT ON VIEW runledger.dead_letter IS 'Runs out of the automatic path (max recovery attempts, non-determinism, ...), with the termination reason and evidence. Bring one back with select runledger.retry_run(run_id).';
+
+CREATE VIEW runledger.queue_stats AS
+ SELECT r.queue_name,
+        CASE
+            WHEN GROUPING(r.concurrency_key) = 1 THEN NULL::text
+            ELSE COALESCE(r.concurrency_key, ''::text)
+        END AS concurrency_key,
+    GROUPING(r.concurrency_key) = 1 AS queue_total,
+    count(*) FILTER (WHERE r.status = 'PENDING'::runledger.run_status AND NOT r.admitted) AS waiting_admission,
+    count(*) FILTER (WHERE r.status = 'PENDING'::runledger.run_status AND r.admitted) AS dispatched,
+    count(*) FILTER (WHERE r.status = ANY (ARRAY['RUNNING'::runledger.run_status, 'CANCELLING'::runledger.run_status])) AS running,
+    count(*) FILTER (WHERE r.status = 'WAITING'::runledger.run_status) AS waiting,
+    runledger.now() - min(r.created_at) FILTER (WHERE r.status = 'PENDING'::runledger.run_status) AS oldest_pending_age,
+    max(q.concurrency) AS concurrency,
+    max(q.per_key_concurrency) AS per_key_concurrency,
+    max(q.rate_limit_max) AS rate_limit_max,
+    max(q.rate_limit_period_ms) AS rate_limit_period_ms,
+    bool_or(q.paused) AS paused
+   FROM runledger.runs r
+     LEFT JOIN runledger.queues q ON q.name = r.queue_name
+  WHERE r.status = ANY (ARRAY['PENDING'::runledger.run_status, 'RUNNING'::runledger.run_status, 'CANCELLING'::runledger.run_status, 'WAITING'::runledger.run_status])
+  GROUP BY GROUPING SETS ((r.queue_name), (r.queue_name, r.concurrency_key));
+COMMENT ON VIEW runledger.queue_stats IS 'Per queue (queue_total = true) and per concurrency key: runs waiting for admission, dispatched, running, waiting, the oldest pending age, and the queue''s limits. For dashboards and alerts.';
+
+CREATE VIEW runledger.run_timeline AS
+ SELECT e.run_id,
+    e.at,
+    'event'::text AS entry,
+    e.kind AS what,
+    NULL::integer AS seq,
+    NULL::text AS status,
+    e.detail,
+    e.fencing_token,
+    NULL::numeric AS duration_ms
+   FROM runledger.events e
+UNION ALL
+ SELECT s.run_id,
+    s.finished_at AS at,
+    'step'::text AS entry,
+    s.name AS what,
+    s.seq,
+    s.status,
+    COALESCE(s.error, jsonb_build_object('kind', s.kind, 'attempts', s.attempts)) AS detail,
+    s.fencing_token,
+    round(EXTRACT(epoch FROM s.finished_at - s.started_at) * 1000::numeric, 1) AS duration_ms
+   FROM runledger.steps s;
+COMMENT ON VIEW runledger.run_timeline IS 'History of runs: lifecycle events and step checkpoints. Use: select * from runledger.run_timeline where run_id = ''...'' order by at.';
+
+CREATE VIEW runledger.unknown_operations AS
+ SELECT o.operation_id,
+    o.run_id,
+    r.workflow_name,
+    o.name,
+    o.idempotency_key,
+    o.attempts,
+    o.started_at,
+    o.updated_at AS unknown_since,
+    runledger.now() - o.updated_at AS unknown_for,
+    r.status AS run_status,
+    r.wait_kind
+   FROM runledger.operations o
+     JOIN runledger.runs r ON r.run_id = o.run_id
+  WHERE o.status = 'UNKNOWN'::text;
+COMMENT ON VIEW runledger.unknown_operations IS 'External operations whose outcome is UNKNOWN (the worker died between the call and recording its result): which run, since when, with which idempotency key. Settle one with select runledger.resolve_operation(operation_id, ''SUCCEEDED''|''FAILED'', result).';
+
+CREATE VIEW runledger.waiting AS
+ SELECT r.run_id,
+    r.workflow_name,
+    r.queue_name,
+    r.wait_kind,
+        CASE r.wait_kind
+            WHEN 'signal'::text THEN 'signal '::text || r.wait_key
+            WHEN 'approval'::text THEN 'approval '::text || r.wait_key
+            WHEN 'child'::text THEN 'child run '::text || r.wait_key
+            WHEN 'timer'::text THEN 'timer'::text
+            ELSE r.wait_kind
+        END AS waiting_for,
+    s.name AS step_name,
+    s.seq AS step_seq,
+    s.started_at AS since,
+    r.wake_at AS until,
+    r.deadline_at,
+    runledger.now() - s.started_at AS waited
+   FROM runledger.runs r
+     LEFT JOIN LATERAL ( SELECT st.name,
+            st.seq,
+            st.started_at
+           FROM runledger.steps st
+          WHERE st.run_id = r.run_id AND st.status = 'WAITING'::text
+          ORDER BY st.seq DESC
+         LIMIT 1) s ON true
+  WHERE r.status = 'WAITING'::runledger.run_status;
+COMMENT ON VIEW runledger.waiting IS 'Runs waiting, holding no worker: what for (timer, signal topic, approval request, child run), at which step, since when and until when (timeout or deadline).';
+
+-- functions
+
+CREATE OR REPLACE FUNCTION runledger._admit(p_queue text, p_max integer DEFAULT 1000)
+ RETURNS integer
+ LANGUAGE plpgsql
+AS $function$
+declare
+  v_q      runledger.queues;
+  v_now    timestamptz := runledger.now();
+  v_active int;
+  v_free   int := p_max;
+  v_recent int;
+  v_run    record;
+  v_count  int := 0;
+begin
+  -- One admitter per queue at a time: the count below and the admissions after it are
+  -- then consistent, whatever number of workers and starts run concurrently.
+  select * into v_q from runledger.queues where name = p_queue for update;
+  if not found or v_q.paused then
+    return 0;
+  end if;
+  if v_q.concurrency is not null then
+    select count(*) into v_active from runledger.runs r
+     where r.queue_name = p_queue and (r.status in ('RUNNING', 'CANCELLING') or (r.status = 'PENDING' and r.admitted));
+    v_free := least(v_free, v_q.concurrency - v_active);
+  end if;
+  if v_q.rate_limit_max is not null then
+    delete from runledger.admissions a
+     where a.queue_name = p_queue and a.admitted_at <= v_now - make_interval(secs => v_q.rate_limit_period_ms / 1000.0);
+    select count(*) into v_recent from runledger.admissions a where a.queue_name = p_queue;
+    v_free := least(v_free, v_q.rate_limit_max - v_recent);
+  end if;
+  if v_free <= 0 then
+    return 0;
+  end if;
+
+  for v_run in
+    with recursive keys(k) as (
+      -- The distinct concurrency keys with runs waiting, by skip scan over runs_admission_key:
+      -- a few index probes per tenant, whatever the backlog (null key counts as '').
+      select min(coalesce(r.concurrency_key, '')) from runledger.runs r
+       where r.queue_name = p_queue and r.status = 'PENDING' and not r.admitted
+      union all
+      select (select min(coalesce(r.concurrency_key, '')) from runledger.runs r
+               where r.queue_name = p_queue and r.status = 'PENDING' and not r.admitted
+                 and coalesce(r.concurrency_key, '') > keys.k)
+        from keys where keys.k is not null),
+    active as (
+      select coalesce(r.concurrency_key, '') as k, count(*) as n from runledger.runs r
+       where r.queue_name = p_queue and (r.status in ('RUNNING', 'CANCELLING') or (r.status = 'PENDING' and r.admitted))
+       group by 1),
+    candidates as (
+      -- Each key's turn: its place among its own pending runs, after the ones it already
+      -- has running. Ordering by turn interleaves keys: a tenant with a burst of 50,000
+      -- runs cannot starve one with 10.
+      select c.*, row_number() over (partition by keys.k order by c.priority, c.created_at, c.run_id) + coalesce(a.n, 0) as turn
+        from keys
+        cross join lateral (
+          select r.run_id, r.priority, r.created_at, r.workflow_name, r.workflow_version from runledger.runs r
+           where r.queue_name = p_queue and r.status = 'PENDING' and not r.admitted
+             and coalesce(r.concurrency_key, '') = keys.k and (r.not_before is null or r.not_before <= v_now)
+           order by r.priority, r.created_at, r.run_id
+           limit v_free) c
+        left join active a on a.k = keys.k
+       where keys.k is not null)
+    select c.* from candidates c
+     where v_q.per_key_concurrency is null or c.turn <= v_q.per_key_concurrency
+     order by c.priority, c.turn, c.created_at, c.run_id
+     limit v_free
+  loop
+    -- One microsecond apart, in the order chosen here: workers claim admitted runs by
+    -- admitted_at, so a claim smaller than this round keeps its fairness.
+    update runledger.runs set admitted = true, admitted_at = v_now + v_count * interval '1 microsecond' where run_id = v_run.run_id;
+    perform runledger._dispatch(v_run.run_id, runledger._task_identifier(p_queue, v_run.workflow_name, v_run.workflow_version));
+    if v_q.rate_limit_max is not null then
+      insert into runledger.admissions (queue_name, admitted_at) values (p_queue, v_now);
+    end if;
+    v_count := v_count + 1;
+  end loop;
+  return v_count;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._admit(text,integer) IS 'Admission for one queue, under its row lock: fills free slots (concurrency, per-key concurrency, rate limit; none when paused) with PENDING runs by priority (lower first), then fair turns across concurrency keys, then age, and dispatches them. Work-conserving. Returns how many it admitted.';
+
+CREATE OR REPLACE FUNCTION runledger._admit_all(p_limit integer DEFAULT 1000)
+ RETURNS integer
+ LANGUAGE sql
+AS $function$
+  -- Sweeper: rate-limit windows that opened, and queues whose limits were raised.
+  select coalesce(sum(runledger._admit(q.name, p_limit)), 0)::int
+    from runledger.queues q
+   where not q.paused
+     and exists (select 1 from runledger.runs r where r.queue_name = q.name and r.status = 'PENDING' and not r.admitted)
+$function$;
+COMMENT ON FUNCTION runledger._admit_all(integer) IS 'Sweeper: runs admission for every queue with runs waiting for it (a rate-limit window that opened, a raised limit). Returns how many runs it admitted.';
+
+CREATE OR REPLACE FUNCTION runledger._cancel_children(p_run_id text, p_reason text)
+ RETURNS integer
+ LANGUAGE plpgsql
+AS $function$
+declare
+  v_child text;
+  v_count int := 0;
+begin
+  for v_child in
+    select r.run_id from runledger.runs r
+     where r.parent_run_id = p_run_id and not runledger.is_terminal(r.status)
+  loop
+    perform runledger.cancel_run(v_child, p_reason);
+    v_count := v_count + 1;
+  end loop;
+  return v_count;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._cancel_children(text,text) IS 'Cancels every unfinished child run of p_run_id (and, through cancel_run, theirs). Returns how many.';
+
+CREATE OR REPLACE FUNCTION runledger._charge(p_run runledger.runs, p_charge numeric, p_step text, p_seq integer)
+ RETURNS runledger.runs
+ LANGUAGE plpgsql
+AS $function$
+declare
+  v_run runledger.runs;
+begin
+  update runledger.runs set budget_spent = budget_spent + p_charge where run_id = p_run.run_id returning * into v_run;
+  if v_run.budget is not null and v_run.budget_spent > v_run.budget then
+    perform runledger._terminate_run(v_run.run_id, v_run.fencing_token, 'BUDGET',
+      jsonb_build_object('budget', v_run.budget, 'spent', v_run.budget_spent, 'charge', p_charge, 'step', p_step, 'seq', p_seq));
+    select * into v_run from runledger.runs where run_id = p_run.run_id;
+  end if;
+  return v_run;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._charge(runledger.runs,numeric,text,integer) IS 'Adds a charge to the run''s budget_spent; past its budget the run ends TERMINATED (BUDGET) with the spend as evidence, in the same transaction.';
+
+CREATE OR REPLACE FUNCTION runledger._check_progress(p_run runledger.runs, p_step text, p_seq integer, p_hash text)
+ RETURNS boolean
+ LANGUAGE plpgsql
+AS $function$
+declare
+  v_same int;
+  v_seqs int[];
+begin
+  -- The last no_progress results of this step name, newest first: all identical means the
+  -- run keeps seeing the same observation (a loop that learns nothing new).
+  select count(*) filter (where s.output_hash = p_hash), array_agg(s.seq order by s.seq)
+    into v_same, v_seqs
+    from (select output_hash, seq from runledger.steps
+           where run_id = p_run.run_id and name = p_step and status = 'SUCCEEDED'
+           order by seq desc limit p_run.no_progress) s;
+  if v_same < p_run.no_progress then
+    return false;
+  end if;
+  perform runledger._terminate_run(p_run.run_id, p_run.fencing_token, 'NO_PROGRESS',
+    jsonb_build_object('step', p_step, 'result_hash', p_hash, 'repeats', v_same, 'seqs', v_seqs, 'limit', p_run.no_progress));
+  return true;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._check_progress(runledger.runs,text,integer,text) IS 'No-progress limit: when the last N results of this step name are identical (same hash), ends the run TERMINATED (NO_PROGRESS) with the repeated step as evidence.';
+
+CREATE OR REPLACE FUNCTION runledger._check_run(p_status runledger.run_status, p_finished_at timestamp with time zone, p_termination_reason text, p_lease_owner text, p_lease_expires_at timestamp with time zone, p_wait_kind text, p_budget numeric, p_max_steps integer, p_no_progress integer, p_retry_budget integer, p_max_recovery_attempts integer)
+ RETURNS boolean
+ LANGUAGE plpgsql
+ IMMUTABLE
+AS $function$
+declare
+  v_rule text;
+begin
+  if (p_status in ('SUCCEEDED', 'FAILED', 'CANCELLED', 'TERMINATED', 'DEAD_LETTER'))
+     <> (p_finished_at is not null and p_termination_reason is not null) then
+    v_rule := 'runs_terminal_has_record';
+  elsif p_termination_reason not in ('COMPLETED', 'FAILED', 'CANCELLED', 'DEADLINE', 'MAX_STEPS', 'BUDGET',
+                                     'NO_PROGRESS', 'MAX_RECOVERY_ATTEMPTS', 'NON_DETERMINISM') then
+    v_rule := 'runs_termination_reason_check';
+  elsif (p_lease_owner is not null) <> (p_lease_expires_at is not null)
+     or (p_status not in ('RUNNING', 'CANCELLING') and p_lease_owner is not null)
+     or (p_status = 'RUNNING' and p_lease_owner is null) then
+    v_rule := 'runs_lease_only_when_executing';
+  elsif p_wait_kind not in ('timer', 'signal', 'approval', 'child', 'retry', 'reconcile') then
+    v_rule := 'runs_wait_kind_check';
+  elsif (p_status = 'WAITING') <> (p_wait_kind is not null) then
+    v_rule := 'runs_wait_kind_only_when_waiting';
+  elsif p_budget < 0 then
+    v_rule := 'runs_budget_check';
+  elsif p_max_steps <= 0 then
+    v_rule := 'runs_max_steps_check';
+  elsif p_no_progress < 2 then
+    v_rule := 'runs_no_progress_check';
+  elsif p_retry_budget < 0 then
+    v_rule := 'runs_retry_budget_check';
+  elsif p_max_recovery_attempts < 0 then
+    v_rule := 'runs_max_recovery_attempts_check';
+  else
+    return true;
+  end if;
+  raise exception using errcode = '23514', constraint = v_rule, table = 'runs', schema = 'runledger',
+    message = format('new row for relation "runs" violates check constraint "%s" (status %s)', v_rule, p_status);
+end;
+$function$;
+COMMENT ON FUNCTION runledger._check_run(runledger.run_status,timestamp with time zone,text,text,timestamp with time zone,text,numeric,integer,integer,integer,integer) IS 'The invariants of a runs row, checked by its constraint runs_invariants; a broken one raises 23514 naming the rule: runs_terminal_has_record (a terminal status, and only one, has finished_at and termination_reason), runs_termination_reason_check, runs_lease_only_when_executing (only RUNNING or CANCELLING runs hold a lease; a RUNNING one always does), runs_wait_kind_check, runs_wait_kind_only_when_waiting, and the ranges of budget, max_steps, no_progress, retry_budget and max_recovery_attempts.';
+
+CREATE OR REPLACE FUNCTION runledger._check_run_id()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+begin
+  raise exception using errcode = '23514',
+    message = format('run_id %L is invalid: 1 to 200 letters, digits and _.:- starting with a letter or digit', new.run_id);
+end;
+$function$;
+COMMENT ON FUNCTION runledger._check_run_id() IS 'Trigger function: rejects a run_id that is not 1 to 200 characters of [A-Za-z0-9_.:-] starting with a letter or digit.';
+
+CREATE OR REPLACE FUNCTION runledger._check_step(p_seq integer, p_kind text, p_status text)
+ RETURNS boolean
+ LANGUAGE plpgsql
+ IMMUTABLE
+AS $function$
+declare
+  v_rule text;
+begin
+  if p_seq < 0 then
+    v_rule := 'steps_seq_check';
+  elsif p_kind not in ('step', 'transaction', 'operation', 'sleep', 'signal', 'approval', 'child_start', 'child') then
+    v_rule := 'steps_kind_check';
+  elsif p_status not in ('SUCCEEDED', 'FAILED', 'WAITING') then
+    v_rule := 'steps_status_check';
+  else
+    return true;
+  end if;
+  raise exception using errcode = '23514', constraint = v_rule, table = 'steps', schema = 'runledger',
+    message = format('new row for relation "steps" violates check constraint "%s" (kind %s, status %s)', v_rule, p_kind, p_status);
+end;
+$function$;
+COMMENT ON FUNCTION runledger._check_step(integer,text,text) IS 'The invariants of a steps row, checked by its constraint steps_invariants; a broken one raises 23514 naming the rule: steps_seq_check (seq >= 0), steps_kind_check, steps_status_check (SUCCEEDED, FAILED or WAITING).';
+
+CREATE OR REPLACE FUNCTION runledger._check_whole_number(p_opts jsonb, p_key text, p_min integer)
+ RETURNS void
+ LANGUAGE plpgsql
+ IMMUTABLE
+AS $function$
+begin
+  if p_opts ? p_key and jsonb_typeof(p_opts->p_key) <> 'null'
+     and (jsonb_typeof(p_opts->p_key) <> 'number' or (p_opts->>p_key) !~ '^\d{1,9}$' or (p_opts->>p_key)::int < p_min) then
+    raise exception using errcode = 'RL003',
+      message = format('option %s must be a whole number >= %s, not %s', p_key, p_min, p_opts->p_key);
+  end if;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._check_whole_number(jsonb,text,integer) IS 'Raises RL003 unless p_opts->p_key is absent or a whole number >= p_min.';
+
+CREATE OR REPLACE FUNCTION runledger._checkpoint(p_run_id text, p_token bigint, p_seq integer, p_name text, p_kind text, p_status text, p_output jsonb, p_error jsonb, p_attempts integer, p_started_at timestamp with time zone, p_charge numeric DEFAULT 0)
+ RETURNS TABLE(pid integer, run_status text)
+ LANGUAGE plpgsql
+AS $function$
+begin
+  run_status := (runledger._checkpoint_row(p_run_id, p_token, p_seq, p_name, p_kind, p_status, p_output, p_error,
+                                           p_attempts, p_started_at, p_charge)).status;
+  pid := pg_backend_pid();
+  return next;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._checkpoint(text,bigint,integer,text,text,text,jsonb,jsonb,integer,timestamp with time zone,numeric) IS 'Fenced checkpoint write in the caller''s transaction: checks the fencing token (row lock on the run) and the deadline, inserts the step row, charges p_charge to the budget and checks the no-progress limit (either may end the run TERMINATED right here). Returns the backend pid and the run''s status (CANCELLING tells the worker to stop).';
+
+CREATE OR REPLACE FUNCTION runledger._checkpoint_outcome(p_run_id text, p_seq integer, p_token bigint)
+ RETURNS TABLE(committed boolean, status text, output jsonb, error jsonb, still_owner boolean)
+ LANGUAGE plpgsql
+AS $function$
+declare
+  v_token bigint;
+begin
+  -- Waits for any transaction still holding the run row (a COMMIT in flight), so the
+  -- answer below is final: the checkpoint either exists now or never will.
+  select r.fencing_token into v_token from runledger.runs r where r.run_id = p_run_id for update;
+  return query
+    select s.run_id is not null, s.status, case when s.output is null then null else jsonb_build_array(s.output) end,
+           s.error, v_token = p_token
+      from (select 1) one
+      left join runledger.steps s on s.run_id = p_run_id and s.seq = p_seq and s.fencing_token = p_token;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._checkpoint_outcome(text,integer,bigint) IS 'After a COMMIT whose outcome the client did not see: waits for in-flight transactions on the run, then says whether the checkpoint committed (output wrapped in a one-element array, null when absent).';
+
+CREATE OR REPLACE FUNCTION runledger._checkpoint_row(p_run_id text, p_token bigint, p_seq integer, p_name text, p_kind text, p_status text, p_output jsonb, p_error jsonb, p_attempts integer, p_started_at timestamp with time zone, p_charge numeric DEFAULT 0)
+ RETURNS runledger.runs
+ LANGUAGE plpgsql
+AS $function$
+declare
+  v_now  timestamptz := runledger.now();
+  v_run  runledger.runs := runledger._fence(p_run_id, p_token, v_now);
+  v_hash text;
+begin
+  if v_run.status = 'CANCELLING' and p_started_at >= v_run.cancel_requested_at then
+    -- Only a step already running when the cancel was committed may still record its result.
+    raise exception using errcode = 'RL008', message = format('run %s: step %s started after the cancel request', p_run_id, p_name);
+  end if;
+  if v_run.no_progress is not null and p_status = 'SUCCEEDED' then
+    v_hash := md5(coalesce(p_output::text, ''));
+  end if;
+  insert into runledger.steps (run_id, seq, name, kind, status, output, error, attempts, started_at, finished_at, fencing_token, output_hash)
+  -- finished_at is the time the deadline was checked against (fence), not a later one.
+  values (p_run_id, p_seq, p_name, p_kind, p_status, p_output, p_error, p_attempts, p_started_at, v_now, p_token, v_hash)
+  -- A step that waited between attempts (durable retry backoff) left a WAITING row here.
+  on conflict (run_id, seq) do update
+     set status = excluded.status, output = excluded.output, error = excluded.error, attempts = excluded.attempts,
+         finished_at = excluded.finished_at, fencing_token = excluded.fencing_token, output_hash = excluded.output_hash
+   where runledger.steps.status = 'WAITING' and runledger.steps.name = excluded.name;
+  if not found then
+    raise exception using errcode = 'RL010', message = format('run %s: step %s already has a checkpoint', p_run_id, p_seq);
+  end if;
+  -- Termination policies are checked atomically with the checkpoint that trips them.
+  if p_charge <> 0 then
+    v_run := runledger._charge(v_run, p_charge, p_name, p_seq);
+  end if;
+  if v_hash is not null and v_run.status in ('RUNNING', 'CANCELLING') then
+    if runledger._check_progress(v_run, p_name, p_seq, v_hash) then
+      v_run.status := 'TERMINATED';
+    end if;
+  end if;
+  return v_run;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._checkpoint_row(text,bigint,integer,text,text,text,jsonb,jsonb,integer,timestamp with time zone,numeric) IS 'The body of _checkpoint: fenced checkpoint write (see _checkpoint), returning the run row as it is after the checkpoint (its status says whether a policy ended it).';
+
+CREATE OR REPLACE FUNCTION runledger._claim_batch(p_worker_id text, p_queues text[], p_workflows text[], p_limit integer, p_lease_ms integer, p_reclaim_except text[] DEFAULT NULL::text[])
+ RETURNS TABLE(run_id text, workflow_name text, workflow_version text, input jsonb, fencing_token bigint, recovery_attempts integer, max_steps integer, budget numeric, budget_spent numeric, cancel_requested boolean, checkpoints jsonb, progress jsonb, next_due_at timestamp with time zone)
+ LANGUAGE plpgsql
+AS $function$
+declare
+  v_now   timestamptz := runledger.now();
+  v_ids   text[] := '{}';
+  v_queue text;
+  v_seen  text[] := '{}';
+  v_limited boolean;
+  v_next  timestamptz;
+begin
+  if p_limit is null or p_limit < 1 then
+    raise exception using errcode = 'RL003', message = format('_claim_batch: limit must be >= 1, not %s', p_limit);
+  end if;
+  if p_queues is null or p_workflows is null then
+    raise exception using errcode = 'RL003', message = '_claim_batch: queues and workflows must be arrays (empty claims nothing)';
+  end if;
+  if p_reclaim_except is not null then
+    -- A claim whose reply was lost may have committed: take back this worker's runs
+    -- that it is not executing (new token), before anything else.
+    v_ids := array(
+      select r.run_id from runledger.runs r
+       where r.lease_owner = p_worker_id and r.status in ('RUNNING', 'CANCELLING')
+         and not (r.run_id = any(p_reclaim_except))
+       limit p_limit
+       for update skip locked);
+  end if;
+
+  foreach v_queue in array p_queues loop
+    exit when cardinality(v_ids) >= p_limit;
+    continue when v_queue = any(v_seen); -- a queue named twice is looked at once
+    v_seen := v_seen || v_queue;
+    -- A run past its deadline is never put back to work: it ends here instead.
+    perform runledger._stop_unowned(d.run_id, 'TERMINATED', 'DEADLINE',
+              jsonb_build_object('deadline_at', d.deadline_at, 'noticed_at', v_now))
+       from (select r.run_id, r.deadline_at from runledger.runs r
+              where r.deadline_at <= v_now and r.status in ('PENDING', 'WAITING') and r.queue_name = v_queue
+              limit p_limit
+              for update skip locked) d;
+    -- A cancelled run whose owner died before its compensations finished.
+    v_ids := v_ids || array(
+      select r.run_id from runledger.runs r
+       where r.queue_name = v_queue and r.status = 'CANCELLING' and r.lease_owner is null
+         and (r.workflow_name || '@' || r.workflow_version) = any(p_workflows)
+       limit p_limit - cardinality(v_ids)
+       for update skip locked);
+    v_limited := runledger._queue_limited(v_queue);
+    if v_limited then
+      -- In a queue with limits a due timer wakes the run into admission instead.
+      perform runledger._wake(t.run_id, t.wait_kind, t.wait_key)
+         from (select r.run_id, r.wait_kind, r.wait_key from runledger.runs r
+                where r.queue_name = v_queue and r.status = 'WAITING' and r.wake_at <= v_now
+                  and (r.deadline_at is null or r.deadline_at > v_now)
+                order by r.wake_at
+                limit p_limit
+                for update skip locked) t;
+      -- Admitted runs in the order admission chose (priority, fair turns across keys,
+      -- age), so a claim with fewer free slots than admitted runs keeps that order. At
+      -- most the queue's concurrency is admitted and unclaimed: the sort is small.
+      v_ids := v_ids || array(
+        select r.run_id from runledger.runs r
+         where r.queue_name = v_queue and r.status = 'PENDING' and r.admitted
+           and (r.not_before is null or r.not_before <= v_now)
+           and (r.deadline_at is null or r.deadline_at > v_now)
+           and (r.workflow_name || '@' || r.workflow_version) = any(p_workflows)
+         order by r.admitted_at nulls first, r.priority, r.created_at
+         limit p_limit - cardinality(v_ids)
+         for update skip locked);
+      continue;
+    else
+      -- Runs already under way (a sleep ended, a wait timed out, a retry backoff passed) go first.
+      v_ids := v_ids || array(
+        select r.run_id from runledger.runs r
+         where r.queue_name = v_queue and r.status = 'WAITING' and r.wake_at <= v_now
+           and (r.deadline_at is null or r.deadline_at > v_now)
+           and (r.workflow_name || '@' || r.workflow_version) = any(p_workflows)
+         order by r.wake_at
+         limit p_limit - cardinality(v_ids)
+         for update skip locked);
+    end if;
+    v_ids := v_ids || array(
+      select r.run_id from runledger.runs r
+       where r.queue_name = v_queue and r.status = 'PENDING' and r.admitted
+         and (r.not_before is null or r.not_before <= v_now)
+         -- Past its deadline: ended above, or by the next claim or the deadline sweep; never claimed.
+         and (r.deadline_at is null or r.deadline_at > v_now)
+         and (r.workflow_name || '@' || r.workflow_version) = any(p_workflows)
+       order by r.priority, r.created_at
+       limit p_limit - cardinality(v_ids)
+       for update skip locked);
+  end loop;
+
+  if cardinality(v_ids) > 0 then
+    -- Compare-and-set on the rows locked above: a new fencing token and a lease for each.
+    return query
+      with claimed as (
+        update runledger.runs r
+           set status = case when r.status = 'CANCELLING' then 'CANCELLING'::runledger.run_status else 'RUNNING' end,
+               fencing_token = r.fencing_token + 1, lease_owner = p_worker_id,
+               wait_kind = null, wait_key = null, wake_at = null, admitted = false,
+               lease_expires_at = v_now + make_interval(secs => p_lease_ms / 1000.0),
+               started_at = coalesce(r.started_at, v_now), updated_at = v_now
+         where r.run_id = any(v_ids)
+        returning r.*
+      ), logged as (
+        insert into runledger.events (run_id, kind, detail, fencing_token, at)
+        select c.run_id, 'claimed', jsonb_build_object('worker', p_worker_id), c.fencing_token, v_now from claimed c
+      )
+      select c.run_id, c.workflow_name, c.workflow_version, c.input, c.fencing_token,
+             c.recovery_attempts, c.max_steps, c.budget, c.budget_spent, c.status = 'CANCELLING',
+             -- output wrapped in a one-element array so JSON null and "no value" (SQL NULL) stay distinct.
+             coalesce((select jsonb_agg(jsonb_build_array(s.seq, s.name, s.status,
+                                          case when s.output is null then null else jsonb_build_array(s.output) end,
+                                          s.error, s.kind) order by s.seq)
+                         from runledger.steps s where s.run_id = c.run_id), '[]'::jsonb),
+             (select jsonb_object_agg(p.seq::text, p.progress) from runledger.step_progress p where p.run_id = c.run_id),
+             null::timestamptz
+        from claimed c;
+  end if;
+
+  if cardinality(v_ids) < p_limit then
+    -- Nothing more is runnable now: say when something next will be.
+    foreach v_queue in array v_seen loop
+      v_next := least(v_next,
+        (select min(r.not_before) from runledger.runs r
+          where r.queue_name = v_queue and r.status = 'PENDING' and r.admitted and r.not_before > v_now),
+        (select min(r.wake_at) from runledger.runs r
+          where r.queue_name = v_queue and r.status = 'WAITING' and r.wake_at > v_now));
+    end loop;
+    return query select null::text, null::text, null::text, null::jsonb, null::bigint, null::int, null::int,
+                        null::numeric, null::numeric, null::boolean, null::jsonb, null::jsonb, v_next;
+  end if;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._claim_batch(text,text[],text[],integer,integer,text[]) IS 'Worker claim of up to p_limit runnable runs of the given queues and workflow@version keys, in one statement: CANCELLING runs without an owner, then due timers, then admitted PENDING runs by priority and age (FOR UPDATE SKIP LOCKED, so workers never wait on each other). Each becomes RUNNING with fencing_token + 1 and a lease, and is returned with its checkpoints. Runs past their deadline are TERMINATED on the way; a due timer in a queue with limits is woken into admission. When fewer than p_limit were claimed, a last row with run_id null gives next_due_at, the next delayed start or timer (null if none). p_reclaim_except (the runs the worker is executing) also takes back this worker''s other runs: a claim whose reply was lost.';
+
+CREATE OR REPLACE FUNCTION runledger._commit_and_claim(p_items jsonb, p_worker_id text, p_queues text[], p_workflows text[], p_limit integer, p_lease_ms integer)
+ RETURNS TABLE(item integer, code text, message text, run_status text, claimed jsonb)
+ LANGUAGE plpgsql
+AS $function$
+begin
+  return query select b.item, b.code, b.message, b.run_status, null::jsonb from runledger._commit_batch(p_items) b;
+  begin
+    -- Rows as _claim_batch returns them (a claimed run each, and the row with only
+    -- next_due_at when fewer than p_limit were claimed), one JSON object per row.
+    return query select null::int, null::text, null::text, null::text, to_jsonb(c)
+      from runledger._claim_batch(p_worker_id, p_queues, p_workflows, p_limit, p_lease_ms) c;
+  exception when others then
+    -- The items stand; only the claim is lost (its runs stay claimable).
+    return query select null::int, sqlstate::text, sqlerrm, null::text, null::jsonb;
+  end;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._commit_and_claim(jsonb,text,text[],text[],integer,integer) IS 'Group commit (_commit_batch) and then a claim (_claim_batch) in one transaction. Rows with item set answer the items; rows with item null carry the claim''s rows as JSON in claimed, or, when the claim failed, its SQLSTATE and message (the items are committed regardless).';
+
+CREATE OR REPLACE FUNCTION runledger._commit_batch(p_items jsonb)
+ RETURNS TABLE(item integer, code text, message text, run_status text)
+ LANGUAGE plpgsql
+AS $function$
+declare
+  v_item jsonb;
+  v_index int := 0;
+  v_run runledger.runs;
+  v_fast int[] := '{}';
+begin
+  if jsonb_typeof(p_items) is distinct from 'array' then
+    raise exception using errcode = 'RL003', message = format('_commit_batch: items must be a JSON array, not %s', coalesce(jsonb_typeof(p_items), 'null'));
+  end if;
+  if jsonb_array_length(p_items) > 1 then
+    begin
+      v_fast := runledger._commit_fast(p_items);
+    exception when others then
+      v_fast := '{}'; -- undone: every item takes the careful path below
+    end;
+  end if;
+  for v_item in select value from jsonb_array_elements(p_items) loop
+    item := v_index;
+    code := null;
+    message := null;
+    run_status := null;
+    if v_index = any(v_fast) then
+      run_status := case when v_item->>'op' = 'checkpoint' then 'RUNNING' end;
+    else
+      begin
+        if v_item->>'op' = 'checkpoint' then
+          v_run := runledger._checkpoint_row(v_item->>'run_id', (v_item->>'token')::bigint, (v_item->>'seq')::int,
+            v_item->>'name', v_item->>'kind', v_item->>'status', v_item->'output', v_item->'error',
+            (v_item->>'attempts')::int, (v_item->>'started_at')::timestamptz, coalesce((v_item->>'charge')::numeric, 0));
+          run_status := v_run.status;
+        elsif v_item->>'op' = 'complete' and v_item ? 'seq' then
+          perform runledger._complete_with_checkpoint(v_item->>'run_id', (v_item->>'token')::bigint, (v_item->>'seq')::int,
+            v_item->>'name', v_item->>'kind', v_item->>'status', v_item->'step_output', v_item->'error',
+            (v_item->>'attempts')::int, (v_item->>'started_at')::timestamptz, coalesce((v_item->>'charge')::numeric, 0),
+            v_item->'output', v_item->>'policy_version');
+        elsif v_item->>'op' = 'complete' then
+          perform runledger._complete_run(v_item->>'run_id', (v_item->>'token')::bigint, v_item->'output',
+            v_item->>'policy_version', coalesce((v_item->>'charge')::numeric, 0));
+        else
+          raise exception using errcode = 'RL003', message = format('_commit_batch: unknown op %L', v_item->>'op');
+        end if;
+      exception when others then
+        code := sqlstate;
+        message := sqlerrm;
+      end;
+    end if;
+    return next;
+    v_index := v_index + 1;
+  end loop;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._commit_batch(jsonb) IS 'Group commit for a worker: a JSON array of items, each {"op": "checkpoint"} (the arguments of _checkpoint by name) or {"op": "complete"} (those of _complete_run, or of _complete_with_checkpoint when it has "seq"; the step''s result is "step_output"), done in one transaction: the common ones together (_commit_fast), the others one by one, each in a subtransaction. One row per item: its index, the SQLSTATE and message of its error (null when it committed), and for a checkpoint the run''s status after it.';
+
+CREATE OR REPLACE FUNCTION runledger._commit_fast(p_items jsonb)
+ RETURNS integer[]
+ LANGUAGE plpgsql
+AS $function$
+declare
+  v_now       timestamptz := runledger.now();
+  v_ids       text[];
+  v_fast      int[];
+  v_written   int;
+  v_parents   text[];
+  v_children  text[];
+  v_queues    text[];
+  v_queue     text;
+  i           int;
+begin
+  -- Every run of the batch, locked in run_id order (as the heartbeat locks them), and
+  -- the items that can take the fast path. A run named twice takes the careful path.
+  -- (The ids as an array: joined to the JSON instead, the planner guessed 100 items and
+  -- read the whole runs table.)
+  v_ids := array(select distinct e.value->>'run_id' from jsonb_array_elements(p_items) e);
+  with items as (
+    select (e.ordinality - 1)::int as idx, e.value as v
+      from jsonb_array_elements(p_items) with ordinality e
+  ), locked as (
+    select r.run_id, r.fencing_token, r.status, r.no_progress, r.deadline_at
+      from runledger.runs r
+     where r.run_id = any(v_ids)
+     order by r.run_id
+       for update
+  )
+  select array_agg(it.idx) into v_fast
+    from items it
+    join locked l on l.run_id = it.v->>'run_id'
+   where it.v->>'op' in ('checkpoint', 'complete') and it.v ? 'seq'
+     and coalesce((it.v->>'charge')::numeric, 0) = 0
+     and l.fencing_token = (it.v->>'token')::bigint and l.status = 'RUNNING'
+     and l.no_progress is null and (l.deadline_at is null or l.deadline_at > v_now)
+     and (select count(*) from items other where other.v->>'run_id' = it.v->>'run_id') = 1;
+  if v_fast is null then
+    return '{}';
+  end if;
+
+  -- The checkpoints (and the last steps of the completions). A position that already
+  -- has a checkpoint raises, and the whole fast part is undone.
+  insert into runledger.steps (run_id, seq, name, kind, status, output, error, attempts, started_at, finished_at, fencing_token)
+  select e.value->>'run_id', (e.value->>'seq')::int, e.value->>'name', e.value->>'kind', e.value->>'status',
+         case when e.value->>'op' = 'complete' then e.value->'step_output' else e.value->'output' end,
+         e.value->'error', (e.value->>'attempts')::int, (e.value->>'started_at')::timestamptz, v_now, (e.value->>'token')::bigint
+    from jsonb_array_elements(p_items) with ordinality e
+   where (e.ordinality - 1)::int = any(v_fast)
+  -- A step that waited between attempts (durable retry backoff) left a WAITING row here.
+  on conflict (run_id, seq) do update
+     set status = excluded.status, output = excluded.output, error = excluded.error, attempts = excluded.attempts,
+         finished_at = excluded.finished_at, fencing_token = excluded.fencing_token
+   where runledger.steps.status = 'WAITING' and runledger.steps.name = excluded.name;
+  get diagnostics v_written = row_count;
+  if v_written <> cardinality(v_fast) then
+    raise exception using errcode = 'RL010', message = '_commit_fast: a step already has a checkpoint';
+  end if;
+
+  -- The completions: the run row and its termination record, then the event.
+  with done as (
+    update runledger.runs r
+       set status = 'SUCCEEDED', output = e.value->'output', error = null, finished_at = v_now, updated_at = v_now,
+           lease_owner = null, lease_expires_at = null, wait_kind = null, wait_key = null, wake_at = null,
+           termination_reason = 'COMPLETED', terminated_at = v_now,
+           policy_version = coalesce(r.policy_version, e.value->>'policy_version'),
+           termination_evidence = jsonb_build_object(
+             'steps', (select count(*) from runledger.steps s where s.run_id = r.run_id), 'budget_spent', r.budget_spent)
+      from jsonb_array_elements(p_items) with ordinality e
+     where (e.ordinality - 1)::int = any(v_fast) and e.value->>'op' = 'complete'
+       and r.run_id = e.value->>'run_id' and r.run_id = any(v_ids)
+    returning r.run_id, r.fencing_token, r.parent_run_id, r.queue_name, r.termination_evidence
+  ), logged as (
+    insert into runledger.events (run_id, kind, detail, fencing_token, at)
+    select d.run_id, 'completed',
+           jsonb_strip_nulls(jsonb_build_object('status', 'SUCCEEDED', 'reason', 'COMPLETED', 'error', null, 'evidence', d.termination_evidence)),
+           d.fencing_token, v_now
+      from done d
+  )
+  select array_agg(d.parent_run_id) filter (where d.parent_run_id is not null),
+         array_agg(d.run_id) filter (where d.parent_run_id is not null),
+         array_agg(distinct d.queue_name)
+    into v_parents, v_children, v_queues
+    from done d;
+  -- As _finished: wake the parents, and admit the next runs of queues with limits.
+  for i in 1 .. coalesce(cardinality(v_parents), 0) loop
+    perform runledger._wake(v_parents[i], 'child', v_children[i]);
+  end loop;
+  foreach v_queue in array coalesce(v_queues, '{}') loop
+    if runledger._queue_limited(v_queue) then
+      perform runledger._admit(v_queue);
+    end if;
+  end loop;
+  return v_fast;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._commit_fast(jsonb) IS 'The fast part of _commit_batch: locks every run of the batch in run_id order, then writes together the items that are plain checkpoints or completions with their last step of RUNNING runs under their token, before the deadline, without a charge or a no-progress limit (the checks _checkpoint and _complete_with_checkpoint make). Returns the indexes it wrote; raises (and is undone as a whole) when one of them cannot be written.';
+
+CREATE OR REPLACE FUNCTION runledger._compensation_begin(p_run_id text, p_token bigint, p_operation_id text)
+ RETURNS text
+ LANGUAGE plpgsql
+AS $function$
+declare
+  v_status text;
+begin
+  perform runledger._fence(p_run_id, p_token);
+  select compensation_status into v_status from runledger.operations where operation_id = p_operation_id and run_id = p_run_id for update;
+  if not found then
+    -- A checkpoint copied by fork_run: the operation belongs to the source run, not to this one.
+    return 'NOT_THIS_RUN';
+  end if;
+  if v_status is null or v_status = 'STARTED' then
+    update runledger.operations set compensation_status = 'STARTED', updated_at = runledger.now() where operation_id = p_operation_id;
+    insert into runledger.events (run_id, kind, detail, fencing_token)
+    values (p_run_id, 'compensation_started', jsonb_build_object('operation_id', p_operation_id, 'again', v_status is not null), p_token);
+    return 'STARTED';
+  end if;
+  return v_status; -- DONE or FAILED: never run again
+end;
+$function$;
+COMMENT ON FUNCTION runledger._compensation_begin(text,bigint,text) IS 'Fenced: records that an operation''s compensation starts (a STARTED one left by a crash is run again with the same key); returns DONE or FAILED when it already ran.';
+
+CREATE OR REPLACE FUNCTION runledger._compensation_finish(p_run_id text, p_token bigint, p_operation_id text, p_ok boolean, p_error jsonb)
+ RETURNS void
+ LANGUAGE plpgsql
+AS $function$
+begin
+  perform runledger._fence(p_run_id, p_token);
+  update runledger.operations set compensation_status = case when p_ok then 'DONE' else 'FAILED' end, compensation_error = p_error,
+         updated_at = runledger.now()
+   where operation_id = p_operation_id and run_id = p_run_id;
+  insert into runledger.events (run_id, kind, detail, fencing_token)
+  values (p_run_id, case when p_ok then 'compensated' else 'compensation_failed' end,
+          jsonb_strip_nulls(jsonb_build_object('operation_id', p_operation_id, 'error', p_error)), p_token);
+end;
+$function$;
+COMMENT ON FUNCTION runledger._compensation_finish(text,bigint,text,boolean,jsonb) IS 'Fenced: records a compensation''s outcome (DONE or FAILED).';
+
+CREATE OR REPLACE FUNCTION runledger._complete_run(p_run_id text, p_token bigint, p_output jsonb, p_policy_version text, p_charge numeric DEFAULT 0)
+ RETURNS void
+ LANGUAGE plpgsql
+AS $function$
+declare
+  v_run runledger.runs := runledger._fence(p_run_id, p_token);
+begin
+  if p_charge <> 0 then
+    v_run := runledger._charge(v_run, p_charge, 'complete', null);
+    if v_run.status = 'TERMINATED' then
+      return;
+    end if;
+  end if;
+  perform runledger._finish_run(p_run_id, p_token, 'SUCCEEDED', 'COMPLETED', p_output, null,
+    jsonb_build_object('steps', (select count(*) from runledger.steps s where s.run_id = p_run_id),
+                       'budget_spent', v_run.budget_spent),
+    p_policy_version);
+end;
+$function$;
+COMMENT ON FUNCTION runledger._complete_run(text,bigint,jsonb,text,numeric) IS 'Fenced completion: output, SUCCEEDED and the COMPLETED termination record commit together (a last charge over the budget ends it TERMINATED, BUDGET instead).';
+
+CREATE OR REPLACE FUNCTION runledger._complete_with_checkpoint(p_run_id text, p_token bigint, p_seq integer, p_name text, p_kind text, p_status text, p_step_output jsonb, p_error jsonb, p_attempts integer, p_started_at timestamp with time zone, p_charge numeric, p_output jsonb, p_policy_version text)
+ RETURNS void
+ LANGUAGE plpgsql
+AS $function$
+declare
+  v_now      timestamptz := runledger.now();
+  v_run      runledger.runs;
+  v_parent   text;
+  v_queue    text;
+  v_evidence jsonb;
+begin
+  -- The run's last step and its completion in one transaction (one round trip).
+  if p_charge = 0 then
+    -- The common case in one statement: the update is the fence (same token, RUNNING,
+    -- before the deadline) and the completion. A run with a no-progress limit, a charge
+    -- or a cancel under way takes the general path below, which also says what failed.
+    update runledger.runs r
+       set status = 'SUCCEEDED', output = p_output, error = null, finished_at = v_now, updated_at = v_now,
+           lease_owner = null, lease_expires_at = null, wait_kind = null, wait_key = null, wake_at = null,
+           termination_reason = 'COMPLETED', terminated_at = v_now,
+           policy_version = coalesce(r.policy_version, p_policy_version),
+           -- The step below is not written yet (or only as a retry's WAITING row): count it once.
+           termination_evidence = jsonb_build_object(
+             'steps', (select count(*) from runledger.steps s where s.run_id = p_run_id and s.seq <> p_seq) + 1,
+             'budget_spent', r.budget_spent)
+     where r.run_id = p_run_id and r.fencing_token = p_token and r.status = 'RUNNING'
+       and r.no_progress is null and (r.deadline_at is null or r.deadline_at > v_now)
+    returning r.parent_run_id, r.queue_name, r.termination_evidence into v_parent, v_queue, v_evidence;
+    if found then
+      insert into runledger.steps (run_id, seq, name, kind, status, output, error, attempts, started_at, finished_at, fencing_token)
+      values (p_run_id, p_seq, p_name, p_kind, p_status, p_step_output, p_error, p_attempts, p_started_at, v_now, p_token)
+      on conflict (run_id, seq) do update
+         set status = excluded.status, output = excluded.output, error = excluded.error, attempts = excluded.attempts,
+             finished_at = excluded.finished_at, fencing_token = excluded.fencing_token
+       where runledger.steps.status = 'WAITING' and runledger.steps.name = excluded.name;
+      if not found then
+        raise exception using errcode = 'RL010', message = format('run %s: step %s already has a checkpoint', p_run_id, p_seq);
+      end if;
+      perform runledger._finished(p_run_id, p_token, 'SUCCEEDED', 'COMPLETED', null, v_evidence, v_parent, v_queue, v_now);
+      return;
+    end if;
+  end if;
+  -- The checkpoint's fence holds the run's row lock, so the completion needs no second one.
+  v_run := runledger._checkpoint_row(p_run_id, p_token, p_seq, p_name, p_kind, p_status, p_step_output, p_error,
+                                     p_attempts, p_started_at, p_charge);
+  if v_run.status in ('RUNNING', 'CANCELLING') then
+    perform runledger._finish_run(p_run_id, p_token, 'SUCCEEDED', 'COMPLETED', p_output, null,
+      jsonb_build_object('steps', (select count(*) from runledger.steps s where s.run_id = p_run_id),
+                         'budget_spent', v_run.budget_spent),
+      p_policy_version);
+  end if;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._complete_with_checkpoint(text,bigint,integer,text,text,text,jsonb,jsonb,integer,timestamp with time zone,numeric,jsonb,text) IS 'Fenced: writes the last step''s checkpoint and completes the run in one transaction (unless the checkpoint itself ended the run, e.g. over budget).';
+
+CREATE OR REPLACE FUNCTION runledger._dead_letter_run(p_run_id text, p_token bigint, p_reason text, p_evidence jsonb, p_policy_version text)
+ RETURNS void
+ LANGUAGE plpgsql
+AS $function$
+begin
+  perform runledger._finish_run(p_run_id, p_token, 'DEAD_LETTER', p_reason, null, null, p_evidence, p_policy_version);
+end;
+$function$;
+COMMENT ON FUNCTION runledger._dead_letter_run(text,bigint,text,jsonb,text) IS 'Fenced move to DEAD_LETTER (e.g. NON_DETERMINISM) with evidence; the run leaves the automatic path until retry_run.';
+
+CREATE OR REPLACE FUNCTION runledger._dispatch(p_run_id text, p_task text, p_delay_ms integer DEFAULT 0)
+ RETURNS void
+ LANGUAGE plpgsql
+AS $function$
+declare
+  v_due timestamptz;
+begin
+  if p_delay_ms > 0 then
+    -- A delayed PENDING run becomes claimable at not_before; a WAITING run already has its wake_at.
+    v_due := runledger.now() + make_interval(secs => p_delay_ms / 1000.0);
+    update runledger.runs set not_before = v_due
+     where run_id = p_run_id and status = 'PENDING' and (not_before is null or not_before < v_due);
+  end if;
+  -- Workers serving the queue claim at once, or arm a timer for the due time (epoch ms).
+  -- p_task is _task_identifier(queue, workflow, version): the queue is its second part.
+  -- Identical notifications in one transaction are delivered once.
+  perform pg_notify('runledger_runnable',
+    split_part(p_task, ':', 2) || coalesce('@' || (extract(epoch from v_due) * 1000)::bigint, ''));
+end;
+$function$;
+COMMENT ON FUNCTION runledger._dispatch(text,text,integer) IS 'Announces that a run is (or after p_delay_ms will be) runnable: sets not_before for a delayed PENDING run and notifies runledger_runnable with the queue name (and "@" due time in epoch ms). Workers claim from the runs table; a lost notification only delays a run until the next poll.';
+
+CREATE OR REPLACE FUNCTION runledger._end_wait(p_run_id text, p_seq integer, p_output jsonb)
+ RETURNS void
+ LANGUAGE plpgsql
+AS $function$
+begin
+  update runledger.steps set status = 'SUCCEEDED', output = p_output, finished_at = runledger.now()
+   where run_id = p_run_id and seq = p_seq and status = 'WAITING';
+end;
+$function$;
+COMMENT ON FUNCTION runledger._end_wait(text,integer,jsonb) IS 'Marks the wait step at p_seq finished with its result.';
+
+CREATE OR REPLACE FUNCTION runledger._enforce_deadlines(p_limit integer DEFAULT 1000)
+ RETURNS integer
+ LANGUAGE plpgsql
+AS $function$
+declare
+  v_run   runledger.runs;
+  v_count int := 0;
+  v_now   timestamptz := runledger.now();
+begin
+  -- Runs that hold no worker are stopped here; an executing run is stopped by its own
+  -- worker at its next checkpoint (RL009), or by recovery if that worker died.
+  for v_run in
+    select * from runledger.runs r
+     where r.status in ('PENDING', 'WAITING') and r.deadline_at <= v_now
+     order by r.deadline_at
+     limit p_limit
+     for update skip locked
+  loop
+    if runledger._stop_unowned(v_run.run_id, 'TERMINATED', 'DEADLINE',
+         jsonb_build_object('deadline_at', v_run.deadline_at, 'noticed_at', v_now, 'was', v_run.status,
+                            'wait_kind', v_run.wait_kind)) then
+      v_count := v_count + 1;
+    end if;
+  end loop;
+  return v_count;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._enforce_deadlines(integer) IS 'Sweeper: PENDING and WAITING runs past their deadline end TERMINATED (DEADLINE), exactly once, with the deadline as evidence. Honours runledger.fake_now. Returns how many.';
+
+CREATE OR REPLACE FUNCTION runledger._fail_run(p_run_id text, p_token bigint, p_error jsonb, p_policy_version text)
+ RETURNS void
+ LANGUAGE plpgsql
+AS $function$
+begin
+  perform runledger._finish_run(p_run_id, p_token, 'FAILED', 'FAILED', null, p_error, null, p_policy_version);
+end;
+$function$;
+COMMENT ON FUNCTION runledger._fail_run(text,bigint,jsonb,text) IS 'Fenced failure: the workflow threw; FAILED with the error and the FAILED termination record.';
+
+CREATE OR REPLACE FUNCTION runledger._fence(p_run_id text, p_token bigint, p_now timestamp with time zone DEFAULT NULL::timestamp with time zone)
+ RETURNS runledger.runs
+ LANGUAGE plpgsql
+AS $function$
+declare
+  v_run runledger.runs;
+  v_now timestamptz := coalesce(p_now, runledger.now());
+begin
+  -- The row lock taken here is held until commit: a takeover (which updates this row)
+  -- waits for us, and once it has happened our token no longer matches. A lock, not an
+  -- update: no new row version per step.
+  select * into v_run from runledger.runs
+   where run_id = p_run_id and fencing_token = p_token and status in ('RUNNING', 'CANCELLING')
+   for update;
+  if not found then
+    raise exception using errcode = 'RL001',
+      message = format('run %s: lease lost (fencing token %s is stale or the run stopped executing)', p_run_id, p_token);
+  end if;
+  if v_run.deadline_at <= v_now then
+    -- Nothing commits past the deadline; the worker then ends the run (TERMINATED, DEADLINE).
+    raise exception using errcode = 'RL009', message = format('run %s: deadline %s passed', p_run_id, v_run.deadline_at);
+  end if;
+  return v_run;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._fence(text,bigint,timestamp with time zone) IS 'Returns the run, locked until commit, if the caller still holds it with this fencing token; else raises RL001 LEASE_LOST. Past the run''s deadline raises RL009, so nothing commits after it.';
+
+CREATE OR REPLACE FUNCTION runledger._finish_cancel(p_run_id text, p_token bigint)
+ RETURNS void
+ LANGUAGE plpgsql
+AS $function$
+declare
+  v_run runledger.runs;
+begin
+  select * into v_run from runledger.runs where run_id = p_run_id and fencing_token = p_token and status = 'CANCELLING';
+  if not found then
+    raise exception using errcode = 'RL001', message = format('run %s: not CANCELLING under fencing token %s', p_run_id, p_token);
+  end if;
+  perform runledger._finish_run(p_run_id, p_token, 'CANCELLED', 'CANCELLED', null, null,
+    jsonb_build_object('reason', v_run.cancel_reason, 'requested_at', v_run.cancel_requested_at,
+                       'steps', (select count(*) from runledger.steps s where s.run_id = p_run_id and s.status <> 'WAITING')),
+    null);
+end;
+$function$;
+COMMENT ON FUNCTION runledger._finish_cancel(text,bigint) IS 'Fenced: the owner of a CANCELLING run ends it CANCELLED with the cancel request as evidence.';
+
+CREATE OR REPLACE FUNCTION runledger._finish_run(p_run_id text, p_token bigint, p_status runledger.run_status, p_reason text, p_output jsonb, p_error jsonb, p_evidence jsonb, p_policy_version text)
+ RETURNS void
+ LANGUAGE plpgsql
+AS $function$
+declare
+  v_now    timestamptz := runledger.now();
+  v_parent text;
+  v_queue  text;
+begin
+  update runledger.runs
+     set status = p_status, output = p_output, error = p_error, finished_at = v_now, updated_at = v_now,
+         lease_owner = null, lease_expires_at = null, wait_kind = null, wait_key = null, wake_at = null,
+         termination_reason = p_reason, termination_evidence = p_evidence, terminated_at = v_now,
+         policy_version = coalesce(policy_version, p_policy_version)
+   where run_id = p_run_id and fencing_token = p_token and status in ('RUNNING', 'CANCELLING')
+  returning parent_run_id, queue_name into v_parent, v_queue;
+  if not found then
+    raise exception using errcode = 'RL001',
+      message = format('run %s: lease lost (fencing token %s is stale or the run stopped executing)', p_run_id, p_token);
+  end if;
+  perform runledger._finished(p_run_id, p_token, p_status, p_reason, p_error, p_evidence, v_parent, v_queue, v_now);
+end;
+$function$;
+COMMENT ON FUNCTION runledger._finish_run(text,bigint,runledger.run_status,text,jsonb,jsonb,jsonb,text) IS 'Fenced move of an executing run to a terminal status with its termination record (reason, evidence, time, policy version).';
+
+CREATE OR REPLACE FUNCTION runledger._finished(p_run_id text, p_token bigint, p_status runledger.run_status, p_reason text, p_error jsonb, p_evidence jsonb, p_parent text, p_queue text, p_now timestamp with time zone)
+ RETURNS void
+ LANGUAGE plpgsql
+AS $function$
+begin
+  insert into runledger.events (run_id, kind, detail, fencing_token, at)
+  values (p_run_id, case p_status when 'DEAD_LETTER' then 'dead_lettered' else lower(p_reason) end,
+          jsonb_strip_nulls(jsonb_build_object('status', p_status, 'reason', p_reason, 'error', p_error, 'evidence', p_evidence)), p_token, p_now);
+  -- As _wake_parent and _slot_freed, without reading the row again.
+  if p_parent is not null then
+    perform runledger._wake(p_parent, 'child', p_run_id);
+  end if;
+  if runledger._queue_limited(p_queue) then
+    perform runledger._admit(p_queue);
+  end if;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._finished(text,bigint,runledger.run_status,text,jsonb,jsonb,text,text,timestamp with time zone) IS 'After a run''s row moved to a terminal status: writes its event, wakes its parent (p_parent) and admits the next run of its queue if the queue has limits.';
+
+CREATE OR REPLACE FUNCTION runledger._heartbeat(p_worker_id text, p_lease_ms integer, p_except text[] DEFAULT '{}'::text[])
+ RETURNS text[]
+ LANGUAGE plpgsql
+AS $function$
+declare
+  v_now  timestamptz := runledger.now();
+  v_runs text[];
+begin
+  update runledger.workers set last_heartbeat_at = v_now, stopped_at = null where worker_id = p_worker_id;
+  -- One statement renews every lease this worker holds. A run taken over by another
+  -- worker has another lease_owner and is not renewed: the caller sees it missing.
+  with held as (
+    select r.run_id from runledger.runs r
+     where r.lease_owner = p_worker_id and r.status in ('RUNNING', 'CANCELLING')
+       -- Runs inside a step that heartbeats itself are kept alive by that step only.
+       and r.run_id <> all (p_except)
+     order by r.run_id
+     for update
+  ), renewed as (
+    update runledger.runs r
+       set lease_expires_at = v_now + make_interval(secs => p_lease_ms / 1000.0)
+      from held
+     where r.run_id = held.run_id and r.lease_owner = p_worker_id and r.status in ('RUNNING', 'CANCELLING')
+    returning r.run_id)
+  select coalesce(array_agg(run_id), '{}') into v_runs from renewed;
+  return v_runs;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._heartbeat(text,integer,text[]) IS 'Worker heartbeat: marks the worker alive and renews the leases of all runs it owns, except p_except (runs whose current step heartbeats itself); returns the ids renewed.';
+
+CREATE OR REPLACE FUNCTION runledger._heartbeat_step(p_run_id text, p_token bigint, p_seq integer, p_progress jsonb, p_lease_ms integer)
+ RETURNS text
+ LANGUAGE plpgsql
+AS $function$
+declare
+  v_run runledger.runs;
+begin
+  update runledger.runs set lease_expires_at = runledger.now() + make_interval(secs => p_lease_ms / 1000.0)
+   where run_id = p_run_id and fencing_token = p_token and status in ('RUNNING', 'CANCELLING')
+  returning * into v_run;
+  if not found then
+    raise exception using errcode = 'RL001', message = format('run %s: lease lost (fencing token %s is stale)', p_run_id, p_token);
+  end if;
+  if p_progress is not null then
+    insert into runledger.step_progress (run_id, seq, progress) values (p_run_id, p_seq, p_progress)
+    on conflict (run_id, seq) do update set progress = excluded.progress, updated_at = runledger.now();
+  end if;
+  return v_run.status;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._heartbeat_step(text,bigint,integer,jsonb,integer) IS 'Fenced: a long step proves it is alive: renews its run''s lease and stores its progress. Returns the run status (CANCELLING tells the step to stop).';
+
+CREATE OR REPLACE FUNCTION runledger._make_runnable(p_run_id text, p_delay_ms integer DEFAULT 0)
+ RETURNS void
+ LANGUAGE plpgsql
+AS $function$
+declare
+  v_run runledger.runs;
+begin
+  select * into v_run from runledger.runs where run_id = p_run_id;
+  if runledger._queue_limited(v_run.queue_name) then
+    update runledger.runs
+       set admitted = false,
+           not_before = case when p_delay_ms > 0 then runledger.now() + make_interval(secs => p_delay_ms / 1000.0) else not_before end
+     where run_id = p_run_id;
+    perform runledger._admit(v_run.queue_name);
+  else
+    if not v_run.admitted then
+      update runledger.runs set admitted = true where run_id = p_run_id;
+    end if;
+    perform runledger._dispatch(p_run_id, runledger._task_identifier(v_run.queue_name, v_run.workflow_name, v_run.workflow_version), p_delay_ms);
+  end if;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._make_runnable(text,integer) IS 'Every move of a run into PENDING ends here: dispatched at once (after p_delay_ms) in a queue without limits, else left to admission.';
+
+CREATE OR REPLACE FUNCTION runledger._max_payload_bytes()
+ RETURNS integer
+ LANGUAGE sql
+ STABLE PARALLEL SAFE
+AS $function$
+  select coalesce(nullif(current_setting('runledger.max_payload_bytes', true), '')::int, 4194304)
+$function$;
+COMMENT ON FUNCTION runledger._max_payload_bytes() IS 'Largest input/output accepted, in bytes: setting runledger.max_payload_bytes, default 4 MiB.';
+
+CREATE OR REPLACE FUNCTION runledger._new_id()
+ RETURNS text
+ LANGUAGE plpgsql
+AS $function$
+declare
+  v_alphabet constant text := '0123456789ABCDEFGHJKMNPQRSTVWXYZ';
+  v_ms    bigint := (extract(epoch from clock_timestamp()) * 1000)::bigint;
+  v_out   text := '';
+  -- 10 random bytes from the random parts of two v4 UUIDs (no pgcrypto needed).
+  v_bytes bytea := substring(uuid_send(gen_random_uuid()) from 1 for 6) || substring(uuid_send(gen_random_uuid()) from 11 for 4);
+  i int;
+begin
+  for i in reverse 9..0 loop
+    v_out := v_out || substr(v_alphabet, ((v_ms >> (i * 5)) & 31)::int + 1, 1);
+  end loop;
+  for i in 0..15 loop
+    -- 16 base32 characters from 80 random bits, 5 bits each.
+    v_out := v_out || substr(v_alphabet,
+      (((get_byte(v_bytes, (i * 5) / 8) << 8) | get_byte(v_bytes, least((i * 5) / 8 + 1, 9))) >> (11 - (i * 5) % 8) & 31) + 1, 1);
+  end loop;
+  return v_out;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._new_id() IS 'A new ULID (26 characters, Crockford base32) for ids created in SQL.';
+
+CREATE OR REPLACE FUNCTION runledger._operation_begin(p_run_id text, p_token bigint, p_seq integer, p_name text, p_key text, p_compensable boolean, p_again boolean)
+ RETURNS TABLE(operation_id text, status text, attempts integer, idempotency_key text, result jsonb, error jsonb)
+ LANGUAGE plpgsql
+AS $function$
+declare
+  v_op runledger.operations;
+  v_now timestamptz := runledger.now();
+begin
+  perform runledger._fence(p_run_id, p_token);
+  select * into v_op from runledger.operations o where o.run_id = p_run_id and o.seq = p_seq for update;
+  if not found then
+    insert into runledger.operations (operation_id, run_id, seq, name, idempotency_key, status, compensable)
+    values (runledger._new_id(), p_run_id, p_seq, p_name, p_key, 'STARTED', p_compensable)
+    returning * into v_op;
+    insert into runledger.events (run_id, kind, detail, fencing_token, at)
+    values (p_run_id, 'operation_started', jsonb_build_object('operation_id', v_op.operation_id, 'name', p_name, 'key', p_key), p_token, v_now);
+  elsif p_again and v_op.status in ('STARTED', 'UNKNOWN', 'FAILED') then
+    -- Called again on purpose (declared idempotent, or a retry): same key, next attempt.
+    update runledger.operations o set status = 'STARTED', attempts = o.attempts + 1, updated_at = v_now, error = null
+     where o.operation_id = v_op.operation_id returning * into v_op;
+    insert into runledger.events (run_id, kind, detail, fencing_token, at)
+    values (p_run_id, 'operation_retried', jsonb_build_object('operation_id', v_op.operation_id, 'attempt', v_op.attempts), p_token, v_now);
+  elsif v_op.status = 'STARTED' then
+    -- Started by an execution that never recorded the outcome: it may or may not have happened.
+    update runledger.operations o set status = 'UNKNOWN', updated_at = v_now where o.operation_id = v_op.operation_id returning * into v_op;
+    insert into runledger.events (run_id, kind, detail, fencing_token, at)
+    values (p_run_id, 'operation_unknown', jsonb_build_object('operation_id', v_op.operation_id, 'name', p_name, 'key', v_op.idempotency_key), p_token, v_now);
+    return query select v_op.operation_id, 'UNKNOWN_NOW'::text, v_op.attempts, v_op.idempotency_key, v_op.result, v_op.error;
+    return;
+  end if;
+  return query select v_op.operation_id, v_op.status, v_op.attempts, v_op.idempotency_key, v_op.result, v_op.error;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._operation_begin(text,bigint,integer,text,text,boolean,boolean) IS 'Fenced. First call: records the intent (STARTED, key, attempt 1) and commits before the external call. On replay a STARTED row becomes UNKNOWN (status UNKNOWN_NOW, with an event). p_again: the caller will call again with the same key (STARTED, attempt + 1). Otherwise returns the row as it stands.';
+
+CREATE OR REPLACE FUNCTION runledger._operation_checkpoint(p_run_id text, p_token bigint, p_seq integer, p_name text, p_operation_id text, p_status text, p_output jsonb, p_error jsonb, p_external_resource_id text, p_attempts integer, p_started_at timestamp with time zone, p_charge numeric)
+ RETURNS TABLE(pid integer, run_status text)
+ LANGUAGE plpgsql
+AS $function$
+begin
+  -- The outcome in the ledger and the step checkpoint commit together.
+  perform runledger._operation_finish(p_run_id, p_token, p_operation_id, p_status, p_output->'value', p_error, p_external_resource_id, null);
+  return query select * from runledger._checkpoint(p_run_id, p_token, p_seq, p_name, 'operation',
+    case when p_status = 'SUCCEEDED' then 'SUCCEEDED' else 'FAILED' end, p_output, p_error, p_attempts, p_started_at, p_charge);
+end;
+$function$;
+COMMENT ON FUNCTION runledger._operation_checkpoint(text,bigint,integer,text,text,text,jsonb,jsonb,text,integer,timestamp with time zone,numeric) IS 'Fenced: records an operation''s outcome in the ledger and its step checkpoint in one transaction.';
+
+CREATE OR REPLACE FUNCTION runledger._operation_finish(p_run_id text, p_token bigint, p_operation_id text, p_status text, p_result jsonb, p_error jsonb, p_external_resource_id text, p_resolved_by text)
+ RETURNS void
+ LANGUAGE plpgsql
+AS $function$
+begin
+  perform runledger._fence(p_run_id, p_token);
+  update runledger.operations
+     set status = p_status, result = p_result, error = p_error, updated_at = runledger.now(), finished_at = runledger.now(),
+         external_resource_id = coalesce(p_external_resource_id, external_resource_id),
+         resolved_by = coalesce(p_resolved_by, resolved_by)
+   where operation_id = p_operation_id and run_id = p_run_id;
+  insert into runledger.events (run_id, kind, detail, fencing_token)
+  values (p_run_id, 'operation_' || lower(p_status),
+          jsonb_strip_nulls(jsonb_build_object('operation_id', p_operation_id, 'resolved_by', p_resolved_by, 'error', p_error)), p_token);
+end;
+$function$;
+COMMENT ON FUNCTION runledger._operation_finish(text,bigint,text,text,jsonb,jsonb,text,text) IS 'Fenced: records an operation''s outcome; called in the same transaction as the step checkpoint that follows it.';
+
+CREATE OR REPLACE FUNCTION runledger._operation_park(p_run_id text, p_token bigint, p_seq integer, p_operation_id text, p_retry_in_ms integer)
+ RETURNS void
+ LANGUAGE plpgsql
+AS $function$
+declare
+  v_run runledger.runs := runledger._fence(p_run_id, p_token);
+  v_wake timestamptz := case when p_retry_in_ms is not null then runledger.now() + make_interval(secs => p_retry_in_ms / 1000.0) end;
+begin
+  -- Never a silent retry of a call that may have happened: the run waits (holding nothing)
+  -- for resolve_operation, or until the next reconcile attempt when a reconciler said "unknown".
+  update runledger.runs
+     set status = 'WAITING', wait_kind = 'reconcile', wait_key = p_operation_id, wake_at = least(v_wake, v_run.deadline_at),
+         lease_owner = null, lease_expires_at = null, updated_at = runledger.now()
+   where run_id = p_run_id;
+  perform runledger._slot_freed(p_run_id);
+  insert into runledger.events (run_id, kind, detail, fencing_token)
+  values (p_run_id, 'waiting_for_reconcile', jsonb_build_object('operation_id', p_operation_id, 'seq', p_seq, 'retry_in_ms', p_retry_in_ms), p_token);
+  if least(v_wake, v_run.deadline_at) is not null then
+    perform runledger._dispatch(p_run_id, runledger._task_identifier(v_run.queue_name, v_run.workflow_name, v_run.workflow_version),
+      greatest(0, ceil(extract(epoch from least(v_wake, v_run.deadline_at) - runledger.now()) * 1000))::int);
+  end if;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._operation_park(text,bigint,integer,text,integer) IS 'Fenced: an UNKNOWN operation that cannot be settled automatically parks the run WAITING (wait_kind reconcile) until resolve_operation, or until p_retry_in_ms for the next reconcile.';
+
+CREATE OR REPLACE FUNCTION runledger._queue_limited(p_queue text)
+ RETURNS boolean
+ LANGUAGE plpgsql
+ STABLE PARALLEL SAFE
+AS $function$
+begin
+  return exists (select 1 from runledger.queues q
+                  where q.name = p_queue
+                    and (q.concurrency is not null or q.per_key_concurrency is not null
+                         or q.rate_limit_max is not null or q.paused));
+end;
+$function$;
+COMMENT ON FUNCTION runledger._queue_limited(text) IS 'True when the queue has a limit or is paused: its runs go through admission.';
+
+CREATE OR REPLACE FUNCTION runledger._record_retry(p_run_id text, p_token bigint, p_seq integer, p_name text, p_attempt integer, p_error jsonb, p_delay_ms integer)
+ RETURNS boolean
+ LANGUAGE plpgsql
+AS $function$
+declare
+  v_run runledger.runs := runledger._fence(p_run_id, p_token);
+begin
+  if v_run.retry_budget is not null and v_run.retries_used + 1 > v_run.retry_budget then
+    insert into runledger.events (run_id, kind, detail, fencing_token)
+    values (p_run_id, 'retry_budget_exhausted', jsonb_build_object('seq', p_seq, 'name', p_name, 'attempt', p_attempt,
+            'retries_used', v_run.retries_used, 'retry_budget', v_run.retry_budget, 'error', p_error), p_token);
+    return false;
+  end if;
+  update runledger.runs set retries_used = retries_used + 1 where run_id = p_run_id;
+  insert into runledger.events (run_id, kind, detail, fencing_token)
+  values (p_run_id, 'attempt_failed', jsonb_build_object('seq', p_seq, 'name', p_name, 'attempt', p_attempt, 'error', p_error,
+          'retry_in_ms', p_delay_ms), p_token);
+  return true;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._record_retry(text,bigint,integer,text,integer,jsonb,integer) IS 'Fenced: records a failed attempt of a step (its error and the backoff before the next) and spends one retry of the run''s retry budget; false when the budget is used up (the step then fails).';
+
+CREATE OR REPLACE FUNCTION runledger._recover_expired(p_limit integer DEFAULT 1000)
+ RETURNS integer
+ LANGUAGE plpgsql
+AS $function$
+declare
+  v_now   timestamptz := runledger.now();
+  v_run   runledger.runs;
+  v_count int := 0;
+begin
+  -- SKIP LOCKED: several workers sweep at once without blocking on each other or on
+  -- a run whose owner is committing a checkpoint right now.
+  for v_run in
+    select * from runledger.runs r
+     where r.status in ('RUNNING', 'CANCELLING') and r.lease_expires_at < v_now
+     order by r.lease_expires_at
+     limit p_limit
+     for update skip locked
+  loop
+    v_count := v_count + 1;
+    if v_run.status = 'CANCELLING' and exists (
+         select 1 from runledger.operations o
+          where o.run_id = v_run.run_id and o.compensable and o.status = 'SUCCEEDED'
+            and (o.compensation_status is null or o.compensation_status = 'STARTED')) then
+      -- Its owner died while cancelling, with compensations still to run: another worker
+      -- takes the run (still CANCELLING) and finishes them; it never resumes the work.
+      update runledger.runs set lease_owner = null, lease_expires_at = null, updated_at = v_now where run_id = v_run.run_id;
+      insert into runledger.events (run_id, kind, detail, fencing_token, at)
+      values (v_run.run_id, 'lease_expired', jsonb_build_object('last_owner', v_run.lease_owner, 'cancelling', true), v_run.fencing_token, v_now);
+      perform runledger._dispatch(v_run.run_id,
+        runledger._task_identifier(v_run.queue_name, v_run.workflow_name, v_run.workflow_version));
+    elsif v_run.status = 'CANCELLING' then
+      -- Its owner died while cancelling: complete the cancellation instead of resuming the work.
+      perform runledger._finish_run(v_run.run_id, v_run.fencing_token, 'CANCELLED', 'CANCELLED', null, null,
+        jsonb_build_object('reason', v_run.cancel_reason, 'requested_at', v_run.cancel_requested_at,
+                           'completed_by', 'recovery', 'last_owner', v_run.lease_owner), null);
+    elsif v_run.recovery_attempts + 1 > v_run.max_recovery_attempts then
+      update runledger.runs
+         set status = 'DEAD_LETTER', finished_at = v_now, updated_at = v_now,
+             lease_owner = null, lease_expires_at = null,
+             termination_reason = 'MAX_RECOVERY_ATTEMPTS', terminated_at = v_now,
+             termination_evidence = jsonb_build_object(
+               'recovery_attempts', v_run.recovery_attempts,
+               'max_recovery_attempts', v_run.max_recovery_attempts,
+               'last_owner', v_run.lease_owner,
+               'lease_expired_at', v_run.lease_expires_at),
+             policy_version = coalesce(v_run.policy_version, 'runledger/1')
+       where run_id = v_run.run_id;
+      insert into runledger.events (run_id, kind, detail, fencing_token, at)
+      values (v_run.run_id, 'dead_lettered',
+              jsonb_build_object('reason', 'MAX_RECOVERY_ATTEMPTS', 'recovery_attempts', v_run.recovery_attempts,
+                                 'last_owner', v_run.lease_owner), v_run.fencing_token, v_now);
+      perform runledger._wake_parent(v_run.run_id);
+    else
+      update runledger.runs
+         set status = 'PENDING', recovery_attempts = v_run.recovery_attempts + 1, updated_at = v_now,
+             lease_owner = null, lease_expires_at = null
+       where run_id = v_run.run_id;
+      insert into runledger.events (run_id, kind, detail, fencing_token, at)
+      values (v_run.run_id, 'lease_expired',
+              jsonb_build_object('last_owner', v_run.lease_owner, 'lease_expired_at', v_run.lease_expires_at,
+                                 'recovery_attempt', v_run.recovery_attempts + 1), v_run.fencing_token, v_now);
+      perform runledger._make_runnable(v_run.run_id, 0);
+    end if;
+  end loop;
+
+  -- A worker silent for two lease lengths is dead; its runs were (or are being) recovered above.
+  update runledger.workers w set stopped_at = v_now
+   where w.stopped_at is null and w.last_heartbeat_at < v_now - make_interval(secs => 2 * w.lease_ms / 1000.0);
+  return v_count;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._recover_expired(integer) IS 'Sweeper, run by every live worker: each RUNNING run whose lease expired goes back to PENDING counting one recovery attempt and is re-dispatched, or, past max_recovery_attempts, to DEAD_LETTER with its termination record; a CANCELLING one is ended CANCELLED. Marks silent workers stopped. Returns how many runs it handled.';
+
+CREATE OR REPLACE FUNCTION runledger._register_worker(p_worker_id text, p_host text, p_pid integer, p_workflows text[], p_queues text[], p_concurrency integer, p_lease_ms integer)
+ RETURNS void
+ LANGUAGE sql
+AS $function$
+  insert into runledger.workers (worker_id, host, pid, workflows, queues, concurrency, lease_ms)
+  values (p_worker_id, p_host, p_pid, p_workflows, p_queues, p_concurrency, p_lease_ms)
+  on conflict (worker_id) do update
+     set last_heartbeat_at = runledger.now(), stopped_at = null
+$function$;
+COMMENT ON FUNCTION runledger._register_worker(text,text,integer,text[],text[],integer,integer) IS 'A worker process announces what it serves (workflow@version, queues), its concurrency and lease length.';
+
+CREATE OR REPLACE FUNCTION runledger._register_workflow(p_name text, p_version text, p_queue text, p_max_recovery_attempts integer, p_limits jsonb DEFAULT '{}'::jsonb)
+ RETURNS void
+ LANGUAGE sql
+AS $function$
+  insert into runledger.workflows (workflow_name, workflow_version, queue_name, max_recovery_attempts, limits)
+  values (p_name, p_version, p_queue, p_max_recovery_attempts, coalesce(p_limits, '{}'))
+  on conflict (workflow_name, workflow_version) do update
+     set queue_name = excluded.queue_name, max_recovery_attempts = excluded.max_recovery_attempts,
+         limits = excluded.limits, registered_at = runledger.now()
+$function$;
+COMMENT ON FUNCTION runledger._register_workflow(text,text,text,integer,jsonb) IS 'Records a workflow (name, version) with its default queue, recovery limit and limits (deadline, max_steps, budget, no_progress), so start_run from SQL can resolve them.';
+
+CREATE OR REPLACE FUNCTION runledger._release_run(p_run_id text, p_token bigint, p_delay_ms integer, p_reason text, p_counts_attempt boolean DEFAULT false)
+ RETURNS boolean
+ LANGUAGE plpgsql
+AS $function$
+declare
+  v_run runledger.runs;
+  v_now timestamptz := runledger.now();
+begin
+  select * into v_run from runledger.runs
+   where run_id = p_run_id and fencing_token = p_token and status = 'RUNNING'
+   for update;
+  if not found then
+    return false;
+  end if;
+  if p_counts_attempt and v_run.recovery_attempts + 1 > v_run.max_recovery_attempts then
+    -- An execution that keeps failing for infrastructure reasons must not loop forever.
+    perform runledger._finish_run(p_run_id, p_token, 'DEAD_LETTER', 'MAX_RECOVERY_ATTEMPTS', null, null,
+      jsonb_build_object('recovery_attempts', v_run.recovery_attempts, 'max_recovery_attempts', v_run.max_recovery_attempts,
+                         'last_release', p_reason),
+      'runledger/1');
+    return true;
+  end if;
+  update runledger.runs
+     set status = 'PENDING', lease_owner = null, lease_expires_at = null, updated_at = v_now,
+         recovery_attempts = recovery_attempts + case when p_counts_attempt then 1 else 0 end
+   where run_id = p_run_id;
+  insert into runledger.events (run_id, kind, detail, fencing_token, at)
+  values (p_run_id, 'released', jsonb_build_object('reason', p_reason, 'delay_ms', p_delay_ms, 'counts_attempt', p_counts_attempt), p_token, v_now);
+  perform runledger._make_runnable(p_run_id, p_delay_ms);
+  return true;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._release_run(text,bigint,integer,text,boolean) IS 'A worker gives a run back: RUNNING -> PENDING, re-dispatched after p_delay_ms. A graceful stop does not count a recovery attempt; an infrastructure failure does (p_counts_attempt), and past max_recovery_attempts the run is dead-lettered instead.';
+
+CREATE OR REPLACE FUNCTION runledger._retry_wait(p_run_id text, p_token bigint, p_seq integer, p_name text, p_kind text, p_attempt integer, p_delay_ms integer)
+ RETURNS void
+ LANGUAGE plpgsql
+AS $function$
+declare
+  v_run  runledger.runs := runledger._fence(p_run_id, p_token);
+  v_wake timestamptz := runledger.now() + make_interval(secs => p_delay_ms / 1000.0);
+begin
+  -- The step position keeps a WAITING row with the attempt reached; the next attempt after
+  -- the backoff reads it. The worker is freed meanwhile.
+  insert into runledger.steps (run_id, seq, name, kind, status, output, attempts, started_at, finished_at, fencing_token)
+  values (p_run_id, p_seq, p_name, p_kind, 'WAITING', jsonb_build_object('attempt', p_attempt, 'wake_at', v_wake), p_attempt,
+          runledger.now(), runledger.now(), p_token)
+  on conflict (run_id, seq) do update set output = excluded.output, attempts = excluded.attempts, fencing_token = excluded.fencing_token
+   where runledger.steps.status = 'WAITING';
+  update runledger.runs
+     set status = 'WAITING', wait_kind = 'retry', wait_key = p_name, wake_at = least(v_wake, v_run.deadline_at),
+         lease_owner = null, lease_expires_at = null, updated_at = runledger.now()
+   where run_id = p_run_id;
+  perform runledger._slot_freed(p_run_id);
+  perform runledger._dispatch(p_run_id, runledger._task_identifier(v_run.queue_name, v_run.workflow_name, v_run.workflow_version),
+    greatest(0, ceil(extract(epoch from least(v_wake, v_run.deadline_at) - runledger.now()) * 1000))::int);
+end;
+$function$;
+COMMENT ON FUNCTION runledger._retry_wait(text,bigint,integer,text,text,integer,integer) IS 'Fenced: a backoff too long to sleep in memory becomes a durable wait (wait_kind retry): the step keeps a WAITING row with the attempt reached and the run waits, holding no worker, until the next attempt is due.';
+
+CREATE OR REPLACE FUNCTION runledger._slot_freed(p_run_id text)
+ RETURNS void
+ LANGUAGE plpgsql
+AS $function$
+declare
+  v_queue text;
+begin
+  select queue_name into v_queue from runledger.runs where run_id = p_run_id;
+  if runledger._queue_limited(v_queue) then
+    perform runledger._admit(v_queue);
+  end if;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._slot_freed(text) IS 'Called when a run leaves its slot (finished, waiting, cancelled): admits the next run of a queue with limits.';
+
+CREATE OR REPLACE FUNCTION runledger._start_child(p_run_id text, p_token bigint, p_seq integer, p_name text, p_workflow text, p_input jsonb, p_options jsonb)
+ RETURNS text
+ LANGUAGE plpgsql
+AS $function$
+declare
+  v_parent  runledger.runs;
+  v_options jsonb;
+  v_child   text;
+begin
+  perform runledger._fence(p_run_id, p_token);
+  select * into v_parent from runledger.runs where run_id = p_run_id;
+  -- The child's id derives from the parent and the step position, and the child row and
+  -- the checkpoint commit together: a replay can never start a second child.
+  v_options := coalesce(p_options, '{}') || jsonb_build_object('run_id', p_run_id || '.' || p_seq, 'parent_run_id', p_run_id);
+  if v_parent.deadline_at is not null and not (v_options ? 'deadline') then
+    v_options := v_options || jsonb_build_object('deadline', v_parent.deadline_at);
+  end if;
+  v_child := runledger.start_run(p_workflow, p_input, v_options);
+  insert into runledger.steps (run_id, seq, name, kind, status, output, started_at, fencing_token)
+  values (p_run_id, p_seq, p_name, 'child_start', 'SUCCEEDED', jsonb_build_object('runId', v_child), runledger.now(), p_token);
+  return v_child;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._start_child(text,bigint,integer,text,text,jsonb,jsonb) IS 'Starts a child run (id = parent id || ''.'' || seq, parent_run_id set, parent''s deadline inherited) and checkpoints its id, in one transaction.';
+
+CREATE OR REPLACE FUNCTION runledger._stop_unowned(p_run_id text, p_status runledger.run_status, p_reason text, p_evidence jsonb)
+ RETURNS boolean
+ LANGUAGE plpgsql
+AS $function$
+declare
+  v_now timestamptz := runledger.now();
+begin
+  update runledger.runs
+     set status = p_status, finished_at = v_now, updated_at = v_now, terminated_at = v_now,
+         termination_reason = p_reason, termination_evidence = p_evidence,
+         wait_kind = null, wait_key = null, wake_at = null
+   where run_id = p_run_id and status in ('PENDING', 'WAITING');
+  if not found then
+    return false;
+  end if;
+  -- A pending approval is left undecided; the approval inbox lists only waiting runs.
+  perform runledger._slot_freed(p_run_id);
+  insert into runledger.events (run_id, kind, detail, at)
+  values (p_run_id, case p_status when 'CANCELLED' then 'cancelled' else lower(p_reason) end,
+          jsonb_build_object('status', p_status, 'reason', p_reason, 'evidence', p_evidence), v_now);
+  perform runledger._cancel_children(p_run_id, format('parent %s ended %s', p_run_id, p_reason));
+  perform runledger._wake_parent(p_run_id);
+  return true;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._stop_unowned(text,runledger.run_status,text,jsonb) IS 'Ends a run that holds no worker (PENDING or WAITING) with a termination record, so no worker claims it again; cancels its children, wakes its parent.';
+
+CREATE OR REPLACE FUNCTION runledger._stop_worker(p_worker_id text)
+ RETURNS integer
+ LANGUAGE plpgsql
+AS $function$
+declare
+  v_run   record;
+  v_count int := 0;
+begin
+  for v_run in
+    select r.run_id, r.fencing_token from runledger.runs r
+     where r.lease_owner = p_worker_id and r.status = 'RUNNING'
+     order by r.run_id
+     for update
+  loop
+    if runledger._release_run(v_run.run_id, v_run.fencing_token, 0, 'worker_stopped', false) then
+      v_count := v_count + 1;
+    end if;
+  end loop;
+  update runledger.workers set stopped_at = runledger.now() where worker_id = p_worker_id;
+  return v_count;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._stop_worker(text) IS 'Graceful worker stop: every run the worker still holds goes back to PENDING (not a recovery attempt); returns how many.';
+
+CREATE OR REPLACE FUNCTION runledger._task_identifier(p_queue text, p_workflow text, p_version text)
+ RETURNS text
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+  select 'runledger:' || p_queue || ':' || p_workflow || '@' || p_version
+$function$;
+COMMENT ON FUNCTION runledger._task_identifier(text,text,text) IS 'Name of a (queue, workflow@version) pair, as _dispatch receives it: the queue is its second '':''-separated part.';
+
+CREATE OR REPLACE FUNCTION runledger._terminate_run(p_run_id text, p_token bigint, p_reason text, p_evidence jsonb)
+ RETURNS void
+ LANGUAGE plpgsql
+AS $function$
+begin
+  perform runledger._finish_run(p_run_id, p_token, 'TERMINATED', p_reason, null, null, p_evidence, null);
+  perform runledger._cancel_children(p_run_id, format('parent %s ended %s', p_run_id, p_reason));
+end;
+$function$;
+COMMENT ON FUNCTION runledger._terminate_run(text,bigint,text,jsonb) IS 'Fenced policy stop by the run''s owner: TERMINATED with reason (DEADLINE, MAX_STEPS, ...) and evidence; children are cancelled.';
+
+CREATE OR REPLACE FUNCTION runledger._wait(p_run_id text, p_token bigint, p_seq integer, p_name text, p_kind text, p_spec jsonb)
+ RETURNS TABLE(done boolean, output jsonb)
+ LANGUAGE plpgsql
+AS $function$
+declare
+  v_now      timestamptz := runledger.now();
+  v_run      runledger.runs;
+  v_step     runledger.steps;
+  v_wake_at  timestamptz;
+  v_key      text;
+  v_signal   runledger.signals;
+  v_approval runledger.approvals;
+  v_child    runledger.runs;
+begin
+  perform runledger._fence(p_run_id, p_token);
+  select * into v_run from runledger.runs where run_id = p_run_id;
+
+  -- First encounter: the wake time (timeout) is computed once, on the database clock, and kept.
+  select * into v_step from runledger.steps where run_id = p_run_id and seq = p_seq;
+  if not found then
+    v_wake_at := case
+      when p_spec ? 'until' then (p_spec->>'until')::timestamptz
+      when p_spec ? 'timeout_ms' then v_now + make_interval(secs => (p_spec->>'timeout_ms')::numeric / 1000.0)
+    end;
+    insert into runledger.steps (run_id, seq, name, kind, status, output, started_at, finished_at, fencing_token)
+    values (p_run_id, p_seq, p_name, p_kind, 'WAITING',
+            jsonb_strip_nulls(jsonb_build_object('wake_at', v_wake_at, 'spec', p_spec)), v_now, v_now, p_token)
+    returning * into v_step;
+    if p_kind = 'approval' then
+      insert into runledger.approvals (request_id, run_id, seq, name, action, evidence, approvers, expires_at)
+      values (coalesce(p_spec->>'request_id', runledger._new_id()), p_run_id, p_seq, p_name, p_spec->>'action', p_spec->'evidence',
+              (select array_agg(a) from jsonb_array_elements_text(p_spec->'approvers') a), v_wake_at);
+    end if;
+    insert into runledger.events (run_id, kind, detail, fencing_token, at)
+    values (p_run_id, 'wait_started', jsonb_build_object('seq', p_seq, 'name', p_name, 'kind', p_kind, 'wake_at', v_wake_at), p_token, v_now);
+  end if;
+  v_wake_at := (v_step.output->>'wake_at')::timestamptz;
+
+  -- Can the wait end now? Its result and the step's completion commit together.
+  if p_kind = 'signal' then
+    v_key := p_spec->>'topic';
+    select * into v_signal from runledger.signals s
+     where s.run_id = p_run_id and s.topic = v_key and s.consumed_seq is null
+     order by s.received_at, s.signal_id limit 1
+     for update;
+    if found then
+      update runledger.signals set consumed_seq = p_seq, consumed_at = v_now where signal_id = v_signal.signal_id;
+      perform runledger._end_wait(p_run_id, p_seq, jsonb_build_object('payload', v_signal.payload, 'signal_id', v_signal.signal_id));
+      return query select true, jsonb_build_object('payload', v_signal.payload, 'signal_id', v_signal.signal_id);
+      return;
+    end if;
+  elsif p_kind = 'approval' then
+    select * into v_approval from runledger.approvals a where a.run_id = p_run_id and a.seq = p_seq;
+    v_key := v_approval.request_id;
+    if v_approval.decision is not null then
+      perform runledger._end_wait(p_run_id, p_seq, jsonb_build_object(
+        'approved', v_approval.decision, 'decidedBy', v_approval.decided_by, 'decidedAt', v_approval.decided_at,
+        'note', v_approval.note, 'requestId', v_approval.request_id));
+      return query select s.status = 'SUCCEEDED', s.output from runledger.steps s where s.run_id = p_run_id and s.seq = p_seq;
+      return;
+    end if;
+  elsif p_kind = 'child' then
+    v_key := p_spec->>'child_run_id';
+    select * into v_child from runledger.runs where run_id = v_key;
+    if not found then
+      raise exception using errcode = 'RL002', message = format('run %s waits for child %s, which does not exist', p_run_id, v_key);
+    end if;
+    if runledger.is_terminal(v_child.status) then
+      perform runledger._end_wait(p_run_id, p_seq, jsonb_build_object(
+        'runId', v_child.run_id, 'status', v_child.status, 'output', v_child.output, 'error', v_child.error,
+        'terminationReason', v_child.termination_reason));
+      return query select true, s.output from runledger.steps s where s.run_id = p_run_id and s.seq = p_seq;
+      return;
+    end if;
+  end if;
+
+  if v_wake_at is not null and v_wake_at <= v_now then
+    -- Timer due (a sleep's end, or a wait's timeout: the wait returns null).
+    perform runledger._end_wait(p_run_id, p_seq, case when p_kind = 'sleep' then jsonb_build_object('woke_at', v_now) else jsonb_build_object('timed_out', true) end);
+    return query select true, s.output from runledger.steps s where s.run_id = p_run_id and s.seq = p_seq;
+    return;
+  end if;
+
+  -- Park the run: WAITING, no lease, woken by its timer (the earlier of the wait's wake
+  -- time and the run's deadline), a signal, a decision or a child's end.
+  v_wake_at := least(v_wake_at, v_run.deadline_at);
+  update runledger.runs
+     set status = 'WAITING', wait_kind = case p_kind when 'sleep' then 'timer' else p_kind end, wait_key = v_key,
+         wake_at = v_wake_at, lease_owner = null, lease_expires_at = null, updated_at = v_now
+   where run_id = p_run_id;
+  perform runledger._slot_freed(p_run_id);
+  if v_wake_at is not null then
+    perform runledger._dispatch(p_run_id, runledger._task_identifier(v_run.queue_name, v_run.workflow_name, v_run.workflow_version),
+      greatest(0, ceil(extract(epoch from v_wake_at - v_now) * 1000))::int);
+  end if;
+  return query select false, null::jsonb;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._wait(text,bigint,integer,text,text,jsonb) IS 'A durable wait at step p_seq (sleep, signal, approval, child), in one round trip: fences, records the wait once (its wake time is a checkpoint), ends it when it can (consuming a signal, reading a decision or a child''s end, or timing out) in the same transaction, else parks the run WAITING without a lease and schedules its timer.';
+
+CREATE OR REPLACE FUNCTION runledger._wake(p_run_id text, p_kind text, p_key text)
+ RETURNS boolean
+ LANGUAGE plpgsql
+AS $function$
+declare
+  v_run runledger.runs;
+begin
+  -- Compare-and-set: only a run still waiting for exactly this thing is woken.
+  update runledger.runs
+     set status = 'PENDING', wait_kind = null, wait_key = null, wake_at = null, updated_at = runledger.now()
+   where run_id = p_run_id and status = 'WAITING' and wait_kind = p_kind and wait_key is not distinct from p_key
+  returning * into v_run;
+  if not found then
+    return false;
+  end if;
+  insert into runledger.events (run_id, kind, detail) values (p_run_id, 'woken', jsonb_build_object('wait_kind', p_kind, 'key', p_key));
+  perform runledger._make_runnable(p_run_id, 0);
+  return true;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._wake(text,text,text) IS 'Moves a run WAITING for (kind, key) back to PENDING and dispatches it; false when it is not waiting for that.';
+
+CREATE OR REPLACE FUNCTION runledger._wake_due(p_limit integer DEFAULT 1000, p_grace_ms integer DEFAULT 0)
+ RETURNS integer
+ LANGUAGE plpgsql
+AS $function$
+declare
+  v_run   runledger.runs;
+  v_count int := 0;
+begin
+  -- Workers claim the due timers of the queues they serve (_claim_batch). This sweep
+  -- covers queues no live worker claims from, and clocks moved with runledger.fake_now in tests.
+  for v_run in
+    select * from runledger.runs r
+     where r.status = 'WAITING' and r.wake_at <= runledger.now() - make_interval(secs => p_grace_ms / 1000.0)
+     order by r.wake_at
+     limit p_limit
+     for update skip locked
+  loop
+    if runledger._wake(v_run.run_id, v_run.wait_kind, v_run.wait_key) then
+      v_count := v_count + 1;
+    end if;
+  end loop;
+  return v_count;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._wake_due(integer,integer) IS 'Sweeper: wakes WAITING runs whose wake time passed more than p_grace_ms ago (workers claim due timers themselves; this covers queues no live worker claims from, and clocks moved by runledger.fake_now). Returns how many.';
+
+CREATE OR REPLACE FUNCTION runledger._wake_parent(p_child_run_id text)
+ RETURNS boolean
+ LANGUAGE plpgsql
+AS $function$
+declare
+  v_parent text;
+begin
+  select r.parent_run_id into v_parent from runledger.runs r where r.run_id = p_child_run_id;
+  if v_parent is null then
+    return false;
+  end if;
+  return runledger._wake(v_parent, 'child', p_child_run_id);
+end;
+$function$;
+COMMENT ON FUNCTION runledger._wake_parent(text) IS 'Called when a run reaches a terminal state: wakes its parent if the parent waits for it.';
+
+CREATE OR REPLACE FUNCTION runledger.cancel_run(p_run_id text, p_reason text DEFAULT NULL::text)
+ RETURNS text
+ LANGUAGE plpgsql
+AS $function$
+declare
+  v_run runledger.runs;
+  v_now timestamptz := runledger.now();
+begin
+  select * into v_run from runledger.runs where run_id = p_run_id for update;
+  if not found then
+    raise exception using errcode = 'RL002', message = format('cancel_run: run %L not found', p_run_id);
+  end if;
+  if runledger.is_terminal(v_run.status) or v_run.status = 'CANCELLING' then
+    return v_run.status; -- nothing to do: the answer is where the run stands
+  end if;
+  if v_run.status in ('PENDING', 'WAITING') and not exists (
+       select 1 from runledger.operations o
+        where o.run_id = p_run_id and o.compensable and o.status = 'SUCCEEDED' and o.compensation_status is null) then
+    perform runledger._stop_unowned(p_run_id, 'CANCELLED', 'CANCELLED',
+      jsonb_build_object('reason', p_reason, 'requested_at', v_now, 'was', v_run.status));
+    return 'CANCELLED';
+  end if;
+  if v_run.status in ('PENDING', 'WAITING') then
+    -- It did things that must be undone: a worker takes it (still CANCELLING) to run the
+    -- compensations, then ends it CANCELLED. No step of its own runs again.
+    update runledger.runs
+       set status = 'CANCELLING', cancel_requested_at = v_now, cancel_reason = p_reason, updated_at = v_now,
+           wait_kind = null, wait_key = null, wake_at = null
+     where run_id = p_run_id;
+    insert into runledger.events (run_id, kind, detail, at)
+    values (p_run_id, 'cancel_requested', jsonb_build_object('reason', p_reason, 'compensations', true, 'was', v_run.status), v_now);
+    perform runledger._cancel_children(p_run_id, format('parent %s cancelled', p_run_id));
+    perform runledger._dispatch(p_run_id, runledger._task_identifier(v_run.queue_name, v_run.workflow_name, v_run.workflow_version));
+    return 'CANCELLING';
+  end if;
+  -- RUNNING: the owner is told now (NOTIFY) and at its next checkpoint at the latest; it
+  -- stops starting steps, lets the step in flight record its result, and ends the run.
+  update runledger.runs
+     set status = 'CANCELLING', cancel_requested_at = v_now, cancel_reason = p_reason, updated_at = v_now
+   where run_id = p_run_id;
+  insert into runledger.events (run_id, kind, detail, fencing_token, at)
+  values (p_run_id, 'cancel_requested', jsonb_build_object('reason', p_reason, 'owner', v_run.lease_owner), v_run.fencing_token, v_now);
+  perform runledger._cancel_children(p_run_id, format('parent %s cancelled', p_run_id));
+  perform pg_notify('runledger_cancel', p_run_id);
+  return 'CANCELLING';
+end;
+$function$;
+COMMENT ON FUNCTION runledger.cancel_run(text,text) IS 'Cancels a run: PENDING or WAITING -> CANCELLED at once (timers, dispatches revoked), or CANCELLING when it has compensations to run (a worker runs them); RUNNING -> CANCELLING, its worker is notified and ends it CANCELLED after the step in flight. Children are cancelled too. A finished run is left as it is. Returns the run''s new status.';
+
+CREATE OR REPLACE FUNCTION runledger.decide_approval(p_request_id text, p_approved boolean, p_decided_by text, p_note text DEFAULT NULL::text)
+ RETURNS jsonb
+ LANGUAGE plpgsql
+AS $function$
+declare
+  v_approval runledger.approvals;
+  v_recorded boolean := false;
+begin
+  if p_approved is null or p_decided_by is null or length(p_decided_by) = 0 then
+    raise exception using errcode = 'RL003', message = 'decide_approval: approved and decided_by are required';
+  end if;
+  select * into v_approval from runledger.approvals where request_id = p_request_id for update;
+  if not found then
+    raise exception using errcode = 'RL002', message = format('decide_approval: request %L not found', p_request_id);
+  end if;
+  if v_approval.decision is null and exists (
+       select 1 from runledger.runs r where r.run_id = v_approval.run_id and runledger.is_terminal(r.status)) then
+    raise exception using errcode = 'RL005', message = format('decide_approval: the run of request %s already finished', p_request_id);
+  end if;
+  if v_approval.decision is null then
+    if v_approval.approvers is not null and not (p_decided_by = any (v_approval.approvers)) then
+      raise exception using errcode = 'RL007',
+        message = format('decide_approval: %L may not decide request %s (allowed: %s)', p_decided_by, p_request_id, array_to_string(v_approval.approvers, ', '));
+    end if;
+    if v_approval.expires_at is not null and v_approval.expires_at <= runledger.now() then
+      raise exception using errcode = 'RL005', message = format('decide_approval: request %s expired at %s', p_request_id, v_approval.expires_at);
+    end if;
+    update runledger.approvals
+       set decision = p_approved, decided_by = p_decided_by, decided_at = runledger.now(), note = p_note
+     where request_id = p_request_id
+    returning * into v_approval;
+    v_recorded := true;
+    insert into runledger.events (run_id, kind, detail)
+    values (v_approval.run_id, 'approval_decided',
+            jsonb_build_object('request_id', p_request_id, 'approved', p_approved, 'decided_by', p_decided_by, 'note', p_note));
+    perform runledger._wake(v_approval.run_id, 'approval', p_request_id);
+  end if;
+  -- The first decision wins; a repeated call answers with the standing decision.
+  return jsonb_build_object('recorded', v_recorded, 'request_id', p_request_id, 'approved', v_approval.decision,
+                            'decided_by', v_approval.decided_by, 'decided_at', v_approval.decided_at, 'note', v_approval.note);
+end;
+$function$;
+COMMENT ON FUNCTION runledger.decide_approval(text,boolean,text,text) IS 'Decides a pending approval request. The first decision wins and stays as audit evidence; later calls return it with recorded = false. An approver outside the request''s list: RL007; expired request: RL005. Wakes the waiting run.';
+
+CREATE OR REPLACE FUNCTION runledger.fork_run(p_run_id text, p_from_step integer)
+ RETURNS text
+ LANGUAGE plpgsql
+AS $function$
+declare
+  v_src  runledger.runs;
+  v_id   text := runledger._new_id();
+  v_done int;
+  v_now  timestamptz := runledger.now();
+begin
+  select * into v_src from runledger.runs where run_id = p_run_id;
+  if not found then
+    raise exception using errcode = 'RL002', message = format('fork_run: run %L not found', p_run_id);
+  end if;
+  select count(*) into v_done from runledger.steps where run_id = p_run_id and status <> 'WAITING';
+  if p_from_step is null or p_from_step < 0 or p_from_step > v_done then
+    raise exception using errcode = 'RL003',
+      message = format('fork_run: from_step must be between 0 and %s (the checkpoints of run %s), not %s', v_done, p_run_id, p_from_step);
+  end if;
+  insert into runledger.runs (
+    run_id, workflow_name, workflow_version, queue_name, input, priority, concurrency_key,
+    deadline_at, max_recovery_attempts, version_manifest, max_steps, budget, no_progress, retry_budget,
+    policy_version, created_at, updated_at)
+  values (
+    v_id, v_src.workflow_name, v_src.workflow_version, v_src.queue_name, v_src.input, v_src.priority, v_src.concurrency_key,
+    -- The fork gets the same lifetime the source had, counted from now.
+    v_now + (v_src.deadline_at - v_src.created_at), v_src.max_recovery_attempts,
+    v_src.version_manifest || jsonb_build_object('forked_from', p_run_id, 'from_step', p_from_step),
+    v_src.max_steps, v_src.budget, v_src.no_progress, v_src.retry_budget, v_src.policy_version, v_now, v_now);
+  -- Finished checkpoints before from_step are reused: those steps do not run again in the fork.
+  insert into runledger.steps (run_id, seq, name, kind, status, output, error, attempts, started_at, finished_at, fencing_token, output_hash)
+  select v_id, s.seq, s.name, s.kind, s.status, s.output, s.error, s.attempts, s.started_at, s.finished_at, 0, s.output_hash
+    from runledger.steps s
+   where s.run_id = p_run_id and s.seq < p_from_step and s.status <> 'WAITING';
+  insert into runledger.events (run_id, kind, detail, at) values
+    (v_id, 'created', jsonb_build_object('forked_from', p_run_id, 'from_step', p_from_step), v_now),
+    (p_run_id, 'forked', jsonb_build_object('fork', v_id, 'from_step', p_from_step), v_now);
+  perform runledger._make_runnable(v_id, 0);
+  return v_id;
+end;
+$function$;
+COMMENT ON FUNCTION runledger.fork_run(text,integer) IS 'Operator action: starts a new run of the same workflow version and input that reuses the source run''s checkpoints before step from_step (0 = start over) and runs the rest. Returns the new run_id. Operations copied this way are not compensated by the fork.';
+
+CREATE OR REPLACE FUNCTION runledger.is_terminal(p_status runledger.run_status)
+ RETURNS boolean
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+  select p_status in ('SUCCEEDED', 'FAILED', 'CANCELLED', 'TERMINATED', 'DEAD_LETTER')
+$function$;
+COMMENT ON FUNCTION runledger.is_terminal(runledger.run_status) IS 'True for the statuses a run never leaves on its own (retry_run or fork_run are explicit operator actions).';
+
+CREATE OR REPLACE FUNCTION runledger.now()
+ RETURNS timestamp with time zone
+ LANGUAGE sql
+ PARALLEL SAFE
+AS $function$
+  select coalesce(nullif(current_setting('runledger.fake_now', true), '')::timestamptz, clock_timestamp())
+$function$;
+COMMENT ON FUNCTION runledger.now() IS 'Current time for every runledger function: the setting runledger.fake_now when set (tests), else clock_timestamp().';
+
+CREATE OR REPLACE FUNCTION runledger.prune(p_older_than interval)
+ RETURNS bigint
+ LANGUAGE plpgsql
+AS $function$
+declare
+  v_cutoff timestamptz := runledger.now() - p_older_than;
+  v_count  bigint;
+begin
+  if p_older_than is null or p_older_than < interval '0' then
+    raise exception using errcode = 'RL003', message = 'prune: older_than must be an interval >= 0';
+  end if;
+  -- Steps, events, operations, signals, approvals and progress go with their run (on delete cascade).
+  with gone as (
+    delete from runledger.runs r
+     where runledger.is_terminal(r.status) and r.finished_at < v_cutoff
+    returning 1)
+  select count(*) into v_count from gone;
+  delete from runledger.workers w where w.stopped_at < v_cutoff;
+  return v_count;
+end;
+$function$;
+COMMENT ON FUNCTION runledger.prune(interval) IS 'Deletes finished runs (terminal, finished before now - older_than) with their steps, events, operations, signals and approvals, and workers stopped before then. Returns how many runs it removed.';
+
+CREATE OR REPLACE FUNCTION runledger.resolve_operation(p_operation_id text, p_status text, p_result jsonb DEFAULT NULL::jsonb, p_resolved_by text DEFAULT NULL::text)
+ RETURNS text
+ LANGUAGE plpgsql
+AS $function$
+declare
+  v_op runledger.operations;
+begin
+  if p_status not in ('SUCCEEDED', 'FAILED') then
+    raise exception using errcode = 'RL003', message = format('resolve_operation: status must be SUCCEEDED or FAILED, not %L', p_status);
+  end if;
+  select * into v_op from runledger.operations where operation_id = p_operation_id for update;
+  if not found then
+    raise exception using errcode = 'RL002', message = format('resolve_operation: operation %L not found', p_operation_id);
+  end if;
+  if v_op.status not in ('UNKNOWN', 'STARTED') then
+    raise exception using errcode = 'RL005', message = format('resolve_operation: operation %s is %s, not UNKNOWN', p_operation_id, v_op.status);
+  end if;
+  update runledger.operations
+     set status = p_status, result = case when p_status = 'SUCCEEDED' then p_result end,
+         error = case when p_status = 'FAILED' then coalesce(p_result, jsonb_build_object('message', 'resolved as failed by an operator')) end,
+         resolved_by = coalesce(p_resolved_by, current_user), updated_at = runledger.now(), finished_at = runledger.now()
+   where operation_id = p_operation_id;
+  insert into runledger.events (run_id, kind, detail)
+  values (v_op.run_id, 'operation_resolved', jsonb_build_object('operation_id', p_operation_id, 'status', p_status, 'by', coalesce(p_resolved_by, current_user)));
+  perform runledger._wake(v_op.run_id, 'reconcile', p_operation_id);
+  return p_status;
+end;
+$function$;
+COMMENT ON FUNCTION runledger.resolve_operation(text,text,jsonb,text) IS 'Operator action: settles an UNKNOWN operation as SUCCEEDED (p_result is its result) or FAILED (p_result is the error), and wakes the run waiting on it. Returns the status set.';
+
+CREATE OR REPLACE FUNCTION runledger.retry_run(p_run_id text)
+ RETURNS text
+ LANGUAGE plpgsql
+AS $function$
+declare
+  v_run     runledger.runs;
+  v_dropped jsonb;
+begin
+  select * into v_run from runledger.runs where run_id = p_run_id for update;
+  if not found then
+    raise exception using errcode = 'RL002', message = format('retry_run: run %L not found', p_run_id);
+  end if;
+  if v_run.status not in ('DEAD_LETTER', 'FAILED') then
+    raise exception using errcode = 'RL005',
+      message = format('retry_run: run %s is %s; only DEAD_LETTER and FAILED runs can be retried', p_run_id, v_run.status);
+  end if;
+  -- The failed step that ended the run is run again; every successful checkpoint stays.
+  delete from runledger.steps s
+   where s.run_id = p_run_id and s.status = 'FAILED'
+     and s.seq = (select max(seq) from runledger.steps where run_id = p_run_id)
+  returning jsonb_build_object('seq', s.seq, 'name', s.name, 'error', s.error) into v_dropped;
+
+  update runledger.runs
+     set status = 'PENDING', error = null, output = null, finished_at = null, updated_at = runledger.now(),
+         recovery_attempts = 0, termination_reason = null, termination_evidence = null,
+         terminated_at = null
+   where run_id = p_run_id;
+  -- The old termination record is kept in the history.
+  insert into runledger.events (run_id, kind, detail, fencing_token)
+  values (p_run_id, 'retried', jsonb_strip_nulls(jsonb_build_object(
+            'previous_status', v_run.status, 'termination_reason', v_run.termination_reason,
+            'termination_evidence', v_run.termination_evidence, 'error', v_run.error,
+            'dropped_failed_step', v_dropped)), v_run.fencing_token);
+  perform runledger._make_runnable(p_run_id, 0);
+  return 'PENDING';
+end;
+$function$;
+COMMENT ON FUNCTION runledger.retry_run(text) IS 'Operator action: a DEAD_LETTER or FAILED run goes back to PENDING with its successful checkpoints intact (the last failed step runs again) and recovery attempts reset; the old termination record stays in events. Returns the new status.';
+
+CREATE OR REPLACE FUNCTION runledger.send_signal(p_run_id text, p_topic text, p_payload jsonb, p_signal_id text DEFAULT NULL::text)
+ RETURNS boolean
+ LANGUAGE plpgsql
+AS $function$
+declare
+  v_run runledger.runs;
+  v_id  text := coalesce(p_signal_id, runledger._new_id());
+begin
+  if p_topic is null or p_topic !~ '^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,99}$' then
+    raise exception using errcode = 'RL003', message = format('send_signal: invalid topic %L', p_topic);
+  end if;
+  if pg_column_size(p_payload) > runledger._max_payload_bytes() then
+    raise exception using errcode = 'RL004', message = format('send_signal: payload over the limit of %s bytes', runledger._max_payload_bytes());
+  end if;
+  -- Lock the run: a wait being recorded right now either sees this signal or is woken by it.
+  select * into v_run from runledger.runs where run_id = p_run_id for update;
+  if not found then
+    raise exception using errcode = 'RL002', message = format('send_signal: run %L not found', p_run_id);
+  end if;
+  -- A retry of a signal already accepted is answered the same way whatever happened since.
+  if exists (select 1 from runledger.signals s where s.signal_id = v_id) then
+    return false;
+  end if;
+  if runledger.is_terminal(v_run.status) then
+    raise exception using errcode = 'RL005', message = format('send_signal: run %s already finished (%s)', p_run_id, v_run.status);
+  end if;
+  insert into runledger.signals (signal_id, run_id, topic, payload) values (v_id, p_run_id, p_topic, p_payload)
+  on conflict (signal_id) do nothing;
+  if not found then
+    return false; -- the same signal_id was accepted before: nothing changes
+  end if;
+  insert into runledger.events (run_id, kind, detail)
+  values (p_run_id, 'signal_received', jsonb_build_object('topic', p_topic, 'signal_id', v_id));
+  perform runledger._wake(p_run_id, 'signal', p_topic);
+  return true;
+end;
+$function$;
+COMMENT ON FUNCTION runledger.send_signal(text,text,jsonb,text) IS 'Delivers a signal to a run''s durable inbox; returns false (changing nothing) when signal_id was already accepted. Wakes the run if it waits on this topic; otherwise the signal waits for a later wait. Unknown run: RL002; finished run: RL005.';
+
+CREATE OR REPLACE FUNCTION runledger.set_queue(p_name text, p_options jsonb)
+ RETURNS runledger.queues
+ LANGUAGE plpgsql
+AS $function$
+declare
+  v_opts jsonb := coalesce(p_options, '{}');
+  v_key  text;
+  v_q    runledger.queues;
+begin
+  if p_name is null or p_name !~ '^[A-Za-z0-9][A-Za-z0-9_.-]{0,39}$' then
+    raise exception using errcode = 'RL003', message = format('set_queue: invalid queue name %L', p_name);
+  end if;
+  if jsonb_typeof(v_opts) <> 'object' then
+    raise exception using errcode = 'RL003', message = 'set_queue: options must be a JSON object';
+  end if;
+  for v_key in select jsonb_object_keys(v_opts) loop
+    if v_key not in ('concurrency', 'per_key_concurrency', 'rate_limit_max', 'rate_limit_period_ms', 'paused') then
+      raise exception using errcode = 'RL003', message = format('set_queue: unknown option %L', v_key);
+    end if;
+  end loop;
+  perform runledger._check_whole_number(v_opts, 'concurrency', 1);
+  perform runledger._check_whole_number(v_opts, 'per_key_concurrency', 1);
+  perform runledger._check_whole_number(v_opts, 'rate_limit_max', 1);
+  perform runledger._check_whole_number(v_opts, 'rate_limit_period_ms', 1);
+  if v_opts ? 'paused' and jsonb_typeof(v_opts->'paused') <> 'boolean' then
+    raise exception using errcode = 'RL003', message = 'set_queue: paused must be true or false';
+  end if;
+  insert into runledger.queues (name) values (p_name) on conflict (name) do nothing;
+  -- Keys given replace the current values (null clears a limit); keys not given are kept.
+  begin
+    update runledger.queues q
+       set concurrency = case when v_opts ? 'concurrency' then (v_opts->>'concurrency')::int else q.concurrency end,
+           per_key_concurrency = case when v_opts ? 'per_key_concurrency' then (v_opts->>'per_key_concurrency')::int else q.per_key_concurrency end,
+           rate_limit_max = case when v_opts ? 'rate_limit_max' then (v_opts->>'rate_limit_max')::int else q.rate_limit_max end,
+           rate_limit_period_ms = case when v_opts ? 'rate_limit_period_ms' then (v_opts->>'rate_limit_period_ms')::int else q.rate_limit_period_ms end,
+           paused = case when v_opts ? 'paused' then (v_opts->>'paused')::boolean else q.paused end,
+           updated_at = runledger.now()
+     where q.name = p_name
+    returning * into v_q;
+  exception when check_violation then
+    raise exception using errcode = 'RL003', message = 'set_queue: rate_limit_max and rate_limit_period_ms go together';
+  end;
+  if runledger._queue_limited(p_name) then
+    -- Runs that were dispatched freely before the queue got limits count against them now.
+    perform runledger._admit(p_name);
+  else
+    -- Limits lifted: everything pending goes now.
+    perform runledger._make_runnable(r.run_id, 0)
+       from runledger.runs r where r.queue_name = p_name and r.status = 'PENDING' and not r.admitted;
+  end if;
+  return v_q;
+end;
+$function$;
+COMMENT ON FUNCTION runledger.set_queue(text,jsonb) IS 'Creates or changes a queue. Options: concurrency, per_key_concurrency, rate_limit_max with rate_limit_period_ms, paused; a key set to null clears that limit, keys left out are kept. Admits what the new limits allow at once.';
+
+CREATE OR REPLACE FUNCTION runledger.start_run(p_workflow text, p_input jsonb, p_options jsonb DEFAULT '{}'::jsonb)
+ RETURNS text
+ LANGUAGE plpgsql
+AS $function$
+declare
+  v_now      timestamptz := runledger.now();
+  v_opts     jsonb := coalesce(p_options, '{}');
+  v_run_id   text := coalesce(v_opts->>'run_id', runledger._new_id());
+  v_version  text := v_opts->>'version';
+  v_wf       runledger.workflows;
+  v_queue    text;
+  v_deadline timestamptz;
+  v_existing runledger.runs;
+  v_inserted boolean;
+  v_not_before timestamptz;
+  v_limited  boolean;
+begin
+  if p_workflow is null then
+    raise exception using errcode = 'RL003', message = 'start_run: workflow name is required';
+  end if;
+  if jsonb_typeof(v_opts) <> 'object' then
+    raise exception using errcode = 'RL003', message = 'start_run: options must be a JSON object';
+  end if;
+  if pg_column_size(p_input) > runledger._max_payload_bytes() then
+    raise exception using errcode = 'RL004',
+      message = format('start_run: input is %s bytes, over the limit of %s', pg_column_size(p_input), runledger._max_payload_bytes());
+  end if;
+
+  select * into v_wf from runledger.workflows w
+   where w.workflow_name = p_workflow and (v_version is null or w.workflow_version = v_version)
+   order by w.registered_at desc limit 1;
+  if not found then
+    raise exception using errcode = 'RL006',
+      message = format('start_run: workflow %L%s is not registered (start a worker or engine that defines it)',
+                       p_workflow, coalesce(' version ' || quote_literal(v_version), ''));
+  end if;
+
+  v_queue := coalesce(v_opts->>'queue', v_wf.queue_name);
+  if v_queue !~ '^[A-Za-z0-9][A-Za-z0-9_.-]{0,39}$' then
+    raise exception using errcode = 'RL003', message = format('start_run: invalid queue name %L', v_queue);
+  end if;
+  if v_run_id !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}$' then
+    raise exception using errcode = 'RL003', message = format('start_run: invalid run_id %L', v_run_id);
+  end if;
+  -- Per-run limits override the workflow's (registered) defaults.
+  v_opts := coalesce(v_wf.limits, '{}') || v_opts;
+  if v_opts ? 'deadline' and jsonb_typeof(v_opts->'deadline') <> 'null' then
+    begin
+      -- A date-time ('2030-01-31T12:00Z') is a point in time; anything else ('2 days', '36h') a lifetime.
+      if v_opts->>'deadline' ~ '^\d{4}-\d{2}-\d{2}' then
+        v_deadline := (v_opts->>'deadline')::timestamptz;
+      else
+        v_deadline := v_now + (v_opts->>'deadline')::interval;
+      end if;
+    exception when others then
+      raise exception using errcode = 'RL003',
+        message = format('start_run: deadline %L is neither an interval nor a timestamp', v_opts->>'deadline');
+    end;
+  end if;
+  perform runledger._check_whole_number(v_opts, 'max_steps', 1);
+  perform runledger._check_whole_number(v_opts, 'no_progress', 2);
+  perform runledger._check_whole_number(v_opts, 'retry_budget', 0);
+  if v_opts ? 'budget' and (jsonb_typeof(v_opts->'budget') <> 'number' or (v_opts->>'budget')::numeric < 0) then
+    raise exception using errcode = 'RL003', message = format('start_run: budget must be a number >= 0, not %s', v_opts->'budget');
+  end if;
+  if v_opts ? 'priority' and (jsonb_typeof(v_opts->'priority') <> 'number' or (v_opts->>'priority') !~ '^-?\d{1,9}$') then
+    raise exception using errcode = 'RL003', message = format('start_run: priority must be a whole number, not %s', v_opts->'priority');
+  end if;
+  if v_opts ? 'max_recovery_attempts'
+     and (jsonb_typeof(v_opts->'max_recovery_attempts') <> 'number' or (v_opts->>'max_recovery_attempts') !~ '^\d{1,9}$') then
+    raise exception using errcode = 'RL003',
+      message = format('start_run: max_recovery_attempts must be a whole number >= 0, not %s', v_opts->'max_recovery_attempts');
+  end if;
+
+  if v_opts ? 'run_at' then
+    begin
+      v_not_before := (v_opts->>'run_at')::timestamptz;
+    exception when others then
+      raise exception using errcode = 'RL003', message = format('start_run: run_at %L is not a timestamp', v_opts->>'run_at');
+    end;
+  end if;
+  v_limited := runledger._queue_limited(v_queue);
+
+  insert into runledger.runs (
+    admitted, not_before,
+    run_id, workflow_name, workflow_version, queue_name, input, priority, concurrency_key,
+    idempotency_key, parent_run_id, deadline_at, max_recovery_attempts, version_manifest,
+    max_steps, budget, no_progress, retry_budget, policy_version, created_at, updated_at)
+  values (
+    not v_limited, v_not_before,
+    v_run_id, v_wf.workflow_name, v_wf.workflow_version, v_queue, p_input,
+    coalesce((v_opts->>'priority')::int, 0), v_opts->>'concurrency_key',
+    v_opts->>'idempotency_key', v_opts->>'parent_run_id', v_deadline,
+    coalesce((v_opts->>'max_recovery_attempts')::int, v_wf.max_recovery_attempts),
+    coalesce(v_opts->'version_manifest', jsonb_build_object('started_from', 'sql')),
+    (v_opts->>'max_steps')::int, (v_opts->>'budget')::numeric, (v_opts->>'no_progress')::int,
+    (v_opts->>'retry_budget')::int,
+    -- The policy a run is held to, named by what it contains: kept in its termination record.
+    'limits:' || left(md5(jsonb_build_object(
+      'deadline', v_deadline, 'max_steps', v_opts->'max_steps', 'budget', v_opts->'budget',
+      'no_progress', v_opts->'no_progress', 'max_recovery_attempts', coalesce(v_opts->'max_recovery_attempts', to_jsonb(v_wf.max_recovery_attempts)))::text), 12),
+    v_now, v_now)
+  on conflict do nothing;
+  get diagnostics v_inserted = row_count;
+
+  if not v_inserted then
+    -- Idempotent start: the same run_id or idempotency key returns the existing run.
+    select * into v_existing from runledger.runs r
+     where r.run_id = v_run_id
+        or (v_opts ? 'idempotency_key' and r.workflow_name = p_workflow and r.idempotency_key = v_opts->>'idempotency_key')
+     limit 1;
+    if v_existing.workflow_name is distinct from p_workflow then
+      raise exception using errcode = 'RL005',
+        message = format('start_run: run_id %L already belongs to workflow %L', v_run_id, v_existing.workflow_name);
+    end if;
+    return v_existing.run_id;
+  end if;
+
+  insert into runledger.events (run_id, kind, detail, at)
+  values (v_run_id, 'created', jsonb_build_object('workflow', p_workflow, 'version', v_wf.workflow_version, 'queue', v_queue), v_now);
+  if v_limited then
+    perform runledger._admit(v_queue);
+  else
+    perform runledger._dispatch(v_run_id, runledger._task_identifier(v_queue, p_workflow, v_wf.workflow_version),
+      coalesce(greatest(0, ceil(extract(epoch from v_not_before - v_now) * 1000))::int, 0));
+  end if;
+  return v_run_id;
+end;
+$function$;
+COMMENT ON FUNCTION runledger.start_run(text,jsonb,jsonb) IS 'Starts a run of a registered workflow and dispatches it (or leaves it to its queue''s admission); returns run_id. Options: run_at (delayed start), run_id, idempotency_key (same key or run_id returns the existing run), queue, priority, concurrency_key, version, max_recovery_attempts, and limits overriding the workflow''s: deadline (interval or timestamp), max_steps, budget, no_progress.';
