@@ -1,30 +1,28 @@
 /**
  * GroupCommit (src/engine/group-commit.ts) against a real database: items submitted while
  * a batch is in flight share the next round trip, and an item's own failure rejects only
- * that item. Runs are started and claimed from SQL (start_run, _claim_run); items are
+ * that item. Runs are started and claimed from SQL (start_run, _claim_batch); items are
  * built with the exported checkpointItem / completeItem helpers, as the worker does.
  */
-import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { afterEach, describe, expect, it } from 'vitest';
 import pg from 'pg';
 import { BatchItemError, GroupCommit, checkpointItem, completeItem, type StepItemValues } from '../src/engine/group-commit.js';
-import { createTestDatabase, type TestDatabase } from './helpers/database.js';
+import { useTestEngine } from './helpers/test-engine.js';
+import { claimRun } from './helpers/claim.js';
 
-let db: TestDatabase;
+const { db } = useTestEngine({
+  engine: false,
+  prepare: async (db) => {
+    await db.pool.query(`select runledger._register_workflow('gc', '1', 'default', 3)`);
+  },
+});
+
 /** The pool the group commit under test sends through (its query is wrapped to count round trips). */
 let pools: pg.Pool[] = [];
-
-beforeAll(async () => {
-  db = await createTestDatabase();
-  await db.pool.query(`select runledger._register_workflow('gc', '1', 'default', 3)`);
-});
 
 afterEach(async () => {
   await Promise.all(pools.map((pool) => pool.end()));
   pools = [];
-});
-
-afterAll(async () => {
-  await db?.drop();
 });
 
 /** A pool whose every query is recorded: the number of items of each _commit_batch call, in call order. */
@@ -49,9 +47,9 @@ async function claimedRun(label: string): Promise<{ runId: string; token: string
     JSON.stringify({ run_id: `${label}-${Math.random().toString(36).slice(2, 10)}` }),
   ]);
   const runId = started.rows[0].run_id as string;
-  const claimed = await db.pool.query(`select fencing_token::text as token from runledger._claim_run($1, 'wk-gc', 60000)`, [runId]);
-  expect(claimed.rows, `claim of ${runId}`).toHaveLength(1);
-  return { runId, token: claimed.rows[0].token };
+  const claimed = await claimRun(db, runId, { worker: 'wk-gc', leaseMs: 60_000 });
+  expect(claimed, `claim of ${runId}`).toHaveLength(1);
+  return { runId, token: String(claimed[0]!.fencing_token) };
 }
 
 function step(runId: string, token: string, seq: number, extra: Partial<StepItemValues> = {}): StepItemValues {
@@ -122,8 +120,8 @@ describe('GroupCommit', () => {
     // A run given back and claimed again: its first token is stale.
     const taken = await claimedRun('gc-taken');
     await db.pool.query(`select runledger._release_run($1, $2, 0, 'test')`, [taken.runId, taken.token]);
-    const retaken = await db.pool.query(`select fencing_token::text as token from runledger._claim_run($1, 'wk-other', 60000)`, [taken.runId]);
-    expect(retaken.rows[0].token).toBe(String(Number(taken.token) + 1));
+    const retaken = await claimRun(db, taken.runId, { worker: 'wk-other', leaseMs: 60_000 });
+    expect(String(retaken[0]!.fencing_token)).toBe(String(Number(taken.token) + 1));
 
     // The first submission goes alone; everything below waits for it and shares one batch.
     const opener = commits.submit(checkpointItem(step(a.runId, a.token, 0)));

@@ -68,10 +68,10 @@ export async function claimBatch(
 
 /**
  * Claims one given run the way a worker does: runledger._claim_batch for the run's queue
- * and workflow@version. _claim_batch takes whatever is claimable in a queue, so while it
- * runs every other run of that queue (and, with `reclaim`, every other run this worker
- * holds) is row-locked from a second session: its SKIP LOCKED passes over them, and the
- * claim takes this run or nothing. Returns the claimed run ([] when it was not claimable).
+ * and workflow@version. _claim_batch takes whatever is claimable in a queue, so when the
+ * queue holds other runs (or, with `reclaim`, this worker holds other runs) they are
+ * row-locked from a second session while it runs: its SKIP LOCKED passes over them, and
+ * the claim takes this run or nothing. Returns the claimed run ([] when not claimable).
  *
  * `reclaim`: the worker lost the reply of an earlier claim (p_reclaim_except = '{}').
  * `on`: the session of the claim, e.g. one whose runledger.fake_now is the clock.
@@ -84,20 +84,10 @@ export async function claimRun(
   const worker = options.worker ?? 'wk-1';
   const run = (await db.pool.query('select queue_name, workflow_name, workflow_version from runledger.runs where run_id = $1', [runId])).rows[0];
   expect(run, `run ${runId} to claim`).toBeDefined();
-  const others = new pg.Client({ connectionString: db.url });
-  await others.connect();
-  try {
-    await others.query('begin');
-    // A session of the caller holding one of these rows would make the lock wait forever: fail instead.
-    await others.query(`set local lock_timeout = '10s'`);
-    // NO KEY UPDATE: enough for SKIP LOCKED to skip the row, without blocking inserts that reference it.
-    await others.query(
-      `select 1 from runledger.runs
-        where run_id <> $1
-          and (queue_name = $2 or ($3 and lease_owner = $4 and status in ('RUNNING', 'CANCELLING')))
-          for no key update`,
-      [runId, run.queue_name, options.reclaim === true, worker],
-    );
+  const othersSql = `from runledger.runs
+    where run_id <> $1 and (queue_name = $2 or ($3 and lease_owner = $4 and status in ('RUNNING', 'CANCELLING')))`;
+  const othersArgs = [runId, run.queue_name, options.reclaim === true, worker];
+  const claim = async () => {
     const rows = await claimBatch(options.on ?? db.pool, worker, [run.queue_name], [`${run.workflow_name}@${run.workflow_version}`], 1, {
       leaseMs: options.leaseMs,
       reclaimExcept: options.reclaim ? [] : undefined,
@@ -114,9 +104,24 @@ export async function claimRun(
         recovery_attempts: r.recovery_attempts!,
         checkpoints: r.checkpoints!,
       }));
+  };
+  // Alone in its queue: no locks, so concurrent claims of the run really race.
+  if (!(await db.pool.query(`select exists (select 1 ${othersSql}) as any`, othersArgs)).rows[0].any) return claim();
+
+  const locker = new pg.Client({ connectionString: db.url });
+  await locker.connect();
+  try {
+    await locker.query('begin');
+    // A session of the caller holding one of these rows would make the lock wait forever: fail instead.
+    await locker.query(`set local lock_timeout = '10s'`);
+    // One such claim per queue at a time: two would lock each other's run and deadlock.
+    await locker.query('select pg_advisory_xact_lock(hashtext($1))', [`test-claim-run:${run.queue_name}`]);
+    // NO KEY UPDATE: enough for SKIP LOCKED to pass over the row, without blocking inserts that reference it.
+    await locker.query(`select 1 ${othersSql} for no key update`, othersArgs);
+    return await claim();
   } finally {
-    await others.query('rollback').catch(() => {});
-    await others.end();
+    await locker.query('rollback').catch(() => {});
+    await locker.end();
   }
 }
 
