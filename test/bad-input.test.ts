@@ -1,28 +1,18 @@
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { z } from 'zod';
-import { ConfigError, createEngine, InvalidInputError, PayloadTooLargeError, RunledgerError, UnknownWorkflowError, type Engine } from '../src/index.js';
-import { createTestDatabase, type TestDatabase } from './helpers/database.js';
+import { ConfigError, createEngine, InvalidInputError, PayloadTooLargeError, RunledgerError, UnknownWorkflowError } from '../src/index.js';
+import { useTestEngine } from './helpers/test-engine.js';
 
-let db: TestDatabase;
-let engine: Engine;
-
-beforeAll(async () => {
-  db = await createTestDatabase();
-  engine = createEngine({ connectionString: db.url, maxPayloadBytes: 1_000, log: () => {} });
-});
-
-afterAll(async () => {
-  await engine?.close();
-  await db?.drop();
-});
+const t = useTestEngine({ engine: { maxPayloadBytes: 1_000 } });
+const { db } = t;
 
 const runCount = async () => Number((await db.pool.query('select count(*) from runledger.runs')).rows[0].count);
 
 describe('engine.start with bad input', () => {
   it('rejects input that fails the zod schema with INVALID_INPUT and stores nothing', async () => {
-    const wf = engine.workflow({ name: 'typed', input: z.object({ orderId: z.string().min(1) }) }, async () => 'ok');
+    const wf = t.engine.workflow({ name: 'typed', input: z.object({ orderId: z.string().min(1) }) }, async () => 'ok');
     const before = await runCount();
-    const error = await engine.start(wf, { orderId: 42 } as never).catch((e: unknown) => e);
+    const error = await t.engine.start(wf, { orderId: 42 } as never).catch((e: unknown) => e);
     expect(error).toBeInstanceOf(InvalidInputError);
     expect(error).toMatchObject({ code: 'INVALID_INPUT' });
     expect((error as RunledgerError).message).toMatch(/orderId/);
@@ -30,30 +20,30 @@ describe('engine.start with bad input', () => {
   });
 
   it('rejects input over the size limit with PAYLOAD_TOO_LARGE and stores nothing', async () => {
-    const wf = engine.workflow({ name: 'big-input' }, async () => 'ok');
+    const wf = t.engine.workflow({ name: 'big-input' }, async () => 'ok');
     const before = await runCount();
-    await expect(engine.start(wf, { blob: 'x'.repeat(2_000) })).rejects.toMatchObject({ code: 'PAYLOAD_TOO_LARGE' });
-    await expect(engine.start(wf, { blob: 'x'.repeat(2_000) })).rejects.toBeInstanceOf(PayloadTooLargeError);
+    await expect(t.engine.start(wf, { blob: 'x'.repeat(2_000) })).rejects.toMatchObject({ code: 'PAYLOAD_TOO_LARGE' });
+    await expect(t.engine.start(wf, { blob: 'x'.repeat(2_000) })).rejects.toBeInstanceOf(PayloadTooLargeError);
     expect(await runCount()).toBe(before);
   });
 
   it('rejects input JSON cannot hold (bigint, function) with INVALID_INPUT', async () => {
-    const wf = engine.workflow({ name: 'weird-input' }, async () => 'ok');
-    await expect(engine.start(wf, { n: 1n })).rejects.toMatchObject({ code: 'INVALID_INPUT' });
-    await expect(engine.start(wf, { f: () => 1 })).rejects.toMatchObject({ code: 'INVALID_INPUT' });
+    const wf = t.engine.workflow({ name: 'weird-input' }, async () => 'ok');
+    await expect(t.engine.start(wf, { n: 1n })).rejects.toMatchObject({ code: 'INVALID_INPUT' });
+    await expect(t.engine.start(wf, { f: () => 1 })).rejects.toMatchObject({ code: 'INVALID_INPUT' });
   });
 
   it('rejects an invalid run id with INVALID_INPUT and stores nothing', async () => {
-    const wf = engine.workflow({ name: 'ids' }, async () => 'ok');
+    const wf = t.engine.workflow({ name: 'ids' }, async () => 'ok');
     const before = await runCount();
-    await expect(engine.start(wf, {}, { runId: "x'; drop table runledger.runs; --" })).rejects.toMatchObject({ code: 'INVALID_INPUT' });
+    await expect(t.engine.start(wf, {}, { runId: "x'; drop table runledger.runs; --" })).rejects.toMatchObject({ code: 'INVALID_INPUT' });
     expect(await runCount()).toBe(before);
   });
 
   it('an explicit run id started twice gives one run', async () => {
-    const wf = engine.workflow({ name: 'explicit-id' }, async () => 'ok');
-    const first = await engine.start(wf, {}, { runId: 'order-77' });
-    const second = await engine.start(wf, {}, { runId: 'order-77' });
+    const wf = t.engine.workflow({ name: 'explicit-id' }, async () => 'ok');
+    const first = await t.engine.start(wf, {}, { runId: 'order-77' });
+    const second = await t.engine.start(wf, {}, { runId: 'order-77' });
     expect(second.runId).toBe(first.runId);
     const rows = await db.pool.query(`select count(*)::int as n from runledger.runs where run_id = 'order-77'`);
     expect(rows.rows[0].n).toBe(1);
@@ -70,49 +60,49 @@ describe('unknown workflows and bad names', () => {
   });
 
   it('refuses names that are not plain identifiers, with CONFIG errors naming the field', () => {
-    expect(() => engine.workflow({ name: 'bad name' }, async () => 1)).toThrow(ConfigError);
-    expect(() => engine.workflow({ name: "x'); drop" }, async () => 1)).toThrow(/workflow name/);
-    expect(() => engine.workflow({ name: 'ok-name', queue: 'a:b' }, async () => 1)).toThrow(/queue/);
-    expect(() => engine.workflow({ name: 'ok-name2', version: '1@2' }, async () => 1)).toThrow(/version/);
-    expect(() => engine.workflow({ name: 'ok-name3', maxRecoveryAttempts: -1 }, async () => 1)).toThrow(/maxRecoveryAttempts/);
+    expect(() => t.engine.workflow({ name: 'bad name' }, async () => 1)).toThrow(ConfigError);
+    expect(() => t.engine.workflow({ name: "x'); drop" }, async () => 1)).toThrow(/workflow name/);
+    expect(() => t.engine.workflow({ name: 'ok-name', queue: 'a:b' }, async () => 1)).toThrow(/queue/);
+    expect(() => t.engine.workflow({ name: 'ok-name2', version: '1@2' }, async () => 1)).toThrow(/version/);
+    expect(() => t.engine.workflow({ name: 'ok-name3', maxRecoveryAttempts: -1 }, async () => 1)).toThrow(/maxRecoveryAttempts/);
   });
 
   it('refuses to define the same workflow version twice on one engine', () => {
-    engine.workflow({ name: 'twice' }, async () => 1);
-    expect(() => engine.workflow({ name: 'twice' }, async () => 2)).toThrow(/already defined/);
+    t.engine.workflow({ name: 'twice' }, async () => 1);
+    expect(() => t.engine.workflow({ name: 'twice' }, async () => 2)).toThrow(/already defined/);
   });
 
   it('refuses bad engine and worker options with CONFIG errors', async () => {
     expect(() => createEngine({ connectionString: db.url, schema: 'other' })).toThrow(/schema/);
     expect(() => createEngine({ connectionString: db.url, maxPayloadBytes: -5 })).toThrow(ConfigError);
-    await expect(engine.runWorker({ leaseMs: 10 })).rejects.toThrow(/leaseMs/);
-    await expect(engine.runWorker({ concurrency: 0 })).rejects.toThrow(/concurrency/);
-    await expect(engine.runWorker({ queues: ['bad queue'] })).rejects.toThrow(/queue/);
-    await expect(engine.runWorker({ fetchBatchSize: 0 })).rejects.toMatchObject({ code: 'CONFIG', message: expect.stringMatching(/fetchBatchSize/) });
-    await expect(engine.runWorker({ pollIntervalMs: 0 })).rejects.toMatchObject({ code: 'CONFIG', message: expect.stringMatching(/pollIntervalMs/) });
-    await expect(engine.runWorker({ sweepIntervalMs: 2.5 })).rejects.toMatchObject({ code: 'CONFIG', message: expect.stringMatching(/sweepIntervalMs/) });
+    await expect(t.engine.runWorker({ leaseMs: 10 })).rejects.toThrow(/leaseMs/);
+    await expect(t.engine.runWorker({ concurrency: 0 })).rejects.toThrow(/concurrency/);
+    await expect(t.engine.runWorker({ queues: ['bad queue'] })).rejects.toThrow(/queue/);
+    await expect(t.engine.runWorker({ fetchBatchSize: 0 })).rejects.toMatchObject({ code: 'CONFIG', message: expect.stringMatching(/fetchBatchSize/) });
+    await expect(t.engine.runWorker({ pollIntervalMs: 0 })).rejects.toMatchObject({ code: 'CONFIG', message: expect.stringMatching(/pollIntervalMs/) });
+    await expect(t.engine.runWorker({ sweepIntervalMs: 2.5 })).rejects.toMatchObject({ code: 'CONFIG', message: expect.stringMatching(/sweepIntervalMs/) });
     await expect(createEngine({ connectionString: db.url }).runWorker()).rejects.toThrow(/no workflow is defined/);
   });
 
   it('retry of a run that is not dead-lettered or failed is INVALID_STATE; of an unknown run NOT_FOUND', async () => {
-    const wf = engine.workflow({ name: 'not-retryable' }, async () => 'ok');
-    const handle = await engine.start(wf, {});
-    await expect(engine.retry(handle.runId)).rejects.toMatchObject({ code: 'INVALID_STATE' });
-    await expect(engine.retry('missing-run')).rejects.toMatchObject({ code: 'NOT_FOUND' });
+    const wf = t.engine.workflow({ name: 'not-retryable' }, async () => 'ok');
+    const handle = await t.engine.start(wf, {});
+    await expect(t.engine.retry(handle.runId)).rejects.toMatchObject({ code: 'INVALID_STATE' });
+    await expect(t.engine.retry('missing-run')).rejects.toMatchObject({ code: 'NOT_FOUND' });
   });
 });
 
 describe('input validated again at claim', () => {
   it('a run started from SQL with input that fails the schema ends FAILED with INVALID_INPUT', async () => {
-    const wf = engine.workflow({ name: 'sql-typed', queue: 'sql-typed', input: z.object({ n: z.number() }) }, async (_ctx, input) => input.n);
-    const worker = await engine.runWorker({ queues: ['sql-typed'], concurrency: 1, leaseMs: 2_000, pollIntervalMs: 100 });
+    const wf = t.engine.workflow({ name: 'sql-typed', queue: 'sql-typed', input: z.object({ n: z.number() }) }, async (_ctx, input) => input.n);
+    const worker = await t.engine.runWorker({ queues: ['sql-typed'], concurrency: 1, leaseMs: 2_000, pollIntervalMs: 100 });
     try {
-      await engine.start(wf, { n: 1 }); // registers the workflow
+      await t.engine.start(wf, { n: 1 }); // registers the workflow
       const started = await db.pool.query(`select runledger.start_run('sql-typed', '{"n": "not a number"}') as id`);
       const { awaitResult } = await import('../src/engine/client/start.js');
-      const failure = await awaitResult({ getRun: (id: string) => engine.getRun(id) } as never, started.rows[0].id).catch((e: unknown) => e);
+      const failure = await awaitResult({ getRun: (id: string) => t.engine.getRun(id) } as never, started.rows[0].id).catch((e: unknown) => e);
       expect(failure).toMatchObject({ code: 'RUN_FAILED' });
-      const run = await engine.getRun(started.rows[0].id);
+      const run = await t.engine.getRun(started.rows[0].id);
       expect(run).toMatchObject({ status: 'FAILED', error: { code: 'INVALID_INPUT' } });
     } finally {
       await worker.stop();

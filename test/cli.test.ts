@@ -2,10 +2,11 @@ import { spawn } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import pg from 'pg';
 import { ulid } from 'ulid';
-import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
-import { createEngine, loadMigrations, type Engine, type Worker } from '../src/index.js';
+import { beforeAll, describe, expect, inject, it } from 'vitest';
+import { loadMigrations, type Engine } from '../src/index.js';
 import { stoppedAfterEach } from './helpers/cleanup.js';
-import { createTestDatabase, waitFor, type TestDatabase } from './helpers/database.js';
+import { waitFor } from './helpers/database.js';
+import { useTestEngine } from './helpers/test-engine.js';
 import { claimRun } from './helpers/claim.js';
 import { withDatabase } from './setup/global-setup.js';
 
@@ -19,9 +20,12 @@ import { withDatabase } from './setup/global-setup.js';
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url));
 
-let db: TestDatabase;
-let engine: Engine;
-let worker: Worker;
+const t = useTestEngine({
+  prepare: async (db) => {
+    await db.pool.query('create table cli_steps (run_id text not null, step text not null)');
+  },
+});
+const { db } = t;
 const tracked = stoppedAfterEach();
 let flows: ReturnType<typeof defineFlows>;
 
@@ -70,18 +74,10 @@ function defineFlows(e: Engine) {
   return { two, waiter, gate, sleeper, ticket };
 }
 
+// The flows must be defined before the worker starts, so that it serves them (it stops with the engine).
 beforeAll(async () => {
-  db = await createTestDatabase();
-  await db.pool.query('create table cli_steps (run_id text not null, step text not null)');
-  engine = createEngine({ connectionString: db.url, log: () => {} });
-  flows = defineFlows(engine);
-  worker = await engine.runWorker({ queues: ['cli'], concurrency: 8, leaseMs: 2_000, pollIntervalMs: 100 });
-});
-
-afterAll(async () => {
-  await worker?.stop();
-  await engine?.close();
-  await db?.drop();
+  flows = defineFlows(t.engine);
+  await t.engine.runWorker({ queues: ['cli'], concurrency: 8, leaseMs: 2_000, pollIntervalMs: 100 });
 });
 
 const runRow = async (runId: string) => (await db.pool.query('select * from runledger.runs where run_id = $1', [runId])).rows[0];
@@ -158,10 +154,10 @@ describe('runledger start, runs, show', () => {
 
 describe('runledger waiting, approvals, signal, approve, cancel', () => {
   it('an operator sees what runs wait for, delivers a signal, decides an approval and cancels a sleeping run', async () => {
-    const waiter = await engine.start(flows.waiter, undefined);
-    const gate = await engine.start(flows.gate, undefined);
-    const sleeper = await engine.start(flows.sleeper, undefined);
-    const idle = await engine.start(flows.sleeper, undefined);
+    const waiter = await t.engine.start(flows.waiter, undefined);
+    const gate = await t.engine.start(flows.gate, undefined);
+    const sleeper = await t.engine.start(flows.sleeper, undefined);
+    const idle = await t.engine.start(flows.sleeper, undefined);
     const ids = [waiter, gate, sleeper, idle].map((h) => h.runId);
     await waitFor('all waiting', async () => {
       const r = await db.pool.query(`select count(*)::int as n from runledger.runs where run_id = any($1) and status = 'WAITING'`, [ids]);
@@ -215,7 +211,7 @@ describe('runledger waiting, approvals, signal, approve, cancel', () => {
       termination_reason: 'CANCELLED',
       termination_evidence: expect.objectContaining({ reason: 'not needed', was: 'WAITING' }),
     });
-    await engine.cancel(idle.runId);
+    await t.engine.cancel(idle.runId);
   });
 });
 
@@ -224,7 +220,7 @@ describe('runledger dead-letter, retry', () => {
     await db.pool.query(`select runledger._register_workflow('cli-orphan', '1', 'nobody-serves', 0)`);
     const runId = (await db.pool.query(`select runledger.start_run('cli-orphan', '{}') as id`)).rows[0].id as string;
     // A worker claims it and dies: its 1 ms lease expires, and with max_recovery_attempts 0 the sweep dead-letters it.
-    await claimRun(db.pool, runId, 'dead-worker', 1);
+    await claimRun(db, runId, { worker: 'dead-worker', leaseMs: 1 });
     await waitFor('dead-lettered', async () => {
       await db.pool.query('select runledger._recover_expired()');
       return (await runRow(runId)).status === 'DEAD_LETTER';
@@ -246,7 +242,7 @@ describe('runledger dead-letter, retry', () => {
 
 describe('runledger fork', () => {
   it('starts a run that reuses the checkpoints before --from and runs the rest', async () => {
-    const source = await engine.start(flows.two, { n: 5 });
+    const source = await t.engine.start(flows.two, { n: 5 });
     await source.result();
     const [forked, outOfRange] = await Promise.all([cli(['fork', source.runId, '--from', '1']), cli(['fork', source.runId, '--from', '9'])]);
     expect(forked.code).toBe(0);
@@ -265,18 +261,18 @@ describe('runledger fork', () => {
 
 describe('runledger unknown, resolve', () => {
   it('an operation whose outcome is unknown is listed, settled by the operator, and its run completes', async () => {
-    const handle = await engine.start(flows.ticket, undefined);
+    const handle = await t.engine.start(flows.ticket, undefined);
     const key = `ticket-${handle.runId}`;
     // A worker records the intent (STARTED) and dies before the outcome: what ctx.operation does up to the call.
-    const claimed = await claimRun(db.pool, handle.runId, 'dead-worker', 60000);
+    const claimed = await claimRun(db, handle.runId, { worker: 'dead-worker', leaseMs: 60_000 });
     const operationId = (
       await db.pool.query(`select operation_id from runledger._operation_begin($1, $2, 0, 'create-ticket', $3, false, false)`, [
-        handle.runId, claimed.fencing_token, key,
+        handle.runId, claimed[0]!.fencing_token, key,
       ])
     ).rows[0].operation_id as string;
     await db.pool.query(`update runledger.runs set lease_expires_at = runledger.now() - interval '1 second' where run_id = $1`, [handle.runId]);
     await db.pool.query('select runledger._recover_expired()');
-    tracked.workers.push(await engine.runWorker({ queues: ['cli-ops'], concurrency: 2, leaseMs: 2_000, pollIntervalMs: 100 }));
+    tracked.workers.push(await t.engine.runWorker({ queues: ['cli-ops'], concurrency: 2, leaseMs: 2_000, pollIntervalMs: 100 }));
     await waitFor('waiting for an operator', async () => (await runRow(handle.runId)).wait_kind === 'reconcile');
 
     const [listed, badStatus] = await Promise.all([cli(['unknown']), cli(['resolve', operationId, '--status', 'maybe'])]);
@@ -298,7 +294,7 @@ describe('runledger set-queue, queues', () => {
   it('creates a paused, limited queue, shows it with its backlog, then resumes it', async () => {
     const created = await cli(['set-queue', 'cli-limited', '--concurrency', '2', '--per-key', '1', '--rate', '10/1000', '--pause']);
     expect(created).toMatchObject({ code: 0, stdout: 'queue cli-limited: PAUSED, concurrency 2, per key 1, 10 per 1000 ms\n' });
-    for (const tenant of ['tenant-a', 'tenant-a', 'tenant-b']) await engine.start(flows.two, { n: 1 }, { queue: 'cli-limited', concurrencyKey: tenant });
+    for (const tenant of ['tenant-a', 'tenant-a', 'tenant-b']) await t.engine.start(flows.two, { n: 1 }, { queue: 'cli-limited', concurrencyKey: tenant });
 
     const [table, byKey, badRate, badName] = await Promise.all([
       cli(['queues']),

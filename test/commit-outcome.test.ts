@@ -1,15 +1,31 @@
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { createEngine, type Engine } from '../src/index.js';
-import { createTestDatabase, type TestDatabase } from './helpers/database.js';
+import { beforeAll, describe, expect, it } from 'vitest';
+import type { Engine } from '../src/index.js';
+import { useTestEngine } from './helpers/test-engine.js';
 import { CommitFaultProxy } from './helpers/tcp-proxy.js';
 
 /**
  * A transaction step whose COMMIT outcome the worker never learns is resolved by
  * reading whether its checkpoint committed, never by blindly running it again.
  */
-let db: TestDatabase;
 let proxy: CommitFaultProxy;
-let engine: Engine;
+// The engine talks to the database through the proxy; the tests' own queries go direct.
+const t = useTestEngine({
+  prepare: async (db) => {
+    await db.pool.query(`
+      create table payments (run_id text primary key, amount int not null);
+      create table pay_attempts (id bigint generated always as identity, run_id text not null)`);
+    const target = new URL(db.url);
+    proxy = await CommitFaultProxy.start({ host: target.hostname, port: Number(target.port || 5432) });
+    return () => proxy.stop();
+  },
+  engine: (db) => {
+    const viaProxy = new URL(db.url);
+    viaProxy.hostname = '127.0.0.1';
+    viaProxy.port = String(proxy.port);
+    return { connectionString: viaProxy.toString() };
+  },
+});
+const { db } = t;
 let pay: ReturnType<typeof definePay>;
 
 function definePay(e: Engine) {
@@ -25,24 +41,8 @@ function definePay(e: Engine) {
 }
 
 beforeAll(async () => {
-  db = await createTestDatabase();
-  await db.pool.query(`
-    create table payments (run_id text primary key, amount int not null);
-    create table pay_attempts (id bigint generated always as identity, run_id text not null)`);
-  const target = new URL(db.url);
-  proxy = await CommitFaultProxy.start({ host: target.hostname, port: Number(target.port || 5432) });
-  const viaProxy = new URL(db.url);
-  viaProxy.hostname = '127.0.0.1';
-  viaProxy.port = String(proxy.port);
-  engine = createEngine({ connectionString: viaProxy.toString(), log: () => {} });
-  pay = definePay(engine);
-  await engine.runWorker({ concurrency: 2, leaseMs: 2_000, pollIntervalMs: 100 });
-});
-
-afterAll(async () => {
-  await engine?.close();
-  await proxy?.stop();
-  await db?.drop();
+  pay = definePay(t.engine);
+  await t.engine.runWorker({ concurrency: 2, leaseMs: 2_000, pollIntervalMs: 100 });
 });
 
 async function facts(runId: string) {
@@ -55,7 +55,7 @@ async function facts(runId: string) {
 describe('a COMMIT whose outcome is unknown', () => {
   it('committed but the reply was lost: the checkpoint is read back and the step is not run again', async () => {
     proxy.arm('drop-reply');
-    const handle = await engine.start(pay, { fault: 'reply' });
+    const handle = await t.engine.start(pay, { fault: 'reply' });
     await expect(handle.result({ timeoutMs: 30_000 })).resolves.toBe('r-reply');
     expect(proxy.faultsInjected).toBe(1);
     expect(await facts(handle.runId)).toEqual({
@@ -67,7 +67,7 @@ describe('a COMMIT whose outcome is unknown', () => {
 
   it('never reached the server: nothing committed, so the step runs again and commits once', async () => {
     proxy.arm('drop-request');
-    const handle = await engine.start(pay, { fault: 'request' });
+    const handle = await t.engine.start(pay, { fault: 'request' });
     await expect(handle.result({ timeoutMs: 30_000 })).resolves.toBe('r-request');
     expect(proxy.faultsInjected).toBe(2);
     expect(await facts(handle.runId)).toEqual({

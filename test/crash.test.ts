@@ -1,36 +1,22 @@
-import { afterAll, afterEach, beforeAll, describe, expect, it, onTestFailed } from 'vitest';
-import { createEngine, type Engine } from '../src/index.js';
-import { createTestDatabase, waitFor, type TestDatabase } from './helpers/database.js';
+import { afterEach, describe, expect, it, onTestFailed } from 'vitest';
+import { waitFor } from './helpers/database.js';
+import { useTestEngine } from './helpers/test-engine.js';
 import { spawnWorker, type WorkerProcess } from './helpers/worker-process.js';
 import { stoppedAfterEach } from './helpers/cleanup.js';
-import { createFixtureTables, defineFixtureWorkflows } from './fixtures/workflows.js';
 
 /**
  * Crash claims proven with real processes: a worker process is SIGKILLed (or
  * SIGSTOPped) at a chosen point, another one finishes, and the tables show that
  * nothing was lost or done twice.
  */
-let db: TestDatabase;
-let engine: Engine;
-let fixtures: ReturnType<typeof defineFixtureWorkflows>;
-
-beforeAll(async () => {
-  db = await createTestDatabase();
-  await createFixtureTables(db.pool);
-  engine = createEngine({ connectionString: db.url, log: () => {} });
-  fixtures = defineFixtureWorkflows(engine);
-});
+const t = useTestEngine({ fixtures: true });
+const { db } = t;
 
 afterEach(async () => {
   await db.pool.query('truncate step_executions, orders, fault_switch');
 });
 // Registered after the truncation above so it runs before it (hooks run in reverse): workers die first.
 const { processes: spawned } = stoppedAfterEach();
-
-afterAll(async () => {
-  await engine?.close();
-  await db?.drop();
-});
 
 async function worker(env: Record<string, string> = {}): Promise<WorkerProcess> {
   const w = await spawnWorker({ DATABASE_URL: db.url, LEASE_MS: '1000', CONCURRENCY: '4', ...env });
@@ -75,7 +61,7 @@ async function assertOrdersExactlyOnce(runIds: string[]) {
 
 async function startOrders(count: number): Promise<string[]> {
   const ids: string[] = [];
-  for (let i = 0; i < count; i++) ids.push((await engine.start(fixtures.order, { item: `item${i}`, amount: i + 1 })).runId);
+  for (let i = 0; i < count; i++) ids.push((await t.engine.start(t.fixtures.order, { item: `item${i}`, amount: i + 1 })).runId);
   return ids;
 }
 
@@ -125,7 +111,7 @@ describe('SIGKILL in a group commit', () => {
   it('after a batch of several runs committed, before the worker heard: nothing committed there runs again, nothing is lost', async () => {
     // One-step runs first: the first batches complete some of them.
     const noopIds: string[] = [];
-    for (let n = 0; n < 24; n++) noopIds.push((await engine.start(fixtures.noop, { n })).runId);
+    for (let n = 0; n < 24; n++) noopIds.push((await t.engine.start(t.fixtures.noop, { n })).runId);
     const orderIds = await startOrders(24);
     const runIds = [...orderIds, ...noopIds];
     const doomed = await worker({ RUNLEDGER_FAILPOINTS: 'after-group-commit:batch', CONCURRENCY: '8' });
@@ -166,7 +152,7 @@ describe('SIGKILL in a group commit', () => {
 describe('SIGKILL before completion', () => {
   it("the last step's checkpoint commits with the completion: a kill between them re-runs only that step", async () => {
     const noopIds: string[] = [];
-    for (let n = 0; n < 3; n++) noopIds.push((await engine.start(fixtures.noop, { n })).runId);
+    for (let n = 0; n < 3; n++) noopIds.push((await t.engine.start(t.fixtures.noop, { n })).runId);
     const orderIds = await startOrders(3);
     const doomed = await worker({ RUNLEDGER_FAILPOINTS: 'before-complete:noop', CONCURRENCY: '1' });
     expect((await doomed.exited).signal).toBe('SIGKILL');
@@ -193,7 +179,7 @@ describe('SIGKILL before completion', () => {
 
 describe('zombie worker', () => {
   it('a worker paused past its lease is fenced out: its late transaction commits nothing', async () => {
-    const handle = await engine.start(fixtures.slow, { ms: 2_500 });
+    const handle = await t.engine.start(t.fixtures.slow, { ms: 2_500 });
     const zombie = await worker({ LEASE_MS: '800' });
     await waitFor('zombie inside the slow transaction', async () => {
       const r = await db.pool.query(`select 1 from step_executions where run_id = $1 and step = 'slow-write' and pid = $2`, [handle.runId, zombie.pid]);
@@ -214,7 +200,7 @@ describe('zombie worker', () => {
       { seq: 1, name: 'slow-write', token: 2 },
       { seq: 2, name: 'last', token: 2 },
     ]);
-    const run = await engine.getRun(handle.runId);
+    const run = await t.engine.getRun(handle.runId);
     expect(run).toMatchObject({ status: 'SUCCEEDED', fencingToken: '2', recoveryAttempts: 1 });
     const last = await db.pool.query(`select pid from step_executions where run_id = $1 and step = 'last'`, [handle.runId]);
     expect(last.rows).toEqual([{ pid: survivor.pid }]);
@@ -224,7 +210,7 @@ describe('zombie worker', () => {
 describe('poison run', () => {
   it('dead-letters after maxRecoveryAttempts; retry_run from SQL completes it once the fault is gone', async () => {
     await db.pool.query(`insert into fault_switch values ('boom', true)`);
-    const handle = await engine.start(fixtures.poison, undefined);
+    const handle = await t.engine.start(t.fixtures.poison, undefined);
     const deadLettered = async () =>
       (await db.pool.query(`select 1 from runledger.dead_letter where run_id = $1`, [handle.runId])).rowCount === 1;
     // Each worker dies in 'boom'; the next one recovers the run after the lease expires.
@@ -232,7 +218,7 @@ describe('poison run', () => {
       const w = await worker();
       await Promise.race([w.exited, waitFor('dead letter', deadLettered)]);
     }
-    const run = await engine.getRun(handle.runId);
+    const run = await t.engine.getRun(handle.runId);
     expect(run).toMatchObject({ status: 'DEAD_LETTER', terminationReason: 'MAX_RECOVERY_ATTEMPTS', recoveryAttempts: 2 });
     expect(run?.terminationEvidence).toMatchObject({ recovery_attempts: 2, max_recovery_attempts: 2 });
     const before = await db.pool.query(`select step, count(*)::int as n from step_executions where run_id = $1 group by 1 order by 1`, [handle.runId]);

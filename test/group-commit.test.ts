@@ -4,29 +4,26 @@
  * that item. Runs are started and claimed from SQL (start_run, _claim_batch); items are
  * built with the exported checkpointItem / completeItem helpers, as the worker does.
  */
-import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { afterEach, describe, expect, it } from 'vitest';
 import pg from 'pg';
 import { BatchItemError, GroupCommit } from '../src/engine/worker/group-commit.js';
 import { checkpointItem, completeItem, type StepItemValues } from '../src/engine/run/commit-items.js';
-import { createTestDatabase, type TestDatabase } from './helpers/database.js';
+import { useTestEngine } from './helpers/test-engine.js';
 import { claimRun } from './helpers/claim.js';
 
-let db: TestDatabase;
+const { db } = useTestEngine({
+  engine: false,
+  prepare: async (db) => {
+    await db.pool.query(`select runledger._register_workflow('gc', '1', 'default', 3)`);
+  },
+});
+
 /** The pool the group commit under test sends through (its query is wrapped to count round trips). */
 let pools: pg.Pool[] = [];
-
-beforeAll(async () => {
-  db = await createTestDatabase();
-  await db.pool.query(`select runledger._register_workflow('gc', '1', 'default', 3)`);
-});
 
 afterEach(async () => {
   await Promise.all(pools.map((pool) => pool.end()));
   pools = [];
-});
-
-afterAll(async () => {
-  await db?.drop();
 });
 
 /** A pool whose every query is recorded: the number of items of each _commit_batch call, in call order. */
@@ -62,8 +59,9 @@ async function startAndClaim(label: string): Promise<{ runId: string; token: str
     JSON.stringify({ run_id: `${label}-${Math.random().toString(36).slice(2, 10)}` }),
   ]);
   const runId = started.rows[0].run_id as string;
-  const claimed = await claimRun(db.pool, runId, 'wk-gc', 60000);
-  return { runId, token: claimed.fencing_token };
+  const claimed = await claimRun(db, runId, { worker: 'wk-gc', leaseMs: 60_000 });
+  expect(claimed, `claim of ${runId}`).toHaveLength(1);
+  return { runId, token: String(claimed[0]!.fencing_token) };
 }
 
 function step(runId: string, token: string, seq: number, extra: Partial<StepItemValues> = {}): StepItemValues {
@@ -134,8 +132,8 @@ describe('GroupCommit', () => {
     // A run given back and claimed again: its first token is stale.
     const taken = await claimedRun('gc-taken');
     await db.pool.query(`select runledger._release_run($1, $2, 0, 'test')`, [taken.runId, taken.token]);
-    const retaken = await claimRun(db.pool, taken.runId, 'wk-other', 60000);
-    expect(retaken.fencing_token).toBe(String(Number(taken.token) + 1));
+    const retaken = await claimRun(db, taken.runId, { worker: 'wk-other', leaseMs: 60_000 });
+    expect(String(retaken[0]!.fencing_token)).toBe(String(Number(taken.token) + 1));
 
     // The first submission goes alone; everything below waits for it and shares one batch.
     const opener = commits.submit(checkpointItem(step(a.runId, a.token, 0)));

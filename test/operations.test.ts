@@ -1,35 +1,24 @@
-import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
-import { createEngine, NonRetryableError, type Engine, type Worker } from '../src/index.js';
-import { createTestDatabase, waitFor, type TestDatabase } from './helpers/database.js';
+import { afterEach, describe, expect, it } from 'vitest';
+import { NonRetryableError, type Engine, type Worker } from '../src/index.js';
+import { waitFor } from './helpers/database.js';
+import { useTestEngine } from './helpers/test-engine.js';
 import { spawnWorker, type WorkerProcess } from './helpers/worker-process.js';
 import { stoppedAfterEach } from './helpers/cleanup.js';
 import { TicketService } from './helpers/ticket-service.js';
-import { createFixtureTables, defineFixtureWorkflows } from './fixtures/workflows.js';
 
-let db: TestDatabase;
-let engine: Engine;
 let service: TicketService;
-let fixtures: ReturnType<typeof defineFixtureWorkflows>;
-const { processes: spawned, workers } = stoppedAfterEach();
-const engines: Engine[] = [];
-
-beforeAll(async () => {
-  db = await createTestDatabase();
-  await createFixtureTables(db.pool);
-  service = await TicketService.start();
-  engine = createEngine({ connectionString: db.url, log: () => {} });
-  fixtures = defineFixtureWorkflows(engine);
+const t = useTestEngine({
+  fixtures: true,
+  prepare: async () => {
+    service = await TicketService.start();
+    return () => service.stop();
+  },
 });
+const { db } = t;
+const { processes: spawned, workers } = stoppedAfterEach();
 
 afterEach(async () => {
   service.holdReplies(false);
-});
-
-afterAll(async () => {
-  await Promise.all(engines.map((e) => e.close()));
-  await engine?.close();
-  await service?.stop();
-  await db?.drop();
 });
 
 async function processWorker(env: Record<string, string> = {}): Promise<WorkerProcess> {
@@ -52,7 +41,7 @@ const events = async (runId: string, kind: string) =>
 /** The service has acted on the call, then the worker dies before reading the reply. */
 async function crashAfterTheCall(mode: 'reconcile' | 'idempotent' | 'manual') {
   service.holdReplies(true);
-  const handle = await engine.start(fixtures.ticket, { mode, service: service.url });
+  const handle = await t.engine.start(t.fixtures.ticket, { mode, service: service.url });
   const key = `ticket-${handle.runId}`;
   const first = await processWorker();
   await waitFor('the service counted the call', async () => service.calls.get(key) === 1);
@@ -100,47 +89,47 @@ describe('the crash window of an external call', () => {
   it('resolve_operation refuses bad input with coded errors', async () => {
     await expect(db.pool.query(`select runledger.resolve_operation('nope', 'SUCCEEDED')`)).rejects.toMatchObject({ code: 'RL002' });
     await expect(db.pool.query(`select runledger.resolve_operation('nope', 'MAYBE')`)).rejects.toMatchObject({ code: 'RL003' });
-    await expect(engine.resolveOperation('nope', { status: 'FAILED' })).rejects.toMatchObject({ code: 'NOT_FOUND' });
+    await expect(t.engine.resolveOperation('nope', { status: 'FAILED' })).rejects.toMatchObject({ code: 'NOT_FOUND' });
   });
 });
 
 describe('retries', () => {
   it('a flaky step succeeds on attempt 3, with each failed attempt and its backoff recorded', async () => {
     let calls = 0;
-    const wf = engine.workflow({ name: 'flaky-retry', queue: 'retries' }, async (ctx) =>
+    const wf = t.engine.workflow({ name: 'flaky-retry', queue: 'retries' }, async (ctx) =>
       ctx.step('flaky', ({ attempt }) => {
         calls++;
         if (attempt < 3) throw new Error(`attempt ${attempt} failed`);
         return `ok on ${attempt}`;
       }, { retry: { maxAttempts: 5, initialDelayMs: 20 } }),
     );
-    await inProcessWorker(engine, ['retries']);
-    const handle = await engine.start(wf, undefined);
+    await inProcessWorker(t.engine, ['retries']);
+    const handle = await t.engine.start(wf, undefined);
     await expect(handle.result()).resolves.toBe('ok on 3');
     expect(calls).toBe(3);
     const failed = await events(handle.runId, 'attempt_failed');
     expect(failed.map((d) => [d.attempt, d.error.message])).toEqual([[1, 'attempt 1 failed'], [2, 'attempt 2 failed']]);
     expect(failed.every((d) => d.retry_in_ms >= 10)).toBe(true);
-    expect((await engine.getRun(handle.runId))?.steps?.[0]).toMatchObject({ name: 'flaky', status: 'SUCCEEDED', attempts: 3 });
+    expect((await t.engine.getRun(handle.runId))?.steps?.[0]).toMatchObject({ name: 'flaky', status: 'SUCCEEDED', attempts: 3 });
   });
 
   it('a non-retryable error fails the step at once', async () => {
     let calls = 0;
-    const wf = engine.workflow({ name: 'hopeless', queue: 'retries' }, async (ctx) =>
+    const wf = t.engine.workflow({ name: 'hopeless', queue: 'retries' }, async (ctx) =>
       ctx.step('hopeless', () => {
         calls++;
         throw new NonRetryableError('card declined');
       }, { retry: { maxAttempts: 5, initialDelayMs: 10 } }),
     );
-    await inProcessWorker(engine, ['retries']);
-    const handle = await engine.start(wf, undefined);
+    await inProcessWorker(t.engine, ['retries']);
+    const handle = await t.engine.start(wf, undefined);
     await expect(handle.result()).rejects.toMatchObject({ details: { status: 'FAILED' } });
     expect(calls).toBe(1);
     expect(await events(handle.runId, 'attempt_failed')).toEqual([]);
   });
 
   it('the run retry budget stops a run whose steps keep failing', async () => {
-    const wf = engine.workflow({ name: 'always-failing', queue: 'retries', limits: { retryBudget: 3 } }, async (ctx) => {
+    const wf = t.engine.workflow({ name: 'always-failing', queue: 'retries', limits: { retryBudget: 3 } }, async (ctx) => {
       for (const name of ['a', 'b']) {
         await ctx.step(name, () => {
           throw new Error(`${name} broken`);
@@ -148,8 +137,8 @@ describe('retries', () => {
       }
       return 'unreachable';
     });
-    await inProcessWorker(engine, ['retries']);
-    const handle = await engine.start(wf, undefined);
+    await inProcessWorker(t.engine, ['retries']);
+    const handle = await t.engine.start(wf, undefined);
     await expect(handle.result()).rejects.toMatchObject({ details: { status: 'FAILED' } });
     expect(await events(handle.runId, 'attempt_failed')).toHaveLength(3);
     expect(await events(handle.runId, 'retry_budget_exhausted')).toEqual([expect.objectContaining({ retries_used: 3, retry_budget: 3, name: 'a', attempt: 4 })]);
@@ -157,18 +146,18 @@ describe('retries', () => {
   });
 
   it('a long backoff is a durable wait: the worker is freed and the next attempt runs later', async () => {
-    const wf = engine.workflow({ name: 'slow-retry', queue: 'one-slot' }, async (ctx) =>
+    const wf = t.engine.workflow({ name: 'slow-retry', queue: 'one-slot' }, async (ctx) =>
       ctx.step('remote', ({ attempt }) => {
         if (attempt === 1) throw new Error('busy, try later');
         return `done on ${attempt}`;
       }, { retry: { maxAttempts: 2, initialDelayMs: 1_500, jitter: false, durableAfterMs: 500 } }),
     );
-    const quick = engine.workflow({ name: 'quick-one', queue: 'one-slot' }, async (ctx) => ctx.step('q', () => 'quick'));
-    await inProcessWorker(engine, ['one-slot'], { concurrency: 1 });
-    const handle = await engine.start(wf, undefined);
+    const quick = t.engine.workflow({ name: 'quick-one', queue: 'one-slot' }, async (ctx) => ctx.step('q', () => 'quick'));
+    await inProcessWorker(t.engine, ['one-slot'], { concurrency: 1 });
+    const handle = await t.engine.start(wf, undefined);
     await waitFor('waiting out the backoff', async () => (await runRow(handle.runId)).wait_kind === 'retry');
     expect(await runRow(handle.runId)).toMatchObject({ status: 'WAITING', lease_owner: null });
-    await expect((await engine.start(quick, undefined)).result()).resolves.toBe('quick'); // the only slot was free
+    await expect((await t.engine.start(quick, undefined)).result()).resolves.toBe('quick'); // the only slot was free
     await expect(handle.result()).resolves.toBe('done on 2');
   });
 });
@@ -188,8 +177,7 @@ describe('heartbeats', () => {
     );
 
   it('a long step that heartbeats keeps its lease past the lease time', async () => {
-    const e = createEngine({ connectionString: db.url, log: () => {} });
-    engines.push(e);
+    const e = t.newEngine();
     const wf = defineScanner(e, false);
     await inProcessWorker(e, ['scans'], { leaseMs: 600 });
     const handle = await e.start(wf, undefined);
@@ -198,9 +186,8 @@ describe('heartbeats', () => {
   });
 
   it('a step that stops heartbeating is taken over once the lease expires, and reads the last progress', async () => {
-    const hanging = createEngine({ connectionString: db.url, log: () => {} });
-    const rescuer = createEngine({ connectionString: db.url, log: () => {} });
-    engines.push(hanging, rescuer);
+    const hanging = t.newEngine();
+    const rescuer = t.newEngine();
     const wf = defineScanner(hanging, true);
     defineScanner(rescuer, true);
     await hanging.runWorker({ queues: ['scans'], concurrency: 1, leaseMs: 800, pollIntervalMs: 100 }); // closed with its engine
@@ -217,8 +204,8 @@ describe('heartbeats', () => {
 
 describe('compensation', () => {
   it('compensations run in reverse order, once each, when the run fails', async () => {
-    await inProcessWorker(engine, ['default']);
-    const handle = await engine.start(fixtures.saga, { service: service.url });
+    await inProcessWorker(t.engine, ['default']);
+    const handle = await t.engine.start(t.fixtures.saga, { service: service.url });
     await expect(handle.result()).rejects.toMatchObject({ details: { status: 'FAILED' } });
     const compensated = await db.pool.query(
       `select detail->>'operation_id' as op from runledger.events where run_id = $1 and kind = 'compensated' order by event_id`,
@@ -232,7 +219,7 @@ describe('compensation', () => {
   });
 
   it('a crash in the middle of compensating resumes it; none runs twice', async () => {
-    const handle = await engine.start(fixtures.saga, { service: service.url });
+    const handle = await t.engine.start(t.fixtures.saga, { service: service.url });
     const doomed = await processWorker({ RUNLEDGER_FAILPOINTS: 'after-compensation:charge' });
     expect((await doomed.exited).signal).toBe('SIGKILL');
     expect(service.cancellations.get(`charge-${handle.runId}:compensate`)).toBe(1);
@@ -246,7 +233,7 @@ describe('compensation', () => {
   });
 
   it('cancelling a run compensates what it already did', async () => {
-    const wf = engine.workflow({ name: 'cancel-saga', queue: 'cancel-saga' }, async (ctx) => {
+    const wf = t.engine.workflow({ name: 'cancel-saga', queue: 'cancel-saga' }, async (ctx) => {
       await ctx.operation('book', {
         idempotencyKey: `book-${ctx.runId}`,
         compensate: ({ idempotencyKey }) => fetch(`${service.url}/cancel?key=${idempotencyKey}`, { method: 'POST' }),
@@ -254,11 +241,11 @@ describe('compensation', () => {
       await ctx.waitForSignal('confirm');
       return 'confirmed';
     });
-    await inProcessWorker(engine, ['cancel-saga']);
-    const handle = await engine.start(wf, undefined);
+    await inProcessWorker(t.engine, ['cancel-saga']);
+    const handle = await t.engine.start(wf, undefined);
     await waitFor('waiting', async () => (await runRow(handle.runId)).status === 'WAITING');
     // It booked something: cancelling it needs a worker to undo that, so it is CANCELLING first.
-    await expect(engine.cancel(handle.runId, { reason: 'changed my mind' })).resolves.toBe('CANCELLING');
+    await expect(t.engine.cancel(handle.runId, { reason: 'changed my mind' })).resolves.toBe('CANCELLING');
     await expect(handle.result()).rejects.toMatchObject({ details: { status: 'CANCELLED' } });
     expect(service.cancellations.get(`book-${handle.runId}:compensate`)).toBe(1);
     expect(service.calls.get(`book-${handle.runId}`)).toBe(1); // the booking itself was not repeated

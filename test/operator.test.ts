@@ -1,40 +1,22 @@
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import pg from 'pg';
-import { createEngine, type Engine, type Worker } from '../src/index.js';
-import { createTestDatabase, type TestDatabase } from './helpers/database.js';
-import { createFixtureTables, defineFixtureWorkflows } from './fixtures/workflows.js';
+import { useTestEngine } from './helpers/test-engine.js';
 
-let db: TestDatabase;
-let engine: Engine;
-let worker: Worker;
-let fixtures: ReturnType<typeof defineFixtureWorkflows>;
-
-beforeAll(async () => {
-  db = await createTestDatabase();
-  await createFixtureTables(db.pool);
-  engine = createEngine({ connectionString: db.url, log: () => {} });
-  fixtures = defineFixtureWorkflows(engine);
-  worker = await engine.runWorker({ concurrency: 4, leaseMs: 2_000, pollIntervalMs: 100 });
-});
-
-afterAll(async () => {
-  await worker?.stop();
-  await engine?.close();
-  await db?.drop();
-});
+const t = useTestEngine({ fixtures: true, worker: { concurrency: 4, leaseMs: 2_000, pollIntervalMs: 100 } });
+const { db } = t;
 
 const executions = async (runId: string) =>
   Object.fromEntries((await db.pool.query('select step, count(*)::int as n from step_executions where run_id = $1 group by 1', [runId])).rows.map((r) => [r.step, r.n]));
 
 describe('runledger.fork_run', () => {
   it('a fork reuses the checkpoints before from_step and runs the rest', async () => {
-    const source = await engine.start(fixtures.order, { item: 'lamp', amount: 2 });
+    const source = await t.engine.start(t.fixtures.order, { item: 'lamp', amount: 2 });
     await source.result();
     const forkId = (await db.pool.query(`select runledger.fork_run($1, 2) as id`, [source.runId])).rows[0].id as string;
-    const fork = await engine.getRun(forkId);
+    const fork = await t.engine.getRun(forkId);
     expect(fork).toMatchObject({ status: expect.stringMatching(/PENDING|RUNNING|SUCCEEDED/), versionManifest: expect.objectContaining({ forked_from: source.runId, from_step: 2 }) });
     const { awaitResult } = await import('../src/engine/client/start.js');
-    await expect(awaitResult({ getRun: (id: string) => engine.getRun(id) } as never, forkId)).resolves.toEqual({ charged: 200 });
+    await expect(awaitResult({ getRun: (id: string) => t.engine.getRun(id) } as never, forkId)).resolves.toEqual({ charged: 200 });
     expect(await executions(forkId)).toEqual({ charge: 1, ship: 1 }); // load and reserve were reused
     const forkOrders = await db.pool.query('select item from orders where run_id = $1 order by item', [forkId]);
     expect(forkOrders.rows).toEqual([{ item: 'lamp:shipped' }]); // the reused transaction step did not write again
@@ -43,22 +25,22 @@ describe('runledger.fork_run', () => {
   });
 
   it('engine.fork from step 0 starts over; a from_step past the checkpoints is RL003', async () => {
-    const source = await engine.start(fixtures.noop, { n: 7 });
+    const source = await t.engine.start(t.fixtures.noop, { n: 7 });
     await source.result();
-    const fork = await engine.fork<number>(source.runId, { fromStep: 0 });
+    const fork = await t.engine.fork<number>(source.runId, { fromStep: 0 });
     await expect(fork.result()).resolves.toBe(7);
     expect(await executions(fork.runId)).toEqual({ only: 1 });
-    await expect(engine.fork(source.runId, { fromStep: 5 })).rejects.toMatchObject({ code: 'INVALID_INPUT' });
-    await expect(engine.fork('missing', { fromStep: 0 })).rejects.toMatchObject({ code: 'NOT_FOUND' });
+    await expect(t.engine.fork(source.runId, { fromStep: 5 })).rejects.toMatchObject({ code: 'INVALID_INPUT' });
+    await expect(t.engine.fork('missing', { fromStep: 0 })).rejects.toMatchObject({ code: 'NOT_FOUND' });
   });
 });
 
 describe('runledger.prune', () => {
   it('deletes finished runs older than the interval with all they own, and nothing else', async () => {
-    const finished = await engine.start(fixtures.noop, { n: 1 });
+    const finished = await t.engine.start(t.fixtures.noop, { n: 1 });
     await finished.result();
-    const waiting = engine.workflow({ name: 'stays', queue: 'default' }, async (ctx) => ctx.waitForSignal('never'));
-    const live = await engine.start(waiting, undefined);
+    const waiting = t.engine.workflow({ name: 'stays', queue: 'default' }, async (ctx) => ctx.waitForSignal('never'));
+    const live = await t.engine.start(waiting, undefined);
 
     const client = new pg.Client({ connectionString: db.url });
     await client.connect();
@@ -69,13 +51,13 @@ describe('runledger.prune', () => {
     } finally {
       await client.end();
     }
-    expect(await engine.getRun(finished.runId)).toBeUndefined();
+    expect(await t.engine.getRun(finished.runId)).toBeUndefined();
     const leftovers = await db.pool.query(
       `select (select count(*) from runledger.steps where run_id = $1) + (select count(*) from runledger.events where run_id = $1) as n`,
       [finished.runId],
     );
     expect(Number(leftovers.rows[0].n)).toBe(0);
-    expect((await engine.getRun(live.runId))?.status).toMatch(/PENDING|RUNNING|WAITING/);
+    expect((await t.engine.getRun(live.runId))?.status).toMatch(/PENDING|RUNNING|WAITING/);
     await expect(db.pool.query(`select runledger.prune('-1 day')`)).rejects.toMatchObject({ code: 'RL003' });
   });
 });

@@ -1,30 +1,16 @@
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { createEngine, type Engine, type Worker } from '../src/index.js';
-import { createTestDatabase, waitFor, type TestDatabase } from './helpers/database.js';
+import { describe, expect, it } from 'vitest';
+import type { Engine, Worker } from '../src/index.js';
+import { waitFor } from './helpers/database.js';
+import { useTestEngine } from './helpers/test-engine.js';
 import { spawnWorker } from './helpers/worker-process.js';
 import { stoppedAfterEach } from './helpers/cleanup.js';
-import { createFixtureTables, defineFixtureWorkflows } from './fixtures/workflows.js';
 
-let db: TestDatabase;
-let engine: Engine;
-let fixtures: ReturnType<typeof defineFixtureWorkflows>;
+const t = useTestEngine({ fixtures: true });
+const { db } = t;
+
 const { processes: spawned, workers } = stoppedAfterEach();
-const engines: Engine[] = [];
 
-beforeAll(async () => {
-  db = await createTestDatabase();
-  await createFixtureTables(db.pool);
-  engine = createEngine({ connectionString: db.url, log: () => {} });
-  fixtures = defineFixtureWorkflows(engine);
-});
-
-afterAll(async () => {
-  await Promise.all(engines.map((e) => e.close()));
-  await engine?.close();
-  await db?.drop();
-});
-
-async function inProcessWorker(queues: string[], concurrency = 8, e: Engine = engine): Promise<Worker> {
+async function inProcessWorker(queues: string[], concurrency = 8, e: Engine = t.engine): Promise<Worker> {
   const w = await e.runWorker({ queues, concurrency, leaseMs: 2_000, pollIntervalMs: 100 });
   workers.push(w);
   return w;
@@ -37,9 +23,9 @@ const allDone = async (runIds: string[]) => {
 
 describe('concurrency across processes', () => {
   it('3 worker processes, a queue with concurrency 5: never more than 5 RUNNING, and all runs finish', async () => {
-    await engine.setQueue('limited', { concurrency: 5 });
+    await t.engine.setQueue('limited', { concurrency: 5 });
     const runIds: string[] = [];
-    for (let i = 0; i < 60; i++) runIds.push((await engine.start(fixtures.slow, { ms: 60 }, { queue: 'limited' })).runId);
+    for (let i = 0; i < 60; i++) runIds.push((await t.engine.start(t.fixtures.slow, { ms: 60 }, { queue: 'limited' })).runId);
     await Promise.all([1, 2, 3].map(async () => spawned.push(await spawnWorker({ DATABASE_URL: db.url, LEASE_MS: '2000', CONCURRENCY: '8', QUEUES: 'limited' }))));
 
     let peak = 0;
@@ -59,7 +45,7 @@ describe('concurrency across processes', () => {
 
 describe('fairness', () => {
   it('tenant B (20 runs) finishes long before tenant A (2,000 runs, enqueued first) drains', async () => {
-    await engine.setQueue('fair', { concurrency: 4 });
+    await t.engine.setQueue('fair', { concurrency: 4 });
     await db.pool.query(`select runledger._register_workflow('noop', '1', 'default', 10)`);
     await db.pool.query(
       `select runledger.start_run('noop', jsonb_build_object('n', g), '{"queue": "fair", "concurrency_key": "tenant-a"}') from generate_series(1, 2000) g`,
@@ -83,10 +69,10 @@ describe('fairness', () => {
   });
 
   it('per-key concurrency: a tenant never has more than its share RUNNING', async () => {
-    await engine.setQueue('per-tenant', { concurrency: 6, perKeyConcurrency: 2 });
+    await t.engine.setQueue('per-tenant', { concurrency: 6, perKeyConcurrency: 2 });
     const ids: string[] = [];
     for (const tenant of ['x', 'y']) {
-      for (let i = 0; i < 10; i++) ids.push((await engine.start(fixtures.slow, { ms: 40 }, { queue: 'per-tenant', concurrencyKey: tenant })).runId);
+      for (let i = 0; i < 10; i++) ids.push((await t.engine.start(t.fixtures.slow, { ms: 40 }, { queue: 'per-tenant', concurrencyKey: tenant })).runId);
     }
     await inProcessWorker(['per-tenant'], 8);
     let peakPerKey = 0;
@@ -102,10 +88,10 @@ describe('fairness', () => {
 
 describe('rate limit', () => {
   it('admissions per period never exceed the limit', async () => {
-    await engine.setQueue('rated', { rateLimit: { max: 4, periodMs: 1_000 } });
+    await t.engine.setQueue('rated', { rateLimit: { max: 4, periodMs: 1_000 } });
     const ids: string[] = [];
-    for (let i = 0; i < 12; i++) ids.push((await engine.start(fixtures.noop, { n: i }, { queue: 'rated' })).runId);
-    const rated = await engine.runWorker({ queues: ['rated'], concurrency: 8, leaseMs: 1_000, pollIntervalMs: 100, sweepIntervalMs: 100 });
+    for (let i = 0; i < 12; i++) ids.push((await t.engine.start(t.fixtures.noop, { n: i }, { queue: 'rated' })).runId);
+    const rated = await t.engine.runWorker({ queues: ['rated'], concurrency: 8, leaseMs: 1_000, pollIntervalMs: 100, sweepIntervalMs: 100 });
     workers.push(rated);
     await waitFor('all done', () => allDone(ids), 30_000);
     const times = (await db.pool.query(`select admitted_at from runledger.runs where run_id = any($1) order by admitted_at`, [ids])).rows.map((r) => (r.admitted_at as Date).getTime());
@@ -120,16 +106,16 @@ describe('rate limit', () => {
 
 describe('priority, pause and resume', () => {
   it('a paused queue admits nothing; resumed, it runs lower priority numbers first', async () => {
-    await engine.setQueue('prio', { concurrency: 1, paused: true });
+    await t.engine.setQueue('prio', { concurrency: 1, paused: true });
     const order: number[] = [];
-    const wf = engine.workflow({ name: 'prioritised', queue: 'prio' }, async (ctx, input: { p: number }) =>
+    const wf = t.engine.workflow({ name: 'prioritised', queue: 'prio' }, async (ctx, input: { p: number }) =>
       ctx.step('mark', () => {
         order.push(input.p);
         return input.p;
       }),
     );
     const handles = [];
-    for (const p of [5, 1, 3, 2, 4]) handles.push(await engine.start(wf, { p }, { priority: p }));
+    for (const p of [5, 1, 3, 2, 4]) handles.push(await t.engine.start(wf, { p }, { priority: p }));
     await inProcessWorker(['prio'], 1);
     const stats = await db.pool.query(`select waiting_admission, running, paused from runledger.queue_stats where queue_name = 'prio' and queue_total`);
     expect(stats.rows).toEqual([{ waiting_admission: '5', running: '0', paused: true }]);
@@ -145,19 +131,19 @@ describe('priority, pause and resume', () => {
     await expect(db.pool.query(`select runledger.set_queue('q-bad', '{"concurrency": 0}')`)).rejects.toMatchObject({ code: 'RL003' });
     await expect(db.pool.query(`select runledger.set_queue('q-bad', '{"bogus": 1}')`)).rejects.toMatchObject({ code: 'RL003' });
     await expect(db.pool.query(`select runledger.set_queue('q-bad', '{"rate_limit_max": 5}')`)).rejects.toMatchObject({ code: 'RL003' });
-    await expect(engine.setQueue('bad name!', { concurrency: 1 })).rejects.toMatchObject({ code: 'INVALID_INPUT' });
-    await engine.setQueue('q-keep', { concurrency: 3, perKeyConcurrency: 1 });
-    await expect(engine.setQueue('q-keep', { paused: true })).resolves.toMatchObject({ concurrency: 3, perKeyConcurrency: 1, paused: true });
-    await expect(engine.setQueue('q-keep', { concurrency: null })).resolves.toMatchObject({ concurrency: null, perKeyConcurrency: 1 });
+    await expect(t.engine.setQueue('bad name!', { concurrency: 1 })).rejects.toMatchObject({ code: 'INVALID_INPUT' });
+    await t.engine.setQueue('q-keep', { concurrency: 3, perKeyConcurrency: 1 });
+    await expect(t.engine.setQueue('q-keep', { paused: true })).resolves.toMatchObject({ concurrency: 3, perKeyConcurrency: 1, paused: true });
+    await expect(t.engine.setQueue('q-keep', { concurrency: null })).resolves.toMatchObject({ concurrency: null, perKeyConcurrency: 1 });
   });
 });
 
 describe('idempotent and delayed start', () => {
   it('concurrent starts with the same idempotency key make one run, whose body runs once', async () => {
     let bodies = 0;
-    const wf = engine.workflow({ name: 'once-only', queue: 'idem' }, async (ctx) => ctx.step('body', () => ++bodies));
+    const wf = t.engine.workflow({ name: 'once-only', queue: 'idem' }, async (ctx) => ctx.step('body', () => ++bodies));
     await inProcessWorker(['idem']);
-    const handles = await Promise.all(Array.from({ length: 8 }, () => engine.start(wf, undefined, { idempotencyKey: 'order-42' })));
+    const handles = await Promise.all(Array.from({ length: 8 }, () => t.engine.start(wf, undefined, { idempotencyKey: 'order-42' })));
     expect(new Set(handles.map((h) => h.runId)).size).toBe(1);
     await expect(handles[0]!.result()).resolves.toBe(1);
     expect(bodies).toBe(1);
@@ -166,10 +152,10 @@ describe('idempotent and delayed start', () => {
   });
 
   it('a delayed start does not run before its time', async () => {
-    const wf = engine.workflow({ name: 'later', queue: 'later' }, async (ctx) => ctx.step('t', () => Date.now()));
+    const wf = t.engine.workflow({ name: 'later', queue: 'later' }, async (ctx) => ctx.step('t', () => Date.now()));
     await inProcessWorker(['later']);
     const before = Date.now();
-    const handle = await engine.start(wf, undefined, { runAt: 700 });
+    const handle = await t.engine.start(wf, undefined, { runAt: 700 });
     const ranAt = await handle.result();
     expect(ranAt - before).toBeGreaterThanOrEqual(600);
   });
@@ -177,7 +163,7 @@ describe('idempotent and delayed start', () => {
 
 describe('cron schedules', () => {
   it('missed ticks inside the catch-up window fire once each, with two workers', async () => {
-    const ticks = engine.workflow({ name: 'ticker', queue: 'cron' }, async (ctx) => ctx.step('tick', () => ctx.runId));
+    const ticks = t.engine.workflow({ name: 'ticker', queue: 'cron' }, async (ctx) => ctx.step('tick', () => ctx.runId));
     // Pretend the schedule last fired 3 minutes ago (graphile-worker's record of it), then two
     // workers start at once with a 10-minute catch-up window.
     const lastFired = new Date(Date.now() - 3 * 60_000);
@@ -187,13 +173,12 @@ describe('cron schedules', () => {
       [new Date(lastFired.getTime() - 60 * 60_000)],
     );
     await db.pool.query(`update graphile_worker._private_known_crontabs set last_execution = $1 where identifier = 'every-minute'`, [lastFired]);
-    const other = createEngine({ connectionString: db.url, log: () => {} });
-    engines.push(other);
-    for (const e of [engine, other]) {
-      const wf = e === engine ? ticks : e.workflow({ name: 'ticker', queue: 'cron' }, async (ctx) => ctx.step('tick', () => ctx.runId));
+    const other = t.newEngine();
+    for (const e of [t.engine, other]) {
+      const wf = e === t.engine ? ticks : e.workflow({ name: 'ticker', queue: 'cron' }, async (ctx) => ctx.step('tick', () => ctx.runId));
       e.schedule({ name: 'every-minute', workflow: wf, cron: '* * * * *', catchUp: '10m' });
     }
-    await Promise.all([inProcessWorker(['cron'], 2, engine), inProcessWorker(['cron'], 2, other)]);
+    await Promise.all([inProcessWorker(['cron'], 2, t.engine), inProcessWorker(['cron'], 2, other)]);
 
     const minutesMissed = Math.floor((Date.now() - lastFired.getTime()) / 60_000);
     const runs = await waitFor('missed ticks started', async () => {
@@ -208,7 +193,7 @@ describe('cron schedules', () => {
   });
 
   it('refuses an invalid cron expression', () => {
-    const wf = engine.workflow({ name: 'bad-cron-target', queue: 'cron-bad' }, async () => 1);
-    expect(() => engine.schedule({ name: 'bad', workflow: wf, cron: 'every tuesday' })).toThrow(/cron/);
+    const wf = t.engine.workflow({ name: 'bad-cron-target', queue: 'cron-bad' }, async () => 1);
+    expect(() => t.engine.schedule({ name: 'bad', workflow: wf, cron: 'every tuesday' })).toThrow(/cron/);
   });
 });

@@ -1,30 +1,25 @@
-import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { afterEach, describe, expect, it } from 'vitest';
 import pg from 'pg';
-import { createEngine, type Engine, type Worker } from '../src/index.js';
-import { createTestDatabase, waitFor, type TestDatabase } from './helpers/database.js';
+import type { Worker } from '../src/index.js';
+import { waitFor } from './helpers/database.js';
+import { useTestEngine } from './helpers/test-engine.js';
 import { claimRun } from './helpers/claim.js';
 
-let db: TestDatabase;
-let engine: Engine;
-const workers: Worker[] = [];
-
-beforeAll(async () => {
-  db = await createTestDatabase();
-  await db.pool.query('create table executed (run_id text, step text, at timestamptz default clock_timestamp())');
-  engine = createEngine({ connectionString: db.url, log: () => {} });
+const t = useTestEngine({
+  prepare: async (db) => {
+    await db.pool.query('create table executed (run_id text, step text, at timestamptz default clock_timestamp())');
+  },
 });
+const { db } = t;
+
+const workers: Worker[] = [];
 
 afterEach(async () => {
   for (const w of workers.splice(0)) await w.stop();
 });
 
-afterAll(async () => {
-  await engine?.close();
-  await db?.drop();
-});
-
 async function worker(queue: string): Promise<Worker> {
-  const w = await engine.runWorker({ queues: [queue], concurrency: 4, leaseMs: 2_000, pollIntervalMs: 100 });
+  const w = await t.engine.runWorker({ queues: [queue], concurrency: 4, leaseMs: 2_000, pollIntervalMs: 100 });
   workers.push(w);
   return w;
 }
@@ -48,12 +43,12 @@ async function withClock<T>(at: Date, fn: (client: pg.Client) => Promise<T>): Pr
 
 describe('deadline', () => {
   it('a run WAITING past its deadline terminates exactly once with reason DEADLINE (clock moved, no sleep)', async () => {
-    const wf = engine.workflow({ name: 'patient', queue: 'deadline-wait', limits: { deadline: '1d' } }, async (ctx) => {
+    const wf = t.engine.workflow({ name: 'patient', queue: 'deadline-wait', limits: { deadline: '1d' } }, async (ctx) => {
       await ctx.waitForSignal('never-comes'); // no timeout: only the deadline can end this wait
       return 'unreachable';
     });
     await worker('deadline-wait');
-    const handle = await engine.start(wf, undefined);
+    const handle = await t.engine.start(wf, undefined);
     await waitFor('waiting', async () => (await runRow(handle.runId)).status === 'WAITING');
     const waiting = await runRow(handle.runId);
     expect(waiting.wake_at?.getTime()).toBe(waiting.deadline_at.getTime()); // the wait's wake-up is the deadline
@@ -69,11 +64,11 @@ describe('deadline', () => {
     expect(new Date(run.termination_evidence.deadline_at).getTime()).toBe(waiting.deadline_at.getTime());
     expect(run.policy_version).toMatch(/^limits:/);
     expect((await eventKinds(handle.runId)).filter((k) => k === 'deadline')).toHaveLength(1);
-    await expect(engine.signal(handle.runId, 'never-comes', 1)).rejects.toMatchObject({ code: 'INVALID_STATE' });
+    await expect(t.engine.signal(handle.runId, 'never-comes', 1)).rejects.toMatchObject({ code: 'INVALID_STATE' });
   });
 
   it('an executing run is stopped at its first checkpoint past the deadline; nothing commits after it', async () => {
-    const wf = engine.workflow({ name: 'busy', queue: 'deadline-run' }, async (ctx) => {
+    const wf = t.engine.workflow({ name: 'busy', queue: 'deadline-run' }, async (ctx) => {
       for (let i = 0; ; i++) {
         await ctx.step(`tick-${i}`, async () => {
           await mark(ctx.runId, `tick-${i}`);
@@ -83,7 +78,7 @@ describe('deadline', () => {
       }
     });
     await worker('deadline-run');
-    const handle = await engine.start(wf, undefined, { deadline: 400 });
+    const handle = await t.engine.start(wf, undefined, { deadline: 400 });
     await expect(handle.result({ timeoutMs: 20_000 })).rejects.toMatchObject({ details: { status: 'TERMINATED', terminationReason: 'DEADLINE' } });
     const run = await runRow(handle.runId);
     // Compared in SQL: deadline_at has microseconds, a JavaScript Date only milliseconds.
@@ -96,11 +91,11 @@ describe('deadline', () => {
   });
 
   it('a pending run whose deadline passed before any worker took it is terminated, not run', async () => {
-    const wf = engine.workflow({ name: 'too-late', queue: 'deadline-pending' }, async (ctx) => {
+    const wf = t.engine.workflow({ name: 'too-late', queue: 'deadline-pending' }, async (ctx) => {
       await ctx.step('work', () => mark(ctx.runId, 'work').then(() => 1));
       return 'ran';
     });
-    const handle = await engine.start(wf, undefined, { deadline: 1 });
+    const handle = await t.engine.start(wf, undefined, { deadline: 1 });
     await waitFor('deadline passed', async () => (await db.pool.query('select runledger.now() > deadline_at as past from runledger.runs where run_id = $1', [handle.runId])).rows[0].past);
     await worker('deadline-pending');
     await expect(handle.result()).rejects.toMatchObject({ details: { terminationReason: 'DEADLINE' } });
@@ -110,7 +105,7 @@ describe('deadline', () => {
 
 describe('no progress', () => {
   it('a scripted model repeating an identical action stops with NO_PROGRESS well before maxSteps', async () => {
-    const agent = engine.workflow(
+    const agent = t.engine.workflow(
       { name: 'looping-agent', queue: 'agents', limits: { noProgress: 3, maxSteps: 50 } },
       async (ctx, input: { query: string }) => {
         for (let turn = 0; ; turn++) {
@@ -121,7 +116,7 @@ describe('no progress', () => {
       },
     );
     await worker('agents');
-    const handle = await engine.start(agent, { query: 'A' });
+    const handle = await t.engine.start(agent, { query: 'A' });
     await expect(handle.result()).rejects.toMatchObject({ details: { status: 'TERMINATED', terminationReason: 'NO_PROGRESS' } });
     const run = await runRow(handle.runId);
     expect(run.termination_evidence).toMatchObject({ step: 'search', repeats: 3, limit: 3, seqs: [1, 3, 5] });
@@ -131,23 +126,23 @@ describe('no progress', () => {
   });
 
   it('results that change are progress: the same limit does not stop them', async () => {
-    const agent = engine.workflow({ name: 'learning-agent', queue: 'agents', limits: { noProgress: 3 } }, async (ctx) => {
+    const agent = t.engine.workflow({ name: 'learning-agent', queue: 'agents', limits: { noProgress: 3 } }, async (ctx) => {
       for (let turn = 0; turn < 5; turn++) await ctx.step('search', () => ({ results: [`new-${turn}`] }));
       return 'learned';
     });
     await worker('agents');
-    await expect((await engine.start(agent, undefined)).result()).resolves.toBe('learned');
+    await expect((await t.engine.start(agent, undefined)).result()).resolves.toBe('learned');
   });
 });
 
 describe('max steps and budget', () => {
   it('maxSteps stops the run before the step past the limit starts', async () => {
-    const wf = engine.workflow({ name: 'long', queue: 'limits', limits: { maxSteps: 3 } }, async (ctx) => {
+    const wf = t.engine.workflow({ name: 'long', queue: 'limits', limits: { maxSteps: 3 } }, async (ctx) => {
       for (let i = 0; i < 10; i++) await ctx.step(`s${i}`, () => mark(ctx.runId, `s${i}`).then(() => i));
       return 'finished';
     });
     await worker('limits');
-    const handle = await engine.start(wf, undefined);
+    const handle = await t.engine.start(wf, undefined);
     await expect(handle.result()).rejects.toMatchObject({ details: { terminationReason: 'MAX_STEPS' } });
     expect(await executed(handle.runId)).toEqual(['s0', 's1', 's2']);
     const checkpoints = await db.pool.query('select name from runledger.steps where run_id = $1 order by seq', [handle.runId]);
@@ -156,16 +151,16 @@ describe('max steps and budget', () => {
   });
 
   it('a per-run override of maxSteps wins over the workflow limit', async () => {
-    const wf = engine.workflow({ name: 'long-override', queue: 'limits', limits: { maxSteps: 3 } }, async (ctx) => {
+    const wf = t.engine.workflow({ name: 'long-override', queue: 'limits', limits: { maxSteps: 3 } }, async (ctx) => {
       for (let i = 0; i < 5; i++) await ctx.step(`s${i}`, () => i);
       return 'finished';
     });
     await worker('limits');
-    await expect((await engine.start(wf, undefined, { maxSteps: 10 })).result()).resolves.toBe('finished');
+    await expect((await t.engine.start(wf, undefined, { maxSteps: 10 })).result()).resolves.toBe('finished');
   });
 
   it('a charge over the budget ends the run with BUDGET, atomically with the step that spent it', async () => {
-    const wf = engine.workflow({ name: 'spender', queue: 'limits', limits: { budget: 100 } }, async (ctx) => {
+    const wf = t.engine.workflow({ name: 'spender', queue: 'limits', limits: { budget: 100 } }, async (ctx) => {
       for (let i = 0; i < 10; i++) {
         await ctx.step(`llm-${i}`, async () => {
           await mark(ctx.runId, `llm-${i}`);
@@ -176,7 +171,7 @@ describe('max steps and budget', () => {
       return 'done';
     });
     await worker('limits');
-    const handle = await engine.start(wf, undefined);
+    const handle = await t.engine.start(wf, undefined);
     await expect(handle.result()).rejects.toMatchObject({ details: { terminationReason: 'BUDGET' } });
     const run = await runRow(handle.runId);
     expect(run.termination_evidence).toEqual({ budget: 100, spent: 120, charge: 40, step: 'llm-2', seq: 2 });
@@ -189,8 +184,8 @@ describe('max steps and budget', () => {
 
 describe('cancellation', () => {
   it('cancel while a step runs: no new step starts, the in-flight result is kept, children are cancelled, the run ends CANCELLED', async () => {
-    const child = engine.workflow({ name: 'helper-child', queue: 'cancel' }, async (ctx) => ctx.waitForSignal('go'));
-    const wf = engine.workflow({ name: 'cancellable', queue: 'cancel' }, async (ctx) => {
+    const child = t.engine.workflow({ name: 'helper-child', queue: 'cancel' }, async (ctx) => ctx.waitForSignal('go'));
+    const wf = t.engine.workflow({ name: 'cancellable', queue: 'cancel' }, async (ctx) => {
       await ctx.step('a', () => mark(ctx.runId, 'a').then(() => 1));
       await ctx.startChild(child, undefined);
       const slow = await ctx.step('slow', async ({ signal }) => {
@@ -203,7 +198,7 @@ describe('cancellation', () => {
       return 'unreachable';
     });
     await worker('cancel');
-    const handle = await engine.start(wf, undefined);
+    const handle = await t.engine.start(wf, undefined);
     await waitFor('slow step running', async () => (await executed(handle.runId)).includes('slow'));
     const childId = `${handle.runId}.1`;
     await waitFor('child waiting', async () => (await runRow(childId))?.status === 'WAITING');
@@ -227,9 +222,9 @@ describe('cancellation', () => {
   });
 
   it('a PENDING or WAITING run is cancelled at once; a finished run is left alone; an unknown run is NOT_FOUND', async () => {
-    const wf = engine.workflow({ name: 'idle', queue: 'cancel-idle' }, async (ctx) => ctx.sleep('long', '1h'));
-    const pending = await engine.start(wf, undefined); // no worker serves this queue yet
-    await expect(engine.cancel(pending.runId, { reason: 'not needed' })).resolves.toBe('CANCELLED');
+    const wf = t.engine.workflow({ name: 'idle', queue: 'cancel-idle' }, async (ctx) => ctx.sleep('long', '1h'));
+    const pending = await t.engine.start(wf, undefined); // no worker serves this queue yet
+    await expect(t.engine.cancel(pending.runId, { reason: 'not needed' })).resolves.toBe('CANCELLED');
     // No worker claims it any more: a claim for its queue and workflow (rolled back) finds nothing.
     const cancelled = await runRow(pending.runId);
     expect(cancelled).toMatchObject({ status: 'CANCELLED', termination_reason: 'CANCELLED', lease_owner: null });
@@ -247,18 +242,18 @@ describe('cancellation', () => {
     }
 
     await worker('cancel-idle');
-    const sleeping = await engine.start(wf, undefined);
+    const sleeping = await t.engine.start(wf, undefined);
     await waitFor('sleeping', async () => (await runRow(sleeping.runId)).status === 'WAITING');
-    await expect(engine.cancel(sleeping.runId)).resolves.toBe('CANCELLED');
+    await expect(t.engine.cancel(sleeping.runId)).resolves.toBe('CANCELLED');
     expect(await runRow(sleeping.runId)).toMatchObject({ status: 'CANCELLED', wake_at: null, termination_evidence: expect.objectContaining({ was: 'WAITING' }) });
-    await expect(engine.cancel(sleeping.runId)).resolves.toBe('CANCELLED'); // no-op answer, not an error
-    await expect(engine.cancel('nobody')).rejects.toMatchObject({ code: 'NOT_FOUND' });
+    await expect(t.engine.cancel(sleeping.runId)).resolves.toBe('CANCELLED'); // no-op answer, not an error
+    await expect(t.engine.cancel('nobody')).rejects.toMatchObject({ code: 'NOT_FOUND' });
   });
 
   it('a CANCELLING run whose worker died is completed as CANCELLED by recovery, not resumed', async () => {
     await db.pool.query(`select runledger._register_workflow('orphan-cancel', '1', 'nobody-serves', 3)`);
     const runId = (await db.pool.query(`select runledger.start_run('orphan-cancel', '{}') as id`)).rows[0].id;
-    await claimRun(db.pool, runId, 'dead-worker', 1000);
+    await claimRun(db, runId, { worker: 'dead-worker', leaseMs: 1000 });
     expect((await db.pool.query(`select runledger.cancel_run($1, 'stop') as s`, [runId])).rows[0].s).toBe('CANCELLING');
     const later = new Date(Date.now() + 60_000);
     await withClock(later, (c) => c.query('select runledger._recover_expired()'));

@@ -1,32 +1,22 @@
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { createEngine, type Engine } from '../src/index.js';
-import { createTestDatabase, waitFor, type TestDatabase } from './helpers/database.js';
+import { describe, expect, it } from 'vitest';
+import { waitFor } from './helpers/database.js';
+import { useTestEngine } from './helpers/test-engine.js';
 
-let db: TestDatabase;
-const engines: Engine[] = [];
-
-beforeAll(async () => {
-  db = await createTestDatabase();
-  await db.pool.query(`create table accounts (id text primary key, balance int not null);
-                       insert into accounts values ('a', 100), ('b', 100)`);
+// Each test makes the engines it needs (one per process, in effect), all closed after the file.
+const t = useTestEngine({
+  engine: false,
+  prepare: async (db) => {
+    await db.pool.query(`create table accounts (id text primary key, balance int not null);
+                         insert into accounts values ('a', 100), ('b', 100)`);
+  },
 });
-
-afterAll(async () => {
-  await Promise.all(engines.map((e) => e.close()));
-  await db?.drop();
-});
-
-function engine(): Engine {
-  const e = createEngine({ connectionString: db.url, log: () => {} });
-  engines.push(e);
-  return e;
-}
+const { db } = t;
 
 describe('versions', () => {
   it('a worker claims only the (workflow, version) pairs it serves; other versions wait, visible', async () => {
-    const v1Engine = engine();
+    const v1Engine = t.newEngine();
     const v1 = v1Engine.workflow({ name: 'pinned', version: '1', queue: 'pinned' }, async (ctx) => ctx.step('which', () => 'v1'));
-    const v2Engine = engine();
+    const v2Engine = t.newEngine();
     const v2 = v2Engine.workflow({ name: 'pinned', version: '2', queue: 'pinned' }, async (ctx) => ctx.step('which', () => 'v2'));
 
     const v1Worker = await v1Engine.runWorker({ queues: ['pinned'], concurrency: 2, leaseMs: 2_000, pollIntervalMs: 100 });
@@ -46,7 +36,7 @@ describe('versions', () => {
 
 describe('transaction steps under contention', () => {
   it('a deadlock aborts one transaction step, which is re-run automatically; both runs succeed once', async () => {
-    const e = engine();
+    const e = t.newEngine();
     let arrived = 0;
     let bothIn!: () => void;
     const barrier = new Promise<void>((resolve) => (bothIn = resolve));
@@ -76,7 +66,7 @@ describe('transaction steps under contention', () => {
 
 describe('graceful stop', () => {
   it('finishes what it can, then gives the rest back as PENDING without counting a recovery attempt', async () => {
-    const e = engine();
+    const e = t.newEngine();
     let release!: () => void;
     const gate = new Promise<void>((resolve) => (release = resolve));
     const held = e.workflow({ name: 'held', queue: 'held' }, async (ctx) => {

@@ -1,31 +1,17 @@
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { createEngine, RunFailedError, type Engine } from '../src/index.js';
-import { createTestDatabase, waitFor, type TestDatabase } from './helpers/database.js';
-import { createFixtureTables, defineFixtureWorkflows } from './fixtures/workflows.js';
+import { describe, expect, it } from 'vitest';
+import { RunFailedError } from '../src/index.js';
+import { waitFor } from './helpers/database.js';
+import { useTestEngine } from './helpers/test-engine.js';
 
-let db: TestDatabase;
-let engine: Engine;
-let fixtures: ReturnType<typeof defineFixtureWorkflows>;
-
-beforeAll(async () => {
-  db = await createTestDatabase();
-  await createFixtureTables(db.pool);
-  engine = createEngine({ connectionString: db.url, log: () => {} });
-  fixtures = defineFixtureWorkflows(engine);
-  await engine.runWorker({ concurrency: 4, leaseMs: 2_000, pollIntervalMs: 100 });
-});
-
-afterAll(async () => {
-  await engine?.close();
-  await db?.drop();
-});
+const t = useTestEngine({ fixtures: true, worker: { concurrency: 4, leaseMs: 2_000, pollIntervalMs: 100 } });
+const { db } = t;
 
 describe('a multi-step workflow with transaction steps', () => {
   it('completes, checkpoints every step once and writes its business rows exactly once', async () => {
-    const handle = await engine.start(fixtures.order, { item: 'book', amount: 3 });
+    const handle = await t.engine.start(t.fixtures.order, { item: 'book', amount: 3 });
     await expect(handle.result()).resolves.toEqual({ charged: 300 });
 
-    const run = await engine.getRun(handle.runId);
+    const run = await t.engine.getRun(handle.runId);
     expect(run?.status).toBe('SUCCEEDED');
     expect(run?.terminationReason).toBe('COMPLETED');
     expect(run?.terminationEvidence).toEqual({ steps: 4, budget_spent: 0 });
@@ -52,13 +38,13 @@ describe('a multi-step workflow with transaction steps', () => {
   });
 
   it('returns stored values, so the first execution sees what a replay would', async () => {
-    const wf = engine.workflow({ name: 'dates', queue: 'default' }, async (ctx) => {
+    const wf = t.engine.workflow({ name: 'dates', queue: 'default' }, async (ctx) => {
       const value = await ctx.step('date', () => ({ at: new Date('2030-01-02T03:04:05Z') }));
       return typeof value.at;
     });
-    const w = await engine.runWorker({ concurrency: 1, leaseMs: 2_000, queues: ['default'], pollIntervalMs: 100 });
+    const w = await t.engine.runWorker({ concurrency: 1, leaseMs: 2_000, queues: ['default'], pollIntervalMs: 100 });
     try {
-      const handle = await engine.start(wf, undefined);
+      const handle = await t.engine.start(wf, undefined);
       await expect(handle.result()).resolves.toBe('string');
     } finally {
       await w.stop();
@@ -69,7 +55,7 @@ describe('a multi-step workflow with transaction steps', () => {
 describe('step failures', () => {
   it('records a failed step, fails the run with the error, and retry_run runs only that step again', async () => {
     await db.pool.query(`insert into fault_switch values ('flaky', true) on conflict (name) do update set on_ = true`);
-    const wf = engine.workflow({ name: 'flaky', queue: 'flaky' }, async (ctx) => {
+    const wf = t.engine.workflow({ name: 'flaky', queue: 'flaky' }, async (ctx) => {
       const a = await ctx.step('a', async () => {
         await db.pool.query(`insert into step_executions (run_id, step, pid) values ($1, 'a', 0)`, [ctx.runId]);
         return 1;
@@ -81,12 +67,12 @@ describe('step failures', () => {
       });
       return a + b;
     });
-    const w = await engine.runWorker({ concurrency: 1, queues: ['flaky'], leaseMs: 2_000, pollIntervalMs: 100 });
+    const w = await t.engine.runWorker({ concurrency: 1, queues: ['flaky'], leaseMs: 2_000, pollIntervalMs: 100 });
     try {
-      const handle = await engine.start(wf, undefined);
+      const handle = await t.engine.start(wf, undefined);
       const failure = await handle.result().catch((error: unknown) => error);
       expect(failure).toBeInstanceOf(RunFailedError);
-      const run = await engine.getRun(handle.runId);
+      const run = await t.engine.getRun(handle.runId);
       expect(run?.status).toBe('FAILED');
       expect(run?.terminationReason).toBe('FAILED');
       expect(run?.error).toMatchObject({ name: 'StepFailedError', code: 'STEP_FAILED', message: 'step "b" failed: upstream said no' });
@@ -106,7 +92,7 @@ describe('step failures', () => {
   });
 
   it('a user try/catch around a failed step sees the same error on replay', async () => {
-    const wf = engine.workflow({ name: 'caught', queue: 'caught' }, async (ctx) => {
+    const wf = t.engine.workflow({ name: 'caught', queue: 'caught' }, async (ctx) => {
       let seen = '';
       try {
         await ctx.step('fails', () => {
@@ -117,9 +103,9 @@ describe('step failures', () => {
       }
       return ctx.step('after', () => seen);
     });
-    const w = await engine.runWorker({ concurrency: 1, queues: ['caught'], leaseMs: 2_000, pollIntervalMs: 100 });
+    const w = await t.engine.runWorker({ concurrency: 1, queues: ['caught'], leaseMs: 2_000, pollIntervalMs: 100 });
     try {
-      const handle = await engine.start(wf, undefined);
+      const handle = await t.engine.start(wf, undefined);
       await expect(handle.result()).resolves.toBe('step "fails" failed: nope');
     } finally {
       await w.stop();
@@ -127,15 +113,15 @@ describe('step failures', () => {
   });
 
   it('output that cannot be stored as JSON fails the step with OUTPUT_NOT_SERIALIZABLE, not a corrupt checkpoint', async () => {
-    const wf = engine.workflow({ name: 'bigint', queue: 'bigint' }, async (ctx) => {
+    const wf = t.engine.workflow({ name: 'bigint', queue: 'bigint' }, async (ctx) => {
       await ctx.step('big', () => 10n as unknown as number);
       return 'unreachable';
     });
-    const w = await engine.runWorker({ concurrency: 1, queues: ['bigint'], leaseMs: 2_000, pollIntervalMs: 100 });
+    const w = await t.engine.runWorker({ concurrency: 1, queues: ['bigint'], leaseMs: 2_000, pollIntervalMs: 100 });
     try {
-      const handle = await engine.start(wf, undefined);
+      const handle = await t.engine.start(wf, undefined);
       await expect(handle.result()).rejects.toBeInstanceOf(RunFailedError);
-      const run = await engine.getRun(handle.runId);
+      const run = await t.engine.getRun(handle.runId);
       expect(run?.steps?.[0]).toMatchObject({ name: 'big', status: 'FAILED', output: null, error: { code: 'OUTPUT_NOT_SERIALIZABLE' } });
       expect((run?.steps?.[0]?.error as { message: string }).message).toMatch(/bigint/);
     } finally {
@@ -147,7 +133,7 @@ describe('step failures', () => {
 describe('non-determinism', () => {
   it('parks the run in DEAD_LETTER with NON_DETERMINISM when a step name differs from its checkpoint', async () => {
     let variant = 'first';
-    const wf = engine.workflow({ name: 'shifty', queue: 'shifty' }, async (ctx) => {
+    const wf = t.engine.workflow({ name: 'shifty', queue: 'shifty' }, async (ctx) => {
       await ctx.step(variant === 'first' ? 'alpha' : 'beta', () => 1);
       await ctx.step('hold', async () => {
         await waitFor('release', async () => variant === 'second');
@@ -155,16 +141,16 @@ describe('non-determinism', () => {
       });
       return 'done';
     });
-    const w1 = await engine.runWorker({ concurrency: 1, queues: ['shifty'], leaseMs: 2_000, pollIntervalMs: 100, shutdownTimeoutMs: 100 });
-    const handle = await engine.start(wf, undefined);
-    await waitFor('first checkpoint', async () => (await engine.getRun(handle.runId))?.steps?.length === 1);
+    const w1 = await t.engine.runWorker({ concurrency: 1, queues: ['shifty'], leaseMs: 2_000, pollIntervalMs: 100, shutdownTimeoutMs: 100 });
+    const handle = await t.engine.start(wf, undefined);
+    await waitFor('first checkpoint', async () => (await t.engine.getRun(handle.runId))?.steps?.length === 1);
     // The worker stops mid-run (its run is released), and the code changes before the next execution.
     await w1.stop();
     variant = 'second';
-    const w2 = await engine.runWorker({ concurrency: 1, queues: ['shifty'], leaseMs: 2_000, pollIntervalMs: 100 });
+    const w2 = await t.engine.runWorker({ concurrency: 1, queues: ['shifty'], leaseMs: 2_000, pollIntervalMs: 100 });
     try {
       await expect(handle.result()).rejects.toBeInstanceOf(RunFailedError);
-      const run = await engine.getRun(handle.runId);
+      const run = await t.engine.getRun(handle.runId);
       expect(run?.status).toBe('DEAD_LETTER');
       expect(run?.terminationReason).toBe('NON_DETERMINISM');
       expect(run?.terminationEvidence).toMatchObject({ seq: 0, expected: 'alpha', actual: 'beta' });

@@ -7,24 +7,16 @@ import { accessSync, constants, readdirSync } from 'node:fs';
 import { execFile } from 'node:child_process';
 import { delimiter, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
+import { describe, expect, inject, it } from 'vitest';
 import pg from 'pg';
 import { ulid } from 'ulid';
 import { RUN_STATES } from '../../src/engine/core/states.js';
 import { withDatabase } from '../setup/global-setup.js';
-import { createTestDatabase, type TestDatabase } from '../helpers/database.js';
+import { useTestEngine } from '../helpers/test-engine.js';
 
 const SQL_DIR = fileURLToPath(new URL('../../sql/', import.meta.url));
 
-let db: TestDatabase;
-
-beforeAll(async () => {
-  db = await createTestDatabase();
-});
-
-afterAll(async () => {
-  await db?.drop();
-});
+const { db } = useTestEngine({ engine: false });
 
 interface CatalogObject {
   kind: string;

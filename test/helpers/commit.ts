@@ -1,0 +1,85 @@
+import type pg from 'pg';
+import type { TestDatabase } from './database.js';
+import { runHelpers, type Queryable } from './runs.js';
+
+export interface BatchResultRow {
+  item: number;
+  code: string | null;
+  message: string | null;
+  run_status: string | null;
+}
+
+/** The step fields of a batch item: a SUCCEEDED 'step' at its first attempt, started now, no charge. */
+export function stepItem(runId: string, token: number, stepSeq: number, name: string, extra: Record<string, unknown> = {}): Record<string, unknown> {
+  return {
+    run_id: runId, token, seq: stepSeq, name, kind: 'step', status: 'SUCCEEDED', attempts: 1,
+    started_at: new Date().toISOString(), charge: 0, ...extra,
+  };
+}
+
+/** The group commit (runledger._commit_batch) and the completion fast path (sql/0011_hot_path.sql), in plain SQL. */
+export function commitHelpers(db: TestDatabase) {
+  const { getRun, events } = runHelpers(db);
+
+  /** runledger._commit_batch over a JSON array of items (plain objects here). */
+  async function commitBatch(items: unknown[], on: Queryable = db.pool): Promise<BatchResultRow[]> {
+    const result = await on.query('select item, code, message, run_status from runledger._commit_batch($1::jsonb)', [JSON.stringify(items)]);
+    return result.rows;
+  }
+
+  async function stepRows(runId: string): Promise<Array<Record<string, any>>> {
+    const result = await db.pool.query(
+      `select seq, name, kind, status, output, error, attempts, fencing_token::int as fencing_token, output_hash
+         from runledger.steps where run_id = $1 order by seq`,
+      [runId],
+    );
+    return result.rows;
+  }
+
+  /** Everything a failed commit must not have touched: the run row, its steps and its events. */
+  async function snapshot(runId: string): Promise<{ run: Record<string, any> | undefined; steps: unknown[]; events: unknown[] }> {
+    return { run: await getRun(runId), steps: await stepRows(runId), events: await events(runId) };
+  }
+
+  /**
+   * Calls runledger._complete_with_checkpoint in `client` and says which path it took: the
+   * general path goes through _checkpoint_row, the fast path does not (counted with
+   * track_functions, per transaction). A call that raises rejects with its SQLSTATE.
+   */
+  async function completeWithCheckpoint(
+    client: pg.Client,
+    args: {
+      runId: string; token: number; seq: number; name: string; charge?: number; stepOutput?: unknown; output?: unknown;
+      attempts?: number; startedAt?: string; status?: string;
+    },
+  ): Promise<'fast' | 'general'> {
+    await client.query(`set track_functions = 'pl'`);
+    await client.query('begin');
+    try {
+      await client.query(
+        `select runledger._complete_with_checkpoint($1, $2, $3, $4, 'step', $5, $6::jsonb, null, $7,
+                                                   coalesce($8::timestamptz, runledger.now()), $9, $10::jsonb, 'p/1')`,
+        [
+          args.runId, args.token, args.seq, args.name, args.status ?? 'SUCCEEDED',
+          args.stepOutput === undefined ? null : JSON.stringify(args.stepOutput), args.attempts ?? 1, args.startedAt ?? null,
+          args.charge ?? 0, args.output === undefined ? null : JSON.stringify(args.output),
+        ],
+      );
+      const calls = await client.query(
+        `select coalesce(pg_stat_get_xact_function_calls(
+                  'runledger._checkpoint_row(text, bigint, int, text, text, text, jsonb, jsonb, int, timestamptz, numeric)'::regprocedure), 0)::int as n`,
+      );
+      await client.query('commit');
+      return calls.rows[0].n === 0 ? 'fast' : 'general';
+    } catch (error) {
+      await client.query('rollback');
+      throw error;
+    }
+  }
+
+  async function completedEvents(runId: string): Promise<Array<{ kind: string; detail: any }>> {
+    return (await events(runId)).filter((e) => e.kind === 'completed');
+  }
+
+  return { commitBatch, stepRows, snapshot, completeWithCheckpoint, completedEvents };
+}

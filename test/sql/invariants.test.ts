@@ -1,0 +1,231 @@
+/**
+ * The invariants of runs and steps rows (runledger._check_run, runledger._check_step) and
+ * the run_id triggers: each broken rule is reported with its own constraint name.
+ */
+import { describe, expect, it } from 'vitest';
+import { useTestEngine } from '../helpers/test-engine.js';
+import { runHelpers, newRunId, registerWorkflowW } from '../helpers/runs.js';
+import { sqlState, checkViolation } from '../helpers/sql-errors.js';
+import { insertRun } from '../helpers/run-factory.js';
+
+const { db } = useTestEngine({ engine: false, prepare: registerWorkflowW });
+const { startRun, getRun, steps } = runHelpers(db);
+
+describe('runs check constraints', () => {
+  it('rejects a RUNNING run without lease_owner (and accepts one with its lease)', async () => {
+    expect(await checkViolation(insertRun(db.pool, { runId: newRunId('c-running'), status: 'RUNNING', leaseOwner: null, leaseExpiresAt: new Date() }))).toEqual({
+      code: '23514',
+      constraint: 'runs_lease_only_when_executing',
+    });
+    // The same move by update on an existing run.
+    const runId = await startRun();
+    expect(await checkViolation(db.pool.query(`update runledger.runs set status = 'RUNNING' where run_id = $1`, [runId]))).toEqual({
+      code: '23514',
+      constraint: 'runs_lease_only_when_executing',
+    });
+    // Control: with owner and expiry it is a valid row.
+    const ok = newRunId('c-running-ok');
+    await insertRun(db.pool, { runId: ok, status: 'RUNNING', leaseOwner: 'wk', leaseExpiresAt: new Date() });
+    expect((await getRun(ok))?.status).toBe('RUNNING');
+  });
+
+  it('rejects a lease on a run that is not executing', async () => {
+    expect(await checkViolation(insertRun(db.pool, { runId: newRunId('c-pending'), status: 'PENDING', leaseOwner: 'wk', leaseExpiresAt: new Date() }))).toEqual({
+      code: '23514',
+      constraint: 'runs_lease_only_when_executing',
+    });
+  });
+
+  it('rejects a terminal status without termination_reason (and accepts one with its record)', async () => {
+    for (const status of ['SUCCEEDED', 'FAILED', 'CANCELLED', 'TERMINATED', 'DEAD_LETTER']) {
+      expect(await checkViolation(insertRun(db.pool, { runId: newRunId('c-terminal'), status, finishedAt: new Date(), terminationReason: null })), status).toEqual({
+        code: '23514',
+        constraint: 'runs_terminal_has_record',
+      });
+    }
+    const runId = await startRun();
+    expect(
+      await checkViolation(db.pool.query(`update runledger.runs set status = 'SUCCEEDED', finished_at = now() where run_id = $1`, [runId])),
+    ).toEqual({ code: '23514', constraint: 'runs_terminal_has_record' });
+    const ok = newRunId('c-terminal-ok');
+    await insertRun(db.pool, { runId: ok, status: 'SUCCEEDED', finishedAt: new Date(), terminationReason: 'COMPLETED' });
+    expect((await getRun(ok))?.status).toBe('SUCCEEDED');
+  });
+
+  it('rejects a termination_reason outside the documented list', async () => {
+    expect(await checkViolation(insertRun(db.pool, { runId: newRunId('c-reason'), status: 'FAILED', finishedAt: new Date(), terminationReason: 'OOPS' }))).toEqual({
+      code: '23514',
+      constraint: 'runs_termination_reason_check',
+    });
+  });
+});
+
+describe('runs invariants: the other rule names of runledger._check_run', () => {
+  const violated = (constraint: string) => ({ code: '23514', constraint });
+  const update = (runId: string, set: string) => db.pool.query(`update runledger.runs set ${set} where run_id = $1`, [runId]);
+
+  it('runs_wait_kind_check: a wait_kind outside the list', async () => {
+    expect(await checkViolation(insertRun(db.pool, { runId: newRunId('i-wk'), status: 'WAITING', waitKind: 'nap' }))).toEqual(violated('runs_wait_kind_check'));
+    const runId = await startRun();
+    expect(await checkViolation(update(runId, `status = 'WAITING', wait_kind = 'snooze'`))).toEqual(violated('runs_wait_kind_check'));
+    // Every listed kind is accepted.
+    for (const kind of ['timer', 'signal', 'approval', 'child', 'retry', 'reconcile']) {
+      const ok = newRunId('i-wk-ok');
+      await insertRun(db.pool, { runId: ok, status: 'WAITING', waitKind: kind });
+      expect((await getRun(ok))?.wait_kind).toBe(kind);
+    }
+  });
+
+  it('runs_wait_kind_only_when_waiting: a wait_kind exactly when WAITING', async () => {
+    expect(await checkViolation(insertRun(db.pool, { runId: newRunId('i-wkw'), status: 'PENDING', waitKind: 'timer' }))).toEqual(
+      violated('runs_wait_kind_only_when_waiting'),
+    );
+    expect(await checkViolation(insertRun(db.pool, { runId: newRunId('i-wkw'), status: 'WAITING', waitKind: null }))).toEqual(violated('runs_wait_kind_only_when_waiting'));
+    const runId = await startRun();
+    expect(await checkViolation(update(runId, `status = 'WAITING'`))).toEqual(violated('runs_wait_kind_only_when_waiting'));
+    expect(await checkViolation(update(runId, `wait_kind = 'timer'`))).toEqual(violated('runs_wait_kind_only_when_waiting'));
+    expect((await getRun(runId))).toMatchObject({ status: 'PENDING', wait_kind: null });
+  });
+
+  it('runs_budget_check: budget below 0 (0 and null are accepted)', async () => {
+    expect(await checkViolation(insertRun(db.pool, { runId: newRunId('i-budget'), columns: { budget: -0.01 } }))).toEqual(violated('runs_budget_check'));
+    const runId = await startRun({ budget: 10 });
+    expect(await checkViolation(update(runId, 'budget = -1'))).toEqual(violated('runs_budget_check'));
+    await update(runId, 'budget = 0');
+    await update(runId, 'budget = null');
+    expect((await getRun(runId))?.budget).toBeNull();
+  });
+
+  it('runs_max_steps_check: max_steps 0 or below (1 and null are accepted)', async () => {
+    expect(await checkViolation(insertRun(db.pool, { runId: newRunId('i-steps'), columns: { max_steps: 0 } }))).toEqual(violated('runs_max_steps_check'));
+    const runId = await startRun();
+    expect(await checkViolation(update(runId, 'max_steps = -5'))).toEqual(violated('runs_max_steps_check'));
+    await update(runId, 'max_steps = 1');
+    expect((await getRun(runId))?.max_steps).toBe(1);
+  });
+
+  it('runs_no_progress_check: no_progress below 2 (2 and null are accepted)', async () => {
+    expect(await checkViolation(insertRun(db.pool, { runId: newRunId('i-np'), columns: { no_progress: 1 } }))).toEqual(violated('runs_no_progress_check'));
+    const runId = await startRun();
+    expect(await checkViolation(update(runId, 'no_progress = 0'))).toEqual(violated('runs_no_progress_check'));
+    await update(runId, 'no_progress = 2');
+    expect((await getRun(runId))?.no_progress).toBe(2);
+  });
+
+  it('runs_retry_budget_check: retry_budget below 0 (0 and null are accepted)', async () => {
+    expect(await checkViolation(insertRun(db.pool, { runId: newRunId('i-rb'), columns: { retry_budget: -1 } }))).toEqual(violated('runs_retry_budget_check'));
+    const runId = await startRun();
+    expect(await checkViolation(update(runId, 'retry_budget = -3'))).toEqual(violated('runs_retry_budget_check'));
+    await update(runId, 'retry_budget = 0');
+    expect((await getRun(runId))?.retry_budget).toBe(0);
+  });
+
+  it('runs_max_recovery_attempts_check: max_recovery_attempts below 0 (0 is accepted)', async () => {
+    expect(await checkViolation(insertRun(db.pool, { runId: newRunId('i-mra'), columns: { max_recovery_attempts: -1 } }))).toEqual(
+      violated('runs_max_recovery_attempts_check'),
+    );
+    const runId = await startRun();
+    expect(await checkViolation(update(runId, 'max_recovery_attempts = -1'))).toEqual(violated('runs_max_recovery_attempts_check'));
+    await update(runId, 'max_recovery_attempts = 0');
+    expect((await getRun(runId))?.max_recovery_attempts).toBe(0);
+  });
+
+  it('reports the table and schema of the rule with it', async () => {
+    try {
+      await insertRun(db.pool, { runId: newRunId('i-table'), columns: { budget: -1 } });
+      expect.unreachable('the insert should fail');
+    } catch (error) {
+      expect(error).toMatchObject({ code: '23514', constraint: 'runs_budget_check', table: 'runs', schema: 'runledger' });
+      expect((error as Error).message).toMatch(/violates check constraint "runs_budget_check"/);
+    }
+  });
+});
+
+describe('steps invariants: runledger._check_step', () => {
+  const insertStep = (runId: string, columns: Record<string, unknown>) => {
+    const all = { run_id: runId, seq: 0, name: 's', kind: 'step', status: 'SUCCEEDED', started_at: new Date(), fencing_token: 1, ...columns };
+    const names = Object.keys(all);
+    return db.pool.query(
+      `insert into runledger.steps (${names.join(', ')}) values (${names.map((_, i) => `$${i + 1}`).join(', ')})`,
+      Object.values(all),
+    );
+  };
+  const violated = (constraint: string) => ({ code: '23514', constraint });
+
+  it('steps_seq_check: seq below 0', async () => {
+    const runId = await startRun();
+    expect(await checkViolation(insertStep(runId, { seq: -1 }))).toEqual(violated('steps_seq_check'));
+    await insertStep(runId, { seq: 0 });
+    expect(await checkViolation(db.pool.query('update runledger.steps set seq = -2 where run_id = $1', [runId]))).toEqual(violated('steps_seq_check'));
+    expect((await steps(runId)).map((s) => s.seq)).toEqual([0]);
+  });
+
+  it('steps_kind_check: a kind outside the list (every listed kind is accepted)', async () => {
+    const runId = await startRun();
+    expect(await checkViolation(insertStep(runId, { kind: 'bogus' }))).toEqual(violated('steps_kind_check'));
+    const kinds = ['step', 'transaction', 'operation', 'sleep', 'signal', 'approval', 'child_start', 'child'];
+    for (const [i, kind] of kinds.entries()) await insertStep(runId, { seq: i, kind });
+    expect(await checkViolation(db.pool.query(`update runledger.steps set kind = 'job' where run_id = $1 and seq = 0`, [runId]))).toEqual(
+      violated('steps_kind_check'),
+    );
+    expect((await steps(runId)).length).toBe(kinds.length);
+  });
+
+  it('steps_status_check: a status other than SUCCEEDED, FAILED or WAITING', async () => {
+    const runId = await startRun();
+    expect(await checkViolation(insertStep(runId, { status: 'RUNNING' }))).toEqual(violated('steps_status_check'));
+    for (const [i, status] of ['SUCCEEDED', 'FAILED', 'WAITING'].entries()) await insertStep(runId, { seq: i, status });
+    expect(await checkViolation(db.pool.query(`update runledger.steps set status = 'PENDING' where run_id = $1 and seq = 2`, [runId]))).toEqual(
+      violated('steps_status_check'),
+    );
+    expect((await steps(runId)).map((s) => s.status)).toEqual(['SUCCEEDED', 'FAILED', 'WAITING']);
+  });
+
+  it('reports the table and schema of the rule with it', async () => {
+    const runId = await startRun();
+    try {
+      await insertStep(runId, { kind: 'bogus' });
+      expect.unreachable('the insert should fail');
+    } catch (error) {
+      expect(error).toMatchObject({ code: '23514', constraint: 'steps_kind_check', table: 'steps', schema: 'runledger' });
+    }
+  });
+});
+
+describe('runs.run_id validation (triggers runs_run_id_insert and runs_run_id_update)', () => {
+  const invalid = ['', '-leading-dash', '_leading_underscore', 'has space', 'slash/inside', 'é-accent', `a${'b'.repeat(200)}`];
+
+  it('rejects an invalid run_id on insert with 23514 and stores nothing', async () => {
+    for (const runId of invalid) {
+      expect(await sqlState(insertRun(db.pool, { runId })), JSON.stringify(runId)).toBe('23514');
+    }
+    const stored = await db.pool.query('select count(*)::int as n from runledger.runs where run_id = any($1)', [invalid]);
+    expect(stored.rows[0].n).toBe(0);
+    // The longest and the odd-but-valid ones are accepted.
+    for (const runId of [`a${'b'.repeat(199)}`, newRunId('ok.run:id_with-all'), `9${newRunId('x')}`]) {
+      await insertRun(db.pool, { runId });
+      expect((await getRun(runId))?.run_id).toBe(runId);
+    }
+  });
+
+  it('rejects an invalid run_id set by update, and leaves updates of other columns alone', async () => {
+    const runId = newRunId('rename-me');
+    await insertRun(db.pool, { runId });
+    for (const bad of invalid) {
+      expect(await sqlState(db.pool.query('update runledger.runs set run_id = $2 where run_id = $1', [runId, bad])), JSON.stringify(bad)).toBe('23514');
+    }
+    expect((await getRun(runId))?.run_id).toBe(runId);
+    try {
+      await db.pool.query('update runledger.runs set run_id = $2 where run_id = $1', [runId, 'bad id']);
+      expect.unreachable('the update should fail');
+    } catch (error) {
+      expect((error as Error).message).toMatch(/run_id 'bad id' is invalid/);
+    }
+    // A valid new id is accepted, and so is any update that does not touch the id.
+    const renamed = newRunId('renamed');
+    await db.pool.query('update runledger.runs set run_id = $2 where run_id = $1', [runId, renamed]);
+    await db.pool.query('update runledger.runs set priority = 7 where run_id = $1', [renamed]);
+    expect(await getRun(renamed)).toMatchObject({ run_id: renamed, priority: 7 });
+    expect(await getRun(runId)).toBeUndefined();
+  });
+});

@@ -1,0 +1,49 @@
+/**
+ * runledger.now(): the clock every SQL function reads, moved per session or transaction
+ * with runledger.fake_now.
+ */
+import { describe, expect, it } from 'vitest';
+import { useTestEngine } from '../helpers/test-engine.js';
+import { sessionHelpers, setNow } from '../helpers/session.js';
+import { runHelpers, registerWorkflowW } from '../helpers/runs.js';
+
+const { db } = useTestEngine({ engine: false, prepare: registerWorkflowW });
+const { session } = sessionHelpers(db);
+const { startRun, getRun } = runHelpers(db);
+
+describe('runledger.now()', () => {
+  it('returns runledger.fake_now when set, in the session and in defaults of rows written there', async () => {
+    await session(async (client) => {
+      await setNow(client, '2031-02-03T04:05:06.789Z');
+      const now = (await client.query('select runledger.now() as t')).rows[0].t as Date;
+      expect(now.toISOString()).toBe('2031-02-03T04:05:06.789Z');
+      const runId = await startRun({}, {}, client);
+      expect((await getRun(runId))?.created_at.toISOString()).toBe('2031-02-03T04:05:06.789Z');
+    });
+  });
+
+  it('is the real clock when fake_now is unset or empty', async () => {
+    await session(async (client) => {
+      const read = async () => (await client.query('select runledger.now() as fake, clock_timestamp() as real')).rows[0];
+      const unset = await read();
+      expect(Math.abs(unset.fake.getTime() - unset.real.getTime())).toBeLessThan(1_000);
+
+      await setNow(client, '2031-02-03T04:05:06Z');
+      expect((await read()).fake.toISOString()).toBe('2031-02-03T04:05:06.000Z');
+      await setNow(client, '');
+      const empty = await read();
+      expect(Math.abs(empty.fake.getTime() - empty.real.getTime())).toBeLessThan(1_000);
+    });
+  });
+
+  it('honours set local inside a transaction only', async () => {
+    await session(async (client) => {
+      await client.query('begin');
+      await client.query(`set local runledger.fake_now = '2032-01-01T00:00:00Z'`);
+      expect((await client.query('select runledger.now() as t')).rows[0].t.toISOString()).toBe('2032-01-01T00:00:00.000Z');
+      await client.query('commit');
+      const after = (await client.query('select runledger.now() as fake, clock_timestamp() as real')).rows[0];
+      expect(Math.abs(after.fake.getTime() - after.real.getTime())).toBeLessThan(1_000);
+    });
+  });
+});
