@@ -39,5 +39,3 @@ export {
   NonRetryableError,
 } from './errors.js';
 export type { ErrorCode, SerializedError } from './errors.js';
-export { startEmbeddedPostgres } from './dev/embedded-postgres.js';
-export type { EmbeddedPostgres } from './dev/embedded-postgres.js';
