@@ -12,7 +12,8 @@ import { createRequire } from 'node:module';
 import type PgModule from 'pg';
 // The pg that ../src uses (bench/ has its own copy in bench/node_modules for the peers).
 const pg = createRequire(new URL('../src/index.ts', import.meta.url))('pg') as typeof PgModule;
-import { createEngine, startEmbeddedPostgres } from '../src/index.js';
+import { createEngine } from '../src/index.js';
+import { startEmbeddedPostgres } from '../src/dev/index.js';
 
 const RUNS = Number(process.env.RUNS ?? 2_000);
 const CONCURRENCY = Number(process.env.CONCURRENCY ?? 16);

@@ -10,7 +10,7 @@
 import { existsSync } from 'node:fs';
 import { loadavg } from 'node:os';
 import { join } from 'node:path';
-import { startEmbeddedPostgres } from 'runledger';
+import { startEmbeddedPostgres } from 'runledger/dev';
 import { config } from './lib/config.js';
 import { createDatabase, dropDatabase } from './lib/db.js';
 import { machineInfo } from './lib/machine.js';

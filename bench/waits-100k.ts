@@ -11,7 +11,8 @@
  */
 import { mkdirSync, writeFileSync } from 'node:fs';
 import pg from 'pg';
-import { createEngine, startEmbeddedPostgres } from '../src/index.js';
+import { createEngine } from '../src/index.js';
+import { startEmbeddedPostgres } from '../src/dev/index.js';
 
 const RUNS = Number(process.env.RUNS ?? 100_000);
 const CONCURRENCY = Number(process.env.CONCURRENCY ?? 16);

@@ -1,9 +1,11 @@
 /** Plumbing for examples/demo.ts: the database, the crashing child process, the report. */
 import { spawn } from 'node:child_process';
 import { createHash } from 'node:crypto';
+import { resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import pg from 'pg';
-import { createEngine, loadMigrations, startEmbeddedPostgres, TERMINAL_STATES, type Engine, type RunRecord } from '../src/index.js';
+import { createEngine, loadMigrations, TERMINAL_STATES, type Engine, type RunRecord } from '../src/index.js';
+import { startEmbeddedPostgres } from '../src/dev/index.js';
 
 export const DEMO_DATABASE = 'runledger_demo';
 const EMBEDDED_DIR = '.runledger/demo-pg';
@@ -22,13 +24,16 @@ export interface DemoDatabase {
  */
 export async function openDatabase(): Promise<DemoDatabase> {
   if (process.env.DATABASE_URL) {
-    const url = await prepareDemoDatabase(process.env.DATABASE_URL, false);
+    const url = await prepareDemoDatabase(process.env.DATABASE_URL, undefined);
     return { url, embedded: false, stop: async () => {} };
   }
   console.log(`DATABASE_URL is not set: starting an embedded PostgreSQL in ${EMBEDDED_DIR} ...`);
   const server = await startEmbeddedPostgres({ dataDir: EMBEDDED_DIR });
+  if (server.dataDir !== resolve(EMBEDDED_DIR)) {
+    console.log(`(running as root, and the postgres user cannot enter this checkout: the data is kept in ${server.dataDir})`);
+  }
   try {
-    const url = await prepareDemoDatabase(server.connectionString, true);
+    const url = await prepareDemoDatabase(server.connectionString, server.dataDir);
     return { url, embedded: true, stop: () => server.stop() };
   } catch (error) {
     await server.stop();
@@ -41,7 +46,7 @@ export async function openDatabase(): Promise<DemoDatabase> {
  * (whose migration files have changed since) is dropped and created again: it is the
  * demo's own, and `migrate` alone cannot repair a schema whose files were rewritten.
  */
-async function prepareDemoDatabase(serverUrl: string, embedded: boolean): Promise<string> {
+async function prepareDemoDatabase(serverUrl: string, embeddedDir: string | undefined): Promise<string> {
   const url = withDatabase(serverUrl, DEMO_DATABASE);
   const build = createHash('sha256').update(loadMigrations().map((m) => m.text).join('\n')).digest('hex').slice(0, 16);
   const recreate = async (why: string) => {
@@ -59,8 +64,8 @@ async function prepareDemoDatabase(serverUrl: string, embedded: boolean): Promis
       await migrateDemo(url, build);
     }
   } catch (error) {
-    const fix = embedded
-      ? `Delete the folder ${EMBEDDED_DIR} (rm -rf ${EMBEDDED_DIR}) and run \`npm run demo\` again.`
+    const fix = embeddedDir
+      ? `Delete the folder ${embeddedDir} (rm -rf ${embeddedDir}) and run \`npm run demo\` again.`
       : `Check that the role in DATABASE_URL may create databases, or drop the database ${DEMO_DATABASE} on that server and run the demo again.`;
     throw new Error(`could not prepare the demo database ${DEMO_DATABASE}: ${(error as Error).message}\n${fix}`, { cause: error });
   }

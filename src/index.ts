@@ -42,5 +42,3 @@ export {
   MigrationMismatchError,
 } from './engine/core/errors.js';
 export type { ErrorCode, SerializedError } from './engine/core/errors.js';
-export { startEmbeddedPostgres } from './dev/embedded-postgres.js';
-export type { EmbeddedPostgres } from './dev/embedded-postgres.js';

@@ -1,7 +1,7 @@
 import pg from 'pg';
 import type { TestProject } from 'vitest/node';
 import { createEngine } from '../../src/engine/index.js';
-import { startEmbeddedPostgres, type EmbeddedPostgres } from '../../src/dev/embedded-postgres.js';
+import { startEmbeddedPostgres, type EmbeddedPostgres } from '../../src/dev/index.js';
 
 declare module 'vitest' {
   export interface ProvidedContext {
