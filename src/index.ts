@@ -3,7 +3,20 @@ export type { Engine, EngineOptions, LogFunction, LogLevel } from './engine/inde
 export { defineWorkflow } from './engine/core/workflow.js';
 export type { Workflow, WorkflowFunction, WorkflowLimits, WorkflowOptions } from './engine/core/workflow.js';
 export type { RunHandle, StartOptions } from './engine/client/start.js';
-export type { ListRunsOptions, RunRecord, StepRecord } from './engine/client/runs.js';
+export type {
+  CompensationStatus,
+  ListRunsOptions,
+  OperationRecord,
+  OperationStatus,
+  RunRecord,
+  StepKind,
+  StepRecord,
+  StepStatus,
+  WaitKind,
+} from './engine/client/runs.js';
+export type { Jsonify } from './engine/core/jsonify.js';
+export { RUNLEDGER_TABLES } from './engine/db/schema.js';
+export type { RunledgerDatabase } from './engine/db/schema.js';
 export type { Worker, WorkerOptions } from './engine/worker/worker.js';
 export { LEASE_MS_DEFAULT, CONCURRENCY_DEFAULT } from './engine/worker/worker.js';
 export { RUN_STATES, TERMINAL_STATES, TERMINATION_REASONS } from './engine/core/states.js';
