@@ -8,7 +8,8 @@
  * - properties holding functions, symbols or `undefined` are dropped (a property that
  *   may hold one becomes optional), so class instances lose their methods;
  * - `undefined` inside an array becomes `null`;
- * - arrays (readonly or not) and tuples keep their shape, as plain (mutable) arrays;
+ * - arrays (readonly or not) and tuples keep their shape; like objects, they come back
+ *   without `readonly` (a parsed value is a fresh, mutable copy);
  * - unions are mapped member by member;
  * - `bigint`, `Map` and `Set` are `never`: the engine refuses to store them
  *   (NOT_SERIALIZABLE) rather than let JSON turn a Map or Set into `{}`;
