@@ -12,6 +12,8 @@ import { cancelRun, decideApproval, forkRun, resolveOperation, sendSignal, type 
 import { getRun, listRuns, retryRun, type ListRunsOptions, type RunRecord } from './client/runs.js';
 import { awaitResult, startRun, type RunHandle, type StartOptions } from './client/start.js';
 import type { RunStatus } from './core/states.js';
+import type { Jsonify } from './core/jsonify.js';
+import type { RunledgerDatabase } from './db/schema.js';
 import { startWorker, type Worker, type WorkerOptions } from './worker/worker.js';
 import { defineWorkflow, limitsToSql, workflowKey, type Workflow, type WorkflowFunction, type WorkflowOptions } from './core/workflow.js';
 
@@ -56,21 +58,35 @@ const defaultLog: LogFunction = (level, message, meta) => {
   (level === 'error' ? console.error : console.warn)(`[runledger] ${message}`, meta ?? '');
 };
 
-export interface Engine {
-  workflow<I = unknown, O = unknown>(options: WorkflowOptions<I>, fn: WorkflowFunction<I, O>): Workflow<I, O>;
+/**
+ * `DB` is the Kysely database interface of your tables (`createEngine<DB>()`): it types
+ * `engine.db` and `trx` in `ctx.transaction`. Default `any`: untyped, as before. Add
+ * `RunledgerDatabase` to read runledger's own tables typed too.
+ */
+export interface Engine<DB = any> {
+  /**
+   * Defines a workflow. With an `input` schema the function receives its output type
+   * (`z.output`) and `start` takes its input type (`z.input`: fields with `.default()` optional).
+   */
+  workflow<I = unknown, O = unknown, In = I>(options: WorkflowOptions<I, In>, fn: WorkflowFunction<I, O, DB>): Workflow<I, O, In>;
   /** A workflow started on a cron schedule by the workers, once per tick. Define it before runWorker. */
-  schedule<I>(options: ScheduleOptions<I>): Schedule;
+  schedule<In>(options: ScheduleOptions<In>): Schedule;
   /** Creates or changes a queue's limits (enforced by admission in SQL across all workers). */
   setQueue(name: string, options: QueueOptions): Promise<QueueRecord>;
   migrate(): Promise<{ applied: string[] }>;
-  start<I, O>(workflow: Workflow<I, O>, input: I, options?: StartOptions): Promise<RunHandle<O>>;
+  /** Starts a run; `input` is the schema's input type. `handle.result()` gives the output in its stored JSON form. */
+  start<I, O, In>(workflow: Workflow<I, O, In>, input: In, options?: StartOptions): Promise<RunHandle<Jsonify<O>>>;
   getRun(runId: string): Promise<RunRecord | undefined>;
   listRuns(options?: ListRunsOptions): Promise<RunRecord[]>;
   retry(runId: string): Promise<RunStatus>;
   /** Cancels a run: PENDING/WAITING at once, RUNNING through its worker; returns the run's new status (a finished run is left as it is). */
   cancel(runId: string, options?: { reason?: string }): Promise<RunStatus>;
-  /** A new run reusing the source run's checkpoints before step `fromStep` (0 = start over); returns its handle. */
-  fork<O = unknown>(runId: string, options: { fromStep: number }): Promise<RunHandle<O>>;
+  /**
+   * A new run reusing the source run's checkpoints before step `fromStep` (0 = start over); returns its handle.
+   * Pass the source run's `workflow` to type `result()` from it (it is checked against the run's workflow
+   * name, CONFIG when it differs), or name the output type: `fork<Output>(runId, ...)`; else `unknown`.
+   */
+  fork<O = unknown>(runId: string, options: { fromStep: number; workflow?: Workflow<any, O, any> }): Promise<RunHandle<Jsonify<O>>>;
   /** Settles an UNKNOWN operation (an operator's decision) and wakes the run waiting on it. */
   resolveOperation(operationId: string, resolution: { status: 'SUCCEEDED' | 'FAILED'; result?: unknown; resolvedBy?: string }): Promise<'SUCCEEDED' | 'FAILED'>;
   /** Delivers a signal; true if newly accepted, false if this signalId was accepted before. */
@@ -80,12 +96,12 @@ export interface Engine {
   runWorker(options?: WorkerOptions): Promise<Worker>;
   /** Stops this engine's workers and closes its pool (not a pool you passed in). */
   close(): Promise<void>;
-  /** The Kysely instance over the engine's pool, for reading runledger's tables or your own. */
-  readonly db: Kysely<any>;
+  /** The Kysely instance over the engine's pool, typed by `DB`, for your tables (and runledger's, with `RunledgerDatabase`). */
+  readonly db: Kysely<DB>;
   readonly pool: pg.Pool;
 }
 
-export function createEngine(options: EngineOptions = {}): Engine {
+export function createEngine<DB = any>(options: EngineOptions = {}): Engine<DB> {
   const parsed = optionsSchema.safeParse(options);
   if (!parsed.success) throw new ConfigError(`createEngine: ${parsed.error.issues.map((i) => `${i.path.join('.')}: ${i.message}`).join('; ')}`);
   const log: LogFunction = options.log ?? defaultLog;
@@ -100,7 +116,7 @@ export function createEngine(options: EngineOptions = {}): Engine {
     : { connectionString, max: options.poolMax ?? POOL_MAX_DEFAULT, keepAlive: true };
   const pool = options.pool ?? new pg.Pool(poolConfig);
   guardPool(pool, 'pool', log);
-  const db = new Kysely<any>({ dialect: new PostgresDialect({ pool }) });
+  const db = new Kysely<RunledgerDatabase>({ dialect: new PostgresDialect({ pool }) });
 
   const workflows = new Map<string, Workflow<any, any>>();
   const registered = new Map<string, Promise<void>>();
@@ -129,7 +145,7 @@ export function createEngine(options: EngineOptions = {}): Engine {
   const fetchRun = (runId: string, opts?: { withSteps?: boolean }) => getRun(db, runId, opts);
 
   return {
-    db,
+    db: db as unknown as Kysely<DB>,
     pool,
     workflow(workflowOptions, fn) {
       const workflow = defineWorkflow(workflowOptions, fn);
@@ -151,6 +167,12 @@ export function createEngine(options: EngineOptions = {}): Engine {
     listRuns: (listOptions) => listRuns(db, listOptions),
     retry: (runId) => retryRun(pool, runId),
     fork: async (runId, forkOptions) => {
+      if (forkOptions.workflow !== undefined) {
+        const source = await db.selectFrom('runledger.runs').select('workflow_name').where('run_id', '=', runId).executeTakeFirst();
+        if (source && source.workflow_name !== forkOptions.workflow.name) {
+          throw new ConfigError(`fork: run ${runId} is a run of workflow ${source.workflow_name}, not ${forkOptions.workflow.name}`);
+        }
+      }
       const forked = await forkRun(pool, runId, forkOptions.fromStep);
       return { runId: forked, result: (opts) => awaitResult({ deps, registerWorkflow, getRun: fetchRun }, forked, opts?.timeoutMs) };
     },

@@ -2,6 +2,7 @@ import type { Transaction } from 'kysely';
 import type { Duration } from '../engine/core/duration.js';
 import type { Execution } from '../engine/run/execution.js';
 import type { Workflow } from '../engine/core/workflow.js';
+import type { Jsonify } from '../engine/core/jsonify.js';
 import * as waits from './waits.js';
 import { ConfigError } from '../engine/core/errors.js';
 import { runStep, type StepFunction, type StepOptions } from './step.js';
@@ -13,8 +14,13 @@ import { runTransaction, type TransactionFunction } from './transaction.js';
  * What a workflow function receives: explicit, no globals. Each call takes the
  * next step position; on replay a position with a checkpoint returns the
  * recorded result without running anything.
+ *
+ * Results come back in their stored JSON form, `Jsonify<T>` (a Date as its ISO string,
+ * a class instance as its plain fields), on the first execution as on every replay.
+ * `DB` is the Kysely database interface of `createEngine<DB>()`; it types `trx` in
+ * `transaction`.
  */
-export class WorkflowContext {
+export class WorkflowContext<DB = any> {
   readonly #exec: Execution;
 
   constructor(exec: Execution) {
@@ -36,8 +42,8 @@ export class WorkflowContext {
   }
 
   /** Runs `fn` at least once until its result is checkpointed, never again after; `retry` re-runs it on failure with backoff. */
-  step<T>(name: string, fn: StepFunction<T>, options?: StepOptions): Promise<T> {
-    return runStep(this.#exec, name, fn, options);
+  step<T>(name: string, fn: StepFunction<T>, options?: StepOptions): Promise<Jsonify<T>> {
+    return runStep(this.#exec, name, fn, options) as Promise<Jsonify<T>>;
   }
 
   /**
@@ -46,7 +52,7 @@ export class WorkflowContext {
    * An outcome lost in a crash is UNKNOWN and settled by `reconcile`, by calling an
    * `idempotent` operation again with the same key, or by an operator.
    */
-  operation<T>(name: string, options: OperationOptions<T>, fn: OperationFunction<T>): Promise<T> {
+  operation<T>(name: string, options: OperationOptions<T>, fn: OperationFunction<T>): Promise<Jsonify<T>> {
     return runOperation(this.#exec, name, options, fn);
   }
 
@@ -58,9 +64,10 @@ export class WorkflowContext {
   /**
    * Runs `fn` inside one database transaction that also checks the fencing token
    * and writes the checkpoint: the writes made through `trx` happen exactly once.
+   * `trx` is a `Transaction<DB>` of the engine's `DB` (or of `D`, when given).
    */
-  transaction<T, DB = any>(name: string, fn: TransactionFunction<T, DB>): Promise<T> {
-    return runTransaction<T, DB>(this.#exec, name, fn as (trx: Transaction<DB>) => Promise<T>);
+  transaction<T, D = DB>(name: string, fn: TransactionFunction<T, D>): Promise<Jsonify<T>> {
+    return runTransaction<T, D>(this.#exec, name, fn as (trx: Transaction<D>) => Promise<T>) as Promise<Jsonify<T>>;
   }
 
   /** Waits until the duration has passed (or the date is reached), holding no worker. */
@@ -68,9 +75,12 @@ export class WorkflowContext {
     return waits.sleep(this.#exec, name, duration);
   }
 
-  /** Consumes exactly one signal sent to this run on `topic`; null if `timeout` passes first. */
-  waitForSignal<T = unknown>(topic: string, options?: waits.WaitForSignalOptions): Promise<T | null> {
-    return waits.waitForSignal<T>(this.#exec, topic, options);
+  /**
+   * Consumes exactly one signal sent to this run on `topic`; null if `timeout` passes first.
+   * `T` is what senders pass; the payload arrives in its JSON form, `Jsonify<T>`.
+   */
+  waitForSignal<T = unknown>(topic: string, options?: waits.WaitForSignalOptions): Promise<Jsonify<T> | null> {
+    return waits.waitForSignal<Jsonify<T>>(this.#exec, topic, options);
   }
 
   /** Asks a person to approve `action`; the decision, or null when the request expires undecided. */
@@ -78,18 +88,18 @@ export class WorkflowContext {
     return waits.requestApproval(this.#exec, name, request);
   }
 
-  /** Starts a child run without waiting for it; its id is checkpointed with the child's creation. */
-  startChild<I>(workflow: Workflow<I, any>, input: I, options?: waits.ChildOptions): Promise<{ runId: string }> {
+  /** Starts a child run without waiting for it; its id is checkpointed with the child's creation. `input`: the schema's input type. */
+  startChild<In>(workflow: Workflow<any, any, In>, input: In, options?: waits.ChildOptions): Promise<{ runId: string }> {
     return waits.startChild(this.#exec, this.#exec.deps.registerWorkflow, workflow, input, options);
   }
 
   /** Waits, holding nothing, for a child run started with startChild; its output, or ChildFailedError. */
-  waitForChild<O = unknown>(childRunId: string, options: { name?: string } = {}): Promise<O> {
-    return waits.waitForChild<O>(this.#exec, childRunId, options.name);
+  waitForChild<O = unknown>(childRunId: string, options: { name?: string } = {}): Promise<Jsonify<O>> {
+    return waits.waitForChild<Jsonify<O>>(this.#exec, childRunId, options.name);
   }
 
-  /** Starts a child run and waits for it: its output, or ChildFailedError when it did not succeed. */
-  async runChild<I, O>(workflow: Workflow<I, O>, input: I, options: waits.ChildOptions = {}): Promise<O> {
+  /** Starts a child run and waits for it: its output (JSON form), or ChildFailedError when it did not succeed. */
+  async runChild<I, O, In>(workflow: Workflow<I, O, In>, input: In, options: waits.ChildOptions = {}): Promise<Jsonify<O>> {
     const { runId } = await this.startChild(workflow, input, options);
     return this.waitForChild<O>(runId, { name: options.name ?? `child:${workflow.name}` });
   }

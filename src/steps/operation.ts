@@ -4,6 +4,7 @@ import { committed } from '../engine/run/checkpoint.js';
 import { haltOnDbError } from '../engine/run/halts.js';
 import type { CompensationFunction, Execution } from '../engine/run/execution.js';
 import { heartbeatStep } from './heartbeat.js';
+import type { Jsonify } from '../engine/core/jsonify.js';
 import { encodeOutput, stepFailure } from './replay.js';
 import { decideRetry, resolveRetryPolicy, type RetryPolicy } from './retry.js';
 import { resumeAttempt } from './step.js';
@@ -21,10 +22,10 @@ export interface OperationOptions<T> {
   /** The call is safe to repeat with the same key: an UNKNOWN outcome is settled by calling again. */
   idempotent?: boolean;
   retry?: RetryPolicy;
-  /** Names the external resource created (ticket id, payment id...) for the ledger. */
-  externalResourceId?: (result: T) => string | undefined;
-  /** Undoes the operation if the run later fails or is cancelled (sagas); recorded, never run twice. */
-  compensate?: (info: { result: T; idempotencyKey: string; signal: AbortSignal }) => Promise<unknown> | unknown;
+  /** Names the external resource created (ticket id, payment id...) for the ledger; gets the stored (JSON) result. */
+  externalResourceId?: (result: Jsonify<T>) => string | undefined;
+  /** Undoes the operation if the run later fails or is cancelled (sagas); recorded, never run twice. Gets the stored (JSON) result. */
+  compensate?: (info: { result: Jsonify<T>; idempotencyKey: string; signal: AbortSignal }) => Promise<unknown> | unknown;
   /** How long to wait before asking `reconcile` again when it answered 'unknown'; default 30 s. */
   reconcileEveryMs?: number;
 }
@@ -56,13 +57,13 @@ const RECONCILE_EVERY_MS_DEFAULT = 30_000;
  * or an idempotent operation is called again with the same key, or the run waits for
  * an operator (resolve_operation). Never a silent retry of a non-idempotent call.
  */
-export async function runOperation<T>(exec: Execution, name: string, options: OperationOptions<T>, fn: OperationFunction<T>): Promise<T> {
+export async function runOperation<T>(exec: Execution, name: string, options: OperationOptions<T>, fn: OperationFunction<T>): Promise<Jsonify<T>> {
   const policy = resolveRetryPolicy(options.retry, `operation ${JSON.stringify(name)}`);
   const position = exec.takeStep(name, 'operation');
   if (!position) return exec.suspend();
   const { seq, recorded } = position;
   if (recorded && recorded[2] !== 'WAITING') {
-    const stored = (recorded[3] as [{ value: T; operationId: string; idempotencyKey: string }] | null)?.[0];
+    const stored = (recorded[3] as [Stored<T>] | null)?.[0];
     if (recorded[2] === 'FAILED') throw stepFailure(name, recorded[4] as never);
     registerCompensation(exec, name, options, stored!);
     return stored!.value;
@@ -72,7 +73,7 @@ export async function runOperation<T>(exec: Execution, name: string, options: Op
   const key = options.idempotencyKey ?? `${exec.runId}:${seq}:${name}`;
   const retryPending = recorded?.[2] === 'WAITING';
 
-  return exec.inStep(async () => {
+  return exec.inStep(async (): Promise<Jsonify<T>> => {
     const begin = async (again: boolean): Promise<LedgerRow | undefined> => {
       try {
         const result = await exec.deps.pool.query('select * from runledger._operation_begin(p_run_id => $1, p_token => $2, p_seq => $3, p_name => $4, p_key => $5, p_compensable => $6, p_again => $7)', [
@@ -89,7 +90,7 @@ export async function runOperation<T>(exec: Execution, name: string, options: Op
     let reconciledResourceId: string | undefined;
     const startedAt = new Date();
     for (;;) {
-      if (!row || exec.haltReason) return exec.suspend<T>();
+      if (!row || exec.haltReason) return exec.suspend();
       let outcome: { ok: true; value: T } | { ok: false; error: unknown } | undefined;
       if (row.status === 'STARTED') {
         try {
@@ -127,18 +128,18 @@ export async function runOperation<T>(exec: Execution, name: string, options: Op
       } else {
         return park(exec, seq, row.operation_id, null);
       }
-      if (exec.haltReason) return exec.suspend<T>();
+      if (exec.haltReason) return exec.suspend();
 
       if (!outcome.ok && !exec.cancelRequested) {
         const decision = await decideRetry(exec, policy, { seq, name, kind: 'operation' }, attempt, outcome.error);
-        if (decision.kind === 'suspended') return exec.suspend<T>();
+        if (decision.kind === 'suspended') return exec.suspend();
         if (decision.kind === 'again') {
           attempt = decision.attempt;
           row = await begin(true);
           continue;
         }
       }
-      if (exec.deps.crash?.hit('before-checkpoint', name)) return exec.suspend<T>();
+      if (exec.deps.crash?.hit('before-checkpoint', name)) return exec.suspend();
       return record(exec, { seq, name, operationId: row.operation_id, key: row.idempotency_key, attempt, startedAt, reconciledResourceId }, outcome, options);
     }
   }, seq);
@@ -154,20 +155,27 @@ async function park<T>(exec: Execution, seq: number, operationId: string, retryI
   return exec.suspend();
 }
 
+/** An operation's checkpoint output: its result in stored (JSON) form and its ledger identity. */
+interface Stored<T> {
+  value: Jsonify<T>;
+  operationId: string;
+  idempotencyKey: string;
+}
+
 async function record<T>(
   exec: Execution,
   at: { seq: number; name: string; operationId: string; key: string; attempt: number; startedAt: Date; reconciledResourceId?: string },
   outcome: { ok: true; value: T } | { ok: false; error: unknown },
   options: OperationOptions<T>,
-): Promise<T> {
+): Promise<Jsonify<T>> {
   let outputText: string | null = null;
   let errorJson: string | null = null;
-  let stored: { value: T; operationId: string; idempotencyKey: string } | undefined;
+  let stored: Stored<T> | undefined;
   let failure = outcome.ok ? undefined : outcome.error;
   if (outcome.ok) {
     try {
       const encoded = encodeOutput(exec, at.name, outcome.value);
-      stored = { value: encoded.value as T, operationId: at.operationId, idempotencyKey: at.key };
+      stored = { value: encoded.value as Jsonify<T>, operationId: at.operationId, idempotencyKey: at.key };
       outputText = JSON.stringify(stored);
     } catch (error) {
       failure = error;
@@ -195,7 +203,7 @@ async function record<T>(
   return stored!.value;
 }
 
-function registerCompensation<T>(exec: Execution, name: string, options: OperationOptions<T>, stored: { value: T; operationId: string; idempotencyKey: string }): void {
+function registerCompensation<T>(exec: Execution, name: string, options: OperationOptions<T>, stored: Stored<T>): void {
   if (!options.compensate) return;
   exec.compensations.push({
     operationId: stored.operationId,

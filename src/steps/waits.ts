@@ -78,11 +78,11 @@ export interface ChildOptions {
 }
 
 /** Starts a child run and checkpoints its id in one transaction: a replay never starts a second child. */
-export async function startChild<I>(
+export async function startChild<In>(
   exec: Execution,
   register: (workflow: Workflow<any, any>) => Promise<void>,
-  workflow: Workflow<I, any>,
-  input: I,
+  workflow: Workflow<any, any, In>,
+  input: In,
   options: ChildOptions = {},
 ): Promise<{ runId: string }> {
   const name = `${options.name ?? `child:${workflow.name}`}:start`;

@@ -89,8 +89,6 @@ function line(label: string, value: string, maxLines = 1): void {
 }
 
 function printSummary(run: RunRecord, related: Related): void {
-  // Columns added by later migrations (limits, cancellation) are on the row, not in RunRecord's type.
-  const extra = run as unknown as Record<string, unknown>;
   line('run', run.runId);
   line(
     'workflow',
@@ -99,17 +97,17 @@ function printSummary(run: RunRecord, related: Related): void {
   );
   const waitingFor = related.wait ? `, waiting for ${related.wait.waiting_for}${related.wait.step_name ? ` (step ${related.wait.step_name})` : ''}` : '';
   line('status', run.terminationReason ? `${run.status} (${run.terminationReason})` : run.status + waitingFor, 2);
-  if (extra.cancelRequestedAt) line('cancel', `requested ${timestamp(extra.cancelRequestedAt as Date)}${extra.cancelReason ? `: ${String(extra.cancelReason)}` : ''}`, 2);
+  if (run.cancelRequestedAt) line('cancel', `requested ${timestamp(run.cancelRequestedAt)}${run.cancelReason ? `: ${run.cancelReason}` : ''}`, 2);
   line('created', timestamp(run.createdAt));
   if (run.startedAt) line('started', timestamp(run.startedAt));
   if (run.finishedAt) line('finished', `${timestamp(run.finishedAt)}  (${duration(run.finishedAt.getTime() - run.createdAt.getTime())} after creation)`);
   if (run.wakeAt) line('wakes', timestamp(run.wakeAt));
   if (run.deadlineAt) line('deadline', timestamp(run.deadlineAt));
   const limits = [
-    extra.maxSteps === null || extra.maxSteps === undefined ? undefined : `max steps ${String(extra.maxSteps)}`,
-    extra.budget === null || extra.budget === undefined ? undefined : `budget ${String(extra.budgetSpent)} of ${String(extra.budget)} spent`,
-    extra.noProgress === null || extra.noProgress === undefined ? undefined : `no progress after ${String(extra.noProgress)} repeats`,
-    extra.retryBudget === null || extra.retryBudget === undefined ? undefined : `retries ${String(extra.retriesUsed)} of ${String(extra.retryBudget)} used`,
+    run.maxSteps === null ? undefined : `max steps ${run.maxSteps}`,
+    run.budget === null ? undefined : `budget ${run.budgetSpent} of ${run.budget} spent`,
+    run.noProgress === null ? undefined : `no progress after ${run.noProgress} repeats`,
+    run.retryBudget === null ? undefined : `retries ${run.retriesUsed} of ${run.retryBudget} used`,
   ].filter((part) => part !== undefined);
   if (limits.length > 0) line('limits', limits.join(', '), 2);
   line('recovery', `${run.recoveryAttempts} of at most ${run.maxRecoveryAttempts}  fencing token ${run.fencingToken}`);
@@ -126,7 +124,7 @@ function printSummary(run: RunRecord, related: Related): void {
 function printSteps(run: RunRecord): void {
   const steps = run.steps ?? [];
   print();
-  const open = steps.filter((step) => (step.status as string) === 'WAITING').length;
+  const open = steps.filter((step) => step.status === 'WAITING').length;
   print(`steps (${steps.length - open} checkpoint${steps.length - open === 1 ? '' : 's'}${open > 0 ? `, ${open} waiting` : ''})`);
   if (steps.length === 0) return;
   const rows = steps.map((s) => [
@@ -149,12 +147,12 @@ function printOperations(run: RunRecord): void {
   print(`operations (${operations.length}, the ledger of external calls)`);
   const rows = operations.map((op) => [
     String(op.seq),
-    String(op.name),
-    String(op.status),
+    op.name,
+    op.status,
     String(op.attempts),
-    String(op.idempotencyKey),
-    op.compensationStatus ? `compensation ${String(op.compensationStatus)}` : op.externalResourceId ? `resource ${String(op.externalResourceId)}` : '-',
-    String(op.operationId),
+    op.idempotencyKey,
+    op.compensationStatus ? `compensation ${op.compensationStatus}` : op.externalResourceId ? `resource ${op.externalResourceId}` : '-',
+    op.operationId,
   ]);
   print(renderTable(['#', 'OPERATION', 'STATUS', 'TRIES', 'KEY', 'NOTE', 'OPERATION ID'], rows, { shrink: [4, 5, 1], right: [0, 3], indent: 2 }));
   if (operations.some((op) => op.status === 'UNKNOWN')) {

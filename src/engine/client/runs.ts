@@ -1,20 +1,48 @@
 import type pg from 'pg';
 import type { Kysely } from 'kysely';
 import { ConfigError, fromPgError } from '../core/errors.js';
-import { RUN_STATES, type RunStatus, type StepKind, type TerminationReason } from '../core/states.js';
+import { RUN_STATES, type CompensationStatus, type OperationStatus, type RunStatus, type StepKind, type StepStatus, type TerminationReason, type WaitKind } from '../core/states.js';
+import type { RunledgerDatabase } from '../db/schema.js';
+
+export type { CompensationStatus, OperationStatus, StepKind, StepStatus, WaitKind } from '../core/states.js';
 
 export interface StepRecord {
   seq: number;
   name: string;
   kind: StepKind;
   /** WAITING: a wait (or a retry backoff) in progress at this position. */
-  status: 'SUCCEEDED' | 'FAILED' | 'WAITING';
+  status: StepStatus;
   output: unknown;
   error: unknown;
   attempts: number;
   startedAt: Date;
   finishedAt: Date;
-  fencingToken: string;
+  /** The run's fencing token when the checkpoint was written (a bigint: the column is int8). */
+  fencingToken: bigint;
+  /** md5 of the output, kept only for runs with a noProgress limit. */
+  outputHash: string | null;
+}
+
+/** One row of the operation ledger (runledger.operations): an external side effect of ctx.operation. */
+export interface OperationRecord {
+  operationId: string;
+  runId: string;
+  seq: number;
+  name: string;
+  idempotencyKey: string;
+  status: OperationStatus;
+  externalResourceId: string | null;
+  result: unknown;
+  error: unknown;
+  attempts: number;
+  compensable: boolean;
+  compensationStatus: CompensationStatus | null;
+  compensationError: unknown;
+  startedAt: Date;
+  updatedAt: Date;
+  finishedAt: Date | null;
+  /** Who settled an UNKNOWN outcome (resolveOperation), if someone did. */
+  resolvedBy: string | null;
 }
 
 export interface RunRecord {
@@ -35,11 +63,12 @@ export interface RunRecord {
   startedAt: Date | null;
   finishedAt: Date | null;
   deadlineAt: Date | null;
-  waitKind: string | null;
+  waitKind: WaitKind | null;
   waitKey: string | null;
   maxSteps: number | null;
-  budget: string | null;
-  budgetSpent: string;
+  /** Budget units the run may charge (ctx.charge); null: no budget. */
+  budget: number | null;
+  budgetSpent: number;
   noProgress: number | null;
   retryBudget: number | null;
   retriesUsed: number;
@@ -51,7 +80,8 @@ export interface RunRecord {
   wakeAt: Date | null;
   leaseOwner: string | null;
   leaseExpiresAt: Date | null;
-  fencingToken: string;
+  /** Incremented on every claim; a bigint, since the column is int8 (exact past 2^53). */
+  fencingToken: bigint;
   recoveryAttempts: number;
   maxRecoveryAttempts: number;
   versionManifest: unknown;
@@ -62,19 +92,23 @@ export interface RunRecord {
   /** Present from getRun (not from listRuns). */
   steps?: StepRecord[];
   /** The run's external operations (ledger rows); present from getRun. */
-  operations?: Array<Record<string, unknown>>;
+  operations?: OperationRecord[];
 }
 
 const camel = (key: string) => key.replace(/_([a-z])/g, (_, c: string) => c.toUpperCase());
 
-function toRecord<T>(row: Record<string, unknown>): T {
+/** A row with camelCase keys; int8 fencing tokens as bigint, numeric budgets as numbers (node-postgres gives strings). */
+function toRecord<T>(row: object): T {
   const out: Record<string, unknown> = {};
   for (const [key, value] of Object.entries(row)) out[camel(key)] = value;
-  if (typeof out.fencingToken === 'number' || typeof out.fencingToken === 'bigint') out.fencingToken = String(out.fencingToken);
+  if (out.fencingToken !== undefined && out.fencingToken !== null) out.fencingToken = BigInt(out.fencingToken as string);
+  for (const key of ['budget', 'budgetSpent']) {
+    if (out[key] !== undefined && out[key] !== null) out[key] = Number(out[key]);
+  }
   return out as T;
 }
 
-export async function getRun(db: Kysely<any>, runId: string, options: { withSteps?: boolean } = {}): Promise<RunRecord | undefined> {
+export async function getRun(db: Kysely<RunledgerDatabase>, runId: string, options: { withSteps?: boolean } = {}): Promise<RunRecord | undefined> {
   const row = await db.selectFrom('runledger.runs').selectAll().where('run_id', '=', runId).executeTakeFirst();
   if (!row) return undefined;
   const run = toRecord<RunRecord>(row);
@@ -85,7 +119,7 @@ export async function getRun(db: Kysely<any>, runId: string, options: { withStep
       return rest;
     });
     const operations = await db.selectFrom('runledger.operations').selectAll().where('run_id', '=', runId).orderBy('seq').execute();
-    run.operations = operations.map((op) => toRecord<Record<string, unknown>>(op));
+    run.operations = operations.map((op) => toRecord<OperationRecord>(op));
   }
   return run;
 }
@@ -97,7 +131,7 @@ export interface ListRunsOptions {
   limit?: number;
 }
 
-export async function listRuns(db: Kysely<any>, options: ListRunsOptions = {}): Promise<RunRecord[]> {
+export async function listRuns(db: Kysely<RunledgerDatabase>, options: ListRunsOptions = {}): Promise<RunRecord[]> {
   const limit = options.limit ?? 100;
   if (!Number.isInteger(limit) || limit < 1 || limit > 10_000) throw new ConfigError('listRuns: limit must be a whole number from 1 to 10000');
   const statuses = options.status === undefined ? [] : Array.isArray(options.status) ? options.status : [options.status];

@@ -12,13 +12,14 @@ import { NAME_PATTERN, type Workflow } from '../core/workflow.js';
  * they are younger than `catchUp` (graphile-worker's backfill); older ones are skipped.
  * The default (0) fires no missed ticks: the next tick after the workers come back runs.
  */
-export interface ScheduleOptions<I> {
+export interface ScheduleOptions<In> {
   /** Unique per engine; part of every run's idempotency key. */
   name: string;
-  workflow: Workflow<I, any>;
+  workflow: Workflow<any, any, In>;
   /** Five fields, UTC: minute hour day-of-month month day-of-week (e.g. '0 3 * * *'). */
   cron: string;
-  input?: I;
+  /** What each tick starts the workflow with (the schema's input type, like engine.start). */
+  input?: In;
   /** How far back missed ticks are fired after downtime; default 0 (none). */
   catchUp?: Duration;
 }

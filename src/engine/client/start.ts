@@ -4,6 +4,7 @@ import { toMs, type Duration } from '../core/duration.js';
 import type pg from 'pg';
 import { toJsonText } from '../core/json.js';
 import type { RunRecord } from './runs.js';
+import type { Jsonify } from '../core/jsonify.js';
 import { TERMINAL_STATES } from '../core/states.js';
 import { limitsToSql, type Workflow } from '../core/workflow.js';
 import { RUNTIME_MANIFEST } from '../core/version.js';
@@ -26,9 +27,10 @@ export interface StartOptions {
   noProgress?: number;
 }
 
+/** `O` is the output as stored: `engine.start` gives `RunHandle<Jsonify<O>>` for a workflow returning `O`. */
 export interface RunHandle<O> {
   readonly runId: string;
-  /** Resolves with the output when the run succeeds; rejects with RunFailedError when it ends any other way. */
+  /** Resolves with the output (its JSON form) when the run succeeds; rejects with RunFailedError when it ends any other way. */
   result(options?: { timeoutMs?: number }): Promise<O>;
 }
 
@@ -38,7 +40,7 @@ export interface StartHost {
   getRun: (runId: string, options?: { withSteps?: boolean }) => Promise<RunRecord | undefined>;
 }
 
-export async function startRun<I, O>(host: StartHost, workflow: Workflow<I, O>, input: I, options: StartOptions = {}): Promise<RunHandle<O>> {
+export async function startRun<O, In>(host: StartHost, workflow: Workflow<any, O, In>, input: In, options: StartOptions = {}): Promise<RunHandle<Jsonify<O>>> {
   let stored: unknown = input;
   if (workflow.inputSchema) {
     const parsed = workflow.inputSchema.safeParse(input);
@@ -98,7 +100,7 @@ export async function startRun<I, O>(host: StartHost, workflow: Workflow<I, O>, 
   } catch (error) {
     throw fromPgError(error);
   }
-  return { runId, result: (opts) => awaitResult<O>(host, runId, opts?.timeoutMs) };
+  return { runId, result: (opts) => awaitResult<Jsonify<O>>(host, runId, opts?.timeoutMs) };
 }
 
 /**

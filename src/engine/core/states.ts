@@ -73,6 +73,21 @@ export const STEP_KINDS = ['step', 'transaction', 'operation', 'sleep', 'signal'
 
 export type StepKind = (typeof STEP_KINDS)[number];
 
+/** A checkpoint's status; WAITING: a wait (or a retry backoff) in progress at this position. */
+export const STEP_STATUSES = ['SUCCEEDED', 'FAILED', 'WAITING'] as const;
+
+export type StepStatus = (typeof STEP_STATUSES)[number];
+
+/** The operation ledger: STARTED, the intent committed and the call may be in flight; UNKNOWN, its outcome was lost. */
+export const OPERATION_STATUSES = ['PLANNED', 'STARTED', 'SUCCEEDED', 'FAILED', 'UNKNOWN'] as const;
+
+export type OperationStatus = (typeof OPERATION_STATUSES)[number];
+
+/** An operation's compensation, once it started. */
+export const COMPENSATION_STATUSES = ['STARTED', 'DONE', 'FAILED'] as const;
+
+export type CompensationStatus = (typeof COMPENSATION_STATUSES)[number];
+
 /** What a WAITING run waits for (runs.wait_kind). */
 export const WAIT_KINDS = ['timer', 'signal', 'approval', 'child', 'retry', 'reconcile'] as const;
 

@@ -46,31 +46,42 @@ export function limitsToSql(limits: WorkflowLimits, what: string): Record<string
   return out;
 }
 
-export interface WorkflowOptions<I> {
+/**
+ * `I` is what the workflow function receives: the schema's output type (`z.output`).
+ * `In` is what `engine.start`, `startChild` and `runChild` accept: the schema's input type
+ * (`z.input`), so a field with `.default()` may be left out. Without a schema both are the
+ * type of the function's `input` parameter.
+ */
+export interface WorkflowOptions<I, In = I> {
   name: string;
   /** Runs are pinned to the version they started with; default '1'. */
   version?: string;
   /** Validated before a run is stored (bad input: INVALID_INPUT, nothing stored) and again when a run started from SQL is claimed. */
-  input?: ZodType<I>;
+  input?: ZodType<I, In>;
   queue?: string;
   /** Recoveries after a lost lease before the run is dead-lettered; default 10. */
   maxRecoveryAttempts?: number;
   limits?: WorkflowLimits;
 }
 
-export type WorkflowFunction<I, O> = (ctx: WorkflowContext, input: I) => Promise<O>;
+/** `DB` types `trx` in `ctx.transaction`: the Kysely database interface given to `createEngine<DB>()`. */
+export type WorkflowFunction<I, O, DB = any> = (ctx: WorkflowContext<DB>, input: I) => Promise<O>;
 
-export interface Workflow<I = unknown, O = unknown> {
+/**
+ * A defined workflow. `I`: what its function receives; `O`: what it returns (callers get
+ * `Jsonify<O>`, the stored JSON form); `In`: what starting it takes (see WorkflowOptions).
+ */
+export interface Workflow<I = unknown, O = unknown, In = I> {
   readonly name: string;
   readonly version: string;
   readonly queue: string;
   readonly maxRecoveryAttempts: number;
-  readonly inputSchema: ZodType<I> | undefined;
+  readonly inputSchema: ZodType<I, In> | undefined;
   readonly limits: WorkflowLimits;
   readonly fn: WorkflowFunction<I, O>;
 }
 
-export function defineWorkflow<I, O>(options: WorkflowOptions<I>, fn: WorkflowFunction<I, O>): Workflow<I, O> {
+export function defineWorkflow<I, O, In = I, DB = any>(options: WorkflowOptions<I, In>, fn: WorkflowFunction<I, O, DB>): Workflow<I, O, In> {
   if (typeof options?.name !== 'string' || !NAME_PATTERN.test(options.name)) {
     throw new ConfigError(`workflow name ${JSON.stringify(options?.name)} is invalid: 1-50 characters of letters, digits, '_', '.', '-'`);
   }

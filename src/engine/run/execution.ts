@@ -3,6 +3,7 @@ import type { Kysely } from 'kysely';
 import { NonDeterminismError } from '../core/errors.js';
 import type { Workflow } from '../core/workflow.js';
 import type { CrashHook } from '../core/crash-points.js';
+import type { RunledgerDatabase } from '../db/schema.js';
 import type { CommitItem, CommitResult } from './commit-items.js';
 
 export type CompensationFunction = (info: { result: unknown; idempotencyKey: string; signal: AbortSignal }) => Promise<unknown> | unknown;
@@ -58,7 +59,7 @@ export interface CommitQueue {
 
 export interface ExecutionDeps {
   pool: pg.Pool;
-  db: Kysely<any>;
+  db: Kysely<RunledgerDatabase>;
   maxPayloadBytes: number;
   log: (level: 'info' | 'warn' | 'error', message: string, meta?: Record<string, unknown>) => void;
   /** The worker's group commit for plain checkpoints and completions; without it each is its own transaction. */

@@ -1,0 +1,219 @@
+import type { ColumnType } from 'kysely';
+import {
+  COMPENSATION_STATUSES, OPERATION_STATUSES, RUN_STATES, STEP_KINDS, STEP_STATUSES, TERMINATION_REASONS, WAIT_KINDS,
+} from '../core/states.js';
+
+/**
+ * runledger's own tables, as a Kysely database interface (`RunledgerDatabase`) derived
+ * from one runtime map (`RUNLEDGER_TABLES`), so test/sql/kysely-schema.test.ts can hold
+ * the map against the migrated catalog: a migration that adds, drops or retypes a column
+ * fails that test until this file follows it.
+ *
+ * A column is `'<udt_name>'` (information_schema.columns.udt_name), followed by ` null`
+ * when it is nullable and ` default` when it has a default (optional on insert); a text
+ * column that holds one of a fixed set of values is `[spec, values]`.
+ *
+ * Selected types are what node-postgres returns: int8 and numeric as strings (exact),
+ * timestamptz as Date, jsonb parsed.
+ */
+
+
+export const RUNLEDGER_TABLES = {
+  'runledger.migrations': {
+    version: 'int4',
+    name: 'text',
+    breaking: 'bool default',
+    applied_at: 'timestamptz default',
+    checksum: 'text null',
+  },
+  'runledger.workflows': {
+    workflow_name: 'text',
+    workflow_version: 'text',
+    queue_name: 'text',
+    max_recovery_attempts: 'int4',
+    limits: 'jsonb default',
+    registered_at: 'timestamptz default',
+  },
+  'runledger.runs': {
+    run_id: 'text',
+    workflow_name: 'text',
+    workflow_version: 'text',
+    queue_name: 'text',
+    status: ['run_status default', RUN_STATES],
+    input: 'jsonb null',
+    output: 'jsonb null',
+    error: 'jsonb null',
+    priority: 'int4 default',
+    concurrency_key: 'text null',
+    idempotency_key: 'text null',
+    parent_run_id: 'text null',
+    created_at: 'timestamptz default',
+    updated_at: 'timestamptz default',
+    started_at: 'timestamptz null',
+    finished_at: 'timestamptz null',
+    deadline_at: 'timestamptz null',
+    wake_at: 'timestamptz null',
+    wait_kind: ['text null', WAIT_KINDS],
+    wait_key: 'text null',
+    lease_owner: 'text null',
+    lease_expires_at: 'timestamptz null',
+    fencing_token: 'int8 default',
+    recovery_attempts: 'int4 default',
+    max_recovery_attempts: 'int4 default',
+    version_manifest: 'jsonb default',
+    max_steps: 'int4 null',
+    budget: 'numeric null',
+    budget_spent: 'numeric default',
+    no_progress: 'int4 null',
+    cancel_requested_at: 'timestamptz null',
+    admitted: 'bool default',
+    admitted_at: 'timestamptz null',
+    not_before: 'timestamptz null',
+    retry_budget: 'int4 null',
+    retries_used: 'int4 default',
+    cancel_reason: 'text null',
+    termination_reason: ['text null', TERMINATION_REASONS],
+    termination_evidence: 'jsonb null',
+    terminated_at: 'timestamptz null',
+    policy_version: 'text null',
+  },
+  'runledger.steps': {
+    run_id: 'text',
+    seq: 'int4',
+    name: 'text',
+    kind: ['text', STEP_KINDS],
+    status: ['text', STEP_STATUSES],
+    output: 'jsonb null',
+    error: 'jsonb null',
+    attempts: 'int4 default',
+    started_at: 'timestamptz',
+    finished_at: 'timestamptz default',
+    fencing_token: 'int8',
+    output_hash: 'text null',
+  },
+  'runledger.events': {
+    event_id: 'int8 default',
+    run_id: 'text',
+    at: 'timestamptz default',
+    kind: 'text',
+    detail: 'jsonb null',
+    fencing_token: 'int8 null',
+  },
+  'runledger.workers': {
+    worker_id: 'text',
+    host: 'text',
+    pid: 'int4',
+    workflows: '_text',
+    queues: '_text',
+    concurrency: 'int4',
+    lease_ms: 'int4',
+    started_at: 'timestamptz default',
+    last_heartbeat_at: 'timestamptz default',
+    stopped_at: 'timestamptz null',
+  },
+  'runledger.signals': {
+    signal_id: 'text',
+    run_id: 'text',
+    topic: 'text',
+    payload: 'jsonb null',
+    received_at: 'timestamptz default',
+    consumed_seq: 'int4 null',
+    consumed_at: 'timestamptz null',
+  },
+  'runledger.approvals': {
+    request_id: 'text',
+    run_id: 'text',
+    seq: 'int4',
+    name: 'text',
+    action: 'text',
+    evidence: 'jsonb null',
+    approvers: '_text null',
+    requested_at: 'timestamptz default',
+    expires_at: 'timestamptz null',
+    decision: 'bool null',
+    decided_by: 'text null',
+    decided_at: 'timestamptz null',
+    note: 'text null',
+  },
+  'runledger.operations': {
+    operation_id: 'text',
+    run_id: 'text',
+    seq: 'int4',
+    name: 'text',
+    idempotency_key: 'text',
+    status: ['text', OPERATION_STATUSES],
+    external_resource_id: 'text null',
+    result: 'jsonb null',
+    error: 'jsonb null',
+    attempts: 'int4 default',
+    compensable: 'bool default',
+    compensation_status: ['text null', COMPENSATION_STATUSES],
+    compensation_error: 'jsonb null',
+    started_at: 'timestamptz default',
+    updated_at: 'timestamptz default',
+    finished_at: 'timestamptz null',
+    resolved_by: 'text null',
+  },
+  'runledger.step_progress': {
+    run_id: 'text',
+    seq: 'int4',
+    progress: 'jsonb null',
+    updated_at: 'timestamptz default',
+  },
+  'runledger.queues': {
+    name: 'text',
+    concurrency: 'int4 null',
+    per_key_concurrency: 'int4 null',
+    rate_limit_max: 'int4 null',
+    rate_limit_period_ms: 'int4 null',
+    paused: 'bool default',
+    updated_at: 'timestamptz default',
+  },
+  'runledger.admissions': {
+    queue_name: 'text',
+    admitted_at: 'timestamptz',
+  },
+} as const satisfies Record<string, Record<string, ColumnSpec>>;
+
+/** The PostgreSQL types runledger's tables use (udt_name), and what node-postgres gives and takes for each. */
+interface PgTypes {
+  text: [string, string];
+  int4: [number, number];
+  int8: [string, string | number | bigint];
+  numeric: [string, string | number];
+  bool: [boolean, boolean];
+  timestamptz: [Date, Date | string];
+  jsonb: [unknown, unknown];
+  _text: [string[], string[]];
+  run_status: [string, string];
+}
+export type PgType = keyof PgTypes;
+type Spec = PgType | `${PgType} null` | `${PgType} default` | `${PgType} null default`;
+export type ColumnSpec = Spec | readonly [Spec, readonly string[]];
+
+/** A column spec taken apart at run time (the catalog test uses it). */
+export function parseColumnSpec(spec: ColumnSpec): { type: PgType; nullable: boolean; hasDefault: boolean; values?: readonly string[] } {
+  const [text, values] = typeof spec === 'string' ? [spec, undefined] : spec;
+  const [type, ...flags] = text.split(' ');
+  return { type: type as PgType, nullable: flags.includes('null'), hasDefault: flags.includes('default'), ...(values ? { values } : {}) };
+}
+
+type SpecType<S> = S extends `${infer T extends PgType} ${string}` ? T : S extends PgType ? S : never;
+type Nullable<S> = S extends `${string} null${string}` ? null : never;
+type Optional<S> = S extends `${string} ${'null' | 'default'}${string}` ? undefined : never;
+
+type Column<C> = C extends readonly [infer S, readonly (infer V)[]]
+  ? ColumnType<V | Nullable<S>, V | Nullable<S> | Optional<S>, V | Nullable<S>>
+  : ColumnType<
+      PgTypes[SpecType<C>][0] | Nullable<C>,
+      PgTypes[SpecType<C>][1] | Nullable<C> | Optional<C>,
+      PgTypes[SpecType<C>][1] | Nullable<C>
+    >;
+
+type Tables = typeof RUNLEDGER_TABLES;
+
+/**
+ * runledger's tables for Kysely, keyed `runledger.<table>`. Combine it with your own:
+ * `createEngine<MyDatabase & RunledgerDatabase>()` types `engine.db` and `trx` for both.
+ */
+export type RunledgerDatabase = { -readonly [T in keyof Tables]: { -readonly [C in keyof Tables[T]]: Column<Tables[T][C]> } };
