@@ -5,6 +5,11 @@
 --   runledger.run_status       the run state machine (kept equal to RUN_STATES in TS)
 --   runledger.now()            the one clock; honours `set runledger.fake_now`
 --   runledger.is_terminal()    the statuses a run never leaves on its own
+--   runledger.run_transitions()      every status change a run may make, and who makes it
+--   runledger.termination_reasons()  why a terminal run stopped
+--   runledger.step_kinds()           what a checkpoint records
+--   runledger.wait_kinds()           what a WAITING run waits for
+--   runledger._check_transition()    trigger function: refuses a status change not in run_transitions()
 --   runledger._check_run()     the invariants of a runs row (constraint runs_invariants)
 --   runledger._check_step()    the invariants of a steps row (constraint steps_invariants)
 --   runledger._check_run_id()  trigger function: a run_id is checked where one is written
@@ -60,6 +65,62 @@ $$;
 comment on function runledger.is_terminal(runledger.run_status) is
   'True for the statuses a run never leaves on its own (retry_run or fork_run are explicit operator actions).';
 
+-- The contract lists, defined once for SQL (src/engine/core/states.ts defines them once for
+-- TypeScript; test/contracts.test.ts checks that the two agree). Immutable LANGUAGE sql
+-- functions of a constant: the planner folds them where the invariants below use them.
+create function runledger.run_transitions()
+returns table (from_status runledger.run_status, to_status runledger.run_status, by_whom text)
+language sql immutable as $$
+  values
+    ('PENDING'::runledger.run_status, 'RUNNING'::runledger.run_status, 'a claim (_claim_batch, fencing_token + 1), once admitted'),
+    ('PENDING', 'CANCELLED', 'cancel_run'),
+    ('PENDING', 'CANCELLING', 'cancel_run with compensations to run'),
+    ('PENDING', 'TERMINATED', 'deadline (_enforce_deadlines, or at claim)'),
+    ('RUNNING', 'SUCCEEDED', 'the workflow returned (_complete_run)'),
+    ('RUNNING', 'FAILED', 'the workflow threw, or its input is invalid (_fail_run)'),
+    ('RUNNING', 'TERMINATED', 'deadline, max steps (_terminate_run); budget, no progress (in a checkpoint)'),
+    ('RUNNING', 'DEAD_LETTER', 'NON_DETERMINISM, or past max_recovery_attempts'),
+    ('RUNNING', 'PENDING', 'lease expired (+1 recovery attempt), or released'),
+    ('RUNNING', 'WAITING', 'sleep, signal, approval, child, durable retry backoff, unknown operation'),
+    ('RUNNING', 'CANCELLING', 'cancel_run'),
+    ('WAITING', 'PENDING', 'timer, signal, decision, child ended, resolve_operation (_wake)'),
+    ('WAITING', 'RUNNING', 'a claim of a due timer (_claim_batch, queue without limits)'),
+    ('WAITING', 'CANCELLED', 'cancel_run'),
+    ('WAITING', 'CANCELLING', 'cancel_run with compensations to run'),
+    ('WAITING', 'TERMINATED', 'deadline (_enforce_deadlines, or at claim)'),
+    ('CANCELLING', 'CANCELLED', 'the owner (_finish_cancel), or recovery if it died'),
+    ('CANCELLING', 'SUCCEEDED', 'the cancel lost the race with the last step (_finish_run)'),
+    ('CANCELLING', 'FAILED', 'the cancel lost the race with a failure (_finish_run)'),
+    ('CANCELLING', 'TERMINATED', 'the cancel lost the race with a policy stop (_finish_run)'),
+    ('CANCELLING', 'DEAD_LETTER', 'the cancel lost the race with a dead-letter (_finish_run)'),
+    ('FAILED', 'PENDING', 'retry_run'),
+    ('DEAD_LETTER', 'PENDING', 'retry_run')
+$$;
+comment on function runledger.run_transitions() is
+  'The run state machine: every status change a run may make, and who makes it. The trigger runs_transition refuses any other (docs/state-machine.md draws the same list).';
+
+create function runledger.termination_reasons() returns text[]
+language sql immutable as $$
+  select array['COMPLETED', 'FAILED', 'CANCELLED', 'DEADLINE', 'MAX_STEPS', 'BUDGET', 'NO_PROGRESS',
+               'MAX_RECOVERY_ATTEMPTS', 'NON_DETERMINISM']
+$$;
+comment on function runledger.termination_reasons() is
+  'Why a terminal run stopped (runs.termination_reason); see docs/termination.md for the evidence of each.';
+
+create function runledger.step_kinds() returns text[]
+language sql immutable as $$
+  select array['step', 'transaction', 'operation', 'sleep', 'signal', 'approval', 'child_start', 'child']
+$$;
+comment on function runledger.step_kinds() is
+  'What a checkpoint records (steps.kind): one per ctx call that takes a step position.';
+
+create function runledger.wait_kinds() returns text[]
+language sql immutable as $$
+  select array['timer', 'signal', 'approval', 'child', 'retry', 'reconcile']
+$$;
+comment on function runledger.wait_kinds() is
+  'What a WAITING run waits for (runs.wait_kind); see docs/state-machine.md.';
+
 -- PostgreSQL parses and prepares every CHECK constraint of a table again for each
 -- statement that writes it (from its stored node tree): with ten constraints on runs,
 -- with long lists of names, a profile of a draining worker put a fifth of the server's
@@ -78,14 +139,13 @@ begin
   if (p_status in ('SUCCEEDED', 'FAILED', 'CANCELLED', 'TERMINATED', 'DEAD_LETTER'))
      <> (p_finished_at is not null and p_termination_reason is not null) then
     v_rule := 'runs_terminal_has_record';
-  elsif p_termination_reason not in ('COMPLETED', 'FAILED', 'CANCELLED', 'DEADLINE', 'MAX_STEPS', 'BUDGET',
-                                     'NO_PROGRESS', 'MAX_RECOVERY_ATTEMPTS', 'NON_DETERMINISM') then
+  elsif p_termination_reason <> all (runledger.termination_reasons()) then
     v_rule := 'runs_termination_reason_check';
   elsif (p_lease_owner is not null) <> (p_lease_expires_at is not null)
      or (p_status not in ('RUNNING', 'CANCELLING') and p_lease_owner is not null)
      or (p_status = 'RUNNING' and p_lease_owner is null) then
     v_rule := 'runs_lease_only_when_executing';
-  elsif p_wait_kind not in ('timer', 'signal', 'approval', 'child', 'retry', 'reconcile') then
+  elsif p_wait_kind <> all (runledger.wait_kinds()) then
     v_rule := 'runs_wait_kind_check';
   elsif (p_status = 'WAITING') <> (p_wait_kind is not null) then
     v_rule := 'runs_wait_kind_only_when_waiting';
@@ -117,7 +177,7 @@ declare
 begin
   if p_seq < 0 then
     v_rule := 'steps_seq_check';
-  elsif p_kind not in ('step', 'transaction', 'operation', 'sleep', 'signal', 'approval', 'child_start', 'child') then
+  elsif p_kind <> all (runledger.step_kinds()) then
     v_rule := 'steps_kind_check';
   elsif p_status not in ('SUCCEEDED', 'FAILED', 'WAITING') then
     v_rule := 'steps_status_check';
@@ -228,6 +288,24 @@ create trigger runs_run_id_insert before insert on runledger.runs
   for each row when (new.run_id !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}$') execute function runledger._check_run_id();
 create trigger runs_run_id_update before update of run_id on runledger.runs
   for each row when (new.run_id !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}$') execute function runledger._check_run_id();
+
+-- The state machine is enforced, not only drawn: a status change that run_transitions()
+-- does not list fails with 23514 naming runs_transition. Only status changes fire it.
+create function runledger._check_transition() returns trigger
+language plpgsql as $$
+begin
+  if not exists (select 1 from runledger.run_transitions() t where t.from_status = old.status and t.to_status = new.status) then
+    raise exception using errcode = '23514', constraint = 'runs_transition', table = 'runs', schema = 'runledger',
+      message = format('run %s: %s -> %s is not a transition of the run state machine (runledger.run_transitions())',
+                       old.run_id, old.status, new.status);
+  end if;
+  return new;
+end;
+$$;
+comment on function runledger._check_transition() is
+  'Trigger function of runs_transition: refuses a status change that runledger.run_transitions() does not list (SQLSTATE 23514, constraint runs_transition).';
+create trigger runs_transition before update of status on runledger.runs
+  for each row when (old.status is distinct from new.status) execute function runledger._check_transition();
 
 create unique index runs_idempotency_key on runledger.runs (workflow_name, idempotency_key)
   where idempotency_key is not null;

@@ -192,6 +192,7 @@ CREATE INDEX runs_status_created ON runledger.runs USING btree (status, created_
 CREATE INDEX runs_timer ON runledger.runs USING btree (queue_name, wake_at) WHERE ((status = 'WAITING'::runledger.run_status) AND (wake_at IS NOT NULL));
 CREATE TRIGGER runs_run_id_insert BEFORE INSERT ON runledger.runs FOR EACH ROW WHEN ((new.run_id !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}$'::text)) EXECUTE FUNCTION runledger._check_run_id();
 CREATE TRIGGER runs_run_id_update BEFORE UPDATE OF run_id ON runledger.runs FOR EACH ROW WHEN ((new.run_id !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}$'::text)) EXECUTE FUNCTION runledger._check_run_id();
+CREATE TRIGGER runs_transition BEFORE UPDATE OF status ON runledger.runs FOR EACH ROW WHEN ((old.status IS DISTINCT FROM new.status)) EXECUTE FUNCTION runledger._check_transition();
 
 CREATE TABLE runledger.signals (
   signal_id text NOT NULL,
@@ -596,14 +597,13 @@ begin
   if (p_status in ('SUCCEEDED', 'FAILED', 'CANCELLED', 'TERMINATED', 'DEAD_LETTER'))
      <> (p_finished_at is not null and p_termination_reason is not null) then
     v_rule := 'runs_terminal_has_record';
-  elsif p_termination_reason not in ('COMPLETED', 'FAILED', 'CANCELLED', 'DEADLINE', 'MAX_STEPS', 'BUDGET',
-                                     'NO_PROGRESS', 'MAX_RECOVERY_ATTEMPTS', 'NON_DETERMINISM') then
+  elsif p_termination_reason <> all (runledger.termination_reasons()) then
     v_rule := 'runs_termination_reason_check';
   elsif (p_lease_owner is not null) <> (p_lease_expires_at is not null)
      or (p_status not in ('RUNNING', 'CANCELLING') and p_lease_owner is not null)
      or (p_status = 'RUNNING' and p_lease_owner is null) then
     v_rule := 'runs_lease_only_when_executing';
-  elsif p_wait_kind not in ('timer', 'signal', 'approval', 'child', 'retry', 'reconcile') then
+  elsif p_wait_kind <> all (runledger.wait_kinds()) then
     v_rule := 'runs_wait_kind_check';
   elsif (p_status = 'WAITING') <> (p_wait_kind is not null) then
     v_rule := 'runs_wait_kind_only_when_waiting';
@@ -647,7 +647,7 @@ declare
 begin
   if p_seq < 0 then
     v_rule := 'steps_seq_check';
-  elsif p_kind not in ('step', 'transaction', 'operation', 'sleep', 'signal', 'approval', 'child_start', 'child') then
+  elsif p_kind <> all (runledger.step_kinds()) then
     v_rule := 'steps_kind_check';
   elsif p_status not in ('SUCCEEDED', 'FAILED', 'WAITING') then
     v_rule := 'steps_status_check';
@@ -659,6 +659,21 @@ begin
 end;
 $function$;
 COMMENT ON FUNCTION runledger._check_step(integer,text,text) IS 'The invariants of a steps row, checked by its constraint steps_invariants; a broken one raises 23514 naming the rule: steps_seq_check (seq >= 0), steps_kind_check, steps_status_check (SUCCEEDED, FAILED or WAITING).';
+
+CREATE OR REPLACE FUNCTION runledger._check_transition()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+begin
+  if not exists (select 1 from runledger.run_transitions() t where t.from_status = old.status and t.to_status = new.status) then
+    raise exception using errcode = '23514', constraint = 'runs_transition', table = 'runs', schema = 'runledger',
+      message = format('run %s: %s -> %s is not a transition of the run state machine (runledger.run_transitions())',
+                       old.run_id, old.status, new.status);
+  end if;
+  return new;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._check_transition() IS 'Trigger function of runs_transition: refuses a status change that runledger.run_transitions() does not list (SQLSTATE 23514, constraint runs_transition).';
 
 CREATE OR REPLACE FUNCTION runledger._check_whole_number(p_opts jsonb, p_key text, p_min integer)
  RETURNS void
@@ -2262,6 +2277,38 @@ end;
 $function$;
 COMMENT ON FUNCTION runledger.retry_run(text) IS 'Operator action: a DEAD_LETTER or FAILED run goes back to PENDING with its successful checkpoints intact (the last failed step runs again) and recovery attempts reset; the old termination record stays in events. Returns the new status.';
 
+CREATE OR REPLACE FUNCTION runledger.run_transitions()
+ RETURNS TABLE(from_status runledger.run_status, to_status runledger.run_status, by_whom text)
+ LANGUAGE sql
+ IMMUTABLE
+AS $function$
+  values
+    ('PENDING'::runledger.run_status, 'RUNNING'::runledger.run_status, 'a claim (_claim_batch, fencing_token + 1), once admitted'),
+    ('PENDING', 'CANCELLED', 'cancel_run'),
+    ('PENDING', 'CANCELLING', 'cancel_run with compensations to run'),
+    ('PENDING', 'TERMINATED', 'deadline (_enforce_deadlines, or at claim)'),
+    ('RUNNING', 'SUCCEEDED', 'the workflow returned (_complete_run)'),
+    ('RUNNING', 'FAILED', 'the workflow threw, or its input is invalid (_fail_run)'),
+    ('RUNNING', 'TERMINATED', 'deadline, max steps (_terminate_run); budget, no progress (in a checkpoint)'),
+    ('RUNNING', 'DEAD_LETTER', 'NON_DETERMINISM, or past max_recovery_attempts'),
+    ('RUNNING', 'PENDING', 'lease expired (+1 recovery attempt), or released'),
+    ('RUNNING', 'WAITING', 'sleep, signal, approval, child, durable retry backoff, unknown operation'),
+    ('RUNNING', 'CANCELLING', 'cancel_run'),
+    ('WAITING', 'PENDING', 'timer, signal, decision, child ended, resolve_operation (_wake)'),
+    ('WAITING', 'RUNNING', 'a claim of a due timer (_claim_batch, queue without limits)'),
+    ('WAITING', 'CANCELLED', 'cancel_run'),
+    ('WAITING', 'CANCELLING', 'cancel_run with compensations to run'),
+    ('WAITING', 'TERMINATED', 'deadline (_enforce_deadlines, or at claim)'),
+    ('CANCELLING', 'CANCELLED', 'the owner (_finish_cancel), or recovery if it died'),
+    ('CANCELLING', 'SUCCEEDED', 'the cancel lost the race with the last step (_finish_run)'),
+    ('CANCELLING', 'FAILED', 'the cancel lost the race with a failure (_finish_run)'),
+    ('CANCELLING', 'TERMINATED', 'the cancel lost the race with a policy stop (_finish_run)'),
+    ('CANCELLING', 'DEAD_LETTER', 'the cancel lost the race with a dead-letter (_finish_run)'),
+    ('FAILED', 'PENDING', 'retry_run'),
+    ('DEAD_LETTER', 'PENDING', 'retry_run')
+$function$;
+COMMENT ON FUNCTION runledger.run_transitions() IS 'The run state machine: every status change a run may make, and who makes it. The trigger runs_transition refuses any other (docs/state-machine.md draws the same list).';
+
 CREATE OR REPLACE FUNCTION runledger.send_signal(p_run_id text, p_topic text, p_payload jsonb, p_signal_id text DEFAULT NULL::text)
  RETURNS boolean
  LANGUAGE plpgsql
@@ -2486,3 +2533,31 @@ begin
 end;
 $function$;
 COMMENT ON FUNCTION runledger.start_run(text,jsonb,jsonb) IS 'Starts a run of a registered workflow and dispatches it (or leaves it to its queue''s admission); returns run_id. Options: run_at (delayed start), run_id, idempotency_key (same key or run_id returns the existing run), queue, priority, concurrency_key, version, max_recovery_attempts, and limits overriding the workflow''s: deadline (interval or timestamp), max_steps, budget, no_progress.';
+
+CREATE OR REPLACE FUNCTION runledger.step_kinds()
+ RETURNS text[]
+ LANGUAGE sql
+ IMMUTABLE
+AS $function$
+  select array['step', 'transaction', 'operation', 'sleep', 'signal', 'approval', 'child_start', 'child']
+$function$;
+COMMENT ON FUNCTION runledger.step_kinds() IS 'What a checkpoint records (steps.kind): one per ctx call that takes a step position.';
+
+CREATE OR REPLACE FUNCTION runledger.termination_reasons()
+ RETURNS text[]
+ LANGUAGE sql
+ IMMUTABLE
+AS $function$
+  select array['COMPLETED', 'FAILED', 'CANCELLED', 'DEADLINE', 'MAX_STEPS', 'BUDGET', 'NO_PROGRESS',
+               'MAX_RECOVERY_ATTEMPTS', 'NON_DETERMINISM']
+$function$;
+COMMENT ON FUNCTION runledger.termination_reasons() IS 'Why a terminal run stopped (runs.termination_reason); see docs/termination.md for the evidence of each.';
+
+CREATE OR REPLACE FUNCTION runledger.wait_kinds()
+ RETURNS text[]
+ LANGUAGE sql
+ IMMUTABLE
+AS $function$
+  select array['timer', 'signal', 'approval', 'child', 'retry', 'reconcile']
+$function$;
+COMMENT ON FUNCTION runledger.wait_kinds() IS 'What a WAITING run waits for (runs.wait_kind); see docs/state-machine.md.';

@@ -6,7 +6,8 @@ import { readdirSync, readFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
 import { SQLSTATES } from '../src/engine/core/errors.js';
-import { RUN_STATES, RUN_TRANSITIONS } from '../src/engine/core/states.js';
+import { RUN_STATES, RUN_TRANSITIONS, STEP_KINDS, TERMINATION_REASONS, WAIT_KINDS } from '../src/engine/core/states.js';
+import { useTestEngine } from './helpers/test-engine.js';
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url));
 const read = (path: string) => readFileSync(`${ROOT}/${path}`, 'utf8');
@@ -64,5 +65,22 @@ describe('SQL calls from TypeScript', () => {
       for (const m of read(file).matchAll(/runledger\.[a-z_]+\(\s*\$\d/g)) positional.push(`${file}: ${m[0]}`);
     }
     expect(positional).toEqual([]);
+  });
+});
+
+describe('SQL agrees with TypeScript', () => {
+  const t = useTestEngine({ engine: false });
+
+  it('runledger.run_transitions() is RUN_TRANSITIONS, who moves the run included', async () => {
+    const rows = (await t.db.pool.query('select from_status, to_status, by_whom from runledger.run_transitions()')).rows;
+    const sql = rows.map((r) => `${r.from_status}>${r.to_status}:${r.by_whom}`).sort();
+    expect(sql).toEqual(RUN_TRANSITIONS.map((tr) => `${tr.from}>${tr.to}:${tr.by}`).sort());
+  });
+
+  it('termination_reasons(), step_kinds() and wait_kinds() are TERMINATION_REASONS, STEP_KINDS and WAIT_KINDS, in order', async () => {
+    const row = (
+      await t.db.pool.query('select runledger.termination_reasons() as reasons, runledger.step_kinds() as steps, runledger.wait_kinds() as waits')
+    ).rows[0];
+    expect(row).toEqual({ reasons: [...TERMINATION_REASONS], steps: [...STEP_KINDS], waits: [...WAIT_KINDS] });
   });
 });

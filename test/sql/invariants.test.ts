@@ -43,9 +43,12 @@ describe('runs check constraints', () => {
         constraint: 'runs_terminal_has_record',
       });
     }
-    const runId = await startRun();
+    // From RUNNING, a transition the state machine allows (runs_transition), so the row rule is what refuses it.
+    const runId = await insertRun(db.pool, { runId: newRunId('c-terminal-upd'), status: 'RUNNING' });
     expect(
-      await checkViolation(db.pool.query(`update runledger.runs set status = 'SUCCEEDED', finished_at = now() where run_id = $1`, [runId])),
+      await checkViolation(
+        db.pool.query(`update runledger.runs set status = 'SUCCEEDED', finished_at = now(), lease_owner = null, lease_expires_at = null where run_id = $1`, [runId]),
+      ),
     ).toEqual({ code: '23514', constraint: 'runs_terminal_has_record' });
     const ok = newRunId('c-terminal-ok');
     await insertRun(db.pool, { runId: ok, status: 'SUCCEEDED', finishedAt: new Date(), terminationReason: 'COMPLETED' });
@@ -66,8 +69,11 @@ describe('runs invariants: the other rule names of runledger._check_run', () => 
 
   it('runs_wait_kind_check: a wait_kind outside the list', async () => {
     expect(await checkViolation(insertRun(db.pool, { runId: newRunId('i-wk'), status: 'WAITING', waitKind: 'nap' }))).toEqual(violated('runs_wait_kind_check'));
-    const runId = await startRun();
-    expect(await checkViolation(update(runId, `status = 'WAITING', wait_kind = 'snooze'`))).toEqual(violated('runs_wait_kind_check'));
+    // From RUNNING (RUNNING -> WAITING is a transition the state machine allows), giving up the lease as a wait does.
+    const runId = await insertRun(db.pool, { runId: newRunId('i-wk-upd'), status: 'RUNNING' });
+    expect(await checkViolation(update(runId, `status = 'WAITING', wait_kind = 'snooze', lease_owner = null, lease_expires_at = null`))).toEqual(
+      violated('runs_wait_kind_check'),
+    );
     // Every listed kind is accepted.
     for (const kind of ['timer', 'signal', 'approval', 'child', 'retry', 'reconcile']) {
       const ok = newRunId('i-wk-ok');
@@ -81,8 +87,11 @@ describe('runs invariants: the other rule names of runledger._check_run', () => 
       violated('runs_wait_kind_only_when_waiting'),
     );
     expect(await checkViolation(insertRun(db.pool, { runId: newRunId('i-wkw'), status: 'WAITING', waitKind: null }))).toEqual(violated('runs_wait_kind_only_when_waiting'));
+    const running = await insertRun(db.pool, { runId: newRunId('i-wkw-upd'), status: 'RUNNING' });
+    expect(await checkViolation(update(running, `status = 'WAITING', lease_owner = null, lease_expires_at = null`))).toEqual(
+      violated('runs_wait_kind_only_when_waiting'),
+    );
     const runId = await startRun();
-    expect(await checkViolation(update(runId, `status = 'WAITING'`))).toEqual(violated('runs_wait_kind_only_when_waiting'));
     expect(await checkViolation(update(runId, `wait_kind = 'timer'`))).toEqual(violated('runs_wait_kind_only_when_waiting'));
     expect((await getRun(runId))).toMatchObject({ status: 'PENDING', wait_kind: null });
   });
@@ -227,5 +236,30 @@ describe('runs.run_id validation (triggers runs_run_id_insert and runs_run_id_up
     await db.pool.query('update runledger.runs set priority = 7 where run_id = $1', [renamed]);
     expect(await getRun(renamed)).toMatchObject({ run_id: renamed, priority: 7 });
     expect(await getRun(runId)).toBeUndefined();
+  });
+});
+
+describe('the state machine is enforced (trigger runs_transition, runledger.run_transitions())', () => {
+  const update = (runId: string, set: string) => db.pool.query(`update runledger.runs set ${set} where run_id = $1`, [runId]);
+
+  it('refuses a status change that run_transitions() does not list, with 23514 runs_transition, and changes nothing', async () => {
+    const pending = await startRun();
+    expect(
+      await checkViolation(update(pending, `status = 'SUCCEEDED', finished_at = now(), termination_reason = 'COMPLETED'`)),
+    ).toEqual({ code: '23514', constraint: 'runs_transition' });
+    const done = await insertRun(db.pool, { runId: newRunId('t-done'), status: 'SUCCEEDED', finishedAt: new Date(), terminationReason: 'COMPLETED' });
+    expect(
+      await checkViolation(update(done, `status = 'PENDING', finished_at = null, termination_reason = null`)),
+    ).toEqual({ code: '23514', constraint: 'runs_transition' });
+    expect((await getRun(pending))?.status).toBe('PENDING');
+    expect((await getRun(done))?.status).toBe('SUCCEEDED');
+  });
+
+  it('accepts a listed one, and an update that keeps the status never asks', async () => {
+    const running = await insertRun(db.pool, { runId: newRunId('t-run'), status: 'RUNNING' });
+    await update(running, `status = 'SUCCEEDED', finished_at = now(), termination_reason = 'COMPLETED', lease_owner = null, lease_expires_at = null`);
+    expect((await getRun(running))?.status).toBe('SUCCEEDED');
+    await update(running, `cancel_reason = 'kept'`);
+    expect((await getRun(running))?.cancel_reason).toBe('kept');
   });
 });

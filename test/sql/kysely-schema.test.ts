@@ -76,12 +76,12 @@ describe('RunledgerDatabase (src/engine/db/schema.ts) and the catalog', () => {
 
   it("takes each enumerated column's values from the schema's rules", async () => {
     // run_status: equal to the enum. Text columns: each listed value is named in the rules
-    // that check them (check constraints, runledger._check_run / _check_step).
+    // that check them (check constraints, runledger._check_run / _check_step and the lists they use).
     const checks = await db.pool.query<{ table: string; def: string }>(`
       select conrelid::regclass::text as table, pg_get_constraintdef(oid) as def
         from pg_constraint where connamespace = 'runledger'::regnamespace and contype = 'c'`);
     const functions = await db.pool.query<{ src: string }>(`
-      select prosrc as src from pg_proc where pronamespace = 'runledger'::regnamespace and proname in ('_check_run', '_check_step')`);
+      select prosrc as src from pg_proc where pronamespace = 'runledger'::regnamespace and proname in ('_check_run', '_check_step', 'termination_reasons', 'step_kinds', 'wait_kinds')`);
     const enumValues = await db.pool.query<{ v: string }>(`select unnest(enum_range(null::runledger.run_status))::text as v`);
     const ruleText = [...checks.rows.map((r) => r.def), ...functions.rows.map((r) => r.src)].join('\n');
     for (const [table, columns] of Object.entries(RUNLEDGER_TABLES)) {
