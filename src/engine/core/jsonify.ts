@@ -65,7 +65,8 @@ type MaybeMissing<T, K extends keyof T> = string extends K
     ? false
     : IsAny<T[K]> extends true
       ? false
-      : {} extends Pick<T, K>
+      : // eslint-disable-next-line @typescript-eslint/no-empty-object-type -- the standard test for an optional key
+        {} extends Pick<T, K>
         ? true
         : [Extract<T[K], Dropped>] extends [never]
           ? false
