@@ -3,7 +3,7 @@
 --
 --   runledger.migrations       which of these files are applied, and the checksum of each
 --   runledger.run_status       the run state machine (kept equal to RUN_STATES in TS)
---   runledger.now()            the one clock; honours `set runledger.fake_now`
+--   runledger.now()            the one clock; honours `set runledger.fake_now` and `runledger.clock_offset`
 --   runledger.is_terminal()    the statuses a run never leaves on its own
 --   runledger.run_transitions()      every status change a run may make, and who makes it
 --   runledger.termination_reasons()  why a terminal run stopped
@@ -49,14 +49,19 @@ create type runledger.run_status as enum (
 comment on type runledger.run_status is
   'Run state machine. Terminal: SUCCEEDED, FAILED, CANCELLED, TERMINATED, DEAD_LETTER. See docs/state-machine.md.';
 
--- The database clock is the only clock. Tests move it with
--- `set runledger.fake_now = '2030-01-01T00:00:00Z'` instead of sleeping.
+-- The database clock is the only clock: every time runledger compares (a step's start
+-- with a cancel, deadlines, delayed starts, leases, timers) is read from it, and a worker
+-- tells the database durations ("started 120 ms ago"), never its own wall-clock time.
+-- Tests move it with `set runledger.fake_now = '2030-01-01T00:00:00Z'` (a frozen
+-- instant) instead of sleeping, or make it run ahead of (or behind) the real clock with
+-- `set runledger.clock_offset = '5 minutes'` (an interval; '-5 minutes' is behind).
 create function runledger.now() returns timestamptz
 language sql volatile parallel safe as $$
-  select coalesce(nullif(current_setting('runledger.fake_now', true), '')::timestamptz, clock_timestamp())
+  select coalesce(nullif(current_setting('runledger.fake_now', true), '')::timestamptz,
+                  clock_timestamp() + coalesce(nullif(current_setting('runledger.clock_offset', true), '')::interval, interval '0'))
 $$;
 comment on function runledger.now() is
-  'Current time for every runledger function: the setting runledger.fake_now when set (tests), else clock_timestamp().';
+  'Current time for every runledger function: the setting runledger.fake_now when set (tests: a frozen instant), else clock_timestamp() moved by the setting runledger.clock_offset (tests: an interval, a clock running ahead or behind).';
 
 create function runledger.is_terminal(p_status runledger.run_status) returns boolean
 language sql immutable parallel safe as $$

@@ -4,8 +4,8 @@
 --   runledger._max_payload_bytes()                 the largest input/output accepted
 --   runledger._check_whole_number(...)             option validation shared by start_run and set_queue
 --   runledger._new_id()                            ULIDs made in SQL
---   runledger._task_identifier(...)                the (queue, workflow@version) name _dispatch takes
 --   runledger._fence(...)                          the lease check every write of an executing run makes
+--   runledger._started_at(...)                     a step's start on the database clock, from how long ago it started
 --   runledger._checkpoint_row / _checkpoint        fenced checkpoint write
 --   runledger._checkpoint_outcome(...)             resolves a COMMIT whose outcome the client did not see
 --   runledger._finish_run / _finished              a fenced move to a terminal status, and what follows it
@@ -23,13 +23,6 @@ language sql stable parallel safe as $$
 $$;
 comment on function runledger._max_payload_bytes() is
   'Largest input/output accepted, in bytes: setting runledger.max_payload_bytes, default 4 MiB.';
-
-create function runledger._task_identifier(p_queue text, p_workflow text, p_version text) returns text
-language sql immutable parallel safe as $$
-  select 'runledger:' || p_queue || ':' || p_workflow || '@' || p_version
-$$;
-comment on function runledger._task_identifier(text, text, text) is
-  'Name of a (queue, workflow@version) pair, as _dispatch receives it: the queue is its second '':''-separated part.';
 
 create function runledger._check_whole_number(p_opts jsonb, p_key text, p_min int) returns void
 language plpgsql immutable as $$
@@ -141,12 +134,23 @@ begin
       message = format('start_run: max_recovery_attempts must be a whole number >= 0, not %s', v_opts->'max_recovery_attempts');
   end if;
 
+  if v_opts ? 'run_at' and v_opts ? 'run_in_ms' then
+    raise exception using errcode = 'RL003', message = 'start_run: give run_at or run_in_ms, not both';
+  end if;
   if v_opts ? 'run_at' then
     begin
       v_not_before := (v_opts->>'run_at')::timestamptz;
     exception when others then
       raise exception using errcode = 'RL003', message = format('start_run: run_at %L is not a timestamp', v_opts->>'run_at');
     end;
+  end if;
+  if v_opts ? 'run_in_ms' then
+    -- A delay, counted on the database clock from now: a caller's clock does not matter.
+    if jsonb_typeof(v_opts->'run_in_ms') <> 'number' or (v_opts->>'run_in_ms') !~ '^\d{1,15}$' then
+      raise exception using errcode = 'RL003',
+        message = format('start_run: run_in_ms must be a whole number of milliseconds >= 0, not %s', v_opts->'run_in_ms');
+    end if;
+    v_not_before := v_now + make_interval(secs => (v_opts->>'run_in_ms')::bigint / 1000.0);
   end if;
   v_limited := runledger._queue_limited(v_queue);
 
@@ -190,14 +194,14 @@ begin
   if v_limited then
     perform runledger._admit(v_queue);
   else
-    perform runledger._dispatch(v_run_id, runledger._task_identifier(v_queue, p_workflow, v_wf.workflow_version),
+    perform runledger._dispatch(v_run_id, v_queue,
       coalesce(greatest(0, ceil(extract(epoch from v_not_before - v_now) * 1000))::int, 0));
   end if;
   return v_run_id;
 end;
 $$;
 comment on function runledger.start_run(text, jsonb, jsonb) is
-  'Starts a run of a registered workflow and dispatches it (or leaves it to its queue''s admission); returns run_id. Options: run_at (delayed start), run_id, idempotency_key (same key or run_id returns the existing run), queue, priority, concurrency_key, version, max_recovery_attempts, and limits overriding the workflow''s: deadline (interval or timestamp), max_steps, budget, no_progress.';
+  'Starts a run of a registered workflow and dispatches it (or leaves it to its queue''s admission); returns run_id. Options: run_at (delayed start at a timestamp, compared with runledger.now()) or run_in_ms (delayed start this many ms after now on the database clock), run_id, idempotency_key (same key or run_id returns the existing run), queue, priority, concurrency_key, version, max_recovery_attempts, and limits overriding the workflow''s: deadline (interval or timestamp), max_steps, budget, no_progress.';
 
 create function runledger._fence(p_run_id text, p_token bigint, p_now timestamptz default null) returns runledger.runs
 language plpgsql volatile as $$
@@ -227,17 +231,29 @@ comment on function runledger._fence(text, bigint, timestamptz) is
 
 -- The checkpoint's body returns the run row read by the fence, so a caller that goes on
 -- to finish the run (_complete_with_checkpoint, group commit) need not read it again.
+-- A worker says how long ago a step started (a monotonic clock of its own), never when:
+-- the start is placed on the database clock, so a worker's clock running ahead or behind
+-- cannot decide whether a step started before a cancel request.
+create function runledger._started_at(p_now timestamptz, p_started_ms_ago bigint) returns timestamptz
+language sql stable parallel safe as $$
+  select p_now - make_interval(secs => greatest(coalesce(p_started_ms_ago, 0), 0) / 1000.0)
+$$;
+comment on function runledger._started_at(timestamptz, bigint) is
+  'A step''s start on the database clock: p_now minus p_started_ms_ago milliseconds (the elapsed time the worker measured; null or negative is taken as 0).';
+
 create function runledger._checkpoint_row(
   p_run_id text, p_token bigint, p_seq int, p_name text, p_kind text, p_status text,
-  p_output jsonb, p_error jsonb, p_attempts int, p_started_at timestamptz, p_charge numeric default 0)
+  p_output jsonb, p_error jsonb, p_attempts int, p_started_ms_ago bigint, p_charge numeric default 0)
 returns runledger.runs
 language plpgsql volatile as $$
 declare
   v_now  timestamptz := runledger.now();
   v_run  runledger.runs := runledger._fence(p_run_id, p_token, v_now);
+  v_started timestamptz := runledger._started_at(v_now, p_started_ms_ago);
   v_hash text;
 begin
-  if v_run.status = 'CANCELLING' and p_started_at >= v_run.cancel_requested_at then
+  -- Both times are on the database clock: the start is now minus the elapsed time the worker measured.
+  if v_run.status = 'CANCELLING' and v_started >= v_run.cancel_requested_at then
     -- Only a step already running when the cancel was committed may still record its result.
     raise exception using errcode = 'RL008', message = format('run %s: step %s started after the cancel request', p_run_id, p_name);
   end if;
@@ -246,7 +262,7 @@ begin
   end if;
   insert into runledger.steps (run_id, seq, name, kind, status, output, error, attempts, started_at, finished_at, fencing_token, output_hash)
   -- finished_at is the time the deadline was checked against (fence), not a later one.
-  values (p_run_id, p_seq, p_name, p_kind, p_status, p_output, p_error, p_attempts, p_started_at, v_now, p_token, v_hash)
+  values (p_run_id, p_seq, p_name, p_kind, p_status, p_output, p_error, p_attempts, v_started, v_now, p_token, v_hash)
   -- A step that waited between attempts (durable retry backoff) left a WAITING row here.
   on conflict (run_id, seq) do update
      set status = excluded.status, output = excluded.output, error = excluded.error, attempts = excluded.attempts,
@@ -267,22 +283,22 @@ begin
   return v_run;
 end;
 $$;
-comment on function runledger._checkpoint_row(text, bigint, int, text, text, text, jsonb, jsonb, int, timestamptz, numeric) is
+comment on function runledger._checkpoint_row(text, bigint, int, text, text, text, jsonb, jsonb, int, bigint, numeric) is
   'The body of _checkpoint: fenced checkpoint write (see _checkpoint), returning the run row as it is after the checkpoint (its status says whether a policy ended it).';
 
 create function runledger._checkpoint(
   p_run_id text, p_token bigint, p_seq int, p_name text, p_kind text, p_status text,
-  p_output jsonb, p_error jsonb, p_attempts int, p_started_at timestamptz, p_charge numeric default 0)
+  p_output jsonb, p_error jsonb, p_attempts int, p_started_ms_ago bigint, p_charge numeric default 0)
 returns table (pid int, run_status text)
 language plpgsql volatile as $$
 begin
   run_status := (runledger._checkpoint_row(p_run_id, p_token, p_seq, p_name, p_kind, p_status, p_output, p_error,
-                                           p_attempts, p_started_at, p_charge)).status;
+                                           p_attempts, p_started_ms_ago, p_charge)).status;
   pid := pg_backend_pid();
   return next;
 end;
 $$;
-comment on function runledger._checkpoint(text, bigint, int, text, text, text, jsonb, jsonb, int, timestamptz, numeric) is
+comment on function runledger._checkpoint(text, bigint, int, text, text, text, jsonb, jsonb, int, bigint, numeric) is
   'Fenced checkpoint write in the caller''s transaction: checks the fencing token (row lock on the run) and the deadline, inserts the step row, charges p_charge to the budget and checks the no-progress limit (either may end the run TERMINATED right here). Returns the backend pid and the run''s status (CANCELLING tells the worker to stop).';
 
 create function runledger._checkpoint_outcome(p_run_id text, p_seq int, p_token bigint)
@@ -377,7 +393,7 @@ comment on function runledger._complete_run(text, bigint, jsonb, text, numeric) 
 
 create function runledger._complete_with_checkpoint(
   p_run_id text, p_token bigint, p_seq int, p_name text, p_kind text, p_status text,
-  p_step_output jsonb, p_error jsonb, p_attempts int, p_started_at timestamptz, p_charge numeric,
+  p_step_output jsonb, p_error jsonb, p_attempts int, p_started_ms_ago bigint, p_charge numeric,
   p_output jsonb, p_policy_version text)
 returns void language plpgsql volatile as $$
 declare
@@ -406,7 +422,8 @@ begin
     returning r.parent_run_id, r.queue_name, r.termination_evidence into v_parent, v_queue, v_evidence;
     if found then
       insert into runledger.steps (run_id, seq, name, kind, status, output, error, attempts, started_at, finished_at, fencing_token)
-      values (p_run_id, p_seq, p_name, p_kind, p_status, p_step_output, p_error, p_attempts, p_started_at, v_now, p_token)
+      values (p_run_id, p_seq, p_name, p_kind, p_status, p_step_output, p_error, p_attempts,
+              runledger._started_at(v_now, p_started_ms_ago), v_now, p_token)
       on conflict (run_id, seq) do update
          set status = excluded.status, output = excluded.output, error = excluded.error, attempts = excluded.attempts,
              finished_at = excluded.finished_at, fencing_token = excluded.fencing_token
@@ -420,7 +437,7 @@ begin
   end if;
   -- The checkpoint's fence holds the run's row lock, so the completion needs no second one.
   v_run := runledger._checkpoint_row(p_run_id, p_token, p_seq, p_name, p_kind, p_status, p_step_output, p_error,
-                                     p_attempts, p_started_at, p_charge);
+                                     p_attempts, p_started_ms_ago, p_charge);
   if v_run.status in ('RUNNING', 'CANCELLING') then
     perform runledger._finish_run(p_run_id, p_token, 'SUCCEEDED', 'COMPLETED', p_output, null,
       jsonb_build_object('steps', (select count(*) from runledger.steps s where s.run_id = p_run_id),
@@ -429,7 +446,7 @@ begin
   end if;
 end;
 $$;
-comment on function runledger._complete_with_checkpoint(text, bigint, int, text, text, text, jsonb, jsonb, int, timestamptz, numeric, jsonb, text) is
+comment on function runledger._complete_with_checkpoint(text, bigint, int, text, text, text, jsonb, jsonb, int, bigint, numeric, jsonb, text) is
   'Fenced: writes the last step''s checkpoint and completes the run in one transaction (unless the checkpoint itself ended the run, e.g. over budget).';
 
 create function runledger._fail_run(p_run_id text, p_token bigint, p_error jsonb, p_policy_version text)

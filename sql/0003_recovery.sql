@@ -111,8 +111,7 @@ begin
       update runledger.runs set lease_owner = null, lease_expires_at = null, updated_at = v_now where run_id = v_run.run_id;
       insert into runledger.events (run_id, kind, detail, fencing_token, at)
       values (v_run.run_id, 'lease_expired', jsonb_build_object('last_owner', v_run.lease_owner, 'cancelling', true), v_run.fencing_token, v_now);
-      perform runledger._dispatch(v_run.run_id,
-        runledger._task_identifier(v_run.queue_name, v_run.workflow_name, v_run.workflow_version));
+      perform runledger._dispatch(v_run.run_id, v_run.queue_name);
     elsif v_run.status = 'CANCELLING' then
       -- Its owner died while cancelling: complete the cancellation instead of resuming the work.
       perform runledger._finish_run(v_run.run_id, v_run.fencing_token, 'CANCELLED', 'CANCELLED', null, null,

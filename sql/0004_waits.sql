@@ -170,7 +170,7 @@ begin
    where run_id = p_run_id;
   perform runledger._slot_freed(p_run_id);
   if v_wake_at is not null then
-    perform runledger._dispatch(p_run_id, runledger._task_identifier(v_run.queue_name, v_run.workflow_name, v_run.workflow_version),
+    perform runledger._dispatch(p_run_id, v_run.queue_name,
       greatest(0, ceil(extract(epoch from v_wake_at - v_now) * 1000))::int);
   end if;
   return query select false, null::jsonb;

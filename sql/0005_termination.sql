@@ -89,7 +89,7 @@ begin
     insert into runledger.events (run_id, kind, detail, at)
     values (p_run_id, 'cancel_requested', jsonb_build_object('reason', p_reason, 'compensations', true, 'was', v_run.status), v_now);
     perform runledger._cancel_children(p_run_id, format('parent %s cancelled', p_run_id));
-    perform runledger._dispatch(p_run_id, runledger._task_identifier(v_run.queue_name, v_run.workflow_name, v_run.workflow_version));
+    perform runledger._dispatch(p_run_id, v_run.queue_name);
     return 'CANCELLING';
   end if;
   -- RUNNING: the owner is told now (NOTIFY) and at its next checkpoint at the latest; it

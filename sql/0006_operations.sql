@@ -123,7 +123,7 @@ begin
   insert into runledger.events (run_id, kind, detail, fencing_token)
   values (p_run_id, 'waiting_for_reconcile', jsonb_build_object('operation_id', p_operation_id, 'seq', p_seq, 'retry_in_ms', p_retry_in_ms), p_token);
   if least(v_wake, v_run.deadline_at) is not null then
-    perform runledger._dispatch(p_run_id, runledger._task_identifier(v_run.queue_name, v_run.workflow_name, v_run.workflow_version),
+    perform runledger._dispatch(p_run_id, v_run.queue_name,
       greatest(0, ceil(extract(epoch from least(v_wake, v_run.deadline_at) - runledger.now()) * 1000))::int);
   end if;
 end;
@@ -202,7 +202,7 @@ begin
          lease_owner = null, lease_expires_at = null, updated_at = runledger.now()
    where run_id = p_run_id;
   perform runledger._slot_freed(p_run_id);
-  perform runledger._dispatch(p_run_id, runledger._task_identifier(v_run.queue_name, v_run.workflow_name, v_run.workflow_version),
+  perform runledger._dispatch(p_run_id, v_run.queue_name,
     greatest(0, ceil(extract(epoch from least(v_wake, v_run.deadline_at) - runledger.now()) * 1000))::int);
 end;
 $$;
@@ -270,17 +270,17 @@ comment on function runledger._compensation_finish(text, bigint, text, boolean, 
 
 create function runledger._operation_checkpoint(
   p_run_id text, p_token bigint, p_seq int, p_name text, p_operation_id text, p_status text,
-  p_output jsonb, p_error jsonb, p_external_resource_id text, p_attempts int, p_started_at timestamptz, p_charge numeric)
+  p_output jsonb, p_error jsonb, p_external_resource_id text, p_attempts int, p_started_ms_ago bigint, p_charge numeric)
 returns table (pid int, run_status text)
 language plpgsql volatile as $$
 begin
   -- The outcome in the ledger and the step checkpoint commit together.
   perform runledger._operation_finish(p_run_id, p_token, p_operation_id, p_status, p_output->'value', p_error, p_external_resource_id, null);
   return query select * from runledger._checkpoint(p_run_id, p_token, p_seq, p_name, 'operation',
-    case when p_status = 'SUCCEEDED' then 'SUCCEEDED' else 'FAILED' end, p_output, p_error, p_attempts, p_started_at, p_charge);
+    case when p_status = 'SUCCEEDED' then 'SUCCEEDED' else 'FAILED' end, p_output, p_error, p_attempts, p_started_ms_ago, p_charge);
 end;
 $$;
-comment on function runledger._operation_checkpoint(text, bigint, int, text, text, text, jsonb, jsonb, text, int, timestamptz, numeric) is
+comment on function runledger._operation_checkpoint(text, bigint, int, text, text, text, jsonb, jsonb, text, int, bigint, numeric) is
   'Fenced: records an operation''s outcome in the ledger and its step checkpoint in one transaction.';
 
 insert into runledger.migrations (version, name) values (6, '0006_operations');

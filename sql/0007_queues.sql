@@ -122,7 +122,7 @@ begin
     -- One microsecond apart, in the order chosen here: workers claim admitted runs by
     -- admitted_at, so a claim smaller than this round keeps its fairness.
     update runledger.runs set admitted = true, admitted_at = v_now + v_count * interval '1 microsecond' where run_id = v_run.run_id;
-    perform runledger._dispatch(v_run.run_id, runledger._task_identifier(p_queue, v_run.workflow_name, v_run.workflow_version));
+    perform runledger._dispatch(v_run.run_id, p_queue);
     if v_q.rate_limit_max is not null then
       insert into runledger.admissions (queue_name, admitted_at) values (p_queue, v_now);
     end if;
@@ -150,7 +150,7 @@ begin
     if not v_run.admitted then
       update runledger.runs set admitted = true where run_id = p_run_id;
     end if;
-    perform runledger._dispatch(p_run_id, runledger._task_identifier(v_run.queue_name, v_run.workflow_name, v_run.workflow_version), p_delay_ms);
+    perform runledger._dispatch(p_run_id, v_run.queue_name, p_delay_ms);
   end if;
 end;
 $$;

@@ -22,7 +22,7 @@ create index runs_timer on runledger.runs (queue_name, wake_at)
 -- index of their own the planner walked every executing run of the queue to find none.
 create index runs_cancelling_unowned on runledger.runs (queue_name) where status = 'CANCELLING' and lease_owner is null;
 
-create function runledger._dispatch(p_run_id text, p_task text, p_delay_ms int default 0) returns void
+create function runledger._dispatch(p_run_id text, p_queue text, p_delay_ms int default 0) returns void
 language plpgsql volatile as $$
 declare
   v_due timestamptz;
@@ -33,15 +33,14 @@ begin
     update runledger.runs set not_before = v_due
      where run_id = p_run_id and status = 'PENDING' and (not_before is null or not_before < v_due);
   end if;
-  -- Workers serving the queue claim at once, or arm a timer for the due time (epoch ms).
-  -- p_task is _task_identifier(queue, workflow, version): the queue is its second part.
+  -- Workers serving the queue claim at once, or arm a timer for the delay ("queue+ms"):
+  -- a delay, not a time, so a worker's clock never meets the database's.
   -- Identical notifications in one transaction are delivered once.
-  perform pg_notify('runledger_runnable',
-    split_part(p_task, ':', 2) || coalesce('@' || (extract(epoch from v_due) * 1000)::bigint, ''));
+  perform pg_notify('runledger_runnable', p_queue || case when p_delay_ms > 0 then '+' || p_delay_ms else '' end);
 end;
 $$;
 comment on function runledger._dispatch(text, text, int) is
-  'Announces that a run is (or after p_delay_ms will be) runnable: sets not_before for a delayed PENDING run and notifies runledger_runnable with the queue name (and "@" due time in epoch ms). Workers claim from the runs table; a lost notification only delays a run until the next poll.';
+  'Announces that a run of queue p_queue is (or after p_delay_ms will be) runnable: sets not_before for a delayed PENDING run and notifies runledger_runnable with the queue name (and "+" the delay in ms). Workers claim from the runs table; a lost notification only delays a run until the next poll.';
 
 create function runledger._claim_batch(
   p_worker_id text, p_queues text[], p_workflows text[], p_limit int, p_lease_ms int,
@@ -49,7 +48,7 @@ create function runledger._claim_batch(
 returns table (
   run_id text, workflow_name text, workflow_version text, input jsonb, fencing_token bigint,
   recovery_attempts int, max_steps int, budget numeric, budget_spent numeric,
-  cancel_requested boolean, checkpoints jsonb, progress jsonb, next_due_at timestamptz)
+  cancel_requested boolean, checkpoints jsonb, progress jsonb, next_due_in_ms bigint)
 language plpgsql volatile as $$
 declare
   v_now   timestamptz := runledger.now();
@@ -164,12 +163,13 @@ begin
                                           s.error, s.kind) order by s.seq)
                          from runledger.steps s where s.run_id = c.run_id), '[]'::jsonb),
              (select jsonb_object_agg(p.seq::text, p.progress) from runledger.step_progress p where p.run_id = c.run_id),
-             null::timestamptz
+             null::bigint
         from claimed c;
   end if;
 
   if cardinality(v_ids) < p_limit then
-    -- Nothing more is runnable now: say when something next will be.
+    -- Nothing more is runnable now: say in how long something next will be (a delay on
+    -- the database clock, so the worker's clock plays no part in when it claims again).
     foreach v_queue in array v_seen loop
       v_next := least(v_next,
         (select min(r.not_before) from runledger.runs r
@@ -178,11 +178,12 @@ begin
           where r.queue_name = v_queue and r.status = 'WAITING' and r.wake_at > v_now));
     end loop;
     return query select null::text, null::text, null::text, null::jsonb, null::bigint, null::int, null::int,
-                        null::numeric, null::numeric, null::boolean, null::jsonb, null::jsonb, v_next;
+                        null::numeric, null::numeric, null::boolean, null::jsonb, null::jsonb,
+                        ceil(extract(epoch from v_next - v_now) * 1000)::bigint;
   end if;
 end;
 $$;
 comment on function runledger._claim_batch(text, text[], text[], int, int, text[]) is
-  'Worker claim of up to p_limit runnable runs of the given queues and workflow@version keys, in one statement: CANCELLING runs without an owner, then due timers, then admitted PENDING runs by priority and age (FOR UPDATE SKIP LOCKED, so workers never wait on each other). Each becomes RUNNING with fencing_token + 1 and a lease, and is returned with its checkpoints. Runs past their deadline are TERMINATED on the way; a due timer in a queue with limits is woken into admission. When fewer than p_limit were claimed, a last row with run_id null gives next_due_at, the next delayed start or timer (null if none). p_reclaim_except (the runs the worker is executing) also takes back this worker''s other runs: a claim whose reply was lost.';
+  'Worker claim of up to p_limit runnable runs of the given queues and workflow@version keys, in one statement: CANCELLING runs without an owner, then due timers, then admitted PENDING runs by priority and age (FOR UPDATE SKIP LOCKED, so workers never wait on each other). Each becomes RUNNING with fencing_token + 1 and a lease, and is returned with its checkpoints. Runs past their deadline are TERMINATED on the way; a due timer in a queue with limits is woken into admission. When fewer than p_limit were claimed, a last row with run_id null gives next_due_in_ms, the milliseconds until the next delayed start or timer on the database clock (null if none). p_reclaim_except (the runs the worker is executing) also takes back this worker''s other runs: a claim whose reply was lost.';
 
 insert into runledger.migrations (version, name) values (8, '0008_dispatch');

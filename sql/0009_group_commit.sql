@@ -59,7 +59,8 @@ begin
   insert into runledger.steps (run_id, seq, name, kind, status, output, error, attempts, started_at, finished_at, fencing_token)
   select e.value->>'run_id', (e.value->>'seq')::int, e.value->>'name', e.value->>'kind', e.value->>'status',
          case when e.value->>'op' = 'complete' then e.value->'step_output' else e.value->'output' end,
-         e.value->'error', (e.value->>'attempts')::int, (e.value->>'started_at')::timestamptz, v_now, (e.value->>'token')::bigint
+         e.value->'error', (e.value->>'attempts')::int,
+         runledger._started_at(v_now, (e.value->>'started_ms_ago')::bigint), v_now, (e.value->>'token')::bigint
     from jsonb_array_elements(p_items) with ordinality e
    where (e.ordinality - 1)::int = any(v_fast)
   -- A step that waited between attempts (durable retry backoff) left a WAITING row here.
@@ -143,12 +144,12 @@ begin
         if v_item->>'op' = 'checkpoint' then
           v_run := runledger._checkpoint_row(v_item->>'run_id', (v_item->>'token')::bigint, (v_item->>'seq')::int,
             v_item->>'name', v_item->>'kind', v_item->>'status', v_item->'output', v_item->'error',
-            (v_item->>'attempts')::int, (v_item->>'started_at')::timestamptz, coalesce((v_item->>'charge')::numeric, 0));
+            (v_item->>'attempts')::int, (v_item->>'started_ms_ago')::bigint, coalesce((v_item->>'charge')::numeric, 0));
           run_status := v_run.status;
         elsif v_item->>'op' = 'complete' and v_item ? 'seq' then
           perform runledger._complete_with_checkpoint(v_item->>'run_id', (v_item->>'token')::bigint, (v_item->>'seq')::int,
             v_item->>'name', v_item->>'kind', v_item->>'status', v_item->'step_output', v_item->'error',
-            (v_item->>'attempts')::int, (v_item->>'started_at')::timestamptz, coalesce((v_item->>'charge')::numeric, 0),
+            (v_item->>'attempts')::int, (v_item->>'started_ms_ago')::bigint, coalesce((v_item->>'charge')::numeric, 0),
             v_item->'output', v_item->>'policy_version');
         elsif v_item->>'op' = 'complete' then
           perform runledger._complete_run(v_item->>'run_id', (v_item->>'token')::bigint, v_item->'output',
@@ -167,7 +168,7 @@ begin
 end;
 $$;
 comment on function runledger._commit_batch(jsonb) is
-  'Group commit for a worker: a JSON array of items, each {"op": "checkpoint"} (the arguments of _checkpoint by name) or {"op": "complete"} (those of _complete_run, or of _complete_with_checkpoint when it has "seq"; the step''s result is "step_output"), done in one transaction: the common ones together (_commit_fast), the others one by one, each in a subtransaction. One row per item: its index, the SQLSTATE and message of its error (null when it committed), and for a checkpoint the run''s status after it.';
+  'Group commit for a worker: a JSON array of items, each {"op": "checkpoint"} (the arguments of _checkpoint by name: run_id, token, seq, name, kind, status, output, error, attempts, started_ms_ago, charge) or {"op": "complete"} (those of _complete_run, or of _complete_with_checkpoint when it has "seq"; the step''s result is "step_output"), done in one transaction: the common ones together (_commit_fast), the others one by one, each in a subtransaction. One row per item: its index, the SQLSTATE and message of its error (null when it committed), and for a checkpoint the run''s status after it.';
 
 -- A worker whose batch completes runs refills the slots they free in the same
 -- transaction: one round trip and one commit for both.
@@ -179,7 +180,7 @@ begin
   return query select b.item, b.code, b.message, b.run_status, null::jsonb from runledger._commit_batch(p_items) b;
   begin
     -- Rows as _claim_batch returns them (a claimed run each, and the row with only
-    -- next_due_at when fewer than p_limit were claimed), one JSON object per row.
+    -- next_due_in_ms when fewer than p_limit were claimed), one JSON object per row.
     return query select null::int, null::text, null::text, null::text, to_jsonb(c)
       from runledger._claim_batch(p_worker_id, p_queues, p_workflows, p_limit, p_lease_ms) c;
   exception when others then

@@ -500,7 +500,7 @@ begin
     -- One microsecond apart, in the order chosen here: workers claim admitted runs by
     -- admitted_at, so a claim smaller than this round keeps its fairness.
     update runledger.runs set admitted = true, admitted_at = v_now + v_count * interval '1 microsecond' where run_id = v_run.run_id;
-    perform runledger._dispatch(v_run.run_id, runledger._task_identifier(p_queue, v_run.workflow_name, v_run.workflow_version));
+    perform runledger._dispatch(v_run.run_id, p_queue);
     if v_q.rate_limit_max is not null then
       insert into runledger.admissions (queue_name, admitted_at) values (p_queue, v_now);
     end if;
@@ -690,18 +690,18 @@ end;
 $function$;
 COMMENT ON FUNCTION runledger._check_whole_number(jsonb,text,integer) IS 'Raises RL003 unless p_opts->p_key is absent or a whole number >= p_min.';
 
-CREATE OR REPLACE FUNCTION runledger._checkpoint(p_run_id text, p_token bigint, p_seq integer, p_name text, p_kind text, p_status text, p_output jsonb, p_error jsonb, p_attempts integer, p_started_at timestamp with time zone, p_charge numeric DEFAULT 0)
+CREATE OR REPLACE FUNCTION runledger._checkpoint(p_run_id text, p_token bigint, p_seq integer, p_name text, p_kind text, p_status text, p_output jsonb, p_error jsonb, p_attempts integer, p_started_ms_ago bigint, p_charge numeric DEFAULT 0)
  RETURNS TABLE(pid integer, run_status text)
  LANGUAGE plpgsql
 AS $function$
 begin
   run_status := (runledger._checkpoint_row(p_run_id, p_token, p_seq, p_name, p_kind, p_status, p_output, p_error,
-                                           p_attempts, p_started_at, p_charge)).status;
+                                           p_attempts, p_started_ms_ago, p_charge)).status;
   pid := pg_backend_pid();
   return next;
 end;
 $function$;
-COMMENT ON FUNCTION runledger._checkpoint(text,bigint,integer,text,text,text,jsonb,jsonb,integer,timestamp with time zone,numeric) IS 'Fenced checkpoint write in the caller''s transaction: checks the fencing token (row lock on the run) and the deadline, inserts the step row, charges p_charge to the budget and checks the no-progress limit (either may end the run TERMINATED right here). Returns the backend pid and the run''s status (CANCELLING tells the worker to stop).';
+COMMENT ON FUNCTION runledger._checkpoint(text,bigint,integer,text,text,text,jsonb,jsonb,integer,bigint,numeric) IS 'Fenced checkpoint write in the caller''s transaction: checks the fencing token (row lock on the run) and the deadline, inserts the step row, charges p_charge to the budget and checks the no-progress limit (either may end the run TERMINATED right here). Returns the backend pid and the run''s status (CANCELLING tells the worker to stop).';
 
 CREATE OR REPLACE FUNCTION runledger._checkpoint_outcome(p_run_id text, p_seq integer, p_token bigint)
  RETURNS TABLE(committed boolean, status text, output jsonb, error jsonb, still_owner boolean)
@@ -722,16 +722,18 @@ end;
 $function$;
 COMMENT ON FUNCTION runledger._checkpoint_outcome(text,integer,bigint) IS 'After a COMMIT whose outcome the client did not see: waits for in-flight transactions on the run, then says whether the checkpoint committed (output wrapped in a one-element array, null when absent).';
 
-CREATE OR REPLACE FUNCTION runledger._checkpoint_row(p_run_id text, p_token bigint, p_seq integer, p_name text, p_kind text, p_status text, p_output jsonb, p_error jsonb, p_attempts integer, p_started_at timestamp with time zone, p_charge numeric DEFAULT 0)
+CREATE OR REPLACE FUNCTION runledger._checkpoint_row(p_run_id text, p_token bigint, p_seq integer, p_name text, p_kind text, p_status text, p_output jsonb, p_error jsonb, p_attempts integer, p_started_ms_ago bigint, p_charge numeric DEFAULT 0)
  RETURNS runledger.runs
  LANGUAGE plpgsql
 AS $function$
 declare
   v_now  timestamptz := runledger.now();
   v_run  runledger.runs := runledger._fence(p_run_id, p_token, v_now);
+  v_started timestamptz := runledger._started_at(v_now, p_started_ms_ago);
   v_hash text;
 begin
-  if v_run.status = 'CANCELLING' and p_started_at >= v_run.cancel_requested_at then
+  -- Both times are on the database clock: the start is now minus the elapsed time the worker measured.
+  if v_run.status = 'CANCELLING' and v_started >= v_run.cancel_requested_at then
     -- Only a step already running when the cancel was committed may still record its result.
     raise exception using errcode = 'RL008', message = format('run %s: step %s started after the cancel request', p_run_id, p_name);
   end if;
@@ -740,7 +742,7 @@ begin
   end if;
   insert into runledger.steps (run_id, seq, name, kind, status, output, error, attempts, started_at, finished_at, fencing_token, output_hash)
   -- finished_at is the time the deadline was checked against (fence), not a later one.
-  values (p_run_id, p_seq, p_name, p_kind, p_status, p_output, p_error, p_attempts, p_started_at, v_now, p_token, v_hash)
+  values (p_run_id, p_seq, p_name, p_kind, p_status, p_output, p_error, p_attempts, v_started, v_now, p_token, v_hash)
   -- A step that waited between attempts (durable retry backoff) left a WAITING row here.
   on conflict (run_id, seq) do update
      set status = excluded.status, output = excluded.output, error = excluded.error, attempts = excluded.attempts,
@@ -761,10 +763,10 @@ begin
   return v_run;
 end;
 $function$;
-COMMENT ON FUNCTION runledger._checkpoint_row(text,bigint,integer,text,text,text,jsonb,jsonb,integer,timestamp with time zone,numeric) IS 'The body of _checkpoint: fenced checkpoint write (see _checkpoint), returning the run row as it is after the checkpoint (its status says whether a policy ended it).';
+COMMENT ON FUNCTION runledger._checkpoint_row(text,bigint,integer,text,text,text,jsonb,jsonb,integer,bigint,numeric) IS 'The body of _checkpoint: fenced checkpoint write (see _checkpoint), returning the run row as it is after the checkpoint (its status says whether a policy ended it).';
 
 CREATE OR REPLACE FUNCTION runledger._claim_batch(p_worker_id text, p_queues text[], p_workflows text[], p_limit integer, p_lease_ms integer, p_reclaim_except text[] DEFAULT NULL::text[])
- RETURNS TABLE(run_id text, workflow_name text, workflow_version text, input jsonb, fencing_token bigint, recovery_attempts integer, max_steps integer, budget numeric, budget_spent numeric, cancel_requested boolean, checkpoints jsonb, progress jsonb, next_due_at timestamp with time zone)
+ RETURNS TABLE(run_id text, workflow_name text, workflow_version text, input jsonb, fencing_token bigint, recovery_attempts integer, max_steps integer, budget numeric, budget_spent numeric, cancel_requested boolean, checkpoints jsonb, progress jsonb, next_due_in_ms bigint)
  LANGUAGE plpgsql
 AS $function$
 declare
@@ -880,12 +882,13 @@ begin
                                           s.error, s.kind) order by s.seq)
                          from runledger.steps s where s.run_id = c.run_id), '[]'::jsonb),
              (select jsonb_object_agg(p.seq::text, p.progress) from runledger.step_progress p where p.run_id = c.run_id),
-             null::timestamptz
+             null::bigint
         from claimed c;
   end if;
 
   if cardinality(v_ids) < p_limit then
-    -- Nothing more is runnable now: say when something next will be.
+    -- Nothing more is runnable now: say in how long something next will be (a delay on
+    -- the database clock, so the worker's clock plays no part in when it claims again).
     foreach v_queue in array v_seen loop
       v_next := least(v_next,
         (select min(r.not_before) from runledger.runs r
@@ -894,11 +897,12 @@ begin
           where r.queue_name = v_queue and r.status = 'WAITING' and r.wake_at > v_now));
     end loop;
     return query select null::text, null::text, null::text, null::jsonb, null::bigint, null::int, null::int,
-                        null::numeric, null::numeric, null::boolean, null::jsonb, null::jsonb, v_next;
+                        null::numeric, null::numeric, null::boolean, null::jsonb, null::jsonb,
+                        ceil(extract(epoch from v_next - v_now) * 1000)::bigint;
   end if;
 end;
 $function$;
-COMMENT ON FUNCTION runledger._claim_batch(text,text[],text[],integer,integer,text[]) IS 'Worker claim of up to p_limit runnable runs of the given queues and workflow@version keys, in one statement: CANCELLING runs without an owner, then due timers, then admitted PENDING runs by priority and age (FOR UPDATE SKIP LOCKED, so workers never wait on each other). Each becomes RUNNING with fencing_token + 1 and a lease, and is returned with its checkpoints. Runs past their deadline are TERMINATED on the way; a due timer in a queue with limits is woken into admission. When fewer than p_limit were claimed, a last row with run_id null gives next_due_at, the next delayed start or timer (null if none). p_reclaim_except (the runs the worker is executing) also takes back this worker''s other runs: a claim whose reply was lost.';
+COMMENT ON FUNCTION runledger._claim_batch(text,text[],text[],integer,integer,text[]) IS 'Worker claim of up to p_limit runnable runs of the given queues and workflow@version keys, in one statement: CANCELLING runs without an owner, then due timers, then admitted PENDING runs by priority and age (FOR UPDATE SKIP LOCKED, so workers never wait on each other). Each becomes RUNNING with fencing_token + 1 and a lease, and is returned with its checkpoints. Runs past their deadline are TERMINATED on the way; a due timer in a queue with limits is woken into admission. When fewer than p_limit were claimed, a last row with run_id null gives next_due_in_ms, the milliseconds until the next delayed start or timer on the database clock (null if none). p_reclaim_except (the runs the worker is executing) also takes back this worker''s other runs: a claim whose reply was lost.';
 
 CREATE OR REPLACE FUNCTION runledger._commit_and_claim(p_items jsonb, p_worker_id text, p_queues text[], p_workflows text[], p_limit integer, p_lease_ms integer)
  RETURNS TABLE(item integer, code text, message text, run_status text, claimed jsonb)
@@ -908,7 +912,7 @@ begin
   return query select b.item, b.code, b.message, b.run_status, null::jsonb from runledger._commit_batch(p_items) b;
   begin
     -- Rows as _claim_batch returns them (a claimed run each, and the row with only
-    -- next_due_at when fewer than p_limit were claimed), one JSON object per row.
+    -- next_due_in_ms when fewer than p_limit were claimed), one JSON object per row.
     return query select null::int, null::text, null::text, null::text, to_jsonb(c)
       from runledger._claim_batch(p_worker_id, p_queues, p_workflows, p_limit, p_lease_ms) c;
   exception when others then
@@ -951,12 +955,12 @@ begin
         if v_item->>'op' = 'checkpoint' then
           v_run := runledger._checkpoint_row(v_item->>'run_id', (v_item->>'token')::bigint, (v_item->>'seq')::int,
             v_item->>'name', v_item->>'kind', v_item->>'status', v_item->'output', v_item->'error',
-            (v_item->>'attempts')::int, (v_item->>'started_at')::timestamptz, coalesce((v_item->>'charge')::numeric, 0));
+            (v_item->>'attempts')::int, (v_item->>'started_ms_ago')::bigint, coalesce((v_item->>'charge')::numeric, 0));
           run_status := v_run.status;
         elsif v_item->>'op' = 'complete' and v_item ? 'seq' then
           perform runledger._complete_with_checkpoint(v_item->>'run_id', (v_item->>'token')::bigint, (v_item->>'seq')::int,
             v_item->>'name', v_item->>'kind', v_item->>'status', v_item->'step_output', v_item->'error',
-            (v_item->>'attempts')::int, (v_item->>'started_at')::timestamptz, coalesce((v_item->>'charge')::numeric, 0),
+            (v_item->>'attempts')::int, (v_item->>'started_ms_ago')::bigint, coalesce((v_item->>'charge')::numeric, 0),
             v_item->'output', v_item->>'policy_version');
         elsif v_item->>'op' = 'complete' then
           perform runledger._complete_run(v_item->>'run_id', (v_item->>'token')::bigint, v_item->'output',
@@ -974,7 +978,7 @@ begin
   end loop;
 end;
 $function$;
-COMMENT ON FUNCTION runledger._commit_batch(jsonb) IS 'Group commit for a worker: a JSON array of items, each {"op": "checkpoint"} (the arguments of _checkpoint by name) or {"op": "complete"} (those of _complete_run, or of _complete_with_checkpoint when it has "seq"; the step''s result is "step_output"), done in one transaction: the common ones together (_commit_fast), the others one by one, each in a subtransaction. One row per item: its index, the SQLSTATE and message of its error (null when it committed), and for a checkpoint the run''s status after it.';
+COMMENT ON FUNCTION runledger._commit_batch(jsonb) IS 'Group commit for a worker: a JSON array of items, each {"op": "checkpoint"} (the arguments of _checkpoint by name: run_id, token, seq, name, kind, status, output, error, attempts, started_ms_ago, charge) or {"op": "complete"} (those of _complete_run, or of _complete_with_checkpoint when it has "seq"; the step''s result is "step_output"), done in one transaction: the common ones together (_commit_fast), the others one by one, each in a subtransaction. One row per item: its index, the SQLSTATE and message of its error (null when it committed), and for a checkpoint the run''s status after it.';
 
 CREATE OR REPLACE FUNCTION runledger._commit_fast(p_items jsonb)
  RETURNS integer[]
@@ -1023,7 +1027,8 @@ begin
   insert into runledger.steps (run_id, seq, name, kind, status, output, error, attempts, started_at, finished_at, fencing_token)
   select e.value->>'run_id', (e.value->>'seq')::int, e.value->>'name', e.value->>'kind', e.value->>'status',
          case when e.value->>'op' = 'complete' then e.value->'step_output' else e.value->'output' end,
-         e.value->'error', (e.value->>'attempts')::int, (e.value->>'started_at')::timestamptz, v_now, (e.value->>'token')::bigint
+         e.value->'error', (e.value->>'attempts')::int,
+         runledger._started_at(v_now, (e.value->>'started_ms_ago')::bigint), v_now, (e.value->>'token')::bigint
     from jsonb_array_elements(p_items) with ordinality e
    where (e.ordinality - 1)::int = any(v_fast)
   -- A step that waited between attempts (durable retry backoff) left a WAITING row here.
@@ -1136,7 +1141,7 @@ end;
 $function$;
 COMMENT ON FUNCTION runledger._complete_run(text,bigint,jsonb,text,numeric) IS 'Fenced completion: output, SUCCEEDED and the COMPLETED termination record commit together (a last charge over the budget ends it TERMINATED, BUDGET instead).';
 
-CREATE OR REPLACE FUNCTION runledger._complete_with_checkpoint(p_run_id text, p_token bigint, p_seq integer, p_name text, p_kind text, p_status text, p_step_output jsonb, p_error jsonb, p_attempts integer, p_started_at timestamp with time zone, p_charge numeric, p_output jsonb, p_policy_version text)
+CREATE OR REPLACE FUNCTION runledger._complete_with_checkpoint(p_run_id text, p_token bigint, p_seq integer, p_name text, p_kind text, p_status text, p_step_output jsonb, p_error jsonb, p_attempts integer, p_started_ms_ago bigint, p_charge numeric, p_output jsonb, p_policy_version text)
  RETURNS void
  LANGUAGE plpgsql
 AS $function$
@@ -1166,7 +1171,8 @@ begin
     returning r.parent_run_id, r.queue_name, r.termination_evidence into v_parent, v_queue, v_evidence;
     if found then
       insert into runledger.steps (run_id, seq, name, kind, status, output, error, attempts, started_at, finished_at, fencing_token)
-      values (p_run_id, p_seq, p_name, p_kind, p_status, p_step_output, p_error, p_attempts, p_started_at, v_now, p_token)
+      values (p_run_id, p_seq, p_name, p_kind, p_status, p_step_output, p_error, p_attempts,
+              runledger._started_at(v_now, p_started_ms_ago), v_now, p_token)
       on conflict (run_id, seq) do update
          set status = excluded.status, output = excluded.output, error = excluded.error, attempts = excluded.attempts,
              finished_at = excluded.finished_at, fencing_token = excluded.fencing_token
@@ -1180,7 +1186,7 @@ begin
   end if;
   -- The checkpoint's fence holds the run's row lock, so the completion needs no second one.
   v_run := runledger._checkpoint_row(p_run_id, p_token, p_seq, p_name, p_kind, p_status, p_step_output, p_error,
-                                     p_attempts, p_started_at, p_charge);
+                                     p_attempts, p_started_ms_ago, p_charge);
   if v_run.status in ('RUNNING', 'CANCELLING') then
     perform runledger._finish_run(p_run_id, p_token, 'SUCCEEDED', 'COMPLETED', p_output, null,
       jsonb_build_object('steps', (select count(*) from runledger.steps s where s.run_id = p_run_id),
@@ -1189,7 +1195,7 @@ begin
   end if;
 end;
 $function$;
-COMMENT ON FUNCTION runledger._complete_with_checkpoint(text,bigint,integer,text,text,text,jsonb,jsonb,integer,timestamp with time zone,numeric,jsonb,text) IS 'Fenced: writes the last step''s checkpoint and completes the run in one transaction (unless the checkpoint itself ended the run, e.g. over budget).';
+COMMENT ON FUNCTION runledger._complete_with_checkpoint(text,bigint,integer,text,text,text,jsonb,jsonb,integer,bigint,numeric,jsonb,text) IS 'Fenced: writes the last step''s checkpoint and completes the run in one transaction (unless the checkpoint itself ended the run, e.g. over budget).';
 
 CREATE OR REPLACE FUNCTION runledger._dead_letter_run(p_run_id text, p_token bigint, p_reason text, p_evidence jsonb, p_policy_version text)
  RETURNS void
@@ -1201,7 +1207,7 @@ end;
 $function$;
 COMMENT ON FUNCTION runledger._dead_letter_run(text,bigint,text,jsonb,text) IS 'Fenced move to DEAD_LETTER (e.g. NON_DETERMINISM) with evidence; the run leaves the automatic path until retry_run.';
 
-CREATE OR REPLACE FUNCTION runledger._dispatch(p_run_id text, p_task text, p_delay_ms integer DEFAULT 0)
+CREATE OR REPLACE FUNCTION runledger._dispatch(p_run_id text, p_queue text, p_delay_ms integer DEFAULT 0)
  RETURNS void
  LANGUAGE plpgsql
 AS $function$
@@ -1214,14 +1220,13 @@ begin
     update runledger.runs set not_before = v_due
      where run_id = p_run_id and status = 'PENDING' and (not_before is null or not_before < v_due);
   end if;
-  -- Workers serving the queue claim at once, or arm a timer for the due time (epoch ms).
-  -- p_task is _task_identifier(queue, workflow, version): the queue is its second part.
+  -- Workers serving the queue claim at once, or arm a timer for the delay ("queue+ms"):
+  -- a delay, not a time, so a worker's clock never meets the database's.
   -- Identical notifications in one transaction are delivered once.
-  perform pg_notify('runledger_runnable',
-    split_part(p_task, ':', 2) || coalesce('@' || (extract(epoch from v_due) * 1000)::bigint, ''));
+  perform pg_notify('runledger_runnable', p_queue || case when p_delay_ms > 0 then '+' || p_delay_ms else '' end);
 end;
 $function$;
-COMMENT ON FUNCTION runledger._dispatch(text,text,integer) IS 'Announces that a run is (or after p_delay_ms will be) runnable: sets not_before for a delayed PENDING run and notifies runledger_runnable with the queue name (and "@" due time in epoch ms). Workers claim from the runs table; a lost notification only delays a run until the next poll.';
+COMMENT ON FUNCTION runledger._dispatch(text,text,integer) IS 'Announces that a run of queue p_queue is (or after p_delay_ms will be) runnable: sets not_before for a delayed PENDING run and notifies runledger_runnable with the queue name (and "+" the delay in ms). Workers claim from the runs table; a lost notification only delays a run until the next poll.';
 
 CREATE OR REPLACE FUNCTION runledger._end_wait(p_run_id text, p_seq integer, p_output jsonb)
  RETURNS void
@@ -1433,7 +1438,7 @@ begin
     if not v_run.admitted then
       update runledger.runs set admitted = true where run_id = p_run_id;
     end if;
-    perform runledger._dispatch(p_run_id, runledger._task_identifier(v_run.queue_name, v_run.workflow_name, v_run.workflow_version), p_delay_ms);
+    perform runledger._dispatch(p_run_id, v_run.queue_name, p_delay_ms);
   end if;
 end;
 $function$;
@@ -1508,7 +1513,7 @@ end;
 $function$;
 COMMENT ON FUNCTION runledger._operation_begin(text,bigint,integer,text,text,boolean,boolean) IS 'Fenced. First call: records the intent (STARTED, key, attempt 1) and commits before the external call. On replay a STARTED row becomes UNKNOWN (status UNKNOWN_NOW, with an event). p_again: the caller will call again with the same key (STARTED, attempt + 1). Otherwise returns the row as it stands.';
 
-CREATE OR REPLACE FUNCTION runledger._operation_checkpoint(p_run_id text, p_token bigint, p_seq integer, p_name text, p_operation_id text, p_status text, p_output jsonb, p_error jsonb, p_external_resource_id text, p_attempts integer, p_started_at timestamp with time zone, p_charge numeric)
+CREATE OR REPLACE FUNCTION runledger._operation_checkpoint(p_run_id text, p_token bigint, p_seq integer, p_name text, p_operation_id text, p_status text, p_output jsonb, p_error jsonb, p_external_resource_id text, p_attempts integer, p_started_ms_ago bigint, p_charge numeric)
  RETURNS TABLE(pid integer, run_status text)
  LANGUAGE plpgsql
 AS $function$
@@ -1516,10 +1521,10 @@ begin
   -- The outcome in the ledger and the step checkpoint commit together.
   perform runledger._operation_finish(p_run_id, p_token, p_operation_id, p_status, p_output->'value', p_error, p_external_resource_id, null);
   return query select * from runledger._checkpoint(p_run_id, p_token, p_seq, p_name, 'operation',
-    case when p_status = 'SUCCEEDED' then 'SUCCEEDED' else 'FAILED' end, p_output, p_error, p_attempts, p_started_at, p_charge);
+    case when p_status = 'SUCCEEDED' then 'SUCCEEDED' else 'FAILED' end, p_output, p_error, p_attempts, p_started_ms_ago, p_charge);
 end;
 $function$;
-COMMENT ON FUNCTION runledger._operation_checkpoint(text,bigint,integer,text,text,text,jsonb,jsonb,text,integer,timestamp with time zone,numeric) IS 'Fenced: records an operation''s outcome in the ledger and its step checkpoint in one transaction.';
+COMMENT ON FUNCTION runledger._operation_checkpoint(text,bigint,integer,text,text,text,jsonb,jsonb,text,integer,bigint,numeric) IS 'Fenced: records an operation''s outcome in the ledger and its step checkpoint in one transaction.';
 
 CREATE OR REPLACE FUNCTION runledger._operation_finish(p_run_id text, p_token bigint, p_operation_id text, p_status text, p_result jsonb, p_error jsonb, p_external_resource_id text, p_resolved_by text)
  RETURNS void
@@ -1557,7 +1562,7 @@ begin
   insert into runledger.events (run_id, kind, detail, fencing_token)
   values (p_run_id, 'waiting_for_reconcile', jsonb_build_object('operation_id', p_operation_id, 'seq', p_seq, 'retry_in_ms', p_retry_in_ms), p_token);
   if least(v_wake, v_run.deadline_at) is not null then
-    perform runledger._dispatch(p_run_id, runledger._task_identifier(v_run.queue_name, v_run.workflow_name, v_run.workflow_version),
+    perform runledger._dispatch(p_run_id, v_run.queue_name,
       greatest(0, ceil(extract(epoch from least(v_wake, v_run.deadline_at) - runledger.now()) * 1000))::int);
   end if;
 end;
@@ -1628,8 +1633,7 @@ begin
       update runledger.runs set lease_owner = null, lease_expires_at = null, updated_at = v_now where run_id = v_run.run_id;
       insert into runledger.events (run_id, kind, detail, fencing_token, at)
       values (v_run.run_id, 'lease_expired', jsonb_build_object('last_owner', v_run.lease_owner, 'cancelling', true), v_run.fencing_token, v_now);
-      perform runledger._dispatch(v_run.run_id,
-        runledger._task_identifier(v_run.queue_name, v_run.workflow_name, v_run.workflow_version));
+      perform runledger._dispatch(v_run.run_id, v_run.queue_name);
     elsif v_run.status = 'CANCELLING' then
       -- Its owner died while cancelling: complete the cancellation instead of resuming the work.
       perform runledger._finish_run(v_run.run_id, v_run.fencing_token, 'CANCELLED', 'CANCELLED', null, null,
@@ -1750,7 +1754,7 @@ begin
          lease_owner = null, lease_expires_at = null, updated_at = runledger.now()
    where run_id = p_run_id;
   perform runledger._slot_freed(p_run_id);
-  perform runledger._dispatch(p_run_id, runledger._task_identifier(v_run.queue_name, v_run.workflow_name, v_run.workflow_version),
+  perform runledger._dispatch(p_run_id, v_run.queue_name,
     greatest(0, ceil(extract(epoch from least(v_wake, v_run.deadline_at) - runledger.now()) * 1000))::int);
 end;
 $function$;
@@ -1795,6 +1799,15 @@ begin
 end;
 $function$;
 COMMENT ON FUNCTION runledger._start_child(text,bigint,integer,text,text,jsonb,jsonb) IS 'Starts a child run (id = parent id || ''.'' || seq, parent_run_id set, parent''s deadline inherited) and checkpoints its id, in one transaction.';
+
+CREATE OR REPLACE FUNCTION runledger._started_at(p_now timestamp with time zone, p_started_ms_ago bigint)
+ RETURNS timestamp with time zone
+ LANGUAGE sql
+ STABLE PARALLEL SAFE
+AS $function$
+  select p_now - make_interval(secs => greatest(coalesce(p_started_ms_ago, 0), 0) / 1000.0)
+$function$;
+COMMENT ON FUNCTION runledger._started_at(timestamp with time zone,bigint) IS 'A step''s start on the database clock: p_now minus p_started_ms_ago milliseconds (the elapsed time the worker measured; null or negative is taken as 0).';
 
 CREATE OR REPLACE FUNCTION runledger._stop_unowned(p_run_id text, p_status runledger.run_status, p_reason text, p_evidence jsonb)
  RETURNS boolean
@@ -1846,15 +1859,6 @@ begin
 end;
 $function$;
 COMMENT ON FUNCTION runledger._stop_worker(text) IS 'Graceful worker stop: every run the worker still holds goes back to PENDING (not a recovery attempt); returns how many.';
-
-CREATE OR REPLACE FUNCTION runledger._task_identifier(p_queue text, p_workflow text, p_version text)
- RETURNS text
- LANGUAGE sql
- IMMUTABLE PARALLEL SAFE
-AS $function$
-  select 'runledger:' || p_queue || ':' || p_workflow || '@' || p_version
-$function$;
-COMMENT ON FUNCTION runledger._task_identifier(text,text,text) IS 'Name of a (queue, workflow@version) pair, as _dispatch receives it: the queue is its second '':''-separated part.';
 
 CREATE OR REPLACE FUNCTION runledger._terminate_run(p_run_id text, p_token bigint, p_reason text, p_evidence jsonb)
  RETURNS void
@@ -1959,7 +1963,7 @@ begin
    where run_id = p_run_id;
   perform runledger._slot_freed(p_run_id);
   if v_wake_at is not null then
-    perform runledger._dispatch(p_run_id, runledger._task_identifier(v_run.queue_name, v_run.workflow_name, v_run.workflow_version),
+    perform runledger._dispatch(p_run_id, v_run.queue_name,
       greatest(0, ceil(extract(epoch from v_wake_at - v_now) * 1000))::int);
   end if;
   return query select false, null::jsonb;
@@ -2063,7 +2067,7 @@ begin
     insert into runledger.events (run_id, kind, detail, at)
     values (p_run_id, 'cancel_requested', jsonb_build_object('reason', p_reason, 'compensations', true, 'was', v_run.status), v_now);
     perform runledger._cancel_children(p_run_id, format('parent %s cancelled', p_run_id));
-    perform runledger._dispatch(p_run_id, runledger._task_identifier(v_run.queue_name, v_run.workflow_name, v_run.workflow_version));
+    perform runledger._dispatch(p_run_id, v_run.queue_name);
     return 'CANCELLING';
   end if;
   -- RUNNING: the owner is told now (NOTIFY) and at its next checkpoint at the latest; it
@@ -2181,9 +2185,10 @@ CREATE OR REPLACE FUNCTION runledger.now()
  LANGUAGE sql
  PARALLEL SAFE
 AS $function$
-  select coalesce(nullif(current_setting('runledger.fake_now', true), '')::timestamptz, clock_timestamp())
+  select coalesce(nullif(current_setting('runledger.fake_now', true), '')::timestamptz,
+                  clock_timestamp() + coalesce(nullif(current_setting('runledger.clock_offset', true), '')::interval, interval '0'))
 $function$;
-COMMENT ON FUNCTION runledger.now() IS 'Current time for every runledger function: the setting runledger.fake_now when set (tests), else clock_timestamp().';
+COMMENT ON FUNCTION runledger.now() IS 'Current time for every runledger function: the setting runledger.fake_now when set (tests: a frozen instant), else clock_timestamp() moved by the setting runledger.clock_offset (tests: an interval, a clock running ahead or behind).';
 
 CREATE OR REPLACE FUNCTION runledger.prune(p_older_than interval)
  RETURNS bigint
@@ -2477,12 +2482,23 @@ begin
       message = format('start_run: max_recovery_attempts must be a whole number >= 0, not %s', v_opts->'max_recovery_attempts');
   end if;
 
+  if v_opts ? 'run_at' and v_opts ? 'run_in_ms' then
+    raise exception using errcode = 'RL003', message = 'start_run: give run_at or run_in_ms, not both';
+  end if;
   if v_opts ? 'run_at' then
     begin
       v_not_before := (v_opts->>'run_at')::timestamptz;
     exception when others then
       raise exception using errcode = 'RL003', message = format('start_run: run_at %L is not a timestamp', v_opts->>'run_at');
     end;
+  end if;
+  if v_opts ? 'run_in_ms' then
+    -- A delay, counted on the database clock from now: a caller's clock does not matter.
+    if jsonb_typeof(v_opts->'run_in_ms') <> 'number' or (v_opts->>'run_in_ms') !~ '^\d{1,15}$' then
+      raise exception using errcode = 'RL003',
+        message = format('start_run: run_in_ms must be a whole number of milliseconds >= 0, not %s', v_opts->'run_in_ms');
+    end if;
+    v_not_before := v_now + make_interval(secs => (v_opts->>'run_in_ms')::bigint / 1000.0);
   end if;
   v_limited := runledger._queue_limited(v_queue);
 
@@ -2526,13 +2542,13 @@ begin
   if v_limited then
     perform runledger._admit(v_queue);
   else
-    perform runledger._dispatch(v_run_id, runledger._task_identifier(v_queue, p_workflow, v_wf.workflow_version),
+    perform runledger._dispatch(v_run_id, v_queue,
       coalesce(greatest(0, ceil(extract(epoch from v_not_before - v_now) * 1000))::int, 0));
   end if;
   return v_run_id;
 end;
 $function$;
-COMMENT ON FUNCTION runledger.start_run(text,jsonb,jsonb) IS 'Starts a run of a registered workflow and dispatches it (or leaves it to its queue''s admission); returns run_id. Options: run_at (delayed start), run_id, idempotency_key (same key or run_id returns the existing run), queue, priority, concurrency_key, version, max_recovery_attempts, and limits overriding the workflow''s: deadline (interval or timestamp), max_steps, budget, no_progress.';
+COMMENT ON FUNCTION runledger.start_run(text,jsonb,jsonb) IS 'Starts a run of a registered workflow and dispatches it (or leaves it to its queue''s admission); returns run_id. Options: run_at (delayed start at a timestamp, compared with runledger.now()) or run_in_ms (delayed start this many ms after now on the database clock), run_id, idempotency_key (same key or run_id returns the existing run), queue, priority, concurrency_key, version, max_recovery_attempts, and limits overriding the workflow''s: deadline (interval or timestamp), max_steps, budget, no_progress.';
 
 CREATE OR REPLACE FUNCTION runledger.step_kinds()
  RETURNS text[]

@@ -67,7 +67,7 @@ async function startAndClaim(label: string): Promise<{ runId: string; token: str
 function step(runId: string, token: string, seq: number, extra: Partial<StepItemValues> = {}): StepItemValues {
   return {
     runId, token, seq, name: `s${seq}`, kind: 'step', status: 'SUCCEEDED', outputText: JSON.stringify({ runId, seq }),
-    errorJson: null, attempts: 1, startedAt: new Date(), charge: 0, ...extra,
+    errorJson: null, attempts: 1, startedMsAgo: 0, charge: 0, ...extra,
   };
 }
 

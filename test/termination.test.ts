@@ -231,11 +231,11 @@ describe('cancellation', () => {
     const probe = await db.pool.connect();
     try {
       await probe.query('begin');
-      const claim = await probe.query(`select run_id, next_due_at from runledger._claim_batch('wk-probe', $1, $2, 100, 30000)`, [
+      const claim = await probe.query(`select run_id, next_due_in_ms from runledger._claim_batch('wk-probe', $1, $2, 100, 30000)`, [
         [cancelled.queue_name],
         [`${cancelled.workflow_name}@${cancelled.workflow_version}`],
       ]);
-      expect(claim.rows).toEqual([{ run_id: null, next_due_at: null }]); // only the sentinel row: nothing claimable, nothing due
+      expect(claim.rows).toEqual([{ run_id: null, next_due_in_ms: null }]); // only the sentinel row: nothing claimable, nothing due
       await probe.query('rollback');
     } finally {
       probe.release();

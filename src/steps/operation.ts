@@ -1,5 +1,6 @@
 import { flushPending } from '../engine/run/checkpoint.js';
 import { serializeError } from '../engine/core/errors.js';
+import { monotonicMark, msSince } from '../engine/core/duration.js';
 import { committed } from '../engine/run/checkpoint.js';
 import { haltOnDbError } from '../engine/run/halts.js';
 import type { CompensationFunction, Execution } from '../engine/run/execution.js';
@@ -88,7 +89,7 @@ export async function runOperation<T>(exec: Execution, name: string, options: Op
     let row = await begin(retryPending);
     let attempt = Math.max(resumeAttempt(recorded), row?.attempts ?? 1);
     let reconciledResourceId: string | undefined;
-    const startedAt = new Date();
+    const startedAt = monotonicMark();
     for (;;) {
       if (!row || exec.haltReason) return exec.suspend();
       let outcome: { ok: true; value: T } | { ok: false; error: unknown } | undefined;
@@ -164,7 +165,7 @@ interface Stored<T> {
 
 async function record<T>(
   exec: Execution,
-  at: { seq: number; name: string; operationId: string; key: string; attempt: number; startedAt: Date; reconciledResourceId?: string },
+  at: { seq: number; name: string; operationId: string; key: string; attempt: number; startedAt: number; reconciledResourceId?: string },
   outcome: { ok: true; value: T } | { ok: false; error: unknown },
   options: OperationOptions<T>,
 ): Promise<Jsonify<T>> {
@@ -184,12 +185,12 @@ async function record<T>(
   if (failure !== undefined) errorJson = JSON.stringify(serializeError(failure));
   try {
     const result = await exec.deps.pool.query(
-      'select run_status from runledger._operation_checkpoint(p_run_id => $1, p_token => $2, p_seq => $3, p_name => $4, p_operation_id => $5, p_status => $6, p_output => $7::jsonb, p_error => $8::jsonb, p_external_resource_id => $9, p_attempts => $10, p_started_at => $11, p_charge => $12)',
+      'select run_status from runledger._operation_checkpoint(p_run_id => $1, p_token => $2, p_seq => $3, p_name => $4, p_operation_id => $5, p_status => $6, p_output => $7::jsonb, p_error => $8::jsonb, p_external_resource_id => $9, p_attempts => $10, p_started_ms_ago => $11, p_charge => $12)',
       [
         exec.runId, exec.fencingToken.toString(), at.seq, at.name, at.operationId, failure === undefined ? 'SUCCEEDED' : 'FAILED',
         outputText, errorJson,
         at.reconciledResourceId ?? (stored && options.externalResourceId ? (options.externalResourceId(stored.value) ?? null) : null),
-        at.attempt, at.startedAt, exec.pendingCharge,
+        at.attempt, msSince(at.startedAt), exec.pendingCharge,
       ],
     );
     committed(exec, result.rows[0]?.run_status);

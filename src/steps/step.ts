@@ -1,4 +1,5 @@
 import { serializeError } from '../engine/core/errors.js';
+import { monotonicMark } from '../engine/core/duration.js';
 import { flushPending, writeCheckpoint } from '../engine/run/checkpoint.js';
 import type { Execution } from '../engine/run/execution.js';
 import { heartbeatStep } from './heartbeat.js';
@@ -45,7 +46,7 @@ export async function runStep<T>(exec: Execution, name: string, fn: StepFunction
   const firstAttempt = resumeAttempt(position.recorded);
   return exec.inStep(async () => {
     for (let attempt = firstAttempt; ; ) {
-      const startedAt = new Date();
+      const startedAt = monotonicMark();
       let outcome: { ok: true; text: string | undefined; value: unknown } | { ok: false; error: unknown };
       try {
         const result = await fn({

@@ -1,5 +1,6 @@
 import { sql, type Transaction } from 'kysely';
 import { serializeError } from '../engine/core/errors.js';
+import { monotonicMark } from '../engine/core/duration.js';
 import { backoff, CHECKPOINT_PARAMS, checkpointValues, committed, flushPending, readCheckpointOutcome, writeCheckpoint } from '../engine/run/checkpoint.js';
 import { haltOnDbError } from '../engine/run/halts.js';
 import type { Execution } from '../engine/run/execution.js';
@@ -33,7 +34,7 @@ export async function runTransaction<T, DB>(exec: Execution, name: string, fn: T
 }
 
 async function transactionAttempts<T, DB>(exec: Execution, name: string, seq: number, fn: TransactionFunction<T, DB>): Promise<T> {
-  const startedAt = new Date();
+  const startedAt = monotonicMark();
   for (let attempt = 1; ; attempt++) {
     if (exec.haltReason) return exec.suspend();
     let commitSent = false;

@@ -11,7 +11,7 @@ export function checkpointHelpers(db: TestDatabase) {
     options: { status?: 'SUCCEEDED' | 'FAILED'; output?: unknown; error?: unknown; on?: Queryable } = {},
   ): Promise<number> {
     const result = await (options.on ?? db.pool).query(
-      `select pid from runledger._checkpoint($1, $2, $3, $4, 'step', $5, $6::jsonb, $7::jsonb, 1, runledger.now())`,
+      `select pid from runledger._checkpoint($1, $2, $3, $4, 'step', $5, $6::jsonb, $7::jsonb, 1, 0)`,
       [
         runId,
         token,

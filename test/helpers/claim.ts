@@ -14,7 +14,7 @@ export interface Claimed {
   checkpoints: unknown[];
 }
 
-/** A run claimed by runledger._claim_batch, or (run_id null) the sentinel row that carries next_due_at. */
+/** A run claimed by runledger._claim_batch, or (run_id null) the sentinel row that carries next_due_in_ms. */
 export interface BatchRow {
   run_id: string | null;
   workflow_name: string | null;
@@ -24,14 +24,15 @@ export interface BatchRow {
   recovery_attempts: number | null;
   cancel_requested: boolean | null;
   checkpoints: unknown[] | null;
-  next_due_at: Date | null;
+  /** Milliseconds until the next delayed start or timer, on the database clock. */
+  next_due_in_ms: number | null;
 }
 
 export const claimedIds = (rows: BatchRow[]): string[] => rows.filter((r) => r.run_id !== null).map((r) => r.run_id!);
 export const sentinels = (rows: BatchRow[]): BatchRow[] => rows.filter((r) => r.run_id === null);
 
 /** The row _claim_batch ends with when it claimed fewer runs than its limit. */
-export const sentinel = (nextDueAt: Date | null): BatchRow => ({
+export const sentinel = (nextDueInMs: number | null): BatchRow => ({
   run_id: null,
   workflow_name: null,
   workflow_version: null,
@@ -40,7 +41,7 @@ export const sentinel = (nextDueAt: Date | null): BatchRow => ({
   recovery_attempts: null,
   cancel_requested: null,
   checkpoints: null,
-  next_due_at: nextDueAt,
+  next_due_in_ms: nextDueInMs,
 });
 
 /** More than any queue in a test file holds: a probe with this limit claims everything claimable. */
@@ -57,7 +58,7 @@ export async function claimBatch(
 ): Promise<BatchRow[]> {
   const result = await on.query(
     `select run_id, workflow_name, workflow_version, input, fencing_token::int as fencing_token, recovery_attempts,
-            cancel_requested, checkpoints, next_due_at
+            cancel_requested, checkpoints, next_due_in_ms::float8 as next_due_in_ms
        from runledger._claim_batch($1, $2, $3, $4, $5${options.reclaimExcept === undefined ? '' : ', $6'})`,
     options.reclaimExcept === undefined
       ? [worker, queues, workflows, limit, options.leaseMs ?? 30_000]
@@ -143,13 +144,13 @@ export function claimHelpers(db: TestDatabase) {
    * Would a worker claim the run now? runledger._claim_batch for the run's queue and
    * workflow@version (or the ones given), in a transaction that is rolled back, so nothing
    * changes. The limit is larger than any queue here, so the run comes back exactly when it
-   * is claimable, and the sentinel row (run_id null) is always there with next_due_at.
+   * is claimable, and the sentinel row (run_id null) is always there with next_due_in_ms.
    * `on`: a session whose runledger.fake_now is the clock of the probe.
    */
   async function claimable(
     runId: string,
     options: { on?: pg.Client; queues?: string[]; workflows?: string[] } = {},
-  ): Promise<{ claimed: boolean; nextDueAt: Date | null }> {
+  ): Promise<{ claimed: boolean; nextDueInMs: number | null }> {
     const run = (await db.pool.query('select queue_name, workflow_name, workflow_version from runledger.runs where run_id = $1', [runId])).rows[0];
     expect(run, `run ${runId}`).toBeDefined();
     const queues = options.queues ?? [run!.queue_name];
@@ -161,7 +162,7 @@ export function claimHelpers(db: TestDatabase) {
         const rows = await claimBatch(client, 'wk-probe', queues, workflows, PROBE_LIMIT);
         expect(claimedIds(rows).filter((id) => id === runId).length, `${runId} claimed at most once`).toBeLessThanOrEqual(1);
         expect(sentinels(rows), 'fewer runs than the limit: one sentinel row').toHaveLength(1);
-        return { claimed: claimedIds(rows).includes(runId), nextDueAt: sentinels(rows)[0]!.next_due_at };
+        return { claimed: claimedIds(rows).includes(runId), nextDueInMs: sentinels(rows)[0]!.next_due_in_ms };
       } finally {
         await client.query('rollback');
       }

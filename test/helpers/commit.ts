@@ -9,11 +9,11 @@ export interface BatchResultRow {
   run_status: string | null;
 }
 
-/** The step fields of a batch item: a SUCCEEDED 'step' at its first attempt, started now, no charge. */
+/** The step fields of a batch item: a SUCCEEDED 'step' at its first attempt, started now (0 ms ago), no charge. */
 export function stepItem(runId: string, token: number, stepSeq: number, name: string, extra: Record<string, unknown> = {}): Record<string, unknown> {
   return {
     run_id: runId, token, seq: stepSeq, name, kind: 'step', status: 'SUCCEEDED', attempts: 1,
-    started_at: new Date().toISOString(), charge: 0, ...extra,
+    started_ms_ago: 0, charge: 0, ...extra,
   };
 }
 
@@ -50,7 +50,7 @@ export function commitHelpers(db: TestDatabase) {
     client: pg.Client,
     args: {
       runId: string; token: number; seq: number; name: string; charge?: number; stepOutput?: unknown; output?: unknown;
-      attempts?: number; startedAt?: string; status?: string;
+      attempts?: number; startedMsAgo?: number; status?: string;
     },
   ): Promise<'fast' | 'general'> {
     await client.query(`set track_functions = 'pl'`);
@@ -58,16 +58,16 @@ export function commitHelpers(db: TestDatabase) {
     try {
       await client.query(
         `select runledger._complete_with_checkpoint($1, $2, $3, $4, 'step', $5, $6::jsonb, null, $7,
-                                                   coalesce($8::timestamptz, runledger.now()), $9, $10::jsonb, 'p/1')`,
+                                                   coalesce($8::bigint, 0), $9, $10::jsonb, 'p/1')`,
         [
           args.runId, args.token, args.seq, args.name, args.status ?? 'SUCCEEDED',
-          args.stepOutput === undefined ? null : JSON.stringify(args.stepOutput), args.attempts ?? 1, args.startedAt ?? null,
+          args.stepOutput === undefined ? null : JSON.stringify(args.stepOutput), args.attempts ?? 1, args.startedMsAgo ?? null,
           args.charge ?? 0, args.output === undefined ? null : JSON.stringify(args.output),
         ],
       );
       const calls = await client.query(
         `select coalesce(pg_stat_get_xact_function_calls(
-                  'runledger._checkpoint_row(text, bigint, int, text, text, text, jsonb, jsonb, int, timestamptz, numeric)'::regprocedure), 0)::int as n`,
+                  'runledger._checkpoint_row(text, bigint, int, text, text, text, jsonb, jsonb, int, bigint, numeric)'::regprocedure), 0)::int as n`,
       );
       await client.query('commit');
       return calls.rows[0].n === 0 ? 'fast' : 'general';

@@ -55,7 +55,7 @@ describe('runledger._claim_batch', () => {
         recovery_attempts: 0,
         cancel_requested: false,
         checkpoints: [],
-        next_due_at: null,
+        next_due_in_ms: null,
       });
       for (const runId of [urgent, older]) {
         const run = await getRun(runId);
@@ -164,7 +164,7 @@ describe('runledger._claim_batch', () => {
       const start = await notified(() => startRun({ queue, run_at: at(T, 3600) }, {}, client));
       const delayed = start.result;
       expect((await getRun(delayed))?.not_before.toISOString()).toBe(at(T, 3600));
-      expect(start.payloads).toEqual([`${queue}@${Date.parse(at(T, 3600))}`]);
+      expect(start.payloads).toEqual([`${queue}+3600000`]); // due in an hour
 
       // A second run goes to sleep for 30 minutes.
       const sleeper = await startRun({ queue }, {}, client);
@@ -173,19 +173,20 @@ describe('runledger._claim_batch', () => {
         client.query(`select done from runledger._wait($1, 1, 0, 'nap', 'sleep', '{"timeout_ms": 1800000}')`, [sleeper]),
       );
       expect(parked.result.rows).toEqual([{ done: false }]);
-      expect(parked.payloads).toEqual([`${queue}@${Date.parse(at(T, 1800))}`]);
+      expect(parked.payloads).toEqual([`${queue}+1800000`]); // due in 30 minutes
       expect(await getRun(sleeper)).toMatchObject({ status: 'WAITING', wait_kind: 'timer', lease_owner: null });
 
-      expect(await claimBatch('wk-due', [queue], ['w@1'], 5, { on: client })).toEqual([sentinel(new Date(at(T, 1800)))]);
+      // The due time, as the delay from the claim's clock: at(T, 1800).
+      expect(await claimBatch('wk-due', [queue], ['w@1'], 5, { on: client })).toEqual([sentinel(1_800_000)]);
       await setNow(client, at(T, 1799));
-      expect(await claimBatch('wk-due', [queue], ['w@1'], 5, { on: client })).toEqual([sentinel(new Date(at(T, 1800)))]);
+      expect(await claimBatch('wk-due', [queue], ['w@1'], 5, { on: client })).toEqual([sentinel(1_000)]);
       // The timer is due: the sleeper is claimed, and the delayed start is next.
       await setNow(client, at(T, 1800));
       const woke = await claimBatch('wk-due', [queue], ['w@1'], 5, { on: client });
       expect(claimedIds(woke)).toEqual([sleeper]);
-      expect(sentinels(woke)).toEqual([sentinel(new Date(at(T, 3600)))]);
+      expect(sentinels(woke)).toEqual([sentinel(1_800_000)]); // at(T, 3600)
       await setNow(client, at(T, 3599));
-      expect(await claimBatch('wk-due', [queue], ['w@1'], 5, { on: client })).toEqual([sentinel(new Date(at(T, 3600)))]);
+      expect(await claimBatch('wk-due', [queue], ['w@1'], 5, { on: client })).toEqual([sentinel(1_000)]);
       expect(await getRun(delayed)).toMatchObject({ status: 'PENDING', fencing_token: 0 });
       await setNow(client, at(T, 3600));
       const started = await claimBatch('wk-due', [queue], ['w@1'], 5, { on: client });
@@ -347,7 +348,7 @@ describe('runledger._claim_batch', () => {
           recovery_attempts: 0,
           cancel_requested: false,
           checkpoints: [[0, 'a', 'SUCCEEDED', ['kept'], null, 'step']],
-          next_due_at: null,
+          next_due_in_ms: null,
         },
       ]);
       expect(await getRun(lost)).toMatchObject({ status: 'RUNNING', lease_owner: 'wk-re', fencing_token: 2 });

@@ -21,7 +21,7 @@ describe('runledger._commit_batch input', () => {
   it('raises RL003 for items that are not a JSON array, and writes nothing', async () => {
     const runId = await startRun();
     const token = (await claimOne(runId)).fencing_token;
-    const item = { op: 'checkpoint', run_id: runId, token, seq: 0, name: 's0', kind: 'step', status: 'SUCCEEDED', attempts: 1, started_at: new Date().toISOString(), charge: 0 };
+    const item = { op: 'checkpoint', run_id: runId, token, seq: 0, name: 's0', kind: 'step', status: 'SUCCEEDED', attempts: 1, started_ms_ago: 0, charge: 0 };
     for (const items of [item, 'text', null]) {
       const state = await sqlState(db.pool.query('select * from runledger._commit_batch($1::jsonb)', [items === null ? null : JSON.stringify(items)]));
       expect(state, JSON.stringify(items)).toBe('RL003');
@@ -229,13 +229,13 @@ describe('runledger._commit_batch', () => {
     const tb = (await claimOne(budgeted)).fencing_token;
     const cancelled = await startRun();
     const tc = (await claimOne(cancelled)).fencing_token;
-    const startedBefore = new Date(Date.now() - 60_000).toISOString();
+    const startedBefore = 60_000; // ms ago: before the cancel request below
     expect((await db.pool.query('select runledger.cancel_run($1) as s', [cancelled])).rows[0].s).toBe('CANCELLING');
 
     const rows = await commitBatch([
       { op: 'checkpoint', ...stepItem(budgeted, tb, 0, 'cheap', { charge: 2 }) },
       { op: 'checkpoint', ...stepItem(budgeted, tb, 1, 'dear', { charge: 4 }) },
-      { op: 'checkpoint', ...stepItem(cancelled, tc, 0, 'in-flight', { started_at: startedBefore }) },
+      { op: 'checkpoint', ...stepItem(cancelled, tc, 0, 'in-flight', { started_ms_ago: startedBefore }) },
     ]);
     expect(rows.map((r) => [r.code, r.run_status])).toEqual([[null, 'RUNNING'], [null, 'TERMINATED'], [null, 'CANCELLING']]);
     expect(await getRun(budgeted)).toMatchObject({ status: 'TERMINATED', termination_reason: 'BUDGET', budget_spent: '6' });

@@ -35,7 +35,7 @@ describe('runledger._complete_with_checkpoint', () => {
         await setNow(client, '2070-01-01T00:00:07Z');
         const path = await completeWithCheckpoint(client, {
           runId, token, seq: 2, name: 'c', charge: v.charge, stepOutput: { c: 3 }, output: { total: 6 }, attempts: 2,
-          startedAt: '2070-01-01T00:00:06Z',
+          startedMsAgo: 1_000, // started at 00:00:06
         });
         expect(path).toBe(v.path);
 
@@ -150,13 +150,13 @@ describe('runledger._complete_with_checkpoint', () => {
 
         const before = await snapshot(runId);
         expect(
-          await sqlState(completeWithCheckpoint(client, { runId, token, seq: 1, name: 'b', charge: v.charge, output: 'x', startedAt: '2070-04-01T00:00:02Z' })),
+          await sqlState(completeWithCheckpoint(client, { runId, token, seq: 1, name: 'b', charge: v.charge, output: 'x', startedMsAgo: 1_000 })), // started at 00:00:02, with the cancel
         ).toBe('RL008');
         expect(await snapshot(runId)).toEqual(before);
 
         // Only the general path handles a cancel under way.
         expect(
-          await completeWithCheckpoint(client, { runId, token, seq: 1, name: 'b', charge: v.charge, stepOutput: 'b', output: 'x', startedAt: '2070-04-01T00:00:01Z' }),
+          await completeWithCheckpoint(client, { runId, token, seq: 1, name: 'b', charge: v.charge, stepOutput: 'b', output: 'x', startedMsAgo: 2_000 }), // started at 00:00:01
         ).toBe('general');
         const evidence = { steps: 2, budget_spent: v.spent };
         expect(await getRun(runId)).toMatchObject({

@@ -204,7 +204,7 @@ describe('claim / fence protocol (_claim_batch, _checkpoint, _fence, _complete_r
     const runId = await startRun({ queue });
     const { fencing_token } = await claimOne(runId, 'wk-release');
     await checkpoint(runId, fencing_token, 0, 'a');
-    expect(await claimable(runId)).toEqual({ claimed: false, nextDueAt: null }); // RUNNING under its lease
+    expect(await claimable(runId)).toEqual({ claimed: false, nextDueInMs: null }); // RUNNING under its lease
 
     const dbNow = (await db.pool.query('select now() as t')).rows[0].t as Date;
     const { result: released, payloads } = await notified(() =>
@@ -215,20 +215,27 @@ describe('claim / fence protocol (_claim_batch, _checkpoint, _fence, _complete_r
     const run = await getRun(runId);
     expect(run).toMatchObject({ status: 'PENDING', lease_owner: null, lease_expires_at: null, fencing_token: 1, recovery_attempts: 0 });
     expect((await events(runId)).at(-1)).toEqual({ kind: 'released', detail: { reason: 'shutdown', delay_ms: 60000, counts_attempt: false } });
-    // Runnable again 60 s after the release, and announced with that due time (epoch ms).
+    // Runnable again 60 s after the release, and announced with that delay (ms).
     const notBefore = run!.not_before as Date;
     expect(notBefore.getTime()).toBeGreaterThanOrEqual(dbNow.getTime() + 60_000);
     expect(notBefore.getTime()).toBeLessThanOrEqual(dbAfter.getTime() + 60_000);
     expect(payloads).toHaveLength(1);
-    expect(payloads[0]).toMatch(new RegExp(`^${queue}@\\d+$`));
-    expect(Math.abs(Number(payloads[0]!.split('@')[1]) - notBefore.getTime())).toBeLessThanOrEqual(1);
-    // Not claimable before then (the next due time says when), claimable after.
-    expect(await claimable(runId)).toEqual({ claimed: false, nextDueAt: notBefore });
+    expect(payloads[0]).toBe(`${queue}+60000`);
+    // Not claimable before then (the next due time says in how long), claimable after.
+    const probeBefore = (await db.pool.query('select now() as t')).rows[0].t as Date;
+    const probe = await claimable(runId);
+    const probeAfter = (await db.pool.query('select now() as t')).rows[0].t as Date;
+    expect(probe).toEqual({ claimed: false, nextDueInMs: expect.any(Number) });
+    expect(probe.nextDueInMs!).toBeLessThanOrEqual(notBefore.getTime() - probeBefore.getTime() + 1);
+    expect(probe.nextDueInMs!).toBeGreaterThanOrEqual(notBefore.getTime() - probeAfter.getTime());
     await session(async (client) => {
       await setNow(client, new Date(notBefore.getTime() - 1_000).toISOString());
-      expect(await claimable(runId, { on: client })).toEqual({ claimed: false, nextDueAt: notBefore });
+      // 1 s (not_before has microseconds, the Date it was read into whole milliseconds; the delay is rounded up).
+      const soon = await claimable(runId, { on: client });
+      expect(soon).toEqual({ claimed: false, nextDueInMs: expect.any(Number) });
+      expect([1_000, 1_001]).toContain(soon.nextDueInMs);
       await setNow(client, new Date(notBefore.getTime() + 1).toISOString());
-      expect(await claimable(runId, { on: client })).toEqual({ claimed: true, nextDueAt: null });
+      expect(await claimable(runId, { on: client })).toEqual({ claimed: true, nextDueInMs: null });
     });
     expect(await steps(runId)).toHaveLength(1);
 

@@ -1,6 +1,7 @@
 /**
  * runledger.now(): the clock every SQL function reads, moved per session or transaction
- * with runledger.fake_now.
+ * with runledger.fake_now (a frozen instant) or runledger.clock_offset (a running clock
+ * ahead of or behind the real one).
  */
 import { describe, expect, it } from 'vitest';
 import { useTestEngine } from '../helpers/test-engine.js';
@@ -44,6 +45,26 @@ describe('runledger.now()', () => {
       await client.query('commit');
       const after = (await client.query('select runledger.now() as fake, clock_timestamp() as real')).rows[0];
       expect(Math.abs(after.fake.getTime() - after.real.getTime())).toBeLessThan(1_000);
+    });
+  });
+
+  it('runs ahead or behind by runledger.clock_offset, in the session and in defaults of rows written there; fake_now wins', async () => {
+    await session(async (client) => {
+      const skew = async () => {
+        const row = (await client.query('select runledger.now() as moved, clock_timestamp() as real')).rows[0];
+        return row.moved.getTime() - row.real.getTime();
+      };
+      await client.query(`set runledger.clock_offset = '5 minutes'`);
+      expect(Math.abs((await skew()) - 300_000)).toBeLessThan(1_000);
+      const runId = await startRun({}, {}, client);
+      expect(Math.abs((await getRun(runId))!.created_at.getTime() - (Date.now() + 300_000))).toBeLessThan(5_000);
+      await client.query(`set runledger.clock_offset = '-00:05:00'`);
+      expect(Math.abs((await skew()) + 300_000)).toBeLessThan(1_000);
+      await setNow(client, '2031-02-03T04:05:06Z');
+      expect((await client.query('select runledger.now() as t')).rows[0].t.toISOString()).toBe('2031-02-03T04:05:06.000Z');
+      await setNow(client, '');
+      await client.query(`set runledger.clock_offset = ''`);
+      expect(Math.abs(await skew())).toBeLessThan(1_000);
     });
   });
 });

@@ -68,6 +68,10 @@ describe('runledger.start_run', () => {
     ['an invalid run_id', { run_id: 'has space' }],
     ['a run_id over 200 characters', { run_id: 'r'.repeat(201) }],
     ['a deadline that is neither interval nor timestamp', { deadline: 'tomorrowish' }],
+    ['both run_at and run_in_ms', { run_at: '2040-01-01T00:00:00Z', run_in_ms: 1000 }],
+    ['a negative run_in_ms', { run_in_ms: -1 }],
+    ['a run_in_ms that is not a whole number', { run_in_ms: 1.5 }],
+    ['a run_in_ms given as text', { run_in_ms: '10m' }],
   ])('raises RL003 for %s and stores nothing', async (_what, options) => {
     const before = await countRuns();
     expect(await sqlState(startRun(options))).toBe('RL003');
@@ -176,6 +180,21 @@ describe('runledger.start_run', () => {
       expect((await getRun(absolute))?.deadline_at.toISOString()).toBe('2041-05-06T07:08:09.000Z');
       expect((await getRun(withOffset))?.deadline_at.toISOString()).toBe('2041-05-06T07:08:09.000Z');
       expect((await getRun(none))?.deadline_at).toBeNull();
+    });
+  });
+
+  it('run_in_ms delays the start from now on the database clock; run_at is an instant compared with it', async () => {
+    await session(async (client) => {
+      const queue = newRunId('q-run-in');
+      await setNow(client, '2040-03-04T05:06:07Z');
+      const { result: delayed, payloads } = await notified(() => startRun({ queue, run_in_ms: 90_000 }, {}, client));
+      expect((await getRun(delayed))?.not_before.toISOString()).toBe('2040-03-04T05:07:37.000Z');
+      expect(payloads).toEqual([`${queue}+90000`]); // the delay, not a time: a worker's clock plays no part
+      const at = await startRun({ queue, run_at: '2040-03-04T05:06:17Z' }, {}, client);
+      expect((await getRun(at))?.not_before.toISOString()).toBe('2040-03-04T05:06:17.000Z');
+      expect(await claimable(delayed, { on: client })).toEqual({ claimed: false, nextDueInMs: 10_000 });
+      await setNow(client, '2040-03-04T05:07:37Z');
+      expect((await claimable(delayed, { on: client })).claimed).toBe(true);
     });
   });
 });

@@ -38,7 +38,7 @@ export const start: Command = {
     if (values['concurrency-key'] !== undefined) options.concurrency_key = values['concurrency-key'];
     // start_run reads a date-time as a point in time and anything else ('2 days') as a lifetime.
     if (values.deadline !== undefined) options.deadline = values.deadline;
-    if (values['run-at'] !== undefined) options.run_at = runAt(values['run-at'] as string);
+    if (values['run-at'] !== undefined) Object.assign(options, runAt(values['run-at'] as string));
     if (values.priority !== undefined) {
       options.priority = Number(values.priority);
       if (!Number.isInteger(options.priority)) throw new CliError('USAGE', `--priority must be a whole number, got ${JSON.stringify(values.priority)}`);
@@ -55,11 +55,11 @@ export const start: Command = {
   },
 };
 
-/** '10m' (from now) or a date-time; the run is not claimed before then. */
-function runAt(raw: string): string {
-  if (/^\d{4}-\d{2}-\d{2}/.test(raw)) return raw;
+/** '10m' (from now, on the database's clock: run_in_ms) or a date-time (run_at); the run is not claimed before then. */
+function runAt(raw: string): { run_at: string } | { run_in_ms: number } {
+  if (/^\d{4}-\d{2}-\d{2}/.test(raw)) return { run_at: raw };
   try {
-    return new Date(Date.now() + toMs(raw, '--run-at')).toISOString();
+    return { run_in_ms: Math.round(toMs(raw, '--run-at')) };
   } catch {
     throw new CliError('USAGE', `--run-at must be a date-time (2030-01-31T12:00Z) or a duration (90s, 10m, 2h), got ${JSON.stringify(raw)}`);
   }

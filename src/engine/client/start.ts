@@ -19,7 +19,11 @@ export interface StartOptions {
   concurrencyKey?: string;
   /** Wall-clock lifetime ('2d', ms) or an absolute Date; overrides the workflow's limit. */
   deadline?: Duration | Date;
-  /** Start no earlier than this (a Date) or after this long ('10m', ms). */
+  /**
+   * Start no earlier than this: after this long ('10m', ms), counted on the database's
+   * clock from the start (SQL run_in_ms), or at a Date, a wall-clock instant compared with
+   * the database's clock (runledger.now()), not this process's.
+   */
   runAt?: Date | Duration;
   /** Override the workflow's limits for this run. */
   maxSteps?: number;
@@ -78,7 +82,9 @@ export async function startRun<O, In>(host: StartHost, workflow: Workflow<any, O
     sqlOptions.priority = options.priority;
   }
   if (options.runAt !== undefined) {
-    sqlOptions.run_at = options.runAt instanceof Date ? options.runAt.toISOString() : new Date(Date.now() + toMs(options.runAt, 'runAt')).toISOString();
+    // A duration travels as a delay, so this process's clock plays no part in when the run starts.
+    if (options.runAt instanceof Date) sqlOptions.run_at = options.runAt.toISOString();
+    else sqlOptions.run_in_ms = Math.round(toMs(options.runAt, 'runAt'));
   }
   if (options.concurrencyKey !== undefined) sqlOptions.concurrency_key = options.concurrencyKey;
   Object.assign(
@@ -108,6 +114,7 @@ export async function startRun<O, In>(host: StartHost, workflow: Workflow<any, O
  * terminal. Polling keeps NOTIFY traffic off every completion's commit.
  */
 export async function awaitResult<O>(host: StartHost, runId: string, timeoutMs = Infinity): Promise<O> {
+  // A timeout of this caller's own: measured on its clock, never compared with the database's.
   const deadline = Date.now() + timeoutMs;
   for (let interval = 10; ; interval = Math.min(500, interval * 1.5)) {
     const run = await host.getRun(runId, { withSteps: false });

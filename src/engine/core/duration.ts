@@ -17,3 +17,18 @@ export function toMs(duration: Duration, what: string): number {
     return total + Number(amount) * UNIT_MS[unit!]!;
   }, 0);
 }
+
+/**
+ * A mark on the process's monotonic clock (performance.now(), ms): for measuring how
+ * long ago something happened on this worker. A worker never sends the database a
+ * wall-clock time to compare; it sends the elapsed time (msSince), and SQL places it
+ * on the database clock (runledger.now() minus the elapsed time).
+ */
+export function monotonicMark(): number {
+  return performance.now();
+}
+
+/** Whole milliseconds since a monotonicMark(), never negative. */
+export function msSince(mark: number): number {
+  return Math.max(0, Math.round(performance.now() - mark));
+}

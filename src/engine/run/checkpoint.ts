@@ -3,18 +3,20 @@ import type { CheckpointRecord, Execution } from './execution.js';
 import { haltOnDbError, observeRunStatus } from './halts.js';
 import { isConnectionError } from '../db/pg-errors.js';
 import { checkpointItem, type StepItemValues } from './commit-items.js';
+import { msSince } from '../core/duration.js';
 
 /** runledger._checkpoint's parameters, in the order of checkpointValues(). */
 export const CHECKPOINT_PARAMS = [
-  'p_run_id', 'p_token', 'p_seq', 'p_name', 'p_kind', 'p_status', 'p_output', 'p_error', 'p_attempts', 'p_started_at', 'p_charge',
+  'p_run_id', 'p_token', 'p_seq', 'p_name', 'p_kind', 'p_status', 'p_output', 'p_error', 'p_attempts', 'p_started_ms_ago', 'p_charge',
 ] as const;
 
 export const CHECKPOINT_SQL =
   'select pid, run_status from runledger._checkpoint(p_run_id => $1, p_token => $2, p_seq => $3, p_name => $4, p_kind => $5, ' +
-  'p_status => $6, p_output => $7::jsonb, p_error => $8::jsonb, p_attempts => $9, p_started_at => $10, p_charge => $11)';
+  'p_status => $6, p_output => $7::jsonb, p_error => $8::jsonb, p_attempts => $9, p_started_ms_ago => $10, p_charge => $11)';
 
 export type { CheckpointRecord } from './execution.js';
 
+/** The checkpoint's arguments; the step's start goes as the time elapsed since it, measured now (call it just before sending). */
 export function checkpointValues(exec: Execution, record: CheckpointRecord): unknown[] {
   return [
     exec.runId,
@@ -26,7 +28,7 @@ export function checkpointValues(exec: Execution, record: CheckpointRecord): unk
     record.outputText ?? null,
     record.status === 'FAILED' ? JSON.stringify(serializeError(record.error)) : null,
     record.attempts,
-    record.startedAt,
+    msSince(record.startedAt),
     exec.pendingCharge,
   ];
 }
@@ -43,15 +45,15 @@ export function stepItemValues(exec: Execution, record: CheckpointRecord): StepI
     outputText: record.outputText,
     errorJson: record.status === 'FAILED' ? JSON.stringify(serializeError(record.error)) : null,
     attempts: record.attempts,
-    startedAt: record.startedAt,
+    startedMsAgo: msSince(record.startedAt),
     charge: exec.pendingCharge,
   };
 }
 
 /** One fenced checkpoint write: through the worker's group commit when there is one. Returns the run's status. */
-async function sendCheckpoint(exec: Execution, record: CheckpointRecord, values: unknown[]): Promise<string | undefined> {
+async function sendCheckpoint(exec: Execution, record: CheckpointRecord): Promise<string | undefined> {
   if (exec.deps.commits) return (await exec.deps.commits.submit(checkpointItem(stepItemValues(exec, record)))).runStatus;
-  const result = await exec.deps.pool.query({ name: 'runledger_checkpoint', text: CHECKPOINT_SQL, values });
+  const result = await exec.deps.pool.query({ name: 'runledger_checkpoint', text: CHECKPOINT_SQL, values: checkpointValues(exec, record) });
   return result.rows[0]?.run_status;
 }
 
@@ -67,10 +69,10 @@ const WRITE_TRIES = 5;
  * checkpoint committed, and written again only if it did not.
  */
 export async function writeCheckpoint(exec: Execution, record: CheckpointRecord): Promise<WriteResult> {
-  const values = checkpointValues(exec, record);
   for (let attempt = 1; ; attempt++) {
     try {
-      committed(exec, await sendCheckpoint(exec, record, values));
+      // Each attempt measures the step's elapsed time afresh (a retry after a lost connection is later).
+      committed(exec, await sendCheckpoint(exec, record));
       return { ok: true };
     } catch (error) {
       if (!isConnectionError(error) || attempt >= WRITE_TRIES) {

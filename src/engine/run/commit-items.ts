@@ -26,7 +26,8 @@ function stepFields(values: {
   outputText: string | undefined;
   errorJson: string | null;
   attempts: number;
-  startedAt: Date;
+  /** How long ago the step started, in ms on the worker's monotonic clock; SQL stamps started_at = runledger.now() - this. */
+  startedMsAgo: number;
   charge: number;
 }, outputKey: string): string {
   return (
@@ -34,7 +35,7 @@ function stepFields(values: {
     `"kind":${json(values.kind)},"status":${json(values.status)},` +
     (values.outputText === undefined ? '' : `${json(outputKey)}:${values.outputText},`) +
     (values.errorJson === null ? '' : `"error":${values.errorJson},`) +
-    `"attempts":${values.attempts},"started_at":${json(values.startedAt.toISOString())},"charge":${values.charge}`
+    `"attempts":${values.attempts},"started_ms_ago":${values.startedMsAgo},"charge":${values.charge}`
   );
 }
 

@@ -49,7 +49,8 @@ export interface CheckpointRecord {
   outputText: string | undefined;
   error: unknown;
   attempts: number;
-  startedAt: Date;
+  /** When the step started, as a monotonicMark() of this worker; sent as the elapsed time (p_started_ms_ago). */
+  startedAt: number;
 }
 
 /** What the run layer needs of the worker's group commit: send an item, hear how it went. */

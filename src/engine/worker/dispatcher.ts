@@ -6,7 +6,7 @@ import type { LogFunction } from '../core/log.js';
 
 const CLAIM_SQL =
   'select run_id, workflow_name, workflow_version, input, fencing_token, recovery_attempts, max_steps, budget, budget_spent, ' +
-  'cancel_requested, checkpoints, progress, next_due_at from runledger._claim_batch(p_worker_id => $1, p_queues => $2, p_workflows => $3, p_limit => $4, p_lease_ms => $5, p_reclaim_except => $6)';
+  'cancel_requested, checkpoints, progress, next_due_in_ms from runledger._claim_batch(p_worker_id => $1, p_queues => $2, p_workflows => $3, p_limit => $4, p_lease_ms => $5, p_reclaim_except => $6)';
 const ERROR_BACKOFF_MS_MAX = 5_000;
 /** setTimeout's ceiling; a due time further away is left to the poll. */
 const TIMER_MS_MAX = 2 ** 31 - 1;
@@ -27,8 +27,11 @@ export interface ClaimedRun {
   progress: Record<string, unknown> | null;
 }
 
-/** A row of runledger._claim_batch: a claimed run, or (run_id null) the next due time. */
-export type ClaimRow = (ClaimedRun & { next_due_at: Date | string | null }) | { run_id: null; next_due_at: Date | string | null };
+/**
+ * A row of runledger._claim_batch: a claimed run, or (run_id null) how long until the next
+ * run is due, in ms on the database clock (a bigint: text from pg, a number from JSON).
+ */
+export type ClaimRow = (ClaimedRun & { next_due_in_ms: string | number | null }) | { run_id: null; next_due_in_ms: string | number | null };
 
 export interface PiggybackClaim {
   workerId: string;
@@ -82,6 +85,7 @@ export class Dispatcher {
   /** Which served queue the next claim looks at first: turns, so a busy queue cannot starve the others. */
   private turn = 0;
   private dueTimer: NodeJS.Timeout | undefined;
+  /** When the armed timer fires, on performance.now(). */
   private dueAt = Infinity;
   private readonly pollTimer: NodeJS.Timeout | undefined;
   private readonly served: Set<string>;
@@ -105,13 +109,13 @@ export class Dispatcher {
     this.hint();
   }
 
-  /** A runledger_runnable notification: "queue" (runnable now) or "queue@epochMs" (runnable then). */
+  /** A runledger_runnable notification: "queue" (runnable now) or "queue+ms" (runnable in that many ms, by the database's clock). */
   notified(payload: string): void {
-    const at = payload.lastIndexOf('@');
-    const queue = at === -1 ? payload : payload.slice(0, at);
+    const plus = payload.lastIndexOf('+');
+    const queue = plus === -1 ? payload : payload.slice(0, plus);
     if (!this.served.has(queue)) return;
-    const dueMs = at === -1 ? NaN : Number(payload.slice(at + 1));
-    if (Number.isFinite(dueMs) && dueMs > Date.now()) this.armAt(dueMs);
+    const delayMs = plus === -1 ? NaN : Number(payload.slice(plus + 1));
+    if (Number.isFinite(delayMs) && delayMs > 0) this.armIn(delayMs);
     else this.hint();
   }
 
@@ -128,8 +132,14 @@ export class Dispatcher {
     await this.claiming;
   }
 
-  private armAt(dueMs: number): void {
+  /**
+   * Claims again in delayMs. The database gives delays, never times; the timer is kept on
+   * this process's monotonic clock, so neither the worker's wall clock nor its offset from
+   * the database's matters.
+   */
+  private armIn(delayMs: number): void {
     if (this.options.manual || this.stopped) return;
+    const dueMs = performance.now() + delayMs;
     if (dueMs >= this.dueAt) return;
     if (this.dueTimer) clearTimeout(this.dueTimer);
     this.dueAt = dueMs;
@@ -137,7 +147,7 @@ export class Dispatcher {
       this.dueTimer = undefined;
       this.dueAt = Infinity;
       this.hint();
-    }, Math.min(TIMER_MS_MAX, Math.max(0, dueMs - Date.now())));
+    }, Math.min(TIMER_MS_MAX, Math.max(0, delayMs)));
   }
 
   private freeSlots(): number {
@@ -249,7 +259,7 @@ export class Dispatcher {
     let claimed = 0;
     for (const row of rows) {
       if (row.run_id === null) {
-        if (row.next_due_at) this.armAt(new Date(row.next_due_at).getTime());
+        if (row.next_due_in_ms !== null) this.armIn(Number(row.next_due_in_ms));
         continue;
       }
       claimed++;

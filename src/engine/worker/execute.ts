@@ -161,7 +161,7 @@ async function complete(exec: Execution, outputText: string | undefined, policyV
     await fencedWrite(exec, () => commits.submit(item, true));
   } else if (last) {
     const [, , ...stepValues] = checkpointValues(exec, last);
-    await finish(exec, 'runledger._complete_with_checkpoint(p_run_id => $1, p_token => $2, p_seq => $3, p_name => $4, p_kind => $5, p_status => $6, p_step_output => $7::jsonb, p_error => $8::jsonb, p_attempts => $9, p_started_at => $10, p_charge => $11, p_output => $12::jsonb, p_policy_version => $13)', [
+    await finish(exec, 'runledger._complete_with_checkpoint(p_run_id => $1, p_token => $2, p_seq => $3, p_name => $4, p_kind => $5, p_status => $6, p_step_output => $7::jsonb, p_error => $8::jsonb, p_attempts => $9, p_started_ms_ago => $10, p_charge => $11, p_output => $12::jsonb, p_policy_version => $13)', [
       ...stepValues,
       outputText ?? null,
       policyVersion,

@@ -23,6 +23,9 @@ export interface HeartbeatOptions {
  */
 export function createHeartbeat(options: HeartbeatOptions): () => Promise<void> {
   const { pool, workerId, leaseMs, executions, log } = options;
+  // The lease itself is stamped in SQL (runledger.now() + lease). The times here are this
+  // worker's own, only compared with each other (and exec.claimedAt, also Date.now()) as
+  // durations: how long heartbeats have failed. They never meet the database's clock.
   let lastHeartbeatOk = Date.now();
   return async () => {
     const sentAt = Date.now();

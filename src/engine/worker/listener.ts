@@ -3,7 +3,7 @@ import type { LogFunction } from '../core/log.js';
 
 /** A run was cancelled: its worker stops it within milliseconds, not at its next checkpoint. */
 export const CANCEL_CHANNEL = 'runledger_cancel';
-/** A run became (or will at "@ms" become) runnable in the queue named by the payload. */
+/** A run became runnable in the queue named by the payload ("queue"), or will in that many ms ("queue+ms"). */
 export const RUNNABLE_CHANNEL = 'runledger_runnable';
 const RECONNECT_MS_MAX = 5_000;
 
