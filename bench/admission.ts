@@ -36,7 +36,11 @@ async function drain(limited: boolean, rep: number): Promise<number> {
       [RUNS],
     );
     const t0 = performance.now();
-    const worker = await engine.runWorker({ concurrency: CONCURRENCY, pollIntervalMs: 1_000, ...(process.env.FETCH_BATCH ? { fetchBatchSize: Number(process.env.FETCH_BATCH) } : {}) });
+    const worker = await engine.runWorker({
+      concurrency: CONCURRENCY,
+      pollIntervalMs: 1_000,
+      ...(process.env.FETCH_BATCH ? { fetchBatchSize: Number(process.env.FETCH_BATCH) } : {}),
+    });
     for (;;) {
       const r = await engine.pool.query(`select count(*)::int as n from runledger.runs where status = 'SUCCEEDED'`);
       if (r.rows[0].n >= RUNS + 1) break;

@@ -9,7 +9,13 @@ import { systemById } from './systems/index.js';
 import { workloadByName } from './workloads/index.js';
 
 countStatements();
-const task = JSON.parse(process.env.BENCH_TASK ?? '{}') as { workload: string; system: string; url: string; adminUrl: string; database: string };
+const task = JSON.parse(process.env.BENCH_TASK ?? '{}') as {
+  workload: string;
+  system: string;
+  url: string;
+  adminUrl: string;
+  database: string;
+};
 const workload = workloadByName(task.workload);
 const system = systemById(task.system);
 try {

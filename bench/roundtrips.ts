@@ -93,7 +93,9 @@ const perSecond = (count: number, ms: number) => (count / (ms / 1000)).toFixed(0
 console.log(`runs: ${RUNS} three-step workflows (step, transaction step, step), concurrency ${CONCURRENCY}`);
 console.log(`enqueue: ${perSecond(RUNS, enqueueMs)} starts/s`);
 console.log(`drain:   ${perSecond(RUNS, drainMs)} workflows/s, ${perSecond(steps, drainMs)} steps/s (worker start included)`);
-console.log(`worker round trips: ${(queriesUsed / steps).toFixed(2)} per step (${(queriesUsed / RUNS).toFixed(2)} per workflow: dispatch, claim, 3 checkpoints, completion, heartbeats)`);
+console.log(
+  `worker round trips: ${(queriesUsed / steps).toFixed(2)} per step (${(queriesUsed / RUNS).toFixed(2)} per workflow: dispatch, claim, 3 checkpoints, completion, heartbeats)`,
+);
 console.log(`worker commits:     ${(commitsUsed / steps).toFixed(2)} per step (${(commitsUsed / RUNS).toFixed(2)} per workflow)`);
 
 await probe.end();

@@ -40,8 +40,13 @@ const stopServer = async () => void (await embedded?.stop().catch(() => undefine
 process.once('SIGINT', () => void stopServer().then(() => process.exit(130)));
 
 try {
-  const machine = await machineInfo(adminUrl, embedded ? 'embedded (runledger startEmbeddedPostgres, ../.runledger/bench-pg)' : 'DATABASE_URL');
-  log(`${machine.nproc} cores, ${machine.memoryGiB} GiB, ${machine.postgres.version.split(' on ')[0]}, Node ${machine.node}; ${sizesLine()}`);
+  const machine = await machineInfo(
+    adminUrl,
+    embedded ? 'embedded (runledger startEmbeddedPostgres, ../.runledger/bench-pg)' : 'DATABASE_URL',
+  );
+  log(
+    `${machine.nproc} cores, ${machine.memoryGiB} GiB, ${machine.postgres.version.split(' on ')[0]}, Node ${machine.node}; ${sizesLine()}`,
+  );
 
   // pg_limit: what this server commits with one INSERT per transaction.
   const pgbench: Record<string, number[]> = { '8': [], '1': [] };
@@ -73,7 +78,9 @@ try {
         const load1 = loadavg()[0]!;
         const database = `bench_${workload.name}_${system.id.replace(/-/g, '_')}`;
         const url = await createDatabase(adminUrl, database);
-        const child = spawnTs('child.ts', { BENCH_TASK: JSON.stringify({ workload: workload.name, system: system.id, url, adminUrl, database }) });
+        const child = spawnTs('child.ts', {
+          BENCH_TASK: JSON.stringify({ workload: workload.name, system: system.id, url, adminUrl, database }),
+        });
         let measurement: Measurement;
         try {
           measurement = JSON.parse(await waitForLine(child, 'RESULT', 30 * 60_000)) as Measurement;
@@ -108,11 +115,24 @@ try {
     fraction('workflow3', 'steps/s', 'workflow3 steps/s ÷ pgbench 8-client commits/s');
     fraction('txstep', 'transaction steps/s', 'txstep steps/s ÷ pgbench 8-client commits/s');
   }
-  const waitingRow: Row = { workload: 'waiting', metric: '100,000 waiting runs: RSS, bytes/run, resume rate', better: 'higher', cells: Object.fromEntries(systems.map((s) => [s.id, { text: s.id === 'runledger' ? WAITING_STATUS : '—' }])) };
+  const waitingRow: Row = {
+    workload: 'waiting',
+    metric: '100,000 waiting runs: RSS, bytes/run, resume rate',
+    better: 'higher',
+    cells: Object.fromEntries(systems.map((s) => [s.id, { text: s.id === 'runledger' ? WAITING_STATUS : '—' }])),
+  };
   if (selected('waiting')) rows.push(waitingRow);
 
-  const loads = Object.values(results).flatMap((bySystem) => Object.values(bySystem).flat().map((m) => m.load1Before)).filter((v): v is number => typeof v === 'number');
-  const loadLine = loads.length ? `1-minute load average just before each measurement: median ${median(loads)!.toFixed(2)}, max ${Math.max(...loads).toFixed(2)} on ${machine.nproc} cores (anything well above 1 means something else was running).` : '';
+  const loads = Object.values(results)
+    .flatMap((bySystem) =>
+      Object.values(bySystem)
+        .flat()
+        .map((m) => m.load1Before),
+    )
+    .filter((v): v is number => typeof v === 'number');
+  const loadLine = loads.length
+    ? `1-minute load average just before each measurement: median ${median(loads)!.toFixed(2)}, max ${Math.max(...loads).toFixed(2)} on ${machine.nproc} cores (anything well above 1 means something else was running).`
+    : '';
   const date = started.toISOString().slice(0, 10);
   const name = [date, config.name, config.quick ? 'quick' : undefined].filter(Boolean).join('-');
   const capNote = `\\* the drain hit the ${config.drainCapSeconds} s cap (BENCH_DRAIN_CAP_S): the rate is completed jobs over the capped time.`;
@@ -152,7 +172,7 @@ try {
     ...workloads.map((w) => `- **${w.name}**: ${w.description}`),
     `- **pg_limit**: pgbench, custom script of one INSERT per transaction, 8 clients (-j 2) and 1 client, ${config.pgbenchSeconds} s each.`,
     `- **waiting**: ${WAITING_STATUS}.`,
-    '- Round trips are every `pg` Client.query call made by the worker process during the drain (all copies of `pg` are patched: runledger loads its own from ../node_modules). Commits are the database\'s pg_stat_database.xact_commit delta over the drain, read from another database after every connection closed, minus the harness\'s own probe statements; every autocommit statement counts as one commit, read-only ones included.',
+    "- Round trips are every `pg` Client.query call made by the worker process during the drain (all copies of `pg` are patched: runledger loads its own from ../node_modules). Commits are the database's pg_stat_database.xact_commit delta over the drain, read from another database after every connection closed, minus the harness's own probe statements; every autocommit statement counts as one commit, read-only ones included.",
     '',
   ].join('\n');
   const json = {
@@ -169,7 +189,11 @@ try {
       metric: r.metric,
       better: r.better,
       values: Object.fromEntries(Object.entries(r.cells).map(([k, c]) => [k, c.value ?? c.text])),
-      ratios: r.noRatio ? {} : Object.fromEntries(systems.filter((s) => s.id !== 'runledger').map((s) => [s.id, ratio(r.cells.runledger?.value, r.cells[s.id]?.value)])),
+      ratios: r.noRatio
+        ? {}
+        : Object.fromEntries(
+            systems.filter((s) => s.id !== 'runledger').map((s) => [s.id, ratio(r.cells.runledger?.value, r.cells[s.id]?.value)]),
+          ),
     })),
   };
   const files = writeResults(name, markdown, json);

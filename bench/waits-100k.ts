@@ -38,9 +38,14 @@ const wf = engine.workflow({ name: 'waiter' }, async (ctx, input: { n: number })
 await engine.start(wf, { n: -1 }).then((h) => engine.cancel(h.runId)); // registers the workflow
 
 const dbBytes = async () =>
-  Number((await probe.query(`select sum(pg_total_relation_size(c.oid))::bigint as b from pg_class c join pg_namespace n on n.oid = c.relnamespace
-                              where n.nspname in ('runledger', 'graphile_worker') and c.relkind in ('r', 'm')`)).rows[0].b);
-const count = async (status: string) => Number((await probe.query(`select count(*) from runledger.runs where status = $1`, [status])).rows[0].count);
+  Number(
+    (
+      await probe.query(`select sum(pg_total_relation_size(c.oid))::bigint as b from pg_class c join pg_namespace n on n.oid = c.relnamespace
+                              where n.nspname in ('runledger', 'graphile_worker') and c.relkind in ('r', 'm')`)
+    ).rows[0].b,
+  );
+const count = async (status: string) =>
+  Number((await probe.query(`select count(*) from runledger.runs where status = $1`, [status])).rows[0].count);
 
 const worker = await engine.runWorker({ concurrency: CONCURRENCY, pollIntervalMs: 1_000 });
 global.gc?.();
@@ -51,7 +56,10 @@ const bytesBefore = await dbBytes();
 const t0 = performance.now();
 for (let done = 0; done < RUNS; done += 5_000) {
   const batch = Math.min(5_000, RUNS - done);
-  await probe.query(`select runledger.start_run('waiter', jsonb_build_object('n', g)) from generate_series($1::int, $2::int) g`, [done, done + batch - 1]);
+  await probe.query(`select runledger.start_run('waiter', jsonb_build_object('n', g)) from generate_series($1::int, $2::int) g`, [
+    done,
+    done + batch - 1,
+  ]);
 }
 const startedMs = performance.now() - t0;
 let rssPeakParking = 0;
@@ -71,7 +79,9 @@ await probe.query(`select runledger.send_signal(run_id, 'go', '{"ok": true}') fr
 const signalMs = performance.now() - t1;
 let peakRunning = 0;
 for (;;) {
-  const r = await probe.query(`select count(*) filter (where status = 'RUNNING') as running, count(*) filter (where status = 'SUCCEEDED') as done from runledger.runs`);
+  const r = await probe.query(
+    `select count(*) filter (where status = 'RUNNING') as running, count(*) filter (where status = 'SUCCEEDED') as done from runledger.runs`,
+  );
   peakRunning = Math.max(peakRunning, Number(r.rows[0].running));
   if (Number(r.rows[0].done) >= RUNS) break;
   await new Promise((resolve) => setTimeout(resolve, 50));

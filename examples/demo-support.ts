@@ -48,7 +48,14 @@ export async function openDatabase(): Promise<DemoDatabase> {
  */
 async function prepareDemoDatabase(serverUrl: string, embeddedDir: string | undefined): Promise<string> {
   const url = withDatabase(serverUrl, DEMO_DATABASE);
-  const build = createHash('sha256').update(loadMigrations().map((m) => m.text).join('\n')).digest('hex').slice(0, 16);
+  const build = createHash('sha256')
+    .update(
+      loadMigrations()
+        .map((m) => m.text)
+        .join('\n'),
+    )
+    .digest('hex')
+    .slice(0, 16);
   const recreate = async (why: string) => {
     console.log(`The database ${DEMO_DATABASE} ${why}: dropping and creating it again.`);
     await admin(serverUrl, [`drop database if exists ${DEMO_DATABASE} with (force)`, `create database ${DEMO_DATABASE}`]);
@@ -188,7 +195,10 @@ export async function printRun(engine: Engine, runId: string, title: string): Pr
   console.log(`  => ${run.status}, termination reason ${run.terminationReason}, ${recoveries}`);
   if (run.status === 'SUCCEEDED') console.log(`     output ${JSON.stringify(run.output)}`);
   else console.log(`     error ${(run.error as { message?: string } | null)?.message ?? JSON.stringify(run.error)}`);
-  const events = await engine.pool.query(`select kind, detail->>'worker' as worker from runledger.events where run_id = $1 order by event_id`, [runId]);
+  const events = await engine.pool.query(
+    `select kind, detail->>'worker' as worker from runledger.events where run_id = $1 order by event_id`,
+    [runId],
+  );
   console.log(`     history: ${events.rows.map((e) => e.kind + claimer(e.worker)).join(' -> ')}`);
 }
 

@@ -70,9 +70,18 @@ try {
   console.log('\n2. A worker in this process: it recovers the run once the dead lease expires, and runs new refunds');
   const worker = await engine.runWorker({ concurrency: 8, leaseMs: 5000, sweepIntervalMs: 250, pollIntervalMs: 250 });
   const handles: Array<{ title: string; handle: RunHandle<unknown> }> = [
-    { title: 'Partial refund, started with engine.start', handle: await engine.start(refund, { orderId: orders.partial, amountCents: 1999, reason: 'late delivery' }) },
-    { title: 'Full refund, started with engine.start', handle: await engine.start(refund, { orderId: orders.full, amountCents: 2500, reason: 'returned' }) },
-    { title: `Over-refund (${cents(9900)} on a ${cents(1500)} order): rejected by the workflow`, handle: await engine.start(refund, { orderId: orders.over, amountCents: 9900, reason: 'typo' }) },
+    {
+      title: 'Partial refund, started with engine.start',
+      handle: await engine.start(refund, { orderId: orders.partial, amountCents: 1999, reason: 'late delivery' }),
+    },
+    {
+      title: 'Full refund, started with engine.start',
+      handle: await engine.start(refund, { orderId: orders.full, amountCents: 2500, reason: 'returned' }),
+    },
+    {
+      title: `Over-refund (${cents(9900)} on a ${cents(1500)} order): rejected by the workflow`,
+      handle: await engine.start(refund, { orderId: orders.over, amountCents: 9900, reason: 'typo' }),
+    },
   ];
   const approved = await engine.start(refund, { orderId: orders.big, amountCents: 12000, reason: 'wrong size, returned' });
   const rejected = await engine.start(refund, { orderId: orders.bigger, amountCents: 9000, reason: 'changed my mind' });
@@ -89,9 +98,10 @@ try {
     return result.rows.length === 2 ? result.rows : undefined;
   });
   const requestOf = (runId: string) => inbox.find((row) => row.run_id === runId)!.request_id as string;
-  const held = await engine.pool.query(`select count(*)::int as n from runledger.runs where run_id = any($1) and lease_owner is null and status = 'WAITING'`, [
-    [approved.runId, rejected.runId],
-  ]);
+  const held = await engine.pool.query(
+    `select count(*)::int as n from runledger.runs where run_id = any($1) and lease_owner is null and status = 'WAITING'`,
+    [[approved.runId, rejected.runId]],
+  );
   console.log(`   select * from runledger.approval_inbox  (what an approver sees)`);
   for (const row of inbox) console.log(`     ${row.request_id}  ${row.action} of ${row.amount}  approvers: ${row.approvers.join(', ')}`);
   console.log(`   ${held.rows[0].n} runs WAITING with no lease owner; this worker is executing ${worker.inFlight} runs`);
@@ -99,12 +109,18 @@ try {
   try {
     await engine.decideApproval(requestOf(approved.runId), { approved: true, decidedBy: 'ivan.intern' });
   } catch (error) {
-    console.log(`   ivan.intern tries to approve: ${(error as { code?: string }).code} (${(error as Error).message.replace(/^.*may not/, 'may not')})`);
+    console.log(
+      `   ivan.intern tries to approve: ${(error as { code?: string }).code} (${(error as Error).message.replace(/^.*may not/, 'may not')})`,
+    );
   }
   const sql = `select runledger.decide_approval('${requestOf(approved.runId)}', true, 'maria.manager', 'receipt checked')`;
   const decided = await engine.pool.query(sql);
   console.log(`   the operator, from psql:\n     ${sql}\n     -> ${JSON.stringify(decided.rows[0].decide_approval)}`);
-  const rejection = await engine.decideApproval(requestOf(rejected.runId), { approved: false, decidedBy: 'omar.ops', note: 'outside the return window' });
+  const rejection = await engine.decideApproval(requestOf(rejected.runId), {
+    approved: false,
+    decidedBy: 'omar.ops',
+    note: 'outside the return window',
+  });
   console.log(`   engine.decideApproval(..., { approved: false, decidedBy: 'omar.ops' }) -> recorded: ${rejection.recorded}`);
   handles.push(
     { title: `Refund of ${cents(12000)}: waited for approval, approved from SQL, then paid`, handle: approved },
@@ -116,7 +132,9 @@ try {
 
   console.log('\n4. What happened');
   await printRun(engine, crashRunId, `Refund of ${cents(4000)}, started from SQL; its first worker was killed`);
-  const provider = await engine.pool.query('select calls from payment_provider.refunds where idempotency_key = $1', [`refund-${crashRunId}`]);
+  const provider = await engine.pool.query('select calls from payment_provider.refunds where idempotency_key = $1', [
+    `refund-${crashRunId}`,
+  ]);
   const calls = provider.rows[0]?.calls ?? 0;
   console.log(`     payment provider: ${calls} call(s) with key refund-${crashRunId.slice(0, 6)}..., one refund`);
   console.log('     (load-order and reserve-refund were replayed from their checkpoints, not run again;');

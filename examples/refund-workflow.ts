@@ -96,100 +96,107 @@ export interface RefundHooks {
 }
 
 export function defineRefundWorkflow(engine: Engine, hooks: RefundHooks = {}) {
-  return engine.workflow(
-    { name: 'refund', input: refundInput, maxRecoveryAttempts: 3 },
-    async (ctx, input) => {
-      const order = await ctx.step('load-order', async () => {
-        const result = await engine.pool.query('select * from shop.orders where order_id = $1', [input.orderId]);
-        if (result.rowCount === 0) throw new RefundRejectedError(`order ${input.orderId} does not exist`);
-        return result.rows[0] as { order_id: string; customer_email: string; total_cents: number };
-      });
+  return engine.workflow({ name: 'refund', input: refundInput, maxRecoveryAttempts: 3 }, async (ctx, input) => {
+    const order = await ctx.step('load-order', async () => {
+      const result = await engine.pool.query('select * from shop.orders where order_id = $1', [input.orderId]);
+      if (result.rowCount === 0) throw new RefundRejectedError(`order ${input.orderId} does not exist`);
+      return result.rows[0] as { order_id: string; customer_email: string; total_cents: number };
+    });
 
-      // The check and both writes share one transaction with the checkpoint:
-      // a crash or a retry can never reserve the same refund twice.
-      await ctx.transaction('reserve-refund', async (trx) => {
-        const row = await trx
-          .selectFrom('shop.orders')
-          .select(['total_cents', 'refunded_cents'])
-          .where('order_id', '=', order.order_id)
-          .forUpdate()
-          .executeTakeFirstOrThrow();
-        const refundable = row.total_cents - row.refunded_cents;
-        if (input.amountCents > refundable) {
-          throw new RefundRejectedError(`refund of ${cents(input.amountCents)} exceeds the refundable ${cents(refundable)} on ${order.order_id}`);
-        }
-        await trx
-          .insertInto('shop.refunds')
-          .values({ refund_id: ctx.runId, order_id: order.order_id, amount_cents: input.amountCents, reason: input.reason, status: 'reserved' })
-          .execute();
-        await trx
-          .updateTable('shop.orders')
-          .set((eb) => ({ refunded_cents: eb('refunded_cents', '+', input.amountCents) }))
-          .where('order_id', '=', order.order_id)
-          .execute();
-      });
-
-      // A large refund waits for a person. The run is parked WAITING in the database: no
-      // worker, no connection, no memory, for as long as the decision takes (here 2 days
-      // at most; an undecided request returns null and counts as a rejection).
-      if (input.amountCents > APPROVAL_ABOVE_CENTS) {
-        const decision = await ctx.requestApproval('manager-approval', {
-          action: 'refund',
-          evidence: {
-            orderId: order.order_id,
-            customer: order.customer_email,
-            amount: cents(input.amountCents),
-            orderTotal: cents(order.total_cents),
-            reason: input.reason,
-          },
-          approvers: REFUND_APPROVERS,
-          timeout: '2d',
-        });
-        if (!decision?.approved) {
-          // Undo the reservation in the same transaction as its checkpoint: released exactly once.
-          await ctx.transaction('release-refund', async (trx) => {
-            await trx.updateTable('shop.refunds').set({ status: 'rejected' }).where('refund_id', '=', ctx.runId).execute();
-            await trx
-              .updateTable('shop.orders')
-              .set((eb) => ({ refunded_cents: eb('refunded_cents', '-', input.amountCents) }))
-              .where('order_id', '=', order.order_id)
-              .execute();
-          });
-          const why = decision ? `rejected by ${decision.decidedBy}${decision.note ? `: ${decision.note}` : ''}` : 'not decided within 2 days';
-          throw new RefundRejectedError(`refund of ${cents(input.amountCents)} on ${order.order_id} ${why}`);
-        }
+    // The check and both writes share one transaction with the checkpoint:
+    // a crash or a retry can never reserve the same refund twice.
+    await ctx.transaction('reserve-refund', async (trx) => {
+      const row = await trx
+        .selectFrom('shop.orders')
+        .select(['total_cents', 'refunded_cents'])
+        .where('order_id', '=', order.order_id)
+        .forUpdate()
+        .executeTakeFirstOrThrow();
+      const refundable = row.total_cents - row.refunded_cents;
+      if (input.amountCents > refundable) {
+        throw new RefundRejectedError(
+          `refund of ${cents(input.amountCents)} exceeds the refundable ${cents(refundable)} on ${order.order_id}`,
+        );
       }
+      await trx
+        .insertInto('shop.refunds')
+        .values({
+          refund_id: ctx.runId,
+          order_id: order.order_id,
+          amount_cents: input.amountCents,
+          reason: input.reason,
+          status: 'reserved',
+        })
+        .execute();
+      await trx
+        .updateTable('shop.orders')
+        .set((eb) => ({ refunded_cents: eb('refunded_cents', '+', input.amountCents) }))
+        .where('order_id', '=', order.order_id)
+        .execute();
+    });
 
-      // At least once: the run id makes a stable key, so a repeat after a crash is deduplicated by the provider.
-      const providerRefundId = await ctx.step('refund-at-provider', async () => {
-        const id = await refundAtProvider(engine.pool, `refund-${ctx.runId}`, input.amountCents);
-        hooks.afterProviderCall?.(input.orderId);
-        return id;
+    // A large refund waits for a person. The run is parked WAITING in the database: no
+    // worker, no connection, no memory, for as long as the decision takes (here 2 days
+    // at most; an undecided request returns null and counts as a rejection).
+    if (input.amountCents > APPROVAL_ABOVE_CENTS) {
+      const decision = await ctx.requestApproval('manager-approval', {
+        action: 'refund',
+        evidence: {
+          orderId: order.order_id,
+          customer: order.customer_email,
+          amount: cents(input.amountCents),
+          orderTotal: cents(order.total_cents),
+          reason: input.reason,
+        },
+        approvers: REFUND_APPROVERS,
+        timeout: '2d',
       });
+      if (!decision?.approved) {
+        // Undo the reservation in the same transaction as its checkpoint: released exactly once.
+        await ctx.transaction('release-refund', async (trx) => {
+          await trx.updateTable('shop.refunds').set({ status: 'rejected' }).where('refund_id', '=', ctx.runId).execute();
+          await trx
+            .updateTable('shop.orders')
+            .set((eb) => ({ refunded_cents: eb('refunded_cents', '-', input.amountCents) }))
+            .where('order_id', '=', order.order_id)
+            .execute();
+        });
+        const why = decision
+          ? `rejected by ${decision.decidedBy}${decision.note ? `: ${decision.note}` : ''}`
+          : 'not decided within 2 days';
+        throw new RefundRejectedError(`refund of ${cents(input.amountCents)} on ${order.order_id} ${why}`);
+      }
+    }
 
-      await ctx.transaction('record-ledger', async (trx) => {
-        await trx
-          .insertInto('shop.ledger_entries')
-          .values([
-            { refund_id: ctx.runId, account: 'sales-returns', debit_cents: input.amountCents },
-            { refund_id: ctx.runId, account: 'cash-at-provider', credit_cents: input.amountCents },
-          ])
-          .execute();
-        await trx
-          .updateTable('shop.refunds')
-          .set({ status: 'paid', provider_refund_id: providerRefundId })
-          .where('refund_id', '=', ctx.runId)
-          .execute();
-      });
+    // At least once: the run id makes a stable key, so a repeat after a crash is deduplicated by the provider.
+    const providerRefundId = await ctx.step('refund-at-provider', async () => {
+      const id = await refundAtProvider(engine.pool, `refund-${ctx.runId}`, input.amountCents);
+      hooks.afterProviderCall?.(input.orderId);
+      return id;
+    });
 
-      const messageId = await ctx.step('notify-customer', async () => {
-        await sleep(30); // the e-mail API
-        return `msg-${ctx.runId.slice(-8).toLowerCase()}`;
-      });
+    await ctx.transaction('record-ledger', async (trx) => {
+      await trx
+        .insertInto('shop.ledger_entries')
+        .values([
+          { refund_id: ctx.runId, account: 'sales-returns', debit_cents: input.amountCents },
+          { refund_id: ctx.runId, account: 'cash-at-provider', credit_cents: input.amountCents },
+        ])
+        .execute();
+      await trx
+        .updateTable('shop.refunds')
+        .set({ status: 'paid', provider_refund_id: providerRefundId })
+        .where('refund_id', '=', ctx.runId)
+        .execute();
+    });
 
-      return { refundId: ctx.runId, providerRefundId, amountCents: input.amountCents, to: order.customer_email, messageId };
-    },
-  );
+    const messageId = await ctx.step('notify-customer', async () => {
+      await sleep(30); // the e-mail API
+      return `msg-${ctx.runId.slice(-8).toLowerCase()}`;
+    });
+
+    return { refundId: ctx.runId, providerRefundId, amountCents: input.amountCents, to: order.customer_email, messageId };
+  });
 }
 
 export function cents(amount: number): string {

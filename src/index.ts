@@ -3,21 +3,32 @@ export type { Engine, EngineOptions, LogFunction, LogLevel } from './engine/inde
 export { defineWorkflow } from './engine/core/workflow.js';
 export type { Workflow, WorkflowFunction, WorkflowLimits, WorkflowOptions } from './engine/core/workflow.js';
 export type { RunHandle, StartOptions } from './engine/client/start.js';
-export type {
-  ListRunsOptions,
-  OperationRecord,
-  RunRecord,
-  StepRecord,
-} from './engine/client/runs.js';
+export type { ListRunsOptions, OperationRecord, RunRecord, StepRecord } from './engine/client/runs.js';
 export type { Jsonify } from './engine/core/jsonify.js';
 export { RUNLEDGER_TABLES } from './engine/db/schema.js';
 export type { RunledgerDatabase } from './engine/db/schema.js';
 export type { Worker, WorkerOptions } from './engine/worker/worker.js';
 export { LEASE_MS_DEFAULT, CONCURRENCY_DEFAULT } from './engine/worker/worker.js';
 export {
-  RUN_STATES, RUN_TRANSITIONS, TERMINAL_STATES, TERMINATION_REASONS, STEP_KINDS, STEP_STATUSES, WAIT_KINDS, OPERATION_STATUSES, COMPENSATION_STATUSES,
+  RUN_STATES,
+  RUN_TRANSITIONS,
+  TERMINAL_STATES,
+  TERMINATION_REASONS,
+  STEP_KINDS,
+  STEP_STATUSES,
+  WAIT_KINDS,
+  OPERATION_STATUSES,
+  COMPENSATION_STATUSES,
 } from './engine/core/states.js';
-export type { RunStatus, TerminationReason, StepKind, StepStatus, WaitKind, OperationStatus, CompensationStatus } from './engine/core/states.js';
+export type {
+  RunStatus,
+  TerminationReason,
+  StepKind,
+  StepStatus,
+  WaitKind,
+  OperationStatus,
+  CompensationStatus,
+} from './engine/core/states.js';
 export { CRASH_WHEN } from './engine/core/crash-points.js';
 export type { CrashPoint, CrashWhen } from './engine/core/crash-points.js';
 export { loadMigrations } from './engine/db/migrate.js';

@@ -78,9 +78,18 @@ describe('unknown workflows and bad names', () => {
     await expect(t.engine.runWorker({ leaseMs: 10 })).rejects.toThrow(/leaseMs/);
     await expect(t.engine.runWorker({ concurrency: 0 })).rejects.toThrow(/concurrency/);
     await expect(t.engine.runWorker({ queues: ['bad queue'] })).rejects.toThrow(/queue/);
-    await expect(t.engine.runWorker({ fetchBatchSize: 0 })).rejects.toMatchObject({ code: 'CONFIG', message: expect.stringMatching(/fetchBatchSize/) });
-    await expect(t.engine.runWorker({ pollIntervalMs: 0 })).rejects.toMatchObject({ code: 'CONFIG', message: expect.stringMatching(/pollIntervalMs/) });
-    await expect(t.engine.runWorker({ sweepIntervalMs: 2.5 })).rejects.toMatchObject({ code: 'CONFIG', message: expect.stringMatching(/sweepIntervalMs/) });
+    await expect(t.engine.runWorker({ fetchBatchSize: 0 })).rejects.toMatchObject({
+      code: 'CONFIG',
+      message: expect.stringMatching(/fetchBatchSize/),
+    });
+    await expect(t.engine.runWorker({ pollIntervalMs: 0 })).rejects.toMatchObject({
+      code: 'CONFIG',
+      message: expect.stringMatching(/pollIntervalMs/),
+    });
+    await expect(t.engine.runWorker({ sweepIntervalMs: 2.5 })).rejects.toMatchObject({
+      code: 'CONFIG',
+      message: expect.stringMatching(/sweepIntervalMs/),
+    });
     await expect(createEngine({ connectionString: db.url }).runWorker()).rejects.toThrow(/no workflow is defined/);
   });
 
@@ -94,13 +103,18 @@ describe('unknown workflows and bad names', () => {
 
 describe('input validated again at claim', () => {
   it('a run started from SQL with input that fails the schema ends FAILED with INVALID_INPUT', async () => {
-    const wf = t.engine.workflow({ name: 'sql-typed', queue: 'sql-typed', input: z.object({ n: z.number() }) }, async (_ctx, input) => input.n);
+    const wf = t.engine.workflow(
+      { name: 'sql-typed', queue: 'sql-typed', input: z.object({ n: z.number() }) },
+      async (_ctx, input) => input.n,
+    );
     const worker = await t.engine.runWorker({ queues: ['sql-typed'], concurrency: 1, leaseMs: 2_000, pollIntervalMs: 100 });
     try {
       await t.engine.start(wf, { n: 1 }); // registers the workflow
       const started = await db.pool.query(`select runledger.start_run('sql-typed', '{"n": "not a number"}') as id`);
       const { awaitResult } = await import('../src/engine/client/start.js');
-      const failure = await awaitResult({ getRun: (id: string) => t.engine.getRun(id) } as never, started.rows[0].id).catch((e: unknown) => e);
+      const failure = await awaitResult({ getRun: (id: string) => t.engine.getRun(id) } as never, started.rows[0].id).catch(
+        (e: unknown) => e,
+      );
       expect(failure).toMatchObject({ code: 'RUN_FAILED' });
       const run = await t.engine.getRun(started.rows[0].id);
       expect(run).toMatchObject({ status: 'FAILED', error: { code: 'INVALID_INPUT' } });
@@ -115,7 +129,9 @@ describe('start_run options from SQL', () => {
     await db.pool.query(`select runledger._register_workflow('sql-opts', '1', 'default', 3)`);
     const before = await runCount();
     for (const options of ['{"priority": "abc"}', '{"priority": 1.5}', '{"max_recovery_attempts": -1}', '{"deadline": "soon"}']) {
-      await expect(db.pool.query(`select runledger.start_run('sql-opts', '{}', $1::jsonb)`, [options]), options).rejects.toMatchObject({ code: 'RL003' });
+      await expect(db.pool.query(`select runledger.start_run('sql-opts', '{}', $1::jsonb)`, [options]), options).rejects.toMatchObject({
+        code: 'RL003',
+      });
     }
     expect(await runCount()).toBe(before);
   });

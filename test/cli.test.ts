@@ -81,7 +81,8 @@ beforeAll(async () => {
 });
 
 const runRow = async (runId: string) => (await db.pool.query('select * from runledger.runs where run_id = $1', [runId])).rows[0];
-const stepsRun = async (runId: string) => (await db.pool.query('select step from cli_steps where run_id = $1 order by step', [runId])).rows.map((r) => r.step);
+const stepsRun = async (runId: string) =>
+  (await db.pool.query('select step from cli_steps where run_id = $1 order by step', [runId])).rows.map((r) => r.step);
 
 describe('runledger migrate', () => {
   it('applies every migration to an empty database, then finds it up to date', async () => {
@@ -95,7 +96,11 @@ describe('runledger migrate', () => {
       const first = await cli(['migrate'], { DATABASE_URL: url });
       expect(first).toMatchObject({ code: 0, stderr: '' });
       expect(first.stdout).toMatch(/^applied 0001_schema, 0002_runs, .*0008_dispatch(, \d{4}_[a-z0-9_]+)*\n$/);
-      expect(first.stdout).toBe(`applied ${loadMigrations().map((m) => m.name).join(', ')}\n`);
+      expect(first.stdout).toBe(
+        `applied ${loadMigrations()
+          .map((m) => m.name)
+          .join(', ')}\n`,
+      );
       const second = await cli(['migrate', '--database-url', url], { DATABASE_URL: '' });
       expect(second).toMatchObject({ code: 0, stdout: 'schema runledger is up to date\n' });
       const check = new pg.Client({ connectionString: url });
@@ -120,7 +125,9 @@ describe('runledger migrate', () => {
     try {
       const result = await cli(['migrate']);
       expect(result).toMatchObject({ code: 1, stdout: '' });
-      expect(result.stderr).toMatch(/^error \[MIGRATION_MISMATCH\]: runledger migration 0002_runs \(checksum differs\) .*different build of runledger.*\n$/);
+      expect(result.stderr).toMatch(
+        /^error \[MIGRATION_MISMATCH\]: runledger migration 0002_runs \(checksum differs\) .*different build of runledger.*\n$/,
+      );
       expect(result.stderr.trim().split('\n')).toHaveLength(1);
     } finally {
       await db.pool.query(`update runledger.migrations set checksum = $1 where name = '0002_runs'`, [saved]);
@@ -163,7 +170,8 @@ describe('runledger waiting, approvals, signal, approve, cancel', () => {
       const r = await db.pool.query(`select count(*)::int as n from runledger.runs where run_id = any($1) and status = 'WAITING'`, [ids]);
       return r.rows[0].n === 4;
     });
-    const requestId: string = (await db.pool.query('select request_id from runledger.approvals where run_id = $1', [gate.runId])).rows[0].request_id;
+    const requestId: string = (await db.pool.query('select request_id from runledger.approvals where run_id = $1', [gate.runId])).rows[0]
+      .request_id;
 
     const [waiting, inbox, refused, noName, firstDup] = await Promise.all([
       cli(['waiting']),
@@ -201,7 +209,9 @@ describe('runledger waiting, approvals, signal, approve, cancel', () => {
 
     await expect(waiter.result()).resolves.toEqual({ ok: true });
     await expect(gate.result()).resolves.toEqual({ approved: true, by: 'alice', note: 'ship it' });
-    const signals = await db.pool.query('select signal_id, consumed_seq from runledger.signals where run_id = any($1) order by signal_id', [ids]);
+    const signals = await db.pool.query('select signal_id, consumed_seq from runledger.signals where run_id = any($1) order by signal_id', [
+      ids,
+    ]);
     expect(signals.rows).toEqual([
       { signal_id: 'dup-1', consumed_seq: null },
       { signal_id: 'sig-1', consumed_seq: 0 },
@@ -244,7 +254,10 @@ describe('runledger fork', () => {
   it('starts a run that reuses the checkpoints before --from and runs the rest', async () => {
     const source = await t.engine.start(flows.two, { n: 5 });
     await source.result();
-    const [forked, outOfRange] = await Promise.all([cli(['fork', source.runId, '--from', '1']), cli(['fork', source.runId, '--from', '9'])]);
+    const [forked, outOfRange] = await Promise.all([
+      cli(['fork', source.runId, '--from', '1']),
+      cli(['fork', source.runId, '--from', '9']),
+    ]);
     expect(forked.code).toBe(0);
     const forkId = forked.stdout.trim();
     expect(forkId).toMatch(/^[0-9A-HJKMNP-TV-Z]{26}$/);
@@ -267,10 +280,14 @@ describe('runledger unknown, resolve', () => {
     const claimed = await claimRun(db, handle.runId, { worker: 'dead-worker', leaseMs: 60_000 });
     const operationId = (
       await db.pool.query(`select operation_id from runledger._operation_begin($1, $2, 0, 'create-ticket', $3, false, false)`, [
-        handle.runId, claimed[0]!.fencing_token, key,
+        handle.runId,
+        claimed[0]!.fencing_token,
+        key,
       ])
     ).rows[0].operation_id as string;
-    await db.pool.query(`update runledger.runs set lease_expires_at = runledger.now() - interval '1 second' where run_id = $1`, [handle.runId]);
+    await db.pool.query(`update runledger.runs set lease_expires_at = runledger.now() - interval '1 second' where run_id = $1`, [
+      handle.runId,
+    ]);
     await db.pool.query('select runledger._recover_expired()');
     tracked.workers.push(await t.engine.runWorker({ queues: ['cli-ops'], concurrency: 2, leaseMs: 2_000, pollIntervalMs: 100 }));
     await waitFor('waiting for an operator', async () => (await runRow(handle.runId)).wait_kind === 'reconcile');
@@ -294,7 +311,8 @@ describe('runledger set-queue, queues', () => {
   it('creates a paused, limited queue, shows it with its backlog, then resumes it', async () => {
     const created = await cli(['set-queue', 'cli-limited', '--concurrency', '2', '--per-key', '1', '--rate', '10/1000', '--pause']);
     expect(created).toMatchObject({ code: 0, stdout: 'queue cli-limited: PAUSED, concurrency 2, per key 1, 10 per 1000 ms\n' });
-    for (const tenant of ['tenant-a', 'tenant-a', 'tenant-b']) await t.engine.start(flows.two, { n: 1 }, { queue: 'cli-limited', concurrencyKey: tenant });
+    for (const tenant of ['tenant-a', 'tenant-a', 'tenant-b'])
+      await t.engine.start(flows.two, { n: 1 }, { queue: 'cli-limited', concurrencyKey: tenant });
 
     const [table, byKey, badRate, badName] = await Promise.all([
       cli(['queues']),
@@ -315,7 +333,9 @@ describe('runledger set-queue, queues', () => {
     const queue = await db.pool.query(`select concurrency, per_key_concurrency, paused from runledger.queues where name = 'cli-limited'`);
     expect(queue.rows).toEqual([{ concurrency: null, per_key_concurrency: 1, paused: false }]);
     // Resumed: one run per tenant is admitted at once (per key 1); no worker serves this queue, so they stay there.
-    const admitted = await db.pool.query(`select concurrency_key from runledger.runs where queue_name = 'cli-limited' and admitted order by 1`);
+    const admitted = await db.pool.query(
+      `select concurrency_key from runledger.runs where queue_name = 'cli-limited' and admitted order by 1`,
+    );
     expect(admitted.rows.map((r) => r.concurrency_key)).toEqual(['tenant-a', 'tenant-b']);
   });
 });
@@ -330,7 +350,10 @@ describe('errors', () => {
     ]);
     expect(unknownCommand).toMatchObject({ code: 2, stdout: '' });
     expect(unknownCommand.stderr).toMatch(/^error \[USAGE\]: unknown command "frobnicate"/);
-    expect(noDatabase).toMatchObject({ code: 2, stderr: 'error [NO_DATABASE]: no database: pass --database-url postgres://... or set DATABASE_URL\n' });
+    expect(noDatabase).toMatchObject({
+      code: 2,
+      stderr: 'error [NO_DATABASE]: no database: pass --database-url postgres://... or set DATABASE_URL\n',
+    });
     expect(badJson.code).toBe(2);
     expect(badJson.stderr).toMatch(/^error \[USAGE\]: JSON_INPUT is not valid JSON/);
     expect(missingRun.code).toBe(1);

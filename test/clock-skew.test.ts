@@ -77,7 +77,10 @@ describe.each([
 
   /** Milliseconds between two of a run's times, both stamped by the database. */
   const between = async (sql: string, runId: string): Promise<number> =>
-    Number((await pool.query(`select (extract(epoch from (${sql})) * 1000)::float8 as ms from runledger.runs r where r.run_id = $1`, [runId])).rows[0].ms);
+    Number(
+      (await pool.query(`select (extract(epoch from (${sql})) * 1000)::float8 as ms from runledger.runs r where r.run_id = $1`, [runId]))
+        .rows[0].ms,
+    );
 
   it(`is ${Math.abs(skewMs) / 60_000} minutes off this process's clock`, async () => {
     const row = (await pool.query(`select (extract(epoch from runledger.now()) * 1000)::float8 as ms`)).rows[0];
@@ -90,7 +93,9 @@ describe.each([
     await waitFor('step in flight', async () => inFlight);
     await new Promise((resolve) => setTimeout(resolve, 50)); // the step is under way well before the cancel
     expect(await engine.cancel(handle.runId)).toBe('CANCELLING');
-    await expect(handle.result({ timeoutMs: 15_000 })).rejects.toMatchObject({ details: { status: 'CANCELLED', terminationReason: 'CANCELLED' } });
+    await expect(handle.result({ timeoutMs: 15_000 })).rejects.toMatchObject({
+      details: { status: 'CANCELLED', terminationReason: 'CANCELLED' },
+    });
     const steps = await pool.query(
       `select s.name, s.status, s.output, s.started_at < r.cancel_requested_at as before_cancel
          from runledger.steps s join runledger.runs r using (run_id) where s.run_id = $1 order by s.seq`,
@@ -136,8 +141,14 @@ describe.each([
     const handle = await engine.start(long, undefined);
     const result = handle.result({ timeoutMs: 15_000 });
     let settled = false;
-    void result.then(() => (settled = true), () => (settled = true));
-    await waitFor('run claimed', async () => (await pool.query(`select status from runledger.runs where run_id = $1`, [handle.runId])).rows[0]?.status === 'RUNNING');
+    void result.then(
+      () => (settled = true),
+      () => (settled = true),
+    );
+    await waitFor(
+      'run claimed',
+      async () => (await pool.query(`select status from runledger.runs where run_id = $1`, [handle.runId])).rows[0]?.status === 'RUNNING',
+    );
     // A sweep on the database's clock every 100 ms: an expired lease would be taken back.
     let recovered = 0;
     while (!settled) {
@@ -146,9 +157,13 @@ describe.each([
     }
     await expect(result).resolves.toBe('done');
     expect(recovered).toBe(0);
-    const run = (await pool.query(`select recovery_attempts, fencing_token::int as token from runledger.runs where run_id = $1`, [handle.runId])).rows[0];
+    const run = (
+      await pool.query(`select recovery_attempts, fencing_token::int as token from runledger.runs where run_id = $1`, [handle.runId])
+    ).rows[0];
     expect(run).toEqual({ recovery_attempts: 0, token: 1 });
-    const kinds = (await pool.query(`select kind from runledger.events where run_id = $1 order by event_id`, [handle.runId])).rows.map((r) => r.kind);
+    const kinds = (await pool.query(`select kind from runledger.events where run_id = $1 order by event_id`, [handle.runId])).rows.map(
+      (r) => r.kind,
+    );
     expect(kinds).not.toContain('lease_expired');
   });
 });

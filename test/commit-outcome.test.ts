@@ -48,7 +48,9 @@ beforeAll(async () => {
 async function facts(runId: string) {
   const payments = await db.pool.query('select amount from payments where run_id = $1', [runId]);
   const attempts = await db.pool.query('select count(*)::int as n from pay_attempts where run_id = $1', [runId]);
-  const step = await db.pool.query(`select output, fencing_token::int as token from runledger.steps where run_id = $1 and name = 'pay'`, [runId]);
+  const step = await db.pool.query(`select output, fencing_token::int as token from runledger.steps where run_id = $1 and name = 'pay'`, [
+    runId,
+  ]);
   return { payments: payments.rows, attempts: attempts.rows[0].n, step: step.rows };
 }
 

@@ -79,7 +79,9 @@ describe('SQL agrees with TypeScript', () => {
 
   it('termination_reasons(), step_kinds() and wait_kinds() are TERMINATION_REASONS, STEP_KINDS and WAIT_KINDS, in order', async () => {
     const row = (
-      await t.db.pool.query('select runledger.termination_reasons() as reasons, runledger.step_kinds() as steps, runledger.wait_kinds() as waits')
+      await t.db.pool.query(
+        'select runledger.termination_reasons() as reasons, runledger.step_kinds() as steps, runledger.wait_kinds() as waits',
+      )
     ).rows[0];
     expect(row).toEqual({ reasons: [...TERMINATION_REASONS], steps: [...STEP_KINDS], waits: [...WAIT_KINDS] });
   });

@@ -85,7 +85,10 @@ describe('SIGKILL mid-run', () => {
     expect(rerun.length).toBeGreaterThanOrEqual(1);
     for (const fact of rerun) expect(fact.token).toBe(2);
     await assertOrdersExactlyOnce(runIds);
-    const recovered = await db.pool.query(`select count(*)::int as n from runledger.events where run_id = any($1) and kind = 'lease_expired'`, [runIds]);
+    const recovered = await db.pool.query(
+      `select count(*)::int as n from runledger.events where run_id = any($1) and kind = 'lease_expired'`,
+      [runIds],
+    );
     expect(recovered.rows[0].n).toBeGreaterThanOrEqual(1);
   });
 
@@ -126,7 +129,9 @@ describe('SIGKILL in a group commit', () => {
 
     await worker();
     await waitFor('all runs finished', () => allFinished(runIds));
-    const statuses = await db.pool.query(`select status, count(*)::int as n from runledger.runs where run_id = any($1) group by 1`, [runIds]);
+    const statuses = await db.pool.query(`select status, count(*)::int as n from runledger.runs where run_id = any($1) group by 1`, [
+      runIds,
+    ]);
     expect(statuses.rows).toEqual([{ status: 'SUCCEEDED', n: 48 }]);
     const facts = await stepFacts(runIds);
     expect(facts).toHaveLength(24 * 4 + 24);
@@ -165,7 +170,9 @@ describe('SIGKILL before completion', () => {
 
     await worker();
     await waitFor('all runs finished', () => allFinished([...orderIds, ...noopIds]));
-    const statuses = await db.pool.query(`select status, count(*)::int as n from runledger.runs where run_id = any($1) group by 1`, [[...orderIds, ...noopIds]]);
+    const statuses = await db.pool.query(`select status, count(*)::int as n from runledger.runs where run_id = any($1) group by 1`, [
+      [...orderIds, ...noopIds],
+    ]);
     expect(statuses.rows).toEqual([{ status: 'SUCCEEDED', n: 6 }]);
     await assertOrdersExactlyOnce(orderIds); // 'ship', the last step of order, is a transaction step: never deferred
     const facts = await stepFacts([...orderIds, ...noopIds]);
@@ -182,7 +189,10 @@ describe('zombie worker', () => {
     const handle = await t.engine.start(t.fixtures.slow, { ms: 2_500 });
     const zombie = await worker({ LEASE_MS: '800' });
     await waitFor('zombie inside the slow transaction', async () => {
-      const r = await db.pool.query(`select 1 from step_executions where run_id = $1 and step = 'slow-write' and pid = $2`, [handle.runId, zombie.pid]);
+      const r = await db.pool.query(`select 1 from step_executions where run_id = $1 and step = 'slow-write' and pid = $2`, [
+        handle.runId,
+        zombie.pid,
+      ]);
       return r.rowCount === 1;
     });
     zombie.kill('SIGSTOP');
@@ -194,7 +204,9 @@ describe('zombie worker', () => {
 
     const orders = await db.pool.query(`select item from orders where run_id = $1`, [handle.runId]);
     expect(orders.rows).toEqual([{ item: 'slow' }]);
-    const steps = await db.pool.query(`select seq, name, fencing_token::int as token from runledger.steps where run_id = $1 order by seq`, [handle.runId]);
+    const steps = await db.pool.query(`select seq, name, fencing_token::int as token from runledger.steps where run_id = $1 order by seq`, [
+      handle.runId,
+    ]);
     expect(steps.rows).toEqual([
       { seq: 0, name: 'first', token: 1 },
       { seq: 1, name: 'slow-write', token: 2 },
@@ -221,17 +233,23 @@ describe('poison run', () => {
     const run = await t.engine.getRun(handle.runId);
     expect(run).toMatchObject({ status: 'DEAD_LETTER', terminationReason: 'MAX_RECOVERY_ATTEMPTS', recoveryAttempts: 2 });
     expect(run?.terminationEvidence).toMatchObject({ recovery_attempts: 2, max_recovery_attempts: 2 });
-    const before = await db.pool.query(`select step, count(*)::int as n from step_executions where run_id = $1 group by 1 order by 1`, [handle.runId]);
+    const before = await db.pool.query(`select step, count(*)::int as n from step_executions where run_id = $1 group by 1 order by 1`, [
+      handle.runId,
+    ]);
     expect(before.rows).toEqual([
       { step: 'before', n: 1 },
       { step: 'boom', n: 3 },
     ]);
 
     await db.pool.query(`update fault_switch set on_ = false where name = 'boom'`);
-    await expect(db.pool.query(`select runledger.retry_run($1) as status`, [handle.runId])).resolves.toMatchObject({ rows: [{ status: 'PENDING' }] });
+    await expect(db.pool.query(`select runledger.retry_run($1) as status`, [handle.runId])).resolves.toMatchObject({
+      rows: [{ status: 'PENDING' }],
+    });
     await worker();
     await expect(handle.result({ timeoutMs: 30_000 })).resolves.toBe('survived');
-    const after = await db.pool.query(`select step, count(*)::int as n from step_executions where run_id = $1 group by 1 order by 1`, [handle.runId]);
+    const after = await db.pool.query(`select step, count(*)::int as n from step_executions where run_id = $1 group by 1 order by 1`, [
+      handle.runId,
+    ]);
     expect(after.rows).toEqual([
       { step: 'before', n: 1 },
       { step: 'boom', n: 4 },
@@ -287,7 +305,9 @@ describe('connection faults', () => {
       return killed.rows[0].n as number;
     };
     await waitFor('some runs done', async () => {
-      const r = await db.pool.query(`select count(*)::int as n from runledger.runs where run_id = any($1) and status = 'SUCCEEDED'`, [runIds]);
+      const r = await db.pool.query(`select count(*)::int as n from runledger.runs where run_id = any($1) and status = 'SUCCEEDED'`, [
+        runIds,
+      ]);
       return r.rows[0].n >= 5;
     });
     expect(await killSessions()).toBeGreaterThanOrEqual(2); // the engine pool and the LISTEN session at least
@@ -301,7 +321,9 @@ describe('connection faults', () => {
     const later = await startOrders(10);
     await waitFor('all runs finished', () => allFinished([...runIds, ...later]), 50_000);
     expect(faulty.child.exitCode).toBeNull(); // the worker survived its connections dying
-    const statuses = await db.pool.query(`select status, count(*)::int as n from runledger.runs where run_id = any($1) group by 1`, [[...runIds, ...later]]);
+    const statuses = await db.pool.query(`select status, count(*)::int as n from runledger.runs where run_id = any($1) group by 1`, [
+      [...runIds, ...later],
+    ]);
     expect(statuses.rows).toEqual([{ status: 'SUCCEEDED', n: 310 }]);
     await assertOrdersExactlyOnce([...runIds, ...later]);
     const facts = await stepFacts([...runIds, ...later]);

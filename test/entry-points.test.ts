@@ -48,11 +48,23 @@ function probe(entry: string, viaTsx: boolean): Probe {
 }
 
 const entries: Array<{ name: string; main: string; dev: string; testing: string; viaTsx: boolean }> = [
-  { name: 'src through tsx', main: join(ROOT, 'src/index.ts'), dev: join(ROOT, 'src/dev/index.ts'), testing: join(ROOT, 'src/testing/index.ts'), viaTsx: true },
+  {
+    name: 'src through tsx',
+    main: join(ROOT, 'src/index.ts'),
+    dev: join(ROOT, 'src/dev/index.ts'),
+    testing: join(ROOT, 'src/testing/index.ts'),
+    viaTsx: true,
+  },
 ];
 // CI builds before it tests; locally dist/ exists only after `npm run build`.
 if (existsSync(join(ROOT, 'dist/index.js'))) {
-  entries.push({ name: 'built dist', main: join(ROOT, 'dist/index.js'), dev: join(ROOT, 'dist/dev/index.js'), testing: join(ROOT, 'dist/testing/index.js'), viaTsx: false });
+  entries.push({
+    name: 'built dist',
+    main: join(ROOT, 'dist/index.js'),
+    dev: join(ROOT, 'dist/dev/index.js'),
+    testing: join(ROOT, 'dist/testing/index.js'),
+    viaTsx: false,
+  });
 }
 
 describe.each(entries)('importing the package ($name)', ({ main, dev, testing, viaTsx }) => {

@@ -66,8 +66,18 @@ async function startAndClaim(label: string): Promise<{ runId: string; token: str
 
 function step(runId: string, token: string, seq: number, extra: Partial<StepItemValues> = {}): StepItemValues {
   return {
-    runId, token, seq, name: `s${seq}`, kind: 'step', status: 'SUCCEEDED', outputText: JSON.stringify({ runId, seq }),
-    errorJson: null, attempts: 1, startedMsAgo: 0, charge: 0, ...extra,
+    runId,
+    token,
+    seq,
+    name: `s${seq}`,
+    kind: 'step',
+    status: 'SUCCEEDED',
+    outputText: JSON.stringify({ runId, seq }),
+    errorJson: null,
+    attempts: 1,
+    startedMsAgo: 0,
+    charge: 0,
+    ...extra,
   };
 }
 
@@ -144,7 +154,11 @@ describe('GroupCommit', () => {
       commits.submit(completeItem({ runId: done.runId, token: done.token, outputText: '{"total":1}', policyVersion: 'p/1', charge: 0 })),
       commits.submit(
         completeItem({
-          runId: last.runId, token: last.token, outputText: '"finished"', policyVersion: 'p/1', charge: 0,
+          runId: last.runId,
+          token: last.token,
+          outputText: '"finished"',
+          policyVersion: 'p/1',
+          charge: 0,
           step: step(last.runId, last.token, 0, { name: 'final', outputText: '[1,2]' }),
         }),
       ),
@@ -168,11 +182,17 @@ describe('GroupCommit', () => {
     expect((settled[4] as PromiseFulfilledResult<unknown>).value).toEqual({ runStatus: undefined });
 
     // The others committed.
-    expect((await stepRows(a.runId)).map((s) => [s.seq, s.token])).toEqual([[0, a.token], [1, a.token]]);
+    expect((await stepRows(a.runId)).map((s) => [s.seq, s.token])).toEqual([
+      [0, a.token],
+      [1, a.token],
+    ]);
     expect((await stepRows(b.runId)).map((s) => [s.seq, s.token])).toEqual([[0, b.token]]);
     expect(await runRow(done.runId)).toMatchObject({ status: 'SUCCEEDED', output: { total: 1 }, termination_reason: 'COMPLETED' });
     expect(await runRow(last.runId)).toMatchObject({
-      status: 'SUCCEEDED', output: 'finished', termination_reason: 'COMPLETED', termination_evidence: { steps: 1, budget_spent: 0 },
+      status: 'SUCCEEDED',
+      output: 'finished',
+      termination_reason: 'COMPLETED',
+      termination_evidence: { steps: 1, budget_spent: 0 },
     });
     expect(await stepRows(last.runId)).toEqual([{ seq: 0, name: 'final', status: 'SUCCEEDED', output: [1, 2], token: last.token }]);
     // The stale one wrote nothing; the run stays with its new owner.

@@ -133,10 +133,12 @@ describe('engine.migrate()', () => {
   it('rejects with SCHEMA_TOO_NEW when the database has a breaking migration newer than the code, and releases its lock', async () => {
     await pool.query(`insert into runledger.migrations (version, name, breaking) values (9999, '9999_future', true)`);
     try {
-      const error = await engineFor(url).migrate().then(
-        () => undefined,
-        (e: unknown) => e,
-      );
+      const error = await engineFor(url)
+        .migrate()
+        .then(
+          () => undefined,
+          (e: unknown) => e,
+        );
       expect(error).toBeInstanceOf(SchemaTooNewError);
       expect(error).toBeInstanceOf(RunledgerError);
       expect(error).toMatchObject({ code: 'SCHEMA_TOO_NEW' });
@@ -152,14 +154,18 @@ describe('engine.migrate()', () => {
 });
 
 function sha256(file: string): string {
-  return createHash('sha256').update(readFileSync(`${SQL_DIR}/${file}.sql`, 'utf8'), 'utf8').digest('hex');
+  return createHash('sha256')
+    .update(readFileSync(`${SQL_DIR}/${file}.sql`, 'utf8'), 'utf8')
+    .digest('hex');
 }
 
 async function refusal(url: string): Promise<unknown> {
-  return engineFor(url).migrate().then(
-    () => undefined,
-    (e: unknown) => e,
-  );
+  return engineFor(url)
+    .migrate()
+    .then(
+      () => undefined,
+      (e: unknown) => e,
+    );
 }
 
 describe('engine.migrate() and the checksums of applied migrations', () => {

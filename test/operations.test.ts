@@ -36,7 +36,9 @@ async function inProcessWorker(e: Engine, queues: string[], options: { concurren
 const runRow = async (runId: string) => (await db.pool.query('select * from runledger.runs where run_id = $1', [runId])).rows[0];
 const operation = async (runId: string) => (await db.pool.query('select * from runledger.operations where run_id = $1', [runId])).rows[0];
 const events = async (runId: string, kind: string) =>
-  (await db.pool.query('select detail from runledger.events where run_id = $1 and kind = $2 order by event_id', [runId, kind])).rows.map((r) => r.detail);
+  (await db.pool.query('select detail from runledger.events where run_id = $1 and kind = $2 order by event_id', [runId, kind])).rows.map(
+    (r) => r.detail,
+  );
 
 /** The service has acted on the call, then the worker dies before reading the reply. */
 async function crashAfterTheCall(mode: 'reconcile' | 'idempotent' | 'manual') {
@@ -58,7 +60,11 @@ describe('the crash window of an external call', () => {
     await processWorker();
     await expect(handle.result({ timeoutMs: 30_000 })).resolves.toEqual({ id: service.tickets.get(key) });
     expect(service.calls.get(key)).toBe(1);
-    expect(await operation(handle.runId)).toMatchObject({ status: 'SUCCEEDED', idempotency_key: key, external_resource_id: service.tickets.get(key) });
+    expect(await operation(handle.runId)).toMatchObject({
+      status: 'SUCCEEDED',
+      idempotency_key: key,
+      external_resource_id: service.tickets.get(key),
+    });
     expect(await events(handle.runId, 'operation_unknown')).toHaveLength(1);
   });
 
@@ -67,11 +73,17 @@ describe('the crash window of an external call', () => {
     await processWorker();
     await waitFor('waiting for an operator', async () => (await runRow(handle.runId)).wait_kind === 'reconcile');
     expect(await runRow(handle.runId)).toMatchObject({ status: 'WAITING', lease_owner: null });
-    const unknown = await db.pool.query('select operation_id, idempotency_key, run_id from runledger.unknown_operations where run_id = $1', [handle.runId]);
+    const unknown = await db.pool.query(
+      'select operation_id, idempotency_key, run_id from runledger.unknown_operations where run_id = $1',
+      [handle.runId],
+    );
     expect(unknown.rows).toEqual([{ operation_id: expect.any(String), idempotency_key: key, run_id: handle.runId }]);
 
     const ticketId = service.tickets.get(key);
-    await db.pool.query(`select runledger.resolve_operation($1, 'SUCCEEDED', $2::jsonb)`, [unknown.rows[0].operation_id, JSON.stringify({ id: ticketId })]);
+    await db.pool.query(`select runledger.resolve_operation($1, 'SUCCEEDED', $2::jsonb)`, [
+      unknown.rows[0].operation_id,
+      JSON.stringify({ id: ticketId }),
+    ]);
     await expect(handle.result({ timeoutMs: 30_000 })).resolves.toEqual({ id: ticketId });
     expect(service.calls.get(key)).toBe(1);
     expect(await operation(handle.runId)).toMatchObject({ status: 'SUCCEEDED', resolved_by: expect.any(String) });
@@ -97,18 +109,25 @@ describe('retries', () => {
   it('a flaky step succeeds on attempt 3, with each failed attempt and its backoff recorded', async () => {
     let calls = 0;
     const wf = t.engine.workflow({ name: 'flaky-retry', queue: 'retries' }, async (ctx) =>
-      ctx.step('flaky', ({ attempt }) => {
-        calls++;
-        if (attempt < 3) throw new Error(`attempt ${attempt} failed`);
-        return `ok on ${attempt}`;
-      }, { retry: { maxAttempts: 5, initialDelayMs: 20 } }),
+      ctx.step(
+        'flaky',
+        ({ attempt }) => {
+          calls++;
+          if (attempt < 3) throw new Error(`attempt ${attempt} failed`);
+          return `ok on ${attempt}`;
+        },
+        { retry: { maxAttempts: 5, initialDelayMs: 20 } },
+      ),
     );
     await inProcessWorker(t.engine, ['retries']);
     const handle = await t.engine.start(wf, undefined);
     await expect(handle.result()).resolves.toBe('ok on 3');
     expect(calls).toBe(3);
     const failed = await events(handle.runId, 'attempt_failed');
-    expect(failed.map((d) => [d.attempt, d.error.message])).toEqual([[1, 'attempt 1 failed'], [2, 'attempt 2 failed']]);
+    expect(failed.map((d) => [d.attempt, d.error.message])).toEqual([
+      [1, 'attempt 1 failed'],
+      [2, 'attempt 2 failed'],
+    ]);
     expect(failed.every((d) => d.retry_in_ms >= 10)).toBe(true);
     expect((await t.engine.getRun(handle.runId))?.steps?.[0]).toMatchObject({ name: 'flaky', status: 'SUCCEEDED', attempts: 3 });
   });
@@ -116,10 +135,14 @@ describe('retries', () => {
   it('a non-retryable error fails the step at once', async () => {
     let calls = 0;
     const wf = t.engine.workflow({ name: 'hopeless', queue: 'retries' }, async (ctx) =>
-      ctx.step('hopeless', () => {
-        calls++;
-        throw new NonRetryableError('card declined');
-      }, { retry: { maxAttempts: 5, initialDelayMs: 10 } }),
+      ctx.step(
+        'hopeless',
+        () => {
+          calls++;
+          throw new NonRetryableError('card declined');
+        },
+        { retry: { maxAttempts: 5, initialDelayMs: 10 } },
+      ),
     );
     await inProcessWorker(t.engine, ['retries']);
     const handle = await t.engine.start(wf, undefined);
@@ -131,9 +154,13 @@ describe('retries', () => {
   it('the run retry budget stops a run whose steps keep failing', async () => {
     const wf = t.engine.workflow({ name: 'always-failing', queue: 'retries', limits: { retryBudget: 3 } }, async (ctx) => {
       for (const name of ['a', 'b']) {
-        await ctx.step(name, () => {
-          throw new Error(`${name} broken`);
-        }, { retry: { maxAttempts: 10, initialDelayMs: 5 } });
+        await ctx.step(
+          name,
+          () => {
+            throw new Error(`${name} broken`);
+          },
+          { retry: { maxAttempts: 10, initialDelayMs: 5 } },
+        );
       }
       return 'unreachable';
     });
@@ -141,16 +168,22 @@ describe('retries', () => {
     const handle = await t.engine.start(wf, undefined);
     await expect(handle.result()).rejects.toMatchObject({ details: { status: 'FAILED' } });
     expect(await events(handle.runId, 'attempt_failed')).toHaveLength(3);
-    expect(await events(handle.runId, 'retry_budget_exhausted')).toEqual([expect.objectContaining({ retries_used: 3, retry_budget: 3, name: 'a', attempt: 4 })]);
+    expect(await events(handle.runId, 'retry_budget_exhausted')).toEqual([
+      expect.objectContaining({ retries_used: 3, retry_budget: 3, name: 'a', attempt: 4 }),
+    ]);
     expect((await runRow(handle.runId)).retries_used).toBe(3);
   });
 
   it('a long backoff is a durable wait: the worker is freed and the next attempt runs later', async () => {
     const wf = t.engine.workflow({ name: 'slow-retry', queue: 'one-slot' }, async (ctx) =>
-      ctx.step('remote', ({ attempt }) => {
-        if (attempt === 1) throw new Error('busy, try later');
-        return `done on ${attempt}`;
-      }, { retry: { maxAttempts: 2, initialDelayMs: 1_500, jitter: false, durableAfterMs: 500 } }),
+      ctx.step(
+        'remote',
+        ({ attempt }) => {
+          if (attempt === 1) throw new Error('busy, try later');
+          return `done on ${attempt}`;
+        },
+        { retry: { maxAttempts: 2, initialDelayMs: 1_500, jitter: false, durableAfterMs: 500 } },
+      ),
     );
     const quick = t.engine.workflow({ name: 'quick-one', queue: 'one-slot' }, async (ctx) => ctx.step('q', () => 'quick'));
     await inProcessWorker(t.engine, ['one-slot'], { concurrency: 1 });
@@ -211,8 +244,14 @@ describe('compensation', () => {
       `select detail->>'operation_id' as op from runledger.events where run_id = $1 and kind = 'compensated' order by event_id`,
       [handle.runId],
     );
-    const ops = await db.pool.query('select operation_id, name, compensation_status from runledger.operations where run_id = $1 order by seq', [handle.runId]);
-    expect(ops.rows.map((o) => [o.name, o.compensation_status])).toEqual([['reserve', 'DONE'], ['charge', 'DONE']]);
+    const ops = await db.pool.query(
+      'select operation_id, name, compensation_status from runledger.operations where run_id = $1 order by seq',
+      [handle.runId],
+    );
+    expect(ops.rows.map((o) => [o.name, o.compensation_status])).toEqual([
+      ['reserve', 'DONE'],
+      ['charge', 'DONE'],
+    ]);
     expect(compensated.rows.map((r) => r.op)).toEqual([ops.rows[1].operation_id, ops.rows[0].operation_id]);
     expect(service.cancellations.get(`charge-${handle.runId}:compensate`)).toBe(1);
     expect(service.cancellations.get(`reserve-${handle.runId}:compensate`)).toBe(1);
@@ -234,10 +273,14 @@ describe('compensation', () => {
 
   it('cancelling a run compensates what it already did', async () => {
     const wf = t.engine.workflow({ name: 'cancel-saga', queue: 'cancel-saga' }, async (ctx) => {
-      await ctx.operation('book', {
-        idempotencyKey: `book-${ctx.runId}`,
-        compensate: ({ idempotencyKey }) => fetch(`${service.url}/cancel?key=${idempotencyKey}`, { method: 'POST' }),
-      }, ({ idempotencyKey }) => fetch(`${service.url}/tickets?key=${idempotencyKey}`, { method: 'POST' }).then((r) => r.json()));
+      await ctx.operation(
+        'book',
+        {
+          idempotencyKey: `book-${ctx.runId}`,
+          compensate: ({ idempotencyKey }) => fetch(`${service.url}/cancel?key=${idempotencyKey}`, { method: 'POST' }),
+        },
+        ({ idempotencyKey }) => fetch(`${service.url}/tickets?key=${idempotencyKey}`, { method: 'POST' }).then((r) => r.json()),
+      );
       await ctx.waitForSignal('confirm');
       return 'confirmed';
     });

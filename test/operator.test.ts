@@ -6,7 +6,12 @@ const t = useTestEngine({ fixtures: true, worker: { concurrency: 4, leaseMs: 2_0
 const { db } = t;
 
 const executions = async (runId: string) =>
-  Object.fromEntries((await db.pool.query('select step, count(*)::int as n from step_executions where run_id = $1 group by 1', [runId])).rows.map((r) => [r.step, r.n]));
+  Object.fromEntries(
+    (await db.pool.query('select step, count(*)::int as n from step_executions where run_id = $1 group by 1', [runId])).rows.map((r) => [
+      r.step,
+      r.n,
+    ]),
+  );
 
 describe('runledger.fork_run', () => {
   it('a fork reuses the checkpoints before from_step and runs the rest', async () => {
@@ -14,7 +19,10 @@ describe('runledger.fork_run', () => {
     await source.result();
     const forkId = (await db.pool.query(`select runledger.fork_run($1, 2) as id`, [source.runId])).rows[0].id as string;
     const fork = await t.engine.getRun(forkId);
-    expect(fork).toMatchObject({ status: expect.stringMatching(/PENDING|RUNNING|SUCCEEDED/), versionManifest: expect.objectContaining({ forked_from: source.runId, from_step: 2 }) });
+    expect(fork).toMatchObject({
+      status: expect.stringMatching(/PENDING|RUNNING|SUCCEEDED/),
+      versionManifest: expect.objectContaining({ forked_from: source.runId, from_step: 2 }),
+    });
     const { awaitResult } = await import('../src/engine/client/start.js');
     await expect(awaitResult({ getRun: (id: string) => t.engine.getRun(id) } as never, forkId)).resolves.toEqual({ charged: 200 });
     expect(await executions(forkId)).toEqual({ charge: 1, ship: 1 }); // load and reserve were reused

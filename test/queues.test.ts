@@ -26,19 +26,28 @@ describe('concurrency across processes', () => {
     await t.engine.setQueue('limited', { concurrency: 5 });
     const runIds: string[] = [];
     for (let i = 0; i < 60; i++) runIds.push((await t.engine.start(t.fixtures.slow, { ms: 60 }, { queue: 'limited' })).runId);
-    await Promise.all([1, 2, 3].map(async () => spawned.push(await spawnWorker({ DATABASE_URL: db.url, LEASE_MS: '2000', CONCURRENCY: '8', QUEUES: 'limited' }))));
+    await Promise.all(
+      [1, 2, 3].map(async () =>
+        spawned.push(await spawnWorker({ DATABASE_URL: db.url, LEASE_MS: '2000', CONCURRENCY: '8', QUEUES: 'limited' })),
+      ),
+    );
 
     let peak = 0;
     const samples: number[] = [];
     while (!(await allDone(runIds))) {
-      const r = await db.pool.query(`select count(*)::int as n from runledger.runs where queue_name = 'limited' and status in ('RUNNING', 'CANCELLING')`);
+      const r = await db.pool.query(
+        `select count(*)::int as n from runledger.runs where queue_name = 'limited' and status in ('RUNNING', 'CANCELLING')`,
+      );
       samples.push(r.rows[0].n);
       peak = Math.max(peak, r.rows[0].n);
     }
     expect(samples.length).toBeGreaterThan(10);
     expect(peak).toBeLessThanOrEqual(5);
     expect(peak).toBe(5); // work-conserving: the slots were used
-    const owners = await db.pool.query(`select count(distinct detail->>'worker')::int as n from runledger.events where run_id = any($1) and kind = 'claimed'`, [runIds]);
+    const owners = await db.pool.query(
+      `select count(distinct detail->>'worker')::int as n from runledger.events where run_id = any($1) and kind = 'claimed'`,
+      [runIds],
+    );
     expect(owners.rows[0].n).toBe(3);
   });
 });
@@ -54,10 +63,14 @@ describe('fairness', () => {
       `select runledger.start_run('noop', jsonb_build_object('n', g), '{"queue": "fair", "concurrency_key": "tenant-b"}') from generate_series(1, 20) g`,
     );
     await inProcessWorker(['fair'], 4);
-    await waitFor('all done', async () => {
-      const r = await db.pool.query(`select count(*)::int as n from runledger.runs where queue_name = 'fair' and status <> 'SUCCEEDED'`);
-      return r.rows[0].n === 0;
-    }, 120_000);
+    await waitFor(
+      'all done',
+      async () => {
+        const r = await db.pool.query(`select count(*)::int as n from runledger.runs where queue_name = 'fair' and status <> 'SUCCEEDED'`);
+        return r.rows[0].n === 0;
+      },
+      120_000,
+    );
     const order = await db.pool.query(
       // rank(): runs completed in one group commit share their finished_at, and none of them
       // finished before another; a tie-break (by run_id, say) would put B behind A in every batch.
@@ -72,7 +85,8 @@ describe('fairness', () => {
     await t.engine.setQueue('per-tenant', { concurrency: 6, perKeyConcurrency: 2 });
     const ids: string[] = [];
     for (const tenant of ['x', 'y']) {
-      for (let i = 0; i < 10; i++) ids.push((await t.engine.start(t.fixtures.slow, { ms: 40 }, { queue: 'per-tenant', concurrencyKey: tenant })).runId);
+      for (let i = 0; i < 10; i++)
+        ids.push((await t.engine.start(t.fixtures.slow, { ms: 40 }, { queue: 'per-tenant', concurrencyKey: tenant })).runId);
     }
     await inProcessWorker(['per-tenant'], 8);
     let peakPerKey = 0;
@@ -91,10 +105,18 @@ describe('rate limit', () => {
     await t.engine.setQueue('rated', { rateLimit: { max: 4, periodMs: 1_000 } });
     const ids: string[] = [];
     for (let i = 0; i < 12; i++) ids.push((await t.engine.start(t.fixtures.noop, { n: i }, { queue: 'rated' })).runId);
-    const rated = await t.engine.runWorker({ queues: ['rated'], concurrency: 8, leaseMs: 1_000, pollIntervalMs: 100, sweepIntervalMs: 100 });
+    const rated = await t.engine.runWorker({
+      queues: ['rated'],
+      concurrency: 8,
+      leaseMs: 1_000,
+      pollIntervalMs: 100,
+      sweepIntervalMs: 100,
+    });
     workers.push(rated);
     await waitFor('all done', () => allDone(ids), 30_000);
-    const times = (await db.pool.query(`select admitted_at from runledger.runs where run_id = any($1) order by admitted_at`, [ids])).rows.map((r) => (r.admitted_at as Date).getTime());
+    const times = (
+      await db.pool.query(`select admitted_at from runledger.runs where run_id = any($1) order by admitted_at`, [ids])
+    ).rows.map((r) => (r.admitted_at as Date).getTime());
     expect(times).toHaveLength(12);
     for (let i = 0; i < times.length; i++) {
       const inWindow = times.filter((t) => t >= times[i]! && t < times[i]! + 1_000).length;
@@ -117,7 +139,9 @@ describe('priority, pause and resume', () => {
     const handles = [];
     for (const p of [5, 1, 3, 2, 4]) handles.push(await t.engine.start(wf, { p }, { priority: p }));
     await inProcessWorker(['prio'], 1);
-    const stats = await db.pool.query(`select waiting_admission, running, paused from runledger.queue_stats where queue_name = 'prio' and queue_total`);
+    const stats = await db.pool.query(
+      `select waiting_admission, running, paused from runledger.queue_stats where queue_name = 'prio' and queue_total`,
+    );
     expect(stats.rows).toEqual([{ waiting_admission: '5', running: '0', paused: true }]);
     const statuses = await db.pool.query(`select distinct status from runledger.runs where queue_name = 'prio'`);
     expect(statuses.rows).toEqual([{ status: 'PENDING' }]);
@@ -133,7 +157,11 @@ describe('priority, pause and resume', () => {
     await expect(db.pool.query(`select runledger.set_queue('q-bad', '{"rate_limit_max": 5}')`)).rejects.toMatchObject({ code: 'RL003' });
     await expect(t.engine.setQueue('bad name!', { concurrency: 1 })).rejects.toMatchObject({ code: 'INVALID_INPUT' });
     await t.engine.setQueue('q-keep', { concurrency: 3, perKeyConcurrency: 1 });
-    await expect(t.engine.setQueue('q-keep', { paused: true })).resolves.toMatchObject({ concurrency: 3, perKeyConcurrency: 1, paused: true });
+    await expect(t.engine.setQueue('q-keep', { paused: true })).resolves.toMatchObject({
+      concurrency: 3,
+      perKeyConcurrency: 1,
+      paused: true,
+    });
     await expect(t.engine.setQueue('q-keep', { concurrency: null })).resolves.toMatchObject({ concurrency: null, perKeyConcurrency: 1 });
   });
 });
@@ -172,7 +200,9 @@ describe('cron schedules', () => {
       `insert into graphile_worker._private_known_crontabs (identifier, known_since, last_execution) values ('every-minute', $1, $1)`,
       [new Date(lastFired.getTime() - 60 * 60_000)],
     );
-    await db.pool.query(`update graphile_worker._private_known_crontabs set last_execution = $1 where identifier = 'every-minute'`, [lastFired]);
+    await db.pool.query(`update graphile_worker._private_known_crontabs set last_execution = $1 where identifier = 'every-minute'`, [
+      lastFired,
+    ]);
     const other = t.newEngine();
     for (const e of [t.engine, other]) {
       const wf = e === t.engine ? ticks : e.workflow({ name: 'ticker', queue: 'cron' }, async (ctx) => ctx.step('tick', () => ctx.runId));
@@ -182,7 +212,9 @@ describe('cron schedules', () => {
 
     const minutesMissed = Math.floor((Date.now() - lastFired.getTime()) / 60_000);
     const runs = await waitFor('missed ticks started', async () => {
-      const r = await db.pool.query(`select idempotency_key, status from runledger.runs where workflow_name = 'ticker' order by idempotency_key`);
+      const r = await db.pool.query(
+        `select idempotency_key, status from runledger.runs where workflow_name = 'ticker' order by idempotency_key`,
+      );
       return r.rows.length >= minutesMissed && r.rows.every((row) => row.status === 'SUCCEEDED') ? r.rows : undefined;
     });
     const keys = runs.map((r) => r.idempotency_key as string);

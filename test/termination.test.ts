@@ -25,9 +25,11 @@ async function worker(queue: string): Promise<Worker> {
 }
 
 const mark = (runId: string, step: string) => db.pool.query('insert into executed (run_id, step) values ($1, $2)', [runId, step]);
-const executed = async (runId: string) => (await db.pool.query('select step from executed where run_id = $1 order by at', [runId])).rows.map((r) => r.step);
+const executed = async (runId: string) =>
+  (await db.pool.query('select step from executed where run_id = $1 order by at', [runId])).rows.map((r) => r.step);
 const runRow = async (runId: string) => (await db.pool.query('select * from runledger.runs where run_id = $1', [runId])).rows[0];
-const eventKinds = async (runId: string) => (await db.pool.query('select kind from runledger.events where run_id = $1 order by event_id', [runId])).rows.map((r) => r.kind);
+const eventKinds = async (runId: string) =>
+  (await db.pool.query('select kind from runledger.events where run_id = $1 order by event_id', [runId])).rows.map((r) => r.kind);
 
 /** A session whose clock is moved with runledger.fake_now: deadline tests never sleep. */
 async function withClock<T>(at: Date, fn: (client: pg.Client) => Promise<T>): Promise<T> {
@@ -79,7 +81,9 @@ describe('deadline', () => {
     });
     await worker('deadline-run');
     const handle = await t.engine.start(wf, undefined, { deadline: 400 });
-    await expect(handle.result({ timeoutMs: 20_000 })).rejects.toMatchObject({ details: { status: 'TERMINATED', terminationReason: 'DEADLINE' } });
+    await expect(handle.result({ timeoutMs: 20_000 })).rejects.toMatchObject({
+      details: { status: 'TERMINATED', terminationReason: 'DEADLINE' },
+    });
     const run = await runRow(handle.runId);
     // Compared in SQL: deadline_at has microseconds, a JavaScript Date only milliseconds.
     const late = await db.pool.query(
@@ -96,7 +100,12 @@ describe('deadline', () => {
       return 'ran';
     });
     const handle = await t.engine.start(wf, undefined, { deadline: 1 });
-    await waitFor('deadline passed', async () => (await db.pool.query('select runledger.now() > deadline_at as past from runledger.runs where run_id = $1', [handle.runId])).rows[0].past);
+    await waitFor(
+      'deadline passed',
+      async () =>
+        (await db.pool.query('select runledger.now() > deadline_at as past from runledger.runs where run_id = $1', [handle.runId])).rows[0]
+          .past,
+    );
     await worker('deadline-pending');
     await expect(handle.result()).rejects.toMatchObject({ details: { terminationReason: 'DEADLINE' } });
     expect(await executed(handle.runId)).toEqual([]);
@@ -245,7 +254,11 @@ describe('cancellation', () => {
     const sleeping = await t.engine.start(wf, undefined);
     await waitFor('sleeping', async () => (await runRow(sleeping.runId)).status === 'WAITING');
     await expect(t.engine.cancel(sleeping.runId)).resolves.toBe('CANCELLED');
-    expect(await runRow(sleeping.runId)).toMatchObject({ status: 'CANCELLED', wake_at: null, termination_evidence: expect.objectContaining({ was: 'WAITING' }) });
+    expect(await runRow(sleeping.runId)).toMatchObject({
+      status: 'CANCELLED',
+      wake_at: null,
+      termination_evidence: expect.objectContaining({ was: 'WAITING' }),
+    });
     await expect(t.engine.cancel(sleeping.runId)).resolves.toBe('CANCELLED'); // no-op answer, not an error
     await expect(t.engine.cancel('nobody')).rejects.toMatchObject({ code: 'NOT_FOUND' });
   });
@@ -258,7 +271,11 @@ describe('cancellation', () => {
     const later = new Date(Date.now() + 60_000);
     await withClock(later, (c) => c.query('select runledger._recover_expired()'));
     expect(await runRow(runId)).toMatchObject({ status: 'CANCELLED', termination_reason: 'CANCELLED', lease_owner: null });
-    expect((await runRow(runId)).termination_evidence).toMatchObject({ reason: 'stop', completed_by: 'recovery', last_owner: 'dead-worker' });
+    expect((await runRow(runId)).termination_evidence).toMatchObject({
+      reason: 'stop',
+      completed_by: 'recovery',
+      last_owner: 'dead-worker',
+    });
   });
 });
 

@@ -69,7 +69,9 @@ describe('a workflow crash-tested in-process', () => {
     expect(bodies).toEqual({ price: 1, charge: 1, notify: 1 });
     expect((await db.pool.query(`select count(*)::int as n from charges where order_id = 'o-1'`)).rows[0].n).toBe(1);
     // The run's own record agrees: the charge checkpoint was written by the first owner (token 1).
-    const steps = await db.pool.query(`select name, fencing_token::int as token from runledger.steps where run_id = $1 order by seq`, [handle.runId]);
+    const steps = await db.pool.query(`select name, fencing_token::int as token from runledger.steps where run_id = $1 order by seq`, [
+      handle.runId,
+    ]);
     expect(steps.rows).toEqual([
       { name: 'price', token: 1 },
       { name: 'charge', token: 1 },
@@ -123,6 +125,8 @@ describe('manual workers and crash points: bad use is refused with a code', () =
     const worker = await engine.runWorker({ pollIntervalMs: 1000 });
     await expect(worker.runOnce()).rejects.toMatchObject({ code: 'CONFIG' });
     await worker.stop();
-    expect(() => createTestEngine({ connectionString: db.url, crashAt: { when: 'sometime' as never } })).toThrow(/crashAt: when must be one of/);
+    expect(() => createTestEngine({ connectionString: db.url, crashAt: { when: 'sometime' as never } })).toThrow(
+      /crashAt: when must be one of/,
+    );
   });
 });

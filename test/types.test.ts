@@ -61,7 +61,10 @@ function defineWorkflows(engine: Engine<Db>) {
   const parent = engine.workflow({ name: 'types-parent', queue: 'types' }, async (ctx) => {
     const fromTrx = await ctx.transaction('trx', async () => new Date('2030-01-01T00:00:00Z'));
     expectTypeOf(fromTrx).toEqualTypeOf<string>();
-    const fromOp = await ctx.operation('op', {}, async () => ({ at: new Date('2030-01-01T00:00:00Z'), note: undefined as string | undefined }));
+    const fromOp = await ctx.operation('op', {}, async () => ({
+      at: new Date('2030-01-01T00:00:00Z'),
+      note: undefined as string | undefined,
+    }));
     expectTypeOf(fromOp).toEqualTypeOf<{ at: string; note?: string }>();
     return [typeof fromTrx, typeof fromOp.at, 'note' in fromOp];
   });
@@ -98,7 +101,9 @@ function defineWorkflows(engine: Engine<Db>) {
     ctx.charge(2.5);
     return ctx.operation('ticket', { idempotencyKey: `ticket-${ctx.runId}` }, async () => 'T-1');
   });
-  const fork = engine.workflow({ name: 'types-fork', queue: 'types' }, async (ctx) => ({ at: await ctx.step('at', () => new Date('2030-01-01T00:00:00Z')) }));
+  const fork = engine.workflow({ name: 'types-fork', queue: 'types' }, async (ctx) => ({
+    at: await ctx.step('at', () => new Date('2030-01-01T00:00:00Z')),
+  }));
   const forkOther = engine.workflow({ name: 'types-fork-other', queue: 'types' }, async () => 1);
   return { date, child, parent, typesOnly, defaults, trx, getRunWf, fork, forkOther };
 }
@@ -162,7 +167,9 @@ describe('ctx.step returns the JSON form of what its function produced', () => {
 
 describe('input schemas: start takes z.input, the workflow function gets z.output', () => {
   it('leaves out a .default() field at start; the function sees it filled in', async () => {
-    expectTypeOf(wfs.defaults).toEqualTypeOf<Workflow<{ orderId: string; retries: number }, number, { orderId: string; retries?: number | undefined }>>();
+    expectTypeOf(wfs.defaults).toEqualTypeOf<
+      Workflow<{ orderId: string; retries: number }, number, { orderId: string; retries?: number | undefined }>
+    >();
     const handle = await engine.start(wfs.defaults, { orderId: 'o-1' });
     // @ts-expect-error orderId has no default: still required
     await expect(engine.start(wfs.defaults, { retries: 1 })).rejects.toThrow(InvalidInputError);
@@ -179,7 +186,11 @@ describe('createEngine<DB>() types trx and engine.db', () => {
     await untyped.close();
     const handle = await engine.start(wfs.trx, { id: 'n-1' });
     await expect(handle.result({ timeoutMs: 30_000 })).resolves.toEqual({ id: 'n-1', body: 'hello' });
-    const run = await engine.db.selectFrom('runledger.runs').select(['status', 'fencing_token']).where('run_id', '=', handle.runId).executeTakeFirstOrThrow();
+    const run = await engine.db
+      .selectFrom('runledger.runs')
+      .select(['status', 'fencing_token'])
+      .where('run_id', '=', handle.runId)
+      .executeTakeFirstOrThrow();
     expectTypeOf(run).toEqualTypeOf<{
       status: 'PENDING' | 'RUNNING' | 'WAITING' | 'CANCELLING' | 'SUCCEEDED' | 'FAILED' | 'CANCELLED' | 'TERMINATED' | 'DEAD_LETTER';
       fencing_token: string;

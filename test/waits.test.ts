@@ -24,7 +24,12 @@ async function processWorker(): Promise<WorkerProcess> {
 
 const runRow = async (runId: string) => (await db.pool.query('select * from runledger.runs where run_id = $1', [runId])).rows[0];
 const executions = async (runId: string) =>
-  Object.fromEntries((await db.pool.query('select step, count(*)::int as n from step_executions where run_id = $1 group by 1', [runId])).rows.map((r) => [r.step, r.n]));
+  Object.fromEntries(
+    (await db.pool.query('select step, count(*)::int as n from step_executions where run_id = $1 group by 1', [runId])).rows.map((r) => [
+      r.step,
+      r.n,
+    ]),
+  );
 
 describe('ctx.sleep', () => {
   it('a run sleeping when its worker is killed stays WAITING (not RUNNING) and another worker finishes it', async () => {
@@ -37,7 +42,9 @@ describe('ctx.sleep', () => {
     const sleeping = await runRow(handle.runId);
     expect(sleeping).toMatchObject({ status: 'WAITING', wait_kind: 'timer', lease_owner: null, lease_expires_at: null });
     expect(sleeping.wake_at.getTime()).toBeGreaterThan(sleeping.updated_at.getTime());
-    const waitingView = await db.pool.query('select wait_kind, waiting_for, step_name from runledger.waiting where run_id = $1', [handle.runId]);
+    const waitingView = await db.pool.query('select wait_kind, waiting_for, step_name from runledger.waiting where run_id = $1', [
+      handle.runId,
+    ]);
     expect(waitingView.rows).toEqual([{ wait_kind: 'timer', waiting_for: 'timer', step_name: 'nap' }]);
 
     await processWorker();
@@ -73,7 +80,10 @@ describe('signals', () => {
   it('a signal sent before the run waits is kept in the inbox and consumed by the wait', async () => {
     const wf = t.engine.workflow({ name: 'late-listener', queue: 'signals-late' }, async (ctx) => {
       await ctx.step('busy', async () => {
-        await waitFor('signal stored', async () => (await db.pool.query(`select 1 from runledger.signals where run_id = $1`, [ctx.runId])).rowCount === 1);
+        await waitFor(
+          'signal stored',
+          async () => (await db.pool.query(`select 1 from runledger.signals where run_id = $1`, [ctx.runId])).rowCount === 1,
+        );
         return 1;
       });
       return ctx.waitForSignal('reply');
@@ -114,11 +124,15 @@ describe('signals', () => {
     await inProcessWorker(['one-slot'], 1);
     const waiting = await Promise.all(Array.from({ length: 10 }, () => t.engine.start(waiter, undefined)));
     await waitFor('all waiting', async () => {
-      const r = await db.pool.query(`select count(*)::int as n from runledger.runs where run_id = any($1) and status = 'WAITING'`, [waiting.map((h) => h.runId)]);
+      const r = await db.pool.query(`select count(*)::int as n from runledger.runs where run_id = any($1) and status = 'WAITING'`, [
+        waiting.map((h) => h.runId),
+      ]);
       return r.rows[0].n === 10;
     });
     await expect((await t.engine.start(quick, undefined)).result()).resolves.toBe('quick done');
-    const held = await db.pool.query(`select count(*)::int as n from runledger.runs where run_id = any($1) and lease_owner is not null`, [waiting.map((h) => h.runId)]);
+    const held = await db.pool.query(`select count(*)::int as n from runledger.runs where run_id = any($1) and lease_owner is not null`, [
+      waiting.map((h) => h.runId),
+    ]);
     expect(held.rows[0].n).toBe(0);
   });
 
@@ -146,15 +160,18 @@ describe('signals', () => {
 
 describe('approvals', () => {
   const approvalFlow = () =>
-    t.engine.workflow({ name: `approval-${Math.random().toString(36).slice(2, 8)}`, queue: 'approvals' }, async (ctx, input: { timeout?: number }) => {
-      const decision = await ctx.requestApproval('manager-ok', {
-        action: 'refund',
-        evidence: { amount: 120 },
-        approvers: ['alice', 'bob'],
-        ...(input.timeout ? { timeout: input.timeout } : {}),
-      });
-      return decision === null ? 'expired' : decision.approved ? `approved by ${decision.decidedBy}` : 'rejected';
-    });
+    t.engine.workflow(
+      { name: `approval-${Math.random().toString(36).slice(2, 8)}`, queue: 'approvals' },
+      async (ctx, input: { timeout?: number }) => {
+        const decision = await ctx.requestApproval('manager-ok', {
+          action: 'refund',
+          evidence: { amount: 120 },
+          approvers: ['alice', 'bob'],
+          ...(input.timeout ? { timeout: input.timeout } : {}),
+        });
+        return decision === null ? 'expired' : decision.approved ? `approved by ${decision.decidedBy}` : 'rejected';
+      },
+    );
 
   async function pendingRequest(runId: string): Promise<string> {
     return waitFor('approval requested', async () => {
@@ -168,17 +185,24 @@ describe('approvals', () => {
     await inProcessWorker(['approvals']);
     const handle = await t.engine.start(wf, {});
     const requestId = await pendingRequest(handle.runId);
-    const inbox = await db.pool.query('select action, evidence, approvers from runledger.approval_inbox where request_id = $1', [requestId]);
+    const inbox = await db.pool.query('select action, evidence, approvers from runledger.approval_inbox where request_id = $1', [
+      requestId,
+    ]);
     expect(inbox.rows).toEqual([{ action: 'refund', evidence: { amount: 120 }, approvers: ['alice', 'bob'] }]);
     expect(await runRow(handle.runId)).toMatchObject({ status: 'WAITING', wait_kind: 'approval', wait_key: requestId, lease_owner: null });
 
-    await expect(t.engine.decideApproval(requestId, { approved: true, decidedBy: 'mallory' })).rejects.toMatchObject({ code: 'NOT_ALLOWED' });
+    await expect(t.engine.decideApproval(requestId, { approved: true, decidedBy: 'mallory' })).rejects.toMatchObject({
+      code: 'NOT_ALLOWED',
+    });
     const first = await t.engine.decideApproval(requestId, { approved: true, decidedBy: 'alice', note: 'fine' });
     expect(first).toMatchObject({ recorded: true, approved: true, decidedBy: 'alice', note: 'fine' });
     const second = await t.engine.decideApproval(requestId, { approved: false, decidedBy: 'bob' });
     expect(second).toMatchObject({ recorded: false, approved: true, decidedBy: 'alice' });
     await expect(handle.result()).resolves.toBe('approved by alice');
-    const audit = await db.pool.query('select decision, decided_by, note, decided_at is not null as dated from runledger.approvals where request_id = $1', [requestId]);
+    const audit = await db.pool.query(
+      'select decision, decided_by, note, decided_at is not null as dated from runledger.approvals where request_id = $1',
+      [requestId],
+    );
     expect(audit.rows).toEqual([{ decision: true, decided_by: 'alice', note: 'fine', dated: true }]);
   });
 
@@ -201,7 +225,9 @@ describe('approvals', () => {
       return r.rows[0]?.request_id as string | undefined;
     });
     await expect(handle.result()).resolves.toBe('expired');
-    await expect(t.engine.decideApproval(requestId, { approved: true, decidedBy: 'alice' })).rejects.toMatchObject({ code: 'INVALID_STATE' });
+    await expect(t.engine.decideApproval(requestId, { approved: true, decidedBy: 'alice' })).rejects.toMatchObject({
+      code: 'INVALID_STATE',
+    });
   });
 
   it('a request of a run that was cancelled meanwhile cannot be decided', async () => {
@@ -210,7 +236,9 @@ describe('approvals', () => {
     const handle = await t.engine.start(wf, {});
     const requestId = await pendingRequest(handle.runId);
     await t.engine.cancel(handle.runId);
-    await expect(t.engine.decideApproval(requestId, { approved: true, decidedBy: 'alice' })).rejects.toMatchObject({ code: 'INVALID_STATE' });
+    await expect(t.engine.decideApproval(requestId, { approved: true, decidedBy: 'alice' })).rejects.toMatchObject({
+      code: 'INVALID_STATE',
+    });
   });
 });
 

@@ -28,7 +28,10 @@ describe('versions', () => {
     const v2Worker = await v2Engine.runWorker({ queues: ['pinned'], concurrency: 2, leaseMs: 2_000, pollIntervalMs: 100 });
     await expect(newRun.result()).resolves.toBe('v2');
     const run = await v2Engine.getRun(newRun.runId);
-    expect(run).toMatchObject({ workflowVersion: '2', versionManifest: { runtime: expect.stringMatching(/^runledger@/), checkpointSchema: 1 } });
+    expect(run).toMatchObject({
+      workflowVersion: '2',
+      versionManifest: { runtime: expect.stringMatching(/^runledger@/), checkpointSchema: 1 },
+    });
     await v1Worker.stop();
     await v2Worker.stop();
   });
@@ -42,10 +45,18 @@ describe('transaction steps under contention', () => {
     const barrier = new Promise<void>((resolve) => (bothIn = resolve));
     const transfer = e.workflow({ name: 'transfer', queue: 'transfer' }, async (ctx, input: { from: string; to: string }) => {
       return ctx.transaction('move', async (trx) => {
-        await trx.updateTable('accounts').set((eb) => ({ balance: eb('balance', '-', 10) })).where('id', '=', input.from).execute();
+        await trx
+          .updateTable('accounts')
+          .set((eb) => ({ balance: eb('balance', '-', 10) }))
+          .where('id', '=', input.from)
+          .execute();
         if (arrived < 2 && ++arrived === 2) bothIn();
         await barrier; // both transactions hold their first row lock before taking the second
-        await trx.updateTable('accounts').set((eb) => ({ balance: eb('balance', '+', 10) })).where('id', '=', input.to).execute();
+        await trx
+          .updateTable('accounts')
+          .set((eb) => ({ balance: eb('balance', '+', 10) }))
+          .where('id', '=', input.to)
+          .execute();
         return 'moved';
       });
     });
@@ -58,7 +69,9 @@ describe('transaction steps under contention', () => {
       { id: 'a', balance: 100 },
       { id: 'b', balance: 100 },
     ]);
-    const attempts = await db.pool.query(`select attempts from runledger.steps where run_id = any($1) order by attempts`, [[ab.runId, ba.runId]]);
+    const attempts = await db.pool.query(`select attempts from runledger.steps where run_id = any($1) order by attempts`, [
+      [ab.runId, ba.runId],
+    ]);
     expect(attempts.rows).toEqual([{ attempts: 1 }, { attempts: 2 }]);
     await worker.stop();
   });
@@ -87,7 +100,9 @@ describe('graceful stop', () => {
     expect(run).toMatchObject({ status: 'PENDING', recoveryAttempts: 0, leaseOwner: null });
     const released = await db.pool.query(`select detail from runledger.events where run_id = $1 and kind = 'released'`, [handle.runId]);
     expect(released.rows).toEqual([{ detail: { reason: 'worker_stopping', delay_ms: 0, counts_attempt: false } }]);
-    const stopped = await db.pool.query(`select stopped_at is not null as stopped from runledger.workers where worker_id = $1`, [first.workerId]);
+    const stopped = await db.pool.query(`select stopped_at is not null as stopped from runledger.workers where worker_id = $1`, [
+      first.workerId,
+    ]);
     expect(stopped.rows).toEqual([{ stopped: true }]);
 
     release();

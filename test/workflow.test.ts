@@ -26,7 +26,10 @@ describe('a multi-step workflow with transaction steps', () => {
       { item: 'book:reserved', amount: 3 },
       { item: 'book:shipped', amount: 300 },
     ]);
-    const executions = await db.pool.query('select step, count(*)::int as n from step_executions where run_id = $1 group by step order by step', [handle.runId]);
+    const executions = await db.pool.query(
+      'select step, count(*)::int as n from step_executions where run_id = $1 group by step order by step',
+      [handle.runId],
+    );
     expect(executions.rows).toEqual([
       { step: 'charge', n: 1 },
       { step: 'load', n: 1 },
@@ -85,7 +88,11 @@ describe('step failures', () => {
       const a = await db.pool.query(`select count(*)::int as n from step_executions where run_id = $1 and step = 'a'`, [handle.runId]);
       expect(a.rows[0].n).toBe(1);
       const events = await db.pool.query(`select detail from runledger.events where run_id = $1 and kind = 'retried'`, [handle.runId]);
-      expect(events.rows[0].detail).toMatchObject({ previous_status: 'FAILED', termination_reason: 'FAILED', dropped_failed_step: { seq: 1, name: 'b' } });
+      expect(events.rows[0].detail).toMatchObject({
+        previous_status: 'FAILED',
+        termination_reason: 'FAILED',
+        dropped_failed_step: { seq: 1, name: 'b' },
+      });
     } finally {
       await w.stop();
     }
@@ -141,7 +148,13 @@ describe('non-determinism', () => {
       });
       return 'done';
     });
-    const w1 = await t.engine.runWorker({ concurrency: 1, queues: ['shifty'], leaseMs: 2_000, pollIntervalMs: 100, shutdownTimeoutMs: 100 });
+    const w1 = await t.engine.runWorker({
+      concurrency: 1,
+      queues: ['shifty'],
+      leaseMs: 2_000,
+      pollIntervalMs: 100,
+      shutdownTimeoutMs: 100,
+    });
     const handle = await t.engine.start(wf, undefined);
     await waitFor('first checkpoint', async () => (await t.engine.getRun(handle.runId))?.steps?.length === 1);
     // The worker stops mid-run (its run is released), and the code changes before the next execution.

@@ -17,7 +17,12 @@ function num(name: string, full: number, quickValue: number): number {
 
 function list(name: string): string[] | undefined {
   const raw = process.env[name];
-  return raw ? raw.split(',').map((s) => s.trim()).filter(Boolean) : undefined;
+  return raw
+    ? raw
+        .split(',')
+        .map((s) => s.trim())
+        .filter(Boolean)
+    : undefined;
 }
 
 export const config = {

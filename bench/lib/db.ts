@@ -45,7 +45,8 @@ export async function settledCommits(adminUrl: string, database: string): Promis
       await sleep(i === 0 ? 300 : 500);
       const now = await read();
       const others = Number(
-        (await c.query('select count(*)::int as n from pg_stat_activity where datname = $1 and pid <> pg_backend_pid()', [database])).rows[0].n,
+        (await c.query('select count(*)::int as n from pg_stat_activity where datname = $1 and pid <> pg_backend_pid()', [database]))
+          .rows[0].n,
       );
       if (now === last && others === 0) return now;
       last = now;

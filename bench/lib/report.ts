@@ -51,7 +51,8 @@ export function buildRows(workloads: Workload[], systems: System[], results: Rec
     if (!bySystem) continue;
     for (const metric of workload.metrics) {
       const cells: Row['cells'] = {};
-      for (const system of systems) cells[system.id] = workload.runsOn(system) ? cell(bySystem[system.id], metric.key, metric.digits, metric.cappable) : { text: '—' };
+      for (const system of systems)
+        cells[system.id] = workload.runsOn(system) ? cell(bySystem[system.id], metric.key, metric.digits, metric.cappable) : { text: '—' };
       rows.push({ workload: workload.name, metric: metric.label, better: metric.better, noRatio: metric.noRatio, cells });
     }
   }

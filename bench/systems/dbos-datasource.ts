@@ -27,7 +27,10 @@ const current = new AsyncLocalStorage<pg.PoolClient>();
 class PgTransactionHandler implements DataSourceTransactionHandler {
   readonly name: string;
   private pool: pg.Pool | undefined;
-  constructor(name: string, private readonly poolConfig: pg.PoolConfig) {
+  constructor(
+    name: string,
+    private readonly poolConfig: pg.PoolConfig,
+  ) {
     this.name = name;
   }
 
@@ -76,7 +79,10 @@ class PgTransactionHandler implements DataSourceTransactionHandler {
     const stepID = DBOS.stepID;
     const pool = this.pool!;
     if (workflowID !== undefined && stepID !== undefined) {
-      const done = await pool.query('select output, error from dbos.transaction_completion where workflow_id = $1 and function_num = $2', [workflowID, stepID]);
+      const done = await pool.query('select output, error from dbos.transaction_completion where workflow_id = $1 and function_num = $2', [
+        workflowID,
+        stepID,
+      ]);
       if (done.rows.length > 0) return replayRecordedStep<Return>(done.rows[0]);
     }
     const client = await pool.connect();
@@ -98,7 +104,10 @@ class PgTransactionHandler implements DataSourceTransactionHandler {
     } catch (error) {
       await client.query('rollback').catch(() => undefined);
       if (error instanceof DBOSStepAlreadyRecordedError && workflowID !== undefined) {
-        const done = await pool.query('select output, error from dbos.transaction_completion where workflow_id = $1 and function_num = $2', [workflowID, stepID]);
+        const done = await pool.query(
+          'select output, error from dbos.transaction_completion where workflow_id = $1 and function_num = $2',
+          [workflowID, stepID],
+        );
         return replayRecordedStep<Return>(done.rows[0]);
       }
       throw error;
@@ -109,7 +118,10 @@ class PgTransactionHandler implements DataSourceTransactionHandler {
 }
 
 export class PgDataSource {
-  constructor(readonly name: string, poolConfig: pg.PoolConfig) {
+  constructor(
+    readonly name: string,
+    poolConfig: pg.PoolConfig,
+  ) {
     registerDataSource(new PgTransactionHandler(name, poolConfig));
   }
   /** The transaction's client, inside runTransaction only. */

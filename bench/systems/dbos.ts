@@ -51,7 +51,10 @@ export function dbos(options: { pollMs?: number } = {}): System {
       await DBOS.migrate(url);
       const client = await DBOSClient.create({ systemDatabaseUrl: url, systemDatabasePoolSize: 2, applicationName: APP });
       try {
-        await client.registerQueue(QUEUE, { workerConcurrency: config.concurrency, ...(fast ? { minPollingIntervalMs: options.pollMs } : {}) });
+        await client.registerQueue(QUEUE, {
+          workerConcurrency: config.concurrency,
+          ...(fast ? { minPollingIntervalMs: options.pollMs } : {}),
+        });
       } finally {
         await client.destroy();
       }

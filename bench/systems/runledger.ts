@@ -27,7 +27,8 @@ export function runledger(): System {
   return {
     id: 'runledger',
     label: 'runledger',
-    settings: 'runWorker defaults (claims from the runs table on LISTEN/NOTIFY, batch = free slots, poll 2 s, lease 30 s; lease 2 s in recovery)',
+    settings:
+      'runWorker defaults (claims from the runs table on LISTEN/NOTIFY, batch = free slots, poll 2 s, lease 30 s; lease 2 s in recovery)',
     supportsTx: true,
     async setup(url) {
       const engine = createEngine({ connectionString: url, poolMax: 2, log: quiet });

@@ -48,7 +48,8 @@ export interface System {
   pendingSql(plan: Plan): string;
 }
 
-export const BUSINESS_TABLE_SQL = 'create table if not exists bench_business (id bigserial primary key, unit int not null, at timestamptz not null default now())';
+export const BUSINESS_TABLE_SQL =
+  'create table if not exists bench_business (id bigserial primary key, unit int not null, at timestamptz not null default now())';
 
 export const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
 

@@ -20,7 +20,8 @@ export function findPgbench(): string | undefined {
     ...(process.env.PATH ?? '').split(':').map((dir) => join(dir, 'pgbench')),
   ];
   if (existsSync('/usr/lib/postgresql')) {
-    for (const version of readdirSync('/usr/lib/postgresql').sort().reverse()) candidates.push(`/usr/lib/postgresql/${version}/bin/pgbench`);
+    for (const version of readdirSync('/usr/lib/postgresql').sort().reverse())
+      candidates.push(`/usr/lib/postgresql/${version}/bin/pgbench`);
   }
   return candidates.find((path) => existsSync(path));
 }
@@ -34,15 +35,37 @@ export interface PgbenchResult {
 export async function pgLimit(url: string, clients: number): Promise<PgbenchResult> {
   const pgbench = findPgbench();
   if (!pgbench) throw new Error('pgbench not found (embedded server bin, PATH, /usr/lib/postgresql/*/bin)');
-  await withAdmin(url, (c) => c.query('drop table if exists bench_pgbench; create table bench_pgbench (id bigserial primary key, v int not null, at timestamptz not null default now())'));
+  await withAdmin(url, (c) =>
+    c.query(
+      'drop table if exists bench_pgbench; create table bench_pgbench (id bigserial primary key, v int not null, at timestamptz not null default now())',
+    ),
+  );
   const dir = mkdtempSync(join(tmpdir(), 'rl-pgbench-'));
   const script = join(dir, 'insert.sql');
   writeFileSync(script, 'INSERT INTO bench_pgbench (v) VALUES (:client_id);\n');
   const u = new URL(url);
   const { stdout } = await run(
     pgbench,
-    ['-n', '-M', 'prepared', '-f', script, '-c', String(clients), '-j', String(Math.min(clients, 2)), '-T', String(config.pgbenchSeconds),
-      '-h', u.hostname, '-p', u.port || '5432', '-U', decodeURIComponent(u.username), u.pathname.slice(1)],
+    [
+      '-n',
+      '-M',
+      'prepared',
+      '-f',
+      script,
+      '-c',
+      String(clients),
+      '-j',
+      String(Math.min(clients, 2)),
+      '-T',
+      String(config.pgbenchSeconds),
+      '-h',
+      u.hostname,
+      '-p',
+      u.port || '5432',
+      '-U',
+      decodeURIComponent(u.username),
+      u.pathname.slice(1),
+    ],
     { env: { ...process.env, PGPASSWORD: decodeURIComponent(u.password) }, maxBuffer: 1 << 20 },
   );
   const match = /tps = ([\d.]+)/.exec(stdout);

@@ -28,7 +28,9 @@ export const recovery: Workload = {
     await system.setup(url, plan);
     const probe = new Probe(url);
     await probe.connect();
-    await probe.query('create table bench_exec (id bigserial primary key, unit int not null, step int not null, pid int not null, at timestamptz not null default clock_timestamp())');
+    await probe.query(
+      'create table bench_exec (id bigserial primary key, unit int not null, step int not null, pid int not null, at timestamptz not null default clock_timestamp())',
+    );
     const producer = await system.producer(url, plan, config.poolMax);
     await inParallel(config.recoveryRuns, config.enqueuers, (n) => producer.enqueue(n));
     await producer.close();

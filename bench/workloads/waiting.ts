@@ -9,6 +9,10 @@ export const WAITING_STATUS = 'see bench/waits-100k.ts (runs separately: npx tsx
 export function waitingNotImplemented(): { status: string; plannedMetrics: string[] } {
   return {
     status: WAITING_STATUS,
-    plannedMetrics: ['worker RSS with 100,000 waiting runs (MiB)', 'bytes per waiting run (pg_total_relation_size delta / runs)', 'resume rate (runs/s)'],
+    plannedMetrics: [
+      'worker RSS with 100,000 waiting runs (MiB)',
+      'bytes per waiting run (pg_total_relation_size delta / runs)',
+      'resume rate (runs/s)',
+    ],
   };
 }

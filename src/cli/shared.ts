@@ -11,7 +11,11 @@ export const EXIT_USAGE = 2;
 
 /** An error the CLI reports as `error [CODE]: message` with its own exit code. */
 export class CliError extends Error {
-  constructor(readonly code: string, message: string, readonly exitCode: number = EXIT_USAGE) {
+  constructor(
+    readonly code: string,
+    message: string,
+    readonly exitCode: number = EXIT_USAGE,
+  ) {
     super(message);
   }
 }
@@ -40,7 +44,12 @@ export interface Parsed {
  * util.parseArgs with the options every command takes. Its own errors (unknown
  * option, missing value) become usage errors, and `--help` prints the synopsis.
  */
-export function parse(command: Command, args: string[], options: Options = {}, positionals: { min?: number; max?: number } = {}): Parsed | undefined {
+export function parse(
+  command: Command,
+  args: string[],
+  options: Options = {},
+  positionals: { min?: number; max?: number } = {},
+): Parsed | undefined {
   let parsed: Parsed;
   try {
     parsed = parseArgs({ args, options: { ...COMMON, ...options }, allowPositionals: true, strict: true }) as Parsed;
@@ -65,7 +74,8 @@ export function intOption(values: Parsed['values'], name: string, min: number): 
   const raw = values[name];
   if (raw === undefined) return undefined;
   const n = Number(raw);
-  if (!Number.isInteger(n) || n < min) throw new CliError('USAGE', `--${name} must be a whole number >= ${min}, got ${JSON.stringify(raw)}`);
+  if (!Number.isInteger(n) || n < min)
+    throw new CliError('USAGE', `--${name} must be a whole number >= ${min}, got ${JSON.stringify(raw)}`);
   return n;
 }
 
@@ -146,6 +156,7 @@ export function describeError(thrown: unknown): { line: string; exitCode: number
   const code = typeof inner?.code === 'string' ? inner.code : 'ERROR';
   let message = typeof inner?.message === 'string' && inner.message ? inner.message : String(thrown);
   // undefined_table / undefined_function / invalid_schema_name: almost always a database that was never migrated.
-  if (['42P01', '42883', '3F000'].includes(code) && message.includes('runledger')) message += ' (has `runledger migrate` been run on this database?)';
+  if (['42P01', '42883', '3F000'].includes(code) && message.includes('runledger'))
+    message += ' (has `runledger migrate` been run on this database?)';
   return { line: `error [${code}]: ${message}`, exitCode: EXIT_FAILED };
 }

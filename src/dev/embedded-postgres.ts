@@ -59,7 +59,9 @@ export async function startEmbeddedPostgres(options: EmbeddedPostgresOptions = {
       binaries = reachableCopy(binaries);
       onLog(`the postgres user cannot reach ${original}; using the copy in ${binaries.nativeDir}`);
       if (!userCan(user, 'rx', binaries.postgres)) {
-        throw new ConfigError(`As root, runledger/dev runs PostgreSQL as the user postgres, who cannot execute ${binaries.postgres} even from its copy (is ${tmpdir()} mounted noexec?): run as a non-root user, ${FALLBACK}.`);
+        throw new ConfigError(
+          `As root, runledger/dev runs PostgreSQL as the user postgres, who cannot execute ${binaries.postgres} even from its copy (is ${tmpdir()} mounted noexec?): run as a non-root user, ${FALLBACK}.`,
+        );
       }
     }
     if (!userCan(user, 'x', dirname(requested))) {
@@ -106,7 +108,9 @@ function postgresUser(): PostgresUser {
   const found = lookup();
   if (found) return found;
   const groupExists = spawnSync('getent', ['group', USER]).status === 0;
-  const created = spawnSync('useradd', ['--system', '--no-create-home', ...(groupExists ? ['-g', USER] : ['--user-group']), USER], { encoding: 'utf8' });
+  const created = spawnSync('useradd', ['--system', '--no-create-home', ...(groupExists ? ['-g', USER] : ['--user-group']), USER], {
+    encoding: 'utf8',
+  });
   const made = lookup();
   if (made) return made;
   const why = created.error ? created.error.message : created.stderr.trim() || `useradd exited ${created.status}`;
@@ -115,7 +119,12 @@ function postgresUser(): PostgresUser {
   );
 }
 
-async function initdb(binaries: Binaries, dataDir: string, user: PostgresUser | undefined, onLog: (message: string) => void): Promise<void> {
+async function initdb(
+  binaries: Binaries,
+  dataDir: string,
+  user: PostgresUser | undefined,
+  onLog: (message: string) => void,
+): Promise<void> {
   mkdirSync(dataDir, { recursive: true, mode: 0o700 });
   // initdb reads the password from a file; only the server's user may read it.
   const secretDir = mkdtempSync(join(tmpdir(), 'runledger-pw-'));
@@ -125,18 +134,33 @@ async function initdb(binaries: Binaries, dataDir: string, user: PostgresUser | 
     for (const path of [dataDir, secretDir, pwfile]) chownSync(path, user.uid, user.gid);
   }
   try {
-    const args = [`--pgdata=${dataDir}`, '--auth=scram-sha-256', `--username=${USER}`, `--pwfile=${pwfile}`, '--encoding=UTF8', '--locale=C'];
+    const args = [
+      `--pgdata=${dataDir}`,
+      '--auth=scram-sha-256',
+      `--username=${USER}`,
+      `--pwfile=${pwfile}`,
+      '--encoding=UTF8',
+      '--locale=C',
+    ];
     const { code, output, error } = await runToEnd(spawnAs(binaries.initdb, args, user), onLog);
     if (error || code !== 0) {
       const why = error ? error.message : `exit code ${code}: ${lastLine(output)}`;
-      throw new ConfigError(`PostgreSQL's initdb could not create ${dataDir} (${why}): delete that folder and try again, ${FALLBACK}.`, { cause: error });
+      throw new ConfigError(`PostgreSQL's initdb could not create ${dataDir} (${why}): delete that folder and try again, ${FALLBACK}.`, {
+        cause: error,
+      });
     }
   } finally {
     rmSync(secretDir, { recursive: true, force: true });
   }
 }
 
-function startServer(binaries: Binaries, dataDir: string, port: number, user: PostgresUser | undefined, onLog: (message: string) => void): Promise<ChildProcess> {
+function startServer(
+  binaries: Binaries,
+  dataDir: string,
+  port: number,
+  user: PostgresUser | undefined,
+  onLog: (message: string) => void,
+): Promise<ChildProcess> {
   const child = spawnAs(binaries.postgres, ['-D', dataDir, '-p', String(port), ...SERVER_FLAGS], user);
   return new Promise((resolveStart, reject) => {
     let output = '';
@@ -146,7 +170,12 @@ function startServer(binaries: Binaries, dataDir: string, port: number, user: Po
       settled = true;
       clearTimeout(timer);
       if (child.exitCode === null && child.signalCode === null) child.kill('SIGQUIT');
-      reject(new ConfigError(`The embedded PostgreSQL did not start on port ${port} with data in ${dataDir} (${why}): see its log line above, ${FALLBACK}.`, { cause }));
+      reject(
+        new ConfigError(
+          `The embedded PostgreSQL did not start on port ${port} with data in ${dataDir} (${why}): see its log line above, ${FALLBACK}.`,
+          { cause },
+        ),
+      );
     };
     const timer = setTimeout(() => fail(`not ready after ${START_TIMEOUT_MS / 1000} s: ${lastLine(output)}`), START_TIMEOUT_MS);
     const onOutput = (chunk: Buffer) => {
@@ -202,7 +231,10 @@ async function stopServer(child: ChildProcess, dataDir: string, ephemeral: boole
 }
 
 function lastLine(output: string): string {
-  const lines = output.split('\n').map((line) => line.trim()).filter(Boolean);
+  const lines = output
+    .split('\n')
+    .map((line) => line.trim())
+    .filter(Boolean);
   return lines.at(-1) ?? 'no output';
 }
 

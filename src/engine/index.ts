@@ -8,7 +8,15 @@ import { CrashPoints, validateCrashPoints, type CrashPoint } from './core/crash-
 import { migrate } from './db/migrate.js';
 import { setQueue, type QueueOptions, type QueueRecord } from './client/queues.js';
 import { defineSchedule, type Schedule, type ScheduleOptions, type StartScheduled } from './client/schedules.js';
-import { cancelRun, decideApproval, forkRun, resolveOperation, sendSignal, type DecisionInput, type DecisionRecord } from './client/operator.js';
+import {
+  cancelRun,
+  decideApproval,
+  forkRun,
+  resolveOperation,
+  sendSignal,
+  type DecisionInput,
+  type DecisionRecord,
+} from './client/operator.js';
 import { getRun, listRuns, retryRun, type ListRunsOptions, type RunRecord } from './client/runs.js';
 import { awaitResult, startRun, type RunHandle, type StartOptions } from './client/start.js';
 import type { RunStatus } from './core/states.js';
@@ -88,7 +96,10 @@ export interface Engine<DB = any> {
    */
   fork<O = unknown>(runId: string, options: { fromStep: number; workflow?: Workflow<any, O, any> }): Promise<RunHandle<Jsonify<O>>>;
   /** Settles an UNKNOWN operation (an operator's decision) and wakes the run waiting on it. */
-  resolveOperation(operationId: string, resolution: { status: 'SUCCEEDED' | 'FAILED'; result?: unknown; resolvedBy?: string }): Promise<'SUCCEEDED' | 'FAILED'>;
+  resolveOperation(
+    operationId: string,
+    resolution: { status: 'SUCCEEDED' | 'FAILED'; result?: unknown; resolvedBy?: string },
+  ): Promise<'SUCCEEDED' | 'FAILED'>;
   /** Delivers a signal; true if newly accepted, false if this signalId was accepted before. */
   signal(runId: string, topic: string, payload?: unknown, options?: { signalId?: string }): Promise<boolean>;
   /** Decides an approval request; the first decision wins (later calls return it with recorded: false). */
@@ -103,7 +114,8 @@ export interface Engine<DB = any> {
 
 export function createEngine<DB = any>(options: EngineOptions = {}): Engine<DB> {
   const parsed = optionsSchema.safeParse(options);
-  if (!parsed.success) throw new ConfigError(`createEngine: ${parsed.error.issues.map((i) => `${i.path.join('.')}: ${i.message}`).join('; ')}`);
+  if (!parsed.success)
+    throw new ConfigError(`createEngine: ${parsed.error.issues.map((i) => `${i.path.join('.')}: ${i.message}`).join('; ')}`);
   const log: LogFunction = options.log ?? defaultLog;
   const connectionString = options.connectionString ?? (options.pool ? undefined : process.env.DATABASE_URL);
   if (!options.pool && !connectionString) {
@@ -128,13 +140,16 @@ export function createEngine<DB = any>(options: EngineOptions = {}): Engine<DB> 
     let done = registered.get(key);
     if (!done) {
       done = pool
-        .query('select runledger._register_workflow(p_name => $1, p_version => $2, p_queue => $3, p_max_recovery_attempts => $4, p_limits => $5::jsonb)', [
-          workflow.name,
-          workflow.version,
-          workflow.queue,
-          workflow.maxRecoveryAttempts,
-          JSON.stringify(limitsToSql(workflow.limits, `workflow ${workflow.name}`)),
-        ])
+        .query(
+          'select runledger._register_workflow(p_name => $1, p_version => $2, p_queue => $3, p_max_recovery_attempts => $4, p_limits => $5::jsonb)',
+          [
+            workflow.name,
+            workflow.version,
+            workflow.queue,
+            workflow.maxRecoveryAttempts,
+            JSON.stringify(limitsToSql(workflow.limits, `workflow ${workflow.name}`)),
+          ],
+        )
         .then(() => undefined);
       done.catch(() => registered.delete(key)); // a failed registration is tried again next time
       registered.set(key, done);
@@ -185,7 +200,15 @@ export function createEngine<DB = any>(options: EngineOptions = {}): Engine<DB> 
         await startRun({ deps, registerWorkflow, getRun: fetchRun }, workflow, input, { idempotencyKey });
       };
       const worker = await startWorker(
-        { deps, crashPoints, poolConfig, workflows: [...workflows.values()], registerWorkflow, schedules: [...schedules.values()], startScheduled },
+        {
+          deps,
+          crashPoints,
+          poolConfig,
+          workflows: [...workflows.values()],
+          registerWorkflow,
+          schedules: [...schedules.values()],
+          startScheduled,
+        },
         workerOptions,
       );
       workers.add(worker);

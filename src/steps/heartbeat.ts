@@ -12,12 +12,13 @@ import { toJsonText } from '../engine/core/json.js';
  */
 export async function heartbeatStep(exec: Execution, seq: number, progress?: unknown): Promise<void> {
   if (exec.haltReason) return;
-  const progressText = progress === undefined ? null : toJsonText(progress, 'heartbeat progress') ?? null;
+  const progressText = progress === undefined ? null : (toJsonText(progress, 'heartbeat progress') ?? null);
   exec.selfHeartbeat = true;
   try {
-    const result = await exec.deps.pool.query('select runledger._heartbeat_step(p_run_id => $1, p_token => $2, p_seq => $3, p_progress => $4::jsonb, p_lease_ms => $5) as status', [
-      exec.runId, exec.fencingToken.toString(), seq, progressText, exec.leaseMs,
-    ]);
+    const result = await exec.deps.pool.query(
+      'select runledger._heartbeat_step(p_run_id => $1, p_token => $2, p_seq => $3, p_progress => $4::jsonb, p_lease_ms => $5) as status',
+      [exec.runId, exec.fencingToken.toString(), seq, progressText, exec.leaseMs],
+    );
     observeRunStatus(exec, result.rows[0].status);
   } catch (error) {
     haltOnDbError(exec, error);

@@ -11,9 +11,7 @@ import { decideRetry, resolveRetryPolicy, type RetryPolicy } from './retry.js';
 import { resumeAttempt } from './step.js';
 
 export type ReconcileAnswer<T> =
-  | { status: 'succeeded'; result: T; externalResourceId?: string }
-  | { status: 'failed'; error?: unknown }
-  | { status: 'unknown' };
+  { status: 'succeeded'; result: T; externalResourceId?: string } | { status: 'failed'; error?: unknown } | { status: 'unknown' };
 
 export interface OperationOptions<T> {
   /** Stable across attempts and recoveries; default `<runId>:<position>:<name>`. Passed to fn. */
@@ -58,7 +56,12 @@ const RECONCILE_EVERY_MS_DEFAULT = 30_000;
  * or an idempotent operation is called again with the same key, or the run waits for
  * an operator (resolve_operation). Never a silent retry of a non-idempotent call.
  */
-export async function runOperation<T>(exec: Execution, name: string, options: OperationOptions<T>, fn: OperationFunction<T>): Promise<Jsonify<T>> {
+export async function runOperation<T>(
+  exec: Execution,
+  name: string,
+  options: OperationOptions<T>,
+  fn: OperationFunction<T>,
+): Promise<Jsonify<T>> {
   const policy = resolveRetryPolicy(options.retry, `operation ${JSON.stringify(name)}`);
   const position = exec.takeStep(name, 'operation');
   if (!position) return exec.suspend();
@@ -77,9 +80,10 @@ export async function runOperation<T>(exec: Execution, name: string, options: Op
   return exec.inStep(async (): Promise<Jsonify<T>> => {
     const begin = async (again: boolean): Promise<LedgerRow | undefined> => {
       try {
-        const result = await exec.deps.pool.query('select * from runledger._operation_begin(p_run_id => $1, p_token => $2, p_seq => $3, p_name => $4, p_key => $5, p_compensable => $6, p_again => $7)', [
-          exec.runId, exec.fencingToken.toString(), seq, name, key, options.compensate !== undefined, again,
-        ]);
+        const result = await exec.deps.pool.query(
+          'select * from runledger._operation_begin(p_run_id => $1, p_token => $2, p_seq => $3, p_name => $4, p_key => $5, p_compensable => $6, p_again => $7)',
+          [exec.runId, exec.fencingToken.toString(), seq, name, key, options.compensate !== undefined, again],
+        );
         return result.rows[0];
       } catch (error) {
         haltOnDbError(exec, error);
@@ -120,8 +124,8 @@ export async function runOperation<T>(exec: Execution, name: string, options: Op
         if (answer.status === 'succeeded') {
           outcome = { ok: true, value: answer.result };
           if (answer.externalResourceId) reconciledResourceId = answer.externalResourceId;
-        }
-        else if (answer.status === 'failed') outcome = { ok: false, error: answer.error ?? new Error(`operation ${name} failed (reconciled)`) };
+        } else if (answer.status === 'failed')
+          outcome = { ok: false, error: answer.error ?? new Error(`operation ${name} failed (reconciled)`) };
         else return park(exec, seq, row.operation_id, options.reconcileEveryMs ?? RECONCILE_EVERY_MS_DEFAULT);
       } else if (options.idempotent) {
         row = await begin(true);
@@ -141,14 +145,22 @@ export async function runOperation<T>(exec: Execution, name: string, options: Op
         }
       }
       if (exec.deps.crash?.hit('before-checkpoint', name)) return exec.suspend();
-      return record(exec, { seq, name, operationId: row.operation_id, key: row.idempotency_key, attempt, startedAt, reconciledResourceId }, outcome, options);
+      return record(
+        exec,
+        { seq, name, operationId: row.operation_id, key: row.idempotency_key, attempt, startedAt, reconciledResourceId },
+        outcome,
+        options,
+      );
     }
   }, seq);
 }
 
 async function park<T>(exec: Execution, seq: number, operationId: string, retryInMs: number | null): Promise<T> {
   try {
-    await exec.deps.pool.query('select runledger._operation_park(p_run_id => $1, p_token => $2, p_seq => $3, p_operation_id => $4, p_retry_in_ms => $5)', [exec.runId, exec.fencingToken.toString(), seq, operationId, retryInMs]);
+    await exec.deps.pool.query(
+      'select runledger._operation_park(p_run_id => $1, p_token => $2, p_seq => $3, p_operation_id => $4, p_retry_in_ms => $5)',
+      [exec.runId, exec.fencingToken.toString(), seq, operationId, retryInMs],
+    );
     exec.halt({ kind: 'suspended' });
   } catch (error) {
     haltOnDbError(exec, error);
@@ -187,10 +199,18 @@ async function record<T>(
     const result = await exec.deps.pool.query(
       'select run_status from runledger._operation_checkpoint(p_run_id => $1, p_token => $2, p_seq => $3, p_name => $4, p_operation_id => $5, p_status => $6, p_output => $7::jsonb, p_error => $8::jsonb, p_external_resource_id => $9, p_attempts => $10, p_started_ms_ago => $11, p_charge => $12)',
       [
-        exec.runId, exec.fencingToken.toString(), at.seq, at.name, at.operationId, failure === undefined ? 'SUCCEEDED' : 'FAILED',
-        outputText, errorJson,
+        exec.runId,
+        exec.fencingToken.toString(),
+        at.seq,
+        at.name,
+        at.operationId,
+        failure === undefined ? 'SUCCEEDED' : 'FAILED',
+        outputText,
+        errorJson,
         at.reconciledResourceId ?? (stored && options.externalResourceId ? (options.externalResourceId(stored.value) ?? null) : null),
-        at.attempt, msSince(at.startedAt), exec.pendingCharge,
+        at.attempt,
+        msSince(at.startedAt),
+        exec.pendingCharge,
       ],
     );
     committed(exec, result.rows[0]?.run_status);

@@ -32,7 +32,8 @@ export type ResolvedRetryPolicy = Required<Omit<RetryPolicy, 'retryable'>> & Pic
 
 export function resolveRetryPolicy(policy: RetryPolicy | undefined, what: string): ResolvedRetryPolicy {
   const resolved = { ...RETRY_DEFAULTS, ...(policy ?? {}) };
-  if (!Number.isInteger(resolved.maxAttempts) || resolved.maxAttempts < 1) throw new ConfigError(`${what}: retry.maxAttempts must be a whole number >= 1`);
+  if (!Number.isInteger(resolved.maxAttempts) || resolved.maxAttempts < 1)
+    throw new ConfigError(`${what}: retry.maxAttempts must be a whole number >= 1`);
   for (const key of ['initialDelayMs', 'maxDelayMs', 'durableAfterMs'] as const) {
     if (!Number.isFinite(resolved[key]) || resolved[key] < 0) throw new ConfigError(`${what}: retry.${key} must be a number >= 0`);
   }
@@ -83,9 +84,10 @@ async function recordAndWait(
   error: unknown,
   delay: number,
 ): Promise<RetryDecision> {
-  const allowed = await exec.deps.pool.query('select runledger._record_retry(p_run_id => $1, p_token => $2, p_seq => $3, p_name => $4, p_attempt => $5, p_error => $6::jsonb, p_delay_ms => $7) as ok', [
-    exec.runId, exec.fencingToken.toString(), position.seq, position.name, attempt, JSON.stringify(serializeError(error)), delay,
-  ]);
+  const allowed = await exec.deps.pool.query(
+    'select runledger._record_retry(p_run_id => $1, p_token => $2, p_seq => $3, p_name => $4, p_attempt => $5, p_error => $6::jsonb, p_delay_ms => $7) as ok',
+    [exec.runId, exec.fencingToken.toString(), position.seq, position.name, attempt, JSON.stringify(serializeError(error)), delay],
+  );
   if (!allowed.rows[0].ok) return { kind: 'fail' };
   if (delay <= policy.durableAfterMs) {
     // A cancel or a lost lease ends the backoff at once; the caller then stops.
@@ -98,9 +100,10 @@ async function recordAndWait(
     if (signal.aborted) return { kind: 'fail' }; // cancelled: the step ends with the error it had
     return { kind: 'again', attempt: attempt + 1 };
   }
-  await exec.deps.pool.query('select runledger._retry_wait(p_run_id => $1, p_token => $2, p_seq => $3, p_name => $4, p_kind => $5, p_attempt => $6, p_delay_ms => $7)', [
-    exec.runId, exec.fencingToken.toString(), position.seq, position.name, position.kind, attempt, delay,
-  ]);
+  await exec.deps.pool.query(
+    'select runledger._retry_wait(p_run_id => $1, p_token => $2, p_seq => $3, p_name => $4, p_kind => $5, p_attempt => $6, p_delay_ms => $7)',
+    [exec.runId, exec.fencingToken.toString(), position.seq, position.name, position.kind, attempt, delay],
+  );
   exec.halt({ kind: 'suspended' });
   return { kind: 'suspended' };
 }

@@ -45,7 +45,7 @@ export async function runStep<T>(exec: Execution, name: string, fn: StepFunction
   const { seq } = position;
   const firstAttempt = resumeAttempt(position.recorded);
   return exec.inStep(async () => {
-    for (let attempt = firstAttempt; ; ) {
+    for (let attempt = firstAttempt; ;) {
       const startedAt = monotonicMark();
       let outcome: { ok: true; text: string | undefined; value: unknown } | { ok: false; error: unknown };
       try {

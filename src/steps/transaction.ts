@@ -1,7 +1,15 @@
 import { sql, type Transaction } from 'kysely';
 import { serializeError } from '../engine/core/errors.js';
 import { monotonicMark } from '../engine/core/duration.js';
-import { backoff, CHECKPOINT_PARAMS, checkpointValues, committed, flushPending, readCheckpointOutcome, writeCheckpoint } from '../engine/run/checkpoint.js';
+import {
+  backoff,
+  CHECKPOINT_PARAMS,
+  checkpointValues,
+  committed,
+  flushPending,
+  readCheckpointOutcome,
+  writeCheckpoint,
+} from '../engine/run/checkpoint.js';
 import { haltOnDbError } from '../engine/run/halts.js';
 import type { Execution } from '../engine/run/execution.js';
 import { isConnectionError, isRetryableTransactionError, pgCode } from '../engine/db/pg-errors.js';
@@ -54,7 +62,16 @@ async function transactionAttempts<T, DB>(exec: Execution, name: string, seq: nu
         // A crash here rolls the transaction back (below), as a dead process's connection would.
         exec.deps.crash?.hit('before-checkpoint', name);
         if (exec.haltReason) throw new Error('execution halted');
-        const record = { seq, name, kind: 'transaction' as const, status: 'SUCCEEDED' as const, outputText: encoded.text, error: undefined, attempts: attempt, startedAt };
+        const record = {
+          seq,
+          name,
+          kind: 'transaction' as const,
+          status: 'SUCCEEDED' as const,
+          outputText: encoded.text,
+          error: undefined,
+          attempts: attempt,
+          startedAt,
+        };
         // Fencing check (row lock on the run) and checkpoint, in the user's transaction.
         const values = checkpointValues(exec, record);
         const args = CHECKPOINT_PARAMS.map((param, i) => sql`${sql.raw(param)} => ${values[i]}`);
@@ -70,7 +87,14 @@ async function transactionAttempts<T, DB>(exec: Execution, name: string, seq: nu
       if (exec.haltReason) return exec.suspend();
       if (error instanceof UserFailure) {
         const written = await writeCheckpoint(exec, {
-          seq, name, kind: 'transaction', status: 'FAILED', outputText: undefined, error: error.error, attempts: attempt, startedAt,
+          seq,
+          name,
+          kind: 'transaction',
+          status: 'FAILED',
+          outputText: undefined,
+          error: error.error,
+          attempts: attempt,
+          startedAt,
         });
         if (!written.ok) return exec.suspend();
         throw stepFailure(name, serializeError(error.error), error.error);

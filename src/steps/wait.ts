@@ -2,7 +2,8 @@ import { flushPending } from '../engine/run/checkpoint.js';
 import type { Execution, StepKind } from '../engine/run/execution.js';
 import { haltOnDbError } from '../engine/run/halts.js';
 
-const WAIT_SQL = 'select done, output from runledger._wait(p_run_id => $1, p_token => $2, p_seq => $3, p_name => $4, p_kind => $5, p_spec => $6::jsonb)';
+const WAIT_SQL =
+  'select done, output from runledger._wait(p_run_id => $1, p_token => $2, p_seq => $3, p_name => $4, p_kind => $5, p_spec => $6::jsonb)';
 
 /**
  * A durable wait at the next step position, in one round trip (runledger._wait).
@@ -11,7 +12,12 @@ const WAIT_SQL = 'select done, output from runledger._wait(p_run_id => $1, p_tok
  * execution is suspended and this promise never settles, so no user try/catch
  * ever sees the suspension.
  */
-export async function runWait(exec: Execution, name: string, kind: StepKind, spec: Record<string, unknown>): Promise<Record<string, unknown>> {
+export async function runWait(
+  exec: Execution,
+  name: string,
+  kind: StepKind,
+  spec: Record<string, unknown>,
+): Promise<Record<string, unknown>> {
   const position = exec.takeStep(name, kind);
   if (!position) return exec.suspend();
   if (position.recorded?.[2] === 'SUCCEEDED') return (position.recorded[3] as [Record<string, unknown>])[0];

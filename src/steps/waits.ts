@@ -96,15 +96,23 @@ export async function startChild<In>(
   const inputText = toJsonText(stored, `input of child ${workflow.name}`);
   await register(workflow);
   try {
-    const result = await exec.deps.pool.query('select runledger._start_child(p_run_id => $1, p_token => $2, p_seq => $3, p_name => $4, p_workflow => $5, p_input => $6::jsonb, p_options => $7::jsonb) as run_id', [
-      exec.runId,
-      exec.fencingToken.toString(),
-      position.seq,
-      name,
-      workflow.name,
-      inputText ?? null,
-      JSON.stringify({ version: workflow.version, queue: options.queue ?? workflow.queue, max_recovery_attempts: workflow.maxRecoveryAttempts, ...(options.priority === undefined ? {} : { priority: options.priority }) }),
-    ]);
+    const result = await exec.deps.pool.query(
+      'select runledger._start_child(p_run_id => $1, p_token => $2, p_seq => $3, p_name => $4, p_workflow => $5, p_input => $6::jsonb, p_options => $7::jsonb) as run_id',
+      [
+        exec.runId,
+        exec.fencingToken.toString(),
+        position.seq,
+        name,
+        workflow.name,
+        inputText ?? null,
+        JSON.stringify({
+          version: workflow.version,
+          queue: options.queue ?? workflow.queue,
+          max_recovery_attempts: workflow.maxRecoveryAttempts,
+          ...(options.priority === undefined ? {} : { priority: options.priority }),
+        }),
+      ],
+    );
     return { runId: result.rows[0].run_id };
   } catch (error) {
     haltOnDbError(exec, error);

@@ -41,7 +41,8 @@ export function templateName(): string {
 
 function adminUrlFrom(options: TestDatabaseOptions): string {
   const url = options.adminUrl ?? process.env.DATABASE_URL;
-  if (!url) throw new ConfigError('createTestDatabase: pass adminUrl or set DATABASE_URL (a URL of the server that will hold the test databases)');
+  if (!url)
+    throw new ConfigError('createTestDatabase: pass adminUrl or set DATABASE_URL (a URL of the server that will hold the test databases)');
   return url;
 }
 

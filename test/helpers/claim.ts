@@ -83,7 +83,8 @@ export async function claimRun(
   options: { worker?: string; leaseMs?: number; on?: Queryable; reclaim?: boolean } = {},
 ): Promise<Claimed[]> {
   const worker = options.worker ?? 'wk-1';
-  const run = (await db.pool.query('select queue_name, workflow_name, workflow_version from runledger.runs where run_id = $1', [runId])).rows[0];
+  const run = (await db.pool.query('select queue_name, workflow_name, workflow_version from runledger.runs where run_id = $1', [runId]))
+    .rows[0];
   expect(run, `run ${runId} to claim`).toBeDefined();
   const othersSql = `from runledger.runs
     where run_id <> $1 and (queue_name = $2 or ($3 and lease_owner = $4 and status in ('RUNNING', 'CANCELLING')))`;
@@ -93,7 +94,10 @@ export async function claimRun(
       leaseMs: options.leaseMs,
       reclaimExcept: options.reclaim ? [] : undefined,
     });
-    expect(claimedIds(rows).filter((id) => id !== runId), `a claim of ${runId} claims no other run`).toEqual([]);
+    expect(
+      claimedIds(rows).filter((id) => id !== runId),
+      `a claim of ${runId} claims no other run`,
+    ).toEqual([]);
     return rows
       .filter((r) => r.run_id !== null)
       .map((r) => ({
@@ -151,7 +155,8 @@ export function claimHelpers(db: TestDatabase) {
     runId: string,
     options: { on?: pg.Client; queues?: string[]; workflows?: string[] } = {},
   ): Promise<{ claimed: boolean; nextDueInMs: number | null }> {
-    const run = (await db.pool.query('select queue_name, workflow_name, workflow_version from runledger.runs where run_id = $1', [runId])).rows[0];
+    const run = (await db.pool.query('select queue_name, workflow_name, workflow_version from runledger.runs where run_id = $1', [runId]))
+      .rows[0];
     expect(run, `run ${runId}`).toBeDefined();
     const queues = options.queues ?? [run!.queue_name];
     const workflows = options.workflows ?? [`${run!.workflow_name}@${run!.workflow_version}`];
@@ -172,7 +177,10 @@ export function claimHelpers(db: TestDatabase) {
   }
 
   /** A run claimed, given back and claimed again: its first token (1) is stale, its current one is 2. */
-  async function reclaimedRun(options: Record<string, unknown> = {}, on: Queryable = db.pool): Promise<{ runId: string; stale: number; token: number }> {
+  async function reclaimedRun(
+    options: Record<string, unknown> = {},
+    on: Queryable = db.pool,
+  ): Promise<{ runId: string; stale: number; token: number }> {
     const runId = await startRun(options, { n: 1 }, on);
     const first = await claimOne(runId, 'wk-first', 30_000, on);
     await on.query(`select runledger._release_run($1, $2, 0, 'test')`, [runId, first.fencing_token]);
@@ -197,7 +205,12 @@ export function claimHelpers(db: TestDatabase) {
     claimable,
     claimedEvents,
     reclaimedRun,
-    claimBatch: (worker: string, queues: string[], workflows: string[], limit: number | null, options: { on?: Queryable; leaseMs?: number; reclaimExcept?: string[] } = {}) =>
-      claimBatch(options.on ?? db.pool, worker, queues, workflows, limit, options),
+    claimBatch: (
+      worker: string,
+      queues: string[],
+      workflows: string[],
+      limit: number | null,
+      options: { on?: Queryable; leaseMs?: number; reclaimExcept?: string[] } = {},
+    ) => claimBatch(options.on ?? db.pool, worker, queues, workflows, limit, options),
   };
 }

@@ -10,10 +10,24 @@ export interface BatchResultRow {
 }
 
 /** The step fields of a batch item: a SUCCEEDED 'step' at its first attempt, started now (0 ms ago), no charge. */
-export function stepItem(runId: string, token: number, stepSeq: number, name: string, extra: Record<string, unknown> = {}): Record<string, unknown> {
+export function stepItem(
+  runId: string,
+  token: number,
+  stepSeq: number,
+  name: string,
+  extra: Record<string, unknown> = {},
+): Record<string, unknown> {
   return {
-    run_id: runId, token, seq: stepSeq, name, kind: 'step', status: 'SUCCEEDED', attempts: 1,
-    started_ms_ago: 0, charge: 0, ...extra,
+    run_id: runId,
+    token,
+    seq: stepSeq,
+    name,
+    kind: 'step',
+    status: 'SUCCEEDED',
+    attempts: 1,
+    started_ms_ago: 0,
+    charge: 0,
+    ...extra,
   };
 }
 
@@ -23,7 +37,9 @@ export function commitHelpers(db: TestDatabase) {
 
   /** runledger._commit_batch over a JSON array of items (plain objects here). */
   async function commitBatch(items: unknown[], on: Queryable = db.pool): Promise<BatchResultRow[]> {
-    const result = await on.query('select item, code, message, run_status from runledger._commit_batch($1::jsonb)', [JSON.stringify(items)]);
+    const result = await on.query('select item, code, message, run_status from runledger._commit_batch($1::jsonb)', [
+      JSON.stringify(items),
+    ]);
     return result.rows;
   }
 
@@ -49,8 +65,16 @@ export function commitHelpers(db: TestDatabase) {
   async function completeWithCheckpoint(
     client: pg.Client,
     args: {
-      runId: string; token: number; seq: number; name: string; charge?: number; stepOutput?: unknown; output?: unknown;
-      attempts?: number; startedMsAgo?: number; status?: string;
+      runId: string;
+      token: number;
+      seq: number;
+      name: string;
+      charge?: number;
+      stepOutput?: unknown;
+      output?: unknown;
+      attempts?: number;
+      startedMsAgo?: number;
+      status?: string;
     },
   ): Promise<'fast' | 'general'> {
     await client.query(`set track_functions = 'pl'`);
@@ -60,9 +84,16 @@ export function commitHelpers(db: TestDatabase) {
         `select runledger._complete_with_checkpoint($1, $2, $3, $4, 'step', $5, $6::jsonb, null, $7,
                                                    coalesce($8::bigint, 0), $9, $10::jsonb, 'p/1')`,
         [
-          args.runId, args.token, args.seq, args.name, args.status ?? 'SUCCEEDED',
-          args.stepOutput === undefined ? null : JSON.stringify(args.stepOutput), args.attempts ?? 1, args.startedMsAgo ?? null,
-          args.charge ?? 0, args.output === undefined ? null : JSON.stringify(args.output),
+          args.runId,
+          args.token,
+          args.seq,
+          args.name,
+          args.status ?? 'SUCCEEDED',
+          args.stepOutput === undefined ? null : JSON.stringify(args.stepOutput),
+          args.attempts ?? 1,
+          args.startedMsAgo ?? null,
+          args.charge ?? 0,
+          args.output === undefined ? null : JSON.stringify(args.output),
         ],
       );
       const calls = await client.query(

@@ -16,7 +16,12 @@ export function newRunId(label: string): string {
 
 /** Runs started with runledger.start_run and read back from the tables, in plain SQL. */
 export function runHelpers(db: TestDatabase) {
-  async function startRun(options: Record<string, unknown> = {}, input: unknown = { n: 1 }, on: Queryable = db.pool, workflow = 'w'): Promise<string> {
+  async function startRun(
+    options: Record<string, unknown> = {},
+    input: unknown = { n: 1 },
+    on: Queryable = db.pool,
+    workflow = 'w',
+  ): Promise<string> {
     const result = await on.query('select runledger.start_run($1, $2::jsonb, $3::jsonb) as run_id', [
       workflow,
       JSON.stringify(input),

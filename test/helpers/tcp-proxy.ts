@@ -14,7 +14,10 @@ export class CommitFaultProxy {
   #armed: CommitFault | undefined;
   faultsInjected = 0;
 
-  private constructor(server: Server, readonly port: number) {
+  private constructor(
+    server: Server,
+    readonly port: number,
+  ) {
     this.#server = server;
   }
 

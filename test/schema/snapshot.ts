@@ -70,11 +70,7 @@ export function unqualifySingleRelationView(def: string): string {
     }
     if (ch === '(') stack.push(/^\s*SELECT\b/.test(def.slice(i + 1, i + 20)));
     else if (ch === ')') stack.pop();
-    else if (
-      !stack.includes(true) &&
-      def.startsWith(`${alias}.`, i) &&
-      !/[\w."]/.test(def[i - 1] ?? '')
-    ) {
+    else if (!stack.includes(true) && def.startsWith(`${alias}.`, i) && !/[\w."]/.test(def[i - 1] ?? '')) {
       i += alias.length; // skip "X."
       continue;
     }
@@ -88,7 +84,11 @@ export async function schemaSnapshot(client: pg.ClientBase, schema = 'runledger'
   const serverVersion = Number((await client.query<Row>('show server_version_num')).rows[0]?.server_version_num);
   const section = (title: string) => out.push('', `-- ${title}`, '');
 
-  const [ns] = await rows(client, `select obj_description(n.oid, 'pg_namespace') as comment from pg_namespace n where n.nspname = $1`, schema);
+  const [ns] = await rows(
+    client,
+    `select obj_description(n.oid, 'pg_namespace') as comment from pg_namespace n where n.nspname = $1`,
+    schema,
+  );
   if (!ns) throw new Error(`schemaSnapshot: schema ${schema} does not exist`);
   out.push(`CREATE SCHEMA ${schema};`, ...comment(`SCHEMA ${schema}`, ns.comment));
 
@@ -246,5 +246,8 @@ export async function schemaSnapshot(client: pg.ClientBase, schema = 'runledger'
     out.push(`${f.def!.replace(/\s+$/, '')};`, ...comment(`${kind} ${f.signature}`, f.comment), '');
   }
 
-  return `${out.join('\n').replace(/\n{3,}/g, '\n\n').trim()}\n`;
+  return `${out
+    .join('\n')
+    .replace(/\n{3,}/g, '\n\n')
+    .trim()}\n`;
 }

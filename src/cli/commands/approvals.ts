@@ -25,7 +25,9 @@ export const approvals: Command = {
     if (!parsed) return;
     const limit = intOption(parsed.values, 'limit', 1) ?? 50;
     const rows = await withPool(parsed.values, async (pool) => {
-      const result = await pool.query<InboxRow>('select * from runledger.approval_inbox order by requested_at, request_id limit $1', [limit]);
+      const result = await pool.query<InboxRow>('select * from runledger.approval_inbox order by requested_at, request_id limit $1', [
+        limit,
+      ]);
       return result.rows;
     });
     if (rows.length === 0) {
@@ -37,7 +39,9 @@ export const approvals: Command = {
       print(`  run        ${r.run_id} (${r.workflow_name}, step ${r.name})`);
       print(`  approvers  ${r.approvers && r.approvers.length > 0 ? r.approvers.join(', ') : 'anyone'}`);
       print(`  requested  ${timestamp(r.requested_at)} (${ago(r.requested_at)})${r.expires_at ? `, expires ${ago(r.expires_at)}` : ''}`);
-      wrap(shortJson(r.evidence, Infinity), screenWidth() - 13, 6).forEach((part, i) => print(`  ${(i === 0 ? 'evidence' : '').padEnd(11)}${part}`));
+      wrap(shortJson(r.evidence, Infinity), screenWidth() - 13, 6).forEach((part, i) =>
+        print(`  ${(i === 0 ? 'evidence' : '').padEnd(11)}${part}`),
+      );
       print();
     }
     print('decide: runledger approve REQUEST_ID --by NAME [--reject] [--note TEXT]');

@@ -61,7 +61,9 @@ export const queues: Command = {
       r.oldest_pending_s === null ? '-' : ago(new Date(Date.now() - r.oldest_pending_s * 1000)),
       r.concurrency_key === null ? limits(r, true) : '',
     ]);
-    print(renderTable(['QUEUE', 'QUEUED', 'READY', 'RUNNING', 'WAITING', 'OLDEST', 'LIMITS'], table, { shrink: [6, 0], right: [1, 2, 3, 4] }));
+    print(
+      renderTable(['QUEUE', 'QUEUED', 'READY', 'RUNNING', 'WAITING', 'OLDEST', 'LIMITS'], table, { shrink: [6, 0], right: [1, 2, 3, 4] }),
+    );
     print('\nQUEUED: not admitted yet (limits, pause); READY: admitted, waiting for a worker; OLDEST: oldest pending run');
   },
 };

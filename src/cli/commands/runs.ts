@@ -32,7 +32,10 @@ export const runs: Command = {
 /** Case-insensitive and comma-separated, so `--status failed,dead_letter` works. */
 function parseStatuses(raw: string | undefined): RunStatus[] | undefined {
   if (raw === undefined) return undefined;
-  const statuses = raw.split(',').map((s) => s.trim().toUpperCase()).filter(Boolean);
+  const statuses = raw
+    .split(',')
+    .map((s) => s.trim().toUpperCase())
+    .filter(Boolean);
   for (const status of statuses) {
     if (!(RUN_STATES as readonly string[]).includes(status)) {
       throw new CliError('USAGE', `unknown status ${JSON.stringify(status)}; one of ${RUN_STATES.join(', ')}`);

@@ -58,7 +58,8 @@ function limit(values: Parsed['values'], name: string): number | null | undefine
   if (raw === undefined) return undefined;
   if (raw === 'none') return null;
   const n = Number(raw);
-  if (!Number.isInteger(n) || n < 1) throw new CliError('USAGE', `--${name} must be a whole number >= 1 or none, got ${JSON.stringify(raw)}`);
+  if (!Number.isInteger(n) || n < 1)
+    throw new CliError('USAGE', `--${name} must be a whole number >= 1 or none, got ${JSON.stringify(raw)}`);
   return n;
 }
 

@@ -65,7 +65,9 @@ export const show: Command = {
         query<ApprovalRow>(
           'select request_id, name, action, approvers, expires_at, decision, decided_by, decided_at, note from runledger.approvals where run_id = $1 order by seq',
         ),
-        query<SignalRow>('select signal_id, topic, received_at, consumed_seq from runledger.signals where run_id = $1 order by received_at, signal_id'),
+        query<SignalRow>(
+          'select signal_id, topic, received_at, consumed_seq from runledger.signals where run_id = $1 order by received_at, signal_id',
+        ),
         query<ChildRow>('select run_id, workflow_name, status from runledger.runs where parent_run_id = $1 order by created_at, run_id'),
       ]);
       return { run: found, events: history, related: { wait: wait[0], approvals: approvalRows, signals, children } };
@@ -95,12 +97,16 @@ function printSummary(run: RunRecord, related: Related): void {
     `${run.workflowName}@${run.workflowVersion}  queue ${run.queueName}  priority ${run.priority}` +
       (run.concurrencyKey ? `  key ${run.concurrencyKey}` : ''),
   );
-  const waitingFor = related.wait ? `, waiting for ${related.wait.waiting_for}${related.wait.step_name ? ` (step ${related.wait.step_name})` : ''}` : '';
+  const waitingFor = related.wait
+    ? `, waiting for ${related.wait.waiting_for}${related.wait.step_name ? ` (step ${related.wait.step_name})` : ''}`
+    : '';
   line('status', run.terminationReason ? `${run.status} (${run.terminationReason})` : run.status + waitingFor, 2);
-  if (run.cancelRequestedAt) line('cancel', `requested ${timestamp(run.cancelRequestedAt)}${run.cancelReason ? `: ${run.cancelReason}` : ''}`, 2);
+  if (run.cancelRequestedAt)
+    line('cancel', `requested ${timestamp(run.cancelRequestedAt)}${run.cancelReason ? `: ${run.cancelReason}` : ''}`, 2);
   line('created', timestamp(run.createdAt));
   if (run.startedAt) line('started', timestamp(run.startedAt));
-  if (run.finishedAt) line('finished', `${timestamp(run.finishedAt)}  (${duration(run.finishedAt.getTime() - run.createdAt.getTime())} after creation)`);
+  if (run.finishedAt)
+    line('finished', `${timestamp(run.finishedAt)}  (${duration(run.finishedAt.getTime() - run.createdAt.getTime())} after creation)`);
   if (run.wakeAt) line('wakes', timestamp(run.wakeAt));
   if (run.deadlineAt) line('deadline', timestamp(run.deadlineAt));
   const limits = [
@@ -154,7 +160,13 @@ function printOperations(run: RunRecord): void {
     op.compensationStatus ? `compensation ${op.compensationStatus}` : op.externalResourceId ? `resource ${op.externalResourceId}` : '-',
     op.operationId,
   ]);
-  print(renderTable(['#', 'OPERATION', 'STATUS', 'TRIES', 'KEY', 'NOTE', 'OPERATION ID'], rows, { shrink: [4, 5, 1], right: [0, 3], indent: 2 }));
+  print(
+    renderTable(['#', 'OPERATION', 'STATUS', 'TRIES', 'KEY', 'NOTE', 'OPERATION ID'], rows, {
+      shrink: [4, 5, 1],
+      right: [0, 3],
+      indent: 2,
+    }),
+  );
   if (operations.some((op) => op.status === 'UNKNOWN')) {
     print('  UNKNOWN: settle with runledger resolve OPERATION_ID --status SUCCEEDED|FAILED [--result JSON]');
   }
@@ -167,7 +179,13 @@ function printRelated(run: RunRecord, related: Related): void {
     const rows = related.approvals.map((a) => [
       a.request_id,
       a.action,
-      a.decision === null ? (a.expires_at && a.expires_at.getTime() <= Date.now() ? 'expired' : 'pending') : a.decision ? 'approved' : 'rejected',
+      a.decision === null
+        ? a.expires_at && a.expires_at.getTime() <= Date.now()
+          ? 'expired'
+          : 'pending'
+        : a.decision
+          ? 'approved'
+          : 'rejected',
       a.decided_by ?? (a.approvers && a.approvers.length > 0 ? `(${a.approvers.join(', ')})` : '(anyone)'),
       a.note ?? '-',
     ]);
@@ -176,13 +194,24 @@ function printRelated(run: RunRecord, related: Related): void {
   if (related.signals.length > 0) {
     print();
     print(`signals (${related.signals.length})`);
-    const rows = related.signals.map((s) => [s.signal_id, s.topic, offset(s.received_at, run.createdAt), s.consumed_seq === null ? 'in the inbox' : `consumed by step ${s.consumed_seq}`]);
+    const rows = related.signals.map((s) => [
+      s.signal_id,
+      s.topic,
+      offset(s.received_at, run.createdAt),
+      s.consumed_seq === null ? 'in the inbox' : `consumed by step ${s.consumed_seq}`,
+    ]);
     print(renderTable(['SIGNAL ID', 'TOPIC', 'RECEIVED', 'STATE'], rows, { shrink: [1], indent: 2 }));
   }
   if (related.children.length > 0) {
     print();
     print(`child runs (${related.children.length})`);
-    print(renderTable(['RUN ID', 'WORKFLOW', 'STATUS'], related.children.map((c) => [c.run_id, c.workflow_name, c.status]), { shrink: [1], indent: 2 }));
+    print(
+      renderTable(
+        ['RUN ID', 'WORKFLOW', 'STATUS'],
+        related.children.map((c) => [c.run_id, c.workflow_name, c.status]),
+        { shrink: [1], indent: 2 },
+      ),
+    );
   }
 }
 

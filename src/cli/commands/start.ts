@@ -41,14 +41,14 @@ export const start: Command = {
     if (values['run-at'] !== undefined) Object.assign(options, runAt(values['run-at'] as string));
     if (values.priority !== undefined) {
       options.priority = Number(values.priority);
-      if (!Number.isInteger(options.priority)) throw new CliError('USAGE', `--priority must be a whole number, got ${JSON.stringify(values.priority)}`);
+      if (!Number.isInteger(options.priority))
+        throw new CliError('USAGE', `--priority must be a whole number, got ${JSON.stringify(values.priority)}`);
     }
     const runId = await withPool(values, async (pool) => {
-      const result = await pool.query('select runledger.start_run(p_workflow => $1, p_input => $2::jsonb, p_options => $3::jsonb) as run_id', [
-        workflow,
-        json ?? null,
-        JSON.stringify(options),
-      ]);
+      const result = await pool.query(
+        'select runledger.start_run(p_workflow => $1, p_input => $2::jsonb, p_options => $3::jsonb) as run_id',
+        [workflow, json ?? null, JSON.stringify(options)],
+      );
       return result.rows[0].run_id as string;
     });
     print(runId);
@@ -61,6 +61,9 @@ function runAt(raw: string): { run_at: string } | { run_in_ms: number } {
   try {
     return { run_in_ms: Math.round(toMs(raw, '--run-at')) };
   } catch {
-    throw new CliError('USAGE', `--run-at must be a date-time (2030-01-31T12:00Z) or a duration (90s, 10m, 2h), got ${JSON.stringify(raw)}`);
+    throw new CliError(
+      'USAGE',
+      `--run-at must be a date-time (2030-01-31T12:00Z) or a duration (90s, 10m, 2h), got ${JSON.stringify(raw)}`,
+    );
   }
 }

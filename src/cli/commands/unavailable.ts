@@ -15,4 +15,9 @@ function unavailable(name: string, usage: string, summary: string, missing: stri
   };
 }
 
-export const dev = unavailable('dev', 'runledger dev', 'embedded Postgres + worker + examples', 'dev mode (for a tour, run `npm run demo` in the runledger repository)');
+export const dev = unavailable(
+  'dev',
+  'runledger dev',
+  'embedded Postgres + worker + examples',
+  'dev mode (for a tour, run `npm run demo` in the runledger repository)',
+);

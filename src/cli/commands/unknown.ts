@@ -27,7 +27,10 @@ export const unknown: Command = {
     if (!parsed) return;
     const limit = intOption(parsed.values, 'limit', 1) ?? 50;
     const rows = await withPool(parsed.values, async (pool) => {
-      const result = await pool.query<UnknownRow>('select * from runledger.unknown_operations order by unknown_since, operation_id limit $1', [limit]);
+      const result = await pool.query<UnknownRow>(
+        'select * from runledger.unknown_operations order by unknown_since, operation_id limit $1',
+        [limit],
+      );
       return result.rows;
     });
     if (rows.length === 0) {

@@ -21,7 +21,8 @@ export const waiting: Command = {
     if (!parsed) return;
     const limit = intOption(parsed.values, 'limit', 1) ?? 50;
     const kind = parsed.values.kind as string | undefined;
-    if (kind !== undefined && !(WAIT_KINDS as readonly string[]).includes(kind)) throw new CliError('USAGE', `--kind must be one of ${WAIT_KINDS.join(', ')}, got ${JSON.stringify(kind)}`);
+    if (kind !== undefined && !(WAIT_KINDS as readonly string[]).includes(kind))
+      throw new CliError('USAGE', `--kind must be one of ${WAIT_KINDS.join(', ')}, got ${JSON.stringify(kind)}`);
     const rows = await withPool(parsed.values, async (pool) => {
       const result = await pool.query<WaitingRow>(
         `select run_id, workflow_name, wait_kind, waiting_for, step_name, since, until
@@ -35,7 +36,14 @@ export const waiting: Command = {
       print(kind ? `no runs waiting for ${kind}` : 'no runs waiting');
       return;
     }
-    const table = rows.map((r) => [r.run_id, r.workflow_name, r.waiting_for, r.step_name ?? '-', ago(r.since), r.until ? ago(r.until) : 'no timeout']);
+    const table = rows.map((r) => [
+      r.run_id,
+      r.workflow_name,
+      r.waiting_for,
+      r.step_name ?? '-',
+      ago(r.since),
+      r.until ? ago(r.until) : 'no timeout',
+    ]);
     print(renderTable(['RUN ID', 'WORKFLOW', 'WAITING FOR', 'STEP', 'SINCE', 'UNTIL'], table, { shrink: [3, 1] }));
     print('\nsignal: runledger signal RUN_ID TOPIC [JSON]    approval: runledger approvals    cancel: runledger cancel RUN_ID');
   },

@@ -37,10 +37,14 @@ export const worker: Command = {
         queues: values.queue as string[] | undefined,
         ...(leaseMs === undefined ? {} : { leaseMs }),
       });
-      const served = await engine.pool.query('select workflows, queues, lease_ms from runledger.workers where worker_id = $1', [running.workerId]);
+      const served = await engine.pool.query('select workflows, queues, lease_ms from runledger.workers where worker_id = $1', [
+        running.workerId,
+      ]);
       const row = served.rows[0] ?? { workflows: [], queues: [], lease_ms: leaseMs };
       print(`worker ${running.workerId}`);
-      print(`serving ${row.workflows.join(', ')} on queue(s) ${row.queues.join(', ')}; concurrency ${concurrency}, lease ${row.lease_ms} ms`);
+      print(
+        `serving ${row.workflows.join(', ')} on queue(s) ${row.queues.join(', ')}; concurrency ${concurrency}, lease ${row.lease_ms} ms`,
+      );
       print('Ctrl-C (SIGINT) or SIGTERM stops it gracefully');
       await untilSignal();
       print(`stopping: letting ${running.inFlight} run(s) in flight finish or releasing them ...`);

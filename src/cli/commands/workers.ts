@@ -46,7 +46,7 @@ export const workers: Command = {
       w.queues.join(','),
       w.workflows.join(','),
     ]);
-        // The id is left whole (it is what you grep logs for); it already holds host and pid.
+    // The id is left whole (it is what you grep logs for); it already holds host and pid.
     print(renderTable(['WORKER', 'STATE', 'SEEN', 'CONC', 'QUEUES', 'SERVES'], table, { shrink: [5, 4], right: [3] }));
   },
 };

@@ -6,10 +6,19 @@ import type { RunStatus } from '../core/states.js';
 
 /** Operator actions: each is one SQL function call, the same one psql users call. */
 
-export async function sendSignal(pool: pg.Pool, runId: string, topic: string, payload: unknown, signalId: string = ulid()): Promise<boolean> {
+export async function sendSignal(
+  pool: pg.Pool,
+  runId: string,
+  topic: string,
+  payload: unknown,
+  signalId: string = ulid(),
+): Promise<boolean> {
   const payloadText = toJsonText(payload, `signal ${topic} payload`);
   try {
-    const result = await pool.query('select runledger.send_signal(p_run_id => $1, p_topic => $2, p_payload => $3::jsonb, p_signal_id => $4) as accepted', [runId, topic, payloadText ?? null, signalId]);
+    const result = await pool.query(
+      'select runledger.send_signal(p_run_id => $1, p_topic => $2, p_payload => $3::jsonb, p_signal_id => $4) as accepted',
+      [runId, topic, payloadText ?? null, signalId],
+    );
     return result.rows[0].accepted;
   } catch (error) {
     throw fromPgError(error);
@@ -34,14 +43,19 @@ export interface DecisionRecord {
 
 export async function decideApproval(pool: pg.Pool, requestId: string, decision: DecisionInput): Promise<DecisionRecord> {
   try {
-    const result = await pool.query('select runledger.decide_approval(p_request_id => $1, p_approved => $2, p_decided_by => $3, p_note => $4) as decision', [
-      requestId,
-      decision.approved,
-      decision.decidedBy,
-      decision.note ?? null,
-    ]);
+    const result = await pool.query(
+      'select runledger.decide_approval(p_request_id => $1, p_approved => $2, p_decided_by => $3, p_note => $4) as decision',
+      [requestId, decision.approved, decision.decidedBy, decision.note ?? null],
+    );
     const d = result.rows[0].decision;
-    return { recorded: d.recorded, requestId: d.request_id, approved: d.approved, decidedBy: d.decided_by, decidedAt: d.decided_at, note: d.note };
+    return {
+      recorded: d.recorded,
+      requestId: d.request_id,
+      approved: d.approved,
+      decidedBy: d.decided_by,
+      decidedAt: d.decided_at,
+      note: d.note,
+    };
   } catch (error) {
     throw fromPgError(error);
   }
@@ -63,9 +77,10 @@ export async function resolveOperation(
 ): Promise<'SUCCEEDED' | 'FAILED'> {
   const resultText = toJsonText(resolution.result, 'resolveOperation result');
   try {
-    const result = await pool.query('select runledger.resolve_operation(p_operation_id => $1, p_status => $2, p_result => $3::jsonb, p_resolved_by => $4) as status', [
-      operationId, resolution.status, resultText ?? null, resolution.resolvedBy ?? null,
-    ]);
+    const result = await pool.query(
+      'select runledger.resolve_operation(p_operation_id => $1, p_status => $2, p_result => $3::jsonb, p_resolved_by => $4) as status',
+      [operationId, resolution.status, resultText ?? null, resolution.resolvedBy ?? null],
+    );
     return result.rows[0].status;
   } catch (error) {
     throw fromPgError(error);

@@ -1,7 +1,16 @@
 import type pg from 'pg';
 import type { Kysely } from 'kysely';
 import { ConfigError, fromPgError } from '../core/errors.js';
-import { RUN_STATES, type CompensationStatus, type OperationStatus, type RunStatus, type StepKind, type StepStatus, type TerminationReason, type WaitKind } from '../core/states.js';
+import {
+  RUN_STATES,
+  type CompensationStatus,
+  type OperationStatus,
+  type RunStatus,
+  type StepKind,
+  type StepStatus,
+  type TerminationReason,
+  type WaitKind,
+} from '../core/states.js';
 import type { RunledgerDatabase } from '../db/schema.js';
 
 export type { CompensationStatus, OperationStatus, StepKind, StepStatus, WaitKind } from '../core/states.js';
@@ -108,7 +117,11 @@ function toRecord<T>(row: object): T {
   return out as T;
 }
 
-export async function getRun(db: Kysely<RunledgerDatabase>, runId: string, options: { withSteps?: boolean } = {}): Promise<RunRecord | undefined> {
+export async function getRun(
+  db: Kysely<RunledgerDatabase>,
+  runId: string,
+  options: { withSteps?: boolean } = {},
+): Promise<RunRecord | undefined> {
   const row = await db.selectFrom('runledger.runs').selectAll().where('run_id', '=', runId).executeTakeFirst();
   if (!row) return undefined;
   const run = toRecord<RunRecord>(row);
@@ -133,7 +146,8 @@ export interface ListRunsOptions {
 
 export async function listRuns(db: Kysely<RunledgerDatabase>, options: ListRunsOptions = {}): Promise<RunRecord[]> {
   const limit = options.limit ?? 100;
-  if (!Number.isInteger(limit) || limit < 1 || limit > 10_000) throw new ConfigError('listRuns: limit must be a whole number from 1 to 10000');
+  if (!Number.isInteger(limit) || limit < 1 || limit > 10_000)
+    throw new ConfigError('listRuns: limit must be a whole number from 1 to 10000');
   const statuses = options.status === undefined ? [] : Array.isArray(options.status) ? options.status : [options.status];
   for (const status of statuses) {
     if (!(RUN_STATES as readonly string[]).includes(status)) throw new ConfigError(`listRuns: unknown status ${JSON.stringify(status)}`);

@@ -44,11 +44,19 @@ export function defineSchedule<I>(options: ScheduleOptions<I>): Schedule {
   }
   if (!options.workflow?.name) throw new ConfigError(`schedule ${options.name}: workflow is required`);
   const catchUpMs = toMs(options.catchUp ?? 0, `schedule ${options.name}: catchUp`);
-  const schedule = { name: options.name, workflow: options.workflow, cron: String(options.cron ?? '').trim(), input: options.input, catchUpMs };
+  const schedule = {
+    name: options.name,
+    workflow: options.workflow,
+    cron: String(options.cron ?? '').trim(),
+    input: options.input,
+    catchUpMs,
+  };
   try {
     parseCrontab(cronLine(schedule));
   } catch (error) {
-    throw new ConfigError(`schedule ${options.name}: cron ${JSON.stringify(options.cron)} is invalid: ${(error as Error).message}`, { cause: error });
+    throw new ConfigError(`schedule ${options.name}: cron ${JSON.stringify(options.cron)} is invalid: ${(error as Error).message}`, {
+      cause: error,
+    });
   }
   return Object.freeze(schedule);
 }

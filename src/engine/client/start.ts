@@ -44,7 +44,12 @@ export interface StartHost {
   getRun: (runId: string, options?: { withSteps?: boolean }) => Promise<RunRecord | undefined>;
 }
 
-export async function startRun<O, In>(host: StartHost, workflow: Workflow<any, O, In>, input: In, options: StartOptions = {}): Promise<RunHandle<Jsonify<O>>> {
+export async function startRun<O, In>(
+  host: StartHost,
+  workflow: Workflow<any, O, In>,
+  input: In,
+  options: StartOptions = {},
+): Promise<RunHandle<Jsonify<O>>> {
   let stored: unknown = input;
   if (workflow.inputSchema) {
     const parsed = workflow.inputSchema.safeParse(input);
@@ -87,10 +92,7 @@ export async function startRun<O, In>(host: StartHost, workflow: Workflow<any, O
     else sqlOptions.run_in_ms = Math.round(toMs(options.runAt, 'runAt'));
   }
   if (options.concurrencyKey !== undefined) sqlOptions.concurrency_key = options.concurrencyKey;
-  Object.assign(
-    sqlOptions,
-    limitsToSql({ maxSteps: options.maxSteps, budget: options.budget, noProgress: options.noProgress }, 'start'),
-  );
+  Object.assign(sqlOptions, limitsToSql({ maxSteps: options.maxSteps, budget: options.budget, noProgress: options.noProgress }, 'start'));
   if (options.deadline !== undefined) {
     sqlOptions.deadline =
       options.deadline instanceof Date ? options.deadline.toISOString() : `${toMs(options.deadline, 'deadline')} milliseconds`;
@@ -129,7 +131,8 @@ export async function awaitResult<O>(host: StartHost, runId: string, timeoutMs =
         error: run.error,
       });
     }
-    if (Date.now() + interval > deadline) throw new RunFailedError(`run ${runId} still ${run.status} after ${timeoutMs} ms`, { runId, status: run.status });
+    if (Date.now() + interval > deadline)
+      throw new RunFailedError(`run ${runId} still ${run.status} after ${timeoutMs} ms`, { runId, status: run.status });
     await new Promise((resolve) => setTimeout(resolve, interval));
   }
 }

@@ -48,9 +48,12 @@ const ALIASES: Partial<Record<CrashWhen, CrashWhen>> = { 'after-call': 'before-c
 export function validateCrashPoints(points: CrashPoint | CrashPoint[] | undefined): CrashPoint[] {
   const list = points === undefined ? [] : Array.isArray(points) ? points : [points];
   for (const point of list) {
-    if (!CRASH_WHEN.includes(point.when)) throw new ConfigError(`crashAt: when must be one of ${CRASH_WHEN.join(', ')}, got ${JSON.stringify(point.when)}`);
-    if (point.action !== undefined && point.action !== 'halt' && point.action !== 'kill') throw new ConfigError(`crashAt: action must be 'halt' or 'kill'`);
-    if (point.times !== undefined && (!Number.isInteger(point.times) || point.times < 1)) throw new ConfigError('crashAt: times must be a whole number >= 1');
+    if (!CRASH_WHEN.includes(point.when))
+      throw new ConfigError(`crashAt: when must be one of ${CRASH_WHEN.join(', ')}, got ${JSON.stringify(point.when)}`);
+    if (point.action !== undefined && point.action !== 'halt' && point.action !== 'kill')
+      throw new ConfigError(`crashAt: action must be 'halt' or 'kill'`);
+    if (point.times !== undefined && (!Number.isInteger(point.times) || point.times < 1))
+      throw new ConfigError('crashAt: times must be a whole number >= 1');
   }
   return list;
 }

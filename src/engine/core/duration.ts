@@ -10,7 +10,9 @@ export function toMs(duration: Duration, what: string): number {
     if (!Number.isFinite(duration) || duration < 0) throw new ConfigError(`${what}: ${duration} is not a duration`);
     return duration;
   }
-  const parts = duration.trim().match(/^(?:\d+(?:\.\d+)?(?:ms|s|m|h|d|w))+$/) ? duration.trim().match(/\d+(?:\.\d+)?(?:ms|s|m|h|d|w)/g) : null;
+  const parts = duration.trim().match(/^(?:\d+(?:\.\d+)?(?:ms|s|m|h|d|w))+$/)
+    ? duration.trim().match(/\d+(?:\.\d+)?(?:ms|s|m|h|d|w)/g)
+    : null;
   if (!parts) throw new ConfigError(`${what}: ${JSON.stringify(duration)} is not a duration (use e.g. 500ms, 30s, 5m, 2h, 2d)`);
   return parts.reduce((total, part) => {
     const [, amount, unit] = part.match(/^(\d+(?:\.\d+)?)(ms|s|m|h|d|w)$/)!;

@@ -36,10 +36,14 @@ export class RunledgerError extends Error {
 }
 
 export class LeaseLostError extends RunledgerError {
-  constructor(message: string, options?: { cause?: unknown }) { super('LEASE_LOST', message, options); }
+  constructor(message: string, options?: { cause?: unknown }) {
+    super('LEASE_LOST', message, options);
+  }
 }
 export class NotFoundError extends RunledgerError {
-  constructor(message: string, options?: { cause?: unknown }) { super('NOT_FOUND', message, options); }
+  constructor(message: string, options?: { cause?: unknown }) {
+    super('NOT_FOUND', message, options);
+  }
 }
 export class InvalidInputError extends RunledgerError {
   constructor(message: string, options?: { cause?: unknown; details?: Record<string, unknown> }) {
@@ -52,34 +56,52 @@ export class PayloadTooLargeError extends RunledgerError {
   }
 }
 export class InvalidStateError extends RunledgerError {
-  constructor(message: string, options?: { cause?: unknown }) { super('INVALID_STATE', message, options); }
+  constructor(message: string, options?: { cause?: unknown }) {
+    super('INVALID_STATE', message, options);
+  }
 }
 export class UnknownWorkflowError extends RunledgerError {
-  constructor(message: string, options?: { cause?: unknown }) { super('UNKNOWN_WORKFLOW', message, options); }
+  constructor(message: string, options?: { cause?: unknown }) {
+    super('UNKNOWN_WORKFLOW', message, options);
+  }
 }
 export class NonDeterminismError extends RunledgerError {
-  constructor(message: string, details: Record<string, unknown>) { super('NON_DETERMINISM', message, { details }); }
+  constructor(message: string, details: Record<string, unknown>) {
+    super('NON_DETERMINISM', message, { details });
+  }
 }
 export class NotSerializableError extends RunledgerError {
-  constructor(message: string) { super('OUTPUT_NOT_SERIALIZABLE', message); }
+  constructor(message: string) {
+    super('OUTPUT_NOT_SERIALIZABLE', message);
+  }
 }
 export class SchemaTooNewError extends RunledgerError {
-  constructor(message: string) { super('SCHEMA_TOO_NEW', message); }
+  constructor(message: string) {
+    super('SCHEMA_TOO_NEW', message);
+  }
 }
 export class ConfigError extends RunledgerError {
-  constructor(message: string, options?: { cause?: unknown }) { super('CONFIG', message, options); }
+  constructor(message: string, options?: { cause?: unknown }) {
+    super('CONFIG', message, options);
+  }
 }
 export class NotInWorkflowError extends RunledgerError {
-  constructor(message: string) { super('NOT_IN_WORKFLOW', message); }
+  constructor(message: string) {
+    super('NOT_IN_WORKFLOW', message);
+  }
 }
 
 export class NotAllowedError extends RunledgerError {
-  constructor(message: string, options?: { cause?: unknown }) { super('NOT_ALLOWED', message, options); }
+  constructor(message: string, options?: { cause?: unknown }) {
+    super('NOT_ALLOWED', message, options);
+  }
 }
 
 /** What `ctx.runChild` throws when the child run did not succeed; the same on every replay. */
 export class ChildFailedError extends RunledgerError {
-  constructor(message: string, details: Record<string, unknown>) { super('CHILD_FAILED', message, { details }); }
+  constructor(message: string, details: Record<string, unknown>) {
+    super('CHILD_FAILED', message, { details });
+  }
 }
 
 /**
@@ -95,7 +117,9 @@ export class NonRetryableError extends RunledgerError {
 
 /** A run ended FAILED (or another non-success terminal state); `details` holds the stored error and record. */
 export class RunFailedError extends RunledgerError {
-  constructor(message: string, details: Record<string, unknown>) { super('RUN_FAILED', message, { details }); }
+  constructor(message: string, details: Record<string, unknown>) {
+    super('RUN_FAILED', message, { details });
+  }
 }
 
 /** What a failed step rethrows on replay: the recorded name, message and code of the original error. */
@@ -114,7 +138,9 @@ export class StepFailedError extends RunledgerError {
  * build's file of the same number: the database was migrated by a different build.
  */
 export class MigrationMismatchError extends RunledgerError {
-  constructor(message: string, details: Record<string, unknown>) { super('MIGRATION_MISMATCH', message, { details }); }
+  constructor(message: string, details: Record<string, unknown>) {
+    super('MIGRATION_MISMATCH', message, { details });
+  }
 }
 
 export interface SerializedError {

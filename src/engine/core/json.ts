@@ -35,7 +35,9 @@ function check(value: unknown, path: string, seen: Set<object>): void {
       if (Array.isArray(value)) {
         value.forEach((item, i) => check(item, `${path}[${i}]`, seen));
       } else if (value instanceof Map || value instanceof Set) {
-        throw new NotSerializableError(`${path} is a ${value.constructor.name}, which JSON stores as {} (convert it to an array or object)`);
+        throw new NotSerializableError(
+          `${path} is a ${value.constructor.name}, which JSON stores as {} (convert it to an array or object)`,
+        );
       } else {
         for (const [key, item] of Object.entries(value)) check(item, `${path}.${key}`, seen);
       }

@@ -63,7 +63,15 @@ export const RUN_TRANSITIONS: ReadonlyArray<{ from: RunStatus; to: RunStatus; by
 ];
 
 export const TERMINATION_REASONS = [
-  'COMPLETED', 'FAILED', 'CANCELLED', 'DEADLINE', 'MAX_STEPS', 'BUDGET', 'NO_PROGRESS', 'MAX_RECOVERY_ATTEMPTS', 'NON_DETERMINISM',
+  'COMPLETED',
+  'FAILED',
+  'CANCELLED',
+  'DEADLINE',
+  'MAX_STEPS',
+  'BUDGET',
+  'NO_PROGRESS',
+  'MAX_RECOVERY_ATTEMPTS',
+  'NON_DETERMINISM',
 ] as const;
 
 export type TerminationReason = (typeof TERMINATION_REASONS)[number];

@@ -32,15 +32,18 @@ export function limitsToSql(limits: WorkflowLimits, what: string): Record<string
     out.max_steps = limits.maxSteps;
   }
   if (limits.budget !== undefined) {
-    if (typeof limits.budget !== 'number' || !Number.isFinite(limits.budget) || limits.budget < 0) throw new ConfigError(`${what}: budget must be a number >= 0`);
+    if (typeof limits.budget !== 'number' || !Number.isFinite(limits.budget) || limits.budget < 0)
+      throw new ConfigError(`${what}: budget must be a number >= 0`);
     out.budget = limits.budget;
   }
   if (limits.noProgress !== undefined) {
-    if (!Number.isInteger(limits.noProgress) || limits.noProgress < 2) throw new ConfigError(`${what}: noProgress must be a whole number >= 2`);
+    if (!Number.isInteger(limits.noProgress) || limits.noProgress < 2)
+      throw new ConfigError(`${what}: noProgress must be a whole number >= 2`);
     out.no_progress = limits.noProgress;
   }
   if (limits.retryBudget !== undefined) {
-    if (!Number.isInteger(limits.retryBudget) || limits.retryBudget < 0) throw new ConfigError(`${what}: retryBudget must be a whole number >= 0`);
+    if (!Number.isInteger(limits.retryBudget) || limits.retryBudget < 0)
+      throw new ConfigError(`${what}: retryBudget must be a whole number >= 0`);
     out.retry_budget = limits.retryBudget;
   }
   return out;
@@ -81,17 +84,24 @@ export interface Workflow<I = unknown, O = unknown, In = I> {
   readonly fn: WorkflowFunction<I, O>;
 }
 
-export function defineWorkflow<I, O, In = I, DB = any>(options: WorkflowOptions<I, In>, fn: WorkflowFunction<I, O, DB>): Workflow<I, O, In> {
+export function defineWorkflow<I, O, In = I, DB = any>(
+  options: WorkflowOptions<I, In>,
+  fn: WorkflowFunction<I, O, DB>,
+): Workflow<I, O, In> {
   if (typeof options?.name !== 'string' || !NAME_PATTERN.test(options.name)) {
     throw new ConfigError(`workflow name ${JSON.stringify(options?.name)} is invalid: 1-50 characters of letters, digits, '_', '.', '-'`);
   }
   const version = options.version ?? '1';
   if (!VERSION_PATTERN.test(version)) {
-    throw new ConfigError(`workflow ${options.name}: version ${JSON.stringify(version)} is invalid: 1-20 characters of letters, digits, '_', '.', '-'`);
+    throw new ConfigError(
+      `workflow ${options.name}: version ${JSON.stringify(version)} is invalid: 1-20 characters of letters, digits, '_', '.', '-'`,
+    );
   }
   const queue = options.queue ?? QUEUE_DEFAULT;
   if (!QUEUE_PATTERN.test(queue)) {
-    throw new ConfigError(`workflow ${options.name}: queue ${JSON.stringify(queue)} is invalid: 1-40 characters of letters, digits, '_', '.', '-'`);
+    throw new ConfigError(
+      `workflow ${options.name}: queue ${JSON.stringify(queue)} is invalid: 1-40 characters of letters, digits, '_', '.', '-'`,
+    );
   }
   const maxRecoveryAttempts = options.maxRecoveryAttempts ?? MAX_RECOVERY_ATTEMPTS_DEFAULT;
   if (!Number.isInteger(maxRecoveryAttempts) || maxRecoveryAttempts < 0) {

@@ -43,7 +43,8 @@ export function retryIdempotentStatements(pool: pg.Pool): void {
     const original = client.query.bind(client) as (...args: unknown[]) => unknown;
     (client as unknown as { query: (...args: unknown[]) => unknown }).query = (...args: unknown[]) => {
       const config = args[0] as { name?: unknown } | undefined;
-      const retryable = args.length === 1 && typeof config === 'object' && typeof config?.name === 'string' && IDEMPOTENT_STATEMENTS.test(config.name);
+      const retryable =
+        args.length === 1 && typeof config === 'object' && typeof config?.name === 'string' && IDEMPOTENT_STATEMENTS.test(config.name);
       if (!retryable) return original(...args);
       return (original(config) as Promise<unknown>).catch(async (error: unknown) => {
         let lastError = error;

@@ -150,7 +150,10 @@ async function checkApplied(
     );
   }
   for (const file of unrecorded) {
-    await client.query('update runledger.migrations set checksum = $2 where version = $1 and checksum is null', [file.version, file.checksum]);
+    await client.query('update runledger.migrations set checksum = $2 where version = $1 and checksum is null', [
+      file.version,
+      file.checksum,
+    ]);
     log(`recorded the checksum of ${file.name} (applied without migrate)`);
   }
 }

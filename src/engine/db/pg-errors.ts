@@ -22,7 +22,9 @@ export function isConnectionError(error: unknown): boolean {
   const code = String((error as { code?: unknown } | null)?.code ?? '');
   if (code.startsWith('08') || SESSION_ENDED_CODES.has(code) || SOCKET_CODES.has(code)) return true;
   const message = String((error as { message?: unknown } | null)?.message ?? '');
-  return /Connection terminated|Client has encountered a connection error|Client was closed and is not queryable|connection timeout|timeout exceeded when trying to connect/i.test(message);
+  return /Connection terminated|Client has encountered a connection error|Client was closed and is not queryable|connection timeout|timeout exceeded when trying to connect/i.test(
+    message,
+  );
 }
 
 export function pgCode(error: unknown): string | undefined {

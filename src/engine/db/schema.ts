@@ -1,6 +1,12 @@
 import type { ColumnType } from 'kysely';
 import {
-  COMPENSATION_STATUSES, OPERATION_STATUSES, RUN_STATES, STEP_KINDS, STEP_STATUSES, TERMINATION_REASONS, WAIT_KINDS,
+  COMPENSATION_STATUSES,
+  OPERATION_STATUSES,
+  RUN_STATES,
+  STEP_KINDS,
+  STEP_STATUSES,
+  TERMINATION_REASONS,
+  WAIT_KINDS,
 } from '../core/states.js';
 
 /**
@@ -16,7 +22,6 @@ import {
  * Selected types are what node-postgres returns: int8 and numeric as strings (exact),
  * timestamptz as Date, jsonb parsed.
  */
-
 
 export const RUNLEDGER_TABLES = {
   'runledger.migrations': {

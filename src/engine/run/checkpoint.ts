@@ -7,7 +7,17 @@ import { msSince } from '../core/duration.js';
 
 /** runledger._checkpoint's parameters, in the order of checkpointValues(). */
 export const CHECKPOINT_PARAMS = [
-  'p_run_id', 'p_token', 'p_seq', 'p_name', 'p_kind', 'p_status', 'p_output', 'p_error', 'p_attempts', 'p_started_ms_ago', 'p_charge',
+  'p_run_id',
+  'p_token',
+  'p_seq',
+  'p_name',
+  'p_kind',
+  'p_status',
+  'p_output',
+  'p_error',
+  'p_attempts',
+  'p_started_ms_ago',
+  'p_charge',
 ] as const;
 
 export const CHECKPOINT_SQL =

@@ -16,20 +16,23 @@ export interface CommitResult {
 const json = (value: unknown): string => JSON.stringify(value);
 
 /** Item fields shared by a checkpoint and by the last step of a completion. */
-function stepFields(values: {
-  runId: string;
-  token: string;
-  seq: number;
-  name: string;
-  kind: string;
-  status: string;
-  outputText: string | undefined;
-  errorJson: string | null;
-  attempts: number;
-  /** How long ago the step started, in ms on the worker's monotonic clock; SQL stamps started_at = runledger.now() - this. */
-  startedMsAgo: number;
-  charge: number;
-}, outputKey: string): string {
+function stepFields(
+  values: {
+    runId: string;
+    token: string;
+    seq: number;
+    name: string;
+    kind: string;
+    status: string;
+    outputText: string | undefined;
+    errorJson: string | null;
+    attempts: number;
+    /** How long ago the step started, in ms on the worker's monotonic clock; SQL stamps started_at = runledger.now() - this. */
+    startedMsAgo: number;
+    charge: number;
+  },
+  outputKey: string,
+): string {
   return (
     `"run_id":${json(values.runId)},"token":${json(values.token)},"seq":${values.seq},"name":${json(values.name)},` +
     `"kind":${json(values.kind)},"status":${json(values.status)},` +
@@ -57,5 +60,9 @@ export function completeItem(values: {
   const head = values.step
     ? stepFields(values.step, 'step_output')
     : `"run_id":${json(values.runId)},"token":${json(values.token)},"charge":${values.charge}`;
-  return `{"op":"complete",${head},` + (values.outputText === undefined ? '' : `"output":${values.outputText},`) + `"policy_version":${json(values.policyVersion)}}`;
+  return (
+    `{"op":"complete",${head},` +
+    (values.outputText === undefined ? '' : `"output":${values.outputText},`) +
+    `"policy_version":${json(values.policyVersion)}}`
+  );
 }

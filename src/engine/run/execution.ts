@@ -91,7 +91,8 @@ export class Execution {
   /** Set while a step heartbeats itself: the worker's own heartbeat then leaves this run's lease to it. */
   selfHeartbeat = false;
   /** Compensations of operations that succeeded in this run, in order; run in reverse on failure or cancel. */
-  readonly compensations: Array<{ operationId: string; name: string; idempotencyKey: string; result: unknown; fn: CompensationFunction }> = [];
+  readonly compensations: Array<{ operationId: string; name: string; idempotencyKey: string; result: unknown; fn: CompensationFunction }> =
+    [];
   /**
    * The last step's checkpoint, not yet written: it is written before anything else
    * happens (the next step, a wait, a failure), or together with the run's completion,

@@ -143,11 +143,14 @@ export class Dispatcher {
     if (dueMs >= this.dueAt) return;
     if (this.dueTimer) clearTimeout(this.dueTimer);
     this.dueAt = dueMs;
-    this.dueTimer = setTimeout(() => {
-      this.dueTimer = undefined;
-      this.dueAt = Infinity;
-      this.hint();
-    }, Math.min(TIMER_MS_MAX, Math.max(0, delayMs)));
+    this.dueTimer = setTimeout(
+      () => {
+        this.dueTimer = undefined;
+        this.dueAt = Infinity;
+        this.hint();
+      },
+      Math.min(TIMER_MS_MAX, Math.max(0, delayMs)),
+    );
   }
 
   private freeSlots(): number {
@@ -229,7 +232,11 @@ export class Dispatcher {
         name: 'runledger_claim_batch',
         text: CLAIM_SQL,
         values: [
-          this.options.workerId, ordered, this.options.workflows, limit, this.options.leaseMs,
+          this.options.workerId,
+          ordered,
+          this.options.workflows,
+          limit,
+          this.options.leaseMs,
           reclaim ? this.options.executing() : null,
         ],
       });

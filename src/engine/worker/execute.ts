@@ -51,7 +51,10 @@ export async function executeClaimed(run: ClaimedRun, options: ExecuteOptions): 
       const parsed = workflow.inputSchema.safeParse(run.input);
       if (!parsed.success) {
         const error = new InvalidInputError(`input of run ${runId} does not match workflow ${workflow.name}: ${parsed.error.message}`);
-        await finish(exec, 'runledger._fail_run(p_run_id => $1, p_token => $2, p_error => $3::jsonb, p_policy_version => $4)', [JSON.stringify(serializeError(error)), policyVersion]);
+        await finish(exec, 'runledger._fail_run(p_run_id => $1, p_token => $2, p_error => $3::jsonb, p_policy_version => $4)', [
+          JSON.stringify(serializeError(error)),
+          policyVersion,
+        ]);
         return;
       }
       input = parsed.data;
@@ -78,10 +81,15 @@ export async function executeClaimed(run: ClaimedRun, options: ExecuteOptions): 
       try {
         outputText = toJsonText(outcome.value, `output of run ${runId}`);
         if (outputText !== undefined && Buffer.byteLength(outputText) > deps.maxPayloadBytes) {
-          throw new PayloadTooLargeError(`output of run ${runId} is ${Buffer.byteLength(outputText)} bytes, over the limit of ${deps.maxPayloadBytes}`);
+          throw new PayloadTooLargeError(
+            `output of run ${runId} is ${Buffer.byteLength(outputText)} bytes, over the limit of ${deps.maxPayloadBytes}`,
+          );
         }
       } catch (error) {
-        await finish(exec, 'runledger._fail_run(p_run_id => $1, p_token => $2, p_error => $3::jsonb, p_policy_version => $4)', [JSON.stringify(serializeError(error)), policyVersion]);
+        await finish(exec, 'runledger._fail_run(p_run_id => $1, p_token => $2, p_error => $3::jsonb, p_policy_version => $4)', [
+          JSON.stringify(serializeError(error)),
+          policyVersion,
+        ]);
         return;
       }
       if (deps.crash?.hit('before-complete', workflow.name)) return;
@@ -93,7 +101,10 @@ export async function executeClaimed(run: ClaimedRun, options: ExecuteOptions): 
       if (!(await flushPending(exec))) return handleHalt(exec, exec.haltReason!, policyVersion);
       const failures = await runCompensations(exec);
       const error = { ...serializeError(outcome.error), ...(failures.length > 0 ? { compensationFailures: failures } : {}) };
-      await finish(exec, 'runledger._fail_run(p_run_id => $1, p_token => $2, p_error => $3::jsonb, p_policy_version => $4)', [JSON.stringify(error), policyVersion]);
+      await finish(exec, 'runledger._fail_run(p_run_id => $1, p_token => $2, p_error => $3::jsonb, p_policy_version => $4)', [
+        JSON.stringify(error),
+        policyVersion,
+      ]);
     } else {
       await handleHalt(exec, outcome as Halt, policyVersion);
     }
@@ -114,11 +125,11 @@ async function handleHalt(exec: Execution, halt: Halt, policyVersion: string): P
     case 'non_determinism':
       exec.deps.log('error', halt.error.message);
       await flushPending(exec); // the previous step finished in this execution: keep its result
-      await finish(exec, 'runledger._dead_letter_run(p_run_id => $1, p_token => $2, p_reason => $3, p_evidence => $4::jsonb, p_policy_version => $5)', [
-        'NON_DETERMINISM',
-        JSON.stringify({ message: halt.error.message, ...halt.error.details }),
-        policyVersion,
-      ]);
+      await finish(
+        exec,
+        'runledger._dead_letter_run(p_run_id => $1, p_token => $2, p_reason => $3, p_evidence => $4::jsonb, p_policy_version => $5)',
+        ['NON_DETERMINISM', JSON.stringify({ message: halt.error.message, ...halt.error.details }), policyVersion],
+      );
       return;
     case 'infrastructure':
       exec.deps.log('warn', `run ${exec.runId}: released after an infrastructure error`, { error: serializeError(halt.error) });
@@ -141,13 +152,21 @@ async function handleHalt(exec: Execution, halt: Halt, policyVersion: string): P
       return;
     case 'terminate':
       await flushPending(exec); // the step before the limit finished: its result is kept
-      await finish(exec, 'runledger._terminate_run(p_run_id => $1, p_token => $2, p_reason => $3, p_evidence => $4::jsonb)', [halt.reason, JSON.stringify(halt.evidence)]);
+      await finish(exec, 'runledger._terminate_run(p_run_id => $1, p_token => $2, p_reason => $3, p_evidence => $4::jsonb)', [
+        halt.reason,
+        JSON.stringify(halt.evidence),
+      ]);
       return;
   }
 }
 
 /** Success: the output (and the last step's deferred checkpoint) in one transaction, through the group commit when there is one. */
-async function complete(exec: Execution, outputText: string | undefined, policyVersion: string, last: CheckpointRecord | undefined): Promise<void> {
+async function complete(
+  exec: Execution,
+  outputText: string | undefined,
+  policyVersion: string,
+  last: CheckpointRecord | undefined,
+): Promise<void> {
   const { commits } = exec.deps;
   if (commits) {
     const item = completeItem({
@@ -161,13 +180,17 @@ async function complete(exec: Execution, outputText: string | undefined, policyV
     await fencedWrite(exec, () => commits.submit(item, true));
   } else if (last) {
     const [, , ...stepValues] = checkpointValues(exec, last);
-    await finish(exec, 'runledger._complete_with_checkpoint(p_run_id => $1, p_token => $2, p_seq => $3, p_name => $4, p_kind => $5, p_status => $6, p_step_output => $7::jsonb, p_error => $8::jsonb, p_attempts => $9, p_started_ms_ago => $10, p_charge => $11, p_output => $12::jsonb, p_policy_version => $13)', [
-      ...stepValues,
-      outputText ?? null,
-      policyVersion,
-    ]);
+    await finish(
+      exec,
+      'runledger._complete_with_checkpoint(p_run_id => $1, p_token => $2, p_seq => $3, p_name => $4, p_kind => $5, p_status => $6, p_step_output => $7::jsonb, p_error => $8::jsonb, p_attempts => $9, p_started_ms_ago => $10, p_charge => $11, p_output => $12::jsonb, p_policy_version => $13)',
+      [...stepValues, outputText ?? null, policyVersion],
+    );
   } else {
-    await finish(exec, 'runledger._complete_run(p_run_id => $1, p_token => $2, p_output => $3::jsonb, p_policy_version => $4, p_charge => $5)', [outputText ?? null, policyVersion, exec.pendingCharge]);
+    await finish(
+      exec,
+      'runledger._complete_run(p_run_id => $1, p_token => $2, p_output => $3::jsonb, p_policy_version => $4, p_charge => $5)',
+      [outputText ?? null, policyVersion, exec.pendingCharge],
+    );
   }
 }
 
@@ -189,9 +212,10 @@ async function fencedWrite(exec: Execution, write: () => Promise<unknown>): Prom
       }
       if (pgCode(error) === SQLSTATE.PAST_DEADLINE) {
         // The deadline passed before the run could finish: that is how it ends.
-        await exec.deps.pool.query('select runledger._terminate_run(p_run_id => $1, p_token => $2, p_reason => $3, p_evidence => $4::jsonb)', [
-          exec.runId, exec.fencingToken.toString(), 'DEADLINE', JSON.stringify({ message: (error as Error).message }),
-        ]);
+        await exec.deps.pool.query(
+          'select runledger._terminate_run(p_run_id => $1, p_token => $2, p_reason => $3, p_evidence => $4::jsonb)',
+          [exec.runId, exec.fencingToken.toString(), 'DEADLINE', JSON.stringify({ message: (error as Error).message })],
+        );
         return;
       }
       if (!isConnectionError(error) || attempt >= FINISH_TRIES) throw error;
@@ -203,5 +227,8 @@ async function fencedWrite(exec: Execution, write: () => Promise<unknown>): Prom
 async function release(exec: Execution, delayMs: number, reason: string): Promise<void> {
   // Only a graceful stop gives a run back for free; every other release counts a recovery attempt.
   const countsAttempt = reason !== 'worker_stopping';
-  await exec.deps.pool.query('select runledger._release_run(p_run_id => $1, p_token => $2, p_delay_ms => $3, p_reason => $4, p_counts_attempt => $5)', [exec.runId, exec.fencingToken.toString(), delayMs, reason, countsAttempt]);
+  await exec.deps.pool.query(
+    'select runledger._release_run(p_run_id => $1, p_token => $2, p_delay_ms => $3, p_reason => $4, p_counts_attempt => $5)',
+    [exec.runId, exec.fencingToken.toString(), delayMs, reason, countsAttempt],
+  );
 }

@@ -4,10 +4,12 @@ import type { CrashHook } from '../core/crash-points.js';
 import type { CommitItem, CommitResult } from '../run/commit-items.js';
 import type { CommitQueue } from '../run/execution.js';
 
-
 /** An item's own failure inside the batch, carrying its SQLSTATE like a pg error. */
 export class BatchItemError extends Error {
-  constructor(readonly code: string, message: string) {
+  constructor(
+    readonly code: string,
+    message: string,
+  ) {
     super(message);
     this.name = 'BatchItemError';
   }
@@ -118,7 +120,11 @@ export class GroupCommit implements CommitQueue {
     if (claim) {
       const claimRows = rows.filter((row) => row.item === null);
       const failure = claimRows.find((row) => row.code);
-      claim.settle(failure ? new BatchItemError(failure.code!, failure.message ?? `claim failed: ${failure.code}`) : claimRows.map((row) => normalizeClaimRow(row.claimed!)));
+      claim.settle(
+        failure
+          ? new BatchItemError(failure.code!, failure.message ?? `claim failed: ${failure.code}`)
+          : claimRows.map((row) => normalizeClaimRow(row.claimed!)),
+      );
     }
     for (const row of rows) {
       if (row.item === null) continue;

@@ -31,7 +31,11 @@ export function createHeartbeat(options: HeartbeatOptions): () => Promise<void> 
     const sentAt = Date.now();
     try {
       const selfBeating = [...executions].filter((exec) => exec.selfHeartbeat).map((exec) => exec.runId);
-      const result = await pool.query('select runledger._heartbeat(p_worker_id => $1, p_lease_ms => $2, p_except => $3) as runs', [workerId, leaseMs, selfBeating]);
+      const result = await pool.query('select runledger._heartbeat(p_worker_id => $1, p_lease_ms => $2, p_except => $3) as runs', [
+        workerId,
+        leaseMs,
+        selfBeating,
+      ]);
       lastHeartbeatOk = Date.now();
       const renewed = new Set<string>(result.rows[0].runs);
       for (const exec of executions) {
@@ -47,7 +51,8 @@ export function createHeartbeat(options: HeartbeatOptions): () => Promise<void> 
     } catch (error) {
       log('warn', 'heartbeat failed', { error: serializeError(error) });
       if (Date.now() - lastHeartbeatOk > leaseMs) {
-        for (const exec of executions) exec.halt({ kind: 'lease_lost', message: `run ${exec.runId}: heartbeat failing for longer than the lease` });
+        for (const exec of executions)
+          exec.halt({ kind: 'lease_lost', message: `run ${exec.runId}: heartbeat failing for longer than the lease` });
       }
     }
   };

@@ -85,9 +85,11 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
   const concurrency = options.concurrency ?? CONCURRENCY_DEFAULT;
   const leaseMs = options.leaseMs ?? LEASE_MS_DEFAULT;
   if (!Number.isInteger(concurrency) || concurrency < 1) throw new ConfigError('runWorker: concurrency must be a whole number >= 1');
-  if (!Number.isInteger(leaseMs) || leaseMs < LEASE_MS_MIN) throw new ConfigError(`runWorker: leaseMs must be a whole number >= ${LEASE_MS_MIN}`);
+  if (!Number.isInteger(leaseMs) || leaseMs < LEASE_MS_MIN)
+    throw new ConfigError(`runWorker: leaseMs must be a whole number >= ${LEASE_MS_MIN}`);
   const fetchBatchSize = options.fetchBatchSize ?? concurrency;
-  if (!Number.isInteger(fetchBatchSize) || fetchBatchSize < 1) throw new ConfigError('runWorker: fetchBatchSize must be a whole number >= 1');
+  if (!Number.isInteger(fetchBatchSize) || fetchBatchSize < 1)
+    throw new ConfigError('runWorker: fetchBatchSize must be a whole number >= 1');
   // A poll or sweep of 0 ms would run a query in a loop.
   for (const name of ['pollIntervalMs', 'sweepIntervalMs'] as const) {
     const value = options[name];
@@ -121,9 +123,10 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
   const deps: ExecutionDeps = { ...host.deps, pool, ...(crash ? { crash } : {}) };
 
   for (const workflow of served) await host.registerWorkflow(workflow);
-  await deps.pool.query('select runledger._register_worker(p_worker_id => $1, p_host => $2, p_pid => $3, p_workflows => $4, p_queues => $5, p_concurrency => $6, p_lease_ms => $7)', [
-    workerId, hostname(), process.pid, [...byKey.keys()], queues, concurrency, leaseMs,
-  ]);
+  await deps.pool.query(
+    'select runledger._register_worker(p_worker_id => $1, p_host => $2, p_pid => $3, p_workflows => $4, p_queues => $5, p_concurrency => $6, p_lease_ms => $7)',
+    [workerId, hostname(), process.pid, [...byKey.keys()], queues, concurrency, leaseMs],
+  );
 
   const done = new Set<Promise<void>>();
   // Checkpoints and completions of this worker's concurrent runs share commits.
@@ -159,7 +162,14 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
   }
 
   let dispatcher: Dispatcher | undefined;
-  const heartbeat = createHeartbeat({ pool: deps.pool, workerId, leaseMs, executions, log: deps.log, reclaimUnexecuted: () => dispatcher?.reclaimUnexecuted() });
+  const heartbeat = createHeartbeat({
+    pool: deps.pool,
+    workerId,
+    leaseMs,
+    executions,
+    log: deps.log,
+    reclaimUnexecuted: () => dispatcher?.reclaimUnexecuted(),
+  });
   const sweep = createSweeper(deps.pool, deps.log);
   const listener = await listen(
     host.poolConfig,
