@@ -12,7 +12,7 @@
 --   runledger._complete_run / _complete_with_checkpoint / _fail_run / _dead_letter_run
 --   runledger._release_run(...)                    a worker gives a run back
 --
--- Error codes (SQLSTATE) are the ones RunledgerError maps in src/errors.ts:
+-- Error codes (SQLSTATE) are the ones of the SQLSTATES table in src/engine/core/errors.ts:
 --   RL001 LEASE_LOST, RL002 NOT_FOUND, RL003 INVALID_INPUT, RL004 PAYLOAD_TOO_LARGE,
 --   RL005 INVALID_STATE, RL006 UNKNOWN_WORKFLOW.
 -- Every function that changes a run writes its event in the same transaction.

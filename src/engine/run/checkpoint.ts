@@ -106,10 +106,17 @@ export async function writeCheckpoint(exec: Execution, record: CheckpointRecord)
 /** Writes the deferred checkpoint, if any; false when the execution halted instead. */
 export async function flushPending(exec: Execution): Promise<boolean> {
   const pending = exec.pendingCheckpoint;
-  if (!pending) return true;
+  // Nothing left to write, but a write may be on its way (the next step started it): a halt
+  // (cancel, shutdown) waits for it, or the run could end before that step's result is kept.
+  if (!pending) return (await exec.flushing?.catch(() => false)) ?? true;
   exec.pendingCheckpoint = undefined;
-  const written = await writeCheckpoint(exec, pending);
-  return written.ok;
+  const flushing = writeCheckpoint(exec, pending).then((written) => written.ok);
+  exec.flushing = flushing;
+  try {
+    return await flushing;
+  } finally {
+    if (exec.flushing === flushing) exec.flushing = undefined;
+  }
 }
 
 /** After a checkpoint committed: its charge is spent, and the run's status (cancel, policy stop) is acted on. */

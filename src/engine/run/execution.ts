@@ -100,6 +100,8 @@ export class Execution {
    * which ctx.step allows (at least once until its checkpoint commits).
    */
   pendingCheckpoint: CheckpointRecord | undefined;
+  /** The deferred checkpoint's write while it is on its way (see flushPending). */
+  flushing: Promise<boolean> | undefined;
   /** Lease length of the worker executing this run (for step heartbeats). */
   leaseMs = 30_000;
   /** Last heartbeat progress per step position, loaded at claim. */
