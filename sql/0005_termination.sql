@@ -6,6 +6,7 @@
 --   runledger._finish_cancel(...)           fenced end of a CANCELLING run by its owner
 --   runledger._stop_unowned(...)            ends a run that holds no worker (PENDING, WAITING)
 --   runledger._cancel_children(...)         cancels a run's unfinished children
+--   runledger._deadline_evidence(...)       the evidence of a DEADLINE stop of a run that holds no worker
 --   runledger._enforce_deadlines(...)       sweeper: waiting and pending runs past their deadline
 --
 -- Every stop writes the termination record (reason, evidence, time, policy version) with
@@ -175,6 +176,14 @@ $$;
 comment on function runledger._check_progress(runledger.runs, text, int, text) is
   'No-progress limit: when the last N results of this step name are identical (same hash), ends the run TERMINATED (NO_PROGRESS) with the repeated step as evidence.';
 
+create function runledger._deadline_evidence(p_run runledger.runs, p_now timestamptz) returns jsonb
+language sql stable as $$
+  select jsonb_build_object('deadline_at', p_run.deadline_at, 'noticed_at', p_now, 'was', p_run.status,
+                            'wait_kind', p_run.wait_kind);
+$$;
+comment on function runledger._deadline_evidence(runledger.runs, timestamptz) is
+  'The evidence of a DEADLINE stop of a run that holds no worker, the same wherever it is found (the deadline sweep, a claim): deadline_at, noticed_at, was (PENDING or WAITING), wait_kind (null unless WAITING).';
+
 create function runledger._enforce_deadlines(p_limit int default 1000) returns int
 language plpgsql volatile as $$
 declare
@@ -191,9 +200,7 @@ begin
      limit p_limit
      for update skip locked
   loop
-    if runledger._stop_unowned(v_run.run_id, 'TERMINATED', 'DEADLINE',
-         jsonb_build_object('deadline_at', v_run.deadline_at, 'noticed_at', v_now, 'was', v_run.status,
-                            'wait_kind', v_run.wait_kind)) then
+    if runledger._stop_unowned(v_run.run_id, 'TERMINATED', 'DEADLINE', runledger._deadline_evidence(v_run, v_now)) then
       v_count := v_count + 1;
     end if;
   end loop;

@@ -80,9 +80,8 @@ begin
     continue when v_queue = any(v_seen); -- a queue named twice is looked at once
     v_seen := v_seen || v_queue;
     -- A run past its deadline is never put back to work: it ends here instead.
-    perform runledger._stop_unowned(d.run_id, 'TERMINATED', 'DEADLINE',
-              jsonb_build_object('deadline_at', d.deadline_at, 'noticed_at', v_now))
-       from (select r.run_id, r.deadline_at from runledger.runs r
+    perform runledger._stop_unowned((d.r).run_id, 'TERMINATED', 'DEADLINE', runledger._deadline_evidence(d.r, v_now))
+       from (select r from runledger.runs r
               where r.deadline_at <= v_now and r.status in ('PENDING', 'WAITING') and r.queue_name = v_queue
               limit p_limit
               for update skip locked) d;

@@ -799,9 +799,8 @@ begin
     continue when v_queue = any(v_seen); -- a queue named twice is looked at once
     v_seen := v_seen || v_queue;
     -- A run past its deadline is never put back to work: it ends here instead.
-    perform runledger._stop_unowned(d.run_id, 'TERMINATED', 'DEADLINE',
-              jsonb_build_object('deadline_at', d.deadline_at, 'noticed_at', v_now))
-       from (select r.run_id, r.deadline_at from runledger.runs r
+    perform runledger._stop_unowned((d.r).run_id, 'TERMINATED', 'DEADLINE', runledger._deadline_evidence(d.r, v_now))
+       from (select r from runledger.runs r
               where r.deadline_at <= v_now and r.status in ('PENDING', 'WAITING') and r.queue_name = v_queue
               limit p_limit
               for update skip locked) d;
@@ -1207,6 +1206,16 @@ end;
 $function$;
 COMMENT ON FUNCTION runledger._dead_letter_run(text,bigint,text,jsonb,text) IS 'Fenced move to DEAD_LETTER (e.g. NON_DETERMINISM) with evidence; the run leaves the automatic path until retry_run.';
 
+CREATE OR REPLACE FUNCTION runledger._deadline_evidence(p_run runledger.runs, p_now timestamp with time zone)
+ RETURNS jsonb
+ LANGUAGE sql
+ STABLE
+AS $function$
+  select jsonb_build_object('deadline_at', p_run.deadline_at, 'noticed_at', p_now, 'was', p_run.status,
+                            'wait_kind', p_run.wait_kind);
+$function$;
+COMMENT ON FUNCTION runledger._deadline_evidence(runledger.runs,timestamp with time zone) IS 'The evidence of a DEADLINE stop of a run that holds no worker, the same wherever it is found (the deadline sweep, a claim): deadline_at, noticed_at, was (PENDING or WAITING), wait_kind (null unless WAITING).';
+
 CREATE OR REPLACE FUNCTION runledger._dispatch(p_run_id text, p_queue text, p_delay_ms integer DEFAULT 0)
  RETURNS void
  LANGUAGE plpgsql
@@ -1257,9 +1266,7 @@ begin
      limit p_limit
      for update skip locked
   loop
-    if runledger._stop_unowned(v_run.run_id, 'TERMINATED', 'DEADLINE',
-         jsonb_build_object('deadline_at', v_run.deadline_at, 'noticed_at', v_now, 'was', v_run.status,
-                            'wait_kind', v_run.wait_kind)) then
+    if runledger._stop_unowned(v_run.run_id, 'TERMINATED', 'DEADLINE', runledger._deadline_evidence(v_run, v_now)) then
       v_count := v_count + 1;
     end if;
   end loop;

@@ -260,6 +260,35 @@ describe('runledger._claim_batch', () => {
     });
   });
 
+  it('writes the DEADLINE evidence of the deadline sweep: deadline_at, noticed_at, was and wait_kind', async () => {
+    await session(async (client) => {
+      const T = '2075-03-01T00:00:00Z';
+      const queue = newRunId('cb-dl-evidence');
+      await setNow(client, at(T, 0));
+      const waiting = await startRun({ queue, deadline: '1 minute' }, {}, client);
+      expect(claimedIds(await claimBatch('wk-dl-ev', [queue], ['w@1'], 5, { on: client }))).toEqual([waiting]);
+      await client.query(`select runledger._wait($1, 1, 0, 'nap', 'sleep', '{"timeout_ms": 3600000}')`, [waiting]);
+      const pending = await startRun({ queue, deadline: '1 minute' }, {}, client);
+
+      await setNow(client, at(T, 120));
+      expect(claimedIds(await claimBatch('wk-dl-ev', [queue], ['w@1'], 5, { on: client }))).toEqual([]);
+      const evidence = async (runId: string) => {
+        const run = await getRun(runId);
+        expect(run).toMatchObject({ status: 'TERMINATED', termination_reason: 'DEADLINE' });
+        const { deadline_at, noticed_at, ...rest } = run?.termination_evidence;
+        return { deadline_at: new Date(deadline_at).toISOString(), noticed_at: new Date(noticed_at).toISOString(), ...rest };
+      };
+      expect(await evidence(waiting)).toEqual({ deadline_at: at(T, 60), noticed_at: at(T, 120), was: 'WAITING', wait_kind: 'timer' });
+      expect(await evidence(pending)).toEqual({ deadline_at: at(T, 60), noticed_at: at(T, 120), was: 'PENDING', wait_kind: null });
+
+      // The sweep's evidence for the same situation has the same fields.
+      const swept = await startRun({ queue, deadline: '1 minute' }, {}, client);
+      await setNow(client, at(T, 240));
+      await client.query('select runledger._enforce_deadlines()');
+      expect(await evidence(swept)).toEqual({ deadline_at: at(T, 180), noticed_at: at(T, 240), was: 'PENDING', wait_kind: null });
+    });
+  });
+
   // Runs past their deadline are terminated at most p_limit per queue and call; the ones left
   // over must still never be claimed (a run past its deadline is never put back to work).
   it('claims no run past its deadline, however many of them there are', async () => {
