@@ -162,15 +162,17 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
   }
 
   let dispatcher: Dispatcher | undefined;
-  const heartbeat = createHeartbeat({
-    pool: deps.pool,
-    workerId,
-    leaseMs,
-    executions,
-    log: deps.log,
-    reclaimUnexecuted: () => dispatcher?.reclaimUnexecuted(),
-  });
-  const sweep = createSweeper(deps.pool, deps.log);
+  const heartbeat = oneAtATime(
+    createHeartbeat({
+      pool: deps.pool,
+      workerId,
+      leaseMs,
+      executions,
+      log: deps.log,
+      reclaimUnexecuted: () => dispatcher?.reclaimUnexecuted(),
+    }),
+  );
+  const sweep = oneAtATime(createSweeper(deps.pool, deps.log));
   const listener = await listen(
     host.poolConfig,
     deps.log,
@@ -182,10 +184,10 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
     },
     () => dispatcher?.hint(),
   );
-  const heartbeatTimer = setInterval(() => void heartbeat(), Math.max(100, Math.floor(leaseMs / 3)));
+  const heartbeatTimer = setInterval(() => void heartbeat.run(), Math.max(100, Math.floor(leaseMs / 3)));
   const sweepEvery = options.sweepIntervalMs ?? Math.max(250, Math.floor(leaseMs / 2));
-  const sweepTimer = manual ? undefined : setInterval(() => void sweep(), sweepEvery);
-  if (!manual) void sweep();
+  const sweepTimer = manual ? undefined : setInterval(() => void sweep.run(), sweepEvery);
+  if (!manual) void sweep.run();
 
   // Last: from here on runs are claimed.
   const claimer: Dispatcher = new Dispatcher({
@@ -226,7 +228,7 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
   const runOnce = async (): Promise<number> => {
     if (!manual) throw new ConfigError('runOnce() and drain() need a manual worker: runWorker({ manual: true })');
     if (crashed) return 0;
-    await sweep();
+    await sweep.run();
     const claimed = await claimer.claimOnce();
     while (done.size > 0 && !crashed) await Promise.race([Promise.allSettled([...done]), crashedSignal]);
     return claimed;
@@ -250,6 +252,9 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
       } finally {
         clearTimeout(releaseTimer);
         clearInterval(heartbeatTimer);
+        // A sweep or heartbeat still on its way finishes first: none may query the pool after
+        // stop() returned (engine.close() ends the pool next).
+        await Promise.all([sweep.settled(), heartbeat.settled()]);
         await deps.pool.query('select runledger._stop_worker(p_worker_id => $1)', [workerId]).catch((error) => {
           deps.log('warn', 'could not release runs on stop; their leases will expire', { error: serializeError(error) });
         });
@@ -276,6 +281,23 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
         total += claimed;
       }
       throw new ConfigError(`drain(): runs were still runnable after ${maxRounds} rounds (a run that keeps coming back at once?)`);
+    },
+  };
+}
+
+/**
+ * A timer's task run at most once at a time: a tick that finds the previous run still on
+ * its way joins it instead of starting another; settled() waits for the one in flight.
+ */
+function oneAtATime(task: () => Promise<void>): { run: () => Promise<void>; settled: () => Promise<void> } {
+  let current: Promise<void> | undefined;
+  return {
+    run: () =>
+      (current ??= task().finally(() => {
+        current = undefined;
+      })),
+    settled: async () => {
+      await current;
     },
   };
 }
