@@ -9,6 +9,7 @@ import { waitFor } from './helpers/database.js';
 import { useTestEngine } from './helpers/test-engine.js';
 import { claimRun } from './helpers/claim.js';
 import { withDatabase } from './setup/global-setup.js';
+import { createTestClock, createTestEngine } from '../src/testing/index.js';
 
 /**
  * The `runledger` command as an operator runs it: a real process
@@ -156,6 +157,35 @@ describe('runledger start, runs, show', () => {
     expect(shown.stdout).toMatch(/steps \(2 checkpoints\)\n.*\n\s+0\s+a\s+step\s+SUCCEEDED.*\n\s+1\s+b\s+step\s+SUCCEEDED/);
     expect(shown.stdout).toContain('{"a":2,"b":4}');
     expect(await stepsRun(runId)).toEqual(['a', 'b']);
+  });
+
+  it('show: a step that ran again after a crash shows the tries of the execution that recorded it, and the recovery count beside them', async () => {
+    const clock = createTestClock('2031-01-01T00:00:00Z');
+    const engine = createTestEngine({ connectionString: db.url, clock, crashAt: { step: 'price', when: 'before-checkpoint' } });
+    let calls = 0;
+    const flow = engine.workflow({ name: 'cli-crashed', queue: 'cli-crashed' }, async (ctx) => ctx.step('price', () => ++calls));
+    try {
+      const handle = await engine.start(flow, undefined);
+      const doomed = await engine.runWorker({ manual: true, leaseMs: 30_000 });
+      await doomed.drain();
+      expect(doomed.crashed).toBe(true);
+      const survivor = await engine.runWorker({ manual: true, leaseMs: 30_000 });
+      clock.advance('31s');
+      await survivor.drain();
+      expect(await engine.getRun(handle.runId)).toMatchObject({ status: 'SUCCEEDED', recoveryAttempts: 1 });
+      expect(calls).toBe(2);
+
+      const shown = await cli(['show', handle.runId]);
+      expect(shown.code).toBe(0);
+      expect(shown.stdout).toMatch(
+        /steps \(1 checkpoint, run recovered 1 time\)\n\s+#\s+STEP\s+KIND\s+STATUS\s+STARTED\s+TOOK\s+IN-PROC TRIES\s+TOKEN\n/,
+      );
+      // The checkpoint was written by the second execution (token 2), on its first try.
+      expect(shown.stdout).toMatch(/\n\s+0\s+price\s+step\s+SUCCEEDED\s+\+\S+\s+\d+ m?s\s+1\s+2\n/);
+      expect(shown.stdout).toContain('IN-PROC TRIES: tries by the execution that wrote the checkpoint (TOKEN)');
+    } finally {
+      await engine.close();
+    }
   });
 });
 

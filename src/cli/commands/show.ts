@@ -131,7 +131,13 @@ function printSteps(run: RunRecord): void {
   const steps = run.steps ?? [];
   print();
   const open = steps.filter((step) => step.status === 'WAITING').length;
-  print(`steps (${steps.length - open} checkpoint${steps.length - open === 1 ? '' : 's'}${open > 0 ? `, ${open} waiting` : ''})`);
+  // A step's tries are counted by the execution that wrote its checkpoint (in-process
+  // retries); an execution lost with its worker records nothing, so the run's recovery
+  // count stands beside them.
+  const recovered = run.recoveryAttempts > 0 ? `, run recovered ${run.recoveryAttempts} time${run.recoveryAttempts === 1 ? '' : 's'}` : '';
+  print(
+    `steps (${steps.length - open} checkpoint${steps.length - open === 1 ? '' : 's'}${open > 0 ? `, ${open} waiting` : ''}${recovered})`,
+  );
   if (steps.length === 0) return;
   const rows = steps.map((s) => [
     String(s.seq),
@@ -141,8 +147,18 @@ function printSteps(run: RunRecord): void {
     offset(s.startedAt, run.createdAt),
     duration(s.finishedAt.getTime() - s.startedAt.getTime()),
     String(s.attempts),
+    String(s.fencingToken),
   ]);
-  print(renderTable(['#', 'STEP', 'KIND', 'STATUS', 'STARTED', 'TOOK', 'TRIES'], rows, { shrink: [1], right: [0, 5, 6], indent: 2 }));
+  print(
+    renderTable(['#', 'STEP', 'KIND', 'STATUS', 'STARTED', 'TOOK', 'IN-PROC TRIES', 'TOKEN'], rows, {
+      shrink: [1],
+      right: [0, 5, 6, 7],
+      indent: 2,
+    }),
+  );
+  if (run.recoveryAttempts > 0) {
+    print('  IN-PROC TRIES: tries by the execution that wrote the checkpoint (TOKEN); tries lost with a crashed worker are not counted');
+  }
   for (const s of steps.filter((step) => step.status === 'FAILED')) line(`  step ${s.seq}`, `failed: ${errorText(s.error)}`, 6);
 }
 
