@@ -4,6 +4,8 @@ import { waitFor } from './helpers/database.js';
 import { useTestEngine } from './helpers/test-engine.js';
 import { spawnWorker, type WorkerProcess } from './helpers/worker-process.js';
 import { stoppedAfterEach } from './helpers/cleanup.js';
+import { z } from 'zod';
+import { createTestClock, createTestEngine } from '../src/testing/index.js';
 import { TicketService } from './helpers/ticket-service.js';
 
 let service: TicketService;
@@ -96,6 +98,66 @@ describe('the crash window of an external call', () => {
     expect(service.calls.get(key)).toBe(2); // same key both times
     expect([...service.calls.keys()].filter((k) => k.includes(handle.runId))).toEqual([key]);
     expect(await operation(handle.runId)).toMatchObject({ status: 'SUCCEEDED', attempts: 2 });
+  });
+
+  it("a result schema checks an operator's result: from psql a mismatch fails the run INVALID_INPUT naming the operation at replay; engine.resolveOperation refuses it before writing", async () => {
+    const clock = createTestClock('2032-01-01T00:00:00Z');
+    const engines: Engine[] = [];
+    const define = (crashAt?: { step: string; when: 'after-call' }) => {
+      const engine = createTestEngine({ connectionString: db.url, clock, ...(crashAt ? { crashAt } : {}) });
+      engines.push(engine);
+      const flow = engine.workflow({ name: 'op-result-schema', queue: 'op-result-schema' }, async (ctx) => {
+        const booked = await ctx.operation('book', { result: z.object({ ticket: z.string() }) }, async () => ({ ticket: 'T-1' }));
+        return booked.ticket;
+      });
+      return { engine, flow };
+    };
+    // The call returns, its worker dies before recording it: the outcome is UNKNOWN.
+    const unknown = async () => {
+      const { engine, flow } = define({ step: 'book', when: 'after-call' });
+      const handle = await engine.start(flow, undefined);
+      await (await engine.runWorker({ manual: true, leaseMs: 30_000 })).drain();
+      clock.advance('31s');
+      await (await engine.runWorker({ manual: true, leaseMs: 30_000 })).drain();
+      const op = (await db.pool.query('select operation_id, status from runledger.operations where run_id = $1', [handle.runId])).rows[0];
+      expect(op.status).toBe('UNKNOWN');
+      return { engine, runId: handle.runId, operationId: op.operation_id as string };
+    };
+    try {
+      const { engine } = define();
+      const worker = await engine.runWorker({ manual: true, leaseMs: 30_000 });
+
+      const bad = await unknown();
+      await db.pool.query(`select runledger.resolve_operation($1, 'SUCCEEDED', '{"ticket": 7}'::jsonb)`, [bad.operationId]);
+      await worker.drain();
+      const failed = await engine.getRun(bad.runId);
+      expect(failed?.status).toBe('FAILED');
+      expect(failed?.error).toMatchObject({ code: 'INVALID_INPUT', message: expect.stringMatching(/operation "book".*ticket/) });
+
+      const good = await unknown();
+      await db.pool.query(`select runledger.resolve_operation($1, 'SUCCEEDED', '{"ticket": "T-9"}'::jsonb)`, [good.operationId]);
+      await worker.drain();
+      expect(await engine.getRun(good.runId)).toMatchObject({ status: 'SUCCEEDED', output: 'T-9' });
+
+      // The engine whose worker ran the operation knows its schema: a mismatch is refused, nothing is written.
+      const checked = await unknown();
+      await expect(
+        checked.engine.resolveOperation(checked.operationId, { status: 'SUCCEEDED', result: { ticket: 7 } }),
+      ).rejects.toMatchObject({
+        code: 'INVALID_INPUT',
+        message: expect.stringMatching(/operation "book".*ticket/),
+      });
+      expect(
+        (await db.pool.query('select status from runledger.operations where operation_id = $1', [checked.operationId])).rows[0].status,
+      ).toBe('UNKNOWN');
+      await expect(checked.engine.resolveOperation(checked.operationId, { status: 'SUCCEEDED', result: { ticket: 'T-3' } })).resolves.toBe(
+        'SUCCEEDED',
+      );
+      await worker.drain();
+      expect(await engine.getRun(checked.runId)).toMatchObject({ status: 'SUCCEEDED', output: 'T-3' });
+    } finally {
+      for (const engine of engines) await engine.close();
+    }
   });
 
   it('resolve_operation refuses bad input with coded errors', async () => {

@@ -2,7 +2,8 @@ import { Kysely, PostgresDialect } from 'kysely';
 import pg from 'pg';
 import { z } from 'zod';
 import { ConfigError } from './core/errors.js';
-import type { ExecutionDeps } from './run/execution.js';
+import { resultSchemaKey, type ExecutionDeps } from './run/execution.js';
+import { checkResolvedResult } from '../steps/operation.js';
 import { guardPool } from './db/pools.js';
 import { CrashPoints, validateCrashPoints, type CrashPoint } from './core/crash-points.js';
 import { migrate } from './db/migrate.js';
@@ -156,7 +157,15 @@ export function createEngine<DB = any>(options: EngineOptions = {}): Engine<DB> 
     }
     return done;
   };
-  const deps: ExecutionDeps = { pool, db, maxPayloadBytes: options.maxPayloadBytes ?? MAX_PAYLOAD_BYTES_DEFAULT, log, registerWorkflow };
+  const resultSchemas = new Map<string, z.ZodType<unknown>>();
+  const deps: ExecutionDeps = {
+    pool,
+    db,
+    maxPayloadBytes: options.maxPayloadBytes ?? MAX_PAYLOAD_BYTES_DEFAULT,
+    log,
+    registerWorkflow,
+    resultSchemas,
+  };
   const fetchRun = (runId: string, opts?: { withSteps?: boolean }) => getRun(db, runId, opts);
 
   return {
@@ -191,7 +200,22 @@ export function createEngine<DB = any>(options: EngineOptions = {}): Engine<DB> 
       const forked = await forkRun(pool, runId, forkOptions.fromStep);
       return { runId: forked, result: (opts) => awaitResult({ deps, registerWorkflow, getRun: fetchRun }, forked, opts?.timeoutMs) };
     },
-    resolveOperation: (operationId, resolution) => resolveOperation(pool, operationId, resolution),
+    async resolveOperation(operationId, resolution) {
+      // A result schema this engine's runs used for the operation checks the result before
+      // it is written (the run's replay checks it again: a resolution from psql meets only that).
+      if (resolution.status === 'SUCCEEDED' && resultSchemas.size > 0) {
+        const operation = await db
+          .selectFrom('runledger.operations as o')
+          .innerJoin('runledger.runs as r', 'r.run_id', 'o.run_id')
+          .select(['o.name', 'r.workflow_name', 'r.workflow_version'])
+          .where('o.operation_id', '=', operationId)
+          .executeTakeFirst();
+        const schema =
+          operation && resultSchemas.get(resultSchemaKey(workflowKey(operation.workflow_name, operation.workflow_version), operation.name));
+        if (operation && schema) checkResolvedResult(operation.name, operationId, schema, resolution.result ?? null);
+      }
+      return resolveOperation(pool, operationId, resolution);
+    },
     cancel: (runId, cancelOptions) => cancelRun(pool, runId, cancelOptions?.reason),
     signal: (runId, topic, payload, signalOptions) => sendSignal(pool, runId, topic, payload, signalOptions?.signalId),
     decideApproval: (requestId, decision) => decideApproval(pool, requestId, decision),

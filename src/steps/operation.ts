@@ -1,9 +1,10 @@
 import { flushPending } from '../engine/run/checkpoint.js';
-import { serializeError } from '../engine/core/errors.js';
+import type { ZodType } from 'zod';
+import { InvalidInputError, serializeError } from '../engine/core/errors.js';
 import { monotonicMark, msSince } from '../engine/core/duration.js';
 import { committed } from '../engine/run/checkpoint.js';
 import { haltOnDbError } from '../engine/run/halts.js';
-import type { CompensationFunction, Execution } from '../engine/run/execution.js';
+import { resultSchemaKey, type CompensationFunction, type Execution } from '../engine/run/execution.js';
 import { heartbeatStep } from './heartbeat.js';
 import type { Jsonify } from '../engine/core/jsonify.js';
 import { encodeOutput, stepFailure } from './replay.js';
@@ -27,6 +28,12 @@ export interface OperationOptions<T> {
   compensate?: (info: { result: Jsonify<T>; idempotencyKey: string; signal: AbortSignal }) => Promise<unknown> | unknown;
   /** How long to wait before asking `reconcile` again when it answered 'unknown'; default 30 s. */
   reconcileEveryMs?: number;
+  /**
+   * The result's schema (zod). A result an operator settled with resolve_operation is
+   * checked against it when the run replays the operation: one that does not match fails
+   * the run with INVALID_INPUT naming the operation (see docs/operations.md).
+   */
+  result?: ZodType<T>;
 }
 
 export type OperationFunction<T> = (info: {
@@ -66,6 +73,7 @@ export async function runOperation<T>(
   const position = exec.takeStep(name, 'operation');
   if (!position) return exec.suspend();
   const { seq, recorded } = position;
+  if (options.result) exec.deps.resultSchemas?.set(resultSchemaKey(exec.workflowKey, name), options.result);
   if (recorded && recorded[2] !== 'WAITING') {
     const stored = (recorded[3] as [Stored<T>] | null)?.[0];
     if (recorded[2] === 'FAILED') throw stepFailure(name, recorded[4] as never);
@@ -111,7 +119,9 @@ export async function runOperation<T>(
           outcome = { ok: false, error };
         }
       } else if (row.status === 'SUCCEEDED') {
-        outcome = { ok: true, value: row.result as T }; // settled by an operator or a reconciler
+        // Settled by an operator or a reconciler: an operator's JSON is checked against the schema.
+        const value = options.result ? checkResolvedResult(name, row.operation_id, options.result, row.result) : (row.result as T);
+        outcome = { ok: true, value };
       } else if (row.status === 'FAILED') {
         outcome = { ok: false, error: row.error ?? new Error(`operation ${name} failed`) };
       } else if (options.reconcile) {
@@ -153,6 +163,16 @@ export async function runOperation<T>(
       );
     }
   }, seq);
+}
+
+/** An operator's result that does not match the operation's schema fails the run (thrown, not recorded). */
+export function checkResolvedResult<T>(name: string, operationId: string, schema: ZodType<T>, result: unknown): T {
+  const parsed = schema.safeParse(result);
+  if (parsed.success) return parsed.data;
+  const issues = parsed.error.issues.map((issue) => `${issue.path.join('.') || '(result)'}: ${issue.message}`).join('; ');
+  throw new InvalidInputError(
+    `operation ${JSON.stringify(name)} (${operationId}): the resolved result does not match its result schema: ${issues}`,
+  );
 }
 
 async function park<T>(exec: Execution, seq: number, operationId: string, retryInMs: number | null): Promise<T> {

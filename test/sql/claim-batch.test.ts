@@ -275,7 +275,7 @@ describe('runledger._claim_batch', () => {
       const evidence = async (runId: string) => {
         const run = await getRun(runId);
         expect(run).toMatchObject({ status: 'TERMINATED', termination_reason: 'DEADLINE' });
-        const { deadline_at, noticed_at, ...rest } = run?.termination_evidence;
+        const { deadline_at, noticed_at, ...rest } = run?.termination_evidence ?? {};
         return { deadline_at: new Date(deadline_at).toISOString(), noticed_at: new Date(noticed_at).toISOString(), ...rest };
       };
       expect(await evidence(waiting)).toEqual({ deadline_at: at(T, 60), noticed_at: at(T, 120), was: 'WAITING', wait_kind: 'timer' });

@@ -1,4 +1,5 @@
 import type pg from 'pg';
+import type { ZodType } from 'zod';
 import type { Kysely } from 'kysely';
 import { NonDeterminismError } from '../core/errors.js';
 import type { Workflow } from '../core/workflow.js';
@@ -69,6 +70,16 @@ export interface ExecutionDeps {
   crash?: CrashHook;
   /** Makes a workflow startable from SQL (child runs are started by runledger.start_run). */
   registerWorkflow: (workflow: Workflow<any, any>) => Promise<void>;
+  /**
+   * The result schemas (ctx.operation's `result` option) this engine's runs have used, by
+   * resultSchemaKey(workflow@version, operation name): engine.resolveOperation checks
+   * an operator's result against them before writing it.
+   */
+  resultSchemas?: Map<string, ZodType<unknown>>;
+}
+
+export function resultSchemaKey(workflowKey: string, operation: string): string {
+  return `${workflowKey}\u0000${operation}`;
 }
 
 /**
@@ -104,6 +115,8 @@ export class Execution {
   flushing: Promise<boolean> | undefined;
   /** Lease length of the worker executing this run (for step heartbeats). */
   leaseMs = 30_000;
+  /** workflow@version of the run (core/workflow.ts workflowKey). */
+  workflowKey = '';
   /** Last heartbeat progress per step position, loaded at claim. */
   progress: Record<string, unknown> = {};
   /** Budget units charged with ctx.charge since the last checkpoint; they commit with the next one. */

@@ -7,7 +7,7 @@ import type { ClaimedRun } from './dispatcher.js';
 import { runCompensations } from '../run/compensate.js';
 import { toJsonText } from '../core/json.js';
 import { isConnectionError, pgCode } from '../db/pg-errors.js';
-import type { Workflow } from '../core/workflow.js';
+import { workflowKey, type Workflow } from '../core/workflow.js';
 
 /** How long an infrastructure failure keeps a released run off the workers. */
 export const RELEASE_DELAY_MS = 1_000;
@@ -35,6 +35,7 @@ export async function executeClaimed(run: ClaimedRun, options: ExecuteOptions): 
     budgetSpent: Number(run.budget_spent),
   });
   exec.leaseMs = options.leaseMs;
+  exec.workflowKey = workflowKey(run.workflow_name, run.workflow_version);
   exec.progress = run.progress ?? {};
   if (run.cancel_requested) exec.startCancelled();
   options.track(exec);
