@@ -1,3 +1,4 @@
+import { sql } from 'kysely';
 import { afterEach, describe, expect, it } from 'vitest';
 import { NonRetryableError, type Engine, type Worker } from '../src/index.js';
 import { waitFor } from './helpers/database.js';
@@ -384,5 +385,25 @@ describe('forks and idempotency keys', () => {
     ]);
     expect(await events(second.runId, 'released')).toEqual([]);
     expect(service.calls.get('order-o-43')).toBe(1);
+  });
+});
+
+describe('constraint errors from a step', () => {
+  it('a deferred constraint broken at a ctx.transaction commit fails the run with CONSTRAINT_VIOLATION, no release loop', async () => {
+    await db.pool.query('create table deferred_keys (k text unique deferrable initially deferred)');
+    const wf = t.engine.workflow({ name: 'deferred-key', queue: 'deferred-key' }, async (ctx) => {
+      await ctx.transaction('write-twice', async (trx) => {
+        await sql`insert into deferred_keys (k) values ('x'), ('x')`.execute(trx);
+      });
+      return 'written';
+    });
+    await inProcessWorker(t.engine, ['deferred-key']);
+    const handle = await t.engine.start(wf, undefined);
+    await expect(handle.result({ timeoutMs: 20_000 })).rejects.toMatchObject({ details: { status: 'FAILED' } });
+    const run = await runRow(handle.runId);
+    expect(run).toMatchObject({ recovery_attempts: 0 });
+    expect(run.error).toMatchObject({ code: 'CONSTRAINT_VIOLATION', sqlstate: '23505', step: 'write-twice' });
+    expect(await events(handle.runId, 'released')).toEqual([]);
+    expect((await db.pool.query('select count(*)::int as n from deferred_keys')).rows[0].n).toBe(0);
   });
 });
