@@ -91,16 +91,17 @@ CREATE TABLE runledger.operations (
   started_at timestamp with time zone DEFAULT runledger.now() NOT NULL,
   updated_at timestamp with time zone DEFAULT runledger.now() NOT NULL,
   finished_at timestamp with time zone,
-  resolved_by text
+  resolved_by text,
+  prior_operation_id text
 );
-COMMENT ON TABLE runledger.operations IS 'Operation ledger: one row per external side effect (ctx.operation). STARTED (with its idempotency key) commits before the call; SUCCEEDED or FAILED commits with the step checkpoint; a STARTED row found on replay is UNKNOWN until reconcile, an idempotent retry or an operator (resolve_operation) settles it.';
+COMMENT ON TABLE runledger.operations IS 'Operation ledger: one row per external side effect (ctx.operation). STARTED (with its idempotency key) commits before the call; SUCCEEDED or FAILED commits with the step checkpoint; a STARTED row found on replay is UNKNOWN until reconcile, an idempotent retry or an operator (resolve_operation) settles it. An idempotency key is unique, except in the forks of the run that used it (prior_operation_id).';
+COMMENT ON COLUMN runledger.operations.prior_operation_id IS 'In a fork (fork_run): the operation of an ancestor run with the same idempotency key. The fork reused its result (status SUCCEEDED, attempts 0, event operation_reused) or, when it had not succeeded, made a new attempt under the same key (event operation_attempted_by_fork on the ancestor).';
 ALTER TABLE runledger.operations ADD CONSTRAINT operations_compensation_status_check CHECK ((compensation_status = ANY (ARRAY['STARTED'::text, 'DONE'::text, 'FAILED'::text])));
-ALTER TABLE runledger.operations ADD CONSTRAINT operations_idempotency_key_key UNIQUE (idempotency_key);
 ALTER TABLE runledger.operations ADD CONSTRAINT operations_pkey PRIMARY KEY (operation_id);
 ALTER TABLE runledger.operations ADD CONSTRAINT operations_run_id_fkey FOREIGN KEY (run_id) REFERENCES runledger.runs(run_id) ON DELETE CASCADE;
 ALTER TABLE runledger.operations ADD CONSTRAINT operations_run_id_seq_key UNIQUE (run_id, seq);
 ALTER TABLE runledger.operations ADD CONSTRAINT operations_status_check CHECK ((status = ANY (ARRAY['PLANNED'::text, 'STARTED'::text, 'SUCCEEDED'::text, 'FAILED'::text, 'UNKNOWN'::text])));
-CREATE UNIQUE INDEX operations_idempotency_key_key ON runledger.operations USING btree (idempotency_key);
+CREATE UNIQUE INDEX operations_idempotency_key ON runledger.operations USING btree (idempotency_key) WHERE (prior_operation_id IS NULL);
 CREATE UNIQUE INDEX operations_pkey ON runledger.operations USING btree (operation_id);
 CREATE UNIQUE INDEX operations_run_id_seq_key ON runledger.operations USING btree (run_id, seq);
 CREATE INDEX operations_unknown ON runledger.operations USING btree (updated_at) WHERE (status = 'UNKNOWN'::text);
@@ -1085,12 +1086,18 @@ CREATE OR REPLACE FUNCTION runledger._compensation_begin(p_run_id text, p_token 
 AS $function$
 declare
   v_status text;
+  v_reused boolean;
 begin
   perform runledger._fence(p_run_id, p_token);
-  select compensation_status into v_status from runledger.operations where operation_id = p_operation_id and run_id = p_run_id for update;
+  select compensation_status, prior_operation_id is not null and attempts = 0 into v_status, v_reused
+    from runledger.operations where operation_id = p_operation_id and run_id = p_run_id for update;
   if not found then
     -- A checkpoint copied by fork_run: the operation belongs to the source run, not to this one.
     return 'NOT_THIS_RUN';
+  end if;
+  if v_reused then
+    -- A fork reused an ancestor's result: the effect is the ancestor's, not undone by the fork.
+    return 'REUSED';
   end if;
   if v_status is null or v_status = 'STARTED' then
     update runledger.operations set compensation_status = 'STARTED', updated_at = runledger.now() where operation_id = p_operation_id;
@@ -1101,7 +1108,7 @@ begin
   return v_status; -- DONE or FAILED: never run again
 end;
 $function$;
-COMMENT ON FUNCTION runledger._compensation_begin(text,bigint,text) IS 'Fenced: records that an operation''s compensation starts (a STARTED one left by a crash is run again with the same key); returns DONE or FAILED when it already ran.';
+COMMENT ON FUNCTION runledger._compensation_begin(text,bigint,text) IS 'Fenced: records that an operation''s compensation starts (a STARTED one left by a crash is run again with the same key); returns DONE or FAILED when it already ran, NOT_THIS_RUN or REUSED for an operation that belongs to an ancestor run (fork_run).';
 
 CREATE OR REPLACE FUNCTION runledger._compensation_finish(p_run_id text, p_token bigint, p_operation_id text, p_ok boolean, p_error jsonb)
  RETURNS void
@@ -1490,17 +1497,53 @@ CREATE OR REPLACE FUNCTION runledger._operation_begin(p_run_id text, p_token big
  LANGUAGE plpgsql
 AS $function$
 declare
-  v_op runledger.operations;
-  v_now timestamptz := runledger.now();
+  v_run   runledger.runs := runledger._fence(p_run_id, p_token);
+  v_op    runledger.operations;
+  v_prior runledger.operations;
+  v_now   timestamptz := runledger.now();
 begin
-  perform runledger._fence(p_run_id, p_token);
   select * into v_op from runledger.operations o where o.run_id = p_run_id and o.seq = p_seq for update;
   if not found then
-    insert into runledger.operations (operation_id, run_id, seq, name, idempotency_key, status, compensable)
-    values (runledger._new_id(), p_run_id, p_seq, p_name, p_key, 'STARTED', p_compensable)
-    returning * into v_op;
-    insert into runledger.events (run_id, kind, detail, fencing_token, at)
-    values (p_run_id, 'operation_started', jsonb_build_object('operation_id', v_op.operation_id, 'name', p_name, 'key', p_key), p_token, v_now);
+    if v_run.version_manifest ? 'forked_from' then
+      -- A fork: has a run it descends from used this key? A succeeded (and not compensated)
+      -- operation is reused; otherwise the newest one, nearest ancestor first, is attempted again.
+      with recursive lineage (run_id, depth) as (
+        select v_run.version_manifest->>'forked_from', 1
+        union all
+        select r.version_manifest->>'forked_from', l.depth + 1
+          from lineage l join runledger.runs r on r.run_id = l.run_id
+         where r.version_manifest ? 'forked_from' and l.depth < 1000)
+      select o.* into v_prior
+        from lineage l join runledger.operations o on o.run_id = l.run_id
+       where o.idempotency_key = p_key
+       order by (o.status = 'SUCCEEDED' and o.compensation_status is null) desc, l.depth, o.started_at desc
+       limit 1;
+    end if;
+    if v_prior.operation_id is not null and v_prior.status = 'SUCCEEDED' and v_prior.compensation_status is null then
+      -- The key says the effect happened once: the fork gets its result without a call. The
+      -- effect stays the ancestor's, so the fork does not compensate it (compensable false).
+      insert into runledger.operations (operation_id, run_id, seq, name, idempotency_key, status, external_resource_id, result,
+                                        attempts, compensable, finished_at, prior_operation_id)
+      values (runledger._new_id(), p_run_id, p_seq, p_name, p_key, 'SUCCEEDED', v_prior.external_resource_id, v_prior.result,
+              0, false, v_now, v_prior.operation_id)
+      returning * into v_op;
+      insert into runledger.events (run_id, kind, detail, fencing_token, at)
+      values (p_run_id, 'operation_reused', jsonb_build_object('operation_id', v_op.operation_id, 'name', p_name, 'key', p_key,
+              'from_operation_id', v_prior.operation_id, 'from_run_id', v_prior.run_id), p_token, v_now);
+    else
+      insert into runledger.operations (operation_id, run_id, seq, name, idempotency_key, status, compensable, prior_operation_id)
+      values (runledger._new_id(), p_run_id, p_seq, p_name, p_key, 'STARTED', p_compensable, v_prior.operation_id)
+      returning * into v_op;
+      insert into runledger.events (run_id, kind, detail, fencing_token, at)
+      values (p_run_id, 'operation_started', jsonb_strip_nulls(jsonb_build_object('operation_id', v_op.operation_id, 'name', p_name,
+              'key', p_key, 'prior_operation_id', v_prior.operation_id)), p_token, v_now);
+      if v_prior.operation_id is not null then
+        -- The ancestor's ledger shows that its key was used again, and by whom.
+        insert into runledger.events (run_id, kind, detail, at)
+        values (v_prior.run_id, 'operation_attempted_by_fork', jsonb_build_object('operation_id', v_prior.operation_id,
+                'status', v_prior.status, 'fork', p_run_id, 'fork_operation_id', v_op.operation_id), v_now);
+      end if;
+    end if;
   elsif p_again and v_op.status in ('STARTED', 'UNKNOWN', 'FAILED') then
     -- Called again on purpose (declared idempotent, or a retry): same key, next attempt.
     update runledger.operations o set status = 'STARTED', attempts = o.attempts + 1, updated_at = v_now, error = null
@@ -1518,7 +1561,7 @@ begin
   return query select v_op.operation_id, v_op.status, v_op.attempts, v_op.idempotency_key, v_op.result, v_op.error;
 end;
 $function$;
-COMMENT ON FUNCTION runledger._operation_begin(text,bigint,integer,text,text,boolean,boolean) IS 'Fenced. First call: records the intent (STARTED, key, attempt 1) and commits before the external call. On replay a STARTED row becomes UNKNOWN (status UNKNOWN_NOW, with an event). p_again: the caller will call again with the same key (STARTED, attempt + 1). Otherwise returns the row as it stands.';
+COMMENT ON FUNCTION runledger._operation_begin(text,bigint,integer,text,text,boolean,boolean) IS 'Fenced. First call: records the intent (STARTED, key, attempt 1) and commits before the external call; in a fork whose ancestor used the key, reuses its SUCCEEDED result (no call) or links the new attempt to it (prior_operation_id). A key another run used raises 23505. On replay a STARTED row becomes UNKNOWN (status UNKNOWN_NOW, with an event). p_again: the caller will call again with the same key (STARTED, attempt + 1). Otherwise returns the row as it stands.';
 
 CREATE OR REPLACE FUNCTION runledger._operation_checkpoint(p_run_id text, p_token bigint, p_seq integer, p_name text, p_operation_id text, p_status text, p_output jsonb, p_error jsonb, p_external_resource_id text, p_attempts integer, p_started_ms_ago bigint, p_charge numeric)
  RETURNS TABLE(pid integer, run_status text)

@@ -1,3 +1,4 @@
+import { sql } from 'kysely';
 import { afterEach, describe, expect, it } from 'vitest';
 import { NonRetryableError, type Engine, type Worker } from '../src/index.js';
 import { waitFor } from './helpers/database.js';
@@ -357,5 +358,114 @@ describe('compensation', () => {
     const op = await operation(handle.runId);
     expect(op).toMatchObject({ name: 'book', status: 'SUCCEEDED', compensation_status: 'DONE' });
     expect((await runRow(handle.runId)).termination_evidence).toMatchObject({ reason: 'changed my mind' });
+  });
+});
+
+describe('forks and idempotency keys', () => {
+  const book = (key: string) =>
+    fetch(`${service.url}/tickets?key=${key}`, { method: 'POST' }).then((r) => r.json() as Promise<{ id: string }>);
+  const ledger = async (key: string) =>
+    (await db.pool.query('select * from runledger.operations where idempotency_key = $1 order by started_at, operation_id', [key])).rows;
+
+  it('a fork from step 0 reuses the result its source recorded under a business key: the service is not called again', async () => {
+    const wf = t.engine.workflow({ name: 'fork-order', queue: 'fork-order' }, async (ctx, input: { orderId: string }) =>
+      ctx.operation('book', { idempotencyKey: `order-${input.orderId}` }, ({ idempotencyKey }) => book(idempotencyKey)),
+    );
+    await inProcessWorker(t.engine, ['fork-order']);
+    const source = await t.engine.start(wf, { orderId: 'o-41' });
+    const ticket = await source.result();
+    const fork = await t.engine.fork(source.runId, { fromStep: 0, workflow: wf });
+    await expect(fork.result({ timeoutMs: 20_000 })).resolves.toEqual(ticket);
+    expect(service.calls.get('order-o-41')).toBe(1);
+    const [original, reused] = await ledger('order-o-41');
+    expect(original).toMatchObject({ run_id: source.runId, status: 'SUCCEEDED', prior_operation_id: null });
+    expect(reused).toMatchObject({
+      run_id: fork.runId,
+      status: 'SUCCEEDED',
+      result: ticket,
+      attempts: 0,
+      prior_operation_id: original.operation_id,
+    });
+    expect(await events(fork.runId, 'operation_reused')).toEqual([
+      expect.objectContaining({ operation_id: reused.operation_id, from_operation_id: original.operation_id, from_run_id: source.runId }),
+    ]);
+    expect((await runRow(fork.runId)).recovery_attempts).toBe(0);
+  });
+
+  it('a fork whose key derives from ctx.runId calls the service once more, with its own key', async () => {
+    const wf = t.engine.workflow({ name: 'fork-run-key', queue: 'fork-run-key' }, async (ctx) =>
+      ctx.operation('book', { idempotencyKey: `ticket-${ctx.runId}` }, ({ idempotencyKey }) => book(idempotencyKey)),
+    );
+    await inProcessWorker(t.engine, ['fork-run-key']);
+    const source = await t.engine.start(wf, undefined);
+    const ticket = await source.result();
+    const fork = await t.engine.fork(source.runId, { fromStep: 0, workflow: wf });
+    const forked = await fork.result({ timeoutMs: 20_000 });
+    expect(forked.id).not.toBe(ticket.id);
+    expect(service.calls.get(`ticket-${source.runId}`)).toBe(1);
+    expect(service.calls.get(`ticket-${fork.runId}`)).toBe(1);
+    expect(await operation(fork.runId)).toMatchObject({ idempotency_key: `ticket-${fork.runId}`, prior_operation_id: null, attempts: 1 });
+  });
+
+  it('a fork of a run whose operation failed makes a new attempt under the same key, and both ledgers show it', async () => {
+    let down = true;
+    const wf = t.engine.workflow({ name: 'fork-failed-op', queue: 'fork-failed-op' }, async (ctx, input: { orderId: string }) =>
+      ctx.operation('book', { idempotencyKey: `order-${input.orderId}` }, ({ idempotencyKey }) => {
+        if (down) throw new NonRetryableError('helpdesk down');
+        return book(idempotencyKey);
+      }),
+    );
+    await inProcessWorker(t.engine, ['fork-failed-op']);
+    const source = await t.engine.start(wf, { orderId: 'o-42' });
+    await expect(source.result()).rejects.toMatchObject({ details: { status: 'FAILED' } });
+    down = false;
+    const fork = await t.engine.fork(source.runId, { fromStep: 0, workflow: wf });
+    const forked = await fork.result({ timeoutMs: 20_000 });
+    expect(forked).toEqual({ id: service.tickets.get('order-o-42') });
+    expect(service.calls.get('order-o-42')).toBe(1);
+    const [original, attempt] = await ledger('order-o-42');
+    expect(original).toMatchObject({ run_id: source.runId, status: 'FAILED' });
+    expect(attempt).toMatchObject({ run_id: fork.runId, status: 'SUCCEEDED', attempts: 1, prior_operation_id: original.operation_id });
+    expect(await events(source.runId, 'operation_attempted_by_fork')).toEqual([
+      expect.objectContaining({ operation_id: original.operation_id, fork: fork.runId, fork_operation_id: attempt.operation_id }),
+    ]);
+  });
+
+  it('a key another run already used is a constraint error: the run fails with CONSTRAINT_VIOLATION in its events, no release loop', async () => {
+    const wf = t.engine.workflow({ name: 'same-key', queue: 'same-key' }, async (ctx, input: { orderId: string }) =>
+      ctx.operation('book', { idempotencyKey: `order-${input.orderId}` }, ({ idempotencyKey }) => book(idempotencyKey)),
+    );
+    await inProcessWorker(t.engine, ['same-key']);
+    await (await t.engine.start(wf, { orderId: 'o-43' })).result();
+    const second = await t.engine.start(wf, { orderId: 'o-43' });
+    await expect(second.result({ timeoutMs: 20_000 })).rejects.toMatchObject({ details: { status: 'FAILED' } });
+    const run = await runRow(second.runId);
+    expect(run).toMatchObject({ recovery_attempts: 0, termination_reason: 'FAILED' });
+    expect(run.error).toMatchObject({ code: 'CONSTRAINT_VIOLATION', sqlstate: '23505', step: 'book' });
+    expect(await events(second.runId, 'failed')).toEqual([
+      expect.objectContaining({ error: expect.objectContaining({ code: 'CONSTRAINT_VIOLATION' }) }),
+    ]);
+    expect(await events(second.runId, 'released')).toEqual([]);
+    expect(service.calls.get('order-o-43')).toBe(1);
+  });
+});
+
+describe('constraint errors from a step', () => {
+  it('a deferred constraint broken at a ctx.transaction commit fails the run with CONSTRAINT_VIOLATION, no release loop', async () => {
+    await db.pool.query('create table deferred_keys (k text unique deferrable initially deferred)');
+    const wf = t.engine.workflow({ name: 'deferred-key', queue: 'deferred-key' }, async (ctx) => {
+      await ctx.transaction('write-twice', async (trx) => {
+        await sql`insert into deferred_keys (k) values ('x'), ('x')`.execute(trx);
+      });
+      return 'written';
+    });
+    await inProcessWorker(t.engine, ['deferred-key']);
+    const handle = await t.engine.start(wf, undefined);
+    await expect(handle.result({ timeoutMs: 20_000 })).rejects.toMatchObject({ details: { status: 'FAILED' } });
+    const run = await runRow(handle.runId);
+    expect(run).toMatchObject({ recovery_attempts: 0 });
+    expect(run.error).toMatchObject({ code: 'CONSTRAINT_VIOLATION', sqlstate: '23505', step: 'write-twice' });
+    expect(await events(handle.runId, 'released')).toEqual([]);
+    expect((await db.pool.query('select count(*)::int as n from deferred_keys')).rows[0].n).toBe(0);
   });
 });

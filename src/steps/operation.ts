@@ -15,7 +15,11 @@ export type ReconcileAnswer<T> =
   { status: 'succeeded'; result: T; externalResourceId?: string } | { status: 'failed'; error?: unknown } | { status: 'unknown' };
 
 export interface OperationOptions<T> {
-  /** Stable across attempts and recoveries; default `<runId>:<position>:<name>`. Passed to fn. */
+  /**
+   * Stable across attempts and recoveries; default `<runId>:<position>:<name>`. Passed to fn.
+   * A fork (fork_run) reuses the result its source recorded under the same key (a key from the
+   * business entity: the effect happens once across forks); a key from `ctx.runId` gives the fork its own effect.
+   */
   idempotencyKey?: string;
   /** Asks the outside world what happened to a call whose outcome is UNKNOWN. */
   reconcile?: (info: { idempotencyKey: string; operationId: string }) => Promise<ReconcileAnswer<T>>;
@@ -94,7 +98,7 @@ export async function runOperation<T>(
         );
         return result.rows[0];
       } catch (error) {
-        haltOnDbError(exec, error);
+        haltOnDbError(exec, error, name);
         return undefined;
       }
     };
@@ -236,7 +240,7 @@ async function record<T>(
     committed(exec, result.rows[0]?.run_status);
   } catch (error) {
     // Unknown or failed write: replay settles it (the row is STARTED or final in the ledger).
-    haltOnDbError(exec, error);
+    haltOnDbError(exec, error, at.name);
     return exec.suspend();
   }
   if (failure !== undefined) throw stepFailure(at.name, serializeError(failure), failure);

@@ -10,7 +10,7 @@ import {
   readCheckpointOutcome,
   writeCheckpoint,
 } from '../engine/run/checkpoint.js';
-import { haltOnDbError } from '../engine/run/halts.js';
+import { haltOnDbError, isConstraintViolation } from '../engine/run/halts.js';
 import type { Execution } from '../engine/run/execution.js';
 import { isConnectionError, isRetryableTransactionError, pgCode } from '../engine/db/pg-errors.js';
 import { encodeOutput, replayCheckpoint, stepFailure } from './replay.js';
@@ -99,8 +99,9 @@ async function transactionAttempts<T, DB>(exec: Execution, name: string, seq: nu
         if (!written.ok) return exec.suspend();
         throw stepFailure(name, serializeError(error.error), error.error);
       }
-      if (/^RL\d{3}$/.test(pgCode(error) ?? '')) {
-        haltOnDbError(exec, error);
+      // RL codes, and a constraint broken at COMMIT (a deferred constraint): a replay would do the same.
+      if (/^RL\d{3}$/.test(pgCode(error) ?? '') || isConstraintViolation(error)) {
+        haltOnDbError(exec, error, name);
         return exec.suspend();
       }
       if (commitSent && isConnectionError(error)) {

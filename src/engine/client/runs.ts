@@ -52,6 +52,8 @@ export interface OperationRecord {
   finishedAt: Date | null;
   /** Who settled an UNKNOWN outcome (resolveOperation), if someone did. */
   resolvedBy: string | null;
+  /** In a fork: the ancestor run's operation with the same idempotency key, reused (attempts 0) or attempted again. */
+  priorOperationId: string | null;
 }
 
 export interface RunRecord {

@@ -21,7 +21,8 @@ export type ErrorCode =
   | 'CHILD_FAILED'
   | 'NON_RETRYABLE'
   | 'NOT_IN_STEP'
-  | 'MIGRATION_MISMATCH';
+  | 'MIGRATION_MISMATCH'
+  | 'CONSTRAINT_VIOLATION';
 
 export class RunledgerError extends Error {
   readonly code: ErrorCode;
@@ -140,6 +141,19 @@ export class StepFailedError extends RunledgerError {
 export class MigrationMismatchError extends RunledgerError {
   constructor(message: string, details: Record<string, unknown>) {
     super('MIGRATION_MISMATCH', message, { details });
+  }
+}
+
+/**
+ * A write of a step (an operation's ledger row, a transaction's commit) broke a
+ * database constraint (SQLSTATE class 23, e.g. 23505 unique_violation). Running it
+ * again would break it again, so it is not an infrastructure failure: the run ends
+ * FAILED with this error, recorded in its `failed` event. `details` has the
+ * `sqlstate`, `constraint`, `detail` and `step`.
+ */
+export class ConstraintViolationError extends RunledgerError {
+  constructor(message: string, options: { cause?: unknown; details: Record<string, unknown> }) {
+    super('CONSTRAINT_VIOLATION', message, options);
   }
 }
 

@@ -158,6 +158,7 @@ export const RUNLEDGER_TABLES = {
     updated_at: 'timestamptz default',
     finished_at: 'timestamptz null',
     resolved_by: 'text null',
+    prior_operation_id: 'text null',
   },
   'runledger.step_progress': {
     run_id: 'text',

@@ -1,6 +1,7 @@
 import type pg from 'pg';
 import type { ZodType } from 'zod';
 import type { Kysely } from 'kysely';
+import type { ConstraintViolationError } from '../core/errors.js';
 import { NonDeterminismError } from '../core/errors.js';
 import type { Workflow } from '../core/workflow.js';
 import type { CrashHook } from '../core/crash-points.js';
@@ -20,6 +21,8 @@ export type Halt =
   | { kind: 'lease_lost'; message: string }
   | { kind: 'non_determinism'; error: NonDeterminismError }
   | { kind: 'infrastructure'; error: unknown }
+  /** A write broke a database constraint: replaying would break it again, so the run ends FAILED with this error. */
+  | { kind: 'fail'; error: ConstraintViolationError }
   | { kind: 'shutdown' }
   /** The run is parked WAITING in the database; the worker just lets go of it. */
   | { kind: 'suspended' }

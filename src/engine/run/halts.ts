@@ -1,13 +1,18 @@
 import type { Execution } from './execution.js';
-import { SQLSTATE } from '../core/errors.js';
+import { ConstraintViolationError, SQLSTATE } from '../core/errors.js';
 import { pgCode } from '../db/pg-errors.js';
 
 /**
  * What a failed fenced write means for the execution, by SQLSTATE: someone else
  * owns the run (RL001), the run is being cancelled (RL008), its deadline passed
- * (RL009); anything else is an infrastructure failure, resolved by replay.
+ * (RL009); a broken constraint (class 23) fails the run, since a replay would break
+ * it again; anything else is an infrastructure failure, resolved by replay.
  */
-export function haltOnDbError(exec: Execution, error: unknown): void {
+export function haltOnDbError(exec: Execution, error: unknown, step?: string): void {
+  if (isConstraintViolation(error)) {
+    exec.halt({ kind: 'fail', error: constraintViolation(error, step) });
+    return;
+  }
   switch (pgCode(error)) {
     case SQLSTATE.LEASE_LOST:
     case SQLSTATE.CHECKPOINT_EXISTS: // another execution wrote this position
@@ -23,6 +28,25 @@ export function haltOnDbError(exec: Execution, error: unknown): void {
     default:
       exec.halt({ kind: 'infrastructure', error });
   }
+}
+
+/** SQLSTATE class 23, integrity constraint violation: 23505 unique, 23503 foreign key, 23514 check, 23502 not null... */
+export function isConstraintViolation(error: unknown): boolean {
+  return pgCode(error)?.startsWith('23') ?? false;
+}
+
+/** The coded error a broken constraint ends the run with, naming the SQLSTATE, the constraint and the step. */
+export function constraintViolation(error: unknown, step: string | undefined): ConstraintViolationError {
+  const pg = error as { message?: string; constraint?: string; detail?: string; table?: string };
+  const details = {
+    sqlstate: pgCode(error),
+    ...(pg.constraint === undefined ? {} : { constraint: pg.constraint }),
+    ...(pg.table === undefined ? {} : { table: pg.table }),
+    ...(pg.detail === undefined ? {} : { detail: pg.detail }),
+    ...(step === undefined ? {} : { step }),
+  };
+  const where = step === undefined ? 'a write of the run' : `step ${JSON.stringify(step)}`;
+  return new ConstraintViolationError(`${where} broke a database constraint: ${pg.message ?? String(error)}`, { cause: error, details });
 }
 
 /** Reacts to the run status a checkpoint returned: the worker learns of a cancel or a policy stop within one round trip. */

@@ -100,12 +100,7 @@ export async function executeClaimed(run: ClaimedRun, options: ExecuteOptions): 
     } else if ('kind' in outcome && outcome.kind === 'threw') {
       if (exec.haltReason) return handleHalt(exec, exec.haltReason, policyVersion);
       if (!(await flushPending(exec))) return handleHalt(exec, exec.haltReason!, policyVersion);
-      const failures = await runCompensations(exec);
-      const error = { ...serializeError(outcome.error), ...(failures.length > 0 ? { compensationFailures: failures } : {}) };
-      await finish(exec, 'runledger._fail_run(p_run_id => $1, p_token => $2, p_error => $3::jsonb, p_policy_version => $4)', [
-        JSON.stringify(error),
-        policyVersion,
-      ]);
+      await failRun(exec, serializeError(outcome.error), policyVersion);
     } else {
       await handleHalt(exec, outcome as Halt, policyVersion);
     }
@@ -137,6 +132,12 @@ async function handleHalt(exec: Execution, halt: Halt, policyVersion: string): P
       await flushPending(exec).catch(() => false);
       await release(exec, RELEASE_DELAY_MS, 'infrastructure');
       return;
+    case 'fail':
+      // A write broke a constraint: not retried as infrastructure, the run fails with the coded error.
+      exec.deps.log('error', `run ${exec.runId}: ${halt.error.message}`);
+      await flushPending(exec).catch(() => false);
+      await failRun(exec, { ...serializeError(halt.error), ...halt.error.details }, policyVersion);
+      return;
     case 'shutdown':
       await flushPending(exec);
       await release(exec, 0, 'worker_stopping');
@@ -159,6 +160,16 @@ async function handleHalt(exec: Execution, halt: Halt, policyVersion: string): P
       ]);
       return;
   }
+}
+
+/** The run fails with this error: its compensations run first (sagas), and their failures join the error. */
+async function failRun(exec: Execution, serialized: object, policyVersion: string): Promise<void> {
+  const failures = await runCompensations(exec);
+  const error = { ...serialized, ...(failures.length > 0 ? { compensationFailures: failures } : {}) };
+  await finish(exec, 'runledger._fail_run(p_run_id => $1, p_token => $2, p_error => $3::jsonb, p_policy_version => $4)', [
+    JSON.stringify(error),
+    policyVersion,
+  ]);
 }
 
 /** Success: the output (and the last step's deferred checkpoint) in one transaction, through the group commit when there is one. */
