@@ -21,7 +21,8 @@ export type ErrorCode =
   | 'CHILD_FAILED'
   | 'NON_RETRYABLE'
   | 'NOT_IN_STEP'
-  | 'MIGRATION_MISMATCH';
+  | 'MIGRATION_MISMATCH'
+  | 'STEP_NOT_AWAITED';
 
 export class RunledgerError extends Error {
   readonly code: ErrorCode;
@@ -88,6 +89,17 @@ export class ConfigError extends RunledgerError {
 export class NotInWorkflowError extends RunledgerError {
   constructor(message: string) {
     super('NOT_IN_WORKFLOW', message);
+  }
+}
+
+/**
+ * The workflow function returned (or threw) while a ctx call it started was still in
+ * flight: a step, operation or wait that was not awaited. The run fails with it;
+ * `details.calls` names each call and its step position.
+ */
+export class StepNotAwaitedError extends RunledgerError {
+  constructor(message: string, details: Record<string, unknown>, options: { cause?: unknown } = {}) {
+    super('STEP_NOT_AWAITED', message, { details, ...options });
   }
 }
 
