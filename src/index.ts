@@ -55,6 +55,7 @@ export {
   SchemaTooNewError,
   ConfigError,
   NotInWorkflowError,
+  StepNotAwaitedError,
   RunFailedError,
   StepFailedError,
   NotAllowedError,

@@ -176,6 +176,15 @@ export function createEngine<DB = any>(options: EngineOptions = {}): Engine<DB> 
       const key = workflowKey(workflow.name, workflow.version);
       if (workflows.has(key)) throw new ConfigError(`workflow ${key} is already defined on this engine`);
       workflows.set(key, workflow);
+      if (workers.size > 0) {
+        // A worker serves the workflows defined when it started: its claims and runledger.workers say so.
+        log(
+          'warn',
+          `workflow ${key} was defined after runWorker: the running workers of this engine (${workers.size}) do not serve it; ` +
+            'define workflows before runWorker, or start a new worker to serve it',
+          { workflow: key },
+        );
+      }
       return workflow;
     },
     schedule(scheduleOptions) {

@@ -43,7 +43,7 @@ export class WorkflowContext<DB = any> {
 
   /** Runs `fn` at least once until its result is checkpointed, never again after; `retry` re-runs it on failure with backoff. */
   step<T>(name: string, fn: StepFunction<T>, options?: StepOptions): Promise<Jsonify<T>> {
-    return runStep(this.#exec, name, fn, options) as Promise<Jsonify<T>>;
+    return this.#exec.track('step', name, () => runStep(this.#exec, name, fn, options)) as Promise<Jsonify<T>>;
   }
 
   /**
@@ -53,11 +53,12 @@ export class WorkflowContext<DB = any> {
    * `idempotent` operation again with the same key, or by an operator.
    */
   operation<T>(name: string, options: OperationOptions<T>, fn: OperationFunction<T>): Promise<Jsonify<T>> {
-    return runOperation(this.#exec, name, options, fn);
+    return this.#exec.track('operation', name, () => runOperation(this.#exec, name, options, fn));
   }
 
   /** Inside a long step: renews the run's lease and records progress for an attempt that takes over. */
   heartbeat(progress?: unknown): Promise<void> {
+    this.#exec.assertLive('ctx.heartbeat()');
     return heartbeatCurrent(this.#exec, progress);
   }
 
@@ -67,12 +68,14 @@ export class WorkflowContext<DB = any> {
    * `trx` is a `Transaction<DB>` of the engine's `DB` (or of `D`, when given).
    */
   transaction<T, D = DB>(name: string, fn: TransactionFunction<T, D>): Promise<Jsonify<T>> {
-    return runTransaction<T, D>(this.#exec, name, fn as (trx: Transaction<D>) => Promise<T>) as Promise<Jsonify<T>>;
+    return this.#exec.track('transaction', name, () =>
+      runTransaction<T, D>(this.#exec, name, fn as (trx: Transaction<D>) => Promise<T>),
+    ) as Promise<Jsonify<T>>;
   }
 
   /** Waits until the duration has passed (or the date is reached), holding no worker. */
   sleep(name: string, duration: Duration | Date): Promise<void> {
-    return waits.sleep(this.#exec, name, duration);
+    return this.#exec.track('sleep', name, () => waits.sleep(this.#exec, name, duration));
   }
 
   /**
@@ -80,28 +83,34 @@ export class WorkflowContext<DB = any> {
    * `T` is what senders pass; the payload arrives in its JSON form, `Jsonify<T>`.
    */
   waitForSignal<T = unknown>(topic: string, options?: waits.WaitForSignalOptions): Promise<Jsonify<T> | null> {
-    return waits.waitForSignal<Jsonify<T>>(this.#exec, topic, options);
+    return this.#exec.track('waitForSignal', options?.name ?? topic, () => waits.waitForSignal<Jsonify<T>>(this.#exec, topic, options));
   }
 
   /** Asks a person to approve `action`; the decision, or null when the request expires undecided. */
   requestApproval(name: string, request: waits.ApprovalRequest): Promise<waits.ApprovalDecision | null> {
-    return waits.requestApproval(this.#exec, name, request);
+    return this.#exec.track('requestApproval', name, () => waits.requestApproval(this.#exec, name, request));
   }
 
   /** Starts a child run without waiting for it; its id is checkpointed with the child's creation. `input`: the schema's input type. */
   startChild<In>(workflow: Workflow<any, any, In>, input: In, options?: waits.ChildOptions): Promise<{ runId: string }> {
-    return waits.startChild(this.#exec, this.#exec.deps.registerWorkflow, workflow, input, options);
+    return this.#exec.track('startChild', `${options?.name ?? `child:${workflow?.name}`}:start`, () =>
+      waits.startChild(this.#exec, this.#exec.deps.registerWorkflow, workflow, input, options),
+    );
   }
 
   /** Waits, holding nothing, for a child run started with startChild; its output, or ChildFailedError. */
   waitForChild<O = unknown>(childRunId: string, options: { name?: string } = {}): Promise<Jsonify<O>> {
-    return waits.waitForChild<Jsonify<O>>(this.#exec, childRunId, options.name);
+    return this.#exec.track('waitForChild', options.name ?? `child:${childRunId}`, () =>
+      waits.waitForChild<Jsonify<O>>(this.#exec, childRunId, options.name),
+    );
   }
 
   /** Starts a child run and waits for it: its output (JSON form), or ChildFailedError when it did not succeed. */
-  async runChild<I, O, In>(workflow: Workflow<I, O, In>, input: In, options: waits.ChildOptions = {}): Promise<Jsonify<O>> {
-    const { runId } = await this.startChild(workflow, input, options);
-    return this.waitForChild<O>(runId, { name: options.name ?? `child:${workflow.name}` });
+  runChild<I, O, In>(workflow: Workflow<I, O, In>, input: In, options: waits.ChildOptions = {}): Promise<Jsonify<O>> {
+    return this.#exec.track('runChild', options.name ?? `child:${workflow?.name}`, async () => {
+      const { runId } = await this.startChild(workflow, input, options);
+      return this.waitForChild<O>(runId, { name: options.name ?? `child:${workflow.name}` });
+    });
   }
 
   /**
@@ -110,6 +119,7 @@ export class WorkflowContext<DB = any> {
    * run TERMINATED with reason BUDGET, and no further step starts.
    */
   charge(units: number): void {
+    this.#exec.assertLive('ctx.charge()');
     if (typeof units !== 'number' || !Number.isFinite(units) || units < 0) {
       throw new ConfigError(`charge: ${String(units)} is not a number of units >= 0`);
     }
@@ -117,8 +127,7 @@ export class WorkflowContext<DB = any> {
   }
 
   /** The current time, recorded once and replayed: deterministic across recoveries. */
-  async now(name = 'now'): Promise<Date> {
-    const iso = await runStep(this.#exec, `@${name}`, () => new Date().toISOString());
-    return new Date(iso);
+  now(name = 'now'): Promise<Date> {
+    return this.#exec.track('now', name, async () => new Date(await runStep(this.#exec, `@${name}`, () => new Date().toISOString())));
   }
 }

@@ -131,10 +131,32 @@ export async function awaitResult<O>(host: StartHost, runId: string, timeoutMs =
         error: run.error,
       });
     }
-    if (Date.now() + interval > deadline)
-      throw new RunFailedError(`run ${runId} still ${run.status} after ${timeoutMs} ms`, { runId, status: run.status });
+    if (Date.now() + interval > deadline) {
+      const served = run.status !== 'PENDING' || (await servedByLiveWorker(host.deps.pool, run.workflowName, run.workflowVersion));
+      const key = `${run.workflowName}@${run.workflowVersion}`;
+      throw new RunFailedError(
+        `run ${runId} still ${run.status} after ${timeoutMs} ms` +
+          (served ? '' : `: no live worker serves ${key} (runledger.workers); start a worker with this workflow defined`),
+        { runId, status: run.status, ...(served ? {} : { noLiveWorker: key }) },
+      );
+    }
     await new Promise((resolve) => setTimeout(resolve, interval));
   }
+}
+
+/**
+ * Whether a live worker (registered in runledger.workers, not stopped, heard from within
+ * its lease on the database clock) serves this workflow version.
+ */
+async function servedByLiveWorker(pool: pg.Pool, name: string, version: string): Promise<boolean> {
+  const result = await pool.query(
+    `select exists (
+       select 1 from runledger.workers
+        where $1 = any (workflows) and stopped_at is null
+          and last_heartbeat_at + make_interval(secs => lease_ms / 1000.0) > runledger.now()) as served`,
+    [`${name}@${version}`],
+  );
+  return result.rows[0].served === true;
 }
 
 function errorSuffix(error: unknown): string {

@@ -22,7 +22,8 @@ export type ErrorCode =
   | 'NON_RETRYABLE'
   | 'NOT_IN_STEP'
   | 'MIGRATION_MISMATCH'
-  | 'CONSTRAINT_VIOLATION';
+  | 'CONSTRAINT_VIOLATION'
+  | 'STEP_NOT_AWAITED';
 
 export class RunledgerError extends Error {
   readonly code: ErrorCode;
@@ -89,6 +90,17 @@ export class ConfigError extends RunledgerError {
 export class NotInWorkflowError extends RunledgerError {
   constructor(message: string) {
     super('NOT_IN_WORKFLOW', message);
+  }
+}
+
+/**
+ * The workflow function returned (or threw) while a ctx call it started was still in
+ * flight: a step, operation or wait that was not awaited. The run fails with it;
+ * `details.calls` names each call and its step position.
+ */
+export class StepNotAwaitedError extends RunledgerError {
+  constructor(message: string, details: Record<string, unknown>, options: { cause?: unknown } = {}) {
+    super('STEP_NOT_AWAITED', message, { details, ...options });
   }
 }
 

@@ -1,8 +1,7 @@
 import type pg from 'pg';
 import type { ZodType } from 'zod';
 import type { Kysely } from 'kysely';
-import type { ConstraintViolationError } from '../core/errors.js';
-import { NonDeterminismError } from '../core/errors.js';
+import { NonDeterminismError, NotInWorkflowError, type ConstraintViolationError, type StepNotAwaitedError } from '../core/errors.js';
 import type { Workflow } from '../core/workflow.js';
 import type { CrashHook } from '../core/crash-points.js';
 import type { RunledgerDatabase } from '../db/schema.js';
@@ -33,7 +32,16 @@ export type Halt =
   /** The worker crashed at a crash point (tests): it writes nothing more, its lease runs out. */
   | { kind: 'crashed' }
   /** The run already ended in the database (a checkpoint tripped its budget or no-progress limit). */
-  | { kind: 'stopped'; status: string };
+  | { kind: 'stopped'; status: string }
+  /** The workflow returned or threw with a ctx call still in flight: the run fails with this error. */
+  | { kind: 'not_awaited'; error: StepNotAwaitedError };
+
+/** A ctx call that has not settled yet: what it is, its name and the step position it took. */
+export interface PendingCall {
+  call: string;
+  name: string | undefined;
+  position: number;
+}
 
 export interface RunLimits {
   maxSteps: number | null;
@@ -124,6 +132,14 @@ export class Execution {
   progress: Record<string, unknown> = {};
   /** Budget units charged with ctx.charge since the last checkpoint; they commit with the next one. */
   pendingCharge = 0;
+  /**
+   * How this execution ended, once the workflow function settled or the worker let go of
+   * the run: from then on no ctx call may start (NotInWorkflowError) and none starts its work.
+   */
+  ended: string | undefined;
+  /** The ctx calls started and not settled yet, by call number: what the workflow left in flight. */
+  readonly pendingCalls = new Map<number, PendingCall>();
+  private callNumber = 0;
 
   constructor(
     readonly runId: string,
@@ -137,9 +153,51 @@ export class Execution {
     this.halted = new Promise((resolve) => (this.resolveHalt = resolve));
   }
 
-  /** True when no new step may start: halted, or cancel requested. */
+  /** True when no new step may start: halted, cancel requested, or the workflow function already settled. */
   get stopping(): boolean {
-    return this.haltReason !== undefined || this.cancelRequested;
+    return this.haltReason !== undefined || this.cancelRequested || this.ended !== undefined;
+  }
+
+  /** Marks the execution ended (the first reason given stays): see `ended`. */
+  end(how: string): void {
+    this.ended ??= how;
+  }
+
+  /** Refuses a ctx call once the execution ended: the ctx belongs to a run (execution) that is over. */
+  assertLive(what: string): void {
+    if (this.ended !== undefined) {
+      throw new NotInWorkflowError(
+        `${what} was called after run ${this.runId} ended (${this.ended}); a ctx is valid only while its workflow function runs`,
+      );
+    }
+  }
+
+  /**
+   * Starts a ctx call that takes a step position and tracks it until it settles, so that
+   * a workflow ending with it unsettled is seen (the call was not awaited). Refused with
+   * NotInWorkflowError (a rejected promise) once the execution ended.
+   */
+  track<T>(call: string, name: string | undefined, start: () => Promise<T>): Promise<T> {
+    const what = name === undefined ? `ctx.${call}()` : `ctx.${call}(${JSON.stringify(name)})`;
+    try {
+      this.assertLive(what);
+    } catch (error) {
+      return Promise.reject(error);
+    }
+    const id = this.callNumber++;
+    this.pendingCalls.set(id, { call, name, position: this.nextSeq });
+    let promise: Promise<T>;
+    try {
+      promise = start();
+    } catch (error) {
+      this.pendingCalls.delete(id);
+      return Promise.reject(error);
+    }
+    // Registered before the caller can await the promise, so the call counts as settled
+    // by the time the workflow's code after the await runs.
+    const settle = () => void this.pendingCalls.delete(id);
+    promise.then(settle, settle);
+    return promise;
   }
 
   /**

@@ -1,4 +1,11 @@
-import { InvalidInputError, NonDeterminismError, PayloadTooLargeError, serializeError, SQLSTATE } from '../core/errors.js';
+import {
+  InvalidInputError,
+  NonDeterminismError,
+  PayloadTooLargeError,
+  serializeError,
+  SQLSTATE,
+  StepNotAwaitedError,
+} from '../core/errors.js';
 import { WorkflowContext } from '../../steps/context.js';
 import { Execution, type ExecutionDeps, type Halt } from '../run/execution.js';
 import { checkpointValues, flushPending, stepItemValues, type CheckpointRecord } from '../run/checkpoint.js';
@@ -62,11 +69,23 @@ export async function executeClaimed(run: ClaimedRun, options: ExecuteOptions): 
     }
 
     const ctx = new WorkflowContext(exec);
+    // The execution ends the moment the workflow function settles: a ctx call still
+    // waiting to start its work then starts none, and a later ctx call is refused.
     const settled = workflow.fn(ctx, input).then(
-      (value) => ({ kind: 'returned' as const, value }),
-      (error: unknown) => ({ kind: 'threw' as const, error }),
+      (value) => {
+        exec.end('the workflow returned');
+        return { kind: 'returned' as const, value };
+      },
+      (error: unknown) => {
+        exec.end('the workflow threw');
+        return { kind: 'threw' as const, error };
+      },
     );
     const outcome = await Promise.race([settled, exec.halted]);
+    if ('kind' in outcome && (outcome.kind === 'returned' || outcome.kind === 'threw') && !exec.haltReason) {
+      const error = notAwaited(exec, policyVersion, outcome);
+      if (error) exec.halt({ kind: 'not_awaited', error });
+    }
 
     if ('kind' in outcome && outcome.kind === 'returned') {
       if (exec.haltReason) return handleHalt(exec, exec.haltReason, policyVersion);
@@ -109,8 +128,29 @@ export async function executeClaimed(run: ClaimedRun, options: ExecuteOptions): 
     deps.log('error', `run ${runId}: execution failed`, { error: serializeError(error) });
     await release(exec, RELEASE_DELAY_MS, 'infrastructure').catch(() => undefined);
   } finally {
+    exec.end(exec.haltReason ? `this execution stopped: ${exec.haltReason.kind}` : 'this execution stopped');
     options.untrack(exec);
   }
+}
+
+/** The ctx calls the workflow left in flight when it returned or threw, as the error the run fails with; undefined if none. */
+function notAwaited(
+  exec: Execution,
+  policyVersion: string,
+  outcome: { kind: 'returned' } | { kind: 'threw'; error: unknown },
+): StepNotAwaitedError | undefined {
+  const calls = [...exec.pendingCalls.values()];
+  if (calls.length === 0) return undefined;
+  const named = calls
+    .map((c) => `ctx.${c.call}(${c.name === undefined ? '' : JSON.stringify(c.name)}) (position ${c.position})`)
+    .join(', ');
+  const how = outcome.kind === 'returned' ? 'returned' : `threw (${serializeError(outcome.error).message})`;
+  return new StepNotAwaitedError(
+    `run ${exec.runId}: workflow ${policyVersion} ${how} while ${named} ${calls.length === 1 ? 'was' : 'were'} still in flight: ` +
+      'await every ctx call before the workflow returns; its result is not recorded',
+    { calls },
+    outcome.kind === 'threw' ? { cause: outcome.error } : {},
+  );
 }
 
 async function handleHalt(exec: Execution, halt: Halt, policyVersion: string): Promise<void> {
@@ -152,6 +192,25 @@ async function handleHalt(exec: Execution, halt: Halt, policyVersion: string): P
       await runCompensations(exec);
       await finish(exec, 'runledger._finish_cancel(p_run_id => $1, p_token => $2)', []);
       return;
+    case 'not_awaited': {
+      // The user's bug: the calls left in flight record nothing (the halt stops them at their
+      // next checkpoint); the step that finished before keeps its result; the run fails.
+      exec.deps.log('error', halt.error.message);
+      if (!(await flushPending(exec))) return;
+      const failures = await runCompensations(exec);
+      const cause = halt.error.cause === undefined ? {} : { cause: serializeError(halt.error.cause) };
+      const error = {
+        ...serializeError(halt.error),
+        calls: halt.error.details?.calls,
+        ...cause,
+        ...(failures.length > 0 ? { compensationFailures: failures } : {}),
+      };
+      await finish(exec, 'runledger._fail_run(p_run_id => $1, p_token => $2, p_error => $3::jsonb, p_policy_version => $4)', [
+        JSON.stringify(error),
+        policyVersion,
+      ]);
+      return;
+    }
     case 'terminate':
       await flushPending(exec); // the step before the limit finished: its result is kept
       await finish(exec, 'runledger._terminate_run(p_run_id => $1, p_token => $2, p_reason => $3, p_evidence => $4::jsonb)', [
