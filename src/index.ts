@@ -61,5 +61,6 @@ export {
   ChildFailedError,
   NonRetryableError,
   MigrationMismatchError,
+  InvalidReconcileAnswerError,
 } from './engine/core/errors.js';
 export type { ErrorCode, SerializedError } from './engine/core/errors.js';

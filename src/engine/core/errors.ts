@@ -21,7 +21,8 @@ export type ErrorCode =
   | 'CHILD_FAILED'
   | 'NON_RETRYABLE'
   | 'NOT_IN_STEP'
-  | 'MIGRATION_MISMATCH';
+  | 'MIGRATION_MISMATCH'
+  | 'INVALID_RECONCILE_ANSWER';
 
 export class RunledgerError extends Error {
   readonly code: ErrorCode;
@@ -130,6 +131,16 @@ export class StepFailedError extends RunledgerError {
     super('STEP_FAILED', message, { details: { ...recorded } });
     this.originalName = recorded.name;
     this.originalCode = recorded.code;
+  }
+}
+
+/**
+ * A `reconcile` of `ctx.operation` answered something other than the three shapes it may
+ * answer. The operation stays UNKNOWN in the ledger; the operation step fails with it.
+ */
+export class InvalidReconcileAnswerError extends RunledgerError {
+  constructor(message: string, details: Record<string, unknown>) {
+    super('INVALID_RECONCILE_ANSWER', message, { details });
   }
 }
 
