@@ -7,6 +7,7 @@
 --   runledger._recover_expired(...)    sweeper: runs whose lease expired go back to PENDING
 --                                      (one recovery attempt) or, past the limit, to DEAD_LETTER
 --   runledger.retry_run(run_id)        public: a DEAD_LETTER or FAILED run back to PENDING
+--                                      (a failed operation at the dropped step back to PLANNED)
 
 create function runledger._register_workflow(p_name text, p_version text, p_queue text, p_max_recovery_attempts int, p_limits jsonb default '{}')
 returns void language sql volatile as $$
@@ -161,6 +162,7 @@ language plpgsql volatile as $$
 declare
   v_run     runledger.runs;
   v_dropped jsonb;
+  v_reset   jsonb;
 begin
   select * into v_run from runledger.runs where run_id = p_run_id for update;
   if not found then
@@ -175,6 +177,17 @@ begin
    where s.run_id = p_run_id and s.status = 'FAILED'
      and s.seq = (select max(seq) from runledger.steps where run_id = p_run_id)
   returning jsonb_build_object('seq', s.seq, 'name', s.name, 'error', s.error) into v_dropped;
+  -- A failed operation at that step is callable again: the ledger row goes back to PLANNED
+  -- (same operation_id and idempotency key, no attempt made yet); the failure it held is
+  -- kept in the 'retried' event. An UNKNOWN one stays UNKNOWN (reconcile or an operator settles it).
+  update runledger.operations o
+     set status = 'PLANNED', attempts = 0, error = null, result = null, finished_at = null, resolved_by = null,
+         updated_at = runledger.now()
+    from (select * from runledger.operations
+           where run_id = p_run_id and seq = (v_dropped->>'seq')::int and status = 'FAILED' for update) old
+   where o.operation_id = old.operation_id
+  returning jsonb_build_object('operation_id', old.operation_id, 'name', old.name, 'idempotency_key', old.idempotency_key,
+                               'attempts', old.attempts, 'error', old.error, 'resolved_by', old.resolved_by) into v_reset;
 
   update runledger.runs
      set status = 'PENDING', error = null, output = null, finished_at = null, updated_at = runledger.now(),
@@ -186,12 +199,12 @@ begin
   values (p_run_id, 'retried', jsonb_strip_nulls(jsonb_build_object(
             'previous_status', v_run.status, 'termination_reason', v_run.termination_reason,
             'termination_evidence', v_run.termination_evidence, 'error', v_run.error,
-            'dropped_failed_step', v_dropped)), v_run.fencing_token);
+            'dropped_failed_step', v_dropped, 'reset_operation', v_reset)), v_run.fencing_token);
   perform runledger._make_runnable(p_run_id, 0);
   return 'PENDING';
 end;
 $$;
 comment on function runledger.retry_run(text) is
-  'Operator action: a DEAD_LETTER or FAILED run goes back to PENDING with its successful checkpoints intact (the last failed step runs again) and recovery attempts reset; the old termination record stays in events. Returns the new status.';
+  'Operator action: a DEAD_LETTER or FAILED run goes back to PENDING with its successful checkpoints intact (the last failed step runs again; a FAILED operation at that step goes back to PLANNED, called again with the same idempotency key) and recovery attempts reset; the old termination record and the operation''s failure stay in events. Returns the new status.';
 
 insert into runledger.migrations (version, name) values (3, '0003_recovery');

@@ -45,7 +45,7 @@ create table runledger.operations (
 create unique index operations_idempotency_key on runledger.operations (idempotency_key) where prior_operation_id is null;
 create index operations_unknown on runledger.operations (updated_at) where status = 'UNKNOWN';
 comment on table runledger.operations is
-  'Operation ledger: one row per external side effect (ctx.operation). STARTED (with its idempotency key) commits before the call; SUCCEEDED or FAILED commits with the step checkpoint; a STARTED row found on replay is UNKNOWN until reconcile, an idempotent retry or an operator (resolve_operation) settles it. An idempotency key is unique, except in the forks of the run that used it (prior_operation_id).';
+  'Operation ledger: one row per external side effect (ctx.operation). STARTED (with its idempotency key) commits before the call; SUCCEEDED or FAILED commits with the step checkpoint; a STARTED row found on replay is UNKNOWN until reconcile, an idempotent retry or an operator (resolve_operation) settles it. An idempotency key is unique, except in the forks of the run that used it (prior_operation_id); retry_run puts a FAILED one back to PLANNED (attempts 0), to be called again with the same key.';
 comment on column runledger.operations.prior_operation_id is
   'In a fork (fork_run): the operation of an ancestor run with the same idempotency key. The fork reused its result (status SUCCEEDED, attempts 0, event operation_reused) or, when it had not succeeded, made a new attempt under the same key (event operation_attempted_by_fork on the ancestor).';
 
@@ -111,8 +111,8 @@ begin
                 'status', v_prior.status, 'fork', p_run_id, 'fork_operation_id', v_op.operation_id), v_now);
       end if;
     end if;
-  elsif p_again and v_op.status in ('STARTED', 'UNKNOWN', 'FAILED') then
-    -- Called again on purpose (declared idempotent, or a retry): same key, next attempt.
+  elsif (p_again and v_op.status in ('STARTED', 'UNKNOWN', 'FAILED')) or v_op.status = 'PLANNED' then
+    -- Called again on purpose (declared idempotent, a retry, or PLANNED again by retry_run): same key, next attempt.
     update runledger.operations o set status = 'STARTED', attempts = o.attempts + 1, updated_at = v_now, error = null
      where o.operation_id = v_op.operation_id returning * into v_op;
     insert into runledger.events (run_id, kind, detail, fencing_token, at)
@@ -129,7 +129,7 @@ begin
 end;
 $$;
 comment on function runledger._operation_begin(text, bigint, int, text, text, boolean, boolean) is
-  'Fenced. First call: records the intent (STARTED, key, attempt 1) and commits before the external call; in a fork whose ancestor used the key, reuses its SUCCEEDED result (no call) or links the new attempt to it (prior_operation_id). A key another run used raises 23505. On replay a STARTED row becomes UNKNOWN (status UNKNOWN_NOW, with an event). p_again: the caller will call again with the same key (STARTED, attempt + 1). Otherwise returns the row as it stands.';
+  'Fenced. First call: records the intent (STARTED, key, attempt 1) and commits before the external call; in a fork whose ancestor used the key, reuses its SUCCEEDED result (no call) or links the new attempt to it (prior_operation_id). A key another run used raises 23505. On replay a STARTED row becomes UNKNOWN (status UNKNOWN_NOW, with an event). p_again, or a PLANNED row (put back by retry_run): the caller will call again with the same key (STARTED, attempt + 1). Otherwise returns the row as it stands.';
 
 create function runledger._operation_finish(
   p_run_id text, p_token bigint, p_operation_id text, p_status text, p_result jsonb, p_error jsonb,
@@ -325,13 +325,19 @@ create function runledger._operation_checkpoint(
 returns table (pid int, run_status text)
 language plpgsql volatile as $$
 begin
-  -- The outcome in the ledger and the step checkpoint commit together.
-  perform runledger._operation_finish(p_run_id, p_token, p_operation_id, p_status, p_output->'value', p_error, p_external_resource_id, null);
+  -- The outcome in the ledger and the step checkpoint commit together. UNKNOWN: the step fails
+  -- (reconcile gave an invalid answer) while the ledger row stays UNKNOWN; the error goes into events.
+  if p_status = 'UNKNOWN' then
+    insert into runledger.events (run_id, kind, detail, fencing_token)
+    values (p_run_id, 'operation_reconcile_invalid', jsonb_build_object('operation_id', p_operation_id, 'name', p_name, 'error', p_error), p_token);
+  else
+    perform runledger._operation_finish(p_run_id, p_token, p_operation_id, p_status, p_output->'value', p_error, p_external_resource_id, null);
+  end if;
   return query select * from runledger._checkpoint(p_run_id, p_token, p_seq, p_name, 'operation',
     case when p_status = 'SUCCEEDED' then 'SUCCEEDED' else 'FAILED' end, p_output, p_error, p_attempts, p_started_ms_ago, p_charge);
 end;
 $$;
 comment on function runledger._operation_checkpoint(text, bigint, int, text, text, text, jsonb, jsonb, text, int, bigint, numeric) is
-  'Fenced: records an operation''s outcome in the ledger and its step checkpoint in one transaction.';
+  'Fenced: records an operation''s outcome in the ledger and its step checkpoint in one transaction. p_status UNKNOWN (an invalid reconcile answer): the step checkpoint is FAILED with p_error, the ledger row stays UNKNOWN and an operation_reconcile_invalid event holds the error.';
 
 insert into runledger.migrations (version, name) values (6, '0006_operations');

@@ -94,7 +94,7 @@ CREATE TABLE runledger.operations (
   resolved_by text,
   prior_operation_id text
 );
-COMMENT ON TABLE runledger.operations IS 'Operation ledger: one row per external side effect (ctx.operation). STARTED (with its idempotency key) commits before the call; SUCCEEDED or FAILED commits with the step checkpoint; a STARTED row found on replay is UNKNOWN until reconcile, an idempotent retry or an operator (resolve_operation) settles it. An idempotency key is unique, except in the forks of the run that used it (prior_operation_id).';
+COMMENT ON TABLE runledger.operations IS 'Operation ledger: one row per external side effect (ctx.operation). STARTED (with its idempotency key) commits before the call; SUCCEEDED or FAILED commits with the step checkpoint; a STARTED row found on replay is UNKNOWN until reconcile, an idempotent retry or an operator (resolve_operation) settles it. An idempotency key is unique, except in the forks of the run that used it (prior_operation_id); retry_run puts a FAILED one back to PLANNED (attempts 0), to be called again with the same key.';
 COMMENT ON COLUMN runledger.operations.prior_operation_id IS 'In a fork (fork_run): the operation of an ancestor run with the same idempotency key. The fork reused its result (status SUCCEEDED, attempts 0, event operation_reused) or, when it had not succeeded, made a new attempt under the same key (event operation_attempted_by_fork on the ancestor).';
 ALTER TABLE runledger.operations ADD CONSTRAINT operations_compensation_status_check CHECK ((compensation_status = ANY (ARRAY['STARTED'::text, 'DONE'::text, 'FAILED'::text])));
 ALTER TABLE runledger.operations ADD CONSTRAINT operations_pkey PRIMARY KEY (operation_id);
@@ -1544,8 +1544,8 @@ begin
                 'status', v_prior.status, 'fork', p_run_id, 'fork_operation_id', v_op.operation_id), v_now);
       end if;
     end if;
-  elsif p_again and v_op.status in ('STARTED', 'UNKNOWN', 'FAILED') then
-    -- Called again on purpose (declared idempotent, or a retry): same key, next attempt.
+  elsif (p_again and v_op.status in ('STARTED', 'UNKNOWN', 'FAILED')) or v_op.status = 'PLANNED' then
+    -- Called again on purpose (declared idempotent, a retry, or PLANNED again by retry_run): same key, next attempt.
     update runledger.operations o set status = 'STARTED', attempts = o.attempts + 1, updated_at = v_now, error = null
      where o.operation_id = v_op.operation_id returning * into v_op;
     insert into runledger.events (run_id, kind, detail, fencing_token, at)
@@ -1561,20 +1561,26 @@ begin
   return query select v_op.operation_id, v_op.status, v_op.attempts, v_op.idempotency_key, v_op.result, v_op.error;
 end;
 $function$;
-COMMENT ON FUNCTION runledger._operation_begin(text,bigint,integer,text,text,boolean,boolean) IS 'Fenced. First call: records the intent (STARTED, key, attempt 1) and commits before the external call; in a fork whose ancestor used the key, reuses its SUCCEEDED result (no call) or links the new attempt to it (prior_operation_id). A key another run used raises 23505. On replay a STARTED row becomes UNKNOWN (status UNKNOWN_NOW, with an event). p_again: the caller will call again with the same key (STARTED, attempt + 1). Otherwise returns the row as it stands.';
+COMMENT ON FUNCTION runledger._operation_begin(text,bigint,integer,text,text,boolean,boolean) IS 'Fenced. First call: records the intent (STARTED, key, attempt 1) and commits before the external call; in a fork whose ancestor used the key, reuses its SUCCEEDED result (no call) or links the new attempt to it (prior_operation_id). A key another run used raises 23505. On replay a STARTED row becomes UNKNOWN (status UNKNOWN_NOW, with an event). p_again, or a PLANNED row (put back by retry_run): the caller will call again with the same key (STARTED, attempt + 1). Otherwise returns the row as it stands.';
 
 CREATE OR REPLACE FUNCTION runledger._operation_checkpoint(p_run_id text, p_token bigint, p_seq integer, p_name text, p_operation_id text, p_status text, p_output jsonb, p_error jsonb, p_external_resource_id text, p_attempts integer, p_started_ms_ago bigint, p_charge numeric)
  RETURNS TABLE(pid integer, run_status text)
  LANGUAGE plpgsql
 AS $function$
 begin
-  -- The outcome in the ledger and the step checkpoint commit together.
-  perform runledger._operation_finish(p_run_id, p_token, p_operation_id, p_status, p_output->'value', p_error, p_external_resource_id, null);
+  -- The outcome in the ledger and the step checkpoint commit together. UNKNOWN: the step fails
+  -- (reconcile gave an invalid answer) while the ledger row stays UNKNOWN; the error goes into events.
+  if p_status = 'UNKNOWN' then
+    insert into runledger.events (run_id, kind, detail, fencing_token)
+    values (p_run_id, 'operation_reconcile_invalid', jsonb_build_object('operation_id', p_operation_id, 'name', p_name, 'error', p_error), p_token);
+  else
+    perform runledger._operation_finish(p_run_id, p_token, p_operation_id, p_status, p_output->'value', p_error, p_external_resource_id, null);
+  end if;
   return query select * from runledger._checkpoint(p_run_id, p_token, p_seq, p_name, 'operation',
     case when p_status = 'SUCCEEDED' then 'SUCCEEDED' else 'FAILED' end, p_output, p_error, p_attempts, p_started_ms_ago, p_charge);
 end;
 $function$;
-COMMENT ON FUNCTION runledger._operation_checkpoint(text,bigint,integer,text,text,text,jsonb,jsonb,text,integer,bigint,numeric) IS 'Fenced: records an operation''s outcome in the ledger and its step checkpoint in one transaction.';
+COMMENT ON FUNCTION runledger._operation_checkpoint(text,bigint,integer,text,text,text,jsonb,jsonb,text,integer,bigint,numeric) IS 'Fenced: records an operation''s outcome in the ledger and its step checkpoint in one transaction. p_status UNKNOWN (an invalid reconcile answer): the step checkpoint is FAILED with p_error, the ledger row stays UNKNOWN and an operation_reconcile_invalid event holds the error.';
 
 CREATE OR REPLACE FUNCTION runledger._operation_finish(p_run_id text, p_token bigint, p_operation_id text, p_status text, p_result jsonb, p_error jsonb, p_external_resource_id text, p_resolved_by text)
  RETURNS void
@@ -2300,6 +2306,7 @@ AS $function$
 declare
   v_run     runledger.runs;
   v_dropped jsonb;
+  v_reset   jsonb;
 begin
   select * into v_run from runledger.runs where run_id = p_run_id for update;
   if not found then
@@ -2314,6 +2321,17 @@ begin
    where s.run_id = p_run_id and s.status = 'FAILED'
      and s.seq = (select max(seq) from runledger.steps where run_id = p_run_id)
   returning jsonb_build_object('seq', s.seq, 'name', s.name, 'error', s.error) into v_dropped;
+  -- A failed operation at that step is callable again: the ledger row goes back to PLANNED
+  -- (same operation_id and idempotency key, no attempt made yet); the failure it held is
+  -- kept in the 'retried' event. An UNKNOWN one stays UNKNOWN (reconcile or an operator settles it).
+  update runledger.operations o
+     set status = 'PLANNED', attempts = 0, error = null, result = null, finished_at = null, resolved_by = null,
+         updated_at = runledger.now()
+    from (select * from runledger.operations
+           where run_id = p_run_id and seq = (v_dropped->>'seq')::int and status = 'FAILED' for update) old
+   where o.operation_id = old.operation_id
+  returning jsonb_build_object('operation_id', old.operation_id, 'name', old.name, 'idempotency_key', old.idempotency_key,
+                               'attempts', old.attempts, 'error', old.error, 'resolved_by', old.resolved_by) into v_reset;
 
   update runledger.runs
      set status = 'PENDING', error = null, output = null, finished_at = null, updated_at = runledger.now(),
@@ -2325,12 +2343,12 @@ begin
   values (p_run_id, 'retried', jsonb_strip_nulls(jsonb_build_object(
             'previous_status', v_run.status, 'termination_reason', v_run.termination_reason,
             'termination_evidence', v_run.termination_evidence, 'error', v_run.error,
-            'dropped_failed_step', v_dropped)), v_run.fencing_token);
+            'dropped_failed_step', v_dropped, 'reset_operation', v_reset)), v_run.fencing_token);
   perform runledger._make_runnable(p_run_id, 0);
   return 'PENDING';
 end;
 $function$;
-COMMENT ON FUNCTION runledger.retry_run(text) IS 'Operator action: a DEAD_LETTER or FAILED run goes back to PENDING with its successful checkpoints intact (the last failed step runs again) and recovery attempts reset; the old termination record stays in events. Returns the new status.';
+COMMENT ON FUNCTION runledger.retry_run(text) IS 'Operator action: a DEAD_LETTER or FAILED run goes back to PENDING with its successful checkpoints intact (the last failed step runs again; a FAILED operation at that step goes back to PLANNED, called again with the same idempotency key) and recovery attempts reset; the old termination record and the operation''s failure stay in events. Returns the new status.';
 
 CREATE OR REPLACE FUNCTION runledger.run_transitions()
  RETURNS TABLE(from_status runledger.run_status, to_status runledger.run_status, by_whom text)

@@ -63,5 +63,6 @@ export {
   NonRetryableError,
   MigrationMismatchError,
   ConstraintViolationError,
+  InvalidReconcileAnswerError,
 } from './engine/core/errors.js';
 export type { ErrorCode, SerializedError } from './engine/core/errors.js';

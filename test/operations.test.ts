@@ -22,6 +22,7 @@ const { processes: spawned, workers } = stoppedAfterEach();
 
 afterEach(async () => {
   service.holdReplies(false);
+  service.reject(false);
 });
 
 async function processWorker(env: Record<string, string> = {}): Promise<WorkerProcess> {
@@ -44,7 +45,7 @@ const events = async (runId: string, kind: string) =>
   );
 
 /** The service has acted on the call, then the worker dies before reading the reply. */
-async function crashAfterTheCall(mode: 'reconcile' | 'idempotent' | 'manual') {
+async function crashAfterTheCall(mode: 'reconcile' | 'idempotent' | 'manual' | 'raw-reconcile' | 'null-reconcile') {
   service.holdReplies(true);
   const handle = await t.engine.start(t.fixtures.ticket, { mode, service: service.url });
   const key = `ticket-${handle.runId}`;
@@ -161,6 +162,51 @@ describe('the crash window of an external call', () => {
     }
   });
 
+  it.each(['raw-reconcile', 'null-reconcile'] as const)(
+    '%s: a reconcile answering none of the three shapes fails the step with INVALID_RECONCILE_ANSWER; the operation stays UNKNOWN',
+    async (mode) => {
+      const { handle, key } = await crashAfterTheCall(mode);
+      await processWorker();
+      const failed = await handle.result({ timeoutMs: 15_000 }).then(
+        () => undefined,
+        (error: unknown) => error as { details: { status: string; error: { message: string } } },
+      );
+      expect(failed?.details.status).toBe('FAILED');
+      expect(failed?.details.error.message).toContain(
+        "it must answer { status: 'succeeded', result }, { status: 'failed', error? } or { status: 'unknown' }",
+      );
+      const step = (await t.engine.getRun(handle.runId))?.steps?.find((s) => s.name === 'create-ticket');
+      expect(step).toMatchObject({ status: 'FAILED', error: { name: 'InvalidReconcileAnswerError', code: 'INVALID_RECONCILE_ANSWER' } });
+      expect(await operation(handle.runId)).toMatchObject({ status: 'UNKNOWN', idempotency_key: key });
+      const [invalid] = await events(handle.runId, 'operation_reconcile_invalid');
+      expect(invalid).toMatchObject({ name: 'create-ticket', error: { code: 'INVALID_RECONCILE_ANSWER' } });
+      expect(invalid.error.message).toContain(mode === 'null-reconcile' ? 'answered null' : 'answered {"id":');
+      expect(await events(handle.runId, 'waiting_for_reconcile')).toEqual([]);
+      expect(await events(handle.runId, 'attempt_failed')).toEqual([]);
+      expect(service.calls.get(key)).toBe(1); // never called again on a guess
+    },
+  );
+
+  it('an operation an operator resolved FAILED throws a StepFailedError with the recorded name, message and code', async () => {
+    const { handle, key } = await crashAfterTheCall('manual');
+    await processWorker();
+    await waitFor('waiting for an operator', async () => (await runRow(handle.runId)).wait_kind === 'reconcile');
+    const { operation_id } = await operation(handle.runId);
+    await db.pool.query(`select runledger.resolve_operation($1, 'FAILED', $2::jsonb)`, [
+      operation_id,
+      JSON.stringify({ name: 'TicketLost', message: 'no such ticket at the service', code: 'TICKET_LOST' }),
+    ]);
+    await expect(handle.result({ timeoutMs: 30_000 })).rejects.toMatchObject({
+      details: {
+        status: 'FAILED',
+        error: { name: 'StepFailedError', code: 'STEP_FAILED', message: 'step "create-ticket" failed: no such ticket at the service' },
+      },
+    });
+    const step = (await t.engine.getRun(handle.runId))?.steps?.find((s) => s.name === 'create-ticket');
+    expect(step?.error).toEqual({ name: 'TicketLost', message: 'no such ticket at the service', code: 'TICKET_LOST' });
+    expect(service.calls.get(key)).toBe(1);
+  });
+
   it('resolve_operation refuses bad input with coded errors', async () => {
     await expect(db.pool.query(`select runledger.resolve_operation('nope', 'SUCCEEDED')`)).rejects.toMatchObject({ code: 'RL002' });
     await expect(db.pool.query(`select runledger.resolve_operation('nope', 'MAYBE')`)).rejects.toMatchObject({ code: 'RL003' });
@@ -255,6 +301,84 @@ describe('retries', () => {
     expect(await runRow(handle.runId)).toMatchObject({ status: 'WAITING', lease_owner: null });
     await expect((await t.engine.start(quick, undefined)).result()).resolves.toBe('quick'); // the only slot was free
     await expect(handle.result()).resolves.toBe('done on 2');
+  });
+});
+
+describe('retry_run of a run that failed in an operation', () => {
+  class TicketRejectedError extends Error {
+    override name = 'TicketRejectedError';
+    readonly code = 'TICKET_REJECTED';
+    readonly nonRetryable = true;
+  }
+  const ticketOnce = (name: string) =>
+    t.engine.workflow({ name, queue: 'tickets-once' }, async (ctx) => {
+      const ticket = await ctx.operation<{ id: string }>(
+        'create-ticket',
+        { idempotencyKey: `once-${ctx.runId}` },
+        async ({ idempotencyKey }) => {
+          const res = await fetch(`${service.url}/tickets?key=${idempotencyKey}`, { method: 'POST' });
+          if (!res.ok) throw new TicketRejectedError(`the service refused the ticket (${res.status})`);
+          return (await res.json()) as { id: string };
+        },
+      );
+      return { ticket };
+    });
+
+  it('calls the failed operation again with the same key, and the run succeeds when the service does', async () => {
+    const wf = ticketOnce(`ticket-once-${Math.random().toString(36).slice(2)}`);
+    await inProcessWorker(t.engine, ['tickets-once']);
+    service.reject(true);
+    const handle = await t.engine.start(wf, undefined);
+    const key = `once-${handle.runId}`;
+    await expect(handle.result()).rejects.toMatchObject({
+      details: { status: 'FAILED', error: { name: 'StepFailedError', code: 'STEP_FAILED' } },
+    });
+    expect(service.calls.get(key)).toBe(1);
+    const before = await operation(handle.runId);
+    expect(before).toMatchObject({ status: 'FAILED', attempts: 1, error: { name: 'TicketRejectedError', code: 'TICKET_REJECTED' } });
+
+    service.reject(false);
+    await expect(db.pool.query('select runledger.retry_run($1) as status', [handle.runId])).resolves.toMatchObject({
+      rows: [{ status: 'PENDING' }],
+    });
+    const result = await handle.result();
+    expect(result).toEqual({ ticket: { id: service.tickets.get(key) } });
+    expect(service.calls.get(key)).toBe(2);
+    expect(await operation(handle.runId)).toMatchObject({
+      operation_id: before.operation_id,
+      idempotency_key: key,
+      status: 'SUCCEEDED',
+      attempts: 1,
+      error: null,
+    });
+    const [retried] = await events(handle.runId, 'retried');
+    expect(retried.reset_operation).toMatchObject({
+      operation_id: before.operation_id,
+      name: 'create-ticket',
+      idempotency_key: key,
+      attempts: 1,
+      error: { name: 'TicketRejectedError', code: 'TICKET_REJECTED' },
+    });
+  });
+
+  it('a run that fails again after retry_run throws the new failure as a StepFailedError with its name and code', async () => {
+    const wf = ticketOnce(`ticket-once-${Math.random().toString(36).slice(2)}`);
+    await inProcessWorker(t.engine, ['tickets-once']);
+    service.reject(true);
+    const handle = await t.engine.start(wf, undefined);
+    await expect(handle.result()).rejects.toMatchObject({ details: { status: 'FAILED' } });
+    await db.pool.query('select runledger.retry_run($1)', [handle.runId]);
+    const failed = await handle.result().then(
+      () => undefined,
+      (error: unknown) => error as { details: { status: string; error: Record<string, unknown> } },
+    );
+    expect(failed?.details).toMatchObject({
+      status: 'FAILED',
+      error: { name: 'StepFailedError', code: 'STEP_FAILED', message: 'step "create-ticket" failed: the service refused the ticket (422)' },
+    });
+    expect(service.calls.get(`once-${handle.runId}`)).toBe(2);
+    const step = (await t.engine.getRun(handle.runId))?.steps?.find((s) => s.name === 'create-ticket');
+    expect(step?.error).toMatchObject({ name: 'TicketRejectedError', code: 'TICKET_REJECTED' });
   });
 });
 

@@ -1,6 +1,6 @@
 import { flushPending } from '../engine/run/checkpoint.js';
 import type { ZodType } from 'zod';
-import { InvalidInputError, serializeError } from '../engine/core/errors.js';
+import { InvalidInputError, InvalidReconcileAnswerError, serializeError, type SerializedError } from '../engine/core/errors.js';
 import { monotonicMark, msSince } from '../engine/core/duration.js';
 import { committed } from '../engine/run/checkpoint.js';
 import { haltOnDbError } from '../engine/run/halts.js';
@@ -108,7 +108,7 @@ export async function runOperation<T>(
     const startedAt = monotonicMark();
     for (;;) {
       if (!row || exec.haltReason) return exec.suspend();
-      let outcome: { ok: true; value: T } | { ok: false; error: unknown } | undefined;
+      let outcome: Outcome<T> | undefined;
       if (row.status === 'STARTED') {
         try {
           const value = await fn({
@@ -127,15 +127,22 @@ export async function runOperation<T>(
         const value = options.result ? checkResolvedResult(name, row.operation_id, options.result, row.result) : (row.result as T);
         outcome = { ok: true, value };
       } else if (row.status === 'FAILED') {
-        outcome = { ok: false, error: row.error ?? new Error(`operation ${name} failed`) };
+        // Settled FAILED in the ledger (resolve_operation): thrown as a step failure carrying the recorded error.
+        const recordedError = toSerializedError(row.error, name);
+        outcome = { ok: false, error: stepFailure(name, recordedError), recorded: recordedError };
       } else if (options.reconcile) {
-        let answer: ReconcileAnswer<T>;
+        let answer: unknown;
         try {
           answer = await options.reconcile({ idempotencyKey: row.idempotency_key, operationId: row.operation_id });
         } catch {
           answer = { status: 'unknown' };
         }
-        if (answer.status === 'succeeded') {
+        if (!isReconcileAnswer<T>(answer)) {
+          // A bug in reconcile, not an outcome of the call: the ledger stays UNKNOWN, the step fails, no retry.
+          const error = invalidAnswer(name, row, answer);
+          exec.deps.log('error', `run ${exec.runId}: ${error.message}`);
+          outcome = { ok: false, error, keepUnknown: true };
+        } else if (answer.status === 'succeeded') {
           outcome = { ok: true, value: answer.result };
           if (answer.externalResourceId) reconciledResourceId = answer.externalResourceId;
         } else if (answer.status === 'failed')
@@ -149,7 +156,7 @@ export async function runOperation<T>(
       }
       if (exec.haltReason) return exec.suspend();
 
-      if (!outcome.ok && !exec.cancelRequested) {
+      if (!outcome.ok && !outcome.keepUnknown && !exec.cancelRequested) {
         const decision = await decideRetry(exec, policy, { seq, name, kind: 'operation' }, attempt, outcome.error);
         if (decision.kind === 'suspended') return exec.suspend();
         if (decision.kind === 'again') {
@@ -179,6 +186,48 @@ export function checkResolvedResult<T>(name: string, operationId: string, schema
   );
 }
 
+type Outcome<T> =
+  | { ok: true; value: T }
+  /** recorded: the error as the ledger holds it; keepUnknown: the ledger row stays UNKNOWN (invalid reconcile answer). */
+  | { ok: false; error: unknown; recorded?: SerializedError; keepUnknown?: boolean };
+
+const ANSWER_SHAPES = "{ status: 'succeeded', result }, { status: 'failed', error? } or { status: 'unknown' }";
+
+function isReconcileAnswer<T>(answer: unknown): answer is ReconcileAnswer<T> {
+  if (typeof answer !== 'object' || answer === null) return false;
+  const status = (answer as { status?: unknown }).status;
+  return (status === 'succeeded' && 'result' in answer) || status === 'failed' || status === 'unknown';
+}
+
+function invalidAnswer(name: string, row: LedgerRow, answer: unknown): InvalidReconcileAnswerError {
+  let shown: string;
+  try {
+    shown = JSON.stringify(answer) ?? String(answer);
+  } catch {
+    shown = String(answer);
+  }
+  if (shown.length > 200) shown = `${shown.slice(0, 200)}...`;
+  return new InvalidReconcileAnswerError(
+    `reconcile of operation ${JSON.stringify(name)} (${row.operation_id}) answered ${shown}; it must answer ${ANSWER_SHAPES}. The operation stays UNKNOWN.`,
+    { operationId: row.operation_id, idempotencyKey: row.idempotency_key, answer: shown },
+  );
+}
+
+/** The error a ledger row holds (serialised by runledger, or any JSON an operator gave resolve_operation) as a SerializedError. */
+function toSerializedError(error: unknown, name: string): SerializedError {
+  if (error === null || error === undefined) return { name: 'Error', message: `operation ${JSON.stringify(name)} failed` };
+  if (typeof error !== 'object' || Array.isArray(error)) {
+    return { name: 'Error', message: typeof error === 'string' ? error : JSON.stringify(error) };
+  }
+  const e = error as Record<string, unknown>;
+  return {
+    name: typeof e.name === 'string' ? e.name : 'Error',
+    message: typeof e.message === 'string' ? e.message : JSON.stringify(error),
+    ...(typeof e.code === 'string' || typeof e.code === 'number' ? { code: e.code } : {}),
+    ...(typeof e.stack === 'string' ? { stack: e.stack } : {}),
+  };
+}
+
 async function park<T>(exec: Execution, seq: number, operationId: string, retryInMs: number | null): Promise<T> {
   try {
     await exec.deps.pool.query(
@@ -202,13 +251,14 @@ interface Stored<T> {
 async function record<T>(
   exec: Execution,
   at: { seq: number; name: string; operationId: string; key: string; attempt: number; startedAt: number; reconciledResourceId?: string },
-  outcome: { ok: true; value: T } | { ok: false; error: unknown },
+  outcome: Outcome<T>,
   options: OperationOptions<T>,
 ): Promise<Jsonify<T>> {
   let outputText: string | null = null;
   let errorJson: string | null = null;
   let stored: Stored<T> | undefined;
   let failure = outcome.ok ? undefined : outcome.error;
+  let recordedError = outcome.ok ? undefined : outcome.recorded;
   if (outcome.ok) {
     try {
       const encoded = encodeOutput(exec, at.name, outcome.value);
@@ -218,7 +268,10 @@ async function record<T>(
       failure = error;
     }
   }
-  if (failure !== undefined) errorJson = JSON.stringify(serializeError(failure));
+  if (failure !== undefined) {
+    recordedError ??= serializeError(failure);
+    errorJson = JSON.stringify(recordedError);
+  }
   try {
     const result = await exec.deps.pool.query(
       'select run_status from runledger._operation_checkpoint(p_run_id => $1, p_token => $2, p_seq => $3, p_name => $4, p_operation_id => $5, p_status => $6, p_output => $7::jsonb, p_error => $8::jsonb, p_external_resource_id => $9, p_attempts => $10, p_started_ms_ago => $11, p_charge => $12)',
@@ -228,7 +281,7 @@ async function record<T>(
         at.seq,
         at.name,
         at.operationId,
-        failure === undefined ? 'SUCCEEDED' : 'FAILED',
+        failure === undefined ? 'SUCCEEDED' : !outcome.ok && outcome.keepUnknown ? 'UNKNOWN' : 'FAILED',
         outputText,
         errorJson,
         at.reconciledResourceId ?? (stored && options.externalResourceId ? (options.externalResourceId(stored.value) ?? null) : null),
@@ -243,7 +296,7 @@ async function record<T>(
     haltOnDbError(exec, error, at.name);
     return exec.suspend();
   }
-  if (failure !== undefined) throw stepFailure(at.name, serializeError(failure), failure);
+  if (failure !== undefined) throw stepFailure(at.name, recordedError!, outcome.ok || !outcome.recorded ? failure : undefined);
   registerCompensation(exec, at.name, options, stored!);
   return stored!.value;
 }

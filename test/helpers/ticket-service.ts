@@ -7,12 +7,14 @@ import { createServer, type Server } from 'node:http';
  *   POST /tickets?key=K   -> { id }   (the same key returns the same ticket)
  *   GET  /tickets?key=K   -> { id } or 404 (for reconcile)
  *   POST /cancel?key=K    -> compensation calls, counted too
+ * While rejecting (reject(true)), POST /tickets is counted but answers 422 and creates nothing.
  */
 export class TicketService {
   readonly calls = new Map<string, number>();
   readonly tickets = new Map<string, string>();
   readonly cancellations = new Map<string, number>();
   #holdReplies = false;
+  #reject = false;
   #held: Array<() => void> = [];
   #server!: Server;
   url = '';
@@ -28,6 +30,7 @@ export class TicketService {
       };
       if (req.method === 'POST' && url.pathname === '/tickets') {
         service.calls.set(key, (service.calls.get(key) ?? 0) + 1);
+        if (service.#reject) return send(422, { error: 'ticket rejected', code: 'TICKET_REJECTED' });
         if (!service.tickets.has(key)) service.tickets.set(key, `T-${service.tickets.size + 1}`);
         const reply = () => send(201, { id: service.tickets.get(key) });
         if (service.#holdReplies) service.#held.push(reply);
@@ -53,6 +56,11 @@ export class TicketService {
   holdReplies(hold: boolean): void {
     this.#holdReplies = hold;
     if (!hold) for (const reply of this.#held.splice(0)) reply();
+  }
+
+  /** While true, every POST /tickets is refused with 422 (the call is still counted). */
+  reject(reject: boolean): void {
+    this.#reject = reject;
   }
 
   totalCalls(): number {

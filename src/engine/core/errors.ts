@@ -23,7 +23,8 @@ export type ErrorCode =
   | 'NOT_IN_STEP'
   | 'MIGRATION_MISMATCH'
   | 'CONSTRAINT_VIOLATION'
-  | 'STEP_NOT_AWAITED';
+  | 'STEP_NOT_AWAITED'
+  | 'INVALID_RECONCILE_ANSWER';
 
 export class RunledgerError extends Error {
   readonly code: ErrorCode;
@@ -143,6 +144,16 @@ export class StepFailedError extends RunledgerError {
     super('STEP_FAILED', message, { details: { ...recorded } });
     this.originalName = recorded.name;
     this.originalCode = recorded.code;
+  }
+}
+
+/**
+ * A `reconcile` of `ctx.operation` answered something other than the three shapes it may
+ * answer. The operation stays UNKNOWN in the ledger; the operation step fails with it.
+ */
+export class InvalidReconcileAnswerError extends RunledgerError {
+  constructor(message: string, details: Record<string, unknown>) {
+    super('INVALID_RECONCILE_ANSWER', message, { details });
   }
 }
 

@@ -86,7 +86,10 @@ export const STEP_STATUSES = ['SUCCEEDED', 'FAILED', 'WAITING'] as const;
 
 export type StepStatus = (typeof STEP_STATUSES)[number];
 
-/** The operation ledger: STARTED, the intent committed and the call may be in flight; UNKNOWN, its outcome was lost. */
+/**
+ * The operation ledger: STARTED, the intent committed and the call may be in flight; UNKNOWN, its outcome was lost;
+ * PLANNED, a FAILED operation put back by retry_run, to be called again with the same key.
+ */
 export const OPERATION_STATUSES = ['PLANNED', 'STARTED', 'SUCCEEDED', 'FAILED', 'UNKNOWN'] as const;
 
 export type OperationStatus = (typeof OPERATION_STATUSES)[number];
