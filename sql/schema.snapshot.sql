@@ -1087,7 +1087,7 @@ AS $function$
 declare
   v_status text;
 begin
-  perform runledger._fence(p_run_id, p_token);
+  perform runledger._compensation_fence(p_run_id, p_token);
   select compensation_status into v_status from runledger.operations where operation_id = p_operation_id and run_id = p_run_id for update;
   if not found then
     -- A checkpoint copied by fork_run: the operation belongs to the source run, not to this one.
@@ -1102,14 +1102,30 @@ begin
   return v_status; -- DONE or FAILED: never run again
 end;
 $function$;
-COMMENT ON FUNCTION runledger._compensation_begin(text,bigint,text) IS 'Fenced: records that an operation''s compensation starts (a STARTED one left by a crash is run again with the same key); returns DONE or FAILED when it already ran.';
+COMMENT ON FUNCTION runledger._compensation_begin(text,bigint,text) IS 'Fenced by _compensation_fence: records that an operation''s compensation starts (a STARTED one left by a crash is run again with the same key); returns DONE or FAILED when it already ran.';
+
+CREATE OR REPLACE FUNCTION runledger._compensation_fence(p_run_id text, p_token bigint)
+ RETURNS void
+ LANGUAGE plpgsql
+AS $function$
+begin
+  perform 1 from runledger.runs
+   where run_id = p_run_id and fencing_token = p_token and status in ('RUNNING', 'CANCELLING', 'TERMINATED')
+   for update;
+  if not found then
+    raise exception using errcode = 'RL001',
+      message = format('run %s: lease lost (fencing token %s is stale or the run stopped executing)', p_run_id, p_token);
+  end if;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._compensation_fence(text,bigint) IS 'The fence of compensation writes: the run (locked until commit) still carries fencing token p_token and is RUNNING, CANCELLING or TERMINATED (ended by this execution); no deadline check. Else RL001.';
 
 CREATE OR REPLACE FUNCTION runledger._compensation_finish(p_run_id text, p_token bigint, p_operation_id text, p_ok boolean, p_error jsonb)
  RETURNS void
  LANGUAGE plpgsql
 AS $function$
 begin
-  perform runledger._fence(p_run_id, p_token);
+  perform runledger._compensation_fence(p_run_id, p_token);
   update runledger.operations set compensation_status = case when p_ok then 'DONE' else 'FAILED' end, compensation_error = p_error,
          updated_at = runledger.now()
    where operation_id = p_operation_id and run_id = p_run_id;
@@ -1118,7 +1134,7 @@ begin
           jsonb_strip_nulls(jsonb_build_object('operation_id', p_operation_id, 'error', p_error)), p_token);
 end;
 $function$;
-COMMENT ON FUNCTION runledger._compensation_finish(text,bigint,text,boolean,jsonb) IS 'Fenced: records a compensation''s outcome (DONE or FAILED).';
+COMMENT ON FUNCTION runledger._compensation_finish(text,bigint,text,boolean,jsonb) IS 'Fenced by _compensation_fence: records a compensation''s outcome, DONE, or FAILED once the worker''s bounded retries are spent (p_error then has the last error and the attempts).';
 
 CREATE OR REPLACE FUNCTION runledger._complete_run(p_run_id text, p_token bigint, p_output jsonb, p_policy_version text, p_charge numeric DEFAULT 0)
  RETURNS void
