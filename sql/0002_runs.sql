@@ -5,6 +5,7 @@
 --   runledger._check_whole_number(...)             option validation shared by start_run and set_queue
 --   runledger._new_id()                            ULIDs made in SQL
 --   runledger._fence(...)                          the lease check every write of an executing run makes
+--   runledger._made_progress(...)                  did an execution commit a checkpoint (resets recovery attempts)
 --   runledger._started_at(...)                     a step's start on the database clock, from how long ago it started
 --   runledger._checkpoint_row / _checkpoint        fenced checkpoint write
 --   runledger._checkpoint_outcome(...)             resolves a COMMIT whose outcome the client did not see
@@ -228,6 +229,16 @@ end;
 $$;
 comment on function runledger._fence(text, bigint, timestamptz) is
   'Returns the run, locked until commit, if the caller still holds it with this fencing token; else raises RL001 LEASE_LOST. Past the run''s deadline raises RL009, so nothing commits after it.';
+
+-- Progress, for recovery attempts: the execution holding this fencing token committed
+-- at least one checkpoint (the row of a durable retry backoff, WAITING, is not one).
+create function runledger._made_progress(p_run_id text, p_token bigint) returns boolean
+language sql stable as $$
+  select exists (select 1 from runledger.steps s
+                  where s.run_id = p_run_id and s.fencing_token = p_token and s.status in ('SUCCEEDED', 'FAILED'))
+$$;
+comment on function runledger._made_progress(text, bigint) is
+  'True when the execution holding fencing token p_token committed a checkpoint (SUCCEEDED or FAILED step): the progress that resets recovery_attempts when that execution is recovered or released.';
 
 -- The checkpoint's body returns the run row read by the fence, so a caller that goes on
 -- to finish the run (_complete_with_checkpoint, group commit) need not read it again.
@@ -480,6 +491,10 @@ begin
   if not found then
     return false;
   end if;
+  if p_counts_attempt and runledger._made_progress(p_run_id, p_token) then
+    -- As in _recover_expired: the count is of failures since the run last made progress.
+    v_run.recovery_attempts := 0;
+  end if;
   if p_counts_attempt and v_run.recovery_attempts + 1 > v_run.max_recovery_attempts then
     -- An execution that keeps failing for infrastructure reasons must not loop forever.
     perform runledger._finish_run(p_run_id, p_token, 'DEAD_LETTER', 'MAX_RECOVERY_ATTEMPTS', null, null,
@@ -490,7 +505,7 @@ begin
   end if;
   update runledger.runs
      set status = 'PENDING', lease_owner = null, lease_expires_at = null, updated_at = v_now,
-         recovery_attempts = recovery_attempts + case when p_counts_attempt then 1 else 0 end
+         recovery_attempts = v_run.recovery_attempts + case when p_counts_attempt then 1 else 0 end
    where run_id = p_run_id;
   insert into runledger.events (run_id, kind, detail, fencing_token, at)
   values (p_run_id, 'released', jsonb_build_object('reason', p_reason, 'delay_ms', p_delay_ms, 'counts_attempt', p_counts_attempt), p_token, v_now);
@@ -499,6 +514,6 @@ begin
 end;
 $$;
 comment on function runledger._release_run(text, bigint, int, text, boolean) is
-  'A worker gives a run back: RUNNING -> PENDING, re-dispatched after p_delay_ms. A graceful stop does not count a recovery attempt; an infrastructure failure does (p_counts_attempt), and past max_recovery_attempts the run is dead-lettered instead.';
+  'A worker gives a run back: RUNNING -> PENDING, re-dispatched after p_delay_ms. A graceful stop does not count a recovery attempt; an infrastructure failure does (p_counts_attempt; counting again from 1 when this execution committed a checkpoint, _made_progress), and past max_recovery_attempts the run is dead-lettered instead.';
 
 insert into runledger.migrations (version, name) values (2, '0002_runs');

@@ -92,6 +92,7 @@ declare
   v_now   timestamptz := runledger.now();
   v_run   runledger.runs;
   v_count int := 0;
+  v_attempts int;
 begin
   -- SKIP LOCKED: several workers sweep at once without blocking on each other or on
   -- a run whose owner is committing a checkpoint right now.
@@ -118,33 +119,33 @@ begin
       perform runledger._finish_run(v_run.run_id, v_run.fencing_token, 'CANCELLED', 'CANCELLED', null, null,
         jsonb_build_object('reason', v_run.cancel_reason, 'requested_at', v_run.cancel_requested_at,
                            'completed_by', 'recovery', 'last_owner', v_run.lease_owner), null);
-    elsif v_run.recovery_attempts + 1 > v_run.max_recovery_attempts then
-      update runledger.runs
-         set status = 'DEAD_LETTER', finished_at = v_now, updated_at = v_now,
-             lease_owner = null, lease_expires_at = null,
-             termination_reason = 'MAX_RECOVERY_ATTEMPTS', terminated_at = v_now,
-             termination_evidence = jsonb_build_object(
-               'recovery_attempts', v_run.recovery_attempts,
-               'max_recovery_attempts', v_run.max_recovery_attempts,
-               'last_owner', v_run.lease_owner,
-               'lease_expired_at', v_run.lease_expires_at),
-             policy_version = coalesce(v_run.policy_version, 'runledger/1')
-       where run_id = v_run.run_id;
-      insert into runledger.events (run_id, kind, detail, fencing_token, at)
-      values (v_run.run_id, 'dead_lettered',
-              jsonb_build_object('reason', 'MAX_RECOVERY_ATTEMPTS', 'recovery_attempts', v_run.recovery_attempts,
-                                 'last_owner', v_run.lease_owner), v_run.fencing_token, v_now);
-      perform runledger._wake_parent(v_run.run_id);
     else
-      update runledger.runs
-         set status = 'PENDING', recovery_attempts = v_run.recovery_attempts + 1, updated_at = v_now,
-             lease_owner = null, lease_expires_at = null
-       where run_id = v_run.run_id;
-      insert into runledger.events (run_id, kind, detail, fencing_token, at)
-      values (v_run.run_id, 'lease_expired',
-              jsonb_build_object('last_owner', v_run.lease_owner, 'lease_expired_at', v_run.lease_expires_at,
-                                 'recovery_attempt', v_run.recovery_attempts + 1), v_run.fencing_token, v_now);
-      perform runledger._make_runnable(v_run.run_id, 0);
+      -- Attempts count the lease expiries since the run last made progress: an execution
+      -- that committed a checkpoint under its fencing token starts the count again.
+      v_attempts := case when runledger._made_progress(v_run.run_id, v_run.fencing_token) then 0 else v_run.recovery_attempts end;
+      if v_attempts + 1 > v_run.max_recovery_attempts then
+        -- Through _finish_run (and _finished): the event, the parent's wake-up and the
+        -- admission of the next run of a limited queue, in this transaction.
+        perform runledger._finish_run(v_run.run_id, v_run.fencing_token, 'DEAD_LETTER', 'MAX_RECOVERY_ATTEMPTS', null, null,
+          jsonb_build_object(
+            'recovery_attempts', v_attempts,
+            'max_recovery_attempts', v_run.max_recovery_attempts,
+            'last_owner', v_run.lease_owner,
+            'lease_expired_at', v_run.lease_expires_at),
+          'runledger/1');
+      else
+        update runledger.runs
+           set status = 'PENDING', recovery_attempts = v_attempts + 1, updated_at = v_now,
+               lease_owner = null, lease_expires_at = null
+         where run_id = v_run.run_id;
+        insert into runledger.events (run_id, kind, detail, fencing_token, at)
+        values (v_run.run_id, 'lease_expired',
+                jsonb_strip_nulls(jsonb_build_object('last_owner', v_run.lease_owner, 'lease_expired_at', v_run.lease_expires_at,
+                                   'recovery_attempt', v_attempts + 1,
+                                   'progress_reset', case when v_attempts <> v_run.recovery_attempts then true end)),
+                v_run.fencing_token, v_now);
+        perform runledger._make_runnable(v_run.run_id, 0);
+      end if;
     end if;
   end loop;
 
@@ -155,7 +156,7 @@ begin
 end;
 $$;
 comment on function runledger._recover_expired(int) is
-  'Sweeper, run by every live worker: each RUNNING run whose lease expired goes back to PENDING counting one recovery attempt and is re-dispatched, or, past max_recovery_attempts, to DEAD_LETTER with its termination record; a CANCELLING one is ended CANCELLED. Marks silent workers stopped. Returns how many runs it handled.';
+  'Sweeper, run by every live worker: each RUNNING run whose lease expired goes back to PENDING counting one recovery attempt and is re-dispatched, or, past max_recovery_attempts, to DEAD_LETTER with its termination record (through _finish_run: parent woken, queue slot freed). Attempts count expiries since the last progress: an expired execution that committed a checkpoint under its fencing token (_made_progress) starts the count again at 1. A CANCELLING one is ended CANCELLED. Marks silent workers stopped. Returns how many runs it handled.';
 
 create function runledger.retry_run(p_run_id text) returns text
 language plpgsql volatile as $$

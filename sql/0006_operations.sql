@@ -11,7 +11,8 @@
 --   runledger._record_retry       counts a retry against the run's retry budget, with its error
 --   runledger._retry_wait         a long backoff as a durable wait: the worker is freed
 --   runledger._heartbeat_step     a long step renews its run's lease and stores its progress
---   runledger._compensation_*     saga compensations, each recorded so none runs twice
+--   runledger._compensation_*     saga compensations, each recorded so none runs twice (own fence: past
+--                                 the deadline, and after the run ended TERMINATED by this execution)
 --
 -- Its view runledger.unknown_operations (what is UNKNOWN now, for which run, since when)
 -- is in 0010_views.sql.
@@ -276,13 +277,31 @@ $$;
 comment on function runledger._heartbeat_step(text, bigint, int, jsonb, int) is
   'Fenced: a long step proves it is alive: renews its run''s lease and stores its progress. Returns the run status (CANCELLING tells the step to stop).';
 
+-- Compensations are fenced by the token alone: the undo of a run's effects may still be
+-- recorded past its deadline, and by the execution that just ended the run TERMINATED
+-- (no other execution can hold that token: a terminal run is never claimed).
+create function runledger._compensation_fence(p_run_id text, p_token bigint) returns void
+language plpgsql volatile as $$
+begin
+  perform 1 from runledger.runs
+   where run_id = p_run_id and fencing_token = p_token and status in ('RUNNING', 'CANCELLING', 'TERMINATED')
+   for update;
+  if not found then
+    raise exception using errcode = 'RL001',
+      message = format('run %s: lease lost (fencing token %s is stale or the run stopped executing)', p_run_id, p_token);
+  end if;
+end;
+$$;
+comment on function runledger._compensation_fence(text, bigint) is
+  'The fence of compensation writes: the run (locked until commit) still carries fencing token p_token and is RUNNING, CANCELLING or TERMINATED (ended by this execution); no deadline check. Else RL001.';
+
 create function runledger._compensation_begin(p_run_id text, p_token bigint, p_operation_id text) returns text
 language plpgsql volatile as $$
 declare
   v_status text;
   v_reused boolean;
 begin
-  perform runledger._fence(p_run_id, p_token);
+  perform runledger._compensation_fence(p_run_id, p_token);
   select compensation_status, prior_operation_id is not null and attempts = 0 into v_status, v_reused
     from runledger.operations where operation_id = p_operation_id and run_id = p_run_id for update;
   if not found then
@@ -303,12 +322,12 @@ begin
 end;
 $$;
 comment on function runledger._compensation_begin(text, bigint, text) is
-  'Fenced: records that an operation''s compensation starts (a STARTED one left by a crash is run again with the same key); returns DONE or FAILED when it already ran, NOT_THIS_RUN or REUSED for an operation that belongs to an ancestor run (fork_run).';
+  'Fenced by _compensation_fence: records that an operation''s compensation starts (a STARTED one left by a crash is run again with the same key); returns DONE or FAILED when it already ran, NOT_THIS_RUN or REUSED for an operation that belongs to an ancestor run (fork_run).';
 
 create function runledger._compensation_finish(p_run_id text, p_token bigint, p_operation_id text, p_ok boolean, p_error jsonb) returns void
 language plpgsql volatile as $$
 begin
-  perform runledger._fence(p_run_id, p_token);
+  perform runledger._compensation_fence(p_run_id, p_token);
   update runledger.operations set compensation_status = case when p_ok then 'DONE' else 'FAILED' end, compensation_error = p_error,
          updated_at = runledger.now()
    where operation_id = p_operation_id and run_id = p_run_id;
@@ -317,7 +336,8 @@ begin
           jsonb_strip_nulls(jsonb_build_object('operation_id', p_operation_id, 'error', p_error)), p_token);
 end;
 $$;
-comment on function runledger._compensation_finish(text, bigint, text, boolean, jsonb) is 'Fenced: records a compensation''s outcome (DONE or FAILED).';
+comment on function runledger._compensation_finish(text, bigint, text, boolean, jsonb) is
+  'Fenced by _compensation_fence: records a compensation''s outcome, DONE, or FAILED once the worker''s bounded retries are spent (p_error then has the last error and the attempts).';
 
 create function runledger._operation_checkpoint(
   p_run_id text, p_token bigint, p_seq int, p_name text, p_operation_id text, p_status text,

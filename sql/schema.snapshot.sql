@@ -1088,7 +1088,7 @@ declare
   v_status text;
   v_reused boolean;
 begin
-  perform runledger._fence(p_run_id, p_token);
+  perform runledger._compensation_fence(p_run_id, p_token);
   select compensation_status, prior_operation_id is not null and attempts = 0 into v_status, v_reused
     from runledger.operations where operation_id = p_operation_id and run_id = p_run_id for update;
   if not found then
@@ -1108,14 +1108,30 @@ begin
   return v_status; -- DONE or FAILED: never run again
 end;
 $function$;
-COMMENT ON FUNCTION runledger._compensation_begin(text,bigint,text) IS 'Fenced: records that an operation''s compensation starts (a STARTED one left by a crash is run again with the same key); returns DONE or FAILED when it already ran, NOT_THIS_RUN or REUSED for an operation that belongs to an ancestor run (fork_run).';
+COMMENT ON FUNCTION runledger._compensation_begin(text,bigint,text) IS 'Fenced by _compensation_fence: records that an operation''s compensation starts (a STARTED one left by a crash is run again with the same key); returns DONE or FAILED when it already ran, NOT_THIS_RUN or REUSED for an operation that belongs to an ancestor run (fork_run).';
+
+CREATE OR REPLACE FUNCTION runledger._compensation_fence(p_run_id text, p_token bigint)
+ RETURNS void
+ LANGUAGE plpgsql
+AS $function$
+begin
+  perform 1 from runledger.runs
+   where run_id = p_run_id and fencing_token = p_token and status in ('RUNNING', 'CANCELLING', 'TERMINATED')
+   for update;
+  if not found then
+    raise exception using errcode = 'RL001',
+      message = format('run %s: lease lost (fencing token %s is stale or the run stopped executing)', p_run_id, p_token);
+  end if;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._compensation_fence(text,bigint) IS 'The fence of compensation writes: the run (locked until commit) still carries fencing token p_token and is RUNNING, CANCELLING or TERMINATED (ended by this execution); no deadline check. Else RL001.';
 
 CREATE OR REPLACE FUNCTION runledger._compensation_finish(p_run_id text, p_token bigint, p_operation_id text, p_ok boolean, p_error jsonb)
  RETURNS void
  LANGUAGE plpgsql
 AS $function$
 begin
-  perform runledger._fence(p_run_id, p_token);
+  perform runledger._compensation_fence(p_run_id, p_token);
   update runledger.operations set compensation_status = case when p_ok then 'DONE' else 'FAILED' end, compensation_error = p_error,
          updated_at = runledger.now()
    where operation_id = p_operation_id and run_id = p_run_id;
@@ -1124,7 +1140,7 @@ begin
           jsonb_strip_nulls(jsonb_build_object('operation_id', p_operation_id, 'error', p_error)), p_token);
 end;
 $function$;
-COMMENT ON FUNCTION runledger._compensation_finish(text,bigint,text,boolean,jsonb) IS 'Fenced: records a compensation''s outcome (DONE or FAILED).';
+COMMENT ON FUNCTION runledger._compensation_finish(text,bigint,text,boolean,jsonb) IS 'Fenced by _compensation_fence: records a compensation''s outcome, DONE, or FAILED once the worker''s bounded retries are spent (p_error then has the last error and the attempts).';
 
 CREATE OR REPLACE FUNCTION runledger._complete_run(p_run_id text, p_token bigint, p_output jsonb, p_policy_version text, p_charge numeric DEFAULT 0)
  RETURNS void
@@ -1434,6 +1450,16 @@ end;
 $function$;
 COMMENT ON FUNCTION runledger._heartbeat_step(text,bigint,integer,jsonb,integer) IS 'Fenced: a long step proves it is alive: renews its run''s lease and stores its progress. Returns the run status (CANCELLING tells the step to stop).';
 
+CREATE OR REPLACE FUNCTION runledger._made_progress(p_run_id text, p_token bigint)
+ RETURNS boolean
+ LANGUAGE sql
+ STABLE
+AS $function$
+  select exists (select 1 from runledger.steps s
+                  where s.run_id = p_run_id and s.fencing_token = p_token and s.status in ('SUCCEEDED', 'FAILED'))
+$function$;
+COMMENT ON FUNCTION runledger._made_progress(text,bigint) IS 'True when the execution holding fencing token p_token committed a checkpoint (SUCCEEDED or FAILED step): the progress that resets recovery_attempts when that execution is recovered or released.';
+
 CREATE OR REPLACE FUNCTION runledger._make_runnable(p_run_id text, p_delay_ms integer DEFAULT 0)
  RETURNS void
  LANGUAGE plpgsql
@@ -1669,6 +1695,7 @@ declare
   v_now   timestamptz := runledger.now();
   v_run   runledger.runs;
   v_count int := 0;
+  v_attempts int;
 begin
   -- SKIP LOCKED: several workers sweep at once without blocking on each other or on
   -- a run whose owner is committing a checkpoint right now.
@@ -1695,33 +1722,33 @@ begin
       perform runledger._finish_run(v_run.run_id, v_run.fencing_token, 'CANCELLED', 'CANCELLED', null, null,
         jsonb_build_object('reason', v_run.cancel_reason, 'requested_at', v_run.cancel_requested_at,
                            'completed_by', 'recovery', 'last_owner', v_run.lease_owner), null);
-    elsif v_run.recovery_attempts + 1 > v_run.max_recovery_attempts then
-      update runledger.runs
-         set status = 'DEAD_LETTER', finished_at = v_now, updated_at = v_now,
-             lease_owner = null, lease_expires_at = null,
-             termination_reason = 'MAX_RECOVERY_ATTEMPTS', terminated_at = v_now,
-             termination_evidence = jsonb_build_object(
-               'recovery_attempts', v_run.recovery_attempts,
-               'max_recovery_attempts', v_run.max_recovery_attempts,
-               'last_owner', v_run.lease_owner,
-               'lease_expired_at', v_run.lease_expires_at),
-             policy_version = coalesce(v_run.policy_version, 'runledger/1')
-       where run_id = v_run.run_id;
-      insert into runledger.events (run_id, kind, detail, fencing_token, at)
-      values (v_run.run_id, 'dead_lettered',
-              jsonb_build_object('reason', 'MAX_RECOVERY_ATTEMPTS', 'recovery_attempts', v_run.recovery_attempts,
-                                 'last_owner', v_run.lease_owner), v_run.fencing_token, v_now);
-      perform runledger._wake_parent(v_run.run_id);
     else
-      update runledger.runs
-         set status = 'PENDING', recovery_attempts = v_run.recovery_attempts + 1, updated_at = v_now,
-             lease_owner = null, lease_expires_at = null
-       where run_id = v_run.run_id;
-      insert into runledger.events (run_id, kind, detail, fencing_token, at)
-      values (v_run.run_id, 'lease_expired',
-              jsonb_build_object('last_owner', v_run.lease_owner, 'lease_expired_at', v_run.lease_expires_at,
-                                 'recovery_attempt', v_run.recovery_attempts + 1), v_run.fencing_token, v_now);
-      perform runledger._make_runnable(v_run.run_id, 0);
+      -- Attempts count the lease expiries since the run last made progress: an execution
+      -- that committed a checkpoint under its fencing token starts the count again.
+      v_attempts := case when runledger._made_progress(v_run.run_id, v_run.fencing_token) then 0 else v_run.recovery_attempts end;
+      if v_attempts + 1 > v_run.max_recovery_attempts then
+        -- Through _finish_run (and _finished): the event, the parent's wake-up and the
+        -- admission of the next run of a limited queue, in this transaction.
+        perform runledger._finish_run(v_run.run_id, v_run.fencing_token, 'DEAD_LETTER', 'MAX_RECOVERY_ATTEMPTS', null, null,
+          jsonb_build_object(
+            'recovery_attempts', v_attempts,
+            'max_recovery_attempts', v_run.max_recovery_attempts,
+            'last_owner', v_run.lease_owner,
+            'lease_expired_at', v_run.lease_expires_at),
+          'runledger/1');
+      else
+        update runledger.runs
+           set status = 'PENDING', recovery_attempts = v_attempts + 1, updated_at = v_now,
+               lease_owner = null, lease_expires_at = null
+         where run_id = v_run.run_id;
+        insert into runledger.events (run_id, kind, detail, fencing_token, at)
+        values (v_run.run_id, 'lease_expired',
+                jsonb_strip_nulls(jsonb_build_object('last_owner', v_run.lease_owner, 'lease_expired_at', v_run.lease_expires_at,
+                                   'recovery_attempt', v_attempts + 1,
+                                   'progress_reset', case when v_attempts <> v_run.recovery_attempts then true end)),
+                v_run.fencing_token, v_now);
+        perform runledger._make_runnable(v_run.run_id, 0);
+      end if;
     end if;
   end loop;
 
@@ -1731,7 +1758,7 @@ begin
   return v_count;
 end;
 $function$;
-COMMENT ON FUNCTION runledger._recover_expired(integer) IS 'Sweeper, run by every live worker: each RUNNING run whose lease expired goes back to PENDING counting one recovery attempt and is re-dispatched, or, past max_recovery_attempts, to DEAD_LETTER with its termination record; a CANCELLING one is ended CANCELLED. Marks silent workers stopped. Returns how many runs it handled.';
+COMMENT ON FUNCTION runledger._recover_expired(integer) IS 'Sweeper, run by every live worker: each RUNNING run whose lease expired goes back to PENDING counting one recovery attempt and is re-dispatched, or, past max_recovery_attempts, to DEAD_LETTER with its termination record (through _finish_run: parent woken, queue slot freed). Attempts count expiries since the last progress: an expired execution that committed a checkpoint under its fencing token (_made_progress) starts the count again at 1. A CANCELLING one is ended CANCELLED. Marks silent workers stopped. Returns how many runs it handled.';
 
 CREATE OR REPLACE FUNCTION runledger._register_worker(p_worker_id text, p_host text, p_pid integer, p_workflows text[], p_queues text[], p_concurrency integer, p_lease_ms integer)
  RETURNS void
@@ -1770,6 +1797,10 @@ begin
   if not found then
     return false;
   end if;
+  if p_counts_attempt and runledger._made_progress(p_run_id, p_token) then
+    -- As in _recover_expired: the count is of failures since the run last made progress.
+    v_run.recovery_attempts := 0;
+  end if;
   if p_counts_attempt and v_run.recovery_attempts + 1 > v_run.max_recovery_attempts then
     -- An execution that keeps failing for infrastructure reasons must not loop forever.
     perform runledger._finish_run(p_run_id, p_token, 'DEAD_LETTER', 'MAX_RECOVERY_ATTEMPTS', null, null,
@@ -1780,7 +1811,7 @@ begin
   end if;
   update runledger.runs
      set status = 'PENDING', lease_owner = null, lease_expires_at = null, updated_at = v_now,
-         recovery_attempts = recovery_attempts + case when p_counts_attempt then 1 else 0 end
+         recovery_attempts = v_run.recovery_attempts + case when p_counts_attempt then 1 else 0 end
    where run_id = p_run_id;
   insert into runledger.events (run_id, kind, detail, fencing_token, at)
   values (p_run_id, 'released', jsonb_build_object('reason', p_reason, 'delay_ms', p_delay_ms, 'counts_attempt', p_counts_attempt), p_token, v_now);
@@ -1788,7 +1819,7 @@ begin
   return true;
 end;
 $function$;
-COMMENT ON FUNCTION runledger._release_run(text,bigint,integer,text,boolean) IS 'A worker gives a run back: RUNNING -> PENDING, re-dispatched after p_delay_ms. A graceful stop does not count a recovery attempt; an infrastructure failure does (p_counts_attempt), and past max_recovery_attempts the run is dead-lettered instead.';
+COMMENT ON FUNCTION runledger._release_run(text,bigint,integer,text,boolean) IS 'A worker gives a run back: RUNNING -> PENDING, re-dispatched after p_delay_ms. A graceful stop does not count a recovery attempt; an infrastructure failure does (p_counts_attempt; counting again from 1 when this execution committed a checkpoint, _made_progress), and past max_recovery_attempts the run is dead-lettered instead.';
 
 CREATE OR REPLACE FUNCTION runledger._retry_wait(p_run_id text, p_token bigint, p_seq integer, p_name text, p_kind text, p_attempt integer, p_delay_ms integer)
  RETURNS void

@@ -257,6 +257,37 @@ describe('poison run', () => {
   });
 });
 
+describe('a long run that keeps making progress', () => {
+  it('survives more worker deaths than maxRecoveryAttempts when each dead worker committed a checkpoint', async () => {
+    await db.pool.query(`insert into fault_switch values ('between', true)`);
+    const handle = await t.engine.start(t.fixtures.marathon, undefined);
+    const finished = async () =>
+      (await db.pool.query(`select 1 from runledger.runs where run_id = $1 and runledger.is_terminal(status)`, [handle.runId])).rowCount ===
+      1;
+    // Legs 2 to 5 each kill the worker that first runs them: four deaths, with max_recovery_attempts 2.
+    let deaths = 0;
+    for (let i = 0; i < 8 && !(await finished()); i++) {
+      const w = await worker();
+      const exit = await Promise.race([w.exited, waitFor('run finished', finished).then(() => undefined)]);
+      if (exit?.signal === 'SIGKILL') deaths++;
+    }
+    const run = await t.engine.getRun(handle.runId);
+    expect(run).toMatchObject({ status: 'SUCCEEDED', output: 15, recoveryAttempts: 1 });
+    expect(deaths).toBe(4);
+    const legs = await db.pool.query(`select step, count(*)::int as n from step_executions where run_id = $1 group by 1 order by 1`, [
+      handle.runId,
+    ]);
+    // Each leg after the first ran twice (the death, then the recovery); no recorded leg ran again.
+    expect(legs.rows).toEqual([
+      { step: 'leg-1', n: 1 },
+      { step: 'leg-2', n: 2 },
+      { step: 'leg-3', n: 2 },
+      { step: 'leg-4', n: 2 },
+      { step: 'leg-5', n: 2 },
+    ]);
+  });
+});
+
 describe('many workers racing', () => {
   it('1,200 runs over 3 worker processes: every run completes, every checkpoint is written once', async () => {
     await db.pool.query(`select runledger._register_workflow('noop', '1', 'default', 10)`);

@@ -458,6 +458,41 @@ describe('compensation', () => {
     expect(service.calls.get(`charge-${handle.runId}`)).toBe(1);
   });
 
+  it('a compensation that throws is tried again (3 attempts with backoff) before it is recorded FAILED', async () => {
+    const tries = new Map<string, number>();
+    const flaky = (name: string, failures: number) => ({
+      compensate: () => {
+        const n = (tries.get(name) ?? 0) + 1;
+        tries.set(name, n);
+        if (n <= failures) throw new Error(`${name} refund service down (try ${n})`);
+      },
+    });
+    const wf = t.engine.workflow({ name: 'flaky-saga', queue: 'flaky-saga' }, async (ctx) => {
+      await ctx.operation('hold', { ...flaky('hold', 5) }, async () => 'h');
+      await ctx.operation('pay', { ...flaky('pay', 2) }, async () => 'p');
+      await ctx.step('ship', () => {
+        throw new NonRetryableError('warehouse closed');
+      });
+    });
+    await inProcessWorker(t.engine, ['flaky-saga']);
+    const handle = await t.engine.start(wf, undefined);
+    await expect(handle.result({ timeoutMs: 20_000 })).rejects.toMatchObject({ details: { status: 'FAILED' } });
+    // pay failed twice, then its third try succeeded; hold failed all three and is FAILED.
+    expect(Object.fromEntries(tries)).toEqual({ pay: 3, hold: 3 });
+    const ops = await db.pool.query(
+      'select name, compensation_status, compensation_error from runledger.operations where run_id = $1 order by seq',
+      [handle.runId],
+    );
+    expect(ops.rows.map((o) => [o.name, o.compensation_status])).toEqual([
+      ['hold', 'FAILED'],
+      ['pay', 'DONE'],
+    ]);
+    expect(ops.rows[0].compensation_error).toMatchObject({ message: 'hold refund service down (try 3)', attempts: 3 });
+    expect((await runRow(handle.runId)).error.compensationFailures).toEqual([
+      { operation: 'hold', error: expect.objectContaining({ message: 'hold refund service down (try 3)', attempts: 3 }) },
+    ]);
+  });
+
   it('cancelling a run compensates what it already did', async () => {
     const wf = t.engine.workflow({ name: 'cancel-saga', queue: 'cancel-saga' }, async (ctx) => {
       await ctx.operation(

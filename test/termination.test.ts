@@ -191,6 +191,48 @@ describe('max steps and budget', () => {
   });
 });
 
+describe('compensations of a terminated run', () => {
+  const compensable = (name: string, undone: string[]) => ({
+    compensate: ({ idempotencyKey }: { idempotencyKey: string }) => void undone.push(`${name} ${idempotencyKey}`),
+  });
+  const compensationStatus = async (runId: string) =>
+    (await db.pool.query('select name, compensation_status from runledger.operations where run_id = $1 order by seq', [runId])).rows;
+
+  it('MAX_STEPS: what the run did is undone, newest first, once each', async () => {
+    const undone: string[] = [];
+    const wf = t.engine.workflow({ name: 'limited-saga', queue: 'limits', limits: { maxSteps: 3 } }, async (ctx) => {
+      await ctx.operation('reserve', { idempotencyKey: `r-${ctx.runId}`, ...compensable('reserve', undone) }, async () => 'r');
+      await ctx.operation('charge', { idempotencyKey: `c-${ctx.runId}`, ...compensable('charge', undone) }, async () => 'c');
+      for (let i = 0; i < 10; i++) await ctx.step(`s${i}`, () => i);
+      return 'finished';
+    });
+    await worker('limits');
+    const handle = await t.engine.start(wf, undefined);
+    await expect(handle.result()).rejects.toMatchObject({ details: { status: 'TERMINATED', terminationReason: 'MAX_STEPS' } });
+    await waitFor('compensated', async () => (await compensationStatus(handle.runId)).every((o) => o.compensation_status === 'DONE'));
+    expect(undone).toEqual([`charge c-${handle.runId}:compensate`, `reserve r-${handle.runId}:compensate`]);
+    expect(await eventKinds(handle.runId)).toEqual(expect.arrayContaining(['max_steps', 'compensation_started', 'compensated']));
+  });
+
+  it('BUDGET (ended by the checkpoint that spent it): the operation before it is undone', async () => {
+    const undone: string[] = [];
+    const wf = t.engine.workflow({ name: 'spending-saga', queue: 'limits', limits: { budget: 10 } }, async (ctx) => {
+      await ctx.operation('book', { idempotencyKey: `b-${ctx.runId}`, ...compensable('book', undone) }, async () => 'b');
+      await ctx.step('llm', async () => {
+        ctx.charge(40);
+        return 'answer';
+      });
+      await ctx.step('never', () => 'not reached');
+      return 'done';
+    });
+    await worker('limits');
+    const handle = await t.engine.start(wf, undefined);
+    await expect(handle.result()).rejects.toMatchObject({ details: { status: 'TERMINATED', terminationReason: 'BUDGET' } });
+    await waitFor('compensated', async () => (await compensationStatus(handle.runId))[0]?.compensation_status === 'DONE');
+    expect(undone).toEqual([`book b-${handle.runId}:compensate`]);
+  });
+});
+
 describe('cancellation', () => {
   it('cancel while a step runs: no new step starts, the in-flight result is kept, children are cancelled, the run ends CANCELLED', async () => {
     const child = t.engine.workflow({ name: 'helper-child', queue: 'cancel' }, async (ctx) => ctx.waitForSignal('go'));

@@ -9,7 +9,7 @@
 import { describe, expect, it } from 'vitest';
 import { useTestEngine } from '../helpers/test-engine.js';
 import { sessionHelpers, setNow } from '../helpers/session.js';
-import { runHelpers, registerWorkflowW } from '../helpers/runs.js';
+import { newRunId, runHelpers, registerWorkflowW } from '../helpers/runs.js';
 import { claimHelpers } from '../helpers/claim.js';
 import { checkpointHelpers } from '../helpers/checkpoint.js';
 import { notifyHelpers } from '../helpers/notify.js';
@@ -111,10 +111,12 @@ describe('runledger._recover_expired', () => {
       expect(run?.terminated_at.toISOString()).toBe(at(t + 2));
       expect(run?.termination_evidence).toMatchObject({ recovery_attempts: 3, max_recovery_attempts: 3, last_owner: 'wk-last' });
       expect(new Date(run?.termination_evidence.lease_expired_at).toISOString()).toBe(at(t + 1));
+      // The event every move to a terminal status writes (_finished), with the evidence.
       expect((await events(runId)).at(-1)).toEqual({
         kind: 'dead_lettered',
-        detail: { reason: 'MAX_RECOVERY_ATTEMPTS', recovery_attempts: 3, last_owner: 'wk-last' },
+        detail: { status: 'DEAD_LETTER', reason: 'MAX_RECOVERY_ATTEMPTS', evidence: run?.termination_evidence },
       });
+      expect(run?.termination_evidence).toMatchObject({ recovery_attempts: 3, last_owner: 'wk-last' });
       // Out of the automatic path: not announced, and no worker claims it.
       expect(payloads).toEqual([]);
       expect((await claimable(runId, { on: client })).claimed).toBe(false);
@@ -134,6 +136,53 @@ describe('runledger._recover_expired', () => {
       ]);
       const active = await db.pool.query('select 1 from runledger.active where run_id = $1', [runId]);
       expect(active.rows).toEqual([]);
+    });
+  });
+
+  it('a dead-lettered run frees its queue slot in the same sweep: the next run of a queue with concurrency 1 is admitted', async () => {
+    await session(async (client) => {
+      const base = Date.parse('2002-06-01T00:00:00Z');
+      const at = (seconds: number) => new Date(base + seconds * 1000).toISOString();
+      const queue = newRunId('rec-slot');
+      await client.query(`select runledger.set_queue($1, '{"concurrency": 1}')`, [queue]);
+      await setNow(client, at(0));
+      const doomed = await startRun({ queue, max_recovery_attempts: 0 }, {}, client);
+      await claimOne(doomed, 'wk-dies', 1_000, client);
+      const next = await startRun({ queue }, {}, client);
+      expect(await getRun(next)).toMatchObject({ status: 'PENDING', admitted: false });
+
+      await setNow(client, at(2));
+      expect((await client.query('select runledger._recover_expired() as n')).rows[0].n).toBe(1);
+      expect(await getRun(doomed)).toMatchObject({ status: 'DEAD_LETTER', termination_reason: 'MAX_RECOVERY_ATTEMPTS' });
+      // No second sweep (_admit_all) needed: the slot was given to the next run right away.
+      expect(await getRun(next)).toMatchObject({ status: 'PENDING', admitted: true });
+      expect((await claimable(next, { on: client })).claimed).toBe(true);
+    });
+  });
+
+  it('counts recovery attempts since the last progress: an execution that committed a checkpoint starts the count again', async () => {
+    await session(async (client) => {
+      const base = Date.parse('2002-09-01T00:00:00Z');
+      const at = (seconds: number) => new Date(base + seconds * 1000).toISOString();
+      const runId = await startRun({ max_recovery_attempts: 1 }, {}, client);
+      // Three executions in a row, each commits one checkpoint under its token and dies.
+      for (let seq = 0; seq < 3; seq++) {
+        await setNow(client, at(seq * 10));
+        const claimed = await claimOne(runId, `wk-${seq}`, 1_000, client);
+        await checkpoint(runId, claimed.fencing_token, seq, `s${seq}`, { on: client });
+        await setNow(client, at(seq * 10 + 2));
+        await client.query('select runledger._recover_expired()');
+        expect(await getRun(runId)).toMatchObject({ status: 'PENDING', recovery_attempts: 1 });
+      }
+      expect((await events(runId)).at(-1)).toMatchObject({ kind: 'lease_expired', detail: { recovery_attempt: 1, progress_reset: true } });
+      // An execution that commits nothing is not progress: the next expiry is the second in a row.
+      await setNow(client, at(40));
+      await claimOne(runId, 'wk-idle', 1_000, client);
+      await setNow(client, at(42));
+      await client.query('select runledger._recover_expired()');
+      const run = await getRun(runId);
+      expect(run).toMatchObject({ status: 'DEAD_LETTER', termination_reason: 'MAX_RECOVERY_ATTEMPTS', recovery_attempts: 1 });
+      expect(run?.termination_evidence).toMatchObject({ recovery_attempts: 1, max_recovery_attempts: 1, last_owner: 'wk-idle' });
     });
   });
 

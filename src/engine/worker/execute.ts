@@ -128,6 +128,7 @@ export async function executeClaimed(run: ClaimedRun, options: ExecuteOptions): 
     deps.log('error', `run ${runId}: execution failed`, { error: serializeError(error) });
     await release(exec, RELEASE_DELAY_MS, 'infrastructure').catch(() => undefined);
   } finally {
+    await compensateTerminated(exec);
     exec.end(exec.haltReason ? `this execution stopped: ${exec.haltReason.kind}` : 'this execution stopped');
     options.untrack(exec);
   }
@@ -151,6 +152,27 @@ function notAwaited(
     { calls },
     outcome.kind === 'threw' ? { cause: outcome.error } : {},
   );
+}
+
+/**
+ * A run this execution ended TERMINATED (deadline, max steps, budget, no progress) gets
+ * its compensations run, as a failed or cancelled one does: a policy stop leaves the
+ * run's effects undone otherwise. Compensation writes are fenced by the token alone, so
+ * they are recorded after the run's end and past its deadline. Never throws.
+ */
+async function compensateTerminated(exec: Execution): Promise<void> {
+  if (exec.compensations.length === 0 || exec.haltReason?.kind === 'crashed') return;
+  try {
+    const { rows } = await exec.deps.pool.query('select status from runledger.runs where run_id = $1 and fencing_token = $2', [
+      exec.runId,
+      exec.fencingToken.toString(),
+    ]);
+    if (rows[0]?.status !== 'TERMINATED') return;
+    const failures = await runCompensations(exec);
+    if (failures.length > 0) exec.deps.log('error', `run ${exec.runId}: compensations failed after TERMINATED`, { failures });
+  } catch (error) {
+    exec.deps.log('error', `run ${exec.runId}: compensations of the terminated run not completed`, { error: serializeError(error) });
+  }
 }
 
 async function handleHalt(exec: Execution, halt: Halt, policyVersion: string): Promise<void> {
