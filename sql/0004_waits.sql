@@ -53,6 +53,12 @@ language plpgsql volatile as $$
 declare
   v_run runledger.runs;
 begin
+  -- Lock the run first. A transaction parking it right now (its _wait holds the row) has
+  -- not committed WAITING yet, and under READ COMMITTED the UPDATE below would skip a row
+  -- whose committed version is still RUNNING without waiting for it: the wake-up would be
+  -- lost and the run would wait forever. Locked, this statement waits for the parking to
+  -- commit, and the UPDATE (a new snapshot) then sees it.
+  perform 1 from runledger.runs where run_id = p_run_id for update;
   -- Compare-and-set: only a run still waiting for exactly this thing is woken.
   update runledger.runs
      set status = 'PENDING', wait_kind = null, wait_key = null, wake_at = null, updated_at = runledger.now()

@@ -66,19 +66,11 @@ function defineWorkflows(engine: Engine<Db>) {
       note: undefined as string | undefined,
     }));
     expectTypeOf(fromOp).toEqualTypeOf<{ at: string; note?: string }>();
-    return [typeof fromTrx, typeof fromOp.at, 'note' in fromOp];
-  });
-  // Type-checked, never started: child runs and signals are exercised at run time in waits.test.ts.
-  const typesOnly = engine.workflow({ name: 'types-only', queue: 'types' }, async (ctx) => {
     const fromChild = await ctx.runChild(child, undefined);
     expectTypeOf(fromChild).toEqualTypeOf<{ born: string }>();
-    expectTypeOf(await ctx.waitForChild<{ born: Date }>('child-id')).toEqualTypeOf<{ born: string }>();
-    const signal = await ctx.waitForSignal<{ at: Date }>('topic');
+    const signal = await ctx.waitForSignal<{ at: Date }>('never', { timeout: 1 });
     expectTypeOf(signal).toEqualTypeOf<{ at: string } | null>();
-    // z.input: the defaulted field may be left out; orderId may not.
-    expectTypeOf(await ctx.runChild(defaults, { orderId: 'o-2' })).toEqualTypeOf<number>();
-    // @ts-expect-error orderId has no default: still required
-    await ctx.runChild(defaults, { retries: 1 });
+    return [typeof fromTrx, typeof fromOp.at, 'note' in fromOp, typeof fromChild.born, signal];
   });
   const defaults = engine.workflow(
     { name: 'types-defaults', queue: 'types', input: z.object({ orderId: z.string(), retries: z.number().default(3) }) },
@@ -86,6 +78,17 @@ function defineWorkflows(engine: Engine<Db>) {
       expectTypeOf(input).toEqualTypeOf<{ orderId: string; retries: number }>();
       return input.retries;
     },
+  );
+  // Type-checked only, never started.
+  const typesOnly = engine.workflow({ name: 'types-only', queue: 'types' }, async (ctx) => {
+    expectTypeOf(await ctx.waitForChild<{ born: Date }>('child-id')).toEqualTypeOf<{ born: string }>();
+    // z.input: the defaulted field may be left out; orderId may not.
+    expectTypeOf(await ctx.runChild(defaults, { orderId: 'o-2' })).toEqualTypeOf<number>();
+    // @ts-expect-error orderId has no default: still required
+    await ctx.runChild(defaults, { retries: 1 });
+  });
+  const defaultsParent = engine.workflow({ name: 'types-defaults-parent', queue: 'types' }, async (ctx) =>
+    ctx.runChild(defaults, { orderId: 'o-2' }),
   );
   const trx = engine.workflow({ name: 'types-trx', queue: 'types' }, async (ctx, input: { id: string }) => {
     expectTypeOf(ctx).toEqualTypeOf<WorkflowContext<Db>>();
@@ -105,7 +108,7 @@ function defineWorkflows(engine: Engine<Db>) {
     at: await ctx.step('at', () => new Date('2030-01-01T00:00:00Z')),
   }));
   const forkOther = engine.workflow({ name: 'types-fork-other', queue: 'types' }, async () => 1);
-  return { date, child, parent, typesOnly, defaults, trx, getRunWf, fork, forkOther };
+  return { date, child, parent, typesOnly, defaults, defaultsParent, trx, getRunWf, fork, forkOther };
 }
 
 beforeAll(async () => {
@@ -159,9 +162,9 @@ describe('ctx.step returns the JSON form of what its function produced', () => {
     expect(calls).toBe(1);
   });
 
-  it('types transaction and operation results as JSON too (signal and child results: type-checked)', async () => {
+  it('types transaction, operation, signal and child results as JSON too', async () => {
     const handle = await engine.start(wfs.parent, undefined);
-    await expect(handle.result({ timeoutMs: 30_000 })).resolves.toEqual(['string', 'string', false]);
+    await expect(handle.result({ timeoutMs: 30_000 })).resolves.toEqual(['string', 'string', false, 'string', null]);
   });
 });
 
@@ -175,6 +178,7 @@ describe('input schemas: start takes z.input, the workflow function gets z.outpu
     await expect(engine.start(wfs.defaults, { retries: 1 })).rejects.toThrow(InvalidInputError);
     expectTypeOf(handle.result).returns.resolves.toEqualTypeOf<number>();
     await expect(handle.result({ timeoutMs: 30_000 })).resolves.toBe(3);
+    await expect((await engine.start(wfs.defaultsParent, undefined)).result({ timeoutMs: 30_000 })).resolves.toBe(3);
   });
 });
 
