@@ -129,4 +129,18 @@ describe('manual workers and crash points: bad use is refused with a code', () =
       /crashAt: when must be one of/,
     );
   });
+
+  it('drain() with maxRounds below 1, a manual option that is not a boolean, and a crash point with an empty step', async () => {
+    const engine = createTestEngine({ connectionString: db.url });
+    engines.push(engine);
+    engine.workflow({ name: 'noop-manual-args' }, async () => 1);
+    const manual = await engine.runWorker({ manual: true });
+    await expect(manual.drain({ maxRounds: 0 })).rejects.toMatchObject({ code: 'CONFIG', message: expect.stringMatching(/maxRounds/) });
+    await manual.stop();
+    await expect(engine.runWorker({ manual: 'yes' as never })).rejects.toMatchObject({
+      code: 'CONFIG',
+      message: expect.stringMatching(/manual/),
+    });
+    expect(() => createTestEngine({ connectionString: db.url, crashAt: { when: 'after-commit', step: '' } })).toThrow(/crashAt: step/);
+  });
 });

@@ -50,6 +50,8 @@ export function validateCrashPoints(points: CrashPoint | CrashPoint[] | undefine
   for (const point of list) {
     if (!CRASH_WHEN.includes(point.when))
       throw new ConfigError(`crashAt: when must be one of ${CRASH_WHEN.join(', ')}, got ${JSON.stringify(point.when)}`);
+    if (point.step !== undefined && (typeof point.step !== 'string' || point.step === ''))
+      throw new ConfigError('crashAt: step must be a non-empty step name (or left out for any)');
     if (point.action !== undefined && point.action !== 'halt' && point.action !== 'kill')
       throw new ConfigError(`crashAt: action must be 'halt' or 'kill'`);
     if (point.times !== undefined && (!Number.isInteger(point.times) || point.times < 1))

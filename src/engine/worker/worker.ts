@@ -111,6 +111,7 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
   const workerId = options.workerId ?? `${hostname()}-${process.pid}-${ulid()}`;
   const executions = new Set<Execution>();
   const manual = options.manual ?? false;
+  if (typeof manual !== 'boolean') throw new ConfigError('runWorker: manual must be true or false');
   // After a crash point fired, this worker's queries never settle: like a killed process,
   // it writes nothing more, and its leases run out for another worker to recover.
   let crashed = false;
@@ -274,6 +275,7 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
     stop,
     runOnce,
     async drain({ maxRounds = DRAIN_ROUNDS_MAX } = {}) {
+      if (!Number.isInteger(maxRounds) || maxRounds < 1) throw new ConfigError('drain(): maxRounds must be a whole number >= 1');
       let total = 0;
       for (let round = 0; round < maxRounds; round++) {
         const claimed = await runOnce();
