@@ -68,7 +68,7 @@ language sql immutable parallel safe as $$
   select p_status in ('SUCCEEDED', 'FAILED', 'CANCELLED', 'TERMINATED', 'DEAD_LETTER')
 $$;
 comment on function runledger.is_terminal(runledger.run_status) is
-  'True for the statuses a run never leaves on its own (retry_run or fork_run are explicit operator actions).';
+  'True for the statuses a run never leaves on its own (retry_run, compensate_run and fork_run are explicit operator actions).';
 
 -- The contract lists, defined once for SQL (src/engine/core/states.ts defines them once for
 -- TypeScript; test/contracts.test.ts checks that the two agree). Immutable LANGUAGE sql
@@ -79,7 +79,7 @@ language sql immutable as $$
   values
     ('PENDING'::runledger.run_status, 'RUNNING'::runledger.run_status, 'a claim (_claim_batch, fencing_token + 1), once admitted'),
     ('PENDING', 'CANCELLED', 'cancel_run'),
-    ('PENDING', 'CANCELLING', 'cancel_run with compensations to run'),
+    ('PENDING', 'CANCELLING', 'cancel_run, or a deadline, with compensations to run'),
     ('PENDING', 'TERMINATED', 'deadline (_enforce_deadlines, or at claim)'),
     ('RUNNING', 'SUCCEEDED', 'the workflow returned (_complete_run)'),
     ('RUNNING', 'FAILED', 'the workflow threw, or its input is invalid (_fail_run)'),
@@ -87,11 +87,11 @@ language sql immutable as $$
     ('RUNNING', 'DEAD_LETTER', 'NON_DETERMINISM, or past max_recovery_attempts'),
     ('RUNNING', 'PENDING', 'lease expired (+1 recovery attempt), or released'),
     ('RUNNING', 'WAITING', 'sleep, signal, approval, child, durable retry backoff, unknown operation'),
-    ('RUNNING', 'CANCELLING', 'cancel_run'),
+    ('RUNNING', 'CANCELLING', 'cancel_run; a policy stop with compensations to run (_terminate_run)'),
     ('WAITING', 'PENDING', 'timer, signal, decision, child ended, resolve_operation (_wake)'),
     ('WAITING', 'RUNNING', 'a claim of a due timer (_claim_batch, queue without limits)'),
     ('WAITING', 'CANCELLED', 'cancel_run'),
-    ('WAITING', 'CANCELLING', 'cancel_run with compensations to run'),
+    ('WAITING', 'CANCELLING', 'cancel_run, or a deadline, with compensations to run'),
     ('WAITING', 'TERMINATED', 'deadline (_enforce_deadlines, or at claim)'),
     ('CANCELLING', 'CANCELLED', 'the owner (_finish_cancel), or recovery if it died'),
     ('CANCELLING', 'SUCCEEDED', 'the cancel lost the race with the last step (_finish_run)'),
@@ -99,7 +99,11 @@ language sql immutable as $$
     ('CANCELLING', 'TERMINATED', 'the cancel lost the race with a policy stop (_finish_run)'),
     ('CANCELLING', 'DEAD_LETTER', 'the cancel lost the race with a dead-letter (_finish_run)'),
     ('FAILED', 'PENDING', 'retry_run'),
-    ('DEAD_LETTER', 'PENDING', 'retry_run')
+    ('DEAD_LETTER', 'PENDING', 'retry_run'),
+    ('FAILED', 'CANCELLING', 'compensate_run'),
+    ('CANCELLED', 'CANCELLING', 'compensate_run'),
+    ('TERMINATED', 'CANCELLING', 'compensate_run'),
+    ('DEAD_LETTER', 'CANCELLING', 'compensate_run')
 $$;
 comment on function runledger.run_transitions() is
   'The run state machine: every status change a run may make, and who makes it. The trigger runs_transition refuses any other (docs/state-machine.md draws the same list).';
@@ -268,6 +272,8 @@ create table runledger.runs (
   termination_evidence  jsonb,
   terminated_at         timestamptz,
   policy_version        text,
+  -- A CANCELLING run that stops for another reason once its compensations have run.
+  stop_record           jsonb,
   constraint runs_invariants check (runledger._check_run(
     status, finished_at, termination_reason, lease_owner, lease_expires_at, wait_kind,
     budget, max_steps, no_progress, retry_budget, max_recovery_attempts))
@@ -286,6 +292,8 @@ comment on column runledger.runs.budget is
   'Budget in units charged by steps (ctx.charge: tokens, money...); budget_spent past it ends the run TERMINATED with reason BUDGET, atomically with the checkpoint that spent it.';
 comment on column runledger.runs.no_progress is
   'N: the same step name returning the same result (hash) N times in a row ends the run TERMINATED with reason NO_PROGRESS.';
+comment on column runledger.runs.stop_record is
+  'Only on a CANCELLING run: the terminal record it ends with once its compensations have run, {status, reason, evidence, error} (a policy stop such as DEADLINE or BUDGET, or the record compensate_run set aside); null for a plain cancel, which ends CANCELLED.';
 comment on column runledger.runs.termination_reason is
   'Why a terminal run stopped: COMPLETED, FAILED, CANCELLED, DEADLINE, MAX_STEPS, BUDGET, NO_PROGRESS, MAX_RECOVERY_ATTEMPTS, NON_DETERMINISM.';
 

@@ -288,7 +288,8 @@ begin
   end if;
   if v_hash is not null and v_run.status in ('RUNNING', 'CANCELLING') then
     if runledger._check_progress(v_run, p_name, p_seq, v_hash) then
-      v_run.status := 'TERMINATED';
+      -- TERMINATED, or CANCELLING when its compensations run first (_terminate_run).
+      select * into v_run from runledger.runs where run_id = p_run_id;
     end if;
   end if;
   return v_run;
@@ -361,26 +362,41 @@ create function runledger._finish_run(
 returns void
 language plpgsql volatile as $$
 declare
-  v_now    timestamptz := runledger.now();
-  v_parent text;
-  v_queue  text;
+  v_now      timestamptz := runledger.now();
+  v_parent   text;
+  v_queue    text;
+  v_status   runledger.run_status;
+  v_reason   text;
+  v_error    jsonb;
+  v_evidence jsonb;
 begin
+  -- One statement (the SET expressions read the row as it was). A run that was stopping
+  -- (a policy stop, or compensate_run) ends with the record of what stopped it, whatever
+  -- its last execution ended with; the evidence then says which compensations ran.
   update runledger.runs
-     set status = p_status, output = p_output, error = p_error, finished_at = v_now, updated_at = v_now,
+     set status = coalesce((stop_record->>'status')::runledger.run_status, p_status),
+         output = case when stop_record is null then p_output end,
+         error = case when stop_record is null then p_error else stop_record->'error' end,
+         finished_at = v_now, updated_at = v_now,
          lease_owner = null, lease_expires_at = null, wait_kind = null, wait_key = null, wake_at = null,
-         termination_reason = p_reason, termination_evidence = p_evidence, terminated_at = v_now,
-         policy_version = coalesce(policy_version, p_policy_version)
+         termination_reason = coalesce(stop_record->>'reason', p_reason),
+         termination_evidence = case when stop_record is null then p_evidence
+                                     else coalesce(stop_record->'evidence', '{}'::jsonb)
+                                          || jsonb_build_object('compensations', runledger._compensation_summary(run_id)) end,
+         terminated_at = v_now,
+         policy_version = coalesce(policy_version, p_policy_version), stop_record = null
    where run_id = p_run_id and fencing_token = p_token and status in ('RUNNING', 'CANCELLING')
-  returning parent_run_id, queue_name into v_parent, v_queue;
+  returning parent_run_id, queue_name, status, termination_reason, error, termination_evidence
+       into v_parent, v_queue, v_status, v_reason, v_error, v_evidence;
   if not found then
     raise exception using errcode = 'RL001',
       message = format('run %s: lease lost (fencing token %s is stale or the run stopped executing)', p_run_id, p_token);
   end if;
-  perform runledger._finished(p_run_id, p_token, p_status, p_reason, p_error, p_evidence, v_parent, v_queue, v_now);
+  perform runledger._finished(p_run_id, p_token, v_status, v_reason, v_error, v_evidence, v_parent, v_queue, v_now);
 end;
 $$;
 comment on function runledger._finish_run(text, bigint, runledger.run_status, text, jsonb, jsonb, jsonb, text) is
-  'Fenced move of an executing run to a terminal status with its termination record (reason, evidence, time, policy version).';
+  'Fenced move of an executing run to a terminal status with its termination record (reason, evidence, time, policy version). A CANCELLING run with a stop_record ends with that record instead, its evidence extended with the outcome of its compensations.';
 
 create function runledger._complete_run(p_run_id text, p_token bigint, p_output jsonb, p_policy_version text, p_charge numeric default 0)
 returns void language plpgsql volatile as $$
@@ -389,8 +405,8 @@ declare
 begin
   if p_charge <> 0 then
     v_run := runledger._charge(v_run, p_charge, 'complete', null);
-    if v_run.status = 'TERMINATED' then
-      return;
+    if v_run.status = 'TERMINATED' or v_run.stop_record is not null then
+      return; -- the charge stopped the run (its compensations then run, see _terminate_run)
     end if;
   end if;
   perform runledger._finish_run(p_run_id, p_token, 'SUCCEEDED', 'COMPLETED', p_output, null,
@@ -449,7 +465,7 @@ begin
   -- The checkpoint's fence holds the run's row lock, so the completion needs no second one.
   v_run := runledger._checkpoint_row(p_run_id, p_token, p_seq, p_name, p_kind, p_status, p_step_output, p_error,
                                      p_attempts, p_started_ms_ago, p_charge);
-  if v_run.status in ('RUNNING', 'CANCELLING') then
+  if v_run.status in ('RUNNING', 'CANCELLING') and v_run.stop_record is null then
     perform runledger._finish_run(p_run_id, p_token, 'SUCCEEDED', 'COMPLETED', p_output, null,
       jsonb_build_object('steps', (select count(*) from runledger.steps s where s.run_id = p_run_id),
                          'budget_spent', v_run.budget_spent),

@@ -104,18 +104,29 @@ begin
      for update skip locked
   loop
     v_count := v_count + 1;
-    if v_run.status = 'CANCELLING' and exists (
-         select 1 from runledger.operations o
-          where o.run_id = v_run.run_id and o.compensable and o.status = 'SUCCEEDED'
-            and (o.compensation_status is null or o.compensation_status = 'STARTED')) then
-      -- Its owner died while cancelling, with compensations still to run: another worker
-      -- takes the run (still CANCELLING) and finishes them; it never resumes the work.
-      update runledger.runs set lease_owner = null, lease_expires_at = null, updated_at = v_now where run_id = v_run.run_id;
+    if v_run.status = 'CANCELLING' and runledger._compensations_due(v_run.run_id)
+       and v_run.recovery_attempts < v_run.max_recovery_attempts then
+      -- Its owner died while cancelling (or stopping), with compensations still to run:
+      -- another worker takes the run (still CANCELLING) and finishes them; it never
+      -- resumes the work. Each expiry counts an attempt, so a compensation that kills its
+      -- worker every time is given up on after max_recovery_attempts (below).
+      update runledger.runs set lease_owner = null, lease_expires_at = null, updated_at = v_now,
+                                recovery_attempts = v_run.recovery_attempts + 1
+       where run_id = v_run.run_id;
       insert into runledger.events (run_id, kind, detail, fencing_token, at)
-      values (v_run.run_id, 'lease_expired', jsonb_build_object('last_owner', v_run.lease_owner, 'cancelling', true), v_run.fencing_token, v_now);
+      values (v_run.run_id, 'lease_expired', jsonb_build_object('last_owner', v_run.lease_owner, 'cancelling', true,
+                                                                'recovery_attempts', v_run.recovery_attempts + 1), v_run.fencing_token, v_now);
       perform runledger._dispatch(v_run.run_id, v_run.queue_name);
     elsif v_run.status = 'CANCELLING' then
-      -- Its owner died while cancelling: complete the cancellation instead of resuming the work.
+      -- Its owner died while cancelling: complete the cancellation instead of resuming the
+      -- work (a stopping run ends with its stop_record, see _finish_run). Compensations
+      -- still due here were given up on: the evidence and the event say which.
+      if runledger._compensations_due(v_run.run_id) then
+        insert into runledger.events (run_id, kind, detail, fencing_token, at)
+        values (v_run.run_id, 'compensations_abandoned',
+                jsonb_build_object('recovery_attempts', v_run.recovery_attempts, 'max_recovery_attempts', v_run.max_recovery_attempts,
+                                   'compensations', runledger._compensation_summary(v_run.run_id)), v_run.fencing_token, v_now);
+      end if;
       perform runledger._finish_run(v_run.run_id, v_run.fencing_token, 'CANCELLED', 'CANCELLED', null, null,
         jsonb_build_object('reason', v_run.cancel_reason, 'requested_at', v_run.cancel_requested_at,
                            'completed_by', 'recovery', 'last_owner', v_run.lease_owner), null);
@@ -156,7 +167,7 @@ begin
 end;
 $$;
 comment on function runledger._recover_expired(int) is
-  'Sweeper, run by every live worker: each RUNNING run whose lease expired goes back to PENDING counting one recovery attempt and is re-dispatched, or, past max_recovery_attempts, to DEAD_LETTER with its termination record (through _finish_run: parent woken, queue slot freed). Attempts count expiries since the last progress: an expired execution that committed a checkpoint under its fencing token (_made_progress) starts the count again at 1. A CANCELLING one is ended CANCELLED. Marks silent workers stopped. Returns how many runs it handled.';
+  'Sweeper, run by every live worker: each RUNNING run whose lease expired goes back to PENDING counting one recovery attempt and is re-dispatched, or, past max_recovery_attempts, to DEAD_LETTER with its termination record (through _finish_run: parent woken, queue slot freed). Attempts count expiries since the last progress: an expired execution that committed a checkpoint under its fencing token (_made_progress) starts the count again at 1. A CANCELLING one with compensations due is left without an owner for the next claim (counting an attempt; past max_recovery_attempts they are given up on, event compensations_abandoned); without, or given up on, it ends CANCELLED (or with its stop_record). Marks silent workers stopped. Returns how many runs it handled.';
 
 create function runledger.retry_run(p_run_id text) returns text
 language plpgsql volatile as $$

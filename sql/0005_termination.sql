@@ -38,7 +38,18 @@ returns boolean
 language plpgsql volatile as $$
 declare
   v_now timestamptz := runledger.now();
+  v_run runledger.runs;
 begin
+  if p_status = 'TERMINATED' and runledger._compensations_due(p_run_id) then
+    -- A policy stop of a run that did things to undo: a worker claims it (CANCELLING,
+    -- without an owner) to run its compensations, then it ends with this record.
+    select * into v_run from runledger.runs where run_id = p_run_id and status in ('PENDING', 'WAITING') for update;
+    if not found then
+      return false;
+    end if;
+    perform runledger._stop_for_compensations(v_run, p_status, p_reason, p_evidence, null, false);
+    return true;
+  end if;
   update runledger.runs
      set status = p_status, finished_at = v_now, updated_at = v_now, terminated_at = v_now,
          termination_reason = p_reason, termination_evidence = p_evidence,
@@ -58,7 +69,47 @@ begin
 end;
 $$;
 comment on function runledger._stop_unowned(text, runledger.run_status, text, jsonb) is
-  'Ends a run that holds no worker (PENDING or WAITING) with a termination record, so no worker claims it again; cancels its children, wakes its parent.';
+  'Ends a run that holds no worker (PENDING or WAITING) with a termination record, so no worker claims it again; cancels its children, wakes its parent. A TERMINATED stop of a run with compensations due makes it CANCELLING without an owner instead (_stop_for_compensations): a worker claims it, runs them, and it ends with that record.';
+
+-- A run whose work is cut short (a policy stop, or compensate_run after it ended) has its
+-- compensations run before it ends: it becomes CANCELLING with the record it will end
+-- with set aside (stop_record), like a cancel, so the claim, the lease, the heartbeat and
+-- recovery of a cancelling run all apply to it unchanged.
+create function runledger._stop_for_compensations(
+  p_run runledger.runs, p_status runledger.run_status, p_reason text, p_evidence jsonb, p_error jsonb, p_keep_owner boolean)
+returns void
+language plpgsql volatile as $$
+declare
+  v_now timestamptz := runledger.now();
+begin
+  update runledger.runs
+     set status = 'CANCELLING', updated_at = v_now,
+         stop_record = jsonb_strip_nulls(jsonb_build_object('status', p_status, 'reason', p_reason,
+                                                            'evidence', p_evidence, 'error', p_error,
+                                                            'stopped_at', v_now, 'was', p_run.status)),
+         cancel_requested_at = v_now, cancel_reason = null,
+         -- From here recovery counts the attempts at compensating (see _recover_expired).
+         recovery_attempts = 0,
+         finished_at = null, terminated_at = null, termination_reason = null, termination_evidence = null,
+         wait_kind = null, wait_key = null, wake_at = null, admitted = false,
+         lease_owner = case when p_keep_owner then lease_owner end,
+         lease_expires_at = case when p_keep_owner then lease_expires_at end
+   where run_id = p_run.run_id;
+  insert into runledger.events (run_id, kind, detail, fencing_token, at)
+  values (p_run.run_id, 'compensations_due',
+          jsonb_strip_nulls(jsonb_build_object('status', p_status, 'reason', p_reason, 'was', p_run.status,
+                                               'owner', case when p_keep_owner then p_run.lease_owner end)),
+          p_run.fencing_token, v_now);
+  if not runledger.is_terminal(p_run.status) then
+    perform runledger._cancel_children(p_run.run_id, format('parent %s ended %s', p_run.run_id, p_reason));
+  end if;
+  if not p_keep_owner then
+    perform runledger._dispatch(p_run.run_id, p_run.queue_name);
+  end if;
+end;
+$$;
+comment on function runledger._stop_for_compensations(runledger.runs, runledger.run_status, text, jsonb, jsonb, boolean) is
+  'A run with compensations due stops as CANCELLING with its final record (status, reason, evidence, error) in stop_record: kept by its owner (p_keep_owner, the owner runs them), or without an owner and dispatched (a worker claims it). _finish_run ends it with that record.';
 
 create function runledger.cancel_run(p_run_id text, p_reason text default null) returns text
 language plpgsql volatile as $$
@@ -73,9 +124,7 @@ begin
   if runledger.is_terminal(v_run.status) or v_run.status = 'CANCELLING' then
     return v_run.status; -- nothing to do: the answer is where the run stands
   end if;
-  if v_run.status in ('PENDING', 'WAITING') and not exists (
-       select 1 from runledger.operations o
-        where o.run_id = p_run_id and o.compensable and o.status = 'SUCCEEDED' and o.compensation_status is null) then
+  if v_run.status in ('PENDING', 'WAITING') and not runledger._compensations_due(p_run_id) then
     perform runledger._stop_unowned(p_run_id, 'CANCELLED', 'CANCELLED',
       jsonb_build_object('reason', p_reason, 'requested_at', v_now, 'was', v_run.status));
     return 'CANCELLED';
@@ -125,15 +174,29 @@ end;
 $$;
 comment on function runledger._finish_cancel(text, bigint) is 'Fenced: the owner of a CANCELLING run ends it CANCELLED with the cancel request as evidence.';
 
-create function runledger._terminate_run(p_run_id text, p_token bigint, p_reason text, p_evidence jsonb) returns void
+create function runledger._terminate_run(p_run_id text, p_token bigint, p_reason text, p_evidence jsonb) returns text
 language plpgsql volatile as $$
+declare
+  v_run runledger.runs;
 begin
+  select * into v_run from runledger.runs
+   where run_id = p_run_id and fencing_token = p_token and status in ('RUNNING', 'CANCELLING')
+   for update;
+  if found and v_run.stop_record is null and runledger._compensations_due(p_run_id) then
+    -- Its work was cut short, so what it did is undone first: the owner (it holds the
+    -- lease still) runs the compensations as for a cancel, and the run ends TERMINATED
+    -- with this record (_finish_run). If the owner dies, recovery hands the run to the
+    -- next worker's claim, as for a cancel.
+    perform runledger._stop_for_compensations(v_run, 'TERMINATED', p_reason, p_evidence, null, true);
+    return 'CANCELLING';
+  end if;
   perform runledger._finish_run(p_run_id, p_token, 'TERMINATED', p_reason, null, null, p_evidence, null);
   perform runledger._cancel_children(p_run_id, format('parent %s ended %s', p_run_id, p_reason));
+  return 'TERMINATED';
 end;
 $$;
 comment on function runledger._terminate_run(text, bigint, text, jsonb) is
-  'Fenced policy stop by the run''s owner: TERMINATED with reason (DEADLINE, MAX_STEPS, ...) and evidence; children are cancelled.';
+  'Fenced policy stop by the run''s owner: TERMINATED with reason (DEADLINE, MAX_STEPS, BUDGET, NO_PROGRESS) and evidence; children are cancelled. A run with compensations due becomes CANCELLING instead, still owned, with that record as its stop_record: it ends TERMINATED once they have run. Returns the new status.';
 
 create function runledger._charge(p_run runledger.runs, p_charge numeric, p_step text, p_seq int) returns runledger.runs
 language plpgsql volatile as $$

@@ -11,8 +11,9 @@
 --   runledger._record_retry       counts a retry against the run's retry budget, with its error
 --   runledger._retry_wait         a long backoff as a durable wait: the worker is freed
 --   runledger._heartbeat_step     a long step renews its run's lease and stores its progress
---   runledger._compensation_*     saga compensations, each recorded so none runs twice (own fence: past
---                                 the deadline, and after the run ended TERMINATED by this execution)
+--   runledger._compensation_*     saga compensations, each recorded so none runs twice (own fence:
+--                                 past the deadline too); _compensations_due says whether any is left
+--   runledger.compensate_run      public: runs a finished run's compensations not DONE (again)
 --
 -- Its view runledger.unknown_operations (what is UNKNOWN now, for which run, since when)
 -- is in 0010_views.sql.
@@ -277,14 +278,13 @@ $$;
 comment on function runledger._heartbeat_step(text, bigint, int, jsonb, int) is
   'Fenced: a long step proves it is alive: renews its run''s lease and stores its progress. Returns the run status (CANCELLING tells the step to stop).';
 
--- Compensations are fenced by the token alone: the undo of a run's effects may still be
--- recorded past its deadline, and by the execution that just ended the run TERMINATED
--- (no other execution can hold that token: a terminal run is never claimed).
+-- Compensations are fenced by the token and the lease, not the deadline: the undo of a
+-- run's effects may still be recorded once its deadline has passed.
 create function runledger._compensation_fence(p_run_id text, p_token bigint) returns void
 language plpgsql volatile as $$
 begin
   perform 1 from runledger.runs
-   where run_id = p_run_id and fencing_token = p_token and status in ('RUNNING', 'CANCELLING', 'TERMINATED')
+   where run_id = p_run_id and fencing_token = p_token and status in ('RUNNING', 'CANCELLING') and lease_owner is not null
    for update;
   if not found then
     raise exception using errcode = 'RL001',
@@ -293,7 +293,29 @@ begin
 end;
 $$;
 comment on function runledger._compensation_fence(text, bigint) is
-  'The fence of compensation writes: the run (locked until commit) still carries fencing token p_token and is RUNNING, CANCELLING or TERMINATED (ended by this execution); no deadline check. Else RL001.';
+  'The fence of compensation writes: the run (locked until commit) still carries fencing token p_token, is RUNNING or CANCELLING and is owned (a stopping run handed to the next claim is not); no deadline check. Else RL001.';
+
+create function runledger._compensations_due(p_run_id text) returns boolean
+language sql stable as $$
+  select exists (select 1 from runledger.operations o
+                  where o.run_id = p_run_id and o.compensable and o.status = 'SUCCEEDED'
+                    and (o.compensation_status is null or o.compensation_status = 'STARTED'))
+$$;
+comment on function runledger._compensations_due(text) is
+  'True when the run has a succeeded compensable operation whose compensation has not run (or was cut short by a crash: STARTED).';
+
+create function runledger._compensation_summary(p_run_id text) returns jsonb
+language sql stable as $$
+  select jsonb_build_object(
+           'done', count(*) filter (where o.compensation_status = 'DONE'),
+           'failed', coalesce(jsonb_agg(o.name order by o.seq) filter (where o.compensation_status = 'FAILED'), '[]'),
+           'not_run', coalesce(jsonb_agg(o.name order by o.seq)
+                                 filter (where o.compensation_status is null or o.compensation_status = 'STARTED'), '[]'))
+    from runledger.operations o
+   where o.run_id = p_run_id and o.compensable and o.status = 'SUCCEEDED'
+$$;
+comment on function runledger._compensation_summary(text) is
+  'The compensations of a run''s succeeded operations: how many are DONE, and the names of those FAILED and of those not run (a replay that stopped before reaching them, or recovery that gave up).';
 
 create function runledger._compensation_begin(p_run_id text, p_token bigint, p_operation_id text) returns text
 language plpgsql volatile as $$
@@ -338,6 +360,53 @@ end;
 $$;
 comment on function runledger._compensation_finish(text, bigint, text, boolean, jsonb) is
   'Fenced by _compensation_fence: records a compensation''s outcome, DONE, or FAILED once the worker''s bounded retries are spent (p_error then has the last error and the attempts).';
+
+-- An operator's way to undo a finished run's effects, or to try a failed compensation
+-- again: the run is stopping again (CANCELLING, with its own terminal record set aside),
+-- a worker serving its workflow version claims it, replays its history without running a
+-- new step, runs the compensations not DONE, and the run ends with the record it had.
+create function runledger.compensate_run(p_run_id text, p_reason text default null) returns text
+language plpgsql volatile as $$
+declare
+  v_run   runledger.runs;
+  v_reset jsonb;
+begin
+  select * into v_run from runledger.runs where run_id = p_run_id for update;
+  if not found then
+    raise exception using errcode = 'RL002', message = format('compensate_run: run %L not found', p_run_id);
+  end if;
+  if v_run.status = 'CANCELLING' then
+    return 'CANCELLING'; -- its compensations are already being run
+  end if;
+  if v_run.status not in ('FAILED', 'CANCELLED', 'TERMINATED', 'DEAD_LETTER') then
+    raise exception using errcode = 'RL005',
+      message = format('compensate_run: run %s is %s; only FAILED, CANCELLED, TERMINATED and DEAD_LETTER runs are compensated this way%s',
+                       p_run_id, v_run.status,
+                       case when v_run.status = 'SUCCEEDED' then ' (a run that succeeded did its work: its effects are not undone)'
+                            else ' (cancel_run stops a run that has not finished and runs its compensations)' end);
+  end if;
+  -- A compensation recorded FAILED is tried again (with the same key, <key>:compensate);
+  -- the failure it held is kept in the event.
+  select jsonb_agg(jsonb_build_object('operation_id', o.operation_id, 'name', o.name, 'error', o.compensation_error) order by o.seq)
+    into v_reset
+    from runledger.operations o
+   where o.run_id = p_run_id and o.compensable and o.status = 'SUCCEEDED' and o.compensation_status = 'FAILED';
+  update runledger.operations o
+     set compensation_status = null, compensation_error = null, updated_at = runledger.now()
+   where o.run_id = p_run_id and o.compensable and o.status = 'SUCCEEDED' and o.compensation_status = 'FAILED';
+  if not runledger._compensations_due(p_run_id) then
+    return v_run.status; -- nothing to undo: every compensation is DONE, or the run has none
+  end if;
+  insert into runledger.events (run_id, kind, detail, fencing_token)
+  values (p_run_id, 'compensation_requested',
+          jsonb_strip_nulls(jsonb_build_object('reason', p_reason, 'status', v_run.status, 'retried', v_reset)), v_run.fencing_token);
+  perform runledger._stop_for_compensations(v_run, v_run.status, v_run.termination_reason, v_run.termination_evidence,
+                                            v_run.error, false);
+  return 'CANCELLING';
+end;
+$$;
+comment on function runledger.compensate_run(text, text) is
+  'Operator action: runs the compensations of a FAILED, CANCELLED, TERMINATED or DEAD_LETTER run that are not DONE (a FAILED one is tried again). The run becomes CANCELLING without an owner; a worker serving its workflow version claims it, replays its checkpoints (no new step runs), runs them newest first, and the run ends with the status and termination record it had (evidence.compensations says which ran). Returns CANCELLING, or the run''s status when nothing is left to compensate. RL005 for a run that is SUCCEEDED or not finished (use cancel_run).';
 
 create function runledger._operation_checkpoint(
   p_run_id text, p_token bigint, p_seq int, p_name text, p_operation_id text, p_status text,

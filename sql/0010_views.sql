@@ -26,11 +26,13 @@ select r.run_id, r.workflow_name, r.workflow_version, r.queue_name,
        r.termination_reason, r.termination_evidence, r.terminated_at,
        r.recovery_attempts, r.max_recovery_attempts, r.error,
        (select count(*) from runledger.steps s where s.run_id = r.run_id) as steps_done,
-       r.created_at
+       r.created_at,
+       -- Its effects are not undone on their own: retry_run (after a fix) or compensate_run.
+       runledger._compensations_due(r.run_id) as compensations_due
   from runledger.runs r
  where r.status = 'DEAD_LETTER';
 comment on view runledger.dead_letter is
-  'Runs out of the automatic path (max recovery attempts, non-determinism, ...), with the termination reason and evidence. Bring one back with select runledger.retry_run(run_id).';
+  'Runs out of the automatic path (max recovery attempts, non-determinism, ...), with the termination reason and evidence. Bring one back with select runledger.retry_run(run_id); compensations_due says it did things not undone yet (runledger.compensate_run(run_id) undoes them).';
 
 create view runledger.run_timeline as
 select e.run_id, e.at, 'event'::text as entry, e.kind as what, null::int as seq, null::text as status,

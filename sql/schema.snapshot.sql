@@ -166,7 +166,8 @@ CREATE TABLE runledger.runs (
   termination_reason text,
   termination_evidence jsonb,
   terminated_at timestamp with time zone,
-  policy_version text
+  policy_version text,
+  stop_record jsonb
 );
 COMMENT ON TABLE runledger.runs IS 'One row per workflow run: status, lease (owner, expiry, fencing token), recovery attempts and the termination record (reason, evidence, time, policy version).';
 COMMENT ON COLUMN runledger.runs.wait_key IS 'What a WAITING run waits for: the signal topic, the approval request id or the child run id (null for timers).';
@@ -175,6 +176,7 @@ COMMENT ON COLUMN runledger.runs.recovery_attempts IS 'How many times the run wa
 COMMENT ON COLUMN runledger.runs.budget IS 'Budget in units charged by steps (ctx.charge: tokens, money...); budget_spent past it ends the run TERMINATED with reason BUDGET, atomically with the checkpoint that spent it.';
 COMMENT ON COLUMN runledger.runs.no_progress IS 'N: the same step name returning the same result (hash) N times in a row ends the run TERMINATED with reason NO_PROGRESS.';
 COMMENT ON COLUMN runledger.runs.termination_reason IS 'Why a terminal run stopped: COMPLETED, FAILED, CANCELLED, DEADLINE, MAX_STEPS, BUDGET, NO_PROGRESS, MAX_RECOVERY_ATTEMPTS, NON_DETERMINISM.';
+COMMENT ON COLUMN runledger.runs.stop_record IS 'Only on a CANCELLING run: the terminal record it ends with once its compensations have run, {status, reason, evidence, error} (a policy stop such as DEADLINE or BUDGET, or the record compensate_run set aside); null for a plain cancel, which ends CANCELLED.';
 ALTER TABLE runledger.runs ADD CONSTRAINT runs_invariants CHECK (runledger._check_run(status, finished_at, termination_reason, lease_owner, lease_expires_at, wait_kind, budget, max_steps, no_progress, retry_budget, max_recovery_attempts));
 COMMENT ON CONSTRAINT runs_invariants ON runledger.runs IS 'Every rule a runs row obeys, in runledger._check_run (see its comment); a broken rule is reported under its own name.';
 ALTER TABLE runledger.runs ADD CONSTRAINT runs_parent_run_id_fkey FOREIGN KEY (parent_run_id) REFERENCES runledger.runs(run_id) ON DELETE SET NULL;
@@ -330,10 +332,11 @@ CREATE VIEW runledger.dead_letter AS
     ( SELECT count(*) AS count
            FROM runledger.steps s
           WHERE s.run_id = r.run_id) AS steps_done,
-    created_at
+    created_at,
+    runledger._compensations_due(run_id) AS compensations_due
    FROM runledger.runs r
   WHERE status = 'DEAD_LETTER'::runledger.run_status;
-COMMENT ON VIEW runledger.dead_letter IS 'Runs out of the automatic path (max recovery attempts, non-determinism, ...), with the termination reason and evidence. Bring one back with select runledger.retry_run(run_id).';
+COMMENT ON VIEW runledger.dead_letter IS 'Runs out of the automatic path (max recovery attempts, non-determinism, ...), with the termination reason and evidence. Bring one back with select runledger.retry_run(run_id); compensations_due says it did things not undone yet (runledger.compensate_run(run_id) undoes them).';
 
 CREATE VIEW runledger.queue_stats AS
  SELECT r.queue_name,
@@ -758,7 +761,8 @@ begin
   end if;
   if v_hash is not null and v_run.status in ('RUNNING', 'CANCELLING') then
     if runledger._check_progress(v_run, p_name, p_seq, v_hash) then
-      v_run.status := 'TERMINATED';
+      -- TERMINATED, or CANCELLING when its compensations run first (_terminate_run).
+      select * into v_run from runledger.runs where run_id = p_run_id;
     end if;
   end if;
   return v_run;
@@ -1116,7 +1120,7 @@ CREATE OR REPLACE FUNCTION runledger._compensation_fence(p_run_id text, p_token 
 AS $function$
 begin
   perform 1 from runledger.runs
-   where run_id = p_run_id and fencing_token = p_token and status in ('RUNNING', 'CANCELLING', 'TERMINATED')
+   where run_id = p_run_id and fencing_token = p_token and status in ('RUNNING', 'CANCELLING') and lease_owner is not null
    for update;
   if not found then
     raise exception using errcode = 'RL001',
@@ -1124,7 +1128,7 @@ begin
   end if;
 end;
 $function$;
-COMMENT ON FUNCTION runledger._compensation_fence(text,bigint) IS 'The fence of compensation writes: the run (locked until commit) still carries fencing token p_token and is RUNNING, CANCELLING or TERMINATED (ended by this execution); no deadline check. Else RL001.';
+COMMENT ON FUNCTION runledger._compensation_fence(text,bigint) IS 'The fence of compensation writes: the run (locked until commit) still carries fencing token p_token, is RUNNING or CANCELLING and is owned (a stopping run handed to the next claim is not); no deadline check. Else RL001.';
 
 CREATE OR REPLACE FUNCTION runledger._compensation_finish(p_run_id text, p_token bigint, p_operation_id text, p_ok boolean, p_error jsonb)
  RETURNS void
@@ -1142,6 +1146,32 @@ end;
 $function$;
 COMMENT ON FUNCTION runledger._compensation_finish(text,bigint,text,boolean,jsonb) IS 'Fenced by _compensation_fence: records a compensation''s outcome, DONE, or FAILED once the worker''s bounded retries are spent (p_error then has the last error and the attempts).';
 
+CREATE OR REPLACE FUNCTION runledger._compensation_summary(p_run_id text)
+ RETURNS jsonb
+ LANGUAGE sql
+ STABLE
+AS $function$
+  select jsonb_build_object(
+           'done', count(*) filter (where o.compensation_status = 'DONE'),
+           'failed', coalesce(jsonb_agg(o.name order by o.seq) filter (where o.compensation_status = 'FAILED'), '[]'),
+           'not_run', coalesce(jsonb_agg(o.name order by o.seq)
+                                 filter (where o.compensation_status is null or o.compensation_status = 'STARTED'), '[]'))
+    from runledger.operations o
+   where o.run_id = p_run_id and o.compensable and o.status = 'SUCCEEDED'
+$function$;
+COMMENT ON FUNCTION runledger._compensation_summary(text) IS 'The compensations of a run''s succeeded operations: how many are DONE, and the names of those FAILED and of those not run (a replay that stopped before reaching them, or recovery that gave up).';
+
+CREATE OR REPLACE FUNCTION runledger._compensations_due(p_run_id text)
+ RETURNS boolean
+ LANGUAGE sql
+ STABLE
+AS $function$
+  select exists (select 1 from runledger.operations o
+                  where o.run_id = p_run_id and o.compensable and o.status = 'SUCCEEDED'
+                    and (o.compensation_status is null or o.compensation_status = 'STARTED'))
+$function$;
+COMMENT ON FUNCTION runledger._compensations_due(text) IS 'True when the run has a succeeded compensable operation whose compensation has not run (or was cut short by a crash: STARTED).';
+
 CREATE OR REPLACE FUNCTION runledger._complete_run(p_run_id text, p_token bigint, p_output jsonb, p_policy_version text, p_charge numeric DEFAULT 0)
  RETURNS void
  LANGUAGE plpgsql
@@ -1151,8 +1181,8 @@ declare
 begin
   if p_charge <> 0 then
     v_run := runledger._charge(v_run, p_charge, 'complete', null);
-    if v_run.status = 'TERMINATED' then
-      return;
+    if v_run.status = 'TERMINATED' or v_run.stop_record is not null then
+      return; -- the charge stopped the run (its compensations then run, see _terminate_run)
     end if;
   end if;
   perform runledger._finish_run(p_run_id, p_token, 'SUCCEEDED', 'COMPLETED', p_output, null,
@@ -1209,7 +1239,7 @@ begin
   -- The checkpoint's fence holds the run's row lock, so the completion needs no second one.
   v_run := runledger._checkpoint_row(p_run_id, p_token, p_seq, p_name, p_kind, p_status, p_step_output, p_error,
                                      p_attempts, p_started_ms_ago, p_charge);
-  if v_run.status in ('RUNNING', 'CANCELLING') then
+  if v_run.status in ('RUNNING', 'CANCELLING') and v_run.stop_record is null then
     perform runledger._finish_run(p_run_id, p_token, 'SUCCEEDED', 'COMPLETED', p_output, null,
       jsonb_build_object('steps', (select count(*) from runledger.steps s where s.run_id = p_run_id),
                          'budget_spent', v_run.budget_spent),
@@ -1359,25 +1389,40 @@ CREATE OR REPLACE FUNCTION runledger._finish_run(p_run_id text, p_token bigint, 
  LANGUAGE plpgsql
 AS $function$
 declare
-  v_now    timestamptz := runledger.now();
-  v_parent text;
-  v_queue  text;
+  v_now      timestamptz := runledger.now();
+  v_parent   text;
+  v_queue    text;
+  v_status   runledger.run_status;
+  v_reason   text;
+  v_error    jsonb;
+  v_evidence jsonb;
 begin
+  -- One statement (the SET expressions read the row as it was). A run that was stopping
+  -- (a policy stop, or compensate_run) ends with the record of what stopped it, whatever
+  -- its last execution ended with; the evidence then says which compensations ran.
   update runledger.runs
-     set status = p_status, output = p_output, error = p_error, finished_at = v_now, updated_at = v_now,
+     set status = coalesce((stop_record->>'status')::runledger.run_status, p_status),
+         output = case when stop_record is null then p_output end,
+         error = case when stop_record is null then p_error else stop_record->'error' end,
+         finished_at = v_now, updated_at = v_now,
          lease_owner = null, lease_expires_at = null, wait_kind = null, wait_key = null, wake_at = null,
-         termination_reason = p_reason, termination_evidence = p_evidence, terminated_at = v_now,
-         policy_version = coalesce(policy_version, p_policy_version)
+         termination_reason = coalesce(stop_record->>'reason', p_reason),
+         termination_evidence = case when stop_record is null then p_evidence
+                                     else coalesce(stop_record->'evidence', '{}'::jsonb)
+                                          || jsonb_build_object('compensations', runledger._compensation_summary(run_id)) end,
+         terminated_at = v_now,
+         policy_version = coalesce(policy_version, p_policy_version), stop_record = null
    where run_id = p_run_id and fencing_token = p_token and status in ('RUNNING', 'CANCELLING')
-  returning parent_run_id, queue_name into v_parent, v_queue;
+  returning parent_run_id, queue_name, status, termination_reason, error, termination_evidence
+       into v_parent, v_queue, v_status, v_reason, v_error, v_evidence;
   if not found then
     raise exception using errcode = 'RL001',
       message = format('run %s: lease lost (fencing token %s is stale or the run stopped executing)', p_run_id, p_token);
   end if;
-  perform runledger._finished(p_run_id, p_token, p_status, p_reason, p_error, p_evidence, v_parent, v_queue, v_now);
+  perform runledger._finished(p_run_id, p_token, v_status, v_reason, v_error, v_evidence, v_parent, v_queue, v_now);
 end;
 $function$;
-COMMENT ON FUNCTION runledger._finish_run(text,bigint,runledger.run_status,text,jsonb,jsonb,jsonb,text) IS 'Fenced move of an executing run to a terminal status with its termination record (reason, evidence, time, policy version).';
+COMMENT ON FUNCTION runledger._finish_run(text,bigint,runledger.run_status,text,jsonb,jsonb,jsonb,text) IS 'Fenced move of an executing run to a terminal status with its termination record (reason, evidence, time, policy version). A CANCELLING run with a stop_record ends with that record instead, its evidence extended with the outcome of its compensations.';
 
 CREATE OR REPLACE FUNCTION runledger._finished(p_run_id text, p_token bigint, p_status runledger.run_status, p_reason text, p_error jsonb, p_evidence jsonb, p_parent text, p_queue text, p_now timestamp with time zone)
  RETURNS void
@@ -1707,18 +1752,29 @@ begin
      for update skip locked
   loop
     v_count := v_count + 1;
-    if v_run.status = 'CANCELLING' and exists (
-         select 1 from runledger.operations o
-          where o.run_id = v_run.run_id and o.compensable and o.status = 'SUCCEEDED'
-            and (o.compensation_status is null or o.compensation_status = 'STARTED')) then
-      -- Its owner died while cancelling, with compensations still to run: another worker
-      -- takes the run (still CANCELLING) and finishes them; it never resumes the work.
-      update runledger.runs set lease_owner = null, lease_expires_at = null, updated_at = v_now where run_id = v_run.run_id;
+    if v_run.status = 'CANCELLING' and runledger._compensations_due(v_run.run_id)
+       and v_run.recovery_attempts < v_run.max_recovery_attempts then
+      -- Its owner died while cancelling (or stopping), with compensations still to run:
+      -- another worker takes the run (still CANCELLING) and finishes them; it never
+      -- resumes the work. Each expiry counts an attempt, so a compensation that kills its
+      -- worker every time is given up on after max_recovery_attempts (below).
+      update runledger.runs set lease_owner = null, lease_expires_at = null, updated_at = v_now,
+                                recovery_attempts = v_run.recovery_attempts + 1
+       where run_id = v_run.run_id;
       insert into runledger.events (run_id, kind, detail, fencing_token, at)
-      values (v_run.run_id, 'lease_expired', jsonb_build_object('last_owner', v_run.lease_owner, 'cancelling', true), v_run.fencing_token, v_now);
+      values (v_run.run_id, 'lease_expired', jsonb_build_object('last_owner', v_run.lease_owner, 'cancelling', true,
+                                                                'recovery_attempts', v_run.recovery_attempts + 1), v_run.fencing_token, v_now);
       perform runledger._dispatch(v_run.run_id, v_run.queue_name);
     elsif v_run.status = 'CANCELLING' then
-      -- Its owner died while cancelling: complete the cancellation instead of resuming the work.
+      -- Its owner died while cancelling: complete the cancellation instead of resuming the
+      -- work (a stopping run ends with its stop_record, see _finish_run). Compensations
+      -- still due here were given up on: the evidence and the event say which.
+      if runledger._compensations_due(v_run.run_id) then
+        insert into runledger.events (run_id, kind, detail, fencing_token, at)
+        values (v_run.run_id, 'compensations_abandoned',
+                jsonb_build_object('recovery_attempts', v_run.recovery_attempts, 'max_recovery_attempts', v_run.max_recovery_attempts,
+                                   'compensations', runledger._compensation_summary(v_run.run_id)), v_run.fencing_token, v_now);
+      end if;
       perform runledger._finish_run(v_run.run_id, v_run.fencing_token, 'CANCELLED', 'CANCELLED', null, null,
         jsonb_build_object('reason', v_run.cancel_reason, 'requested_at', v_run.cancel_requested_at,
                            'completed_by', 'recovery', 'last_owner', v_run.lease_owner), null);
@@ -1758,7 +1814,7 @@ begin
   return v_count;
 end;
 $function$;
-COMMENT ON FUNCTION runledger._recover_expired(integer) IS 'Sweeper, run by every live worker: each RUNNING run whose lease expired goes back to PENDING counting one recovery attempt and is re-dispatched, or, past max_recovery_attempts, to DEAD_LETTER with its termination record (through _finish_run: parent woken, queue slot freed). Attempts count expiries since the last progress: an expired execution that committed a checkpoint under its fencing token (_made_progress) starts the count again at 1. A CANCELLING one is ended CANCELLED. Marks silent workers stopped. Returns how many runs it handled.';
+COMMENT ON FUNCTION runledger._recover_expired(integer) IS 'Sweeper, run by every live worker: each RUNNING run whose lease expired goes back to PENDING counting one recovery attempt and is re-dispatched, or, past max_recovery_attempts, to DEAD_LETTER with its termination record (through _finish_run: parent woken, queue slot freed). Attempts count expiries since the last progress: an expired execution that committed a checkpoint under its fencing token (_made_progress) starts the count again at 1. A CANCELLING one with compensations due is left without an owner for the next claim (counting an attempt; past max_recovery_attempts they are given up on, event compensations_abandoned); without, or given up on, it ends CANCELLED (or with its stop_record). Marks silent workers stopped. Returns how many runs it handled.';
 
 CREATE OR REPLACE FUNCTION runledger._register_worker(p_worker_id text, p_host text, p_pid integer, p_workflows text[], p_queues text[], p_concurrency integer, p_lease_ms integer)
  RETURNS void
@@ -1896,13 +1952,59 @@ AS $function$
 $function$;
 COMMENT ON FUNCTION runledger._started_at(timestamp with time zone,bigint) IS 'A step''s start on the database clock: p_now minus p_started_ms_ago milliseconds (the elapsed time the worker measured; null or negative is taken as 0).';
 
+CREATE OR REPLACE FUNCTION runledger._stop_for_compensations(p_run runledger.runs, p_status runledger.run_status, p_reason text, p_evidence jsonb, p_error jsonb, p_keep_owner boolean)
+ RETURNS void
+ LANGUAGE plpgsql
+AS $function$
+declare
+  v_now timestamptz := runledger.now();
+begin
+  update runledger.runs
+     set status = 'CANCELLING', updated_at = v_now,
+         stop_record = jsonb_strip_nulls(jsonb_build_object('status', p_status, 'reason', p_reason,
+                                                            'evidence', p_evidence, 'error', p_error,
+                                                            'stopped_at', v_now, 'was', p_run.status)),
+         cancel_requested_at = v_now, cancel_reason = null,
+         -- From here recovery counts the attempts at compensating (see _recover_expired).
+         recovery_attempts = 0,
+         finished_at = null, terminated_at = null, termination_reason = null, termination_evidence = null,
+         wait_kind = null, wait_key = null, wake_at = null, admitted = false,
+         lease_owner = case when p_keep_owner then lease_owner end,
+         lease_expires_at = case when p_keep_owner then lease_expires_at end
+   where run_id = p_run.run_id;
+  insert into runledger.events (run_id, kind, detail, fencing_token, at)
+  values (p_run.run_id, 'compensations_due',
+          jsonb_strip_nulls(jsonb_build_object('status', p_status, 'reason', p_reason, 'was', p_run.status,
+                                               'owner', case when p_keep_owner then p_run.lease_owner end)),
+          p_run.fencing_token, v_now);
+  if not runledger.is_terminal(p_run.status) then
+    perform runledger._cancel_children(p_run.run_id, format('parent %s ended %s', p_run.run_id, p_reason));
+  end if;
+  if not p_keep_owner then
+    perform runledger._dispatch(p_run.run_id, p_run.queue_name);
+  end if;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._stop_for_compensations(runledger.runs,runledger.run_status,text,jsonb,jsonb,boolean) IS 'A run with compensations due stops as CANCELLING with its final record (status, reason, evidence, error) in stop_record: kept by its owner (p_keep_owner, the owner runs them), or without an owner and dispatched (a worker claims it). _finish_run ends it with that record.';
+
 CREATE OR REPLACE FUNCTION runledger._stop_unowned(p_run_id text, p_status runledger.run_status, p_reason text, p_evidence jsonb)
  RETURNS boolean
  LANGUAGE plpgsql
 AS $function$
 declare
   v_now timestamptz := runledger.now();
+  v_run runledger.runs;
 begin
+  if p_status = 'TERMINATED' and runledger._compensations_due(p_run_id) then
+    -- A policy stop of a run that did things to undo: a worker claims it (CANCELLING,
+    -- without an owner) to run its compensations, then it ends with this record.
+    select * into v_run from runledger.runs where run_id = p_run_id and status in ('PENDING', 'WAITING') for update;
+    if not found then
+      return false;
+    end if;
+    perform runledger._stop_for_compensations(v_run, p_status, p_reason, p_evidence, null, false);
+    return true;
+  end if;
   update runledger.runs
      set status = p_status, finished_at = v_now, updated_at = v_now, terminated_at = v_now,
          termination_reason = p_reason, termination_evidence = p_evidence,
@@ -1921,7 +2023,7 @@ begin
   return true;
 end;
 $function$;
-COMMENT ON FUNCTION runledger._stop_unowned(text,runledger.run_status,text,jsonb) IS 'Ends a run that holds no worker (PENDING or WAITING) with a termination record, so no worker claims it again; cancels its children, wakes its parent.';
+COMMENT ON FUNCTION runledger._stop_unowned(text,runledger.run_status,text,jsonb) IS 'Ends a run that holds no worker (PENDING or WAITING) with a termination record, so no worker claims it again; cancels its children, wakes its parent. A TERMINATED stop of a run with compensations due makes it CANCELLING without an owner instead (_stop_for_compensations): a worker claims it, runs them, and it ends with that record.';
 
 CREATE OR REPLACE FUNCTION runledger._stop_worker(p_worker_id text)
  RETURNS integer
@@ -1948,15 +2050,29 @@ $function$;
 COMMENT ON FUNCTION runledger._stop_worker(text) IS 'Graceful worker stop: every run the worker still holds goes back to PENDING (not a recovery attempt); returns how many.';
 
 CREATE OR REPLACE FUNCTION runledger._terminate_run(p_run_id text, p_token bigint, p_reason text, p_evidence jsonb)
- RETURNS void
+ RETURNS text
  LANGUAGE plpgsql
 AS $function$
+declare
+  v_run runledger.runs;
 begin
+  select * into v_run from runledger.runs
+   where run_id = p_run_id and fencing_token = p_token and status in ('RUNNING', 'CANCELLING')
+   for update;
+  if found and v_run.stop_record is null and runledger._compensations_due(p_run_id) then
+    -- Its work was cut short, so what it did is undone first: the owner (it holds the
+    -- lease still) runs the compensations as for a cancel, and the run ends TERMINATED
+    -- with this record (_finish_run). If the owner dies, recovery hands the run to the
+    -- next worker's claim, as for a cancel.
+    perform runledger._stop_for_compensations(v_run, 'TERMINATED', p_reason, p_evidence, null, true);
+    return 'CANCELLING';
+  end if;
   perform runledger._finish_run(p_run_id, p_token, 'TERMINATED', p_reason, null, null, p_evidence, null);
   perform runledger._cancel_children(p_run_id, format('parent %s ended %s', p_run_id, p_reason));
+  return 'TERMINATED';
 end;
 $function$;
-COMMENT ON FUNCTION runledger._terminate_run(text,bigint,text,jsonb) IS 'Fenced policy stop by the run''s owner: TERMINATED with reason (DEADLINE, MAX_STEPS, ...) and evidence; children are cancelled.';
+COMMENT ON FUNCTION runledger._terminate_run(text,bigint,text,jsonb) IS 'Fenced policy stop by the run''s owner: TERMINATED with reason (DEADLINE, MAX_STEPS, BUDGET, NO_PROGRESS) and evidence; children are cancelled. A run with compensations due becomes CANCELLING instead, still owned, with that record as its stop_record: it ends TERMINATED once they have run. Returns the new status.';
 
 CREATE OR REPLACE FUNCTION runledger._wait(p_run_id text, p_token bigint, p_seq integer, p_name text, p_kind text, p_spec jsonb)
  RETURNS TABLE(done boolean, output jsonb)
@@ -2143,9 +2259,7 @@ begin
   if runledger.is_terminal(v_run.status) or v_run.status = 'CANCELLING' then
     return v_run.status; -- nothing to do: the answer is where the run stands
   end if;
-  if v_run.status in ('PENDING', 'WAITING') and not exists (
-       select 1 from runledger.operations o
-        where o.run_id = p_run_id and o.compensable and o.status = 'SUCCEEDED' and o.compensation_status is null) then
+  if v_run.status in ('PENDING', 'WAITING') and not runledger._compensations_due(p_run_id) then
     perform runledger._stop_unowned(p_run_id, 'CANCELLED', 'CANCELLED',
       jsonb_build_object('reason', p_reason, 'requested_at', v_now, 'was', v_run.status));
     return 'CANCELLED';
@@ -2176,6 +2290,50 @@ begin
 end;
 $function$;
 COMMENT ON FUNCTION runledger.cancel_run(text,text) IS 'Cancels a run: PENDING or WAITING -> CANCELLED at once (timers, dispatches revoked), or CANCELLING when it has compensations to run (a worker runs them); RUNNING -> CANCELLING, its worker is notified and ends it CANCELLED after the step in flight. Children are cancelled too. A finished run is left as it is. Returns the run''s new status.';
+
+CREATE OR REPLACE FUNCTION runledger.compensate_run(p_run_id text, p_reason text DEFAULT NULL::text)
+ RETURNS text
+ LANGUAGE plpgsql
+AS $function$
+declare
+  v_run   runledger.runs;
+  v_reset jsonb;
+begin
+  select * into v_run from runledger.runs where run_id = p_run_id for update;
+  if not found then
+    raise exception using errcode = 'RL002', message = format('compensate_run: run %L not found', p_run_id);
+  end if;
+  if v_run.status = 'CANCELLING' then
+    return 'CANCELLING'; -- its compensations are already being run
+  end if;
+  if v_run.status not in ('FAILED', 'CANCELLED', 'TERMINATED', 'DEAD_LETTER') then
+    raise exception using errcode = 'RL005',
+      message = format('compensate_run: run %s is %s; only FAILED, CANCELLED, TERMINATED and DEAD_LETTER runs are compensated this way%s',
+                       p_run_id, v_run.status,
+                       case when v_run.status = 'SUCCEEDED' then ' (a run that succeeded did its work: its effects are not undone)'
+                            else ' (cancel_run stops a run that has not finished and runs its compensations)' end);
+  end if;
+  -- A compensation recorded FAILED is tried again (with the same key, <key>:compensate);
+  -- the failure it held is kept in the event.
+  select jsonb_agg(jsonb_build_object('operation_id', o.operation_id, 'name', o.name, 'error', o.compensation_error) order by o.seq)
+    into v_reset
+    from runledger.operations o
+   where o.run_id = p_run_id and o.compensable and o.status = 'SUCCEEDED' and o.compensation_status = 'FAILED';
+  update runledger.operations o
+     set compensation_status = null, compensation_error = null, updated_at = runledger.now()
+   where o.run_id = p_run_id and o.compensable and o.status = 'SUCCEEDED' and o.compensation_status = 'FAILED';
+  if not runledger._compensations_due(p_run_id) then
+    return v_run.status; -- nothing to undo: every compensation is DONE, or the run has none
+  end if;
+  insert into runledger.events (run_id, kind, detail, fencing_token)
+  values (p_run_id, 'compensation_requested',
+          jsonb_strip_nulls(jsonb_build_object('reason', p_reason, 'status', v_run.status, 'retried', v_reset)), v_run.fencing_token);
+  perform runledger._stop_for_compensations(v_run, v_run.status, v_run.termination_reason, v_run.termination_evidence,
+                                            v_run.error, false);
+  return 'CANCELLING';
+end;
+$function$;
+COMMENT ON FUNCTION runledger.compensate_run(text,text) IS 'Operator action: runs the compensations of a FAILED, CANCELLED, TERMINATED or DEAD_LETTER run that are not DONE (a FAILED one is tried again). The run becomes CANCELLING without an owner; a worker serving its workflow version claims it, replays its checkpoints (no new step runs), runs them newest first, and the run ends with the status and termination record it had (evidence.compensations says which ran). Returns CANCELLING, or the run''s status when nothing is left to compensate. RL005 for a run that is SUCCEEDED or not finished (use cancel_run).';
 
 CREATE OR REPLACE FUNCTION runledger.decide_approval(p_request_id text, p_approved boolean, p_decided_by text, p_note text DEFAULT NULL::text)
  RETURNS jsonb
@@ -2271,7 +2429,7 @@ CREATE OR REPLACE FUNCTION runledger.is_terminal(p_status runledger.run_status)
 AS $function$
   select p_status in ('SUCCEEDED', 'FAILED', 'CANCELLED', 'TERMINATED', 'DEAD_LETTER')
 $function$;
-COMMENT ON FUNCTION runledger.is_terminal(runledger.run_status) IS 'True for the statuses a run never leaves on its own (retry_run or fork_run are explicit operator actions).';
+COMMENT ON FUNCTION runledger.is_terminal(runledger.run_status) IS 'True for the statuses a run never leaves on its own (retry_run, compensate_run and fork_run are explicit operator actions).';
 
 CREATE OR REPLACE FUNCTION runledger.now()
  RETURNS timestamp with time zone
@@ -2395,7 +2553,7 @@ AS $function$
   values
     ('PENDING'::runledger.run_status, 'RUNNING'::runledger.run_status, 'a claim (_claim_batch, fencing_token + 1), once admitted'),
     ('PENDING', 'CANCELLED', 'cancel_run'),
-    ('PENDING', 'CANCELLING', 'cancel_run with compensations to run'),
+    ('PENDING', 'CANCELLING', 'cancel_run, or a deadline, with compensations to run'),
     ('PENDING', 'TERMINATED', 'deadline (_enforce_deadlines, or at claim)'),
     ('RUNNING', 'SUCCEEDED', 'the workflow returned (_complete_run)'),
     ('RUNNING', 'FAILED', 'the workflow threw, or its input is invalid (_fail_run)'),
@@ -2403,11 +2561,11 @@ AS $function$
     ('RUNNING', 'DEAD_LETTER', 'NON_DETERMINISM, or past max_recovery_attempts'),
     ('RUNNING', 'PENDING', 'lease expired (+1 recovery attempt), or released'),
     ('RUNNING', 'WAITING', 'sleep, signal, approval, child, durable retry backoff, unknown operation'),
-    ('RUNNING', 'CANCELLING', 'cancel_run'),
+    ('RUNNING', 'CANCELLING', 'cancel_run; a policy stop with compensations to run (_terminate_run)'),
     ('WAITING', 'PENDING', 'timer, signal, decision, child ended, resolve_operation (_wake)'),
     ('WAITING', 'RUNNING', 'a claim of a due timer (_claim_batch, queue without limits)'),
     ('WAITING', 'CANCELLED', 'cancel_run'),
-    ('WAITING', 'CANCELLING', 'cancel_run with compensations to run'),
+    ('WAITING', 'CANCELLING', 'cancel_run, or a deadline, with compensations to run'),
     ('WAITING', 'TERMINATED', 'deadline (_enforce_deadlines, or at claim)'),
     ('CANCELLING', 'CANCELLED', 'the owner (_finish_cancel), or recovery if it died'),
     ('CANCELLING', 'SUCCEEDED', 'the cancel lost the race with the last step (_finish_run)'),
@@ -2415,7 +2573,11 @@ AS $function$
     ('CANCELLING', 'TERMINATED', 'the cancel lost the race with a policy stop (_finish_run)'),
     ('CANCELLING', 'DEAD_LETTER', 'the cancel lost the race with a dead-letter (_finish_run)'),
     ('FAILED', 'PENDING', 'retry_run'),
-    ('DEAD_LETTER', 'PENDING', 'retry_run')
+    ('DEAD_LETTER', 'PENDING', 'retry_run'),
+    ('FAILED', 'CANCELLING', 'compensate_run'),
+    ('CANCELLED', 'CANCELLING', 'compensate_run'),
+    ('TERMINATED', 'CANCELLING', 'compensate_run'),
+    ('DEAD_LETTER', 'CANCELLING', 'compensate_run')
 $function$;
 COMMENT ON FUNCTION runledger.run_transitions() IS 'The run state machine: every status change a run may make, and who makes it. The trigger runs_transition refuses any other (docs/state-machine.md draws the same list).';
 

@@ -280,6 +280,39 @@ describe('runledger dead-letter, retry', () => {
   });
 });
 
+describe('runledger compensate', () => {
+  it('marks a dead-lettered run whose effects are not undone, sets it CANCELLING for a worker to compensate, and refuses a run not finished', async () => {
+    await db.pool.query(`select runledger._register_workflow('cli-undo', '1', 'nobody-serves', 0)`);
+    const runId = (await db.pool.query(`select runledger.start_run('cli-undo', '{}') as id`)).rows[0].id as string;
+    const pending = (await db.pool.query(`select runledger.start_run('cli-undo', '{}') as id`)).rows[0].id as string;
+    await db.pool.query(
+      `insert into runledger.operations (operation_id, run_id, seq, name, idempotency_key, status, compensable)
+       values ($1, $2, 0, 'book', $1, 'SUCCEEDED', true)`,
+      [`op-${runId}`, runId],
+    );
+    await claimRun(db, runId, { worker: 'dead-worker', leaseMs: 1 });
+    await waitFor('dead-lettered', async () => {
+      await db.pool.query('select runledger._recover_expired()');
+      return (await runRow(runId)).status === 'DEAD_LETTER';
+    });
+
+    const listed = await cli(['dead-letter']);
+    expect(listed.stdout).toMatch(new RegExp(`${runId}\\s+cli-undo@1\\s+MAX_RECOVERY_ATTEMPTS\\s+0/0\\s+not undone`));
+    const asked = await cli(['compensate', runId, '--reason', 'order withdrawn']);
+    expect(asked).toMatchObject({ code: 0, stderr: '' });
+    expect(asked.stdout).toContain(`run ${runId} is CANCELLING`);
+    expect(asked.stdout).toContain('then the run ends DEAD_LETTER again');
+    expect(await runRow(runId)).toMatchObject({ status: 'CANCELLING', lease_owner: null });
+    expect((await runRow(runId)).stop_record).toMatchObject({ status: 'DEAD_LETTER', reason: 'MAX_RECOVERY_ATTEMPTS' });
+    const again = await cli(['compensate', runId]);
+    expect(again).toMatchObject({ code: 0, stdout: `run ${runId} is already CANCELLING: its compensations are being run\n` });
+
+    const refused = await cli(['compensate', pending]);
+    expect(refused.code).toBe(1);
+    expect(refused.stderr).toMatch(/^error \[INVALID_STATE\]: compensate_run: run .* is PENDING/);
+  });
+});
+
 describe('runledger fork', () => {
   it('starts a run that reuses the checkpoints before --from and runs the rest', async () => {
     const source = await t.engine.start(flows.two, { n: 5 });

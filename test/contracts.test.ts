@@ -27,7 +27,7 @@ describe('the state machine', () => {
     expect(drawn).toEqual(RUN_TRANSITIONS.map((t) => `${t.from}>${t.to}`).sort());
   });
 
-  it('RUN_TRANSITIONS names only known states, once each, and no terminal state leaves except by retry_run', () => {
+  it('RUN_TRANSITIONS names only known states, once each, and no terminal state leaves except by retry_run or compensate_run', () => {
     const keys = RUN_TRANSITIONS.map((t) => `${t.from}>${t.to}`);
     expect(new Set(keys).size).toBe(keys.length);
     for (const t of RUN_TRANSITIONS) {
@@ -35,7 +35,15 @@ describe('the state machine', () => {
       expect(RUN_STATES).toContain(t.to);
     }
     const fromTerminal = RUN_TRANSITIONS.filter((t) => ['SUCCEEDED', 'CANCELLED', 'TERMINATED', 'FAILED', 'DEAD_LETTER'].includes(t.from));
-    expect(fromTerminal.map((t) => `${t.from}>${t.to}:${t.by}`)).toEqual(['FAILED>PENDING:retry_run', 'DEAD_LETTER>PENDING:retry_run']);
+    // A SUCCEEDED run never leaves; compensate_run undoes only work that was cut short.
+    expect(fromTerminal.map((t) => `${t.from}>${t.to}:${t.by}`)).toEqual([
+      'FAILED>PENDING:retry_run',
+      'DEAD_LETTER>PENDING:retry_run',
+      'FAILED>CANCELLING:compensate_run',
+      'CANCELLED>CANCELLING:compensate_run',
+      'TERMINATED>CANCELLING:compensate_run',
+      'DEAD_LETTER>CANCELLING:compensate_run',
+    ]);
   });
 });
 

@@ -11,6 +11,7 @@ import { RUNTIME_VERSION } from '../engine/core/version.js';
 import { approvals } from './commands/approvals.js';
 import { approve } from './commands/approve.js';
 import { cancel } from './commands/cancel.js';
+import { compensate } from './commands/compensate.js';
 import { deadLetter } from './commands/dead-letter.js';
 import { fork } from './commands/fork.js';
 import { migrate } from './commands/migrate.js';
@@ -47,6 +48,7 @@ const COMMANDS: Record<string, Command> = {
   approve,
   resolve,
   cancel,
+  compensate,
   retry,
   fork,
   'set-queue': setQueue,

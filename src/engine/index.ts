@@ -11,6 +11,7 @@ import { setQueue, type QueueOptions, type QueueRecord } from './client/queues.j
 import { defineSchedule, type Schedule, type ScheduleOptions, type StartScheduled } from './client/schedules.js';
 import {
   cancelRun,
+  compensateRun,
   decideApproval,
   forkRun,
   resolveOperation,
@@ -90,6 +91,13 @@ export interface Engine<DB = any> {
   retry(runId: string): Promise<RunStatus>;
   /** Cancels a run: PENDING/WAITING at once, RUNNING through its worker; returns the run's new status (a finished run is left as it is). */
   cancel(runId: string, options?: { reason?: string }): Promise<RunStatus>;
+  /**
+   * Undoes a finished run's effects: the compensations of a FAILED, CANCELLED, TERMINATED
+   * or DEAD_LETTER run that are not DONE run (a FAILED one again) on a worker serving its
+   * version, and the run keeps its status. Returns CANCELLING while they run, or the run's
+   * status when none is left.
+   */
+  compensate(runId: string, options?: { reason?: string }): Promise<RunStatus>;
   /**
    * A new run reusing the source run's checkpoints before step `fromStep` (0 = start over); returns its handle.
    * Pass the source run's `workflow` to type `result()` from it (it is checked against the run's workflow
@@ -226,6 +234,7 @@ export function createEngine<DB = any>(options: EngineOptions = {}): Engine<DB> 
       return resolveOperation(pool, operationId, resolution);
     },
     cancel: (runId, cancelOptions) => cancelRun(pool, runId, cancelOptions?.reason),
+    compensate: (runId, compensateOptions) => compensateRun(pool, runId, compensateOptions?.reason),
     signal: (runId, topic, payload, signalOptions) => sendSignal(pool, runId, topic, payload, signalOptions?.signalId),
     decideApproval: (requestId, decision) => decideApproval(pool, requestId, decision),
     async runWorker(workerOptions) {

@@ -9,6 +9,7 @@ interface DeadRow {
   terminated_at: Date | null;
   recovery_attempts: number;
   max_recovery_attempts: number;
+  compensations_due: boolean;
 }
 
 /** Reads the runledger.dead_letter view, the same rows an operator sees in psql. */
@@ -35,10 +36,12 @@ export const deadLetter: Command = {
       `${r.workflow_name}@${r.workflow_version}`,
       r.termination_reason ?? '-',
       `${r.recovery_attempts}/${r.max_recovery_attempts}`,
+      r.compensations_due ? 'not undone' : '-',
       ago(r.terminated_at),
     ]);
     // Evidence is JSON of any length: it does not fit a row on 80 columns, `show` prints it whole.
-    print(renderTable(['RUN ID', 'WORKFLOW', 'REASON', 'RECOVERIES', 'WHEN'], table, { shrink: [1], right: [3] }));
+    print(renderTable(['RUN ID', 'WORKFLOW', 'REASON', 'RECOVERIES', 'EFFECTS', 'WHEN'], table, { shrink: [1], right: [3] }));
     print('\nevidence and history: runledger show RUN_ID    bring one back: runledger retry RUN_ID');
+    print('undo what one did (its compensations): runledger compensate RUN_ID');
   },
 };

@@ -70,6 +70,20 @@ export async function cancelRun(pool: pg.Pool, runId: string, reason?: string): 
   }
 }
 
+/**
+ * Runs the compensations of a finished run (FAILED, CANCELLED, TERMINATED, DEAD_LETTER)
+ * that are not DONE, a FAILED one again: CANCELLING while a worker runs them, or the
+ * run's status when nothing is left to compensate.
+ */
+export async function compensateRun(pool: pg.Pool, runId: string, reason?: string): Promise<RunStatus> {
+  try {
+    const result = await pool.query('select runledger.compensate_run(p_run_id => $1, p_reason => $2) as status', [runId, reason ?? null]);
+    return result.rows[0].status;
+  } catch (error) {
+    throw fromPgError(error);
+  }
+}
+
 export async function resolveOperation(
   pool: pg.Pool,
   operationId: string,

@@ -13,8 +13,10 @@ export const RUN_STATES = [
   'RUNNING',
   /** Holds no worker. A timer, signal, approval, child completion or operator moves it back to PENDING. */
   'WAITING',
-  /** Cancel requested while executing; the owner (or recovery, if the owner died) moves it to CANCELLED. A cancel that
-   *  loses the race with the run's last write ends it as that write says (SUCCEEDED, FAILED, TERMINATED, DEAD_LETTER). */
+  /** Stopping, its compensations to run first: a cancel, a policy stop of a run with compensations due, or compensate_run.
+   *  The owner (or, if it died, the next claim) runs them and ends the run CANCELLED, or with the record it stopped with
+   *  (stop_record: TERMINATED by a policy, or the status compensate_run set aside). A cancel that loses the race with the
+   *  run's last write ends it as that write says (SUCCEEDED, FAILED, TERMINATED, DEAD_LETTER). */
   'CANCELLING',
   /** Terminal: the workflow returned. */
   'SUCCEEDED',
@@ -39,7 +41,7 @@ export const TERMINAL_STATES: ReadonlySet<RunStatus> = new Set(['SUCCEEDED', 'FA
 export const RUN_TRANSITIONS: ReadonlyArray<{ from: RunStatus; to: RunStatus; by: string }> = [
   { from: 'PENDING', to: 'RUNNING', by: 'a claim (_claim_batch, fencing_token + 1), once admitted' },
   { from: 'PENDING', to: 'CANCELLED', by: 'cancel_run' },
-  { from: 'PENDING', to: 'CANCELLING', by: 'cancel_run with compensations to run' },
+  { from: 'PENDING', to: 'CANCELLING', by: 'cancel_run, or a deadline, with compensations to run' },
   { from: 'PENDING', to: 'TERMINATED', by: 'deadline (_enforce_deadlines, or at claim)' },
   { from: 'RUNNING', to: 'SUCCEEDED', by: 'the workflow returned (_complete_run)' },
   { from: 'RUNNING', to: 'FAILED', by: 'the workflow threw, or its input is invalid (_fail_run)' },
@@ -47,11 +49,11 @@ export const RUN_TRANSITIONS: ReadonlyArray<{ from: RunStatus; to: RunStatus; by
   { from: 'RUNNING', to: 'DEAD_LETTER', by: 'NON_DETERMINISM, or past max_recovery_attempts' },
   { from: 'RUNNING', to: 'PENDING', by: 'lease expired (+1 recovery attempt), or released' },
   { from: 'RUNNING', to: 'WAITING', by: 'sleep, signal, approval, child, durable retry backoff, unknown operation' },
-  { from: 'RUNNING', to: 'CANCELLING', by: 'cancel_run' },
+  { from: 'RUNNING', to: 'CANCELLING', by: 'cancel_run; a policy stop with compensations to run (_terminate_run)' },
   { from: 'WAITING', to: 'PENDING', by: 'timer, signal, decision, child ended, resolve_operation (_wake)' },
   { from: 'WAITING', to: 'RUNNING', by: 'a claim of a due timer (_claim_batch, queue without limits)' },
   { from: 'WAITING', to: 'CANCELLED', by: 'cancel_run' },
-  { from: 'WAITING', to: 'CANCELLING', by: 'cancel_run with compensations to run' },
+  { from: 'WAITING', to: 'CANCELLING', by: 'cancel_run, or a deadline, with compensations to run' },
   { from: 'WAITING', to: 'TERMINATED', by: 'deadline (_enforce_deadlines, or at claim)' },
   { from: 'CANCELLING', to: 'CANCELLED', by: 'the owner (_finish_cancel), or recovery if it died' },
   { from: 'CANCELLING', to: 'SUCCEEDED', by: 'the cancel lost the race with the last step (_finish_run)' },
@@ -60,6 +62,10 @@ export const RUN_TRANSITIONS: ReadonlyArray<{ from: RunStatus; to: RunStatus; by
   { from: 'CANCELLING', to: 'DEAD_LETTER', by: 'the cancel lost the race with a dead-letter (_finish_run)' },
   { from: 'FAILED', to: 'PENDING', by: 'retry_run' },
   { from: 'DEAD_LETTER', to: 'PENDING', by: 'retry_run' },
+  { from: 'FAILED', to: 'CANCELLING', by: 'compensate_run' },
+  { from: 'CANCELLED', to: 'CANCELLING', by: 'compensate_run' },
+  { from: 'TERMINATED', to: 'CANCELLING', by: 'compensate_run' },
+  { from: 'DEAD_LETTER', to: 'CANCELLING', by: 'compensate_run' },
 ];
 
 export const TERMINATION_REASONS = [

@@ -81,6 +81,7 @@ export const RUNLEDGER_TABLES = {
     termination_evidence: 'jsonb null',
     terminated_at: 'timestamptz null',
     policy_version: 'text null',
+    stop_record: 'jsonb null',
   },
   'runledger.steps': {
     run_id: 'text',

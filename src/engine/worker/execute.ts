@@ -82,6 +82,12 @@ export async function executeClaimed(run: ClaimedRun, options: ExecuteOptions): 
       },
     );
     const outcome = await Promise.race([settled, exec.halted]);
+    if (run.cancel_requested) {
+      // Claimed CANCELLING (a cancel, a policy stop or compensate_run while no worker held
+      // it): the replay only rebuilt the compensations; none of its own steps runs again.
+      await finishStopping(exec, outcome);
+      return;
+    }
     if ('kind' in outcome && (outcome.kind === 'returned' || outcome.kind === 'threw') && !exec.haltReason) {
       const error = notAwaited(exec, policyVersion, outcome);
       if (error) exec.halt({ kind: 'not_awaited', error });
@@ -128,7 +134,6 @@ export async function executeClaimed(run: ClaimedRun, options: ExecuteOptions): 
     deps.log('error', `run ${runId}: execution failed`, { error: serializeError(error) });
     await release(exec, RELEASE_DELAY_MS, 'infrastructure').catch(() => undefined);
   } finally {
-    await compensateTerminated(exec);
     exec.end(exec.haltReason ? `this execution stopped: ${exec.haltReason.kind}` : 'this execution stopped');
     options.untrack(exec);
   }
@@ -154,25 +159,32 @@ function notAwaited(
   );
 }
 
+/** Halts that mean this execution no longer holds the run, or must give it back: it writes nothing more. */
+const LETTING_GO = new Set<Halt['kind']>(['lease_lost', 'infrastructure', 'shutdown', 'crashed', 'stopped', 'suspended']);
+
 /**
- * A run this execution ended TERMINATED (deadline, max steps, budget, no progress) gets
- * its compensations run, as a failed or cancelled one does: a policy stop leaves the
- * run's effects undone otherwise. Compensation writes are fenced by the token alone, so
- * they are recorded after the run's end and past its deadline. Never throws.
+ * A run claimed CANCELLING: whatever the replay ended with (it stopped at the first step
+ * without a checkpoint, returned, threw, or met a step the code no longer has), the
+ * compensations it rebuilt run and the run ends: CANCELLED, or with the record of what
+ * stopped it (stop_record). Compensations the replay did not reach stay not run; the
+ * termination evidence names them.
  */
-async function compensateTerminated(exec: Execution): Promise<void> {
-  if (exec.compensations.length === 0 || exec.haltReason?.kind === 'crashed') return;
-  try {
-    const { rows } = await exec.deps.pool.query('select status from runledger.runs where run_id = $1 and fencing_token = $2', [
-      exec.runId,
-      exec.fencingToken.toString(),
-    ]);
-    if (rows[0]?.status !== 'TERMINATED') return;
-    const failures = await runCompensations(exec);
-    if (failures.length > 0) exec.deps.log('error', `run ${exec.runId}: compensations failed after TERMINATED`, { failures });
-  } catch (error) {
-    exec.deps.log('error', `run ${exec.runId}: compensations of the terminated run not completed`, { error: serializeError(error) });
+async function finishStopping(exec: Execution, outcome: unknown): Promise<void> {
+  const halt = exec.haltReason;
+  if (halt && LETTING_GO.has(halt.kind)) return handleHalt(exec, halt, '');
+  if (halt?.kind === 'non_determinism') {
+    exec.deps.log('warn', `run ${exec.runId}: the replay of a stopping run diverged; compensating what it reached: ${halt.error.message}`);
+  } else if (outcome && typeof outcome === 'object' && 'kind' in outcome && outcome.kind === 'threw') {
+    exec.deps.log('info', `run ${exec.runId}: the replay of a stopping run threw; compensating`);
   }
+  await compensateAndFinish(exec);
+}
+
+/** Runs the compensations and ends the CANCELLING run this execution owns (_finish_cancel: CANCELLED, or its stop_record). */
+async function compensateAndFinish(exec: Execution): Promise<void> {
+  await runCompensations(exec);
+  if (exec.haltReason?.kind === 'crashed' || exec.haltReason?.kind === 'suspended') return; // a crash point (tests)
+  await finish(exec, 'runledger._finish_cancel(p_run_id => $1, p_token => $2)', []);
 }
 
 async function handleHalt(exec: Execution, halt: Halt, policyVersion: string): Promise<void> {
@@ -211,8 +223,7 @@ async function handleHalt(exec: Execution, halt: Halt, policyVersion: string): P
     case 'cancelled':
       // The step that was in flight when the cancel came keeps its result.
       await flushPending(exec);
-      await runCompensations(exec);
-      await finish(exec, 'runledger._finish_cancel(p_run_id => $1, p_token => $2)', []);
+      await compensateAndFinish(exec);
       return;
     case 'not_awaited': {
       // The user's bug: the calls left in flight record nothing (the halt stops them at their
@@ -235,10 +246,7 @@ async function handleHalt(exec: Execution, halt: Halt, policyVersion: string): P
     }
     case 'terminate':
       await flushPending(exec); // the step before the limit finished: its result is kept
-      await finish(exec, 'runledger._terminate_run(p_run_id => $1, p_token => $2, p_reason => $3, p_evidence => $4::jsonb)', [
-        halt.reason,
-        JSON.stringify(halt.evidence),
-      ]);
+      await terminate(exec, halt.reason, halt.evidence);
       return;
   }
 }
@@ -305,16 +313,31 @@ async function fencedWrite(exec: Execution, write: () => Promise<unknown>): Prom
       }
       if (pgCode(error) === SQLSTATE.PAST_DEADLINE) {
         // The deadline passed before the run could finish: that is how it ends.
-        await exec.deps.pool.query(
-          'select runledger._terminate_run(p_run_id => $1, p_token => $2, p_reason => $3, p_evidence => $4::jsonb)',
-          [exec.runId, exec.fencingToken.toString(), 'DEADLINE', JSON.stringify({ message: (error as Error).message })],
-        );
+        await terminate(exec, 'DEADLINE', { message: (error as Error).message });
         return;
       }
       if (!isConnectionError(error) || attempt >= FINISH_TRIES) throw error;
       await new Promise((resolve) => setTimeout(resolve, 100 * attempt));
     }
   }
+}
+
+/**
+ * A policy stop by the owner. A run with compensations due comes back CANCELLING (still
+ * ours, with the TERMINATED record set aside): its compensations run here, newest first,
+ * and it ends TERMINATED. A crash in between leaves it CANCELLING for recovery and the
+ * next claim, which finish the same way.
+ */
+async function terminate(exec: Execution, reason: string, evidence: Record<string, unknown>): Promise<void> {
+  let status: string | undefined;
+  await fencedWrite(exec, async () => {
+    const { rows } = await exec.deps.pool.query(
+      'select runledger._terminate_run(p_run_id => $1, p_token => $2, p_reason => $3, p_evidence => $4::jsonb) as status',
+      [exec.runId, exec.fencingToken.toString(), reason, JSON.stringify(evidence)],
+    );
+    status = rows[0].status;
+  });
+  if (status === 'CANCELLING') await compensateAndFinish(exec);
 }
 
 async function release(exec: Execution, delayMs: number, reason: string): Promise<void> {
