@@ -64,7 +64,8 @@ comment on function runledger._new_id() is 'A new ULID (26 characters, Crockford
 
 create function runledger.start_run(p_workflow text, p_input jsonb, p_options jsonb default '{}')
 returns text
-language plpgsql volatile as $$
+language plpgsql volatile
+set enable_seqscan = off set jit = off as $$
 declare
   v_now      timestamptz := runledger.now();
   v_opts     jsonb := coalesce(p_options, '{}');
@@ -302,7 +303,8 @@ create function runledger._checkpoint(
   p_run_id text, p_token bigint, p_seq int, p_name text, p_kind text, p_status text,
   p_output jsonb, p_error jsonb, p_attempts int, p_started_ms_ago bigint, p_charge numeric default 0)
 returns table (pid int, run_status text)
-language plpgsql volatile as $$
+language plpgsql volatile
+set enable_seqscan = off set jit = off as $$
 begin
   run_status := (runledger._checkpoint_row(p_run_id, p_token, p_seq, p_name, p_kind, p_status, p_output, p_error,
                                            p_attempts, p_started_ms_ago, p_charge)).status;
@@ -315,7 +317,8 @@ comment on function runledger._checkpoint(text, bigint, int, text, text, text, j
 
 create function runledger._checkpoint_outcome(p_run_id text, p_seq int, p_token bigint)
 returns table (committed boolean, status text, output jsonb, error jsonb, still_owner boolean)
-language plpgsql volatile as $$
+language plpgsql volatile
+set enable_seqscan = off set jit = off as $$
 declare
   v_token bigint;
 begin
@@ -399,7 +402,8 @@ comment on function runledger._finish_run(text, bigint, runledger.run_status, te
   'Fenced move of an executing run to a terminal status with its termination record (reason, evidence, time, policy version). A CANCELLING run with a stop_record ends with that record instead, its evidence extended with the outcome of its compensations.';
 
 create function runledger._complete_run(p_run_id text, p_token bigint, p_output jsonb, p_policy_version text, p_charge numeric default 0)
-returns void language plpgsql volatile as $$
+returns void language plpgsql volatile
+set enable_seqscan = off set jit = off as $$
 declare
   v_run runledger.runs := runledger._fence(p_run_id, p_token);
 begin
@@ -422,7 +426,8 @@ create function runledger._complete_with_checkpoint(
   p_run_id text, p_token bigint, p_seq int, p_name text, p_kind text, p_status text,
   p_step_output jsonb, p_error jsonb, p_attempts int, p_started_ms_ago bigint, p_charge numeric,
   p_output jsonb, p_policy_version text)
-returns void language plpgsql volatile as $$
+returns void language plpgsql volatile
+set enable_seqscan = off set jit = off as $$
 declare
   v_now      timestamptz := runledger.now();
   v_run      runledger.runs;
@@ -477,7 +482,8 @@ comment on function runledger._complete_with_checkpoint(text, bigint, int, text,
   'Fenced: writes the last step''s checkpoint and completes the run in one transaction (unless the checkpoint itself ended the run, e.g. over budget).';
 
 create function runledger._fail_run(p_run_id text, p_token bigint, p_error jsonb, p_policy_version text)
-returns void language plpgsql volatile as $$
+returns void language plpgsql volatile
+set enable_seqscan = off set jit = off as $$
 begin
   perform runledger._finish_run(p_run_id, p_token, 'FAILED', 'FAILED', null, p_error, null, p_policy_version);
 end;
@@ -486,7 +492,8 @@ comment on function runledger._fail_run(text, bigint, jsonb, text) is
   'Fenced failure: the workflow threw; FAILED with the error and the FAILED termination record.';
 
 create function runledger._dead_letter_run(p_run_id text, p_token bigint, p_reason text, p_evidence jsonb, p_policy_version text)
-returns void language plpgsql volatile as $$
+returns void language plpgsql volatile
+set enable_seqscan = off set jit = off as $$
 begin
   perform runledger._finish_run(p_run_id, p_token, 'DEAD_LETTER', p_reason, null, null, p_evidence, p_policy_version);
 end;
@@ -496,7 +503,8 @@ comment on function runledger._dead_letter_run(text, bigint, text, jsonb, text) 
 
 create function runledger._release_run(p_run_id text, p_token bigint, p_delay_ms int, p_reason text, p_counts_attempt boolean default false)
 returns boolean
-language plpgsql volatile as $$
+language plpgsql volatile
+set enable_seqscan = off set jit = off as $$
 declare
   v_run runledger.runs;
   v_now timestamptz := runledger.now();

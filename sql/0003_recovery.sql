@@ -35,7 +35,8 @@ comment on function runledger._register_worker(text, text, int, text[], text[], 
 -- Its heartbeat, which renews all its leases in one statement, and its graceful stop lock
 -- them in the same order, so they wait for each other instead of deadlocking.
 create function runledger._heartbeat(p_worker_id text, p_lease_ms int, p_except text[] default '{}') returns text[]
-language plpgsql volatile as $$
+language plpgsql volatile
+set enable_seqscan = off set jit = off as $$
 declare
   v_now  timestamptz := runledger.now();
   v_runs text[];
@@ -64,7 +65,8 @@ comment on function runledger._heartbeat(text, int, text[]) is
   'Worker heartbeat: marks the worker alive and renews the leases of all runs it owns, except p_except (runs whose current step heartbeats itself); returns the ids renewed.';
 
 create function runledger._stop_worker(p_worker_id text) returns int
-language plpgsql volatile as $$
+language plpgsql volatile
+set enable_seqscan = off set jit = off as $$
 declare
   v_run   record;
   v_count int := 0;
@@ -87,7 +89,8 @@ comment on function runledger._stop_worker(text) is
   'Graceful worker stop: every run the worker still holds goes back to PENDING (not a recovery attempt); returns how many.';
 
 create function runledger._recover_expired(p_limit int default 1000) returns int
-language plpgsql volatile as $$
+language plpgsql volatile
+set enable_seqscan = off set jit = off as $$
 declare
   v_now   timestamptz := runledger.now();
   v_run   runledger.runs;
@@ -170,7 +173,8 @@ comment on function runledger._recover_expired(int) is
   'Sweeper, run by every live worker: each RUNNING run whose lease expired goes back to PENDING counting one recovery attempt and is re-dispatched, or, past max_recovery_attempts, to DEAD_LETTER with its termination record (through _finish_run: parent woken, queue slot freed). Attempts count expiries since the last progress: an expired execution that committed a checkpoint under its fencing token (_made_progress) starts the count again at 1. A CANCELLING one with compensations due is left without an owner for the next claim (counting an attempt; past max_recovery_attempts they are given up on, event compensations_abandoned); without, or given up on, it ends CANCELLED (or with its stop_record). Marks silent workers stopped. Returns how many runs it handled.';
 
 create function runledger.retry_run(p_run_id text) returns text
-language plpgsql volatile as $$
+language plpgsql volatile
+set enable_seqscan = off set jit = off as $$
 declare
   v_run     runledger.runs;
   v_dropped jsonb;

@@ -87,7 +87,8 @@ comment on function runledger._end_wait(text, int, jsonb) is 'Marks the wait ste
 create function runledger._wait(
   p_run_id text, p_token bigint, p_seq int, p_name text, p_kind text, p_spec jsonb)
 returns table (done boolean, output jsonb)
-language plpgsql volatile as $$
+language plpgsql volatile
+set enable_seqscan = off set jit = off as $$
 declare
   v_now      timestamptz := runledger.now();
   v_run      runledger.runs;
@@ -108,6 +109,10 @@ begin
       when p_spec ? 'until' then (p_spec->>'until')::timestamptz
       when p_spec ? 'timeout_ms' then v_now + make_interval(secs => (p_spec->>'timeout_ms')::numeric / 1000.0)
     end;
+    if p_kind = 'sleep' and v_wake_at is null then
+      -- A timer without a wake-up time would wait forever.
+      raise exception using errcode = 'RL003', message = format('run %s: sleep %s has no duration or time (spec %s)', p_run_id, p_name, p_spec);
+    end if;
     insert into runledger.steps (run_id, seq, name, kind, status, output, started_at, finished_at, fencing_token)
     values (p_run_id, p_seq, p_name, p_kind, 'WAITING',
             jsonb_strip_nulls(jsonb_build_object('wake_at', v_wake_at, 'spec', p_spec)), v_now, v_now, p_token)
@@ -187,7 +192,8 @@ comment on function runledger._wait(text, bigint, int, text, text, jsonb) is
 
 create function runledger.send_signal(p_run_id text, p_topic text, p_payload jsonb, p_signal_id text default null)
 returns boolean
-language plpgsql volatile as $$
+language plpgsql volatile
+set enable_seqscan = off set jit = off as $$
 declare
   v_run runledger.runs;
   v_id  text := coalesce(p_signal_id, runledger._new_id());
@@ -226,7 +232,8 @@ comment on function runledger.send_signal(text, text, jsonb, text) is
 
 create function runledger.decide_approval(p_request_id text, p_approved boolean, p_decided_by text, p_note text default null)
 returns jsonb
-language plpgsql volatile as $$
+language plpgsql volatile
+set enable_seqscan = off set jit = off as $$
 declare
   v_approval runledger.approvals;
   v_recorded boolean := false;
@@ -271,7 +278,8 @@ comment on function runledger.decide_approval(text, boolean, text, text) is
 create function runledger._start_child(
   p_run_id text, p_token bigint, p_seq int, p_name text, p_workflow text, p_input jsonb, p_options jsonb)
 returns text
-language plpgsql volatile as $$
+language plpgsql volatile
+set enable_seqscan = off set jit = off as $$
 declare
   v_parent  runledger.runs;
   v_options jsonb;
@@ -310,7 +318,8 @@ comment on function runledger._wake_parent(text) is
   'Called when a run reaches a terminal state: wakes its parent if the parent waits for it.';
 
 create function runledger._wake_due(p_limit int default 1000, p_grace_ms int default 0) returns int
-language plpgsql volatile as $$
+language plpgsql volatile
+set enable_seqscan = off set jit = off as $$
 declare
   v_run   runledger.runs;
   v_count int := 0;

@@ -112,7 +112,8 @@ comment on function runledger._stop_for_compensations(runledger.runs, runledger.
   'A run with compensations due stops as CANCELLING with its final record (status, reason, evidence, error) in stop_record: kept by its owner (p_keep_owner, the owner runs them), or without an owner and dispatched (a worker claims it). _finish_run ends it with that record.';
 
 create function runledger.cancel_run(p_run_id text, p_reason text default null) returns text
-language plpgsql volatile as $$
+language plpgsql volatile
+set enable_seqscan = off set jit = off as $$
 declare
   v_run runledger.runs;
   v_now timestamptz := runledger.now();
@@ -158,7 +159,8 @@ comment on function runledger.cancel_run(text, text) is
   'Cancels a run: PENDING or WAITING -> CANCELLED at once (timers, dispatches revoked), or CANCELLING when it has compensations to run (a worker runs them); RUNNING -> CANCELLING, its worker is notified and ends it CANCELLED after the step in flight. Children are cancelled too. A finished run is left as it is. Returns the run''s new status.';
 
 create function runledger._finish_cancel(p_run_id text, p_token bigint) returns void
-language plpgsql volatile as $$
+language plpgsql volatile
+set enable_seqscan = off set jit = off as $$
 declare
   v_run runledger.runs;
 begin
@@ -175,7 +177,8 @@ $$;
 comment on function runledger._finish_cancel(text, bigint) is 'Fenced: the owner of a CANCELLING run ends it CANCELLED with the cancel request as evidence.';
 
 create function runledger._terminate_run(p_run_id text, p_token bigint, p_reason text, p_evidence jsonb) returns text
-language plpgsql volatile as $$
+language plpgsql volatile
+set enable_seqscan = off set jit = off as $$
 declare
   v_run runledger.runs;
 begin
@@ -248,7 +251,8 @@ comment on function runledger._deadline_evidence(runledger.runs, timestamptz) is
   'The evidence of a DEADLINE stop of a run that holds no worker, the same wherever it is found (the deadline sweep, a claim): deadline_at, noticed_at, was (PENDING or WAITING), wait_kind (null unless WAITING).';
 
 create function runledger._enforce_deadlines(p_limit int default 1000) returns int
-language plpgsql volatile as $$
+language plpgsql volatile
+set enable_seqscan = off set jit = off as $$
 declare
   v_run   runledger.runs;
   v_count int := 0;

@@ -64,7 +64,8 @@ comment on table runledger.step_progress is
 create function runledger._operation_begin(
   p_run_id text, p_token bigint, p_seq int, p_name text, p_key text, p_compensable boolean, p_again boolean)
 returns table (operation_id text, status text, attempts int, idempotency_key text, result jsonb, error jsonb)
-language plpgsql volatile as $$
+language plpgsql volatile
+set enable_seqscan = off set jit = off as $$
 declare
   v_run   runledger.runs := runledger._fence(p_run_id, p_token);
   v_op    runledger.operations;
@@ -155,7 +156,8 @@ comment on function runledger._operation_finish(text, bigint, text, text, jsonb,
 
 create function runledger._operation_park(p_run_id text, p_token bigint, p_seq int, p_operation_id text, p_retry_in_ms int)
 returns void
-language plpgsql volatile as $$
+language plpgsql volatile
+set enable_seqscan = off set jit = off as $$
 declare
   v_run runledger.runs := runledger._fence(p_run_id, p_token);
   v_wake timestamptz := case when p_retry_in_ms is not null then runledger.now() + make_interval(secs => p_retry_in_ms / 1000.0) end;
@@ -180,7 +182,8 @@ comment on function runledger._operation_park(text, bigint, int, text, int) is
 
 create function runledger.resolve_operation(p_operation_id text, p_status text, p_result jsonb default null, p_resolved_by text default null)
 returns text
-language plpgsql volatile as $$
+language plpgsql volatile
+set enable_seqscan = off set jit = off as $$
 declare
   v_op runledger.operations;
 begin
@@ -210,7 +213,8 @@ comment on function runledger.resolve_operation(text, text, jsonb, text) is
 
 create function runledger._record_retry(p_run_id text, p_token bigint, p_seq int, p_name text, p_attempt int, p_error jsonb, p_delay_ms int)
 returns boolean
-language plpgsql volatile as $$
+language plpgsql volatile
+set enable_seqscan = off set jit = off as $$
 declare
   v_run runledger.runs := runledger._fence(p_run_id, p_token);
 begin
@@ -232,7 +236,8 @@ comment on function runledger._record_retry(text, bigint, int, text, int, jsonb,
 
 create function runledger._retry_wait(p_run_id text, p_token bigint, p_seq int, p_name text, p_kind text, p_attempt int, p_delay_ms int)
 returns void
-language plpgsql volatile as $$
+language plpgsql volatile
+set enable_seqscan = off set jit = off as $$
 declare
   v_run  runledger.runs := runledger._fence(p_run_id, p_token);
   v_wake timestamptz := runledger.now() + make_interval(secs => p_delay_ms / 1000.0);
@@ -258,7 +263,8 @@ comment on function runledger._retry_wait(text, bigint, int, text, text, int, in
 
 create function runledger._heartbeat_step(p_run_id text, p_token bigint, p_seq int, p_progress jsonb, p_lease_ms int)
 returns text
-language plpgsql volatile as $$
+language plpgsql volatile
+set enable_seqscan = off set jit = off as $$
 declare
   v_run runledger.runs;
 begin
@@ -318,7 +324,8 @@ comment on function runledger._compensation_summary(text) is
   'The compensations of a run''s succeeded operations: how many are DONE, and the names of those FAILED and of those not run (a replay that stopped before reaching them, or recovery that gave up).';
 
 create function runledger._compensation_begin(p_run_id text, p_token bigint, p_operation_id text) returns text
-language plpgsql volatile as $$
+language plpgsql volatile
+set enable_seqscan = off set jit = off as $$
 declare
   v_status text;
   v_reused boolean;
@@ -347,7 +354,8 @@ comment on function runledger._compensation_begin(text, bigint, text) is
   'Fenced by _compensation_fence: records that an operation''s compensation starts (a STARTED one left by a crash is run again with the same key); returns DONE or FAILED when it already ran, NOT_THIS_RUN or REUSED for an operation that belongs to an ancestor run (fork_run).';
 
 create function runledger._compensation_finish(p_run_id text, p_token bigint, p_operation_id text, p_ok boolean, p_error jsonb) returns void
-language plpgsql volatile as $$
+language plpgsql volatile
+set enable_seqscan = off set jit = off as $$
 begin
   perform runledger._compensation_fence(p_run_id, p_token);
   update runledger.operations set compensation_status = case when p_ok then 'DONE' else 'FAILED' end, compensation_error = p_error,
@@ -366,7 +374,8 @@ comment on function runledger._compensation_finish(text, bigint, text, boolean, 
 -- a worker serving its workflow version claims it, replays its history without running a
 -- new step, runs the compensations not DONE, and the run ends with the record it had.
 create function runledger.compensate_run(p_run_id text, p_reason text default null) returns text
-language plpgsql volatile as $$
+language plpgsql volatile
+set enable_seqscan = off set jit = off as $$
 declare
   v_run   runledger.runs;
   v_reset jsonb;
@@ -412,7 +421,8 @@ create function runledger._operation_checkpoint(
   p_run_id text, p_token bigint, p_seq int, p_name text, p_operation_id text, p_status text,
   p_output jsonb, p_error jsonb, p_external_resource_id text, p_attempts int, p_started_ms_ago bigint, p_charge numeric)
 returns table (pid int, run_status text)
-language plpgsql volatile as $$
+language plpgsql volatile
+set enable_seqscan = off set jit = off as $$
 begin
   -- The outcome in the ledger and the step checkpoint commit together. UNKNOWN: the step fails
   -- (reconcile gave an invalid answer) while the ledger row stays UNKNOWN; the error goes into events.

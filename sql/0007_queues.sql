@@ -54,7 +54,8 @@ comment on function runledger._queue_limited(text) is 'True when the queue has a
 -- With one timestamp for the round, a claim with fewer free slots than the round took
 -- the oldest first, and a tenant with a long backlog got ahead of the others again.
 create function runledger._admit(p_queue text, p_max int default 1000) returns int
-language plpgsql volatile as $$
+language plpgsql volatile
+set enable_seqscan = off set jit = off as $$
 declare
   v_q      runledger.queues;
   v_now    timestamptz := runledger.now();
@@ -135,7 +136,8 @@ comment on function runledger._admit(text, int) is
   'Admission for one queue, under its row lock: fills free slots (concurrency, per-key concurrency, rate limit; none when paused) with PENDING runs by priority (lower first), then fair turns across concurrency keys, then age, and dispatches them. Work-conserving. Returns how many it admitted.';
 
 create function runledger._make_runnable(p_run_id text, p_delay_ms int default 0) returns void
-language plpgsql volatile as $$
+language plpgsql volatile
+set enable_seqscan = off set jit = off as $$
 declare
   v_run runledger.runs;
 begin
@@ -172,7 +174,8 @@ comment on function runledger._slot_freed(text) is
   'Called when a run leaves its slot (finished, waiting, cancelled): admits the next run of a queue with limits.';
 
 create function runledger._admit_all(p_limit int default 1000) returns int
-language sql volatile as $$
+language sql volatile
+set enable_seqscan = off set jit = off as $$
   -- Sweeper: rate-limit windows that opened, and queues whose limits were raised.
   select coalesce(sum(runledger._admit(q.name, p_limit)), 0)::int
     from runledger.queues q
@@ -183,7 +186,8 @@ comment on function runledger._admit_all(int) is
   'Sweeper: runs admission for every queue with runs waiting for it (a rate-limit window that opened, a raised limit). Returns how many runs it admitted.';
 
 create function runledger.set_queue(p_name text, p_options jsonb) returns runledger.queues
-language plpgsql volatile as $$
+language plpgsql volatile
+set enable_seqscan = off set jit = off as $$
 declare
   v_opts jsonb := coalesce(p_options, '{}');
   v_key  text;

@@ -49,7 +49,8 @@ returns table (
   run_id text, workflow_name text, workflow_version text, input jsonb, fencing_token bigint,
   recovery_attempts int, max_steps int, budget numeric, budget_spent numeric,
   cancel_requested boolean, checkpoints jsonb, progress jsonb, next_due_in_ms bigint)
-language plpgsql volatile as $$
+language plpgsql volatile
+set enable_seqscan = off set jit = off as $$
 declare
   v_now   timestamptz := runledger.now();
   v_ids   text[] := '{}';

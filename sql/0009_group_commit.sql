@@ -115,7 +115,8 @@ comment on function runledger._commit_fast(jsonb) is
 
 create function runledger._commit_batch(p_items jsonb)
 returns table (item int, code text, message text, run_status text)
-language plpgsql volatile as $$
+language plpgsql volatile
+set enable_seqscan = off set jit = off as $$
 declare
   v_item jsonb;
   v_index int := 0;
@@ -175,7 +176,8 @@ comment on function runledger._commit_batch(jsonb) is
 create function runledger._commit_and_claim(
   p_items jsonb, p_worker_id text, p_queues text[], p_workflows text[], p_limit int, p_lease_ms int)
 returns table (item int, code text, message text, run_status text, claimed jsonb)
-language plpgsql volatile as $$
+language plpgsql volatile
+set enable_seqscan = off set jit = off as $$
 begin
   return query select b.item, b.code, b.message, b.run_status, null::jsonb from runledger._commit_batch(p_items) b;
   begin

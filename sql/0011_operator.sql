@@ -6,7 +6,8 @@
 --   runledger.prune(older_than)            deletes finished runs (and everything they own) older than that
 
 create function runledger.fork_run(p_run_id text, p_from_step int) returns text
-language plpgsql volatile as $$
+language plpgsql volatile
+set enable_seqscan = off set jit = off as $$
 declare
   v_src  runledger.runs;
   v_id   text := runledger._new_id();
@@ -48,7 +49,8 @@ comment on function runledger.fork_run(text, int) is
   'Operator action: starts a new run of the same workflow version and input that reuses the source run''s checkpoints before step from_step (0 = start over) and runs the rest. Returns the new run_id. Operations copied this way are not compensated by the fork.';
 
 create function runledger.prune(p_older_than interval) returns bigint
-language plpgsql volatile as $$
+language plpgsql volatile
+set enable_seqscan = off set jit = off as $$
 declare
   v_cutoff timestamptz := runledger.now() - p_older_than;
   v_count  bigint;

@@ -436,6 +436,8 @@ COMMENT ON VIEW runledger.waiting IS 'Runs waiting, holding no worker: what for 
 CREATE OR REPLACE FUNCTION runledger._admit(p_queue text, p_max integer DEFAULT 1000)
  RETURNS integer
  LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
 AS $function$
 declare
   v_q      runledger.queues;
@@ -518,6 +520,8 @@ COMMENT ON FUNCTION runledger._admit(text,integer) IS 'Admission for one queue, 
 CREATE OR REPLACE FUNCTION runledger._admit_all(p_limit integer DEFAULT 1000)
  RETURNS integer
  LANGUAGE sql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
 AS $function$
   -- Sweeper: rate-limit windows that opened, and queues whose limits were raised.
   select coalesce(sum(runledger._admit(q.name, p_limit)), 0)::int
@@ -697,6 +701,8 @@ COMMENT ON FUNCTION runledger._check_whole_number(jsonb,text,integer) IS 'Raises
 CREATE OR REPLACE FUNCTION runledger._checkpoint(p_run_id text, p_token bigint, p_seq integer, p_name text, p_kind text, p_status text, p_output jsonb, p_error jsonb, p_attempts integer, p_started_ms_ago bigint, p_charge numeric DEFAULT 0)
  RETURNS TABLE(pid integer, run_status text)
  LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
 AS $function$
 begin
   run_status := (runledger._checkpoint_row(p_run_id, p_token, p_seq, p_name, p_kind, p_status, p_output, p_error,
@@ -710,6 +716,8 @@ COMMENT ON FUNCTION runledger._checkpoint(text,bigint,integer,text,text,text,jso
 CREATE OR REPLACE FUNCTION runledger._checkpoint_outcome(p_run_id text, p_seq integer, p_token bigint)
  RETURNS TABLE(committed boolean, status text, output jsonb, error jsonb, still_owner boolean)
  LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
 AS $function$
 declare
   v_token bigint;
@@ -773,6 +781,8 @@ COMMENT ON FUNCTION runledger._checkpoint_row(text,bigint,integer,text,text,text
 CREATE OR REPLACE FUNCTION runledger._claim_batch(p_worker_id text, p_queues text[], p_workflows text[], p_limit integer, p_lease_ms integer, p_reclaim_except text[] DEFAULT NULL::text[])
  RETURNS TABLE(run_id text, workflow_name text, workflow_version text, input jsonb, fencing_token bigint, recovery_attempts integer, max_steps integer, budget numeric, budget_spent numeric, cancel_requested boolean, checkpoints jsonb, progress jsonb, next_due_in_ms bigint)
  LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
 AS $function$
 declare
   v_now   timestamptz := runledger.now();
@@ -911,6 +921,8 @@ COMMENT ON FUNCTION runledger._claim_batch(text,text[],text[],integer,integer,te
 CREATE OR REPLACE FUNCTION runledger._commit_and_claim(p_items jsonb, p_worker_id text, p_queues text[], p_workflows text[], p_limit integer, p_lease_ms integer)
  RETURNS TABLE(item integer, code text, message text, run_status text, claimed jsonb)
  LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
 AS $function$
 begin
   return query select b.item, b.code, b.message, b.run_status, null::jsonb from runledger._commit_batch(p_items) b;
@@ -930,6 +942,8 @@ COMMENT ON FUNCTION runledger._commit_and_claim(jsonb,text,text[],text[],integer
 CREATE OR REPLACE FUNCTION runledger._commit_batch(p_items jsonb)
  RETURNS TABLE(item integer, code text, message text, run_status text)
  LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
 AS $function$
 declare
   v_item jsonb;
@@ -1087,6 +1101,8 @@ COMMENT ON FUNCTION runledger._commit_fast(jsonb) IS 'The fast part of _commit_b
 CREATE OR REPLACE FUNCTION runledger._compensation_begin(p_run_id text, p_token bigint, p_operation_id text)
  RETURNS text
  LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
 AS $function$
 declare
   v_status text;
@@ -1133,6 +1149,8 @@ COMMENT ON FUNCTION runledger._compensation_fence(text,bigint) IS 'The fence of 
 CREATE OR REPLACE FUNCTION runledger._compensation_finish(p_run_id text, p_token bigint, p_operation_id text, p_ok boolean, p_error jsonb)
  RETURNS void
  LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
 AS $function$
 begin
   perform runledger._compensation_fence(p_run_id, p_token);
@@ -1175,6 +1193,8 @@ COMMENT ON FUNCTION runledger._compensations_due(text) IS 'True when the run has
 CREATE OR REPLACE FUNCTION runledger._complete_run(p_run_id text, p_token bigint, p_output jsonb, p_policy_version text, p_charge numeric DEFAULT 0)
  RETURNS void
  LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
 AS $function$
 declare
   v_run runledger.runs := runledger._fence(p_run_id, p_token);
@@ -1196,6 +1216,8 @@ COMMENT ON FUNCTION runledger._complete_run(text,bigint,jsonb,text,numeric) IS '
 CREATE OR REPLACE FUNCTION runledger._complete_with_checkpoint(p_run_id text, p_token bigint, p_seq integer, p_name text, p_kind text, p_status text, p_step_output jsonb, p_error jsonb, p_attempts integer, p_started_ms_ago bigint, p_charge numeric, p_output jsonb, p_policy_version text)
  RETURNS void
  LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
 AS $function$
 declare
   v_now      timestamptz := runledger.now();
@@ -1252,6 +1274,8 @@ COMMENT ON FUNCTION runledger._complete_with_checkpoint(text,bigint,integer,text
 CREATE OR REPLACE FUNCTION runledger._dead_letter_run(p_run_id text, p_token bigint, p_reason text, p_evidence jsonb, p_policy_version text)
  RETURNS void
  LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
 AS $function$
 begin
   perform runledger._finish_run(p_run_id, p_token, 'DEAD_LETTER', p_reason, null, null, p_evidence, p_policy_version);
@@ -1304,6 +1328,8 @@ COMMENT ON FUNCTION runledger._end_wait(text,integer,jsonb) IS 'Marks the wait s
 CREATE OR REPLACE FUNCTION runledger._enforce_deadlines(p_limit integer DEFAULT 1000)
  RETURNS integer
  LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
 AS $function$
 declare
   v_run   runledger.runs;
@@ -1331,6 +1357,8 @@ COMMENT ON FUNCTION runledger._enforce_deadlines(integer) IS 'Sweeper: PENDING a
 CREATE OR REPLACE FUNCTION runledger._fail_run(p_run_id text, p_token bigint, p_error jsonb, p_policy_version text)
  RETURNS void
  LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
 AS $function$
 begin
   perform runledger._finish_run(p_run_id, p_token, 'FAILED', 'FAILED', null, p_error, null, p_policy_version);
@@ -1368,6 +1396,8 @@ COMMENT ON FUNCTION runledger._fence(text,bigint,timestamp with time zone) IS 'R
 CREATE OR REPLACE FUNCTION runledger._finish_cancel(p_run_id text, p_token bigint)
  RETURNS void
  LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
 AS $function$
 declare
   v_run runledger.runs;
@@ -1446,6 +1476,8 @@ COMMENT ON FUNCTION runledger._finished(text,bigint,runledger.run_status,text,js
 CREATE OR REPLACE FUNCTION runledger._heartbeat(p_worker_id text, p_lease_ms integer, p_except text[] DEFAULT '{}'::text[])
  RETURNS text[]
  LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
 AS $function$
 declare
   v_now  timestamptz := runledger.now();
@@ -1476,6 +1508,8 @@ COMMENT ON FUNCTION runledger._heartbeat(text,integer,text[]) IS 'Worker heartbe
 CREATE OR REPLACE FUNCTION runledger._heartbeat_step(p_run_id text, p_token bigint, p_seq integer, p_progress jsonb, p_lease_ms integer)
  RETURNS text
  LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
 AS $function$
 declare
   v_run runledger.runs;
@@ -1508,6 +1542,8 @@ COMMENT ON FUNCTION runledger._made_progress(text,bigint) IS 'True when the exec
 CREATE OR REPLACE FUNCTION runledger._make_runnable(p_run_id text, p_delay_ms integer DEFAULT 0)
  RETURNS void
  LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
 AS $function$
 declare
   v_run runledger.runs;
@@ -1566,6 +1602,8 @@ COMMENT ON FUNCTION runledger._new_id() IS 'A new ULID (26 characters, Crockford
 CREATE OR REPLACE FUNCTION runledger._operation_begin(p_run_id text, p_token bigint, p_seq integer, p_name text, p_key text, p_compensable boolean, p_again boolean)
  RETURNS TABLE(operation_id text, status text, attempts integer, idempotency_key text, result jsonb, error jsonb)
  LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
 AS $function$
 declare
   v_run   runledger.runs := runledger._fence(p_run_id, p_token);
@@ -1637,6 +1675,8 @@ COMMENT ON FUNCTION runledger._operation_begin(text,bigint,integer,text,text,boo
 CREATE OR REPLACE FUNCTION runledger._operation_checkpoint(p_run_id text, p_token bigint, p_seq integer, p_name text, p_operation_id text, p_status text, p_output jsonb, p_error jsonb, p_external_resource_id text, p_attempts integer, p_started_ms_ago bigint, p_charge numeric)
  RETURNS TABLE(pid integer, run_status text)
  LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
 AS $function$
 begin
   -- The outcome in the ledger and the step checkpoint commit together. UNKNOWN: the step fails
@@ -1674,6 +1714,8 @@ COMMENT ON FUNCTION runledger._operation_finish(text,bigint,text,text,jsonb,json
 CREATE OR REPLACE FUNCTION runledger._operation_park(p_run_id text, p_token bigint, p_seq integer, p_operation_id text, p_retry_in_ms integer)
  RETURNS void
  LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
 AS $function$
 declare
   v_run runledger.runs := runledger._fence(p_run_id, p_token);
@@ -1713,6 +1755,8 @@ COMMENT ON FUNCTION runledger._queue_limited(text) IS 'True when the queue has a
 CREATE OR REPLACE FUNCTION runledger._record_retry(p_run_id text, p_token bigint, p_seq integer, p_name text, p_attempt integer, p_error jsonb, p_delay_ms integer)
  RETURNS boolean
  LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
 AS $function$
 declare
   v_run runledger.runs := runledger._fence(p_run_id, p_token);
@@ -1735,6 +1779,8 @@ COMMENT ON FUNCTION runledger._record_retry(text,bigint,integer,text,integer,jso
 CREATE OR REPLACE FUNCTION runledger._recover_expired(p_limit integer DEFAULT 1000)
  RETURNS integer
  LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
 AS $function$
 declare
   v_now   timestamptz := runledger.now();
@@ -1842,6 +1888,8 @@ COMMENT ON FUNCTION runledger._register_workflow(text,text,text,integer,jsonb) I
 CREATE OR REPLACE FUNCTION runledger._release_run(p_run_id text, p_token bigint, p_delay_ms integer, p_reason text, p_counts_attempt boolean DEFAULT false)
  RETURNS boolean
  LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
 AS $function$
 declare
   v_run runledger.runs;
@@ -1880,6 +1928,8 @@ COMMENT ON FUNCTION runledger._release_run(text,bigint,integer,text,boolean) IS 
 CREATE OR REPLACE FUNCTION runledger._retry_wait(p_run_id text, p_token bigint, p_seq integer, p_name text, p_kind text, p_attempt integer, p_delay_ms integer)
  RETURNS void
  LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
 AS $function$
 declare
   v_run  runledger.runs := runledger._fence(p_run_id, p_token);
@@ -1921,6 +1971,8 @@ COMMENT ON FUNCTION runledger._slot_freed(text) IS 'Called when a run leaves its
 CREATE OR REPLACE FUNCTION runledger._start_child(p_run_id text, p_token bigint, p_seq integer, p_name text, p_workflow text, p_input jsonb, p_options jsonb)
  RETURNS text
  LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
 AS $function$
 declare
   v_parent  runledger.runs;
@@ -2028,6 +2080,8 @@ COMMENT ON FUNCTION runledger._stop_unowned(text,runledger.run_status,text,jsonb
 CREATE OR REPLACE FUNCTION runledger._stop_worker(p_worker_id text)
  RETURNS integer
  LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
 AS $function$
 declare
   v_run   record;
@@ -2052,6 +2106,8 @@ COMMENT ON FUNCTION runledger._stop_worker(text) IS 'Graceful worker stop: every
 CREATE OR REPLACE FUNCTION runledger._terminate_run(p_run_id text, p_token bigint, p_reason text, p_evidence jsonb)
  RETURNS text
  LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
 AS $function$
 declare
   v_run runledger.runs;
@@ -2077,6 +2133,8 @@ COMMENT ON FUNCTION runledger._terminate_run(text,bigint,text,jsonb) IS 'Fenced 
 CREATE OR REPLACE FUNCTION runledger._wait(p_run_id text, p_token bigint, p_seq integer, p_name text, p_kind text, p_spec jsonb)
  RETURNS TABLE(done boolean, output jsonb)
  LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
 AS $function$
 declare
   v_now      timestamptz := runledger.now();
@@ -2098,6 +2156,10 @@ begin
       when p_spec ? 'until' then (p_spec->>'until')::timestamptz
       when p_spec ? 'timeout_ms' then v_now + make_interval(secs => (p_spec->>'timeout_ms')::numeric / 1000.0)
     end;
+    if p_kind = 'sleep' and v_wake_at is null then
+      -- A timer without a wake-up time would wait forever.
+      raise exception using errcode = 'RL003', message = format('run %s: sleep %s has no duration or time (spec %s)', p_run_id, p_name, p_spec);
+    end if;
     insert into runledger.steps (run_id, seq, name, kind, status, output, started_at, finished_at, fencing_token)
     values (p_run_id, p_seq, p_name, p_kind, 'WAITING',
             jsonb_strip_nulls(jsonb_build_object('wake_at', v_wake_at, 'spec', p_spec)), v_now, v_now, p_token)
@@ -2205,6 +2267,8 @@ COMMENT ON FUNCTION runledger._wake(text,text,text) IS 'Moves a run WAITING for 
 CREATE OR REPLACE FUNCTION runledger._wake_due(p_limit integer DEFAULT 1000, p_grace_ms integer DEFAULT 0)
  RETURNS integer
  LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
 AS $function$
 declare
   v_run   runledger.runs;
@@ -2247,6 +2311,8 @@ COMMENT ON FUNCTION runledger._wake_parent(text) IS 'Called when a run reaches a
 CREATE OR REPLACE FUNCTION runledger.cancel_run(p_run_id text, p_reason text DEFAULT NULL::text)
  RETURNS text
  LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
 AS $function$
 declare
   v_run runledger.runs;
@@ -2294,6 +2360,8 @@ COMMENT ON FUNCTION runledger.cancel_run(text,text) IS 'Cancels a run: PENDING o
 CREATE OR REPLACE FUNCTION runledger.compensate_run(p_run_id text, p_reason text DEFAULT NULL::text)
  RETURNS text
  LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
 AS $function$
 declare
   v_run   runledger.runs;
@@ -2338,6 +2406,8 @@ COMMENT ON FUNCTION runledger.compensate_run(text,text) IS 'Operator action: run
 CREATE OR REPLACE FUNCTION runledger.decide_approval(p_request_id text, p_approved boolean, p_decided_by text, p_note text DEFAULT NULL::text)
  RETURNS jsonb
  LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
 AS $function$
 declare
   v_approval runledger.approvals;
@@ -2382,6 +2452,8 @@ COMMENT ON FUNCTION runledger.decide_approval(text,boolean,text,text) IS 'Decide
 CREATE OR REPLACE FUNCTION runledger.fork_run(p_run_id text, p_from_step integer)
  RETURNS text
  LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
 AS $function$
 declare
   v_src  runledger.runs;
@@ -2444,6 +2516,8 @@ COMMENT ON FUNCTION runledger.now() IS 'Current time for every runledger functio
 CREATE OR REPLACE FUNCTION runledger.prune(p_older_than interval)
  RETURNS bigint
  LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
 AS $function$
 declare
   v_cutoff timestamptz := runledger.now() - p_older_than;
@@ -2467,6 +2541,8 @@ COMMENT ON FUNCTION runledger.prune(interval) IS 'Deletes finished runs (termina
 CREATE OR REPLACE FUNCTION runledger.resolve_operation(p_operation_id text, p_status text, p_result jsonb DEFAULT NULL::jsonb, p_resolved_by text DEFAULT NULL::text)
  RETURNS text
  LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
 AS $function$
 declare
   v_op runledger.operations;
@@ -2497,6 +2573,8 @@ COMMENT ON FUNCTION runledger.resolve_operation(text,text,jsonb,text) IS 'Operat
 CREATE OR REPLACE FUNCTION runledger.retry_run(p_run_id text)
  RETURNS text
  LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
 AS $function$
 declare
   v_run     runledger.runs;
@@ -2584,6 +2662,8 @@ COMMENT ON FUNCTION runledger.run_transitions() IS 'The run state machine: every
 CREATE OR REPLACE FUNCTION runledger.send_signal(p_run_id text, p_topic text, p_payload jsonb, p_signal_id text DEFAULT NULL::text)
  RETURNS boolean
  LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
 AS $function$
 declare
   v_run runledger.runs;
@@ -2623,6 +2703,8 @@ COMMENT ON FUNCTION runledger.send_signal(text,text,jsonb,text) IS 'Delivers a s
 CREATE OR REPLACE FUNCTION runledger.set_queue(p_name text, p_options jsonb)
  RETURNS runledger.queues
  LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
 AS $function$
 declare
   v_opts jsonb := coalesce(p_options, '{}');
@@ -2678,6 +2760,8 @@ COMMENT ON FUNCTION runledger.set_queue(text,jsonb) IS 'Creates or changes a que
 CREATE OR REPLACE FUNCTION runledger.start_run(p_workflow text, p_input jsonb, p_options jsonb DEFAULT '{}'::jsonb)
  RETURNS text
  LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
 AS $function$
 declare
   v_now      timestamptz := runledger.now();

@@ -124,6 +124,38 @@ describe('input validated again at claim', () => {
   });
 });
 
+describe('ctx calls with bad arguments', () => {
+  it('ctx.sleep without a duration (the duration passed as the name) fails the run with CONFIG instead of waiting forever', async () => {
+    const wf = t.engine.workflow({ name: 'sleepless', queue: 'sleepless' }, async (ctx) => {
+      await (ctx.sleep as (name: string) => Promise<void>)('5s');
+      return 'woke';
+    });
+    const worker = await t.engine.runWorker({ queues: ['sleepless'], concurrency: 1, leaseMs: 2_000, pollIntervalMs: 100 });
+    try {
+      const handle = await t.engine.start(wf, undefined);
+      await expect(handle.result({ timeoutMs: 10_000 })).rejects.toMatchObject({ code: 'RUN_FAILED' });
+      const run = await t.engine.getRun(handle.runId);
+      expect(run).toMatchObject({ status: 'FAILED', error: { code: 'CONFIG', message: expect.stringContaining('a duration') } });
+      const waits = await db.pool.query(`select count(*)::int as n from runledger.steps where run_id = $1`, [handle.runId]);
+      expect(waits.rows[0].n).toBe(0); // no timer without a wake-up time was recorded
+    } finally {
+      await worker.stop();
+    }
+  });
+
+  it('the SQL refuses a sleep step without a wake-up time (RL003)', async () => {
+    await db.pool.query(`select runledger._register_workflow('sql-sleep', '1', 'sql-sleep', 10)`);
+    const runId = (await db.pool.query(`select runledger.start_run('sql-sleep', '{}') as id`)).rows[0].id;
+    const claimed = await db.pool.query(
+      `select fencing_token from runledger._claim_batch('wk-sleep', array['sql-sleep'], array['sql-sleep@1'], 1, 30000) where run_id = $1`,
+      [runId],
+    );
+    await expect(
+      db.pool.query(`select * from runledger._wait($1, $2, 0, 'nap', 'sleep', '{}'::jsonb)`, [runId, claimed.rows[0].fencing_token]),
+    ).rejects.toMatchObject({ code: 'RL003', message: expect.stringContaining('has no duration or time') });
+  });
+});
+
 describe('start_run options from SQL', () => {
   it('refuses a non-numeric priority, a negative recovery limit and an unreadable deadline with RL003', async () => {
     await db.pool.query(`select runledger._register_workflow('sql-opts', '1', 'default', 3)`);

@@ -19,6 +19,11 @@ function timeoutSpec(timeout: Duration | Date | undefined, what: string): Record
 
 /** `ctx.sleep(name, duration | Date)`: the wake time is a checkpoint; the run waits holding no worker. */
 export async function sleep(exec: Execution, name: string, duration: Duration | Date): Promise<void> {
+  // Without a duration the timer would have no wake-up time and the run would wait forever
+  // (ctx.sleep('5s') passes the duration as the name).
+  if (duration === undefined || duration === null) {
+    throw new ConfigError(`ctx.sleep(${JSON.stringify(name)}): a duration (or a Date) is required: ctx.sleep(name, duration)`);
+  }
   await runWait(exec, name, 'sleep', timeoutSpec(duration, `sleep ${JSON.stringify(name)}`));
 }
 
