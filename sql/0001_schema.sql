@@ -325,7 +325,12 @@ create unique index runs_idempotency_key on runledger.runs (workflow_name, idemp
 -- The sweeper looks only at executing runs ordered by lease expiry.
 create index runs_lease_expiry on runledger.runs (lease_expires_at)
   where status in ('RUNNING', 'CANCELLING');
-create index runs_status_created on runledger.runs (status, created_at);
+-- Listing finished runs by status, newest first (operators, prune). Only finished ones:
+-- an index over every status would also match the hot path's lookups of RUNNING or
+-- PENDING runs, and a plan cached while the table was empty takes it over the primary
+-- key or the intended partial index (sql/README.md, "Plans").
+create index runs_finished on runledger.runs (status, created_at)
+  where status in ('SUCCEEDED', 'FAILED', 'CANCELLED', 'TERMINATED', 'DEAD_LETTER');
 -- Admission picks from the runs not yet admitted, per queue, by priority then age.
 create index runs_admission_key on runledger.runs (queue_name, coalesce(concurrency_key, ''), priority, created_at, run_id)
   where status = 'PENDING' and not admitted;

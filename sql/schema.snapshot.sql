@@ -184,6 +184,7 @@ ALTER TABLE runledger.runs ADD CONSTRAINT runs_pkey PRIMARY KEY (run_id);
 CREATE INDEX runs_admission_key ON runledger.runs USING btree (queue_name, COALESCE(concurrency_key, ''::text), priority, created_at, run_id) WHERE ((status = 'PENDING'::runledger.run_status) AND (NOT admitted));
 CREATE INDEX runs_cancelling_unowned ON runledger.runs USING btree (queue_name) WHERE ((status = 'CANCELLING'::runledger.run_status) AND (lease_owner IS NULL));
 CREATE INDEX runs_deadline ON runledger.runs USING btree (deadline_at) WHERE ((status = ANY (ARRAY['PENDING'::runledger.run_status, 'WAITING'::runledger.run_status])) AND (deadline_at IS NOT NULL));
+CREATE INDEX runs_finished ON runledger.runs USING btree (status, created_at) WHERE (status = ANY (ARRAY['SUCCEEDED'::runledger.run_status, 'FAILED'::runledger.run_status, 'CANCELLED'::runledger.run_status, 'TERMINATED'::runledger.run_status, 'DEAD_LETTER'::runledger.run_status]));
 CREATE UNIQUE INDEX runs_idempotency_key ON runledger.runs USING btree (workflow_name, idempotency_key) WHERE (idempotency_key IS NOT NULL);
 CREATE INDEX runs_lease_expiry ON runledger.runs USING btree (lease_expires_at) WHERE (status = ANY (ARRAY['RUNNING'::runledger.run_status, 'CANCELLING'::runledger.run_status]));
 CREATE INDEX runs_not_before ON runledger.runs USING btree (queue_name, not_before) WHERE ((status = 'PENDING'::runledger.run_status) AND admitted AND (not_before IS NOT NULL));
@@ -191,7 +192,6 @@ CREATE INDEX runs_parent ON runledger.runs USING btree (parent_run_id) WHERE (pa
 CREATE UNIQUE INDEX runs_pkey ON runledger.runs USING btree (run_id);
 CREATE INDEX runs_queue_active ON runledger.runs USING btree (queue_name, concurrency_key) WHERE ((status = ANY (ARRAY['RUNNING'::runledger.run_status, 'CANCELLING'::runledger.run_status])) OR ((status = 'PENDING'::runledger.run_status) AND admitted));
 CREATE INDEX runs_ready ON runledger.runs USING btree (queue_name, priority, created_at) WHERE ((status = 'PENDING'::runledger.run_status) AND admitted);
-CREATE INDEX runs_status_created ON runledger.runs USING btree (status, created_at);
 CREATE INDEX runs_timer ON runledger.runs USING btree (queue_name, wake_at) WHERE ((status = 'WAITING'::runledger.run_status) AND (wake_at IS NOT NULL));
 CREATE TRIGGER runs_run_id_insert BEFORE INSERT ON runledger.runs FOR EACH ROW WHEN ((new.run_id !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}$'::text)) EXECUTE FUNCTION runledger._check_run_id();
 CREATE TRIGGER runs_run_id_update BEFORE UPDATE OF run_id ON runledger.runs FOR EACH ROW WHEN ((new.run_id !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}$'::text)) EXECUTE FUNCTION runledger._check_run_id();

@@ -12,7 +12,7 @@
 import { describe, expect, it } from 'vitest';
 import pg from 'pg';
 import { createEngine, type Engine } from '../src/index.js';
-import { waitFor } from './helpers/database.js';
+import { createTestDatabase, waitFor, type TestDatabase } from './helpers/database.js';
 import { useTestEngine } from './helpers/test-engine.js';
 
 const HOT_TABLES = ['runs', 'steps', 'events', 'operations'];
@@ -53,12 +53,6 @@ const AUTO_EXPLAIN = [
   .map((setting) => `-c ${setting}`)
   .join(' ');
 
-function seqScans(node: PlanNode, found: string[] = []): string[] {
-  if (node['Node Type'] === 'Seq Scan' && HOT_TABLES.includes(node['Relation Name'] ?? '')) found.push(node['Relation Name']!);
-  for (const child of node.Plans ?? []) seqScans(child, found);
-  return found;
-}
-
 const t = useTestEngine({
   engine: false,
   prepare: async (db) => {
@@ -88,7 +82,7 @@ function defineWorkflows(engine: Engine) {
   return { oneStep, threeSteps, signalled };
 }
 
-async function exercise(engine: Engine, flows: ReturnType<typeof defineWorkflows>, n: number): Promise<void> {
+async function exercise(engine: Engine, flows: ReturnType<typeof defineWorkflows>, target: TestDatabase, n: number): Promise<void> {
   const handles = [];
   for (let i = 0; i < n; i++) {
     handles.push(await engine.start(flows.oneStep, undefined));
@@ -104,7 +98,7 @@ async function exercise(engine: Engine, flows: ReturnType<typeof defineWorkflows
   try {
     await Promise.all(handles.map((h) => h.result({ timeoutMs: 20_000 })));
   } catch (error) {
-    const stuck = await db.pool.query(
+    const stuck = await target.pool.query(
       `select run_id, workflow_name, status, wait_kind, wait_key, wake_at, now() as now, not_before, admitted from runledger.runs where status not in ('SUCCEEDED') and run_id not like 'hist-%' and run_id not like 'wait-%'`,
     );
     console.log(JSON.stringify(stuck.rows, null, 1));
@@ -139,54 +133,129 @@ describe('hot-path plans on a database with history and stale statistics', () =>
   });
 
   it('never read runs, steps, events or operations by sequential scan, even with plans cached on an empty table', async () => {
-    const engine = createEngine({
-      pool: new pg.Pool({ connectionString: db.url, options: AUTO_EXPLAIN, Client: ExplainedClient, max: 6 }),
-      log: () => {},
-    });
-    try {
-      const flows = defineWorkflows(engine);
-      const worker = await engine.runWorker({ queues: ['plans'], concurrency: 4, pollIntervalMs: 200 });
-      // Warm-up on an almost empty database: every statement runs more than five times per session.
-      await exercise(engine, flows, 30);
+    const found = await staleStatisticsScenario(db);
+    expect(found.plpgsqlPlans).toBeGreaterThan(100); // the nested statements of the SQL functions were seen
+    expect(found.seqScans, JSON.stringify(found.seqScans, null, 2)).toEqual([]);
+    // A lookup of one run by its id goes by the primary key, not by an index of every run in some status.
+    const notByKey = found.statements.filter(
+      (s) =>
+        /\brun_id = p_run_id\b/.test(s.query) &&
+        s.scans.some((x) => x.includes('on runs')) &&
+        !s.scans.some((x) => x.includes('runs_pkey')),
+    );
+    expect(notByKey, JSON.stringify(notByKey, null, 2)).toEqual([]);
+    await report('with the settings', found);
+  }, 180_000);
 
-      // History arrives while the worker runs: finished runs with their steps and events, and waiting runs.
-      await db.pool.query(`
+  it('the same check finds the sequential scans once the functions lose their settings (it can fail)', async () => {
+    const bare = await createTestDatabase();
+    try {
+      await bare.pool.query(`
+        do $$
+        declare f regprocedure;
+        begin
+          for f in select oid::regprocedure from pg_proc where pronamespace = 'runledger'::regnamespace and proconfig is not null loop
+            execute format('alter function %s reset all', f);
+          end loop;
+        end $$`);
+      for (const table of HOT_TABLES) {
+        await bare.pool.query(`alter table runledger.${table} set (autovacuum_enabled = false)`);
+        await bare.pool.query(`analyze runledger.${table}`);
+      }
+      const found = await staleStatisticsScenario(bare);
+      expect(found.seqScans.map((s) => s.query).join('\n')).toMatch(/runledger\.runs/);
+      await report('without the settings', found);
+    } finally {
+      await bare.drop();
+    }
+  }, 180_000);
+});
+
+interface ScenarioFindings {
+  plpgsqlPlans: number;
+  seqScans: Array<{ query: string; scans: string[] }>;
+  /** Every distinct statement seen and the scans of hot tables in its plan (node type, table, index). */
+  statements: Array<{ query: string; scans: string[] }>;
+}
+
+function hotScans(node: PlanNode, found: string[] = []): string[] {
+  if (HOT_TABLES.includes(node['Relation Name'] ?? '')) {
+    found.push(`${node['Node Type']} on ${node['Relation Name']}${node['Index Name'] ? ` using ${node['Index Name']}` : ''}`);
+  } else if (node['Node Type'] === 'Bitmap Index Scan' && HOT_TABLES.some((t) => node['Index Name']?.startsWith(`${t}_`))) {
+    found.push(`Bitmap Index Scan using ${node['Index Name']}`);
+  }
+  for (const child of node.Plans ?? []) hotScans(child, found);
+  return found;
+}
+
+/**
+ * Warms a worker on the (empty, analysed) database, loads history behind the statistics'
+ * back, then records every plan auto_explain reports while the hot paths run again.
+ */
+async function staleStatisticsScenario(target: TestDatabase): Promise<ScenarioFindings> {
+  seen.length = 0;
+  const engine = createEngine({
+    pool: new pg.Pool({ connectionString: target.url, options: AUTO_EXPLAIN, Client: ExplainedClient, max: 6 }),
+    log: () => {},
+  });
+  try {
+    const flows = defineWorkflows(engine);
+    const worker = await engine.runWorker({ queues: ['plans'], concurrency: 4, pollIntervalMs: 200 });
+    // Warm-up on an almost empty database: every statement runs more than five times per session.
+    await exercise(engine, flows, target, 30);
+
+    // History arrives while the worker runs: finished runs with their steps and events, and waiting runs.
+    await target.pool.query(`
         insert into runledger.runs (run_id, workflow_name, workflow_version, queue_name, status, input, output,
                                     finished_at, termination_reason, started_at, fencing_token)
         select 'hist-' || g, 'plan-three', '1', 'plans', 'SUCCEEDED', '{}', '1', now(), 'COMPLETED', now(), 1
           from generate_series(1, 50000) g`);
-      await db.pool.query(`
+    await target.pool.query(`
         insert into runledger.steps (run_id, seq, name, kind, status, output, attempts, started_at, finished_at, fencing_token)
         select 'hist-' || g, s, 'step-' || s, 'step', 'SUCCEEDED', '1', 1, now(), now(), 1
           from generate_series(1, 50000) g, generate_series(0, 2) s`);
-      await db.pool.query(`
+    await target.pool.query(`
         insert into runledger.events (run_id, kind, detail)
         select 'hist-' || g, k, '{}' from generate_series(1, 50000) g, unnest(array['created', 'claimed', 'completed']) k`);
-      await db.pool.query(`
+    await target.pool.query(`
         insert into runledger.operations (operation_id, run_id, seq, name, idempotency_key, status, result, compensable)
         select 'hist-op-' || g, 'hist-' || g, 2, 'step-2', 'hist-key-' || g, 'SUCCEEDED', '1', false
           from generate_series(1, 50000) g`);
-      await db.pool.query(`
+    await target.pool.query(`
         insert into runledger.runs (run_id, workflow_name, workflow_version, queue_name, status, input, wait_kind, wait_key, wake_at)
         select 'wait-' || g, 'plan-signal', '1', 'plans', 'WAITING', '{}', 'signal', 'never', now() + interval '1 day'
           from generate_series(1, 5000) g`);
-      const stats = await db.pool.query(`select reltuples from pg_class where oid = 'runledger.runs'::regclass`);
-      expect(Number(stats.rows[0].reltuples)).toBe(0); // the statistics still describe the empty table
+    const stats = await target.pool.query(`select reltuples from pg_class where oid = 'runledger.runs'::regclass`);
+    expect(Number(stats.rows[0].reltuples)).toBe(0); // the statistics still describe the empty table
 
-      recording = true;
-      await exercise(engine, flows, 20);
-      await worker.stop();
-      recording = false;
+    recording = true;
+    await exercise(engine, flows, target, 20);
+    await worker.stop();
+    recording = false;
 
-      const plpgsql = seen.filter((p) => p.Plan && !/^\s*select runledger\./i.test(p['Query Text']));
-      expect(plpgsql.length).toBeGreaterThan(100); // the nested statements of the SQL functions were seen
-      const bad = seen
-        .map((p) => ({ query: p['Query Text'].replace(/\s+/g, ' ').slice(0, 300), scans: seqScans(p.Plan) }))
-        .filter((p) => p.scans.length > 0);
-      const distinct = [...new Map(bad.map((b) => [b.query, b])).values()];
-      expect(distinct, JSON.stringify(distinct, null, 2)).toEqual([]);
-    } finally {
-      await engine.close();
-    }
-  }, 180_000);
-});
+    const normalized = seen
+      .filter((p) => p.Plan)
+      .map((p) => ({ query: p['Query Text'].replace(/\s+/g, ' ').trim().slice(0, 300), plan: p.Plan }));
+    const statements = [...new Map(normalized.map((p) => [p.query, { query: p.query, scans: [...new Set(hotScans(p.plan))] }])).values()];
+    return {
+      plpgsqlPlans: normalized.filter((p) => !/^select runledger\./i.test(p.query)).length,
+      seqScans: statements
+        .map((s) => ({ query: s.query, scans: s.scans.filter((scan) => scan.startsWith('Seq Scan')) }))
+        .filter((s) => s.scans.length > 0),
+      statements: statements.filter((s) => s.scans.length > 0),
+    };
+  } finally {
+    recording = false;
+    await engine.close();
+  }
+}
+
+/** With PLANS_REPORT=<file>, the statements and their scans are appended there (the evidence in bench/results). */
+async function report(title: string, found: ScenarioFindings): Promise<void> {
+  const file = process.env.PLANS_REPORT;
+  if (!file) return;
+  const { appendFileSync } = await import('node:fs');
+  const lines = [`## ${title}`, '', '| statement (start) | scans of runs, steps, events, operations |', '| --- | --- |'];
+  for (const s of found.statements) lines.push(`| \`${s.query.slice(0, 140).replace(/\|/g, '\\|')}\` | ${s.scans.join('; ')} |`);
+  appendFileSync(file, `${lines.join('\n')}\n\n`);
+}
