@@ -23,6 +23,8 @@ await admin.connect();
 async function drain(limited: boolean, rep: number): Promise<number> {
   const database = `rl_admission_${limited ? 'limited' : 'free'}_${rep}_${process.pid}`;
   await admin.query(`create database ${database}`);
+  // PROFILE=1: the time spent in each SQL function during the drain, printed after it.
+  if (process.env.PROFILE) await admin.query(`alter database ${database} set track_functions = 'all'`);
   const url = new URL(adminUrl);
   url.pathname = `/${database}`;
   const engine = createEngine({ connectionString: url.toString(), poolMax: CONCURRENCY + 6, log: () => {} });
@@ -35,6 +37,7 @@ async function drain(limited: boolean, rep: number): Promise<number> {
       `select runledger.start_run('one-step', jsonb_build_object('n', g), jsonb_build_object('concurrency_key', 'tenant-' || (g % 100))) from generate_series(1, $1::int) g`,
       [RUNS],
     );
+    if (process.env.PROFILE) await engine.pool.query('select pg_stat_reset()'); // only the drain is profiled
     const t0 = performance.now();
     const worker = await engine.runWorker({
       concurrency: CONCURRENCY,
@@ -48,6 +51,17 @@ async function drain(limited: boolean, rep: number): Promise<number> {
     }
     const seconds = (performance.now() - t0) / 1000;
     await worker.stop();
+    if (process.env.PROFILE) {
+      await new Promise((resolve) => setTimeout(resolve, 700)); // statistics reach the collector
+      const top = await engine.pool.query(
+        `select funcname, calls, round(total_time::numeric) as total_ms, round(self_time::numeric) as self_ms
+           from pg_stat_user_functions order by self_time desc limit 12`,
+      );
+      console.error(`${limited ? 'limited' : 'free'} queue, ${RUNS} runs in ${seconds.toFixed(2)} s:`);
+      console.error(
+        top.rows.map((r) => `  ${r.funcname.padEnd(26)} calls ${r.calls}  total ${r.total_ms} ms  self ${r.self_ms} ms`).join('\n'),
+      );
+    }
     return RUNS / seconds;
   } finally {
     await engine.close();

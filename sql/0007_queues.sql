@@ -62,7 +62,6 @@ declare
   v_active int;
   v_free   int := p_max;
   v_recent int;
-  v_run    record;
   v_count  int := 0;
 begin
   -- One admitter per queue at a time: the count below and the admissions after it are
@@ -86,49 +85,56 @@ begin
     return 0;
   end if;
 
-  for v_run in
-    with recursive keys(k) as (
-      -- The distinct concurrency keys with runs waiting, by skip scan over runs_admission_key:
-      -- a few index probes per tenant, whatever the backlog (null key counts as '').
-      select min(coalesce(r.concurrency_key, '')) from runledger.runs r
-       where r.queue_name = p_queue and r.status = 'PENDING' and not r.admitted
-      union all
-      select (select min(coalesce(r.concurrency_key, '')) from runledger.runs r
-               where r.queue_name = p_queue and r.status = 'PENDING' and not r.admitted
-                 and coalesce(r.concurrency_key, '') > keys.k)
-        from keys where keys.k is not null),
-    active as (
-      select coalesce(r.concurrency_key, '') as k, count(*) as n from runledger.runs r
-       where r.queue_name = p_queue and (r.status in ('RUNNING', 'CANCELLING') or (r.status = 'PENDING' and r.admitted))
-       group by 1),
-    candidates as (
-      -- Each key's turn: its place among its own pending runs, after the ones it already
-      -- has running. Ordering by turn interleaves keys: a tenant with a burst of 50,000
-      -- runs cannot starve one with 10.
-      select c.*, row_number() over (partition by keys.k order by c.priority, c.created_at, c.run_id) + coalesce(a.n, 0) as turn
-        from keys
-        cross join lateral (
-          select r.run_id, r.priority, r.created_at, r.workflow_name, r.workflow_version from runledger.runs r
-           where r.queue_name = p_queue and r.status = 'PENDING' and not r.admitted
-             and coalesce(r.concurrency_key, '') = keys.k and (r.not_before is null or r.not_before <= v_now)
-           order by r.priority, r.created_at, r.run_id
-           limit v_free) c
-        left join active a on a.k = keys.k
-       where keys.k is not null)
-    select c.* from candidates c
+  -- One statement for the whole round. Each key brings at most the runs it may still
+  -- start (its per-key room, and at most the free slots): a key at its limit costs one
+  -- index probe, not a scan of its backlog.
+  with recursive keys(k) as (
+    -- The distinct concurrency keys with runs waiting, by skip scan over runs_admission_key:
+    -- a few index probes per tenant, whatever the backlog (null key counts as '').
+    select min(coalesce(r.concurrency_key, '')) from runledger.runs r
+     where r.queue_name = p_queue and r.status = 'PENDING' and not r.admitted
+    union all
+    select (select min(coalesce(r.concurrency_key, '')) from runledger.runs r
+             where r.queue_name = p_queue and r.status = 'PENDING' and not r.admitted
+               and coalesce(r.concurrency_key, '') > keys.k)
+      from keys where keys.k is not null),
+  active as (
+    select coalesce(r.concurrency_key, '') as k, count(*) as n from runledger.runs r
+     where r.queue_name = p_queue and (r.status in ('RUNNING', 'CANCELLING') or (r.status = 'PENDING' and r.admitted))
+     group by 1),
+  candidates as (
+    -- Each key's turn: its place among its own pending runs, after the ones it already
+    -- has running. Ordering by turn interleaves keys: a tenant with a burst of 50,000
+    -- runs cannot starve one with 10.
+    select c.*, row_number() over (partition by keys.k order by c.priority, c.created_at, c.run_id) + coalesce(a.n, 0) as turn
+      from keys
+      left join active a on a.k = keys.k
+      cross join lateral (
+        select r.run_id, r.priority, r.created_at from runledger.runs r
+         where r.queue_name = p_queue and r.status = 'PENDING' and not r.admitted
+           and coalesce(r.concurrency_key, '') = keys.k and (r.not_before is null or r.not_before <= v_now)
+         order by r.priority, r.created_at, r.run_id
+         limit least(v_free, greatest(coalesce(v_q.per_key_concurrency - coalesce(a.n, 0), v_free), 0))) c
+     where keys.k is not null),
+  chosen as (
+    select c.run_id, row_number() over (order by c.priority, c.turn, c.created_at, c.run_id) as ord
+      from candidates c
      where v_q.per_key_concurrency is null or c.turn <= v_q.per_key_concurrency
      order by c.priority, c.turn, c.created_at, c.run_id
-     limit v_free
-  loop
-    -- One microsecond apart, in the order chosen here: workers claim admitted runs by
-    -- admitted_at, so a claim smaller than this round keeps its fairness.
-    update runledger.runs set admitted = true, admitted_at = v_now + v_count * interval '1 microsecond' where run_id = v_run.run_id;
-    perform runledger._dispatch(v_run.run_id, p_queue);
+     limit v_free)
+  -- One microsecond apart, in the order chosen here: workers claim admitted runs by
+  -- admitted_at, so a claim smaller than this round keeps its fairness.
+  update runledger.runs r
+     set admitted = true, admitted_at = v_now + (ch.ord - 1) * interval '1 microsecond'
+    from chosen ch
+   where r.run_id = ch.run_id;
+  get diagnostics v_count = row_count;
+  if v_count > 0 then
+    perform runledger._dispatch(null, p_queue); -- one announcement for the round
     if v_q.rate_limit_max is not null then
-      insert into runledger.admissions (queue_name, admitted_at) values (p_queue, v_now);
+      insert into runledger.admissions (queue_name, admitted_at) select p_queue, v_now from generate_series(1, v_count);
     end if;
-    v_count := v_count + 1;
-  end loop;
+  end if;
   return v_count;
 end;
 $$;
