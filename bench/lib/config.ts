@@ -62,6 +62,8 @@ export const config = {
   historyFinished: num('BENCH_HISTORY_FINISHED', 100_000, 20_000),
   historyWaiting: num('BENCH_HISTORY_WAITING', 10_000, 2_000),
   /** Warm-up before the load: batches of `concurrency` units until this many are done (or 5 s passed). */
+  /** BENCH_HISTORY_AUTOVACUUM=off turns autovacuum off on the tables the history goes into (default: on, as a user has it). */
+  historyAutovacuum: process.env.BENCH_HISTORY_AUTOVACUUM !== 'off',
   historyWarmUnits: num('BENCH_HISTORY_WARM', 200, 100),
   /** closedloop: callers, each doing start then await result, and the calls measured (stops early at the drain cap). */
   closedLoopCallers: num('BENCH_CLOSEDLOOP_CALLERS', 16, 16),

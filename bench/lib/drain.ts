@@ -12,7 +12,7 @@
  */
 import { config } from './config.js';
 import { Probe, settledCommits } from './db.js';
-import { familyOf, loadHistory, WAITING_SQL, type HistoryLoad } from './history.js';
+import { AUTOVACUUM_SQL, familyOf, loadHistory, WAITING_SQL, type HistoryLoad } from './history.js';
 import { statementCount } from './pg-count.js';
 import { StatementStats, type StatementShare } from './pgss.js';
 import { perSecond, sleep } from './stats.js';
@@ -149,6 +149,9 @@ export interface HistoryDrainResult extends DrainResult, HistoryLoad {
   warmUnits: number;
   /** The history's waiting rows still waiting at the end (must equal BENCH_HISTORY_WAITING). */
   historyWaitingAfter: number;
+  /** Autovacuum + autoanalyze runs on the database's tables that finished between the load and the resume, and during the drain. */
+  autovacuumBeforeDrain: number;
+  autovacuumDuringDrain: number;
 }
 
 const WARM_BASE = 1_000_000;
@@ -205,6 +208,7 @@ export async function warmLoadThenDrain(ctx: TaskContext, plan: Plan, units: num
   );
   await warmer.close();
 
+  const autovacuumAtLoad = await probe.scalar(AUTOVACUUM_SQL);
   const load = await loadHistory(system.id, url); // the worker is running meanwhile
   await worker.pause();
   const pausedAt = performance.now();
@@ -220,12 +224,14 @@ export async function warmLoadThenDrain(ctx: TaskContext, plan: Plan, units: num
   const probeBefore = probe.statements;
   const stats = new StatementStats(probe);
   await stats.begin();
+  const autovacuumAtResume = await probe.scalar(AUTOVACUUM_SQL);
   counters.counting = true;
   const statementsBefore = statementCount();
   const t1 = performance.now();
   await worker.resume();
   const { end, capped } = await awaitDrain(probe, system.pendingSql(plan), counters, units, t1, pendingBase);
   const historyWaitingAfter = await probe.scalar(WAITING_SQL[familyOf(system.id)]);
+  const autovacuumAtEnd = await probe.scalar(AUTOVACUUM_SQL);
   const r = await finish(ctx, plan, units, worker, probe, stats, counters, {
     enqueueMs,
     t1,
@@ -235,5 +241,12 @@ export async function warmLoadThenDrain(ctx: TaskContext, plan: Plan, units: num
     statementsBefore,
     probeBefore,
   });
-  return { ...r, ...load, warmUnits, historyWaitingAfter };
+  return {
+    ...r,
+    ...load,
+    warmUnits,
+    historyWaitingAfter,
+    autovacuumBeforeDrain: autovacuumAtResume - autovacuumAtLoad,
+    autovacuumDuringDrain: autovacuumAtEnd - autovacuumAtResume,
+  };
 }

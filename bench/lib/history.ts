@@ -189,6 +189,17 @@ export const WAITING_SQL: Record<Family, string> = {
   'pg-boss': `select count(*)::int from pgboss.job where name = 'bench' and state = 'created' and start_after > now() + interval '12 hours'`,
 };
 
+/** Autovacuum and autoanalyze runs finished so far on the database's tables (pg_stat_user_tables). */
+export const AUTOVACUUM_SQL = 'select coalesce(sum(autovacuum_count + autoanalyze_count), 0)::int from pg_stat_user_tables';
+
+/** The tables each system's history goes into (for BENCH_HISTORY_AUTOVACUUM=off). */
+const TABLES: Record<Family, string[]> = {
+  runledger: ['runledger.runs', 'runledger.steps', 'runledger.events'],
+  dbos: ['dbos.workflow_status', 'dbos.workflow_input', 'dbos.workflow_output', 'dbos.operation_outputs'],
+  'graphile-worker': ['graphile_worker._private_jobs'],
+  'pg-boss': ['pgboss.archive'],
+};
+
 export interface HistoryLoad {
   historyLoadSeconds: number;
   historyRowsPerSec: number;
@@ -201,6 +212,9 @@ export async function loadHistory(systemId: string, url: string): Promise<Histor
   return withAdmin(url, async (c) => {
     const size = async () => Number((await c.query('select pg_database_size(current_database())::bigint as n')).rows[0].n);
     const before = await size();
+    // BENCH_HISTORY_AUTOVACUUM=off: a storage parameter of the benchmark database's own tables, so that no autoanalyze
+    // replans the sessions' cached plans and no autovacuum competes with the drain (pg-boss's job partitions are left on)
+    if (!config.historyAutovacuum) for (const table of TABLES[family]) await c.query(`alter table ${table} set (autovacuum_enabled = off)`);
     const t0 = performance.now();
     let rows = 0;
     for (const sql of SQL[family]()) {

@@ -11,11 +11,13 @@ import { PLANS } from '../lib/plans.js';
 import { BUSINESS_TABLE_SQL } from '../systems/types.js';
 import type { Measurement, MetricDef, Workload } from './types.js';
 
-const HOW = `the worker starts on the empty database and works a warm-up (batches of ${config.concurrency} units until ${config.historyWarmUnits} are done or 5 s passed), so its sessions cache their plans on empty tables; the history is loaded by set-based SQL while it runs (runledger: ${HISTORY_DESCRIPTION.runledger}; the peers: see "History" below), statistics left as they are (no ANALYZE); the worker is paused (its sessions kept open), the units are enqueued as in the fresh workload, and the worker is resumed on the same sessions and timed from the resume until every unit is complete`;
+const HOW = `the worker starts on the empty database and works a warm-up (batches of ${config.concurrency} units until ${config.historyWarmUnits} are done or 5 s passed), so its sessions cache their plans on empty tables; the history is loaded by set-based SQL while it runs (runledger: ${HISTORY_DESCRIPTION.runledger}; the peers: see "History" below), statistics left as they are (no ANALYZE; autovacuum ${config.historyAutovacuum ? "at the server's defaults, and its runs are counted" : 'turned off on the loaded tables (BENCH_HISTORY_AUTOVACUUM=off)'}); the worker is paused (its sessions kept open), the units are enqueued as in the fresh workload, and the worker is resumed on the same sessions and timed from the resume until every unit is complete`;
 
 const HISTORY_METRICS: MetricDef[] = [
   { key: 'historyLoadSeconds', label: 'history load (s, not timed in the figures)', better: 'lower', digits: 1, noRatio: true },
   { key: 'historyWaitingAfter', label: 'history runs still waiting at the end (must be all)', better: 'higher', noRatio: true },
+  { key: 'autovacuumBeforeDrain', label: 'autovacuum/autoanalyze runs between load and drain', better: 'lower', noRatio: true },
+  { key: 'autovacuumDuringDrain', label: 'autovacuum/autoanalyze runs ended during the drain', better: 'lower', noRatio: true },
 ];
 
 function common(r: HistoryDrainResult): Measurement {
@@ -31,6 +33,8 @@ function common(r: HistoryDrainResult): Measurement {
     historyRowsPerSec: r.historyRowsPerSec,
     historyBytes: r.historyBytes,
     historyWaitingAfter: r.historyWaitingAfter,
+    autovacuumBeforeDrain: r.autovacuumBeforeDrain,
+    autovacuumDuringDrain: r.autovacuumDuringDrain,
     warmUnits: r.warmUnits,
   };
 }
