@@ -1,6 +1,8 @@
 -- 0002_runs: starting, checkpointing and finishing runs.
 --
 --   runledger.start_run(workflow, input, options)  public: create a run and make it runnable
+--   runledger.start_runs(workflow, inputs, options) public: many runs of one workflow in one statement
+--   runledger._start_template(...)                 the option checks and the new row's columns both share
 --   runledger._max_payload_bytes()                 the largest input/output accepted
 --   runledger._check_whole_number(...)             option validation shared by start_run and set_queue
 --   runledger._new_id()                            ULIDs made in SQL
@@ -62,32 +64,29 @@ end;
 $$;
 comment on function runledger._new_id() is 'A new ULID (26 characters, Crockford base32) for ids created in SQL.';
 
-create function runledger.start_run(p_workflow text, p_input jsonb, p_options jsonb default '{}')
-returns text
-language plpgsql volatile
-set enable_seqscan = off set jit = off as $$
+-- What every run started with these options gets, worked out once: the start_run and
+-- start_runs options checked (RL003), the workflow version resolved (RL006), limits
+-- merged, and the columns a new run row takes from them, as a runs row without an id or
+-- input. The caller fills in run_id, input, idempotency_key and parent_run_id.
+create function runledger._start_template(p_workflow text, p_options jsonb, p_caller text default 'start_run')
+returns runledger.runs
+language plpgsql volatile as $$
 declare
   v_now      timestamptz := runledger.now();
   v_opts     jsonb := coalesce(p_options, '{}');
-  v_run_id   text := coalesce(v_opts->>'run_id', runledger._new_id());
   v_version  text := v_opts->>'version';
+  v_run_id   text := v_opts->>'run_id';
   v_wf       runledger.workflows;
   v_queue    text;
   v_deadline timestamptz;
-  v_existing runledger.runs;
-  v_inserted boolean;
   v_not_before timestamptz;
-  v_limited  boolean;
+  v_t        runledger.runs;
 begin
   if p_workflow is null then
-    raise exception using errcode = 'RL003', message = 'start_run: workflow name is required';
+    raise exception using errcode = 'RL003', message = p_caller || ': workflow name is required';
   end if;
   if jsonb_typeof(v_opts) <> 'object' then
-    raise exception using errcode = 'RL003', message = 'start_run: options must be a JSON object';
-  end if;
-  if pg_column_size(p_input) > runledger._max_payload_bytes() then
-    raise exception using errcode = 'RL004',
-      message = format('start_run: input is %s bytes, over the limit of %s', pg_column_size(p_input), runledger._max_payload_bytes());
+    raise exception using errcode = 'RL003', message = p_caller || ': options must be a JSON object';
   end if;
 
   select * into v_wf from runledger.workflows w
@@ -95,16 +94,16 @@ begin
    order by w.registered_at desc limit 1;
   if not found then
     raise exception using errcode = 'RL006',
-      message = format('start_run: workflow %L%s is not registered (start a worker or engine that defines it)',
+      message = format('%s: workflow %L%s is not registered (start a worker or engine that defines it)', p_caller,
                        p_workflow, coalesce(' version ' || quote_literal(v_version), ''));
   end if;
 
   v_queue := coalesce(v_opts->>'queue', v_wf.queue_name);
   if v_queue !~ '^[A-Za-z0-9][A-Za-z0-9_.-]{0,39}$' then
-    raise exception using errcode = 'RL003', message = format('start_run: invalid queue name %L', v_queue);
+    raise exception using errcode = 'RL003', message = format('%s: invalid queue name %L', p_caller, v_queue);
   end if;
   if v_run_id !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}$' then
-    raise exception using errcode = 'RL003', message = format('start_run: invalid run_id %L', v_run_id);
+    raise exception using errcode = 'RL003', message = format('%s: invalid run_id %L', p_caller, v_run_id);
   end if;
   -- Per-run limits override the workflow's (registered) defaults.
   v_opts := coalesce(v_wf.limits, '{}') || v_opts;
@@ -118,71 +117,99 @@ begin
       end if;
     exception when others then
       raise exception using errcode = 'RL003',
-        message = format('start_run: deadline %L is neither an interval nor a timestamp', v_opts->>'deadline');
+        message = format('%s: deadline %L is neither an interval nor a timestamp', p_caller, v_opts->>'deadline');
     end;
   end if;
   perform runledger._check_whole_number(v_opts, 'max_steps', 1);
   perform runledger._check_whole_number(v_opts, 'no_progress', 2);
   perform runledger._check_whole_number(v_opts, 'retry_budget', 0);
   if v_opts ? 'budget' and (jsonb_typeof(v_opts->'budget') <> 'number' or (v_opts->>'budget')::numeric < 0) then
-    raise exception using errcode = 'RL003', message = format('start_run: budget must be a number >= 0, not %s', v_opts->'budget');
+    raise exception using errcode = 'RL003', message = format('%s: budget must be a number >= 0, not %s', p_caller, v_opts->'budget');
   end if;
   if v_opts ? 'priority' and (jsonb_typeof(v_opts->'priority') <> 'number' or (v_opts->>'priority') !~ '^-?\d{1,9}$') then
-    raise exception using errcode = 'RL003', message = format('start_run: priority must be a whole number, not %s', v_opts->'priority');
+    raise exception using errcode = 'RL003', message = format('%s: priority must be a whole number, not %s', p_caller, v_opts->'priority');
   end if;
   if v_opts ? 'max_recovery_attempts'
      and (jsonb_typeof(v_opts->'max_recovery_attempts') <> 'number' or (v_opts->>'max_recovery_attempts') !~ '^\d{1,9}$') then
     raise exception using errcode = 'RL003',
-      message = format('start_run: max_recovery_attempts must be a whole number >= 0, not %s', v_opts->'max_recovery_attempts');
+      message = format('%s: max_recovery_attempts must be a whole number >= 0, not %s', p_caller, v_opts->'max_recovery_attempts');
   end if;
 
   if v_opts ? 'run_at' and v_opts ? 'run_in_ms' then
-    raise exception using errcode = 'RL003', message = 'start_run: give run_at or run_in_ms, not both';
+    raise exception using errcode = 'RL003', message = p_caller || ': give run_at or run_in_ms, not both';
   end if;
   if v_opts ? 'run_at' then
     begin
       v_not_before := (v_opts->>'run_at')::timestamptz;
     exception when others then
-      raise exception using errcode = 'RL003', message = format('start_run: run_at %L is not a timestamp', v_opts->>'run_at');
+      raise exception using errcode = 'RL003', message = format('%s: run_at %L is not a timestamp', p_caller, v_opts->>'run_at');
     end;
   end if;
   if v_opts ? 'run_in_ms' then
     -- A delay, counted on the database clock from now: a caller's clock does not matter.
     if jsonb_typeof(v_opts->'run_in_ms') <> 'number' or (v_opts->>'run_in_ms') !~ '^\d{1,15}$' then
       raise exception using errcode = 'RL003',
-        message = format('start_run: run_in_ms must be a whole number of milliseconds >= 0, not %s', v_opts->'run_in_ms');
+        message = format('%s: run_in_ms must be a whole number of milliseconds >= 0, not %s', p_caller, v_opts->'run_in_ms');
     end if;
     v_not_before := v_now + make_interval(secs => (v_opts->>'run_in_ms')::bigint / 1000.0);
   end if;
-  v_limited := runledger._queue_limited(v_queue);
-
-  insert into runledger.runs (
-    admitted, not_before,
-    run_id, workflow_name, workflow_version, queue_name, input, priority, concurrency_key,
-    idempotency_key, parent_run_id, deadline_at, max_recovery_attempts, version_manifest,
-    max_steps, budget, no_progress, retry_budget, policy_version, created_at, updated_at)
-  values (
-    not v_limited, v_not_before,
-    v_run_id, v_wf.workflow_name, v_wf.workflow_version, v_queue, p_input,
-    coalesce((v_opts->>'priority')::int, 0), v_opts->>'concurrency_key',
-    v_opts->>'idempotency_key', v_opts->>'parent_run_id', v_deadline,
-    coalesce((v_opts->>'max_recovery_attempts')::int, v_wf.max_recovery_attempts),
-    coalesce(v_opts->'version_manifest', jsonb_build_object('started_from', 'sql')),
-    (v_opts->>'max_steps')::int, (v_opts->>'budget')::numeric, (v_opts->>'no_progress')::int,
-    (v_opts->>'retry_budget')::int,
-    -- The policy a run is held to, named by what it contains: kept in its termination record.
-    'limits:' || left(md5(jsonb_build_object(
+  v_t.workflow_name := v_wf.workflow_name;
+  v_t.workflow_version := v_wf.workflow_version;
+  v_t.queue_name := v_queue;
+  v_t.admitted := not runledger._queue_limited(v_queue);
+  v_t.not_before := v_not_before;
+  v_t.priority := coalesce((v_opts->>'priority')::int, 0);
+  v_t.concurrency_key := v_opts->>'concurrency_key';
+  v_t.idempotency_key := v_opts->>'idempotency_key';
+  v_t.parent_run_id := v_opts->>'parent_run_id';
+  v_t.deadline_at := v_deadline;
+  v_t.max_recovery_attempts := coalesce((v_opts->>'max_recovery_attempts')::int, v_wf.max_recovery_attempts);
+  v_t.version_manifest := coalesce(v_opts->'version_manifest', jsonb_build_object('started_from', 'sql'));
+  v_t.max_steps := (v_opts->>'max_steps')::int;
+  v_t.budget := (v_opts->>'budget')::numeric;
+  v_t.no_progress := (v_opts->>'no_progress')::int;
+  v_t.retry_budget := (v_opts->>'retry_budget')::int;
+  -- The policy a run is held to, named by what it contains: kept in its termination record.
+  v_t.policy_version := 'limits:' || left(md5(jsonb_build_object(
       'deadline', v_deadline, 'max_steps', v_opts->'max_steps', 'budget', v_opts->'budget',
-      'no_progress', v_opts->'no_progress', 'max_recovery_attempts', coalesce(v_opts->'max_recovery_attempts', to_jsonb(v_wf.max_recovery_attempts)))::text), 12),
-    v_now, v_now)
-  on conflict do nothing;
-  get diagnostics v_inserted = row_count;
+      'no_progress', v_opts->'no_progress', 'max_recovery_attempts', coalesce(v_opts->'max_recovery_attempts', to_jsonb(v_wf.max_recovery_attempts)))::text), 12);
+  v_t.created_at := v_now;
+  v_t.updated_at := v_now;
+  return v_t;
+end;
+$$;
+comment on function runledger._start_template(text, jsonb, text) is
+  'The checks and the resolution start_run and start_runs share: validates the options (RL003), resolves the registered workflow version (RL006), merges its limits, and returns the runs row a new run starts from (no run_id or input), with admitted set by whether its queue has limits.';
 
-  if not v_inserted then
+create function runledger.start_run(p_workflow text, p_input jsonb, p_options jsonb default '{}')
+returns text
+language plpgsql volatile
+set enable_seqscan = off set jit = off as $$
+declare
+  v_t        runledger.runs;
+  v_run_id   text := coalesce(p_options->>'run_id', runledger._new_id());
+  v_existing runledger.runs;
+begin
+  if pg_column_size(p_input) > runledger._max_payload_bytes() then
+    raise exception using errcode = 'RL004',
+      message = format('start_run: input is %s bytes, over the limit of %s', pg_column_size(p_input), runledger._max_payload_bytes());
+  end if;
+  v_t := runledger._start_template(p_workflow, p_options);
+  insert into runledger.runs (
+    run_id, workflow_name, workflow_version, queue_name, input, admitted, not_before, priority, concurrency_key,
+    idempotency_key, parent_run_id, deadline_at, max_recovery_attempts, version_manifest, max_steps, budget,
+    no_progress, retry_budget, policy_version, created_at, updated_at)
+  values (
+    v_run_id, v_t.workflow_name, v_t.workflow_version, v_t.queue_name, p_input, v_t.admitted, v_t.not_before,
+    v_t.priority, v_t.concurrency_key, v_t.idempotency_key, v_t.parent_run_id, v_t.deadline_at,
+    v_t.max_recovery_attempts, v_t.version_manifest, v_t.max_steps, v_t.budget, v_t.no_progress, v_t.retry_budget,
+    v_t.policy_version, v_t.created_at, v_t.updated_at)
+  on conflict do nothing;
+  if not found then
     -- Idempotent start: the same run_id or idempotency key returns the existing run.
     select * into v_existing from runledger.runs r
      where r.run_id = v_run_id
-        or (v_opts ? 'idempotency_key' and r.workflow_name = p_workflow and r.idempotency_key = v_opts->>'idempotency_key')
+        or (v_t.idempotency_key is not null and r.workflow_name = p_workflow and r.idempotency_key = v_t.idempotency_key)
      limit 1;
     if v_existing.workflow_name is distinct from p_workflow then
       raise exception using errcode = 'RL005',
@@ -192,18 +219,138 @@ begin
   end if;
 
   insert into runledger.events (run_id, kind, detail, at)
-  values (v_run_id, 'created', jsonb_build_object('workflow', p_workflow, 'version', v_wf.workflow_version, 'queue', v_queue), v_now);
-  if v_limited then
-    perform runledger._admit(v_queue);
+  values (v_run_id, 'created', jsonb_build_object('workflow', p_workflow, 'version', v_t.workflow_version, 'queue', v_t.queue_name),
+          v_t.created_at);
+  if not v_t.admitted then
+    perform runledger._admit(v_t.queue_name);
   else
-    perform runledger._dispatch(v_run_id, v_queue,
-      coalesce(greatest(0, ceil(extract(epoch from v_not_before - v_now) * 1000))::int, 0));
+    perform runledger._dispatch(v_run_id, v_t.queue_name,
+      coalesce(greatest(0, ceil(extract(epoch from v_t.not_before - v_t.created_at) * 1000))::int, 0));
   end if;
   return v_run_id;
 end;
 $$;
 comment on function runledger.start_run(text, jsonb, jsonb) is
   'Starts a run of a registered workflow and dispatches it (or leaves it to its queue''s admission); returns run_id. Options: run_at (delayed start at a timestamp, compared with runledger.now()) or run_in_ms (delayed start this many ms after now on the database clock), run_id, idempotency_key (same key or run_id returns the existing run), queue, priority, concurrency_key, version, max_recovery_attempts, and limits overriding the workflow''s: deadline (interval or timestamp), max_steps, budget, no_progress.';
+
+-- Many runs of one workflow in one statement: the options are checked once, the rows
+-- are inserted together, and the queue is announced once.
+create function runledger.start_runs(p_workflow text, p_inputs jsonb, p_options jsonb default '{}')
+returns text[]
+language plpgsql volatile
+set enable_seqscan = off set jit = off as $$
+declare
+  v_t      runledger.runs;
+  v_opts   jsonb := coalesce(p_options, '{}');
+  v_n      int;
+  v_ids    text[];
+  v_keys   text[];
+  v_inserted text[];
+  v_new    int;
+  v_bad    record;
+  v_key    text;
+begin
+  if p_inputs is null or jsonb_typeof(p_inputs) <> 'array' then
+    raise exception using errcode = 'RL003', message = 'start_runs: inputs must be a JSON array (one input per run)';
+  end if;
+  v_n := jsonb_array_length(p_inputs);
+  if v_opts ? 'run_id' or v_opts ? 'idempotency_key' then
+    raise exception using errcode = 'RL003',
+      message = 'start_runs: give run_ids and idempotency_keys as arrays, one per input (run_id and idempotency_key are start_run''s)';
+  end if;
+  foreach v_key in array array['run_ids', 'idempotency_keys', 'concurrency_keys'] loop
+    if v_opts ? v_key and (jsonb_typeof(v_opts->v_key) <> 'array' or jsonb_array_length(v_opts->v_key) <> v_n) then
+      raise exception using errcode = 'RL003', message = format('start_runs: %s must be an array of %s entries (one per input, null for none)', v_key, v_n);
+    end if;
+  end loop;
+  select e.ordinality - 1 as i, e.value as id into v_bad
+    from jsonb_array_elements(coalesce(v_opts->'run_ids', '[]')) with ordinality e
+   where jsonb_typeof(e.value) <> 'null'
+     and (jsonb_typeof(e.value) <> 'string' or e.value #>> '{}' !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}$')
+   limit 1;
+  if found then
+    raise exception using errcode = 'RL003', message = format('start_runs: invalid run id %s (input %s)', v_bad.id, v_bad.i);
+  end if;
+  select e.ordinality - 1 as i, pg_column_size(e.value) as bytes into v_bad
+    from jsonb_array_elements(p_inputs) with ordinality e
+   where pg_column_size(e.value) > runledger._max_payload_bytes()
+   limit 1;
+  if found then
+    raise exception using errcode = 'RL004',
+      message = format('start_runs: input %s is %s bytes, over the limit of %s', v_bad.i, v_bad.bytes, runledger._max_payload_bytes());
+  end if;
+  v_t := runledger._start_template(p_workflow, v_opts - 'run_ids' - 'idempotency_keys' - 'concurrency_keys', 'start_runs');
+  if v_n = 0 then
+    return '{}';
+  end if;
+
+  -- One statement: the rows, and the created events of those that are new. Ids made here
+  -- (none given) are ULIDs; a given id or idempotency key that already has a run is kept
+  -- out by ON CONFLICT and resolved below.
+  with wanted as materialized (
+    select (e.ordinality - 1)::int as i, e.value as input,
+           coalesce(v_opts->'run_ids'->>((e.ordinality - 1)::int), runledger._new_id()) as run_id,
+           v_opts->'idempotency_keys'->>((e.ordinality - 1)::int) as idempotency_key,
+           coalesce(v_opts->'concurrency_keys'->>((e.ordinality - 1)::int), v_t.concurrency_key) as concurrency_key
+      from jsonb_array_elements(p_inputs) with ordinality e
+  ), inserted as (
+    insert into runledger.runs (
+      run_id, workflow_name, workflow_version, queue_name, input, admitted, not_before, priority, concurrency_key,
+      idempotency_key, deadline_at, max_recovery_attempts, version_manifest, max_steps, budget, no_progress,
+      retry_budget, policy_version, created_at, updated_at)
+    select w.run_id, v_t.workflow_name, v_t.workflow_version, v_t.queue_name, w.input, v_t.admitted, v_t.not_before,
+           v_t.priority, w.concurrency_key, w.idempotency_key, v_t.deadline_at, v_t.max_recovery_attempts,
+           v_t.version_manifest, v_t.max_steps, v_t.budget, v_t.no_progress, v_t.retry_budget, v_t.policy_version,
+           v_t.created_at, v_t.updated_at
+      from wanted w
+     order by w.i
+    on conflict do nothing
+    returning run_id
+  ), logged as (
+    insert into runledger.events (run_id, kind, detail, at)
+    select n.run_id, 'created', jsonb_build_object('workflow', p_workflow, 'version', v_t.workflow_version, 'queue', v_t.queue_name),
+           v_t.created_at
+      from inserted n
+  )
+  select array_agg(w.run_id order by w.i), array_agg(w.idempotency_key order by w.i), (select array_agg(n.run_id) from inserted n)
+    into v_ids, v_keys, v_inserted
+    from wanted w;
+  v_new := coalesce(cardinality(v_inserted), 0);
+
+  if v_new < v_n then
+    -- Idempotent start, per input: the same run_id or idempotency key gives the existing
+    -- run (read in a statement of its own, so a run another transaction just committed is seen).
+    select u.i - 1 as i, r.run_id, r.workflow_name into v_bad
+      from unnest(v_ids) with ordinality u(run_id, i)
+      join runledger.runs r on r.run_id = u.run_id
+     where not (u.run_id = any(coalesce(v_inserted, '{}'))) and r.workflow_name <> p_workflow
+     limit 1;
+    if found then
+      raise exception using errcode = 'RL005',
+        message = format('start_runs: run_id %L (input %s) already belongs to workflow %L', v_bad.run_id, v_bad.i, v_bad.workflow_name);
+    end if;
+    select array_agg(coalesce(
+             (select r.run_id from runledger.runs r where r.run_id = u.run_id and r.workflow_name = p_workflow),
+             (select r.run_id from runledger.runs r
+               where u.key is not null and r.workflow_name = p_workflow and r.idempotency_key = u.key)) order by u.i)
+      into v_ids
+      from unnest(v_ids, v_keys) with ordinality u(run_id, key, i);
+  end if;
+
+  if v_new > 0 then
+    if not v_t.admitted then
+      perform runledger._admit(v_t.queue_name);
+    else
+      -- One announcement for all of them (_dispatch's NOTIFY names the queue, not the run).
+      perform runledger._dispatch(null, v_t.queue_name,
+        coalesce(greatest(0, ceil(extract(epoch from v_t.not_before - v_t.created_at) * 1000))::int, 0));
+    end if;
+  end if;
+  return v_ids;
+end;
+$$;
+comment on function runledger.start_runs(text, jsonb, jsonb) is
+  'Starts one run of a registered workflow per element of the JSON array p_inputs, in one statement, and announces its queue once; returns the run ids in input order. Options as start_run''s, for every run, except run_ids, idempotency_keys and concurrency_keys: arrays with one entry per input (null for none). An input whose run_id or idempotency key already has a run gives that run''s id (idempotent, per input); a run_id of another workflow is RL005.';
 
 create function runledger._fence(p_run_id text, p_token bigint, p_now timestamptz default null) returns runledger.runs
 language plpgsql volatile as $$
@@ -335,9 +482,35 @@ $$;
 comment on function runledger._checkpoint_outcome(text, int, bigint) is
   'After a COMMIT whose outcome the client did not see: waits for in-flight transactions on the run, then says whether the checkpoint committed (output wrapped in a one-element array, null when absent).';
 
--- What every move to a terminal status does after the run row itself: its event, its
--- parent's wake-up, and admission of the next run of a queue with limits. The callers
--- pass what they already read from the row, so it is not read again.
+-- Callers awaiting a result (handle.result(), engine.handle) LISTEN on runledger_finished:
+-- the payload is the ids of runs that just ended, comma-separated, in as few
+-- notifications as fit under PostgreSQL's 8,000-byte payload limit. Delivered at commit;
+-- a caller that misses it (its connection dropped) reads the run rows instead.
+create function runledger._announce_finished(p_run_ids text[]) returns void
+language plpgsql volatile as $$
+declare
+  v_chunk text := '';
+  v_id    text;
+begin
+  foreach v_id in array p_run_ids loop
+    if length(v_chunk) + length(v_id) + 1 > 7900 then
+      perform pg_notify('runledger_finished', v_chunk);
+      v_chunk := '';
+    end if;
+    v_chunk := case when v_chunk = '' then v_id else v_chunk || ',' || v_id end;
+  end loop;
+  if v_chunk <> '' then
+    perform pg_notify('runledger_finished', v_chunk);
+  end if;
+end;
+$$;
+comment on function runledger._announce_finished(text[]) is
+  'NOTIFY runledger_finished with the ids of runs that reached a terminal status, comma-separated, split to stay under the 8,000-byte payload limit; callers awaiting results listen for it.';
+
+-- What every move to a terminal status does after the run row itself: its event, the
+-- notification of callers awaiting it, its parent's wake-up, and admission of the next
+-- run of a queue with limits. The callers pass what they already read from the row, so
+-- it is not read again.
 create function runledger._finished(
   p_run_id text, p_token bigint, p_status runledger.run_status, p_reason text, p_error jsonb, p_evidence jsonb,
   p_parent text, p_queue text, p_now timestamptz)
@@ -347,6 +520,7 @@ begin
   insert into runledger.events (run_id, kind, detail, fencing_token, at)
   values (p_run_id, case p_status when 'DEAD_LETTER' then 'dead_lettered' else lower(p_reason) end,
           jsonb_strip_nulls(jsonb_build_object('status', p_status, 'reason', p_reason, 'error', p_error, 'evidence', p_evidence)), p_token, p_now);
+  perform pg_notify('runledger_finished', p_run_id);
   -- As _wake_parent and _slot_freed, without reading the row again.
   if p_parent is not null then
     perform runledger._wake(p_parent, 'child', p_run_id);
@@ -357,7 +531,7 @@ begin
 end;
 $$;
 comment on function runledger._finished(text, bigint, runledger.run_status, text, jsonb, jsonb, text, text, timestamptz) is
-  'After a run''s row moved to a terminal status: writes its event, wakes its parent (p_parent) and admits the next run of its queue if the queue has limits.';
+  'After a run''s row moved to a terminal status: writes its event, notifies runledger_finished with its id, wakes its parent (p_parent) and admits the next run of its queue if the queue has limits.';
 
 create function runledger._finish_run(
   p_run_id text, p_token bigint, p_status runledger.run_status, p_reason text,

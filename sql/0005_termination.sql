@@ -63,6 +63,7 @@ begin
   insert into runledger.events (run_id, kind, detail, at)
   values (p_run_id, case p_status when 'CANCELLED' then 'cancelled' else lower(p_reason) end,
           jsonb_build_object('status', p_status, 'reason', p_reason, 'evidence', p_evidence), v_now);
+  perform pg_notify('runledger_finished', p_run_id);
   perform runledger._cancel_children(p_run_id, format('parent %s ended %s', p_run_id, p_reason));
   perform runledger._wake_parent(p_run_id);
   return true;

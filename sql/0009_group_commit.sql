@@ -25,6 +25,7 @@ declare
   v_children  text[];
   v_queues    text[];
   v_queue     text;
+  v_done      text[];
   i           int;
 begin
   -- Every run of the batch, locked in run_id order (as the heartbeat locks them), and
@@ -95,10 +96,15 @@ begin
   )
   select array_agg(d.parent_run_id) filter (where d.parent_run_id is not null),
          array_agg(d.run_id) filter (where d.parent_run_id is not null),
-         array_agg(distinct d.queue_name)
-    into v_parents, v_children, v_queues
+         array_agg(distinct d.queue_name),
+         array_agg(d.run_id)
+    into v_parents, v_children, v_queues, v_done
     from done d;
-  -- As _finished: wake the parents, and admit the next runs of queues with limits.
+  -- As _finished: tell the callers awaiting these runs (one notification for the batch),
+  -- wake the parents, and admit the next runs of queues with limits.
+  if v_done is not null then
+    perform runledger._announce_finished(v_done);
+  end if;
   for i in 1 .. coalesce(cardinality(v_parents), 0) loop
     perform runledger._wake(v_parents[i], 'child', v_children[i]);
   end loop;

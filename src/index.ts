@@ -2,7 +2,7 @@ export { createEngine, MAX_PAYLOAD_BYTES_DEFAULT } from './engine/index.js';
 export type { Engine, EngineOptions, LogFunction, LogLevel } from './engine/index.js';
 export { defineWorkflow } from './engine/core/workflow.js';
 export type { Workflow, WorkflowFunction, WorkflowLimits, WorkflowOptions } from './engine/core/workflow.js';
-export type { RunHandle, StartOptions } from './engine/client/start.js';
+export type { RunHandle, StartManyOptions, StartOptions } from './engine/client/start.js';
 export type { ListRunsOptions, OperationRecord, RunRecord, StepRecord } from './engine/client/runs.js';
 export type { Jsonify } from './engine/core/jsonify.js';
 export { RUNLEDGER_TABLES } from './engine/db/schema.js';

@@ -20,7 +20,8 @@ import {
   type DecisionRecord,
 } from './client/operator.js';
 import { getRun, listRuns, retryRun, type ListRunsOptions, type RunRecord } from './client/runs.js';
-import { awaitResult, startRun, type RunHandle, type StartOptions } from './client/start.js';
+import { handleFor, startMany, startRun, type RunHandle, type StartManyOptions, type StartOptions } from './client/start.js';
+import { ResultWatch } from './client/results.js';
 import type { RunStatus } from './core/states.js';
 import type { Jsonify } from './core/jsonify.js';
 import type { RunledgerDatabase } from './db/schema.js';
@@ -86,6 +87,24 @@ export interface Engine<DB = any> {
   migrate(): Promise<{ applied: string[] }>;
   /** Starts a run; `input` is the schema's input type. `handle.result()` gives the output in its stored JSON form. */
   start<I, O, In>(workflow: Workflow<I, O, In>, input: In, options?: StartOptions): Promise<RunHandle<Jsonify<O>>>;
+  /**
+   * Starts one run per input in one statement (runledger.start_runs): all inputs are
+   * checked first and none starts unless all pass; returns the handles in input order.
+   * Per-run ids, idempotency keys and concurrency keys go in `runIds`, `idempotencyKeys`
+   * and `concurrencyKeys`, one entry per input.
+   */
+  startMany<I, O, In>(
+    workflow: Workflow<I, O, In>,
+    inputs: readonly In[],
+    options?: StartManyOptions,
+  ): Promise<Array<RunHandle<Jsonify<O>>>>;
+  /**
+   * Re-attaches to a run started elsewhere (another process, SQL): `result()` waits for it
+   * as `start`'s handle does, woken by LISTEN, without polling. Pass the workflow to type
+   * the output: `engine.handle(workflow, runId)`.
+   */
+  handle<O>(workflow: Workflow<any, O, any>, runId: string): RunHandle<Jsonify<O>>;
+  handle(runId: string): RunHandle<unknown>;
   getRun(runId: string): Promise<RunRecord | undefined>;
   listRuns(options?: ListRunsOptions): Promise<RunRecord[]>;
   retry(runId: string): Promise<RunStatus>;
@@ -175,6 +194,10 @@ export function createEngine<DB = any>(options: EngineOptions = {}): Engine<DB> 
     resultSchemas,
   };
   const fetchRun = (runId: string, opts?: { withSteps?: boolean }) => getRun(db, runId, opts);
+  // Callers awaiting results hear of completions by LISTEN, or from this engine's workers directly.
+  const results = new ResultWatch(poolConfig, log);
+  deps.finished = (runId) => results.wake(runId);
+  const startHost = { deps, registerWorkflow, getRun: fetchRun, results };
 
   return {
     db: db as unknown as Kysely<DB>,
@@ -203,7 +226,14 @@ export function createEngine<DB = any>(options: EngineOptions = {}): Engine<DB> 
     },
     setQueue: (name, queueOptions) => setQueue(pool, name, queueOptions),
     migrate: () => migrate(pool, (message) => log('info', message)),
-    start: (workflow, input, startOptions) => startRun({ deps, registerWorkflow, getRun: fetchRun }, workflow, input, startOptions),
+    start: (workflow, input, startOptions) => startRun(startHost, workflow, input, startOptions),
+    handle: (workflowOrRunId: Workflow<any, any, any> | string, maybeRunId?: string) => {
+      const runId = typeof workflowOrRunId === 'string' ? workflowOrRunId : maybeRunId;
+      if (typeof runId !== 'string' || runId === '')
+        throw new ConfigError('handle: a run id is required: engine.handle(runId) or engine.handle(workflow, runId)');
+      return handleFor(startHost, runId);
+    },
+    startMany: (workflow, inputs, startOptions) => startMany(startHost, workflow, inputs, startOptions),
     getRun: (runId) => fetchRun(runId),
     listRuns: (listOptions) => listRuns(db, listOptions),
     retry: (runId) => retryRun(pool, runId),
@@ -215,7 +245,7 @@ export function createEngine<DB = any>(options: EngineOptions = {}): Engine<DB> 
         }
       }
       const forked = await forkRun(pool, runId, forkOptions.fromStep);
-      return { runId: forked, result: (opts) => awaitResult({ deps, registerWorkflow, getRun: fetchRun }, forked, opts?.timeoutMs) };
+      return handleFor(startHost, forked);
     },
     async resolveOperation(operationId, resolution) {
       // A result schema this engine's runs used for the operation checks the result before
@@ -239,7 +269,7 @@ export function createEngine<DB = any>(options: EngineOptions = {}): Engine<DB> 
     decideApproval: (requestId, decision) => decideApproval(pool, requestId, decision),
     async runWorker(workerOptions) {
       const startScheduled: StartScheduled = async (workflow, input, idempotencyKey) => {
-        await startRun({ deps, registerWorkflow, getRun: fetchRun }, workflow, input, { idempotencyKey });
+        await startRun(startHost, workflow, input, { idempotencyKey });
       };
       const worker = await startWorker(
         {
@@ -273,6 +303,7 @@ export function createEngine<DB = any>(options: EngineOptions = {}): Engine<DB> 
     async close() {
       await Promise.all([...workers].map((worker) => worker.stop()));
       workers.clear();
+      await results.close();
       if (ownsPool) await pool.end();
     },
   };

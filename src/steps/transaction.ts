@@ -1,4 +1,4 @@
-import { sql, type Transaction } from 'kysely';
+import type { Transaction } from 'kysely';
 import { serializeError } from '../engine/core/errors.js';
 import { monotonicMark } from '../engine/core/duration.js';
 import {
@@ -14,6 +14,7 @@ import { haltOnDbError, isConstraintViolation } from '../engine/run/halts.js';
 import type { Execution } from '../engine/run/execution.js';
 import { isConnectionError, isRetryableTransactionError, pgCode } from '../engine/db/pg-errors.js';
 import { encodeOutput, replayCheckpoint, stepFailure } from './replay.js';
+import { inOwnTransaction } from '../engine/db/own-transaction.js';
 
 /** How many times a transaction step is re-run after a serialization failure, deadlock or lost connection. */
 export const TRANSACTION_TRIES = 10;
@@ -48,10 +49,10 @@ async function transactionAttempts<T, DB>(exec: Execution, name: string, seq: nu
     let commitSent = false;
     let runStatus: string | undefined;
     try {
-      const value = await exec.deps.db.transaction().execute(async (trx) => {
+      const value = await inOwnTransaction<DB, unknown>(exec.deps.pool, async (tx) => {
         let encoded: { text: string | undefined; value: unknown };
         try {
-          encoded = encodeOutput(exec, name, await fn(trx as unknown as Transaction<DB>));
+          encoded = encodeOutput(exec, name, await fn(tx.trx));
         } catch (error) {
           // A transient database error inside the user's code re-runs the transaction; anything else fails the step.
           if (isRetryableTransactionError(error) || isConnectionError(error)) throw error;
@@ -72,12 +73,13 @@ async function transactionAttempts<T, DB>(exec: Execution, name: string, seq: nu
           attempts: attempt,
           startedAt,
         };
-        // Fencing check (row lock on the run) and checkpoint, in the user's transaction.
+        // Fencing check (row lock on the run) and checkpoint, in the user's transaction, sent
+        // with the COMMIT in one round trip (so its values are literals, not parameters).
         const values = checkpointValues(exec, record);
-        const args = CHECKPOINT_PARAMS.map((param, i) => sql`${sql.raw(param)} => ${values[i]}`);
-        const written = await sql<{ run_status: string }>`select run_status from runledger._checkpoint(${sql.join(args)})`.execute(trx);
-        runStatus = written.rows[0]?.run_status;
+        const args = CHECKPOINT_PARAMS.map((param, i) => `${param} => ${sqlLiteral(values[i], tx.literal)}`);
         commitSent = true;
+        const written = await tx.finish<{ run_status: string }>(`select run_status from runledger._checkpoint(${args.join(', ')})`);
+        runStatus = written[0]?.run_status;
         return encoded.value;
       });
       if (exec.deps.crash?.hit('after-commit', name)) return exec.suspend<T>();
@@ -124,4 +126,14 @@ async function transactionAttempts<T, DB>(exec: Execution, name: string, seq: nu
       await backoff(attempt);
     }
   }
+}
+
+/** A checkpoint value as an SQL literal: text quoted, numbers as they are, null as null (the function's parameters give the types). */
+function sqlLiteral(value: unknown, quote: (text: string) => string): string {
+  if (value === null || value === undefined) return 'null';
+  if (typeof value === 'number') {
+    if (!Number.isFinite(value)) throw new Error(`checkpoint value ${value} is not a finite number`);
+    return String(value);
+  }
+  return quote(String(value));
 }

@@ -8,6 +8,7 @@ import type { Jsonify } from '../core/jsonify.js';
 import { TERMINAL_STATES } from '../core/states.js';
 import { limitsToSql, type Workflow } from '../core/workflow.js';
 import { RUNTIME_MANIFEST } from '../core/version.js';
+import type { ResultWatch } from './results.js';
 
 export interface StartOptions {
   /** Explicit run id; starting again with the same id returns the same run. */
@@ -42,6 +43,8 @@ export interface StartHost {
   deps: { pool: pg.Pool; maxPayloadBytes: number };
   registerWorkflow: (workflow: Workflow<any, any>) => Promise<void>;
   getRun: (runId: string, options?: { withSteps?: boolean }) => Promise<RunRecord | undefined>;
+  /** How a caller hears that a run ended (LISTEN, or its own worker); without it, result() reads the row on a backoff. */
+  results?: ResultWatch;
 }
 
 export async function startRun<O, In>(
@@ -50,53 +53,12 @@ export async function startRun<O, In>(
   input: In,
   options: StartOptions = {},
 ): Promise<RunHandle<Jsonify<O>>> {
-  let stored: unknown = input;
-  if (workflow.inputSchema) {
-    const parsed = workflow.inputSchema.safeParse(input);
-    if (!parsed.success) {
-      throw new InvalidInputError(`input for workflow ${workflow.name} is invalid: ${parsed.error.message}`, {
-        details: { issues: parsed.error.issues },
-      });
-    }
-    stored = parsed.data;
-  }
-  let inputText: string | undefined;
-  try {
-    inputText = toJsonText(stored, `input of workflow ${workflow.name}`);
-  } catch (error) {
-    throw new InvalidInputError((error as Error).message, { cause: error });
-  }
-  const size = inputText === undefined ? 0 : Buffer.byteLength(inputText);
-  if (size > host.deps.maxPayloadBytes) {
-    throw new PayloadTooLargeError(`input for workflow ${workflow.name} is ${size} bytes, over the limit of ${host.deps.maxPayloadBytes}`, {
-      details: { bytes: size, limit: host.deps.maxPayloadBytes },
-    });
-  }
+  const inputText = checkedInput(host, workflow, input, `input for workflow ${workflow.name}`);
   await host.registerWorkflow(workflow);
-
-  const sqlOptions: Record<string, unknown> = {
-    run_id: options.runId ?? ulid(),
-    version: workflow.version,
-    queue: options.queue ?? workflow.queue,
-    max_recovery_attempts: workflow.maxRecoveryAttempts,
-    version_manifest: RUNTIME_MANIFEST,
-  };
+  const sqlOptions = startOptionsToSql(workflow, options, 'start');
+  sqlOptions.run_id = options.runId ?? ulid();
   if (options.idempotencyKey !== undefined) sqlOptions.idempotency_key = options.idempotencyKey;
-  if (options.priority !== undefined) {
-    if (!Number.isInteger(options.priority)) throw new InvalidInputError('start: priority must be a whole number (lower runs first)');
-    sqlOptions.priority = options.priority;
-  }
-  if (options.runAt !== undefined) {
-    // A duration travels as a delay, so this process's clock plays no part in when the run starts.
-    if (options.runAt instanceof Date) sqlOptions.run_at = options.runAt.toISOString();
-    else sqlOptions.run_in_ms = Math.round(toMs(options.runAt, 'runAt'));
-  }
   if (options.concurrencyKey !== undefined) sqlOptions.concurrency_key = options.concurrencyKey;
-  Object.assign(sqlOptions, limitsToSql({ maxSteps: options.maxSteps, budget: options.budget, noProgress: options.noProgress }, 'start'));
-  if (options.deadline !== undefined) {
-    sqlOptions.deadline =
-      options.deadline instanceof Date ? options.deadline.toISOString() : `${toMs(options.deadline, 'deadline')} milliseconds`;
-  }
   let runId: string;
   try {
     const result = await host.deps.pool.query({
@@ -108,38 +70,153 @@ export async function startRun<O, In>(
   } catch (error) {
     throw fromPgError(error);
   }
-  return { runId, result: (opts) => awaitResult<Jsonify<O>>(host, runId, opts?.timeoutMs) };
+  return handleFor<Jsonify<O>>(host, runId);
+}
+
+/** Options of engine.startMany: those of start for every run, and the per-run ones as arrays in input order. */
+export interface StartManyOptions extends Omit<StartOptions, 'runId' | 'idempotencyKey' | 'concurrencyKey'> {
+  /** One per input (undefined: a new ULID). */
+  runIds?: Array<string | undefined>;
+  /** One per input (undefined: none). An input whose key already has a run gets that run's handle. */
+  idempotencyKeys?: Array<string | undefined>;
+  /** One per input (undefined: none). */
+  concurrencyKeys?: Array<string | undefined>;
 }
 
 /**
- * Polls the run row with a growing interval (10 ms up to 500 ms) until it is
- * terminal. Polling keeps NOTIFY traffic off every completion's commit.
+ * Many runs of one workflow in one statement (runledger.start_runs): every input is
+ * checked first (schema, JSON, size; the error names its index) and nothing is started
+ * unless all pass; the runs are inserted together and their queue announced once.
+ * Returns the handles in input order.
+ */
+export async function startMany<O, In>(
+  host: StartHost,
+  workflow: Workflow<any, O, In>,
+  inputs: readonly In[],
+  options: StartManyOptions = {},
+): Promise<Array<RunHandle<Jsonify<O>>>> {
+  if (!Array.isArray(inputs)) throw new InvalidInputError(`startMany: inputs must be an array (one input per run), not ${typeof inputs}`);
+  const texts = inputs.map((input, i) => checkedInput(host, workflow, input, `input ${i} for workflow ${workflow.name}`));
+  const sqlOptions = startOptionsToSql(workflow, options, 'startMany');
+  const perRun = { runIds: 'run_ids', idempotencyKeys: 'idempotency_keys', concurrencyKeys: 'concurrency_keys' } as const;
+  for (const [field, key] of Object.entries(perRun) as Array<[keyof typeof perRun, string]>) {
+    const values = options[field];
+    if (values === undefined) continue;
+    if (!Array.isArray(values) || values.length !== inputs.length) {
+      throw new InvalidInputError(`startMany: ${field} must be an array of ${inputs.length} entries, one per input (undefined for none)`);
+    }
+    sqlOptions[key] = values.map((v) => v ?? null);
+  }
+  // Ids made here, not by the database: a ULID costs the server nothing.
+  sqlOptions.run_ids = inputs.map((_, i) => options.runIds?.[i] ?? ulid());
+  if (inputs.length === 0) return [];
+  await host.registerWorkflow(workflow);
+  let runIds: string[];
+  try {
+    const result = await host.deps.pool.query(
+      'select runledger.start_runs(p_workflow => $1, p_inputs => $2::jsonb, p_options => $3::jsonb) as run_ids',
+      [workflow.name, `[${texts.map((t) => t ?? 'null').join(',')}]`, JSON.stringify(sqlOptions)],
+    );
+    runIds = result.rows[0].run_ids;
+  } catch (error) {
+    throw fromPgError(error);
+  }
+  return runIds.map((runId) => handleFor<Jsonify<O>>(host, runId));
+}
+
+export function handleFor<O>(host: StartHost, runId: string): RunHandle<O> {
+  return { runId, result: (opts) => awaitResult<O>(host, runId, opts?.timeoutMs) };
+}
+
+/** The input as stored (the schema's output), as JSON text, within the size limit; coded errors otherwise. */
+function checkedInput<In>(host: StartHost, workflow: Workflow<any, any, In>, input: In, what: string): string | undefined {
+  let stored: unknown = input;
+  if (workflow.inputSchema) {
+    const parsed = workflow.inputSchema.safeParse(input);
+    if (!parsed.success) {
+      throw new InvalidInputError(`${what} is invalid: ${parsed.error.message}`, { details: { issues: parsed.error.issues } });
+    }
+    stored = parsed.data;
+  }
+  let inputText: string | undefined;
+  try {
+    inputText = toJsonText(stored, what);
+  } catch (error) {
+    throw new InvalidInputError((error as Error).message, { cause: error });
+  }
+  const size = inputText === undefined ? 0 : Buffer.byteLength(inputText);
+  if (size > host.deps.maxPayloadBytes) {
+    throw new PayloadTooLargeError(`${what} is ${size} bytes, over the limit of ${host.deps.maxPayloadBytes}`, {
+      details: { bytes: size, limit: host.deps.maxPayloadBytes },
+    });
+  }
+  return inputText;
+}
+
+/** The options every run gets, as start_run's (and start_runs') JSON options. */
+function startOptionsToSql(
+  workflow: Workflow<any, any>,
+  options: Omit<StartOptions, 'runId' | 'idempotencyKey' | 'concurrencyKey'>,
+  caller: string,
+): Record<string, unknown> {
+  const sqlOptions: Record<string, unknown> = {
+    version: workflow.version,
+    queue: options.queue ?? workflow.queue,
+    max_recovery_attempts: workflow.maxRecoveryAttempts,
+    version_manifest: RUNTIME_MANIFEST,
+  };
+  if (options.priority !== undefined) {
+    if (!Number.isInteger(options.priority)) throw new InvalidInputError(`${caller}: priority must be a whole number (lower runs first)`);
+    sqlOptions.priority = options.priority;
+  }
+  if (options.runAt !== undefined) {
+    // A duration travels as a delay, so this process's clock plays no part in when the run starts.
+    if (options.runAt instanceof Date) sqlOptions.run_at = options.runAt.toISOString();
+    else sqlOptions.run_in_ms = Math.round(toMs(options.runAt, 'runAt'));
+  }
+  Object.assign(sqlOptions, limitsToSql({ maxSteps: options.maxSteps, budget: options.budget, noProgress: options.noProgress }, caller));
+  if (options.deadline !== undefined) {
+    sqlOptions.deadline =
+      options.deadline instanceof Date ? options.deadline.toISOString() : `${toMs(options.deadline, 'deadline')} milliseconds`;
+  }
+  return sqlOptions;
+}
+
+/**
+ * Waits until the run is terminal: woken by runledger_finished (LISTEN) or by a worker
+ * of the same engine, it reads the run row once per wake-up (ResultWatch); without a
+ * ResultWatch it reads on a growing interval (10 ms up to 500 ms).
  */
 export async function awaitResult<O>(host: StartHost, runId: string, timeoutMs = Infinity): Promise<O> {
   // A timeout of this caller's own: measured on its clock, never compared with the database's.
+  const read = () => host.getRun(runId, { withSteps: false });
+  const run = host.results ? await host.results.until(runId, read, timeoutMs) : await pollUntil(read, timeoutMs);
+  if (!run) throw new RunFailedError(`run ${runId} not found`, { runId });
+  if (run.status === 'SUCCEEDED') return run.output as O;
+  if (TERMINAL_STATES.has(run.status)) {
+    throw new RunFailedError(`run ${runId} ended ${run.status} (${run.terminationReason})${errorSuffix(run.error)}`, {
+      runId,
+      status: run.status,
+      terminationReason: run.terminationReason,
+      terminationEvidence: run.terminationEvidence,
+      error: run.error,
+    });
+  }
+  const served = run.status !== 'PENDING' || (await servedByLiveWorker(host.deps.pool, run.workflowName, run.workflowVersion));
+  const key = `${run.workflowName}@${run.workflowVersion}`;
+  throw new RunFailedError(
+    `run ${runId} still ${run.status} after ${timeoutMs} ms` +
+      (served ? '' : `: no live worker serves ${key} (runledger.workers); start a worker with this workflow defined`),
+    { runId, status: run.status, ...(served ? {} : { noLiveWorker: key }) },
+  );
+}
+
+/** The run row read on a growing interval until it is terminal or missing, or the time is up. */
+async function pollUntil(read: () => Promise<RunRecord | undefined>, timeoutMs: number): Promise<RunRecord | undefined> {
   const deadline = Date.now() + timeoutMs;
   for (let interval = 10; ; interval = Math.min(500, interval * 1.5)) {
-    const run = await host.getRun(runId, { withSteps: false });
-    if (!run) throw new RunFailedError(`run ${runId} not found`, { runId });
-    if (TERMINAL_STATES.has(run.status)) {
-      if (run.status === 'SUCCEEDED') return run.output as O;
-      throw new RunFailedError(`run ${runId} ended ${run.status} (${run.terminationReason})${errorSuffix(run.error)}`, {
-        runId,
-        status: run.status,
-        terminationReason: run.terminationReason,
-        terminationEvidence: run.terminationEvidence,
-        error: run.error,
-      });
-    }
-    if (Date.now() + interval > deadline) {
-      const served = run.status !== 'PENDING' || (await servedByLiveWorker(host.deps.pool, run.workflowName, run.workflowVersion));
-      const key = `${run.workflowName}@${run.workflowVersion}`;
-      throw new RunFailedError(
-        `run ${runId} still ${run.status} after ${timeoutMs} ms` +
-          (served ? '' : `: no live worker serves ${key} (runledger.workers); start a worker with this workflow defined`),
-        { runId, status: run.status, ...(served ? {} : { noLiveWorker: key }) },
-      );
-    }
+    const run = await read();
+    if (!run || TERMINAL_STATES.has(run.status) || Date.now() + interval > deadline) return run;
     await new Promise((resolve) => setTimeout(resolve, interval));
   }
 }

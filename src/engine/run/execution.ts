@@ -87,6 +87,8 @@ export interface ExecutionDeps {
    * an operator's result against them before writing it.
    */
   resultSchemas?: Map<string, ZodType<unknown>>;
+  /** A terminal write of this run committed (or may have): the engine's callers awaiting it read it now. */
+  finished?: (runId: string) => void;
 }
 
 export function resultSchemaKey(workflowKey: string, operation: string): string {

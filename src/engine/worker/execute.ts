@@ -300,7 +300,16 @@ async function finish(exec: Execution, call: string, args: unknown[]): Promise<v
   await fencedWrite(exec, () => exec.deps.pool.query(`select ${call}`, [exec.runId, exec.fencingToken.toString(), ...args]));
 }
 
+/** A terminal write: once it returns, the engine's callers awaiting the run are woken at once (no NOTIFY round trip). */
 async function fencedWrite(exec: Execution, write: () => Promise<unknown>): Promise<void> {
+  try {
+    await fencedWriteOnce(exec, write);
+  } finally {
+    exec.deps.finished?.(exec.runId);
+  }
+}
+
+async function fencedWriteOnce(exec: Execution, write: () => Promise<unknown>): Promise<void> {
   for (let attempt = 1; ; attempt++) {
     try {
       await write();

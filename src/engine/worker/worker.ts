@@ -4,7 +4,7 @@ import { ulid } from 'ulid';
 import { ConfigError, serializeError } from '../core/errors.js';
 import { guardPool } from '../db/pools.js';
 import { executeClaimed } from './execute.js';
-import { CANCEL_CHANNEL, listen, RUNNABLE_CHANNEL } from './listener.js';
+import { CANCEL_CHANNEL, listen, RUNNABLE_CHANNEL } from '../db/listen.js';
 import { Dispatcher, type ClaimedRun } from './dispatcher.js';
 import { GroupCommit } from './group-commit.js';
 import { createHeartbeat } from './heartbeat.js';

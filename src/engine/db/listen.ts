@@ -7,12 +7,17 @@ export const CANCEL_CHANNEL = 'runledger_cancel';
 export const RUNNABLE_CHANNEL = 'runledger_runnable';
 const RECONNECT_MS_MAX = 5_000;
 
+/** Runs that ended (payload: their ids, comma-separated); callers awaiting results listen for it. */
+export const FINISHED_CHANNEL = 'runledger_finished';
+
 export interface Listener {
+  /** True while the LISTEN connection is up: notifications arrive. */
+  readonly listening: boolean;
   close(): Promise<void>;
 }
 
 /**
- * One LISTEN connection per worker for runledger's channels. Reconnects after a lost
+ * One LISTEN connection (per worker, and per engine for awaited results) for runledger's channels. Reconnects after a lost
  * connection and then calls onReconnect: notifications sent meanwhile are gone, so the
  * caller looks for itself (a cancel is still seen in the checkpoint's answer, and
  * runnable runs by the next claim).
@@ -22,6 +27,7 @@ export async function listen(
   log: LogFunction,
   handlers: Record<string, (payload: string) => void>,
   onReconnect: () => void = () => {},
+  onLost: () => void = () => {},
 ): Promise<Listener> {
   let client: pg.Client | undefined;
   let closed = false;
@@ -42,7 +48,10 @@ export async function listen(
     next.on('error', (error) => {
       log('warn', `listener: connection lost (${error.message}); reconnecting`);
       void next.end().catch(() => undefined);
-      if (client === next) client = undefined;
+      if (client === next) {
+        client = undefined;
+        onLost();
+      }
       retry();
     });
     try {
@@ -61,6 +70,9 @@ export async function listen(
   };
   await connect();
   return {
+    get listening() {
+      return client !== undefined && !closed;
+    },
     async close() {
       closed = true;
       await client?.end().catch(() => undefined);
