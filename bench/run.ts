@@ -12,9 +12,10 @@ import { loadavg } from 'node:os';
 import { join } from 'node:path';
 import { startEmbeddedPostgres } from 'runledger/dev';
 import { config } from './lib/config.js';
-import { createDatabase, dropDatabase } from './lib/db.js';
+import { createDatabase, dropDatabase, withAdmin } from './lib/db.js';
 import { machineInfo } from './lib/machine.js';
-import { buildRows, markdownTable, ratio, sizesLine, writeResults, type Row } from './lib/report.js';
+import { HISTORY_DESCRIPTION, familyOf } from './lib/history.js';
+import { buildRows, cell, historyRows, markdownTable, ratio, sizesLine, writeResults, type Row } from './lib/report.js';
 import { BENCH_DIR, spawnTs, waitForExit, waitForLine } from './lib/spawn.js';
 import { median } from './lib/stats.js';
 import { SYSTEMS } from './systems/index.js';
@@ -34,7 +35,21 @@ const workloads = WORKLOADS.filter((w) => selected(w.name));
 const started = new Date();
 const log = (message: string) => console.log(`[${((Date.now() - started.getTime()) / 1000).toFixed(0).padStart(5)} s] ${message}`);
 
-const embedded = config.databaseUrl ? undefined : await startEmbeddedPostgres({ dataDir: join(BENCH_DIR, '..', '.runledger', 'bench-pg') });
+const startEmbedded = () => startEmbeddedPostgres({ dataDir: join(BENCH_DIR, '..', '.runledger', 'bench-pg') });
+let embedded = config.databaseUrl ? undefined : await startEmbedded();
+// The embedded server is the harness's own: it gets pg_stat_statements (server time by statement) unless
+// BENCH_PGSS=0. A server given by DATABASE_URL is never reconfigured: without the library its figures are n/a.
+if (embedded && process.env.BENCH_PGSS !== '0') {
+  const loaded = await withAdmin(
+    embedded.connectionString,
+    async (c) => (await c.query(`select current_setting('shared_preload_libraries') as v`)).rows[0].v as string,
+  );
+  if (!loaded.split(',').some((l) => l.trim() === 'pg_stat_statements')) {
+    await withAdmin(embedded.connectionString, (c) => c.query(`alter system set shared_preload_libraries = 'pg_stat_statements'`));
+    await embedded.stop();
+    embedded = await startEmbedded();
+  }
+}
 const adminUrl = config.databaseUrl ?? embedded!.connectionString;
 const stopServer = async () => void (await embedded?.stop().catch(() => undefined));
 process.once('SIGINT', () => void stopServer().then(() => process.exit(130)));
@@ -97,7 +112,7 @@ try {
   }
 
   // Report.
-  const rows: Row[] = buildRows(workloads, systems, results);
+  const rows: Row[] = historyRows(buildRows(workloads, systems, results), workloads, systems, results);
   const pg8 = median(pgbench['8']!);
   const pg1 = median(pgbench['1']!);
   if (pg8 !== undefined) {
@@ -133,6 +148,21 @@ try {
   const loadLine = loads.length
     ? `1-minute load average just before each measurement: median ${median(loads)!.toFixed(2)}, max ${Math.max(...loads).toFixed(2)} on ${machine.nproc} cores (anything well above 1 means something else was running).`
     : '';
+  const pgssLoaded = machine.postgres.shared_preload_libraries.split(',').some((l: string) => l.trim() === 'pg_stat_statements');
+  const statementsLine = pgssLoaded
+    ? embedded
+      ? 'The embedded server was started with shared_preload_libraries = pg_stat_statements (every system alike).'
+      : 'This server loads pg_stat_statements.'
+    : 'This server does not load pg_stat_statements (shared_preload_libraries is empty or lacks it) and was not reconfigured: n/a.';
+  const topStatements = workloads.flatMap((w) =>
+    systems.flatMap((s) => {
+      const reps = results[w.name]?.[s.id] ?? [];
+      const texts = Object.entries(reps[Math.floor(reps.length / 2)] ?? {}).filter(
+        ([k, v]) => /(^t|T)op$/.test(k) && typeof v === 'string',
+      );
+      return texts.map(([k, v]) => `- ${w.name}${k === 'top' ? '' : ` (${k.replace(/Top$/, '')})`}, ${s.label}: ${v}`);
+    }),
+  );
   const date = started.toISOString().slice(0, 10);
   const name = [date, config.name, config.quick ? 'quick' : undefined].filter(Boolean).join('-');
   const capNote = `\\* the drain hit the ${config.drainCapSeconds} s cap (BENCH_DRAIN_CAP_S): the rate is completed jobs over the capped time.`;
@@ -162,6 +192,16 @@ try {
     '',
     capNote,
     '',
+    ...(topStatements.length
+      ? [
+          '## Top statements',
+          '',
+          'Per workload and system, from the middle repetition: share of server time, calls, mean time, statement.',
+          '',
+          ...topStatements,
+          '',
+        ]
+      : []),
     '## Systems',
     '',
     ...systems.map((s) => `- **${s.label}**: ${s.settings}.`),
@@ -170,8 +210,16 @@ try {
     '## Workloads',
     '',
     ...workloads.map((w) => `- **${w.name}**: ${w.description}`),
+    ...(workloads.some((w) => w.name.endsWith('_history'))
+      ? [
+          '- **History** (the _history workloads), per system, in its own tables (bench/lib/history.ts has the SQL):',
+          ...[...new Set(systems.map((s) => familyOf(s.id)))].map((f) => `  - ${f}: ${HISTORY_DESCRIPTION[f]}.`),
+          '- **history ÷ fresh** rows: the median with history over the median of the fresh workload, per system (above 1: higher with history).',
+        ]
+      : []),
     `- **pg_limit**: pgbench, custom script of one INSERT per transaction, 8 clients (-j 2) and 1 client, ${config.pgbenchSeconds} s each.`,
     `- **waiting**: ${WAITING_STATUS}.`,
+    `- Server time by statement (the "% of server time" rows): pg_stat_statements (track = top) over the measured window, reset for the benchmark database at its start; the share of the database's total statement execution time taken by the top statement and the top three. ${statementsLine}`,
     "- Round trips are every `pg` Client.query call made by the worker process during the drain (all copies of `pg` are patched: runledger loads its own from ../node_modules). Commits are the database's pg_stat_database.xact_commit delta over the drain, read from another database after every connection closed, minus the harness's own probe statements; every autocommit statement counts as one commit, read-only ones included.",
     '',
   ].join('\n');

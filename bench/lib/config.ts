@@ -58,6 +58,19 @@ export const config = {
   pgbossBatchedPollSeconds: num('BENCH_PGBOSS_POLL_S', 0.5, 0.5),
   /** DBOS "poll 10 ms": the queue's minPollingIntervalMs (default 1000). */
   dbosFastPollMs: num('BENCH_DBOS_POLL_MS', 10, 10),
+  /** History workloads: finished runs (jobs) and runs waiting a day away loaded before the measurement. */
+  historyFinished: num('BENCH_HISTORY_FINISHED', 100_000, 20_000),
+  historyWaiting: num('BENCH_HISTORY_WAITING', 10_000, 2_000),
+  /** Warm-up before the load: batches of `concurrency` units until this many are done (or 5 s passed). */
+  /** BENCH_HISTORY_AUTOVACUUM=off turns autovacuum off on the tables the history goes into (default: on, as a user has it). */
+  historyAutovacuum: process.env.BENCH_HISTORY_AUTOVACUUM !== 'off',
+  historyWarmUnits: num('BENCH_HISTORY_WARM', 200, 100),
+  /** closedloop: callers, each doing start then await result, and the calls measured (stops early at the drain cap). */
+  closedLoopCallers: num('BENCH_CLOSEDLOOP_CALLERS', 16, 16),
+  closedLoopCalls: num('BENCH_CLOSEDLOOP_CALLS', 2_000, 500),
+  /** bulk_enqueue: jobs per path and jobs per batch. */
+  bulkJobs: num('BENCH_BULK_JOBS', 20_000, 5_000),
+  bulkBatch: num('BENCH_BULK_BATCH', 1_000, 1_000),
   systems: list('BENCH_SYSTEMS'),
   workloads: list('BENCH_WORKLOADS'),
   databaseUrl: process.env.DATABASE_URL || undefined,

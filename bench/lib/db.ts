@@ -36,7 +36,15 @@ export async function dropDatabase(adminUrl: string, name: string): Promise<void
  * closed (backends flush their statistics when they exit), it waits until the
  * figure stops moving.
  */
-export async function settledCommits(adminUrl: string, database: string): Promise<number> {
+/**
+ * With `idleSince` (performance.now() of the moment the sessions that stay open went quiet,
+ * e.g. a paused worker's): an idle backend flushes its pending statistics only after
+ * PGSTAT_IDLE_INTERVAL (10 s), so this waits until 11 s have passed since then, and then
+ * takes two equal reads as settled without waiting for those sessions to close.
+ */
+export async function settledCommits(adminUrl: string, database: string, idleSince?: number): Promise<number> {
+  const sessionsMayStayOpen = idleSince !== undefined;
+  if (sessionsMayStayOpen) await sleep(Math.max(0, idleSince + 11_000 - performance.now()));
   return withAdmin(adminUrl, async (c) => {
     const read = async () =>
       Number((await c.query('select xact_commit::bigint as n from pg_stat_database where datname = $1', [database])).rows[0]?.n ?? 0);
@@ -48,12 +56,16 @@ export async function settledCommits(adminUrl: string, database: string): Promis
         (await c.query('select count(*)::int as n from pg_stat_activity where datname = $1 and pid <> pg_backend_pid()', [database]))
           .rows[0].n,
       );
-      if (now === last && others === 0) return now;
+      // a paused worker keeps its sessions open: then two equal reads 0.5 s apart (after the first 0.3 s) settle it
+      if (now === last && (others === 0 || (sessionsMayStayOpen && i >= 2))) return now;
       last = now;
     }
     return last;
   });
 }
+
+/** Marks the harness's own statements, so pg_stat_statements figures can leave them out. */
+export const PROBE_TAG = '/* bench-probe */';
 
 /** A probe connection on the benchmark database; counts its own statements so they can be subtracted from commits. */
 export class Probe {
@@ -67,7 +79,7 @@ export class Probe {
   }
   async query<R extends pg.QueryResultRow = any>(text: string, values?: unknown[]): Promise<pg.QueryResult<R>> {
     this.statements++;
-    return this.client.query<R>(text, values as any[]);
+    return this.client.query<R>(`${PROBE_TAG} ${text}`, values as any[]);
   }
   async scalar(text: string, values?: unknown[]): Promise<number> {
     const r = await this.query(text, values);

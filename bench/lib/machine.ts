@@ -37,6 +37,7 @@ export async function machineInfo(adminUrl: string, server: string) {
       shared_buffers: await setting('shared_buffers'),
       max_connections: await setting('max_connections'),
       wal_level: await setting('wal_level'),
+      shared_preload_libraries: await setting('shared_preload_libraries'),
     };
   });
   const dirty = git(['status', '--porcelain', '--', '../src']);

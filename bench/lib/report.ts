@@ -30,7 +30,7 @@ export function cell(reps: Measurement[] | undefined, key: string, digits?: numb
   if (ok.length === 0) return { text: `error: ${String(errors[0]!.error).slice(0, 60)}` };
   const numbers = ok.map((r) => r[key]).filter((v): v is number => typeof v === 'number' && Number.isFinite(v));
   if (numbers.length * 2 <= ok.length) {
-    const note = ok.map((r) => r.note).find((n) => typeof n === 'string');
+    const note = ok.map((r) => r[`note_${key}`] ?? r.note).find((n) => typeof n === 'string');
     return { text: typeof note === 'string' ? note : 'n/a' };
   }
   const value = median(numbers)!;
@@ -57,6 +57,35 @@ export function buildRows(workloads: Workload[], systems: System[], results: Rec
     }
   }
   return rows;
+}
+
+/** After each _history workload's rows: history ÷ fresh for its ratio metrics, per system. */
+export function historyRows(
+  rows: Row[],
+  workloads: Workload[],
+  systems: System[],
+  results: Record<string, Record<string, Measurement[]>>,
+): Row[] {
+  const out: Row[] = [];
+  for (const workload of workloads) {
+    out.push(...rows.filter((r) => r.workload === workload.name));
+    const fresh = workload.freshOf;
+    if (!fresh || !results[workload.name]) continue;
+    for (const key of fresh.keys) {
+      const metric = workload.metrics.find((m) => m.key === key)!;
+      const cells: Row['cells'] = {};
+      for (const system of systems) {
+        const h = workload.runsOn(system) ? cell(results[workload.name]?.[system.id], key).value : undefined;
+        const f = cell(results[fresh.workload]?.[system.id], key).value;
+        cells[system.id] =
+          h === undefined || f === undefined || f === 0
+            ? { text: results[fresh.workload] || !workload.runsOn(system) ? '—' : `— (${fresh.workload} not run)` }
+            : { value: h / f, text: (h / f).toFixed(2) };
+      }
+      out.push({ workload: workload.name, metric: `${metric.label}: history ÷ fresh`, better: metric.better, noRatio: true, cells });
+    }
+  }
+  return out;
 }
 
 export function markdownTable(rows: Row[], systems: System[]): string {
@@ -93,6 +122,9 @@ export function sizesLine(): string {
     `txstep ${config.txstepRuns}`,
     `latency ${config.latencySamples} samples (≤ ${config.latencyMaxSeconds} s)`,
     `recovery ${config.recoveryRuns} (cap ${config.recoveryTimeoutSeconds} s)`,
+    `history ${config.historyFinished} finished + ${config.historyWaiting} waiting (warm-up ${config.historyWarmUnits})`,
+    `closedloop ${config.closedLoopCallers} callers × ${config.closedLoopCalls} calls`,
+    `bulk ${config.bulkJobs} jobs in batches of ${config.bulkBatch}`,
     `drain cap ${config.drainCapSeconds} s`,
     `pgbench ${config.pgbenchSeconds} s`,
   ].join(', ');

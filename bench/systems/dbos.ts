@@ -1,7 +1,16 @@
 import { DBOS, DBOSClient } from '@dbos-inc/dbos-sdk';
 import { config } from '../lib/config.js';
 import { PgDataSource } from './dbos-datasource.js';
-import { stepBody, type Hooks, type Plan, type Producer, type RunningWorker, type System, type WorkerSettings } from './types.js';
+import {
+  stepBody,
+  type ClosedLoop,
+  type Hooks,
+  type Plan,
+  type Producer,
+  type RunningWorker,
+  type System,
+  type WorkerSettings,
+} from './types.js';
 
 const APP = 'bench';
 const QUEUE = 'bench';
@@ -9,14 +18,20 @@ const WORKFLOW = 'bench';
 
 // DBOS is a process-wide singleton: the workflow is registered once per process
 // (each measurement runs in its own child process), its hooks swapped per worker.
-let registered: { plan: Plan; hooks: Hooks; ds: PgDataSource } | undefined;
+interface Registered {
+  plan: Plan;
+  hooks: Hooks;
+  ds: PgDataSource;
+  fn?: (n: number) => Promise<null>;
+}
+let registered: Registered | undefined;
 
 function register(plan: Plan, url: string, poolMax: number) {
   if (registered) {
     if (registered.plan !== plan) throw new Error('DBOS adapter: one plan per process');
     return registered;
   }
-  const state = { plan, hooks: {} as Hooks, ds: new PgDataSource('app', { connectionString: url, max: poolMax }) };
+  const state: Registered = { plan, hooks: {} as Hooks, ds: new PgDataSource('app', { connectionString: url, max: poolMax }) };
   async function bench(n: number): Promise<null> {
     for (const [i, spec] of plan.steps.entries()) {
       if (spec.kind === 'tx') {
@@ -31,7 +46,7 @@ function register(plan: Plan, url: string, poolMax: number) {
     state.hooks.afterLastStep?.(n);
     return null;
   }
-  DBOS.registerWorkflow(bench, { name: WORKFLOW });
+  state.fn = DBOS.registerWorkflow(bench, { name: WORKFLOW });
   registered = state;
   return state;
 }
@@ -72,6 +87,27 @@ export function dbos(options: { pollMs?: number } = {}): System {
       configure(url, settings.poolMax);
       await DBOS.launch();
       return {
+        stop: () => DBOS.shutdown({ workflowCompletionTimeoutMS: 10_000 }),
+        // DBOS is a singleton with no way to stop dequeuing but shutdown: a relaunch opens new sessions
+        // (its statements are unnamed, so no session holds a cached plan to lose)
+        pause: () => DBOS.shutdown({ workflowCompletionTimeoutMS: 10_000 }),
+        resume: async () => {
+          configure(url, settings.poolMax);
+          await DBOS.launch();
+        },
+      };
+    },
+    async closedLoop(url, plan, settings): Promise<ClosedLoop> {
+      const state = register(plan, url, settings.poolMax);
+      state.hooks = settings.hooks;
+      configure(url, settings.poolMax);
+      await DBOS.launch();
+      const fn = state.fn!;
+      return {
+        call: async (n) => {
+          const handle = await DBOS.startWorkflow(fn)(n);
+          await handle.getResult();
+        },
         stop: () => DBOS.shutdown({ workflowCompletionTimeoutMS: 10_000 }),
       };
     },

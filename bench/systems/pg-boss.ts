@@ -1,6 +1,7 @@
 import PgBoss from 'pg-boss';
 import { config } from '../lib/config.js';
-import { stepBody, type Plan, type Producer, type RunningWorker, type System, type WorkerSettings } from './types.js';
+import { sleep } from '../lib/stats.js';
+import { stepBody, type BulkPaths, type Plan, type Producer, type RunningWorker, type System, type WorkerSettings } from './types.js';
 
 const QUEUE = 'bench';
 
@@ -43,7 +44,8 @@ export function pgBoss(options: { batched?: boolean } = {}): System {
     },
     async worker(url, plan: Plan, settings: WorkerSettings): Promise<RunningWorker> {
       const last = plan.steps.length - 1;
-      const b = boss(url, settings.poolMax);
+      // pausable: the pool keeps idle sessions (pg-boss hands its options to pg.Pool)
+      const b = boss(url, settings.poolMax, settings.pausable ? ({ idleTimeoutMillis: 0 } as Partial<PgBoss.ConstructorOptions>) : {});
       await b.start();
       const handler = async (jobs: PgBoss.Job<{ n: number; s: number }>[]) => {
         for (const job of jobs) {
@@ -53,10 +55,33 @@ export function pgBoss(options: { batched?: boolean } = {}): System {
           else settings.hooks.afterLastStep?.(n);
         }
       };
-      for (let i = 0; i < settings.concurrency; i++) await b.work(QUEUE, workOptions, handler);
-      return { stop: () => b.stop({ graceful: true, wait: true, timeout: 10_000 }) };
+      const start = async () => {
+        for (let i = 0; i < settings.concurrency; i++) await b.work(QUEUE, workOptions, handler);
+      };
+      await start();
+      return {
+        stop: () => b.stop({ graceful: true, wait: true, timeout: 10_000 }),
+        // offWork does not wait for its loops: a loop ends at its next poll (2 s at the defaults)
+        pause: async () => {
+          await b.offWork(QUEUE);
+          await sleep(3_000);
+        },
+        resume: start,
+      };
     },
     // failed or cancelled jobs count too: their work is not done
     pendingSql: () => `select count(*)::int from pgboss.job where name = '${QUEUE}' and state <> 'completed'`,
+    async bulk(url, _plan, poolMax): Promise<BulkPaths> {
+      const b = boss(url, poolMax, { supervise: false, schedule: false });
+      await b.start();
+      return {
+        // pg-boss 10: insert(jobs) with the queue name in each job (insert(name, jobs) is the v11 signature)
+        api: async (inputs) => {
+          await b.insert(inputs.map((n) => ({ name: QUEUE, data: { n, s: 0 } })));
+          return inputs.length;
+        },
+        close: () => b.stop({ graceful: false, wait: true }),
+      };
+    },
   };
 }

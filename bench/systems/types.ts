@@ -21,6 +21,12 @@ export interface WorkerSettings {
   /** runledger only: the worker's lease; other systems have their own fixed mechanisms. */
   leaseMs?: number;
   hooks: Hooks;
+  /**
+   * History workloads: the worker must support pause() and resume() on the SAME
+   * database sessions (an own pool that never closes idle connections), so that the
+   * plans its sessions cached on an empty table are the ones the measured drain uses.
+   */
+  pausable?: boolean;
 }
 
 export interface Producer {
@@ -30,6 +36,31 @@ export interface Producer {
 
 export interface RunningWorker {
   stop(): Promise<void>;
+  /** Stops claiming (nothing must be in flight), keeping the worker's database sessions open. Only with `pausable`. */
+  pause?(): Promise<void>;
+  /** Claims again, on the sessions kept by pause(). */
+  resume?(): Promise<void>;
+}
+
+/** A caller that starts a workflow and awaits its result, with a worker in the same process (closedloop). */
+export interface ClosedLoop {
+  call(unit: number): Promise<void>;
+  stop(): Promise<void>;
+}
+
+/** Enqueue paths of one system for bulk_enqueue; each returns how many jobs it enqueued. */
+export interface BulkPaths {
+  /** The client library's batch call (runledger startMany, graphile-worker addJobs, pg-boss insert). */
+  api?: (inputs: number[]) => Promise<number>;
+  /** A batch from SQL, one statement per batch (runledger start_runs, graphile_worker.add_jobs). */
+  sqlBatch?: (inputs: number[]) => Promise<number>;
+  /** One SQL statement calling the single-job function once per row over generate_series (runledger start_run, graphile_worker.add_job). */
+  sqlSeries?: (count: number) => Promise<number>;
+  /** Set when a path the workload asks for is missing from this build (e.g. startMany not merged yet). */
+  missing?: string[];
+  /** After the timed part: checks that ids came back in input order (first batch of each path); returns problems. */
+  verify?(): Promise<string[]>;
+  close(): Promise<void>;
 }
 
 export interface System {
@@ -46,6 +77,10 @@ export interface System {
   worker(url: string, plan: Plan, settings: WorkerSettings): Promise<RunningWorker>;
   /** SQL returning one number: units not yet durably complete (all units must have been enqueued). */
   pendingSql(plan: Plan): string;
+  /** closedloop: start + await the result in-process; absent when the system has no result API. */
+  closedLoop?(url: string, plan: Plan, settings: WorkerSettings): Promise<ClosedLoop>;
+  /** bulk_enqueue: absent when the system has no batch enqueue. */
+  bulk?(url: string, plan: Plan, poolMax: number): Promise<BulkPaths>;
 }
 
 export const BUSINESS_TABLE_SQL =

@@ -1,6 +1,7 @@
 import { config } from '../lib/config.js';
 import { enqueueThenDrain } from '../lib/drain.js';
 import { PLANS } from '../lib/plans.js';
+import { STATEMENT_METRICS } from '../lib/pgss.js';
 import type { Workload } from './types.js';
 
 export const queue: Workload = {
@@ -12,6 +13,7 @@ export const queue: Workload = {
     { key: 'drainPerSec', label: 'drain (jobs/s)', better: 'higher', cappable: true },
     { key: 'statementsPerStep', label: 'worker round trips per job', better: 'lower', digits: 2 },
     { key: 'commitsPerStep', label: 'commits per job', better: 'lower', digits: 2 },
+    ...STATEMENT_METRICS,
   ],
   async run(ctx) {
     const r = await enqueueThenDrain(ctx, PLANS.one, config.queueJobs);
@@ -22,6 +24,9 @@ export const queue: Workload = {
       commitsPerStep: r.commitsPerStep,
       capped: r.capped,
       completed: r.completed,
+      topSharePct: r.topSharePct,
+      top3SharePct: r.top3SharePct,
+      top: r.top,
     };
   },
 };

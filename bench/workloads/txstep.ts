@@ -3,6 +3,7 @@ import { withAdmin } from '../lib/db.js';
 import { enqueueThenDrain } from '../lib/drain.js';
 import { PLANS } from '../lib/plans.js';
 import { BUSINESS_TABLE_SQL } from '../systems/types.js';
+import { STATEMENT_METRICS } from '../lib/pgss.js';
 import type { Workload } from './types.js';
 
 export const txstep: Workload = {
@@ -14,6 +15,7 @@ export const txstep: Workload = {
     { key: 'statementsPerStep', label: 'worker round trips per step', better: 'lower', digits: 2 },
     { key: 'commitsPerStep', label: 'commits per step', better: 'lower', digits: 2 },
     { key: 'rowsPerRun', label: 'business rows per run (must be 1)', better: 'lower', digits: 3 },
+    ...STATEMENT_METRICS,
   ],
   async run(ctx) {
     await withAdmin(ctx.url, (c) => c.query(BUSINESS_TABLE_SQL));
@@ -26,6 +28,9 @@ export const txstep: Workload = {
       rowsPerRun: r.completedAfterStop > 0 ? rows / r.completedAfterStop : null,
       capped: r.capped,
       completed: r.completed,
+      topSharePct: r.topSharePct,
+      top3SharePct: r.top3SharePct,
+      top: r.top,
     };
   },
 };

@@ -22,6 +22,8 @@ export interface Workload {
   metrics: MetricDef[];
   /** Runs in a child process of its own, on a fresh database. `capped: true` marks rates over a capped time. */
   run(ctx: TaskContext): Promise<Measurement>;
+  /** A _history twin: the workload it is the history version of, and the metrics reported as history ÷ fresh. */
+  freshOf?: { workload: string; keys: string[] };
   /** True when further repetitions of this system cannot change the answer (they are skipped). */
   settledBy?(measurement: Measurement): boolean;
 }

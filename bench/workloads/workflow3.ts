@@ -1,6 +1,7 @@
 import { config } from '../lib/config.js';
 import { enqueueThenDrain } from '../lib/drain.js';
 import { PLANS } from '../lib/plans.js';
+import { STATEMENT_METRICS } from '../lib/pgss.js';
 import type { Workload } from './types.js';
 
 export const workflow3: Workload = {
@@ -13,6 +14,7 @@ export const workflow3: Workload = {
     { key: 'stepsPerSec', label: 'steps/s', better: 'higher', cappable: true },
     { key: 'statementsPerStep', label: 'worker round trips per step', better: 'lower', digits: 2 },
     { key: 'commitsPerStep', label: 'commits per step', better: 'lower', digits: 2 },
+    ...STATEMENT_METRICS,
   ],
   async run(ctx) {
     const r = await enqueueThenDrain(ctx, PLANS.three, config.workflow3Runs);
@@ -24,6 +26,9 @@ export const workflow3: Workload = {
       commitsPerStep: r.commitsPerStep,
       capped: r.capped,
       completed: r.completed,
+      topSharePct: r.topSharePct,
+      top3SharePct: r.top3SharePct,
+      top: r.top,
     };
   },
 };
