@@ -4,13 +4,13 @@
  * the operator's way to undo a finished run's effects or to try a failed compensation again.
  */
 import { afterEach, describe, expect, it } from 'vitest';
-import pg from 'pg';
 import { NonRetryableError, type Worker } from '../src/index.js';
 import { waitFor } from './helpers/database.js';
 import { useTestEngine } from './helpers/test-engine.js';
 import { spawnWorker, type WorkerProcess } from './helpers/worker-process.js';
 import { stoppedAfterEach } from './helpers/cleanup.js';
 import { TicketService } from './helpers/ticket-service.js';
+import { sessionHelpers, setNow } from './helpers/session.js';
 
 let service: TicketService;
 const t = useTestEngine({
@@ -21,6 +21,7 @@ const t = useTestEngine({
   },
 });
 const { db } = t;
+const { session } = sessionHelpers(db);
 const { processes: spawned, workers } = stoppedAfterEach();
 
 afterEach(() => service.reject(false));
@@ -45,18 +46,6 @@ const compensationStatus = async (runId: string) =>
     (o) => [o.name, o.compensation_status],
   );
 
-/** A session whose clock is moved with runledger.fake_now: the deadline passes without a sleep. */
-async function atTime<T>(at: Date, fn: (client: pg.Client) => Promise<T>): Promise<T> {
-  const client = new pg.Client({ connectionString: db.url });
-  await client.connect();
-  try {
-    await client.query(`select set_config('runledger.fake_now', $1, false)`, [at.toISOString()]);
-    return await fn(client);
-  } finally {
-    await client.end();
-  }
-}
-
 describe('a policy stop runs the compensations first', () => {
   it('a run the deadline sweep ends while WAITING is handed to the next claim, compensated, then TERMINATED (DEADLINE)', async () => {
     const undone: string[] = [];
@@ -75,9 +64,10 @@ describe('a policy stop runs the compensations first', () => {
     await first.stop(); // no worker holds or serves the run when the deadline passes
 
     const waiting = await runRow(handle.runId);
-    const swept = await atTime(new Date(waiting.deadline_at.getTime() + 60_000), async (c) =>
-      Number((await c.query('select runledger._enforce_deadlines() as n')).rows[0].n),
-    );
+    const swept = await session(async (c) => {
+      await setNow(c, new Date(waiting.deadline_at.getTime() + 60_000).toISOString());
+      return Number((await c.query('select runledger._enforce_deadlines() as n')).rows[0].n);
+    });
     expect(swept).toBe(1);
     // Stopping, not ended yet: no owner, the TERMINATED record set aside until the compensations have run.
     const stopping = await runRow(handle.runId);
