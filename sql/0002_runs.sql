@@ -5,7 +5,7 @@
 --   runledger._start_template(...)                 the option checks and the new row's columns both share
 --   runledger._max_payload_bytes()                 the largest input/output accepted
 --   runledger._check_whole_number(...)             option validation shared by start_run and set_queue
---   runledger._new_id()                            ULIDs made in SQL
+--   runledger._new_id(), _base32_10, _random_40     ULIDs made in SQL
 --   runledger._fence(...)                          the lease check every write of an executing run makes
 --   runledger._made_progress(...)                  did an execution commit a checkpoint (resets recovery attempts)
 --   runledger._started_at(...)                     a step's start on the database clock, from how long ago it started
@@ -40,26 +40,40 @@ $$;
 comment on function runledger._check_whole_number(jsonb, text, int) is 'Raises RL003 unless p_opts->p_key is absent or a whole number >= p_min.';
 
 -- ULIDs generated in SQL so that psql-started runs look like TypeScript-started ones:
--- 48-bit millisecond time + 80 random bits, Crockford base32.
+-- 48-bit millisecond time + 80 random bits (two halves of 40, from a v4 UUID's random
+-- bytes: no pgcrypto needed), Crockford base32. Written as expressions, not a loop over
+-- 26 characters: the loop cost 12 us or more per id, most of a bulk start's time.
+create function runledger._base32_10(p bigint) returns text
+language sql immutable as $$
+  select substr('0123456789ABCDEFGHJKMNPQRSTVWXYZ', ((p >> 45) & 31)::int + 1, 1)
+      || substr('0123456789ABCDEFGHJKMNPQRSTVWXYZ', ((p >> 40) & 31)::int + 1, 1)
+      || substr('0123456789ABCDEFGHJKMNPQRSTVWXYZ', ((p >> 35) & 31)::int + 1, 1)
+      || substr('0123456789ABCDEFGHJKMNPQRSTVWXYZ', ((p >> 30) & 31)::int + 1, 1)
+      || substr('0123456789ABCDEFGHJKMNPQRSTVWXYZ', ((p >> 25) & 31)::int + 1, 1)
+      || substr('0123456789ABCDEFGHJKMNPQRSTVWXYZ', ((p >> 20) & 31)::int + 1, 1)
+      || substr('0123456789ABCDEFGHJKMNPQRSTVWXYZ', ((p >> 15) & 31)::int + 1, 1)
+      || substr('0123456789ABCDEFGHJKMNPQRSTVWXYZ', ((p >> 10) & 31)::int + 1, 1)
+      || substr('0123456789ABCDEFGHJKMNPQRSTVWXYZ', ((p >> 5) & 31)::int + 1, 1)
+      || substr('0123456789ABCDEFGHJKMNPQRSTVWXYZ', (p & 31)::int + 1, 1)
+$$;
+comment on function runledger._base32_10(bigint) is
+  'The low 50 bits of p as 10 Crockford base32 characters (inlined into its caller: a ULID''s time part, or with right(..., 8) 40 of its random bits).';
+
+-- 40 random bits: five random bytes of a v4 UUID (bytes 1-5, or 11-15 with p_second).
+create function runledger._random_40(p_second boolean default false) returns bigint
+language sql volatile as $$
+  select ('x' || encode(substring(uuid_send(gen_random_uuid()) from case when p_second then 11 else 1 end for 5), 'hex'))::bit(40)::bigint
+$$;
+comment on function runledger._random_40(boolean) is 'A random whole number below 2^40 (from gen_random_uuid).';
+
 create function runledger._new_id() returns text
 language plpgsql volatile as $$
 declare
-  v_alphabet constant text := '0123456789ABCDEFGHJKMNPQRSTVWXYZ';
-  v_ms    bigint := (extract(epoch from clock_timestamp()) * 1000)::bigint;
-  v_out   text := '';
-  -- 10 random bytes from the random parts of two v4 UUIDs (no pgcrypto needed).
-  v_bytes bytea := substring(uuid_send(gen_random_uuid()) from 1 for 6) || substring(uuid_send(gen_random_uuid()) from 11 for 4);
-  i int;
+  v_ms bigint := (extract(epoch from clock_timestamp()) * 1000)::bigint;
+  v_hi bigint := runledger._random_40();
+  v_lo bigint := runledger._random_40(true);
 begin
-  for i in reverse 9..0 loop
-    v_out := v_out || substr(v_alphabet, ((v_ms >> (i * 5)) & 31)::int + 1, 1);
-  end loop;
-  for i in 0..15 loop
-    -- 16 base32 characters from 80 random bits, 5 bits each.
-    v_out := v_out || substr(v_alphabet,
-      (((get_byte(v_bytes, (i * 5) / 8) << 8) | get_byte(v_bytes, least((i * 5) / 8 + 1, 9))) >> (11 - (i * 5) % 8) & 31) + 1, 1);
-  end loop;
-  return v_out;
+  return runledger._base32_10(v_ms) || right(runledger._base32_10(v_hi), 8) || right(runledger._base32_10(v_lo), 8);
 end;
 $$;
 comment on function runledger._new_id() is 'A new ULID (26 characters, Crockford base32) for ids created in SQL.';
@@ -99,10 +113,10 @@ begin
   end if;
 
   v_queue := coalesce(v_opts->>'queue', v_wf.queue_name);
-  if v_queue !~ '^[A-Za-z0-9][A-Za-z0-9_.-]{0,39}$' then
+  if v_queue !~ '^[A-Za-z0-9][A-Za-z0-9_.-]*$' or length(v_queue) > 40 then
     raise exception using errcode = 'RL003', message = format('%s: invalid queue name %L', p_caller, v_queue);
   end if;
-  if v_run_id !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}$' then
+  if v_run_id !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]*$' or length(v_run_id) > 200 then
     raise exception using errcode = 'RL003', message = format('%s: invalid run_id %L', p_caller, v_run_id);
   end if;
   -- Per-run limits override the workflow's (registered) defaults.
@@ -249,6 +263,12 @@ declare
   v_new    int;
   v_bad    record;
   v_key    text;
+  -- Ids made here are those of a monotonic ULID factory: this statement's time, then one
+  -- random 80-bit number counted up by the input's position (as two 40-bit halves), so
+  -- they sort in input order and cost a few expressions each.
+  v_id_time text := runledger._base32_10((extract(epoch from clock_timestamp()) * 1000)::bigint);
+  v_id_hi   bigint := runledger._random_40();
+  v_id_lo   bigint := runledger._random_40(true);
 begin
   if p_inputs is null or jsonb_typeof(p_inputs) <> 'array' then
     raise exception using errcode = 'RL003', message = 'start_runs: inputs must be a JSON array (one input per run)';
@@ -266,7 +286,8 @@ begin
   select e.ordinality - 1 as i, e.value as id into v_bad
     from jsonb_array_elements(coalesce(v_opts->'run_ids', '[]')) with ordinality e
    where jsonb_typeof(e.value) <> 'null'
-     and (jsonb_typeof(e.value) <> 'string' or e.value #>> '{}' !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}$')
+     and (jsonb_typeof(e.value) <> 'string' or e.value #>> '{}' !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]*$'
+          or length(e.value #>> '{}') > 200)
    limit 1;
   if found then
     raise exception using errcode = 'RL003', message = format('start_runs: invalid run id %s (input %s)', v_bad.id, v_bad.i);
@@ -289,7 +310,9 @@ begin
   -- out by ON CONFLICT and resolved below.
   with wanted as materialized (
     select (e.ordinality - 1)::int as i, e.value as input,
-           coalesce(v_opts->'run_ids'->>((e.ordinality - 1)::int), runledger._new_id()) as run_id,
+           coalesce(v_opts->'run_ids'->>((e.ordinality - 1)::int),
+                    v_id_time || right(runledger._base32_10((v_id_hi + ((v_id_lo + e.ordinality) >> 40)) & 1099511627775), 8)
+                              || right(runledger._base32_10((v_id_lo + e.ordinality) & 1099511627775), 8)) as run_id,
            v_opts->'idempotency_keys'->>((e.ordinality - 1)::int) as idempotency_key,
            coalesce(v_opts->'concurrency_keys'->>((e.ordinality - 1)::int), v_t.concurrency_key) as concurrency_key
       from jsonb_array_elements(p_inputs) with ordinality e

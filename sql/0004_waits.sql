@@ -198,7 +198,7 @@ declare
   v_run runledger.runs;
   v_id  text := coalesce(p_signal_id, runledger._new_id());
 begin
-  if p_topic is null or p_topic !~ '^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,99}$' then
+  if p_topic is null or p_topic !~ '^[A-Za-z0-9][A-Za-z0-9_.:/-]*$' or length(p_topic) > 100 then
     raise exception using errcode = 'RL003', message = format('send_signal: invalid topic %L', p_topic);
   end if;
   if pg_column_size(p_payload) > runledger._max_payload_bytes() then

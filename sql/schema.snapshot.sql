@@ -193,8 +193,8 @@ CREATE UNIQUE INDEX runs_pkey ON runledger.runs USING btree (run_id);
 CREATE INDEX runs_queue_active ON runledger.runs USING btree (queue_name, concurrency_key) WHERE ((status = ANY (ARRAY['RUNNING'::runledger.run_status, 'CANCELLING'::runledger.run_status])) OR ((status = 'PENDING'::runledger.run_status) AND admitted));
 CREATE INDEX runs_ready ON runledger.runs USING btree (queue_name, priority, created_at) WHERE ((status = 'PENDING'::runledger.run_status) AND admitted);
 CREATE INDEX runs_timer ON runledger.runs USING btree (queue_name, wake_at) WHERE ((status = 'WAITING'::runledger.run_status) AND (wake_at IS NOT NULL));
-CREATE TRIGGER runs_run_id_insert BEFORE INSERT ON runledger.runs FOR EACH ROW WHEN ((new.run_id !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}$'::text)) EXECUTE FUNCTION runledger._check_run_id();
-CREATE TRIGGER runs_run_id_update BEFORE UPDATE OF run_id ON runledger.runs FOR EACH ROW WHEN ((new.run_id !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}$'::text)) EXECUTE FUNCTION runledger._check_run_id();
+CREATE TRIGGER runs_run_id_insert BEFORE INSERT ON runledger.runs FOR EACH ROW WHEN (((new.run_id !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]*$'::text) OR (length(new.run_id) > 200))) EXECUTE FUNCTION runledger._check_run_id();
+CREATE TRIGGER runs_run_id_update BEFORE UPDATE OF run_id ON runledger.runs FOR EACH ROW WHEN (((new.run_id !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]*$'::text) OR (length(new.run_id) > 200))) EXECUTE FUNCTION runledger._check_run_id();
 CREATE TRIGGER runs_transition BEFORE UPDATE OF status ON runledger.runs FOR EACH ROW WHEN ((old.status IS DISTINCT FROM new.status)) EXECUTE FUNCTION runledger._check_transition();
 
 CREATE TABLE runledger.signals (
@@ -558,6 +558,24 @@ begin
 end;
 $function$;
 COMMENT ON FUNCTION runledger._announce_finished(text[]) IS 'NOTIFY runledger_finished with the ids of runs that reached a terminal status, comma-separated, split to stay under the 8,000-byte payload limit; callers awaiting results listen for it.';
+
+CREATE OR REPLACE FUNCTION runledger._base32_10(p bigint)
+ RETURNS text
+ LANGUAGE sql
+ IMMUTABLE
+AS $function$
+  select substr('0123456789ABCDEFGHJKMNPQRSTVWXYZ', ((p >> 45) & 31)::int + 1, 1)
+      || substr('0123456789ABCDEFGHJKMNPQRSTVWXYZ', ((p >> 40) & 31)::int + 1, 1)
+      || substr('0123456789ABCDEFGHJKMNPQRSTVWXYZ', ((p >> 35) & 31)::int + 1, 1)
+      || substr('0123456789ABCDEFGHJKMNPQRSTVWXYZ', ((p >> 30) & 31)::int + 1, 1)
+      || substr('0123456789ABCDEFGHJKMNPQRSTVWXYZ', ((p >> 25) & 31)::int + 1, 1)
+      || substr('0123456789ABCDEFGHJKMNPQRSTVWXYZ', ((p >> 20) & 31)::int + 1, 1)
+      || substr('0123456789ABCDEFGHJKMNPQRSTVWXYZ', ((p >> 15) & 31)::int + 1, 1)
+      || substr('0123456789ABCDEFGHJKMNPQRSTVWXYZ', ((p >> 10) & 31)::int + 1, 1)
+      || substr('0123456789ABCDEFGHJKMNPQRSTVWXYZ', ((p >> 5) & 31)::int + 1, 1)
+      || substr('0123456789ABCDEFGHJKMNPQRSTVWXYZ', (p & 31)::int + 1, 1)
+$function$;
+COMMENT ON FUNCTION runledger._base32_10(bigint) IS 'The low 50 bits of p as 10 Crockford base32 characters (inlined into its caller: a ULID''s time part, or with right(..., 8) 40 of its random bits).';
 
 CREATE OR REPLACE FUNCTION runledger._cancel_children(p_run_id text, p_reason text)
  RETURNS integer
@@ -1614,22 +1632,11 @@ CREATE OR REPLACE FUNCTION runledger._new_id()
  LANGUAGE plpgsql
 AS $function$
 declare
-  v_alphabet constant text := '0123456789ABCDEFGHJKMNPQRSTVWXYZ';
-  v_ms    bigint := (extract(epoch from clock_timestamp()) * 1000)::bigint;
-  v_out   text := '';
-  -- 10 random bytes from the random parts of two v4 UUIDs (no pgcrypto needed).
-  v_bytes bytea := substring(uuid_send(gen_random_uuid()) from 1 for 6) || substring(uuid_send(gen_random_uuid()) from 11 for 4);
-  i int;
+  v_ms bigint := (extract(epoch from clock_timestamp()) * 1000)::bigint;
+  v_hi bigint := runledger._random_40();
+  v_lo bigint := runledger._random_40(true);
 begin
-  for i in reverse 9..0 loop
-    v_out := v_out || substr(v_alphabet, ((v_ms >> (i * 5)) & 31)::int + 1, 1);
-  end loop;
-  for i in 0..15 loop
-    -- 16 base32 characters from 80 random bits, 5 bits each.
-    v_out := v_out || substr(v_alphabet,
-      (((get_byte(v_bytes, (i * 5) / 8) << 8) | get_byte(v_bytes, least((i * 5) / 8 + 1, 9))) >> (11 - (i * 5) % 8) & 31) + 1, 1);
-  end loop;
-  return v_out;
+  return runledger._base32_10(v_ms) || right(runledger._base32_10(v_hi), 8) || right(runledger._base32_10(v_lo), 8);
 end;
 $function$;
 COMMENT ON FUNCTION runledger._new_id() IS 'A new ULID (26 characters, Crockford base32) for ids created in SQL.';
@@ -1786,6 +1793,14 @@ begin
 end;
 $function$;
 COMMENT ON FUNCTION runledger._queue_limited(text) IS 'True when the queue has a limit or is paused: its runs go through admission.';
+
+CREATE OR REPLACE FUNCTION runledger._random_40(p_second boolean DEFAULT false)
+ RETURNS bigint
+ LANGUAGE sql
+AS $function$
+  select ('x' || encode(substring(uuid_send(gen_random_uuid()) from case when p_second then 11 else 1 end for 5), 'hex'))::bit(40)::bigint
+$function$;
+COMMENT ON FUNCTION runledger._random_40(boolean) IS 'A random whole number below 2^40 (from gen_random_uuid).';
 
 CREATE OR REPLACE FUNCTION runledger._record_retry(p_run_id text, p_token bigint, p_seq integer, p_name text, p_attempt integer, p_error jsonb, p_delay_ms integer)
  RETURNS boolean
@@ -2062,10 +2077,10 @@ begin
   end if;
 
   v_queue := coalesce(v_opts->>'queue', v_wf.queue_name);
-  if v_queue !~ '^[A-Za-z0-9][A-Za-z0-9_.-]{0,39}$' then
+  if v_queue !~ '^[A-Za-z0-9][A-Za-z0-9_.-]*$' or length(v_queue) > 40 then
     raise exception using errcode = 'RL003', message = format('%s: invalid queue name %L', p_caller, v_queue);
   end if;
-  if v_run_id !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}$' then
+  if v_run_id !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]*$' or length(v_run_id) > 200 then
     raise exception using errcode = 'RL003', message = format('%s: invalid run_id %L', p_caller, v_run_id);
   end if;
   -- Per-run limits override the workflow's (registered) defaults.
@@ -2818,7 +2833,7 @@ declare
   v_run runledger.runs;
   v_id  text := coalesce(p_signal_id, runledger._new_id());
 begin
-  if p_topic is null or p_topic !~ '^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,99}$' then
+  if p_topic is null or p_topic !~ '^[A-Za-z0-9][A-Za-z0-9_.:/-]*$' or length(p_topic) > 100 then
     raise exception using errcode = 'RL003', message = format('send_signal: invalid topic %L', p_topic);
   end if;
   if pg_column_size(p_payload) > runledger._max_payload_bytes() then
@@ -2975,6 +2990,12 @@ declare
   v_new    int;
   v_bad    record;
   v_key    text;
+  -- Ids made here are those of a monotonic ULID factory: this statement's time, then one
+  -- random 80-bit number counted up by the input's position (as two 40-bit halves), so
+  -- they sort in input order and cost a few expressions each.
+  v_id_time text := runledger._base32_10((extract(epoch from clock_timestamp()) * 1000)::bigint);
+  v_id_hi   bigint := runledger._random_40();
+  v_id_lo   bigint := runledger._random_40(true);
 begin
   if p_inputs is null or jsonb_typeof(p_inputs) <> 'array' then
     raise exception using errcode = 'RL003', message = 'start_runs: inputs must be a JSON array (one input per run)';
@@ -2992,7 +3013,8 @@ begin
   select e.ordinality - 1 as i, e.value as id into v_bad
     from jsonb_array_elements(coalesce(v_opts->'run_ids', '[]')) with ordinality e
    where jsonb_typeof(e.value) <> 'null'
-     and (jsonb_typeof(e.value) <> 'string' or e.value #>> '{}' !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}$')
+     and (jsonb_typeof(e.value) <> 'string' or e.value #>> '{}' !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]*$'
+          or length(e.value #>> '{}') > 200)
    limit 1;
   if found then
     raise exception using errcode = 'RL003', message = format('start_runs: invalid run id %s (input %s)', v_bad.id, v_bad.i);
@@ -3015,7 +3037,9 @@ begin
   -- out by ON CONFLICT and resolved below.
   with wanted as materialized (
     select (e.ordinality - 1)::int as i, e.value as input,
-           coalesce(v_opts->'run_ids'->>((e.ordinality - 1)::int), runledger._new_id()) as run_id,
+           coalesce(v_opts->'run_ids'->>((e.ordinality - 1)::int),
+                    v_id_time || right(runledger._base32_10((v_id_hi + ((v_id_lo + e.ordinality) >> 40)) & 1099511627775), 8)
+                              || right(runledger._base32_10((v_id_lo + e.ordinality) & 1099511627775), 8)) as run_id,
            v_opts->'idempotency_keys'->>((e.ordinality - 1)::int) as idempotency_key,
            coalesce(v_opts->'concurrency_keys'->>((e.ordinality - 1)::int), v_t.concurrency_key) as concurrency_key
       from jsonb_array_elements(p_inputs) with ordinality e

@@ -168,6 +168,20 @@ describe('start_run options from SQL', () => {
     expect(await runCount()).toBe(before);
   });
 
+  it('send_signal refuses a topic that is not 1 to 100 plain characters with RL003 and stores nothing', async () => {
+    await db.pool.query(`select runledger._register_workflow('sql-topic', '1', 'default', 3)`);
+    const runId = (await db.pool.query(`select runledger.start_run('sql-topic', '{}') as id`)).rows[0].id as string;
+    for (const topic of ['t'.repeat(101), 'has space', '/leading-slash', '']) {
+      await expect(db.pool.query(`select runledger.send_signal($1, $2, '{}')`, [runId, topic]), topic).rejects.toMatchObject({
+        code: 'RL003',
+      });
+    }
+    expect(Number((await db.pool.query('select count(*) from runledger.signals where run_id = $1', [runId])).rows[0].count)).toBe(0);
+    await expect(db.pool.query(`select runledger.send_signal($1, $2, '{}') as ok`, [runId, 't'.repeat(100)])).resolves.toMatchObject({
+      rows: [{ ok: true }],
+    });
+  });
+
   it('reads a date as a point in time and anything else as a lifetime', async () => {
     const point = await db.pool.query(`select runledger.start_run('sql-opts', '{}', '{"deadline": "2030-01-31"}') as id`);
     const lifetime = await db.pool.query(`select runledger.start_run('sql-opts', '{}', '{"deadline": "36 hours"}') as id`);

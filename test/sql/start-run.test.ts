@@ -65,6 +65,7 @@ describe('runledger.start_run', () => {
   it.each([
     ['an invalid queue name', { queue: 'bad queue!' }],
     ['a queue name starting with a dot', { queue: '.hidden' }],
+    ['a queue name over 40 characters', { queue: 'q'.repeat(41) }],
     ['an invalid run_id', { run_id: 'has space' }],
     ['a run_id over 200 characters', { run_id: 'r'.repeat(201) }],
     ['a deadline that is neither interval nor timestamp', { deadline: 'tomorrowish' }],

@@ -73,6 +73,7 @@ describe('runledger.start_runs', () => {
     ['run_ids that are not an array', [{}], { run_ids: 'a' }, 'RL003'],
     ['an invalid queue name', [{}], { queue: 'bad queue!' }, 'RL003'],
     ['an invalid run id', [{}], { run_ids: ['has space'] }, 'RL003'],
+    ['a run id over 200 characters', [{}, {}], { run_ids: [null, 'r'.repeat(201)] }, 'RL003'],
     ['a deadline that is neither interval nor timestamp', [{}], { deadline: 'soonish' }, 'RL003'],
   ])('refuses %s and stores nothing', async (_what, inputs, options, code) => {
     const before = await countRuns();

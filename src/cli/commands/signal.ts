@@ -1,4 +1,4 @@
-import { ulid } from 'ulid';
+import { newId } from '../../engine/core/ids.js';
 import { print } from '../format.js';
 import { sendSignal } from '../../engine/client/operator.js';
 import { jsonArgument, parse, withPool, type Command } from '../shared.js';
@@ -16,7 +16,7 @@ export const signal: Command = {
     if (!parsed) return;
     const [runId, topic, json] = parsed.positionals as [string, string, string | undefined];
     const payload = jsonArgument(json, 'JSON_PAYLOAD');
-    const signalId = (parsed.values.id as string | undefined) ?? ulid();
+    const signalId = (parsed.values.id as string | undefined) ?? newId();
     const accepted = await withPool(parsed.values, (pool) => sendSignal(pool, runId, topic, payload, signalId));
     if (accepted) {
       print(`signal ${signalId} (${topic}) accepted by run ${runId}`);

@@ -1,5 +1,5 @@
 import type pg from 'pg';
-import { ulid } from 'ulid';
+import { newId } from '../core/ids.js';
 import { fromPgError } from '../core/errors.js';
 import { toJsonText } from '../core/json.js';
 import type { RunStatus } from '../core/states.js';
@@ -11,7 +11,7 @@ export async function sendSignal(
   runId: string,
   topic: string,
   payload: unknown,
-  signalId: string = ulid(),
+  signalId: string = newId(),
 ): Promise<boolean> {
   const payloadText = toJsonText(payload, `signal ${topic} payload`);
   try {

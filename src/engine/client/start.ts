@@ -1,4 +1,4 @@
-import { ulid } from 'ulid';
+import { newId } from '../core/ids.js';
 import { InvalidInputError, PayloadTooLargeError, RunFailedError, fromPgError } from '../core/errors.js';
 import { toMs, type Duration } from '../core/duration.js';
 import type pg from 'pg';
@@ -56,7 +56,7 @@ export async function startRun<O, In>(
   const inputText = checkedInput(host, workflow, input, `input for workflow ${workflow.name}`);
   await host.registerWorkflow(workflow);
   const sqlOptions = startOptionsToSql(workflow, options, 'start');
-  sqlOptions.run_id = options.runId ?? ulid();
+  sqlOptions.run_id = options.runId ?? newId();
   if (options.idempotencyKey !== undefined) sqlOptions.idempotency_key = options.idempotencyKey;
   if (options.concurrencyKey !== undefined) sqlOptions.concurrency_key = options.concurrencyKey;
   let runId: string;
@@ -108,7 +108,7 @@ export async function startMany<O, In>(
     sqlOptions[key] = values.map((v) => v ?? null);
   }
   // Ids made here, not by the database: a ULID costs the server nothing.
-  sqlOptions.run_ids = inputs.map((_, i) => options.runIds?.[i] ?? ulid());
+  sqlOptions.run_ids = inputs.map((_, i) => options.runIds?.[i] ?? newId());
   if (inputs.length === 0) return [];
   await host.registerWorkflow(workflow);
   let runIds: string[];

@@ -1,6 +1,6 @@
 import { hostname } from 'node:os';
 import pg from 'pg';
-import { ulid } from 'ulid';
+import { newId } from '../core/ids.js';
 import { ConfigError, serializeError } from '../core/errors.js';
 import { guardPool } from '../db/pools.js';
 import { executeClaimed } from './execute.js';
@@ -108,7 +108,7 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
   // every workflow it knows on every queue it was given.
   const served = host.workflows;
   const byKey = new Map(served.map((w) => [workflowKey(w.name, w.version), w]));
-  const workerId = options.workerId ?? `${hostname()}-${process.pid}-${ulid()}`;
+  const workerId = options.workerId ?? `${hostname()}-${process.pid}-${newId()}`;
   const executions = new Set<Execution>();
   const manual = options.manual ?? false;
   if (typeof manual !== 'boolean') throw new ConfigError('runWorker: manual must be true or false');
