@@ -149,6 +149,9 @@ begin
       message = format('%s: max_recovery_attempts must be a whole number >= 0, not %s', p_caller, v_opts->'max_recovery_attempts');
   end if;
 
+  if v_opts ? 'notify' and jsonb_typeof(v_opts->'notify') <> 'boolean' then
+    raise exception using errcode = 'RL003', message = format('%s: notify must be true or false, not %s', p_caller, v_opts->'notify');
+  end if;
   if v_opts ? 'run_at' and v_opts ? 'run_in_ms' then
     raise exception using errcode = 'RL003', message = p_caller || ': give run_at or run_in_ms, not both';
   end if;
@@ -237,7 +240,9 @@ begin
           v_t.created_at);
   if not v_t.admitted then
     perform runledger._admit(v_t.queue_name);
-  else
+  elsif v_t.not_before is not null or coalesce((p_options->>'notify')::boolean, true) then
+    -- notify false: the caller's own worker claims the run (engine.start in a process whose
+    -- worker has a free slot), so no other worker is woken for it.
     perform runledger._dispatch(v_run_id, v_t.queue_name,
       coalesce(greatest(0, ceil(extract(epoch from v_t.not_before - v_t.created_at) * 1000))::int, 0));
   end if;
@@ -245,7 +250,7 @@ begin
 end;
 $$;
 comment on function runledger.start_run(text, jsonb, jsonb) is
-  'Starts a run of a registered workflow and dispatches it (or leaves it to its queue''s admission); returns run_id. Options: run_at (delayed start at a timestamp, compared with runledger.now()) or run_in_ms (delayed start this many ms after now on the database clock), run_id, idempotency_key (same key or run_id returns the existing run), queue, priority, concurrency_key, version, max_recovery_attempts, and limits overriding the workflow''s: deadline (interval or timestamp), max_steps, budget, no_progress.';
+  'Starts a run of a registered workflow and dispatches it (or leaves it to its queue''s admission); returns run_id. Options: run_at (delayed start at a timestamp, compared with runledger.now()) or run_in_ms (delayed start this many ms after now on the database clock), run_id, idempotency_key (same key or run_id returns the existing run), queue, priority, concurrency_key, version, max_recovery_attempts, limits overriding the workflow''s: deadline (interval or timestamp), max_steps, budget, no_progress; and notify (default true): false starts an immediately runnable run without waking the queue''s workers by NOTIFY, for a caller whose own worker claims it (engine.start does so when its process''s worker has a free slot; other workers find the run at their next poll).';
 
 -- Many runs of one workflow in one statement: the options are checked once, the rows
 -- are inserted together, and the queue is announced once.
@@ -363,7 +368,7 @@ begin
   if v_new > 0 then
     if not v_t.admitted then
       perform runledger._admit(v_t.queue_name);
-    else
+    elsif v_t.not_before is not null or coalesce((v_opts->>'notify')::boolean, true) then
       -- One announcement for all of them (_dispatch's NOTIFY names the queue, not the run).
       perform runledger._dispatch(null, v_t.queue_name,
         coalesce(greatest(0, ceil(extract(epoch from v_t.not_before - v_t.created_at) * 1000))::int, 0));

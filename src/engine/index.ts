@@ -25,7 +25,7 @@ import { ResultWatch } from './client/results.js';
 import type { RunStatus } from './core/states.js';
 import type { Jsonify } from './core/jsonify.js';
 import type { RunledgerDatabase } from './db/schema.js';
-import { startWorker, type Worker, type WorkerOptions } from './worker/worker.js';
+import { startWorker, type LocalWorker, type Worker, type WorkerOptions } from './worker/worker.js';
 import { defineWorkflow, limitsToSql, workflowKey, type Workflow, type WorkflowFunction, type WorkflowOptions } from './core/workflow.js';
 
 export const MAX_PAYLOAD_BYTES_DEFAULT = 4 * 1024 * 1024;
@@ -160,7 +160,7 @@ export function createEngine<DB = any>(options: EngineOptions = {}): Engine<DB> 
 
   const workflows = new Map<string, Workflow<any, any>>();
   const registered = new Map<string, Promise<void>>();
-  const workers = new Set<Worker>();
+  const workers = new Set<LocalWorker>();
   const schedules = new Map<string, Schedule>();
 
   const registerWorkflow = (workflow: Workflow<any, any>): Promise<void> => {
@@ -197,7 +197,12 @@ export function createEngine<DB = any>(options: EngineOptions = {}): Engine<DB> 
   // Callers awaiting results hear of completions by LISTEN, or from this engine's workers directly.
   const results = new ResultWatch(poolConfig, log);
   deps.finished = (runId) => results.wake(runId);
-  const startHost = { deps, registerWorkflow, getRun: fetchRun, results };
+  const takeLocally = (workflow: Workflow<any, any>, queue: string): (() => void) | undefined => {
+    const key = workflowKey(workflow.name, workflow.version);
+    for (const worker of workers) if (worker.takeLocal(key, queue)) return () => worker.wake();
+    return undefined;
+  };
+  const startHost = { deps, registerWorkflow, getRun: fetchRun, results, takeLocally };
 
   return {
     db: db as unknown as Kysely<DB>,

@@ -105,6 +105,19 @@ describe('runledger.start_run', () => {
     });
   });
 
+  it('notify false starts a claimable run without announcing it; a delayed run is announced all the same', async () => {
+    const quiet = await notified(() => startRun({ notify: false }, { quiet: true }));
+    expect(quiet.payloads).toEqual([]);
+    expect((await getRun(quiet.result))?.status).toBe('PENDING');
+    expect(await claimable(quiet.result)).toMatchObject({ claimed: true });
+    // The delay travels in the notification (a worker arms a timer for it): never left out.
+    const delayed = await notified(() => startRun({ notify: false, run_in_ms: 60_000 }));
+    expect(delayed.payloads).toEqual(['default+60000']);
+    for (const notify of ['no', 0, null]) {
+      expect(await sqlState(startRun({ notify }))).toBe('RL003');
+    }
+  });
+
   it('returns the same run for the same run_id and creates one row', async () => {
     const runId = newRunId('fixed');
     const first = await notified(() => startRun({ run_id: runId }, { first: true }));

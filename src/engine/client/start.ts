@@ -45,6 +45,11 @@ export interface StartHost {
   getRun: (runId: string, options?: { withSteps?: boolean }) => Promise<RunRecord | undefined>;
   /** How a caller hears that a run ended (LISTEN, or its own worker); without it, result() reads the row on a backoff. */
   results?: ResultWatch;
+  /**
+   * A worker of this engine that takes a run of this workflow on this queue now, if one has
+   * a free slot: the start then skips NOTIFY and calls the returned wake() after its commit.
+   */
+  takeLocally?: (workflow: Workflow<any, any>, queue: string) => (() => void) | undefined;
 }
 
 export async function startRun<O, In>(
@@ -59,6 +64,11 @@ export async function startRun<O, In>(
   sqlOptions.run_id = options.runId ?? newId();
   if (options.idempotencyKey !== undefined) sqlOptions.idempotency_key = options.idempotencyKey;
   if (options.concurrencyKey !== undefined) sqlOptions.concurrency_key = options.concurrencyKey;
+  // A run this process's own worker takes needs no NOTIFY: every notifying commit waits for
+  // one lock per database, and 16 callers starting runs queued on it behind the worker's
+  // commits. A delayed run is announced as always (its notification carries the delay).
+  const wake = options.runAt === undefined ? host.takeLocally?.(workflow, options.queue ?? workflow.queue) : undefined;
+  if (wake) sqlOptions.notify = false;
   let runId: string;
   try {
     const result = await host.deps.pool.query({
@@ -69,6 +79,8 @@ export async function startRun<O, In>(
     runId = result.rows[0].run_id;
   } catch (error) {
     throw fromPgError(error);
+  } finally {
+    wake?.();
   }
   return handleFor<Jsonify<O>>(host, runId);
 }

@@ -89,6 +89,12 @@ export class Dispatcher {
   private dueAt = Infinity;
   private readonly pollTimer: NodeJS.Timeout | undefined;
   private readonly served: Set<string>;
+  /**
+   * Starts of this process promised to this dispatcher since its last claim (takeLocal):
+   * each holds a free slot, so that more starts than free slots still wake the workers of
+   * other processes.
+   */
+  private promised = 0;
 
   constructor(private readonly options: DispatcherOptions) {
     this.served = new Set(options.queues);
@@ -117,6 +123,20 @@ export class Dispatcher {
     const delayMs = plus === -1 ? NaN : Number(payload.slice(plus + 1));
     if (Number.isFinite(delayMs) && delayMs > 0) this.armIn(delayMs);
     else this.hint();
+  }
+
+  /**
+   * A start in this process asks whether this worker takes its run: true when the worker
+   * serves the queue and has a free slot no other local start was promised. The caller
+   * then starts the run without NOTIFY (a notifying commit serialises with every other,
+   * PostgreSQL holding one lock per database from NOTIFY to commit) and calls hint() after
+   * its commit, so the next claim sees the run.
+   */
+  takeLocal(queue: string): boolean {
+    if (this.options.manual || this.stopped || !this.served.has(queue)) return false;
+    if (this.freeSlots() - this.promised <= 0) return false;
+    this.promised++;
+    return true;
   }
 
   /** A run ended here: its slot can take the next run. */
@@ -263,6 +283,9 @@ export class Dispatcher {
   /** Starts the claimed runs; the row without a run says when the next one is due. */
   private handOver(rows: ClaimRow[], limit: number): number {
     this.failures = 0;
+    // The slots are counted again from what runs now; a promised run this claim could not
+    // see yet is claimed on the hint its start gives after it commits.
+    this.promised = 0;
     let claimed = 0;
     for (const row of rows) {
       if (row.run_id === null) {

@@ -68,6 +68,17 @@ export interface Worker {
   readonly crashed: boolean;
 }
 
+/** What the engine that started a worker may ask of it beyond the public Worker. */
+export interface LocalWorker extends Worker {
+  /**
+   * A start in this process offers the worker its run (a workflow it serves, on a queue it
+   * serves): true when the worker takes it, and the start may skip NOTIFY. The start calls
+   * wake() once its run is committed.
+   */
+  takeLocal(workflowKey: string, queue: string): boolean;
+  wake(): void;
+}
+
 /** Rounds after which drain() gives up: a run that keeps coming back at once would loop forever. */
 export const DRAIN_ROUNDS_MAX = 1_000;
 
@@ -81,7 +92,7 @@ export interface WorkerHost {
   startScheduled: StartScheduled;
 }
 
-export async function startWorker(host: WorkerHost, options: WorkerOptions = {}): Promise<Worker> {
+export async function startWorker(host: WorkerHost, options: WorkerOptions = {}): Promise<LocalWorker> {
   const concurrency = options.concurrency ?? CONCURRENCY_DEFAULT;
   const leaseMs = options.leaseMs ?? LEASE_MS_DEFAULT;
   if (!Number.isInteger(concurrency) || concurrency < 1) throw new ConfigError('runWorker: concurrency must be a whole number >= 1');
@@ -274,6 +285,8 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
     },
     stop,
     runOnce,
+    takeLocal: (key, queue) => !crashed && stopping === undefined && byKey.has(key) && claimer.takeLocal(queue),
+    wake: () => claimer.hint(),
     async drain({ maxRounds = DRAIN_ROUNDS_MAX } = {}) {
       if (!Number.isInteger(maxRounds) || maxRounds < 1) throw new ConfigError('drain(): maxRounds must be a whole number >= 1');
       let total = 0;

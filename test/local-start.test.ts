@@ -1,0 +1,106 @@
+/**
+ * A run started by an engine whose own worker has a free slot is handed to that worker in
+ * process, without NOTIFY (every notifying commit queues on one lock per database); a run
+ * the local worker cannot take at once is announced as before, so workers elsewhere take it.
+ */
+import { afterAll, describe, expect, it } from 'vitest';
+import { createEngine, type Engine } from '../src/index.js';
+import { waitFor } from './helpers/database.js';
+import { useTestEngine } from './helpers/test-engine.js';
+import { notifyHelpers } from './helpers/notify.js';
+import { stoppedAfterEach } from './helpers/cleanup.js';
+
+const t = useTestEngine({ engine: false });
+const { db } = t;
+const { notified } = notifyHelpers(db);
+const { workers } = stoppedAfterEach();
+
+/** No poll in the time a test takes: a run is claimed on a notification or the local hand-off only. */
+const NO_POLL_MS = 600_000;
+
+const engines: Engine[] = [];
+afterAll(async () => {
+  for (const engine of engines) await engine.close();
+});
+
+/** Steps wait on a gate a test opens, so a run can hold its worker's slot. */
+let openGate: () => void = () => {};
+let gate = Promise.resolve();
+function closeGate(): void {
+  gate = new Promise((resolve) => (openGate = resolve));
+}
+
+function engineWith(queue: string) {
+  const engine = createEngine({ connectionString: db.url, log: () => {} });
+  engines.push(engine);
+  const wf = engine.workflow({ name: `local-${queue}`, queue }, async (ctx, input: { gated: boolean }) => {
+    await ctx.step('work', async () => {
+      if (input.gated) await gate;
+      return 1;
+    });
+    return 'done';
+  });
+  return { engine, wf };
+}
+
+const ownerOf = async (runId: string) =>
+  (
+    await db.pool.query<{ worker: string }>(
+      `select detail->>'worker' as worker from runledger.events where run_id = $1 and kind = 'claimed' order by event_id limit 1`,
+      [runId],
+    )
+  ).rows[0]?.worker;
+
+describe('engine.start with a worker of its own', () => {
+  it('hands the run to its worker without NOTIFY, and the worker claims it without a poll', async () => {
+    const { engine, wf } = engineWith('local-free');
+    const worker = await engine.runWorker({ concurrency: 2, pollIntervalMs: NO_POLL_MS });
+    workers.push(worker);
+    const { result: handle, payloads } = await notified(() => engine.start(wf, { gated: false }));
+    expect(payloads).toEqual([]);
+    await expect(handle.result({ timeoutMs: 10_000 })).resolves.toBe('done');
+    expect(await ownerOf(handle.runId)).toBe(worker.workerId);
+  });
+
+  it('promises each free slot once: of three starts at once on two free slots, the third is announced', async () => {
+    const { engine, wf } = engineWith('local-promised');
+    workers.push(await engine.runWorker({ concurrency: 2, pollIntervalMs: NO_POLL_MS }));
+    const { result: handles, payloads } = await notified(() =>
+      Promise.all([engine.start(wf, { gated: false }), engine.start(wf, { gated: false }), engine.start(wf, { gated: false })]),
+    );
+    expect(payloads).toEqual(['local-promised']);
+    for (const handle of handles) await expect(handle.result({ timeoutMs: 10_000 })).resolves.toBe('done');
+  });
+
+  it('announces a run its full worker cannot take, and a worker of another engine takes it', async () => {
+    closeGate();
+    const a = engineWith('local-full');
+    const b = engineWith('local-full');
+    const busy = await a.engine.runWorker({ concurrency: 1, pollIntervalMs: NO_POLL_MS });
+    workers.push(busy);
+    const blocking = await a.engine.start(a.wf, { gated: true });
+    await waitFor('the gated run to hold the only slot', async () => busy.inFlight === 1 || undefined, 10_000);
+    const other = await b.engine.runWorker({ concurrency: 1, pollIntervalMs: NO_POLL_MS });
+    workers.push(other);
+    try {
+      const { result: second, payloads } = await notified(() => a.engine.start(a.wf, { gated: false }));
+      expect(payloads).toEqual(['local-full']);
+      // Taken by the other engine's worker while the first one's slot is still held.
+      await expect(second.result({ timeoutMs: 10_000 })).resolves.toBe('done');
+      expect(await ownerOf(second.runId)).toBe(other.workerId);
+      expect(busy.inFlight).toBe(1);
+    } finally {
+      openGate();
+    }
+    await expect(blocking.result({ timeoutMs: 10_000 })).resolves.toBe('done');
+  });
+
+  it('a delayed start is announced with its delay, even with a free slot', async () => {
+    const { engine, wf } = engineWith('local-delayed');
+    workers.push(await engine.runWorker({ concurrency: 2, pollIntervalMs: NO_POLL_MS }));
+    const { result: handle, payloads } = await notified(() => engine.start(wf, { gated: false }, { runAt: 50 }));
+    expect(payloads).toHaveLength(1);
+    expect(payloads[0]).toMatch(/^local-delayed\+\d+$/);
+    await expect(handle.result({ timeoutMs: 10_000 })).resolves.toBe('done');
+  });
+});
