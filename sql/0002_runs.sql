@@ -553,9 +553,7 @@ begin
   if p_parent is not null then
     perform runledger._wake(p_parent, 'child', p_run_id);
   end if;
-  if runledger._queue_limited(p_queue) then
-    perform runledger._admit(p_queue);
-  end if;
+  perform runledger._admit_later(p_queue);
 end;
 $$;
 comment on function runledger._finished(text, bigint, runledger.run_status, text, jsonb, jsonb, text, text, timestamptz) is

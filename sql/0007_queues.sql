@@ -5,6 +5,8 @@
 --   runledger._queue_limited(q)   whether a queue's runs go through admission
 --   runledger._admit(queue)       fills a queue's free slots: priority, then fair turns across
 --                                 concurrency keys, then age; under the queue row's lock
+--   runledger._admit_later(queue) admission after a slot was freed: now, or once per queue at
+--                                 the end of a group commit (_admit_collected)
 --   runledger._make_runnable(...) every move into PENDING ends here: dispatch now, or admission
 --   runledger._slot_freed(run)    a run left its slot (finished, waiting): admit the next one
 --   runledger._admit_all(...)     sweeper: admission for every queue with runs waiting for it
@@ -141,6 +143,45 @@ $$;
 comment on function runledger._admit(text, int) is
   'Admission for one queue, under its row lock: fills free slots (concurrency, per-key concurrency, rate limit; none when paused) with PENDING runs by priority (lower first), then fair turns across concurrency keys, then age, and dispatches them. Work-conserving. Returns how many it admitted.';
 
+-- A group commit (_commit_batch) frees many slots in one transaction. Each completion in
+-- it asks for admission here; the batch admits once per queue at its end (_admit_collected)
+-- instead of once per completion, since every round reads each waiting key of the queue.
+-- The queues asked for are kept in a transaction-local setting, so a completion undone
+-- by its subtransaction takes its request with it. Outside a batch this admits at once.
+create function runledger._admit_later(p_queue text) returns void
+language plpgsql volatile as $$
+declare
+  v_pending text := current_setting('runledger.admit_pending', true);
+begin
+  if not runledger._queue_limited(p_queue) then
+    return;
+  end if;
+  if coalesce(v_pending, '') = '' then
+    perform runledger._admit(p_queue);
+  elsif position(',' || p_queue || ',' in v_pending) = 0 then
+    -- Queue names hold no comma (queues_name_check).
+    perform set_config('runledger.admit_pending', v_pending || p_queue || ',', true);
+  end if;
+end;
+$$;
+comment on function runledger._admit_later(text) is
+  'A slot of p_queue was freed: admits now (a queue with limits), or, inside _commit_batch, once per queue at the end of the batch.';
+
+create function runledger._admit_collected() returns void
+language plpgsql volatile as $$
+declare
+  v_pending text := current_setting('runledger.admit_pending', true);
+  v_queue   text;
+begin
+  perform set_config('runledger.admit_pending', '', true);
+  foreach v_queue in array coalesce(string_to_array(trim(both ',' from coalesce(v_pending, '')), ','), '{}') loop
+    perform runledger._admit(v_queue);
+  end loop;
+end;
+$$;
+comment on function runledger._admit_collected() is
+  'The end of a group commit: one admission round for each queue whose slots its completions freed (see _admit_later).';
+
 create function runledger._make_runnable(p_run_id text, p_delay_ms int default 0) returns void
 language plpgsql volatile
 set enable_seqscan = off set jit = off as $$
@@ -171,9 +212,7 @@ declare
   v_queue text;
 begin
   select queue_name into v_queue from runledger.runs where run_id = p_run_id;
-  if runledger._queue_limited(v_queue) then
-    perform runledger._admit(v_queue);
-  end if;
+  perform runledger._admit_later(v_queue);
 end;
 $$;
 comment on function runledger._slot_freed(text) is

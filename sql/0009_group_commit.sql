@@ -109,9 +109,7 @@ begin
     perform runledger._wake(v_parents[i], 'child', v_children[i]);
   end loop;
   foreach v_queue in array coalesce(v_queues, '{}') loop
-    if runledger._queue_limited(v_queue) then
-      perform runledger._admit(v_queue);
-    end if;
+    perform runledger._admit_later(v_queue);
   end loop;
   return v_fast;
 end;
@@ -132,6 +130,8 @@ begin
   if jsonb_typeof(p_items) is distinct from 'array' then
     raise exception using errcode = 'RL003', message = format('_commit_batch: items must be a JSON array, not %s', coalesce(jsonb_typeof(p_items), 'null'));
   end if;
+  -- Slots freed by the batch's completions are refilled once per queue, at the end.
+  perform set_config('runledger.admit_pending', ',', true);
   if jsonb_array_length(p_items) > 1 then
     begin
       v_fast := runledger._commit_fast(p_items);
@@ -172,6 +172,7 @@ begin
     return next;
     v_index := v_index + 1;
   end loop;
+  perform runledger._admit_collected();
 end;
 $$;
 comment on function runledger._commit_batch(jsonb) is

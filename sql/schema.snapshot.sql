@@ -537,6 +537,42 @@ AS $function$
 $function$;
 COMMENT ON FUNCTION runledger._admit_all(integer) IS 'Sweeper: runs admission for every queue with runs waiting for it (a rate-limit window that opened, a raised limit). Returns how many runs it admitted.';
 
+CREATE OR REPLACE FUNCTION runledger._admit_collected()
+ RETURNS void
+ LANGUAGE plpgsql
+AS $function$
+declare
+  v_pending text := current_setting('runledger.admit_pending', true);
+  v_queue   text;
+begin
+  perform set_config('runledger.admit_pending', '', true);
+  foreach v_queue in array coalesce(string_to_array(trim(both ',' from coalesce(v_pending, '')), ','), '{}') loop
+    perform runledger._admit(v_queue);
+  end loop;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._admit_collected() IS 'The end of a group commit: one admission round for each queue whose slots its completions freed (see _admit_later).';
+
+CREATE OR REPLACE FUNCTION runledger._admit_later(p_queue text)
+ RETURNS void
+ LANGUAGE plpgsql
+AS $function$
+declare
+  v_pending text := current_setting('runledger.admit_pending', true);
+begin
+  if not runledger._queue_limited(p_queue) then
+    return;
+  end if;
+  if coalesce(v_pending, '') = '' then
+    perform runledger._admit(p_queue);
+  elsif position(',' || p_queue || ',' in v_pending) = 0 then
+    -- Queue names hold no comma (queues_name_check).
+    perform set_config('runledger.admit_pending', v_pending || p_queue || ',', true);
+  end if;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._admit_later(text) IS 'A slot of p_queue was freed: admits now (a queue with limits), or, inside _commit_batch, once per queue at the end of the batch.';
+
 CREATE OR REPLACE FUNCTION runledger._announce_finished(p_run_ids text[])
  RETURNS void
  LANGUAGE plpgsql
@@ -1000,6 +1036,8 @@ begin
   if jsonb_typeof(p_items) is distinct from 'array' then
     raise exception using errcode = 'RL003', message = format('_commit_batch: items must be a JSON array, not %s', coalesce(jsonb_typeof(p_items), 'null'));
   end if;
+  -- Slots freed by the batch's completions are refilled once per queue, at the end.
+  perform set_config('runledger.admit_pending', ',', true);
   if jsonb_array_length(p_items) > 1 then
     begin
       v_fast := runledger._commit_fast(p_items);
@@ -1040,6 +1078,7 @@ begin
     return next;
     v_index := v_index + 1;
   end loop;
+  perform runledger._admit_collected();
 end;
 $function$;
 COMMENT ON FUNCTION runledger._commit_batch(jsonb) IS 'Group commit for a worker: a JSON array of items, each {"op": "checkpoint"} (the arguments of _checkpoint by name: run_id, token, seq, name, kind, status, output, error, attempts, started_ms_ago, charge) or {"op": "complete"} (those of _complete_run, or of _complete_with_checkpoint when it has "seq"; the step''s result is "step_output"), done in one transaction: the common ones together (_commit_fast), the others one by one, each in a subtransaction. One row per item: its index, the SQLSTATE and message of its error (null when it committed), and for a checkpoint the run''s status after it.';
@@ -1141,9 +1180,7 @@ begin
     perform runledger._wake(v_parents[i], 'child', v_children[i]);
   end loop;
   foreach v_queue in array coalesce(v_queues, '{}') loop
-    if runledger._queue_limited(v_queue) then
-      perform runledger._admit(v_queue);
-    end if;
+    perform runledger._admit_later(v_queue);
   end loop;
   return v_fast;
 end;
@@ -1519,9 +1556,7 @@ begin
   if p_parent is not null then
     perform runledger._wake(p_parent, 'child', p_run_id);
   end if;
-  if runledger._queue_limited(p_queue) then
-    perform runledger._admit(p_queue);
-  end if;
+  perform runledger._admit_later(p_queue);
 end;
 $function$;
 COMMENT ON FUNCTION runledger._finished(text,bigint,runledger.run_status,text,jsonb,jsonb,text,text,timestamp with time zone) IS 'After a run''s row moved to a terminal status: writes its event, notifies runledger_finished with its id, wakes its parent (p_parent) and admits the next run of its queue if the queue has limits.';
@@ -2011,9 +2046,7 @@ declare
   v_queue text;
 begin
   select queue_name into v_queue from runledger.runs where run_id = p_run_id;
-  if runledger._queue_limited(v_queue) then
-    perform runledger._admit(v_queue);
-  end if;
+  perform runledger._admit_later(v_queue);
 end;
 $function$;
 COMMENT ON FUNCTION runledger._slot_freed(text) IS 'Called when a run leaves its slot (finished, waiting, cancelled): admits the next run of a queue with limits.';

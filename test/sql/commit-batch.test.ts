@@ -6,7 +6,7 @@ import { describe, expect, it } from 'vitest';
 import pg from 'pg';
 import { useTestEngine } from '../helpers/test-engine.js';
 import { runHelpers, registerWorkflowW } from '../helpers/runs.js';
-import { claimHelpers } from '../helpers/claim.js';
+import { claimBatch, claimHelpers } from '../helpers/claim.js';
 import { checkpointHelpers } from '../helpers/checkpoint.js';
 import { commitHelpers, stepItem } from '../helpers/commit.js';
 import { sqlState } from '../helpers/sql-errors.js';
@@ -102,6 +102,42 @@ describe('runledger._commit_batch', () => {
     } finally {
       await client.end();
     }
+  });
+
+  it('refills the slots its completions free with one admission round per queue, at the end of the batch', async () => {
+    await db.pool.query(`select runledger.set_queue('batch-limited', '{"concurrency": 2}')`);
+    const ids: string[] = [];
+    for (let i = 0; i < 5; i++) ids.push(await startRun({ queue: 'batch-limited' }, { i }));
+    const claimed = await claimBatch(db.pool, 'wk-limited', ['batch-limited'], ['w@1'], 10);
+    const running = claimed.filter((row) => row.run_id !== null);
+    expect(running.map((row) => row.run_id)).toEqual(ids.slice(0, 2));
+    const client = new pg.Client({ connectionString: db.url });
+    await client.connect();
+    try {
+      await client.query(`set track_functions = 'pl'`);
+      await client.query('begin');
+      // One completion alone (the one-by-one path) and one with its last step: both free a slot.
+      const rows = await commitBatch(
+        [
+          { op: 'complete', run_id: running[0]!.run_id, token: running[0]!.fencing_token, output: 1, policy_version: 'p/1', charge: 0 },
+          { op: 'complete', ...stepItem(running[1]!.run_id!, running[1]!.fencing_token!, 0, 's0'), output: 2, policy_version: 'p/1' },
+        ],
+        client,
+      );
+      const admits = await client.query(
+        `select coalesce(pg_stat_get_xact_function_calls('runledger._admit(text,int)'::regprocedure), 0)::int as n`,
+      );
+      await client.query('commit');
+      expect(rows.map((row) => row.code)).toEqual([null, null]);
+      expect(admits.rows[0].n).toBe(1);
+    } finally {
+      await client.end();
+    }
+    const admitted = await db.pool.query<{ run_id: string }>(
+      `select run_id from runledger.runs where queue_name = 'batch-limited' and status = 'PENDING' and admitted order by admitted_at`,
+    );
+    // Both freed slots were refilled, oldest first; the fifth run still waits for one.
+    expect(admitted.rows.map((row) => row.run_id)).toEqual(ids.slice(2, 4));
   });
 
   it('commits each item on its own: rows in order with their codes; the failed items change nothing, the others commit', async () => {
