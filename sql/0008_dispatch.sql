@@ -3,6 +3,7 @@
 --
 --   runledger._dispatch(...)      announces that a run is (or will be) runnable: NOTIFY runledger_runnable
 --   runledger._claim_batch(...)   claims up to N runnable runs in one statement (SKIP LOCKED)
+--   runledger._start_claimed(...) starts a run and claims it for the caller's own worker, in one transaction
 --
 -- The runs table says which runs can execute (PENDING and admitted, a WAITING run whose
 -- timer is due, a CANCELLING run without an owner), so a worker takes them from there:
@@ -185,5 +186,59 @@ end;
 $$;
 comment on function runledger._claim_batch(text, text[], text[], int, int, text[]) is
   'Worker claim of up to p_limit runnable runs of the given queues and workflow@version keys, in one statement: CANCELLING runs without an owner, then due timers, then admitted PENDING runs by priority and age (FOR UPDATE SKIP LOCKED, so workers never wait on each other). Each becomes RUNNING with fencing_token + 1 and a lease, and is returned with its checkpoints. Runs past their deadline are TERMINATED on the way; a due timer in a queue with limits is woken into admission. When fewer than p_limit were claimed, a last row with run_id null gives next_due_in_ms, the milliseconds until the next delayed start or timer on the database clock (null if none). p_reclaim_except (the runs the worker is executing) also takes back this worker''s other runs: a claim whose reply was lost.';
+
+-- engine.start in a process whose own worker has a free slot: the start and the claim in
+-- one transaction. The worker is spared a claim, and the run the wait for it (a claim
+-- round trip after the start's commit). Only the run start_run just made or found is
+-- claimed, and only while it is PENDING and admitted (in a queue with limits: admission
+-- let it in at once, so it holds a slot already), runnable now, never claimed
+-- (fencing_token 0), of the version the worker serves and within its deadline; anything
+-- else is left to the queue's workers and comes back unclaimed.
+create function runledger._start_claimed(
+  p_workflow text, p_input jsonb, p_options jsonb, p_worker_id text, p_lease_ms int)
+returns table (
+  run_id text, claimed boolean, workflow_name text, workflow_version text, input jsonb, fencing_token bigint,
+  recovery_attempts int, max_steps int, budget numeric, budget_spent numeric)
+language plpgsql volatile
+set enable_seqscan = off set jit = off as $$
+declare
+  v_run_id text;
+  v_now    timestamptz;
+begin
+  if p_worker_id is null or p_lease_ms is null or p_lease_ms < 1 then
+    raise exception using errcode = 'RL003', message = '_start_claimed: a worker id and a lease of at least 1 ms are required';
+  end if;
+  v_run_id := runledger.start_run(p_workflow, p_input, coalesce(p_options, '{}') || '{"notify": false}');
+  v_now := runledger.now(); -- the claim's time comes after the start's, as a claim's would
+  return query
+    with claimed as (
+      update runledger.runs r
+         set status = 'RUNNING', fencing_token = r.fencing_token + 1, lease_owner = p_worker_id,
+             lease_expires_at = v_now + make_interval(secs => p_lease_ms / 1000.0), admitted = false,
+             started_at = coalesce(r.started_at, v_now), updated_at = v_now
+       where r.run_id = v_run_id and r.workflow_name = p_workflow
+         and r.workflow_version = coalesce(p_options->>'version', r.workflow_version)
+         and r.status = 'PENDING' and r.admitted and r.fencing_token = 0
+         and (r.not_before is null or r.not_before <= v_now)
+         and (r.deadline_at is null or r.deadline_at > v_now)
+      returning r.*
+    ), logged as (
+      insert into runledger.events (run_id, kind, detail, fencing_token, at)
+      select c.run_id, 'claimed', jsonb_build_object('worker', p_worker_id), c.fencing_token, v_now from claimed c
+    )
+    select c.run_id, true, c.workflow_name, c.workflow_version, c.input, c.fencing_token, c.recovery_attempts,
+           c.max_steps, c.budget, c.budget_spent
+      from claimed c;
+  if not found then
+    -- Not claimed here: announced as start_run announces, so a worker of the queue takes it.
+    perform runledger._dispatch(null, r.queue_name) from runledger.runs r
+     where r.run_id = v_run_id and r.status = 'PENDING' and r.admitted;
+    return query select v_run_id, false, null::text, null::text, null::jsonb, null::bigint, null::int, null::int,
+                        null::numeric, null::numeric;
+  end if;
+end;
+$$;
+comment on function runledger._start_claimed(text, jsonb, jsonb, text, int) is
+  'engine.start for a run its own process''s worker takes: start_run (without NOTIFY), then, in the same transaction, the claim of that run for p_worker_id with a lease of p_lease_ms, as _claim_batch would claim it. Returns one row: claimed true with the claimed run''s fields, or claimed false (a run already claimed or of another version, a delayed start, a run admission held back, a deadline already past), in which case the run is announced as start_run announces it.';
 
 insert into runledger.migrations (version, name) values (8, '0008_dispatch');

@@ -2078,6 +2078,51 @@ end;
 $function$;
 COMMENT ON FUNCTION runledger._start_child(text,bigint,integer,text,text,jsonb,jsonb) IS 'Starts a child run (id = parent id || ''.'' || seq, parent_run_id set, parent''s deadline inherited) and checkpoints its id, in one transaction.';
 
+CREATE OR REPLACE FUNCTION runledger._start_claimed(p_workflow text, p_input jsonb, p_options jsonb, p_worker_id text, p_lease_ms integer)
+ RETURNS TABLE(run_id text, claimed boolean, workflow_name text, workflow_version text, input jsonb, fencing_token bigint, recovery_attempts integer, max_steps integer, budget numeric, budget_spent numeric)
+ LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+AS $function$
+declare
+  v_run_id text;
+  v_now    timestamptz;
+begin
+  if p_worker_id is null or p_lease_ms is null or p_lease_ms < 1 then
+    raise exception using errcode = 'RL003', message = '_start_claimed: a worker id and a lease of at least 1 ms are required';
+  end if;
+  v_run_id := runledger.start_run(p_workflow, p_input, coalesce(p_options, '{}') || '{"notify": false}');
+  v_now := runledger.now(); -- the claim's time comes after the start's, as a claim's would
+  return query
+    with claimed as (
+      update runledger.runs r
+         set status = 'RUNNING', fencing_token = r.fencing_token + 1, lease_owner = p_worker_id,
+             lease_expires_at = v_now + make_interval(secs => p_lease_ms / 1000.0), admitted = false,
+             started_at = coalesce(r.started_at, v_now), updated_at = v_now
+       where r.run_id = v_run_id and r.workflow_name = p_workflow
+         and r.workflow_version = coalesce(p_options->>'version', r.workflow_version)
+         and r.status = 'PENDING' and r.admitted and r.fencing_token = 0
+         and (r.not_before is null or r.not_before <= v_now)
+         and (r.deadline_at is null or r.deadline_at > v_now)
+      returning r.*
+    ), logged as (
+      insert into runledger.events (run_id, kind, detail, fencing_token, at)
+      select c.run_id, 'claimed', jsonb_build_object('worker', p_worker_id), c.fencing_token, v_now from claimed c
+    )
+    select c.run_id, true, c.workflow_name, c.workflow_version, c.input, c.fencing_token, c.recovery_attempts,
+           c.max_steps, c.budget, c.budget_spent
+      from claimed c;
+  if not found then
+    -- Not claimed here: announced as start_run announces, so a worker of the queue takes it.
+    perform runledger._dispatch(null, r.queue_name) from runledger.runs r
+     where r.run_id = v_run_id and r.status = 'PENDING' and r.admitted;
+    return query select v_run_id, false, null::text, null::text, null::jsonb, null::bigint, null::int, null::int,
+                        null::numeric, null::numeric;
+  end if;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._start_claimed(text,jsonb,jsonb,text,integer) IS 'engine.start for a run its own process''s worker takes: start_run (without NOTIFY), then, in the same transaction, the claim of that run for p_worker_id with a lease of p_lease_ms, as _claim_batch would claim it. Returns one row: claimed true with the claimed run''s fields, or claimed false (a run already claimed or of another version, a delayed start, a run admission held back, a deadline already past), in which case the run is announced as start_run announces it.';
+
 CREATE OR REPLACE FUNCTION runledger._start_template(p_workflow text, p_options jsonb, p_caller text DEFAULT 'start_run'::text)
  RETURNS runledger.runs
  LANGUAGE plpgsql

@@ -60,6 +60,28 @@ describe('engine.start with a worker of its own', () => {
     expect(payloads).toEqual([]);
     await expect(handle.result({ timeoutMs: 10_000 })).resolves.toBe('done');
     expect(await ownerOf(handle.runId)).toBe(worker.workerId);
+    // Claimed in the start's own transaction: both events were written by it (same xmin).
+    const events = await db.pool.query<{ kind: string; xid: string }>(
+      `select kind, xmin::text as xid from runledger.events where run_id = $1 and kind in ('created', 'claimed') order by event_id`,
+      [handle.runId],
+    );
+    expect(events.rows.map((e) => e.kind)).toEqual(['created', 'claimed']);
+    expect(events.rows[1]!.xid).toBe(events.rows[0]!.xid);
+  });
+
+  it('a start that finds its run already there claims nothing, and the run runs once', async () => {
+    const { engine, wf } = engineWith('local-again');
+    workers.push(await engine.runWorker({ concurrency: 2, pollIntervalMs: NO_POLL_MS }));
+    const first = await engine.start(wf, { gated: false }, { runId: 'local-again-1' });
+    const again = await engine.start(wf, { gated: false }, { runId: 'local-again-1' });
+    expect(again.runId).toBe(first.runId);
+    await expect(again.result({ timeoutMs: 10_000 })).resolves.toBe('done');
+    const claims = await db.pool.query(`select count(*)::int as n from runledger.events where run_id = $1 and kind = 'claimed'`, [
+      first.runId,
+    ]);
+    expect(claims.rows[0].n).toBe(1);
+    const steps = await db.pool.query(`select attempts from runledger.steps where run_id = $1`, [first.runId]);
+    expect(steps.rows).toEqual([{ attempts: 1 }]);
   });
 
   it('promises each free slot once: of three starts at once on two free slots, the third is announced', async () => {

@@ -20,7 +20,15 @@ import {
   type DecisionRecord,
 } from './client/operator.js';
 import { getRun, listRuns, retryRun, type ListRunsOptions, type RunRecord } from './client/runs.js';
-import { handleFor, startMany, startRun, type RunHandle, type StartManyOptions, type StartOptions } from './client/start.js';
+import {
+  handleFor,
+  startMany,
+  startRun,
+  type LocalTaker,
+  type RunHandle,
+  type StartManyOptions,
+  type StartOptions,
+} from './client/start.js';
 import { ResultWatch } from './client/results.js';
 import type { RunStatus } from './core/states.js';
 import type { Jsonify } from './core/jsonify.js';
@@ -197,9 +205,18 @@ export function createEngine<DB = any>(options: EngineOptions = {}): Engine<DB> 
   // Callers awaiting results hear of completions by LISTEN, or from this engine's workers directly.
   const results = new ResultWatch(poolConfig, log);
   deps.finished = (runId) => results.wake(runId);
-  const takeLocally = (workflow: Workflow<any, any>, queue: string): (() => void) | undefined => {
+  const takeLocally = (workflow: Workflow<any, any>, queue: string): LocalTaker | undefined => {
     const key = workflowKey(workflow.name, workflow.version);
-    for (const worker of workers) if (worker.takeLocal(key, queue)) return () => worker.wake();
+    for (const worker of workers) {
+      if (!worker.takeLocal(key, queue)) continue;
+      return {
+        workerId: worker.workerId,
+        leaseMs: worker.leaseMs,
+        // A run claimed at its start has no checkpoints and no step progress yet.
+        execute: (run) => worker.executeClaimed({ ...run, cancel_requested: false, checkpoints: [], progress: null }),
+        wake: () => worker.wake(),
+      };
+    }
     return undefined;
   };
   const startHost = { deps, registerWorkflow, getRun: fetchRun, results, takeLocally };

@@ -47,10 +47,38 @@ export interface StartHost {
   results?: ResultWatch;
   /**
    * A worker of this engine that takes a run of this workflow on this queue now, if one has
-   * a free slot: the start then skips NOTIFY and calls the returned wake() after its commit.
+   * a free slot: the start then claims the run for it in the same transaction.
    */
-  takeLocally?: (workflow: Workflow<any, any>, queue: string) => (() => void) | undefined;
+  takeLocally?: (workflow: Workflow<any, any>, queue: string) => LocalTaker | undefined;
 }
+
+/** A run claimed for this process's worker in its start's transaction (runledger._start_claimed). */
+export interface ClaimedAtStart {
+  run_id: string;
+  workflow_name: string;
+  workflow_version: string;
+  input: unknown;
+  /** A bigint, as text. */
+  fencing_token: string;
+  recovery_attempts: number;
+  max_steps: number | null;
+  budget: string | null;
+  budget_spent: string;
+}
+
+/** The worker a start hands its run to. */
+export interface LocalTaker {
+  workerId: string;
+  leaseMs: number;
+  /** Executes the run claimed for this worker. */
+  execute(run: ClaimedAtStart): void;
+  /** The run was not claimed here (an existing run, say): the worker claims as usual, at once. */
+  wake(): void;
+}
+
+const START_CLAIMED_SQL =
+  'select run_id, claimed, workflow_name, workflow_version, input, fencing_token, recovery_attempts, max_steps, budget, budget_spent ' +
+  'from runledger._start_claimed(p_workflow => $1, p_input => $2::jsonb, p_options => $3::jsonb, p_worker_id => $4, p_lease_ms => $5)';
 
 export async function startRun<O, In>(
   host: StartHost,
@@ -64,23 +92,35 @@ export async function startRun<O, In>(
   sqlOptions.run_id = options.runId ?? newId();
   if (options.idempotencyKey !== undefined) sqlOptions.idempotency_key = options.idempotencyKey;
   if (options.concurrencyKey !== undefined) sqlOptions.concurrency_key = options.concurrencyKey;
-  // A run this process's own worker takes needs no NOTIFY: every notifying commit waits for
-  // one lock per database, and 16 callers starting runs queued on it behind the worker's
-  // commits. A delayed run is announced as always (its notification carries the delay).
-  const wake = options.runAt === undefined ? host.takeLocally?.(workflow, options.queue ?? workflow.queue) : undefined;
-  if (wake) sqlOptions.notify = false;
+  // A run this process's own worker takes is claimed for it in the start's transaction: no
+  // NOTIFY (every notifying commit waits for one lock per database, and callers starting
+  // runs queued on it behind the worker's commits) and no claim round trip before its first
+  // step. A delayed run is announced as always (its notification carries the delay).
+  const local = options.runAt === undefined ? host.takeLocally?.(workflow, options.queue ?? workflow.queue) : undefined;
   let runId: string;
   try {
-    const result = await host.deps.pool.query({
-      name: 'runledger_start_run',
-      text: 'select runledger.start_run(p_workflow => $1, p_input => $2::jsonb, p_options => $3::jsonb) as run_id',
-      values: [workflow.name, inputText ?? null, JSON.stringify(sqlOptions)],
-    });
-    runId = result.rows[0].run_id;
+    if (local) {
+      const result = await host.deps.pool.query({
+        name: 'runledger_start_claimed',
+        text: START_CLAIMED_SQL,
+        values: [workflow.name, inputText ?? null, JSON.stringify(sqlOptions), local.workerId, local.leaseMs],
+      });
+      const row = result.rows[0];
+      runId = row.run_id;
+      if (row.claimed) local.execute({ ...row, fencing_token: String(row.fencing_token) });
+      else local.wake();
+    } else {
+      const result = await host.deps.pool.query({
+        name: 'runledger_start_run',
+        text: 'select runledger.start_run(p_workflow => $1, p_input => $2::jsonb, p_options => $3::jsonb) as run_id',
+        values: [workflow.name, inputText ?? null, JSON.stringify(sqlOptions)],
+      });
+      runId = result.rows[0].run_id;
+    }
   } catch (error) {
+    // Whether the start committed is unknown: the worker claims as usual (and finds the run if it did).
+    local?.wake();
     throw fromPgError(error);
-  } finally {
-    wake?.();
   }
   return handleFor<Jsonify<O>>(host, runId);
 }

@@ -90,9 +90,9 @@ export class Dispatcher {
   private readonly pollTimer: NodeJS.Timeout | undefined;
   private readonly served: Set<string>;
   /**
-   * Starts of this process promised to this dispatcher since its last claim (takeLocal):
-   * each holds a free slot, so that more starts than free slots still wake the workers of
-   * other processes.
+   * Starts of this process in flight that were promised a slot (takeLocal): each holds it
+   * until its run executes here or it claimed nothing, so claims leave it alone and more
+   * starts than free slots are announced to the workers of other processes.
    */
   private promised = 0;
 
@@ -128,15 +128,22 @@ export class Dispatcher {
   /**
    * A start in this process asks whether this worker takes its run: true when the worker
    * serves the queue and has a free slot no other local start was promised. The caller
-   * then starts the run without NOTIFY (a notifying commit serialises with every other,
-   * PostgreSQL holding one lock per database from NOTIFY to commit) and calls hint() after
-   * its commit, so the next claim sees the run.
+   * then claims the run for this worker in its start's transaction; either way it settles
+   * the promise (settlePromise) when done.
    */
   takeLocal(queue: string): boolean {
     if (this.options.manual || this.stopped || !this.served.has(queue)) return false;
-    if (this.freeSlots() - this.promised <= 0) return false;
+    if (this.freeSlots() <= 0) return false;
     this.promised++;
     return true;
+  }
+
+  /**
+   * The start a slot was promised to is done: its run executes here now (claimed in the
+   * start's transaction), or it claimed nothing and the slot is free again.
+   */
+  settlePromise(): void {
+    this.promised = Math.max(0, this.promised - 1);
   }
 
   /** A run ended here: its slot can take the next run. */
@@ -173,8 +180,9 @@ export class Dispatcher {
     );
   }
 
+  /** Slots neither executing a run nor promised to a start of this process (takeLocal). */
   private freeSlots(): number {
-    return this.options.concurrency - this.options.executing().length;
+    return this.options.concurrency - this.options.executing().length - this.promised;
   }
 
   /** The group commit went idle: a claim it would have carried goes alone. */
@@ -283,9 +291,6 @@ export class Dispatcher {
   /** Starts the claimed runs; the row without a run says when the next one is due. */
   private handOver(rows: ClaimRow[], limit: number): number {
     this.failures = 0;
-    // The slots are counted again from what runs now; a promised run this claim could not
-    // see yet is claimed on the hint its start gives after it commits.
-    this.promised = 0;
     let claimed = 0;
     for (const row of rows) {
       if (row.run_id === null) {

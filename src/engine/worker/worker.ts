@@ -70,12 +70,16 @@ export interface Worker {
 
 /** What the engine that started a worker may ask of it beyond the public Worker. */
 export interface LocalWorker extends Worker {
+  readonly leaseMs: number;
   /**
    * A start in this process offers the worker its run (a workflow it serves, on a queue it
-   * serves): true when the worker takes it, and the start may skip NOTIFY. The start calls
-   * wake() once its run is committed.
+   * serves): true when the worker takes it. The start then claims the run for this worker
+   * in its own transaction and hands it over with executeClaimed(), or calls wake() when
+   * it claimed nothing.
    */
   takeLocal(workflowKey: string, queue: string): boolean;
+  /** A run claimed for this worker at its start (runledger._start_claimed). */
+  executeClaimed(run: ClaimedRun): void;
   wake(): void;
 }
 
@@ -213,18 +217,41 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
     pollIntervalMs: options.pollIntervalMs ?? POLL_INTERVAL_MS_DEFAULT,
     executing: () => [...executions].map((exec) => exec.runId),
     commitBusy: () => commits.busy,
-    execute: (run: ClaimedRun) => {
-      const running = executeClaimed(run, execOptions).finally(() => {
-        done.delete(running);
-        claimer.slotFreed();
-      });
-      done.add(running);
-    },
+    execute: (run: ClaimedRun) => execute(run),
     log: deps.log,
     manual,
   });
   dispatcher = claimer;
   commits.claimer = claimer;
+
+  function execute(run: ClaimedRun): void {
+    const running = executeClaimed(run, execOptions).finally(() => {
+      done.delete(running);
+      claimer.slotFreed();
+    });
+    done.add(running);
+  }
+
+  /** A run claimed for this worker in its start's transaction. */
+  function executeStarted(run: ClaimedRun): void {
+    claimer.settlePromise();
+    // Killed: its lease runs out for another worker, as with any run a dead process held.
+    if (crashed) return;
+    if (stopping !== undefined) {
+      // Stopping: given back at once, as a graceful stop gives back what it does not finish.
+      void deps.pool
+        .query('select runledger._release_run(p_run_id => $1, p_token => $2, p_delay_ms => 0, p_reason => $3)', [
+          run.run_id,
+          run.fencing_token,
+          'worker_stopping',
+        ])
+        .catch((error) =>
+          deps.log('warn', 'could not release a run started while stopping; its lease will expire', { error: serializeError(error) }),
+        );
+      return;
+    }
+    execute(run);
+  }
 
   /** A crash point fired: everything stops at once, nothing is released or deregistered. */
   function die(): void {
@@ -285,8 +312,13 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
     },
     stop,
     runOnce,
+    leaseMs,
     takeLocal: (key, queue) => !crashed && stopping === undefined && byKey.has(key) && claimer.takeLocal(queue),
-    wake: () => claimer.hint(),
+    executeClaimed: (run) => executeStarted(run),
+    wake: () => {
+      claimer.settlePromise();
+      claimer.hint();
+    },
     async drain({ maxRounds = DRAIN_ROUNDS_MAX } = {}) {
       if (!Number.isInteger(maxRounds) || maxRounds < 1) throw new ConfigError('drain(): maxRounds must be a whole number >= 1');
       let total = 0;

@@ -1,0 +1,89 @@
+/**
+ * runledger._start_claimed: engine.start for a run its own process's worker takes, the start
+ * and the claim in one transaction; anything it must not claim is left to the queue's workers.
+ */
+import { describe, expect, it } from 'vitest';
+import { useTestEngine } from '../helpers/test-engine.js';
+import { runHelpers, newRunId, registerWorkflowW } from '../helpers/runs.js';
+import { notifyHelpers } from '../helpers/notify.js';
+import { sqlState } from '../helpers/sql-errors.js';
+
+const { db } = useTestEngine({ engine: false, prepare: registerWorkflowW });
+const { startRun, getRun, events } = runHelpers(db);
+const { notified } = notifyHelpers(db);
+
+interface StartedRow {
+  run_id: string;
+  claimed: boolean;
+  workflow_version: string | null;
+  input: unknown;
+  fencing_token: string | null;
+  recovery_attempts: number | null;
+}
+
+async function startClaimed(options: Record<string, unknown> = {}, input: unknown = { n: 1 }, leaseMs: number | null = 30_000) {
+  const result = await db.pool.query<StartedRow>(
+    `select run_id, claimed, workflow_version, input, fencing_token::text as fencing_token, recovery_attempts
+       from runledger._start_claimed('w', $1::jsonb, $2::jsonb, 'wk-local', $3)`,
+    [JSON.stringify(input), JSON.stringify({ version: '1', ...options }), leaseMs],
+  );
+  return result.rows[0]!;
+}
+
+describe('runledger._start_claimed', () => {
+  it('starts the run RUNNING for the given worker with token 1 and a lease, created and claimed together, without NOTIFY', async () => {
+    const { result: row, payloads } = await notified(() => startClaimed({}, { order: 7 }));
+    expect(payloads).toEqual([]);
+    expect(row).toMatchObject({ claimed: true, workflow_version: '1', input: { order: 7 }, fencing_token: '1', recovery_attempts: 0 });
+    const run = await getRun(row.run_id);
+    expect(run).toMatchObject({ status: 'RUNNING', lease_owner: 'wk-local', fencing_token: 1, admitted: false });
+    expect(run?.lease_expires_at).not.toBeNull();
+    expect((await events(row.run_id)).map((e) => e.kind)).toEqual(['created', 'claimed']);
+  });
+
+  it('claims nothing it must leave to the queue, and announces what is runnable', async () => {
+    // A run already claimed once (an idempotent start of a run under way).
+    const runId = newRunId('taken');
+    expect((await startClaimed({ run_id: runId })).claimed).toBe(true);
+    const again = await notified(() => startClaimed({ run_id: runId }));
+    expect(again.result).toMatchObject({ run_id: runId, claimed: false, fencing_token: null });
+    expect(again.payloads).toEqual([]); // RUNNING: nothing to announce
+    expect((await getRun(runId))?.fencing_token).toBe(1);
+
+    // An existing run of another version: left PENDING, announced for a worker of that version.
+    await db.pool.query(`select runledger._register_workflow('w', '2', 'default', 3)`);
+    const v2 = newRunId('v2');
+    await startRun({ run_id: v2, version: '2', notify: false });
+    const other = await notified(() => startClaimed({ run_id: v2 }));
+    expect(other.result.claimed).toBe(false);
+    expect(other.payloads).toEqual(['default']);
+    expect((await getRun(v2))?.status).toBe('PENDING');
+
+    // A delayed start, a deadline already past, a queue whose admission holds the run back.
+    const delayed = await startClaimed({ run_in_ms: 60_000 });
+    expect(delayed.claimed).toBe(false);
+    expect((await getRun(delayed.run_id))?.status).toBe('PENDING');
+    const late = await startClaimed({ deadline: '0 seconds' });
+    expect(late.claimed).toBe(false);
+    await db.pool.query(`select runledger.set_queue('claimed-paused', '{"paused": true}')`);
+    const held = await startClaimed({ queue: 'claimed-paused' });
+    expect(held.claimed).toBe(false);
+    expect(await getRun(held.run_id)).toMatchObject({ status: 'PENDING', admitted: false, fencing_token: 0 });
+  });
+
+  it('in a queue with limits, claims a run admission let in at once, and never one beyond the limit', async () => {
+    await db.pool.query(`select runledger.set_queue('claimed-limited', '{"concurrency": 1}')`);
+    const first = await startClaimed({ queue: 'claimed-limited' });
+    expect(first.claimed).toBe(true);
+    const second = await startClaimed({ queue: 'claimed-limited' });
+    expect(second.claimed).toBe(false);
+    expect(await getRun(second.run_id)).toMatchObject({ status: 'PENDING', admitted: false });
+  });
+
+  it('refuses a call without a worker or a lease (RL003) and starts nothing', async () => {
+    const before = Number((await db.pool.query('select count(*) from runledger.runs')).rows[0].count);
+    expect(await sqlState(startClaimed({}, {}, null))).toBe('RL003');
+    expect(await sqlState(startClaimed({}, {}, 0))).toBe('RL003');
+    expect(Number((await db.pool.query('select count(*) from runledger.runs')).rows[0].count)).toBe(before);
+  });
+});
