@@ -110,6 +110,43 @@ describe('SIGKILL mid-run', () => {
   });
 });
 
+describe('SIGKILL after a start that claimed its run', () => {
+  it('runs the process claimed at their start are recovered by the next worker; their rows exist once', async () => {
+    const doomed = await worker({ START_ORDERS: '4', RUNLEDGER_FAILPOINTS: 'before-checkpoint:charge' });
+    expect((await doomed.exited).signal).toBe('SIGKILL');
+    const doomedId = /ready (\S+)/.exec(doomed.output())![1]!;
+    const runIds = (
+      await db.pool.query<{ run_id: string }>(
+        `select distinct run_id from runledger.events where kind = 'claimed' and detail->>'worker' = $1`,
+        [doomedId],
+      )
+    ).rows.map((row) => row.run_id);
+    expect(runIds.length).toBeGreaterThanOrEqual(1);
+    // Claimed at their start: the created and the claimed event were written by one transaction.
+    const atStart = await db.pool.query(
+      `select count(*)::int as n from runledger.events c
+         join runledger.events k on k.run_id = c.run_id and k.kind = 'claimed' and k.xmin = c.xmin
+        where c.kind = 'created' and c.run_id = any($1)`,
+      [runIds],
+    );
+    expect(atStart.rows[0].n).toBe(runIds.length);
+
+    await worker();
+    await waitFor('all runs finished', () => allFinished(runIds));
+    const runs = await db.pool.query(`select status, count(*)::int as n from runledger.runs where run_id = any($1) group by 1`, [runIds]);
+    expect(runs.rows).toEqual([{ status: 'SUCCEEDED', n: runIds.length }]);
+    const facts = await stepFacts(runIds);
+    for (const fact of facts.filter((f) => f.token === 1)) expect(fact, `${fact.run_id}/${fact.name}`).toMatchObject({ executions: 1 });
+    expect(facts.filter((f) => f.name === 'charge' && f.executions === 2).length).toBeGreaterThanOrEqual(1);
+    await assertOrdersExactlyOnce(runIds);
+    const recovered = await db.pool.query(
+      `select count(*)::int as n from runledger.events where run_id = any($1) and kind = 'lease_expired'`,
+      [runIds],
+    );
+    expect(recovered.rows[0].n).toBeGreaterThanOrEqual(1);
+  });
+});
+
 describe('SIGKILL in a group commit', () => {
   it('after a batch of several runs committed, before the worker heard: nothing committed there runs again, nothing is lost', async () => {
     // One-step runs first: the first batches complete some of them.
