@@ -325,9 +325,13 @@ create trigger runs_transition before update of status on runledger.runs
 
 create unique index runs_idempotency_key on runledger.runs (workflow_name, idempotency_key)
   where idempotency_key is not null;
--- The sweeper looks only at executing runs ordered by lease expiry.
+-- The sweeper looks only at leased runs ordered by lease expiry. The predicate names the
+-- lease, not the statuses that hold one: the fenced writes look up one executing run by
+-- `run_id = ... and status in ('RUNNING', 'CANCELLING')`, which would prove an index on
+-- those statuses usable, and a generic plan cached while the table was empty took it over
+-- the primary key (test/plans.test.ts caught it). `lease_expires_at < now` proves this one.
 create index runs_lease_expiry on runledger.runs (lease_expires_at)
-  where status in ('RUNNING', 'CANCELLING');
+  where lease_expires_at is not null;
 -- Listing finished runs by status, newest first (operators, prune). Only finished ones:
 -- an index over every status would also match the hot path's lookups of RUNNING or
 -- PENDING runs, and a plan cached while the table was empty takes it over the primary

@@ -186,7 +186,7 @@ CREATE INDEX runs_cancelling_unowned ON runledger.runs USING btree (queue_name) 
 CREATE INDEX runs_deadline ON runledger.runs USING btree (deadline_at) WHERE ((status = ANY (ARRAY['PENDING'::runledger.run_status, 'WAITING'::runledger.run_status])) AND (deadline_at IS NOT NULL));
 CREATE INDEX runs_finished ON runledger.runs USING btree (status, created_at) WHERE (status = ANY (ARRAY['SUCCEEDED'::runledger.run_status, 'FAILED'::runledger.run_status, 'CANCELLED'::runledger.run_status, 'TERMINATED'::runledger.run_status, 'DEAD_LETTER'::runledger.run_status]));
 CREATE UNIQUE INDEX runs_idempotency_key ON runledger.runs USING btree (workflow_name, idempotency_key) WHERE (idempotency_key IS NOT NULL);
-CREATE INDEX runs_lease_expiry ON runledger.runs USING btree (lease_expires_at) WHERE (status = ANY (ARRAY['RUNNING'::runledger.run_status, 'CANCELLING'::runledger.run_status]));
+CREATE INDEX runs_lease_expiry ON runledger.runs USING btree (lease_expires_at) WHERE (lease_expires_at IS NOT NULL);
 CREATE INDEX runs_not_before ON runledger.runs USING btree (queue_name, not_before) WHERE ((status = 'PENDING'::runledger.run_status) AND admitted AND (not_before IS NOT NULL));
 CREATE INDEX runs_parent ON runledger.runs USING btree (parent_run_id) WHERE (parent_run_id IS NOT NULL);
 CREATE UNIQUE INDEX runs_pkey ON runledger.runs USING btree (run_id);
