@@ -1,3 +1,4 @@
+import type { ClaimedAtStart } from '../client/start.js';
 import type pg from 'pg';
 import { serializeError } from '../core/errors.js';
 import type { CheckpointRow } from '../run/execution.js';
@@ -11,17 +12,11 @@ const ERROR_BACKOFF_MS_MAX = 5_000;
 /** setTimeout's ceiling; a due time further away is left to the poll. */
 const TIMER_MS_MAX = 2 ** 31 - 1;
 
-/** A run as runledger._claim_batch hands it over: a new fencing token, a lease, its checkpoints. */
-export interface ClaimedRun {
-  run_id: string;
-  workflow_name: string;
-  workflow_version: string;
-  input: unknown;
-  fencing_token: string;
-  recovery_attempts: number;
-  max_steps: number | null;
-  budget: string | null;
-  budget_spent: string;
+/**
+ * A run as runledger._claim_batch hands it over: a new fencing token, a lease, its
+ * checkpoints. A run claimed at its start (ClaimedAtStart) is the same without them.
+ */
+export interface ClaimedRun extends ClaimedAtStart {
   cancel_requested: boolean;
   checkpoints: CheckpointRow[];
   progress: Record<string, unknown> | null;
