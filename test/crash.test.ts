@@ -147,6 +147,32 @@ describe('SIGKILL after a start that claimed its run', () => {
   });
 });
 
+describe('SIGKILL right after a start that claimed its run', () => {
+  it('before the worker ran anything of it: the next worker recovers it and every step runs once', async () => {
+    const doomed = await worker({ START_ORDERS: '2', RUNLEDGER_FAILPOINTS: 'after-start-claimed:order' });
+    expect((await doomed.exited).signal).toBe('SIGKILL');
+    const doomedId = /ready (\S+)/.exec(doomed.output())![1]!;
+    const claimed = await db.pool.query<{ run_id: string; status: string; lease_owner: string | null }>(
+      `select r.run_id, r.status, r.lease_owner from runledger.runs r
+        where exists (select 1 from runledger.events e where e.run_id = r.run_id and e.kind = 'claimed' and e.detail->>'worker' = $1)`,
+      [doomedId],
+    );
+    // Committed with its claim, then the process died: RUNNING under the dead worker's lease, nothing run.
+    expect(claimed.rows).toEqual([{ run_id: claimed.rows[0]!.run_id, status: 'RUNNING', lease_owner: doomedId }]);
+    const runIds = claimed.rows.map((row) => row.run_id);
+    expect(await stepFacts(runIds)).toEqual([]);
+
+    await worker();
+    await waitFor('the run finished', () => allFinished(runIds));
+    const runs = await db.pool.query(`select status from runledger.runs where run_id = any($1)`, [runIds]);
+    expect(runs.rows).toEqual([{ status: 'SUCCEEDED' }]);
+    const facts = await stepFacts(runIds);
+    expect(facts).toHaveLength(4);
+    for (const fact of facts) expect(fact, `${fact.run_id}/${fact.name}`).toMatchObject({ token: 2, executions: 1 });
+    await assertOrdersExactlyOnce(runIds);
+  });
+});
+
 describe('SIGKILL in a group commit', () => {
   it('after a batch of several runs committed, before the worker heard: nothing committed there runs again, nothing is lost', async () => {
     // One-step runs first: the first batches complete some of them.

@@ -24,6 +24,8 @@ export const CRASH_WHEN = [
   'after-compensation',
   /** A group commit batch committed, before its items hear so (matched by 'batch', several items, or 'single'). */
   'after-group-commit',
+  /** engine.start committed a run claimed for this process's worker, before the worker runs it (matched by the workflow's name). */
+  'after-start-claimed',
 ] as const;
 
 export type CrashWhen = (typeof CRASH_WHEN)[number];

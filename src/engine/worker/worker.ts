@@ -236,7 +236,7 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
   function executeStarted(run: ClaimedRun): void {
     claimer.settlePromise();
     // Killed: its lease runs out for another worker, as with any run a dead process held.
-    if (crashed) return;
+    if (crashed || crash?.hit('after-start-claimed', run.workflow_name)) return;
     if (stopping !== undefined) {
       // Stopping: given back at once, as a graceful stop gives back what it does not finish.
       void deps.pool
