@@ -15,16 +15,21 @@ describe('a ctx call still in flight when the workflow returns or throws', () =>
     const effects: string[] = [];
     let release!: () => void;
     const gate = new Promise<void>((resolve) => (release = resolve));
+    let bodyStarted!: () => void;
+    const started = new Promise<void>((resolve) => (bodyStarted = resolve));
     const wf = t.engine.workflow({ name: 'rails-unawaited-step' }, async (ctx) => {
       await ctx.step('first', () => 1);
       await ctx.step('second', () => 2);
       // The bug: no await.
       void ctx.step('forgotten', async () => {
         effects.push('started');
+        bodyStarted();
         await gate;
         return 3;
       });
-      await new Promise((resolve) => setTimeout(resolve, 20)); // the forgotten step's body has started
+      // Returns once the forgotten step's body has started (a condition, not a fixed sleep:
+      // under load the body starts after the previous step's deferred checkpoint is sent).
+      await within(started, 5_000);
       return 'done';
     });
     const worker = await t.engine.runWorker({ manual: true });
