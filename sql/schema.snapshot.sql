@@ -1465,11 +1465,13 @@ declare
 begin
   -- The row lock taken here is held until commit: a takeover (which updates this row)
   -- waits for us, and once it has happened our token no longer matches. A lock, not an
-  -- update: no new row version per step.
-  select * into v_run from runledger.runs
-   where run_id = p_run_id and fencing_token = p_token and status in ('RUNNING', 'CANCELLING')
-   for update;
-  if not found then
+  -- update: no new row version per step. The row is found by its key alone and the token
+  -- and status are checked after: a WHERE naming the statuses too let cached plans take a
+  -- partial index whose predicate those statuses imply (runs_queue_active) instead of the
+  -- primary key (sql/README.md, "Plans that cannot go stale"). FOR UPDATE returns the
+  -- latest version, so a takeover that committed while we waited fails the check.
+  select * into v_run from runledger.runs where run_id = p_run_id for update;
+  if not found or v_run.fencing_token is distinct from p_token or v_run.status not in ('RUNNING', 'CANCELLING') then
     raise exception using errcode = 'RL001',
       message = format('run %s: lease lost (fencing token %s is stale or the run stopped executing)', p_run_id, p_token);
   end if;
