@@ -2,6 +2,7 @@
 --
 --   runledger.start_run(workflow, input, options)  public: create a run and make it runnable
 --   runledger.start_runs(workflow, inputs, options) public: many runs of one workflow in one statement
+--   runledger._start(...)                          one run's row, its events, admission or announcement (optionally claimed)
 --   runledger._start_template(...)                 the option checks and the new row's columns both share
 --   runledger._max_payload_bytes()                 the largest input/output accepted
 --   runledger._check_whole_number(...)             option validation shared by start_run and set_queue
@@ -198,55 +199,100 @@ $$;
 comment on function runledger._start_template(text, jsonb, text) is
   'The checks and the resolution start_run and start_runs share: validates the options (RL003), resolves the registered workflow version (RL006), merges its limits, and returns the runs row a new run starts from (no run_id or input), with admitted set by whether its queue has limits.';
 
-create function runledger.start_run(p_workflow text, p_input jsonb, p_options jsonb default '{}')
-returns text
-language plpgsql volatile
-set enable_seqscan = off set jit = off as $$
+-- The start of one run, for start_run and for _start_claimed: the new row and its created
+-- event, then admission or the announcement. Given a worker (_start_claimed), a run that
+-- could be claimed at once is inserted already claimed for it (RUNNING, fencing token 1,
+-- leased) with its claimed event beside the created one: one row version and one events
+-- statement where an insert then a claim's update took two of each. An idempotent start
+-- returns the existing run with inserted false (never claimed here).
+create function runledger._start(
+  p_workflow text, p_input jsonb, p_options jsonb, p_worker_id text default null, p_lease_ms int default null,
+  out run runledger.runs, out inserted boolean)
+language plpgsql volatile as $$
 declare
-  v_t        runledger.runs;
-  v_run_id   text := coalesce(p_options->>'run_id', runledger._new_id());
-  v_existing runledger.runs;
+  v_t   runledger.runs;
+  v_now timestamptz;
+  v_claim boolean;
 begin
   if pg_column_size(p_input) > runledger._max_payload_bytes() then
     raise exception using errcode = 'RL004',
       message = format('start_run: input is %s bytes, over the limit of %s', pg_column_size(p_input), runledger._max_payload_bytes());
   end if;
   v_t := runledger._start_template(p_workflow, p_options);
+  v_now := v_t.created_at;
+  v_t.run_id := coalesce(p_options->>'run_id', runledger._new_id());
+  v_t.input := p_input;
+  -- What _claim_batch would take now: admitted, not delayed, within its deadline.
+  v_claim := p_worker_id is not null and v_t.admitted and v_t.not_before is null
+             and (v_t.deadline_at is null or v_t.deadline_at > v_now);
+  if v_claim then
+    -- As a claim leaves it: admitted false (admission's count takes RUNNING runs).
+    v_t.status := 'RUNNING';
+    v_t.fencing_token := 1;
+    v_t.lease_owner := p_worker_id;
+    v_t.lease_expires_at := v_now + make_interval(secs => p_lease_ms / 1000.0);
+    v_t.started_at := v_now;
+    v_t.admitted := false;
+  else
+    v_t.status := 'PENDING';
+    v_t.fencing_token := 0;
+  end if;
+  v_t.recovery_attempts := 0;
+  v_t.budget_spent := 0;
   insert into runledger.runs (
-    run_id, workflow_name, workflow_version, queue_name, input, admitted, not_before, priority, concurrency_key,
+    run_id, workflow_name, workflow_version, queue_name, status, input, admitted, not_before, priority, concurrency_key,
     idempotency_key, parent_run_id, deadline_at, max_recovery_attempts, version_manifest, max_steps, budget,
-    no_progress, retry_budget, policy_version, created_at, updated_at)
+    no_progress, retry_budget, policy_version, fencing_token, lease_owner, lease_expires_at, started_at,
+    created_at, updated_at)
   values (
-    v_run_id, v_t.workflow_name, v_t.workflow_version, v_t.queue_name, p_input, v_t.admitted, v_t.not_before,
+    v_t.run_id, v_t.workflow_name, v_t.workflow_version, v_t.queue_name, v_t.status, p_input, v_t.admitted, v_t.not_before,
     v_t.priority, v_t.concurrency_key, v_t.idempotency_key, v_t.parent_run_id, v_t.deadline_at,
     v_t.max_recovery_attempts, v_t.version_manifest, v_t.max_steps, v_t.budget, v_t.no_progress, v_t.retry_budget,
-    v_t.policy_version, v_t.created_at, v_t.updated_at)
+    v_t.policy_version, v_t.fencing_token, v_t.lease_owner, v_t.lease_expires_at, v_t.started_at,
+    v_t.created_at, v_t.updated_at)
   on conflict do nothing;
   if not found then
     -- Idempotent start: the same run_id or idempotency key returns the existing run.
-    select * into v_existing from runledger.runs r
-     where r.run_id = v_run_id
+    select * into run from runledger.runs r
+     where r.run_id = v_t.run_id
         or (v_t.idempotency_key is not null and r.workflow_name = p_workflow and r.idempotency_key = v_t.idempotency_key)
      limit 1;
-    if v_existing.workflow_name is distinct from p_workflow then
+    if run.workflow_name is distinct from p_workflow then
       raise exception using errcode = 'RL005',
-        message = format('start_run: run_id %L already belongs to workflow %L', v_run_id, v_existing.workflow_name);
+        message = format('start_run: run_id %L already belongs to workflow %L', v_t.run_id, run.workflow_name);
     end if;
-    return v_existing.run_id;
+    inserted := false;
+    return;
   end if;
-
-  insert into runledger.events (run_id, kind, detail, at)
-  values (v_run_id, 'created', jsonb_build_object('workflow', p_workflow, 'version', v_t.workflow_version, 'queue', v_t.queue_name),
-          v_t.created_at);
-  if not v_t.admitted then
+  insert into runledger.events (run_id, kind, detail, fencing_token, at)
+  select v_t.run_id, e.kind, e.detail, e.token, v_now
+    from (values (1, 'created', jsonb_build_object('workflow', p_workflow, 'version', v_t.workflow_version, 'queue', v_t.queue_name), null::bigint),
+                 (2, 'claimed', jsonb_build_object('worker', p_worker_id), 1::bigint)) e(ord, kind, detail, token)
+   where e.ord = 1 or v_claim
+   order by e.ord;
+  if v_claim then
+    null; -- its worker runs it: nobody else is woken
+  elsif not v_t.admitted then
     perform runledger._admit(v_t.queue_name);
   elsif v_t.not_before is not null or coalesce((p_options->>'notify')::boolean, true) then
     -- notify false: the caller's own worker claims the run (engine.start in a process whose
     -- worker has a free slot), so no other worker is woken for it.
-    perform runledger._dispatch(v_run_id, v_t.queue_name,
+    perform runledger._dispatch(v_t.run_id, v_t.queue_name,
       coalesce(greatest(0, ceil(extract(epoch from v_t.not_before - v_t.created_at) * 1000))::int, 0));
   end if;
-  return v_run_id;
+  run := v_t;
+  inserted := true;
+end;
+$$;
+comment on function runledger._start(text, jsonb, jsonb, text, int) is
+  'One run started (start_run, _start_claimed): checks, the row and its created event, then admission or the announcement. Given p_worker_id and p_lease_ms, a run that is runnable at once (admitted, not delayed, within its deadline) is inserted claimed for that worker, with its claimed event. Returns the row (as inserted, or the existing run of an idempotent start) and whether it was inserted.';
+
+create function runledger.start_run(p_workflow text, p_input jsonb, p_options jsonb default '{}')
+returns text
+language plpgsql volatile
+set enable_seqscan = off set jit = off as $$
+begin
+  return (runledger._start(p_workflow, p_input, p_options)).run.run_id;
 end;
 $$;
 comment on function runledger.start_run(text, jsonb, jsonb) is

@@ -202,43 +202,52 @@ returns table (
 language plpgsql volatile
 set enable_seqscan = off set jit = off as $$
 declare
-  v_run_id text;
-  v_now    timestamptz;
+  v_run      runledger.runs;
+  v_started  record;
+  v_claimed  boolean;
+  v_now      timestamptz;
 begin
   if p_worker_id is null or p_lease_ms is null or p_lease_ms < 1 then
     raise exception using errcode = 'RL003', message = '_start_claimed: a worker id and a lease of at least 1 ms are required';
   end if;
-  v_run_id := runledger.start_run(p_workflow, p_input, coalesce(p_options, '{}') || '{"notify": false}');
-  v_now := runledger.now(); -- the claim's time comes after the start's, as a claim's would
-  return query
-    with claimed as (
+  -- A new run that is runnable at once is inserted already claimed (runledger._start).
+  v_started := runledger._start(p_workflow, p_input, coalesce(p_options, '{}') || '{"notify": false}', p_worker_id, p_lease_ms);
+  v_run := v_started.run;
+  v_claimed := v_started.inserted and v_run.status = 'RUNNING';
+  if not v_claimed then
+    -- A run already there (an idempotent start), or one its queue's admission just let in:
+    -- claimed here only if it was never claimed and is runnable now, as _claim_batch would
+    -- claim it. Found by its key and checked after (sql/README.md, "Plans that cannot go stale").
+    v_now := runledger.now();
+    select * into v_run from runledger.runs r where r.run_id = v_run.run_id for update;
+    v_claimed := v_run.status = 'PENDING' and v_run.admitted and v_run.fencing_token = 0
+       and v_run.workflow_version = coalesce(p_options->>'version', v_run.workflow_version)
+       and (v_run.not_before is null or v_run.not_before <= v_now)
+       and (v_run.deadline_at is null or v_run.deadline_at > v_now);
+    if v_claimed then
       update runledger.runs r
-         set status = 'RUNNING', fencing_token = r.fencing_token + 1, lease_owner = p_worker_id,
+         set status = 'RUNNING', fencing_token = 1, lease_owner = p_worker_id,
              lease_expires_at = v_now + make_interval(secs => p_lease_ms / 1000.0), admitted = false,
              started_at = coalesce(r.started_at, v_now), updated_at = v_now
-       where r.run_id = v_run_id and r.workflow_name = p_workflow
-         and r.workflow_version = coalesce(p_options->>'version', r.workflow_version)
-         and r.status = 'PENDING' and r.admitted and r.fencing_token = 0
-         and (r.not_before is null or r.not_before <= v_now)
-         and (r.deadline_at is null or r.deadline_at > v_now)
-      returning r.*
-    ), logged as (
+       where r.run_id = v_run.run_id
+      returning r.* into v_run;
       insert into runledger.events (run_id, kind, detail, fencing_token, at)
-      select c.run_id, 'claimed', jsonb_build_object('worker', p_worker_id), c.fencing_token, v_now from claimed c
-    )
-    select c.run_id, true, c.workflow_name, c.workflow_version, c.input, c.fencing_token, c.recovery_attempts,
-           c.max_steps, c.budget, c.budget_spent
-      from claimed c;
-  if not found then
-    -- Not claimed here: announced as start_run announces, so a worker of the queue takes it.
-    perform runledger._dispatch(null, r.queue_name) from runledger.runs r
-     where r.run_id = v_run_id and r.status = 'PENDING' and r.admitted;
-    return query select v_run_id, false, null::text, null::text, null::jsonb, null::bigint, null::int, null::int,
+      values (v_run.run_id, 'claimed', jsonb_build_object('worker', p_worker_id), v_run.fencing_token, v_now);
+    elsif v_run.status = 'PENDING' and v_run.admitted then
+      -- Not claimed here: announced as start_run announces, so a worker of the queue takes it.
+      perform runledger._dispatch(null, v_run.queue_name);
+    end if;
+  end if;
+  if v_claimed then
+    return query select v_run.run_id, true, v_run.workflow_name, v_run.workflow_version, v_run.input, v_run.fencing_token,
+                        v_run.recovery_attempts, v_run.max_steps, v_run.budget, v_run.budget_spent;
+  else
+    return query select v_run.run_id, false, null::text, null::text, null::jsonb, null::bigint, null::int, null::int,
                         null::numeric, null::numeric;
   end if;
 end;
 $$;
 comment on function runledger._start_claimed(text, jsonb, jsonb, text, int) is
-  'engine.start for a run its own process''s worker takes: start_run (without NOTIFY), then, in the same transaction, the claim of that run for p_worker_id with a lease of p_lease_ms, as _claim_batch would claim it. Returns one row: claimed true with the claimed run''s fields, or claimed false (a run already claimed or of another version, a delayed start, a run admission held back, a deadline already past), in which case the run is announced as start_run announces it.';
+  'engine.start for a run its own process''s worker takes: the run is started as start_run starts it (without NOTIFY) and claimed for p_worker_id with a lease of p_lease_ms in the same transaction, as _claim_batch would claim it: a new run that is runnable at once is inserted claimed (runledger._start), an existing never-claimed runnable one (an idempotent start, or one its queue''s admission just let in) is claimed by an update. Returns one row: claimed true with the claimed run''s fields, or claimed false (a run already claimed or of another version, a delayed start, a run admission held back, a deadline already past), in which case the run is announced as start_run announces it.';
 
 insert into runledger.migrations (version, name) values (8, '0008_dispatch');

@@ -145,7 +145,7 @@ begin
     message := null;
     run_status := null;
     if v_index = any(v_fast) then
-      run_status := case when v_item->>'op' = 'checkpoint' then 'RUNNING' end;
+      run_status := case when v_item->>'op' = 'checkpoint' then 'RUNNING' else 'SUCCEEDED' end;
     else
       begin
         if v_item->>'op' = 'checkpoint' then
@@ -164,6 +164,10 @@ begin
         else
           raise exception using errcode = 'RL003', message = format('_commit_batch: unknown op %L', v_item->>'op');
         end if;
+        if v_item->>'op' = 'complete' then
+          -- SUCCEEDED, or how the completion ended the run instead (a charge past its budget).
+          select r.status into run_status from runledger.runs r where r.run_id = v_item->>'run_id';
+        end if;
       exception when others then
         code := sqlstate;
         message := sqlerrm;
@@ -176,7 +180,7 @@ begin
 end;
 $$;
 comment on function runledger._commit_batch(jsonb) is
-  'Group commit for a worker: a JSON array of items, each {"op": "checkpoint"} (the arguments of _checkpoint by name: run_id, token, seq, name, kind, status, output, error, attempts, started_ms_ago, charge) or {"op": "complete"} (those of _complete_run, or of _complete_with_checkpoint when it has "seq"; the step''s result is "step_output"), done in one transaction: the common ones together (_commit_fast), the others one by one, each in a subtransaction. One row per item: its index, the SQLSTATE and message of its error (null when it committed), and for a checkpoint the run''s status after it.';
+  'Group commit for a worker: a JSON array of items, each {"op": "checkpoint"} (the arguments of _checkpoint by name: run_id, token, seq, name, kind, status, output, error, attempts, started_ms_ago, charge) or {"op": "complete"} (those of _complete_run, or of _complete_with_checkpoint when it has "seq"; the step''s result is "step_output"), done in one transaction: the common ones together (_commit_fast), the others one by one, each in a subtransaction. One row per item: its index, the SQLSTATE and message of its error (null when it committed), and the run''s status after it (a completion: SUCCEEDED, or the status a charge past the budget ended it with).';
 
 -- A worker whose batch completes runs refills the slots they free in the same
 -- transaction: one round trip and one commit for both.

@@ -1051,7 +1051,7 @@ begin
     message := null;
     run_status := null;
     if v_index = any(v_fast) then
-      run_status := case when v_item->>'op' = 'checkpoint' then 'RUNNING' end;
+      run_status := case when v_item->>'op' = 'checkpoint' then 'RUNNING' else 'SUCCEEDED' end;
     else
       begin
         if v_item->>'op' = 'checkpoint' then
@@ -1070,6 +1070,10 @@ begin
         else
           raise exception using errcode = 'RL003', message = format('_commit_batch: unknown op %L', v_item->>'op');
         end if;
+        if v_item->>'op' = 'complete' then
+          -- SUCCEEDED, or how the completion ended the run instead (a charge past its budget).
+          select r.status into run_status from runledger.runs r where r.run_id = v_item->>'run_id';
+        end if;
       exception when others then
         code := sqlstate;
         message := sqlerrm;
@@ -1081,7 +1085,7 @@ begin
   perform runledger._admit_collected();
 end;
 $function$;
-COMMENT ON FUNCTION runledger._commit_batch(jsonb) IS 'Group commit for a worker: a JSON array of items, each {"op": "checkpoint"} (the arguments of _checkpoint by name: run_id, token, seq, name, kind, status, output, error, attempts, started_ms_ago, charge) or {"op": "complete"} (those of _complete_run, or of _complete_with_checkpoint when it has "seq"; the step''s result is "step_output"), done in one transaction: the common ones together (_commit_fast), the others one by one, each in a subtransaction. One row per item: its index, the SQLSTATE and message of its error (null when it committed), and for a checkpoint the run''s status after it.';
+COMMENT ON FUNCTION runledger._commit_batch(jsonb) IS 'Group commit for a worker: a JSON array of items, each {"op": "checkpoint"} (the arguments of _checkpoint by name: run_id, token, seq, name, kind, status, output, error, attempts, started_ms_ago, charge) or {"op": "complete"} (those of _complete_run, or of _complete_with_checkpoint when it has "seq"; the step''s result is "step_output"), done in one transaction: the common ones together (_commit_fast), the others one by one, each in a subtransaction. One row per item: its index, the SQLSTATE and message of its error (null when it committed), and the run''s status after it (a completion: SUCCEEDED, or the status a charge past the budget ended it with).';
 
 CREATE OR REPLACE FUNCTION runledger._commit_fast(p_items jsonb)
  RETURNS integer[]
@@ -2053,6 +2057,87 @@ end;
 $function$;
 COMMENT ON FUNCTION runledger._slot_freed(text) IS 'Called when a run leaves its slot (finished, waiting, cancelled): admits the next run of a queue with limits.';
 
+CREATE OR REPLACE FUNCTION runledger._start(p_workflow text, p_input jsonb, p_options jsonb, p_worker_id text DEFAULT NULL::text, p_lease_ms integer DEFAULT NULL::integer, OUT run runledger.runs, OUT inserted boolean)
+ RETURNS record
+ LANGUAGE plpgsql
+AS $function$
+declare
+  v_t   runledger.runs;
+  v_now timestamptz;
+  v_claim boolean;
+begin
+  if pg_column_size(p_input) > runledger._max_payload_bytes() then
+    raise exception using errcode = 'RL004',
+      message = format('start_run: input is %s bytes, over the limit of %s', pg_column_size(p_input), runledger._max_payload_bytes());
+  end if;
+  v_t := runledger._start_template(p_workflow, p_options);
+  v_now := v_t.created_at;
+  v_t.run_id := coalesce(p_options->>'run_id', runledger._new_id());
+  v_t.input := p_input;
+  -- What _claim_batch would take now: admitted, not delayed, within its deadline.
+  v_claim := p_worker_id is not null and v_t.admitted and v_t.not_before is null
+             and (v_t.deadline_at is null or v_t.deadline_at > v_now);
+  if v_claim then
+    -- As a claim leaves it: admitted false (admission's count takes RUNNING runs).
+    v_t.status := 'RUNNING';
+    v_t.fencing_token := 1;
+    v_t.lease_owner := p_worker_id;
+    v_t.lease_expires_at := v_now + make_interval(secs => p_lease_ms / 1000.0);
+    v_t.started_at := v_now;
+    v_t.admitted := false;
+  else
+    v_t.status := 'PENDING';
+    v_t.fencing_token := 0;
+  end if;
+  v_t.recovery_attempts := 0;
+  v_t.budget_spent := 0;
+  insert into runledger.runs (
+    run_id, workflow_name, workflow_version, queue_name, status, input, admitted, not_before, priority, concurrency_key,
+    idempotency_key, parent_run_id, deadline_at, max_recovery_attempts, version_manifest, max_steps, budget,
+    no_progress, retry_budget, policy_version, fencing_token, lease_owner, lease_expires_at, started_at,
+    created_at, updated_at)
+  values (
+    v_t.run_id, v_t.workflow_name, v_t.workflow_version, v_t.queue_name, v_t.status, p_input, v_t.admitted, v_t.not_before,
+    v_t.priority, v_t.concurrency_key, v_t.idempotency_key, v_t.parent_run_id, v_t.deadline_at,
+    v_t.max_recovery_attempts, v_t.version_manifest, v_t.max_steps, v_t.budget, v_t.no_progress, v_t.retry_budget,
+    v_t.policy_version, v_t.fencing_token, v_t.lease_owner, v_t.lease_expires_at, v_t.started_at,
+    v_t.created_at, v_t.updated_at)
+  on conflict do nothing;
+  if not found then
+    -- Idempotent start: the same run_id or idempotency key returns the existing run.
+    select * into run from runledger.runs r
+     where r.run_id = v_t.run_id
+        or (v_t.idempotency_key is not null and r.workflow_name = p_workflow and r.idempotency_key = v_t.idempotency_key)
+     limit 1;
+    if run.workflow_name is distinct from p_workflow then
+      raise exception using errcode = 'RL005',
+        message = format('start_run: run_id %L already belongs to workflow %L', v_t.run_id, run.workflow_name);
+    end if;
+    inserted := false;
+    return;
+  end if;
+  insert into runledger.events (run_id, kind, detail, fencing_token, at)
+  select v_t.run_id, e.kind, e.detail, e.token, v_now
+    from (values (1, 'created', jsonb_build_object('workflow', p_workflow, 'version', v_t.workflow_version, 'queue', v_t.queue_name), null::bigint),
+                 (2, 'claimed', jsonb_build_object('worker', p_worker_id), 1::bigint)) e(ord, kind, detail, token)
+   where e.ord = 1 or v_claim
+   order by e.ord;
+  if v_claim then
+    null; -- its worker runs it: nobody else is woken
+  elsif not v_t.admitted then
+    perform runledger._admit(v_t.queue_name);
+  elsif v_t.not_before is not null or coalesce((p_options->>'notify')::boolean, true) then
+    -- notify false: the caller's own worker claims the run (engine.start in a process whose
+    -- worker has a free slot), so no other worker is woken for it.
+    perform runledger._dispatch(v_t.run_id, v_t.queue_name,
+      coalesce(greatest(0, ceil(extract(epoch from v_t.not_before - v_t.created_at) * 1000))::int, 0));
+  end if;
+  run := v_t;
+  inserted := true;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._start(text,jsonb,jsonb,text,integer) IS 'One run started (start_run, _start_claimed): checks, the row and its created event, then admission or the announcement. Given p_worker_id and p_lease_ms, a run that is runnable at once (admitted, not delayed, within its deadline) is inserted claimed for that worker, with its claimed event. Returns the row (as inserted, or the existing run of an idempotent start) and whether it was inserted.';
+
 CREATE OR REPLACE FUNCTION runledger._start_child(p_run_id text, p_token bigint, p_seq integer, p_name text, p_workflow text, p_input jsonb, p_options jsonb)
  RETURNS text
  LANGUAGE plpgsql
@@ -2087,43 +2172,52 @@ CREATE OR REPLACE FUNCTION runledger._start_claimed(p_workflow text, p_input jso
  SET jit TO 'off'
 AS $function$
 declare
-  v_run_id text;
-  v_now    timestamptz;
+  v_run      runledger.runs;
+  v_started  record;
+  v_claimed  boolean;
+  v_now      timestamptz;
 begin
   if p_worker_id is null or p_lease_ms is null or p_lease_ms < 1 then
     raise exception using errcode = 'RL003', message = '_start_claimed: a worker id and a lease of at least 1 ms are required';
   end if;
-  v_run_id := runledger.start_run(p_workflow, p_input, coalesce(p_options, '{}') || '{"notify": false}');
-  v_now := runledger.now(); -- the claim's time comes after the start's, as a claim's would
-  return query
-    with claimed as (
+  -- A new run that is runnable at once is inserted already claimed (runledger._start).
+  v_started := runledger._start(p_workflow, p_input, coalesce(p_options, '{}') || '{"notify": false}', p_worker_id, p_lease_ms);
+  v_run := v_started.run;
+  v_claimed := v_started.inserted and v_run.status = 'RUNNING';
+  if not v_claimed then
+    -- A run already there (an idempotent start), or one its queue's admission just let in:
+    -- claimed here only if it was never claimed and is runnable now, as _claim_batch would
+    -- claim it. Found by its key and checked after (sql/README.md, "Plans that cannot go stale").
+    v_now := runledger.now();
+    select * into v_run from runledger.runs r where r.run_id = v_run.run_id for update;
+    v_claimed := v_run.status = 'PENDING' and v_run.admitted and v_run.fencing_token = 0
+       and v_run.workflow_version = coalesce(p_options->>'version', v_run.workflow_version)
+       and (v_run.not_before is null or v_run.not_before <= v_now)
+       and (v_run.deadline_at is null or v_run.deadline_at > v_now);
+    if v_claimed then
       update runledger.runs r
-         set status = 'RUNNING', fencing_token = r.fencing_token + 1, lease_owner = p_worker_id,
+         set status = 'RUNNING', fencing_token = 1, lease_owner = p_worker_id,
              lease_expires_at = v_now + make_interval(secs => p_lease_ms / 1000.0), admitted = false,
              started_at = coalesce(r.started_at, v_now), updated_at = v_now
-       where r.run_id = v_run_id and r.workflow_name = p_workflow
-         and r.workflow_version = coalesce(p_options->>'version', r.workflow_version)
-         and r.status = 'PENDING' and r.admitted and r.fencing_token = 0
-         and (r.not_before is null or r.not_before <= v_now)
-         and (r.deadline_at is null or r.deadline_at > v_now)
-      returning r.*
-    ), logged as (
+       where r.run_id = v_run.run_id
+      returning r.* into v_run;
       insert into runledger.events (run_id, kind, detail, fencing_token, at)
-      select c.run_id, 'claimed', jsonb_build_object('worker', p_worker_id), c.fencing_token, v_now from claimed c
-    )
-    select c.run_id, true, c.workflow_name, c.workflow_version, c.input, c.fencing_token, c.recovery_attempts,
-           c.max_steps, c.budget, c.budget_spent
-      from claimed c;
-  if not found then
-    -- Not claimed here: announced as start_run announces, so a worker of the queue takes it.
-    perform runledger._dispatch(null, r.queue_name) from runledger.runs r
-     where r.run_id = v_run_id and r.status = 'PENDING' and r.admitted;
-    return query select v_run_id, false, null::text, null::text, null::jsonb, null::bigint, null::int, null::int,
+      values (v_run.run_id, 'claimed', jsonb_build_object('worker', p_worker_id), v_run.fencing_token, v_now);
+    elsif v_run.status = 'PENDING' and v_run.admitted then
+      -- Not claimed here: announced as start_run announces, so a worker of the queue takes it.
+      perform runledger._dispatch(null, v_run.queue_name);
+    end if;
+  end if;
+  if v_claimed then
+    return query select v_run.run_id, true, v_run.workflow_name, v_run.workflow_version, v_run.input, v_run.fencing_token,
+                        v_run.recovery_attempts, v_run.max_steps, v_run.budget, v_run.budget_spent;
+  else
+    return query select v_run.run_id, false, null::text, null::text, null::jsonb, null::bigint, null::int, null::int,
                         null::numeric, null::numeric;
   end if;
 end;
 $function$;
-COMMENT ON FUNCTION runledger._start_claimed(text,jsonb,jsonb,text,integer) IS 'engine.start for a run its own process''s worker takes: start_run (without NOTIFY), then, in the same transaction, the claim of that run for p_worker_id with a lease of p_lease_ms, as _claim_batch would claim it. Returns one row: claimed true with the claimed run''s fields, or claimed false (a run already claimed or of another version, a delayed start, a run admission held back, a deadline already past), in which case the run is announced as start_run announces it.';
+COMMENT ON FUNCTION runledger._start_claimed(text,jsonb,jsonb,text,integer) IS 'engine.start for a run its own process''s worker takes: the run is started as start_run starts it (without NOTIFY) and claimed for p_worker_id with a lease of p_lease_ms in the same transaction, as _claim_batch would claim it: a new run that is runnable at once is inserted claimed (runledger._start), an existing never-claimed runnable one (an idempotent start, or one its queue''s admission just let in) is claimed by an update. Returns one row: claimed true with the claimed run''s fields, or claimed false (a run already claimed or of another version, a delayed start, a run admission held back, a deadline already past), in which case the run is announced as start_run announces it.';
 
 CREATE OR REPLACE FUNCTION runledger._start_template(p_workflow text, p_options jsonb, p_caller text DEFAULT 'start_run'::text)
  RETURNS runledger.runs
@@ -3010,51 +3104,8 @@ CREATE OR REPLACE FUNCTION runledger.start_run(p_workflow text, p_input jsonb, p
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
 AS $function$
-declare
-  v_t        runledger.runs;
-  v_run_id   text := coalesce(p_options->>'run_id', runledger._new_id());
-  v_existing runledger.runs;
 begin
-  if pg_column_size(p_input) > runledger._max_payload_bytes() then
-    raise exception using errcode = 'RL004',
-      message = format('start_run: input is %s bytes, over the limit of %s', pg_column_size(p_input), runledger._max_payload_bytes());
-  end if;
-  v_t := runledger._start_template(p_workflow, p_options);
-  insert into runledger.runs (
-    run_id, workflow_name, workflow_version, queue_name, input, admitted, not_before, priority, concurrency_key,
-    idempotency_key, parent_run_id, deadline_at, max_recovery_attempts, version_manifest, max_steps, budget,
-    no_progress, retry_budget, policy_version, created_at, updated_at)
-  values (
-    v_run_id, v_t.workflow_name, v_t.workflow_version, v_t.queue_name, p_input, v_t.admitted, v_t.not_before,
-    v_t.priority, v_t.concurrency_key, v_t.idempotency_key, v_t.parent_run_id, v_t.deadline_at,
-    v_t.max_recovery_attempts, v_t.version_manifest, v_t.max_steps, v_t.budget, v_t.no_progress, v_t.retry_budget,
-    v_t.policy_version, v_t.created_at, v_t.updated_at)
-  on conflict do nothing;
-  if not found then
-    -- Idempotent start: the same run_id or idempotency key returns the existing run.
-    select * into v_existing from runledger.runs r
-     where r.run_id = v_run_id
-        or (v_t.idempotency_key is not null and r.workflow_name = p_workflow and r.idempotency_key = v_t.idempotency_key)
-     limit 1;
-    if v_existing.workflow_name is distinct from p_workflow then
-      raise exception using errcode = 'RL005',
-        message = format('start_run: run_id %L already belongs to workflow %L', v_run_id, v_existing.workflow_name);
-    end if;
-    return v_existing.run_id;
-  end if;
-
-  insert into runledger.events (run_id, kind, detail, at)
-  values (v_run_id, 'created', jsonb_build_object('workflow', p_workflow, 'version', v_t.workflow_version, 'queue', v_t.queue_name),
-          v_t.created_at);
-  if not v_t.admitted then
-    perform runledger._admit(v_t.queue_name);
-  elsif v_t.not_before is not null or coalesce((p_options->>'notify')::boolean, true) then
-    -- notify false: the caller's own worker claims the run (engine.start in a process whose
-    -- worker has a free slot), so no other worker is woken for it.
-    perform runledger._dispatch(v_run_id, v_t.queue_name,
-      coalesce(greatest(0, ceil(extract(epoch from v_t.not_before - v_t.created_at) * 1000))::int, 0));
-  end if;
-  return v_run_id;
+  return (runledger._start(p_workflow, p_input, p_options)).run.run_id;
 end;
 $function$;
 COMMENT ON FUNCTION runledger.start_run(text,jsonb,jsonb) IS 'Starts a run of a registered workflow and dispatches it (or leaves it to its queue''s admission); returns run_id. Options: run_at (delayed start at a timestamp, compared with runledger.now()) or run_in_ms (delayed start this many ms after now on the database clock), run_id, idempotency_key (same key or run_id returns the existing run), queue, priority, concurrency_key, version, max_recovery_attempts, limits overriding the workflow''s: deadline (interval or timestamp), max_steps, budget, no_progress; and notify (default true): false starts an immediately runnable run without waking the queue''s workers by NOTIFY, for a caller whose own worker claims it (engine.start does so when its process''s worker has a free slot; other workers find the run at their next poll).';

@@ -177,9 +177,9 @@ describe('GroupCommit', () => {
     expect(settled.map((s) => s.status)).toEqual(['fulfilled', 'rejected', 'fulfilled', 'fulfilled', 'fulfilled']);
     expect((settled[0] as PromiseFulfilledResult<unknown>).value).toEqual({ runStatus: 'RUNNING' });
     expect((settled[2] as PromiseFulfilledResult<unknown>).value).toEqual({ runStatus: 'RUNNING' });
-    // A completion has no run status to report.
-    expect((settled[3] as PromiseFulfilledResult<unknown>).value).toEqual({ runStatus: undefined });
-    expect((settled[4] as PromiseFulfilledResult<unknown>).value).toEqual({ runStatus: undefined });
+    // A completion reports the status it left the run in.
+    expect((settled[3] as PromiseFulfilledResult<unknown>).value).toEqual({ runStatus: 'SUCCEEDED' });
+    expect((settled[4] as PromiseFulfilledResult<unknown>).value).toEqual({ runStatus: 'SUCCEEDED' });
 
     // The others committed.
     expect((await stepRows(a.runId)).map((s) => [s.seq, s.token])).toEqual([

@@ -46,7 +46,7 @@ function slowWorkflow(engine: Engine, queue: string) {
 }
 
 describe('handle.result() without polling', () => {
-  it("a run finished by the caller's own engine: woken by its worker, one read at the start and one after", async () => {
+  it("a run the caller's own worker took at its start: answered by that execution's committed completion, with no read", async () => {
     const engine = engineCountingReads();
     try {
       const wf = slowWorkflow(engine, 'results-local');
@@ -54,7 +54,41 @@ describe('handle.result() without polling', () => {
       const handle = await engine.start(wf, { ms: 600 });
       await expect(handle.result()).resolves.toEqual({ slept: 600 });
       // Polling from 10 ms growing by 1.5x would have read the row about ten times in 600 ms.
-      expect(reads.get(handle.runId)).toBeLessThanOrEqual(2);
+      expect(reads.get(handle.runId) ?? 0).toBe(0);
+      // What the caller got is what committed.
+      expect((await db.pool.query('select status, output from runledger.runs where run_id = $1', [handle.runId])).rows[0]).toEqual({
+        status: 'SUCCEEDED',
+        output: { slept: 600 },
+      });
+      // The handle answers again, and a handle re-attached by id reads the row.
+      await expect(handle.result()).resolves.toEqual({ slept: 600 });
+      await expect(engine.handle(wf, handle.runId).result()).resolves.toEqual({ slept: 600 });
+      expect(reads.get(handle.runId)).toBe(1);
+    } finally {
+      await engine.close();
+    }
+  });
+
+  it('a run its own worker took at its start but did not complete there is read: a failure, a durable wait, a timeout', async () => {
+    const engine = engineCountingReads();
+    try {
+      const wf = engine.workflow({ name: 'results-local-other', queue: 'results-local-other' }, async (ctx, input: { how: string }) => {
+        if (input.how === 'fail') await ctx.step('boom', () => Promise.reject(new Error('it broke')));
+        if (input.how === 'sleep') await ctx.sleep('nap', 50);
+        if (input.how === 'slow') await ctx.step('slow', () => new Promise((resolve) => setTimeout(() => resolve(1), 1_500)));
+        return input.how;
+      });
+      workers.push(await engine.runWorker({ queues: ['results-local-other'], concurrency: 4, pollIntervalMs: 100 }));
+      const failing = await engine.start(wf, { how: 'fail' });
+      await expect(failing.result({ timeoutMs: 10_000 })).rejects.toMatchObject({ code: 'RUN_FAILED', details: { status: 'FAILED' } });
+      expect(reads.get(failing.runId)).toBeGreaterThanOrEqual(1);
+      // The wait ends the first execution (no output); a later claim completes the run.
+      const sleeping = await engine.start(wf, { how: 'sleep' });
+      await expect(sleeping.result({ timeoutMs: 10_000 })).resolves.toBe('sleep');
+      expect(reads.get(sleeping.runId)).toBeGreaterThanOrEqual(1);
+      const slow = await engine.start(wf, { how: 'slow' });
+      await expect(slow.result({ timeoutMs: 200 })).rejects.toMatchObject({ code: 'RUN_FAILED', details: { status: 'RUNNING' } });
+      await expect(slow.result({ timeoutMs: 10_000 })).resolves.toBe('slow');
     } finally {
       await engine.close();
     }

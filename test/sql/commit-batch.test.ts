@@ -73,7 +73,7 @@ describe('runledger._commit_batch', () => {
       );
       await client.query('commit');
       expect(rows.map((row) => [row.item, row.code, row.run_status])).toEqual([
-        [0, null, 'RUNNING'], [1, null, null], [2, null, null], [3, 'RL001', null], [4, null, null],
+        [0, null, 'RUNNING'], [1, null, 'SUCCEEDED'], [2, null, 'SUCCEEDED'], [3, 'RL001', null], [4, null, 'SUCCEEDED'],
       ]);
       // One fast call wrote X, Y, Z and C: none of them went through the one-by-one functions.
       // (W did, and failed its fence there: a call that raises is not counted.)
@@ -167,7 +167,7 @@ describe('runledger._commit_batch', () => {
     ]);
     expect(rows.map((r) => [r.item, r.code])).toEqual([[0, null], [1, null], [2, 'RL001'], [3, 'RL010']]);
     expect(rows[0]).toEqual({ item: 0, code: null, message: null, run_status: 'RUNNING' });
-    expect(rows[1]).toEqual({ item: 1, code: null, message: null, run_status: null });
+    expect(rows[1]).toEqual({ item: 1, code: null, message: null, run_status: 'SUCCEEDED' });
     expect(rows[2]!.message).toMatch(/lease lost/);
     expect(rows[2]!.run_status).toBeNull();
     expect(rows[3]!.message).toMatch(/already has a checkpoint/);
@@ -251,7 +251,7 @@ describe('runledger._commit_batch', () => {
     await checkpoint(runId, token, 0, 'a');
     await checkpoint(runId, token, 1, 'b');
     const rows = await commitBatch([{ op: 'complete', run_id: runId, token, output: { total: 2 }, policy_version: 'p/1', charge: 0 }]);
-    expect(rows).toEqual([{ item: 0, code: null, message: null, run_status: null }]);
+    expect(rows).toEqual([{ item: 0, code: null, message: null, run_status: 'SUCCEEDED' }]);
     expect(await getRun(runId)).toMatchObject({
       status: 'SUCCEEDED', output: { total: 2 }, termination_reason: 'COMPLETED', termination_evidence: { steps: 2, budget_spent: 0 },
     });
@@ -277,5 +277,19 @@ describe('runledger._commit_batch', () => {
     expect(await getRun(budgeted)).toMatchObject({ status: 'TERMINATED', termination_reason: 'BUDGET', budget_spent: '6' });
     expect((await steps(budgeted)).map((s) => s.name)).toEqual(['cheap', 'dear']);
     expect((await steps(cancelled)).map((s) => s.name)).toEqual(['in-flight']);
+  });
+
+  it('reports the run status after a completion: SUCCEEDED, or TERMINATED when its charge passes the budget', async () => {
+    const plain = await startRun();
+    const tp = (await claimOne(plain)).fencing_token;
+    const budgeted = await startRun({ budget: 5 });
+    const tb = (await claimOne(budgeted)).fencing_token;
+    const rows = await commitBatch([
+      { op: 'complete', ...stepItem(plain, tp, 0, 'only'), output: { ok: true }, policy_version: 'p/1' },
+      { op: 'complete', ...stepItem(budgeted, tb, 0, 'dear', { charge: 9 }), output: { ok: false }, policy_version: 'p/1' },
+    ]);
+    expect(rows.map((r) => [r.code, r.run_status])).toEqual([[null, 'SUCCEEDED'], [null, 'TERMINATED']]);
+    expect(await getRun(plain)).toMatchObject({ status: 'SUCCEEDED', output: { ok: true } });
+    expect(await getRun(budgeted)).toMatchObject({ status: 'TERMINATED', termination_reason: 'BUDGET', output: null });
   });
 });

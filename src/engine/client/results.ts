@@ -114,10 +114,18 @@ export class ResultWatch {
 }
 
 async function sleepUnless(woken: Promise<void>, ms: number): Promise<void> {
-  if (ms === Infinity) return woken;
+  await withinMs(woken, ms);
+}
+
+/** The promise's value, or undefined once ms have passed (Infinity: no limit). */
+export async function withinMs<T>(promise: Promise<T>, ms: number): Promise<T | undefined> {
+  if (ms === Infinity) return promise;
   let timer: NodeJS.Timeout | undefined;
   try {
-    await Promise.race([woken, new Promise<void>((resolve) => (timer = setTimeout(resolve, Math.min(ms, MAX_TIMER_MS))))]);
+    return await Promise.race([
+      promise,
+      new Promise<undefined>((resolve) => (timer = setTimeout(() => resolve(undefined), Math.min(ms, MAX_TIMER_MS)))),
+    ]);
   } finally {
     clearTimeout(timer);
   }

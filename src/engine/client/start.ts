@@ -8,7 +8,7 @@ import type { Jsonify } from '../core/jsonify.js';
 import { TERMINAL_STATES } from '../core/states.js';
 import { limitsToSql, type Workflow } from '../core/workflow.js';
 import { RUNTIME_MANIFEST } from '../core/version.js';
-import type { ResultWatch } from './results.js';
+import { withinMs, type ResultWatch } from './results.js';
 
 export interface StartOptions {
   /** Explicit run id; starting again with the same id returns the same run. */
@@ -66,12 +66,21 @@ export interface ClaimedAtStart {
   budget_spent: string;
 }
 
+/** How the run a start handed to this process's worker ended there: committed SUCCEEDED, with this output (JSON text; undefined for none). */
+export interface LocalSuccess {
+  outputText: string | undefined;
+}
+
 /** The worker a start hands its run to. */
 export interface LocalTaker {
   workerId: string;
   leaseMs: number;
-  /** Executes the run claimed for this worker. */
-  execute(run: ClaimedAtStart): void;
+  /**
+   * Executes the run claimed for this worker; resolves when that execution ends, with its
+   * output if it completed the run, else undefined (the run waits, was released, went
+   * to another worker, or ended otherwise: its row says how).
+   */
+  execute(run: ClaimedAtStart): Promise<LocalSuccess | undefined>;
   /** The run was not claimed here (an existing run, say): the worker claims as usual, at once. */
   wake(): void;
 }
@@ -98,6 +107,7 @@ export async function startRun<O, In>(
   // step. A delayed run is announced as always (its notification carries the delay).
   const local = options.runAt === undefined ? host.takeLocally?.(workflow, options.queue ?? workflow.queue) : undefined;
   let runId: string;
+  let ranHere: Promise<LocalSuccess | undefined> | undefined;
   try {
     if (local) {
       const result = await host.deps.pool.query({
@@ -107,7 +117,7 @@ export async function startRun<O, In>(
       });
       const row = result.rows[0];
       runId = row.run_id;
-      if (row.claimed) local.execute({ ...row, fencing_token: String(row.fencing_token) });
+      if (row.claimed) ranHere = local.execute({ ...row, fencing_token: String(row.fencing_token) });
       else local.wake();
     } else {
       const result = await host.deps.pool.query({
@@ -122,7 +132,7 @@ export async function startRun<O, In>(
     local?.wake();
     throw fromPgError(error);
   }
-  return handleFor<Jsonify<O>>(host, runId);
+  return handleFor<Jsonify<O>>(host, runId, ranHere);
 }
 
 /** Options of engine.startMany: those of start for every run, and the per-run ones as arrays in input order. */
@@ -176,8 +186,9 @@ export async function startMany<O, In>(
   return runIds.map((runId) => handleFor<Jsonify<O>>(host, runId));
 }
 
-export function handleFor<O>(host: StartHost, runId: string): RunHandle<O> {
-  return { runId, result: (opts) => awaitResult<O>(host, runId, opts?.timeoutMs) };
+/** ranHere: the execution of this process's worker that the start handed the run to (engine.start). */
+export function handleFor<O>(host: StartHost, runId: string, ranHere?: Promise<LocalSuccess | undefined>): RunHandle<O> {
+  return { runId, result: (opts) => awaitResult<O>(host, runId, opts?.timeoutMs, ranHere) };
 }
 
 /** The input as stored (the schema's output), as JSON text, within the size limit; coded errors otherwise. */
@@ -235,14 +246,29 @@ function startOptionsToSql(
 }
 
 /**
- * Waits until the run is terminal: woken by runledger_finished (LISTEN) or by a worker
+ * Waits until the run is terminal. A run this process's worker executes since its start
+ * (ranHere) is answered by that execution when it completes the run: the output it
+ * committed, with no read. Otherwise, woken by runledger_finished (LISTEN) or by a worker
  * of the same engine, it reads the run row once per wake-up (ResultWatch); without a
  * ResultWatch it reads on a growing interval (10 ms up to 500 ms).
  */
-export async function awaitResult<O>(host: StartHost, runId: string, timeoutMs = Infinity): Promise<O> {
+export async function awaitResult<O>(
+  host: StartHost,
+  runId: string,
+  timeoutMs = Infinity,
+  ranHere?: Promise<LocalSuccess | undefined>,
+): Promise<O> {
   // A timeout of this caller's own: measured on its clock, never compared with the database's.
+  const deadline = Date.now() + timeoutMs;
+  if (ranHere) {
+    // The execution ends however the run goes (it completes, waits, is released, loses its
+    // lease): only a committed completion answers here, anything else is read below.
+    const success = await withinMs(ranHere, timeoutMs);
+    if (success) return (success.outputText === undefined ? null : JSON.parse(success.outputText)) as O;
+  }
+  const remaining = Math.max(0, deadline - Date.now());
   const read = () => host.getRun(runId, { withSteps: false });
-  const run = host.results ? await host.results.until(runId, read, timeoutMs) : await pollUntil(read, timeoutMs);
+  const run = host.results ? await host.results.until(runId, read, remaining) : await pollUntil(read, remaining);
   if (!run) throw new RunFailedError(`run ${runId} not found`, { runId });
   if (run.status === 'SUCCEEDED') return run.output as O;
   if (TERMINAL_STATES.has(run.status)) {

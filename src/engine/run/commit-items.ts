@@ -9,7 +9,11 @@
 export type CommitItem = string;
 
 export interface CommitResult {
-  /** For a checkpoint: the run's status after it (CANCELLING, TERMINATED... tell the worker to stop). */
+  /**
+   * The run's status after the item. For a checkpoint: CANCELLING, TERMINATED... tell the
+   * worker to stop. For a completion: SUCCEEDED, or the status a charge past the budget
+   * ended the run with.
+   */
   runStatus: string | undefined;
 }
 

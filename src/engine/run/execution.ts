@@ -135,6 +135,12 @@ export class Execution {
   /** Budget units charged with ctx.charge since the last checkpoint; they commit with the next one. */
   pendingCharge = 0;
   /**
+   * Set once this execution's completion committed with the run SUCCEEDED: the output as
+   * the JSON text it sent (undefined for none). A caller of this process awaiting the run
+   * takes it from here instead of reading the row (engine.start's handle).
+   */
+  succeeded: { outputText: string | undefined } | undefined;
+  /**
    * How this execution ended, once the workflow function settled or the worker let go of
    * the run: from then on no ctx call may start (NotInWorkflowError) and none starts its work.
    */

@@ -29,11 +29,15 @@ export interface ExecuteOptions {
   untrack: (exec: Execution) => void;
 }
 
+/** How an execution ended, as far as this process knows: the committed output when the run SUCCEEDED here. */
+export type ExecutionEnd = Execution['succeeded'];
+
 /**
  * One claimed run (runledger._claim_batch gave it a new fencing token and a lease):
- * replay the workflow from its checkpoints and record how it ended. Never throws.
+ * replay the workflow from its checkpoints and record how it ended. Never throws; resolves
+ * with the committed output when this execution completed the run (undefined otherwise).
  */
-export async function executeClaimed(run: ClaimedRun, options: ExecuteOptions): Promise<void> {
+export async function executeClaimed(run: ClaimedRun, options: ExecuteOptions): Promise<ExecutionEnd> {
   const { deps } = options;
   const runId = run.run_id;
   const exec = new Execution(run.run_id, BigInt(run.fencing_token), run.recovery_attempts + 1, run.checkpoints, deps, Date.now(), {
@@ -47,88 +51,7 @@ export async function executeClaimed(run: ClaimedRun, options: ExecuteOptions): 
   if (run.cancel_requested) exec.startCancelled();
   options.track(exec);
   try {
-    const workflow = options.resolveWorkflow(run.workflow_name, run.workflow_version);
-    if (!workflow) {
-      // Dispatch is per (workflow, version), so this only happens if a definition vanished mid-process.
-      await release(exec, RELEASE_DELAY_MS, 'workflow_not_served');
-      return;
-    }
-    const policyVersion = `${workflow.name}@${workflow.version}`;
-    let input: unknown = run.input;
-    if (workflow.inputSchema) {
-      const parsed = workflow.inputSchema.safeParse(run.input);
-      if (!parsed.success) {
-        const error = new InvalidInputError(`input of run ${runId} does not match workflow ${workflow.name}: ${parsed.error.message}`);
-        await finish(exec, 'runledger._fail_run(p_run_id => $1, p_token => $2, p_error => $3::jsonb, p_policy_version => $4)', [
-          JSON.stringify(serializeError(error)),
-          policyVersion,
-        ]);
-        return;
-      }
-      input = parsed.data;
-    }
-
-    const ctx = new WorkflowContext(exec);
-    // The execution ends the moment the workflow function settles: a ctx call still
-    // waiting to start its work then starts none, and a later ctx call is refused.
-    const settled = workflow.fn(ctx, input).then(
-      (value) => {
-        exec.end('the workflow returned');
-        return { kind: 'returned' as const, value };
-      },
-      (error: unknown) => {
-        exec.end('the workflow threw');
-        return { kind: 'threw' as const, error };
-      },
-    );
-    const outcome = await Promise.race([settled, exec.halted]);
-    if (run.cancel_requested) {
-      // Claimed CANCELLING (a cancel, a policy stop or compensate_run while no worker held
-      // it): the replay only rebuilt the compensations; none of its own steps runs again.
-      await finishStopping(exec, outcome);
-      return;
-    }
-    if ('kind' in outcome && (outcome.kind === 'returned' || outcome.kind === 'threw') && !exec.haltReason) {
-      const error = notAwaited(exec, policyVersion, outcome);
-      if (error) exec.halt({ kind: 'not_awaited', error });
-    }
-
-    if ('kind' in outcome && outcome.kind === 'returned') {
-      if (exec.haltReason) return handleHalt(exec, exec.haltReason, policyVersion);
-      const leftover = exec.unconsumedCheckpoints();
-      if (leftover.length > 0) {
-        const error = new NonDeterminismError(
-          `run ${runId}: the workflow returned after ${exec.stepsTaken} steps but the history has ${run.checkpoints.length}`,
-          { stepsTaken: exec.stepsTaken, checkpoints: run.checkpoints.length, firstUnreached: leftover[0]![1] },
-        );
-        return handleHalt(exec, { kind: 'non_determinism', error }, policyVersion);
-      }
-      let outputText: string | undefined;
-      try {
-        outputText = toJsonText(outcome.value, `output of run ${runId}`);
-        if (outputText !== undefined && Buffer.byteLength(outputText) > deps.maxPayloadBytes) {
-          throw new PayloadTooLargeError(
-            `output of run ${runId} is ${Buffer.byteLength(outputText)} bytes, over the limit of ${deps.maxPayloadBytes}`,
-          );
-        }
-      } catch (error) {
-        await finish(exec, 'runledger._fail_run(p_run_id => $1, p_token => $2, p_error => $3::jsonb, p_policy_version => $4)', [
-          JSON.stringify(serializeError(error)),
-          policyVersion,
-        ]);
-        return;
-      }
-      if (deps.crash?.hit('before-complete', workflow.name)) return;
-      const last = exec.pendingCheckpoint;
-      exec.pendingCheckpoint = undefined;
-      await complete(exec, outputText, policyVersion, last);
-    } else if ('kind' in outcome && outcome.kind === 'threw') {
-      if (exec.haltReason) return handleHalt(exec, exec.haltReason, policyVersion);
-      if (!(await flushPending(exec))) return handleHalt(exec, exec.haltReason!, policyVersion);
-      await failRun(exec, serializeError(outcome.error), policyVersion);
-    } else {
-      await handleHalt(exec, outcome as Halt, policyVersion);
-    }
+    await replay(exec, run, options);
   } catch (error) {
     // Our own bookkeeping failed (database unreachable...): give the run back, or let its lease expire.
     deps.log('error', `run ${runId}: execution failed`, { error: serializeError(error) });
@@ -136,6 +59,95 @@ export async function executeClaimed(run: ClaimedRun, options: ExecuteOptions): 
   } finally {
     exec.end(exec.haltReason ? `this execution stopped: ${exec.haltReason.kind}` : 'this execution stopped');
     options.untrack(exec);
+  }
+  return exec.succeeded;
+}
+
+/** The workflow replayed from its checkpoints and run on, and how it ended recorded. */
+async function replay(exec: Execution, run: ClaimedRun, options: ExecuteOptions): Promise<void> {
+  const { deps } = options;
+  const runId = run.run_id;
+  const workflow = options.resolveWorkflow(run.workflow_name, run.workflow_version);
+  if (!workflow) {
+    // Dispatch is per (workflow, version), so this only happens if a definition vanished mid-process.
+    await release(exec, RELEASE_DELAY_MS, 'workflow_not_served');
+    return;
+  }
+  const policyVersion = `${workflow.name}@${workflow.version}`;
+  let input: unknown = run.input;
+  if (workflow.inputSchema) {
+    const parsed = workflow.inputSchema.safeParse(run.input);
+    if (!parsed.success) {
+      const error = new InvalidInputError(`input of run ${runId} does not match workflow ${workflow.name}: ${parsed.error.message}`);
+      await finish(exec, 'runledger._fail_run(p_run_id => $1, p_token => $2, p_error => $3::jsonb, p_policy_version => $4)', [
+        JSON.stringify(serializeError(error)),
+        policyVersion,
+      ]);
+      return;
+    }
+    input = parsed.data;
+  }
+
+  const ctx = new WorkflowContext(exec);
+  // The execution ends the moment the workflow function settles: a ctx call still
+  // waiting to start its work then starts none, and a later ctx call is refused.
+  const settled = workflow.fn(ctx, input).then(
+    (value) => {
+      exec.end('the workflow returned');
+      return { kind: 'returned' as const, value };
+    },
+    (error: unknown) => {
+      exec.end('the workflow threw');
+      return { kind: 'threw' as const, error };
+    },
+  );
+  const outcome = await Promise.race([settled, exec.halted]);
+  if (run.cancel_requested) {
+    // Claimed CANCELLING (a cancel, a policy stop or compensate_run while no worker held
+    // it): the replay only rebuilt the compensations; none of its own steps runs again.
+    await finishStopping(exec, outcome);
+    return;
+  }
+  if ('kind' in outcome && (outcome.kind === 'returned' || outcome.kind === 'threw') && !exec.haltReason) {
+    const error = notAwaited(exec, policyVersion, outcome);
+    if (error) exec.halt({ kind: 'not_awaited', error });
+  }
+
+  if ('kind' in outcome && outcome.kind === 'returned') {
+    if (exec.haltReason) return handleHalt(exec, exec.haltReason, policyVersion);
+    const leftover = exec.unconsumedCheckpoints();
+    if (leftover.length > 0) {
+      const error = new NonDeterminismError(
+        `run ${runId}: the workflow returned after ${exec.stepsTaken} steps but the history has ${run.checkpoints.length}`,
+        { stepsTaken: exec.stepsTaken, checkpoints: run.checkpoints.length, firstUnreached: leftover[0]![1] },
+      );
+      return handleHalt(exec, { kind: 'non_determinism', error }, policyVersion);
+    }
+    let outputText: string | undefined;
+    try {
+      outputText = toJsonText(outcome.value, `output of run ${runId}`);
+      if (outputText !== undefined && Buffer.byteLength(outputText) > deps.maxPayloadBytes) {
+        throw new PayloadTooLargeError(
+          `output of run ${runId} is ${Buffer.byteLength(outputText)} bytes, over the limit of ${deps.maxPayloadBytes}`,
+        );
+      }
+    } catch (error) {
+      await finish(exec, 'runledger._fail_run(p_run_id => $1, p_token => $2, p_error => $3::jsonb, p_policy_version => $4)', [
+        JSON.stringify(serializeError(error)),
+        policyVersion,
+      ]);
+      return;
+    }
+    if (deps.crash?.hit('before-complete', workflow.name)) return;
+    const last = exec.pendingCheckpoint;
+    exec.pendingCheckpoint = undefined;
+    await complete(exec, outputText, policyVersion, last);
+  } else if ('kind' in outcome && outcome.kind === 'threw') {
+    if (exec.haltReason) return handleHalt(exec, exec.haltReason, policyVersion);
+    if (!(await flushPending(exec))) return handleHalt(exec, exec.haltReason!, policyVersion);
+    await failRun(exec, serializeError(outcome.error), policyVersion);
+  } else {
+    await handleHalt(exec, outcome as Halt, policyVersion);
   }
 }
 
@@ -278,7 +290,10 @@ async function complete(
       charge: exec.pendingCharge,
       ...(last ? { step: stepItemValues(exec, last) } : {}),
     });
-    await fencedWrite(exec, () => commits.submit(item, true));
+    await fencedWrite(exec, async () => {
+      const result = await commits.submit(item, true);
+      if (result.runStatus === 'SUCCEEDED') exec.succeeded = { outputText };
+    });
   } else if (last) {
     const [, , ...stepValues] = checkpointValues(exec, last);
     await finish(

@@ -3,7 +3,7 @@ import pg from 'pg';
 import { newId } from '../core/ids.js';
 import { ConfigError, serializeError } from '../core/errors.js';
 import { guardPool } from '../db/pools.js';
-import { executeClaimed } from './execute.js';
+import { executeClaimed, type ExecutionEnd } from './execute.js';
 import { CANCEL_CHANNEL, listen, RUNNABLE_CHANNEL } from '../db/listen.js';
 import { Dispatcher, type ClaimedRun } from './dispatcher.js';
 import { GroupCommit } from './group-commit.js';
@@ -78,8 +78,12 @@ export interface LocalWorker extends Worker {
    * it claimed nothing.
    */
   takeLocal(workflowKey: string, queue: string): boolean;
-  /** A run claimed for this worker at its start (runledger._start_claimed). */
-  executeClaimed(run: ClaimedRun): void;
+  /**
+   * A run claimed for this worker at its start (runledger._start_claimed). Resolves when
+   * its execution here ends: with the committed output if it completed the run, else
+   * undefined (it waits, was released, lost its lease... or was never executed).
+   */
+  executeClaimed(run: ClaimedRun): Promise<ExecutionEnd>;
   wake(): void;
 }
 
@@ -144,7 +148,7 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
     [workerId, hostname(), process.pid, [...byKey.keys()], queues, concurrency, leaseMs],
   );
 
-  const done = new Set<Promise<void>>();
+  const done = new Set<Promise<unknown>>();
   // Checkpoints and completions of this worker's concurrent runs share commits.
   const commits = new GroupCommit(deps.pool, 1, 64, crash);
   const execOptions = {
@@ -224,19 +228,20 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
   dispatcher = claimer;
   commits.claimer = claimer;
 
-  function execute(run: ClaimedRun): void {
+  function execute(run: ClaimedRun): Promise<ExecutionEnd> {
     const running = executeClaimed(run, execOptions).finally(() => {
       done.delete(running);
       claimer.slotFreed();
     });
     done.add(running);
+    return running;
   }
 
-  /** A run claimed for this worker in its start's transaction. */
-  function executeStarted(run: ClaimedRun): void {
+  /** A run claimed for this worker in its start's transaction; resolves as executeClaimed does (at once when not executed). */
+  async function executeStarted(run: ClaimedRun): Promise<ExecutionEnd> {
     claimer.settlePromise();
     // Killed: its lease runs out for another worker, as with any run a dead process held.
-    if (crashed || crash?.hit('after-start-claimed', run.workflow_name)) return;
+    if (crashed || crash?.hit('after-start-claimed', run.workflow_name)) return undefined;
     if (stopping !== undefined) {
       // Stopping: given back at once, as a graceful stop gives back what it does not finish.
       void deps.pool
@@ -248,9 +253,9 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
         .catch((error) =>
           deps.log('warn', 'could not release a run started while stopping; its lease will expire', { error: serializeError(error) }),
         );
-      return;
+      return undefined;
     }
-    execute(run);
+    return execute(run);
   }
 
   /** A crash point fired: everything stops at once, nothing is released or deregistered. */
