@@ -87,37 +87,58 @@ begin
     return 0;
   end if;
 
-  -- One statement for the whole round. Each key brings at most the runs it may still
-  -- start (its per-key room, and at most the free slots): a key at its limit costs one
-  -- index probe, not a scan of its backlog.
-  with recursive keys(k) as (
-    -- The distinct concurrency keys with runs waiting, by skip scan over runs_admission_key:
-    -- a few index probes per tenant, whatever the backlog (null key counts as '').
-    select min(coalesce(r.concurrency_key, '')) from runledger.runs r
-     where r.queue_name = p_queue and r.status = 'PENDING' and not r.admitted
+  -- One statement for the whole round, in the order (priority, turn, age), where a run's
+  -- turn is its place among its key's waiting runs after the ones that key already has
+  -- running: ordering by turn interleaves keys, so a tenant with a burst of 50,000 runs
+  -- cannot starve one with 10. Each key's first due run (its head) is found by a skip
+  -- scan over runs_admission_key, one index probe per key, whatever the backlog. A key's
+  -- later runs come after its head in (priority, turn), so they are read only for the
+  -- keys whose next turn could still place among the round's v_free best heads; with
+  -- many keys and few free slots that is none of them. (Null key counts as ''.)
+  with recursive heads(k, run_id, priority, created_at) as (
+    (select coalesce(r.concurrency_key, ''), r.run_id, r.priority, r.created_at from runledger.runs r
+      where r.queue_name = p_queue and r.status = 'PENDING' and not r.admitted
+        and (r.not_before is null or r.not_before <= v_now)
+      order by coalesce(r.concurrency_key, ''), r.priority, r.created_at, r.run_id
+      limit 1)
     union all
-    select (select min(coalesce(r.concurrency_key, '')) from runledger.runs r
-             where r.queue_name = p_queue and r.status = 'PENDING' and not r.admitted
-               and coalesce(r.concurrency_key, '') > keys.k)
-      from keys where keys.k is not null),
+    select n.* from heads h cross join lateral (
+      select coalesce(r.concurrency_key, ''), r.run_id, r.priority, r.created_at from runledger.runs r
+       where r.queue_name = p_queue and r.status = 'PENDING' and not r.admitted
+         and (r.not_before is null or r.not_before <= v_now)
+         and coalesce(r.concurrency_key, '') > h.k
+       order by coalesce(r.concurrency_key, ''), r.priority, r.created_at, r.run_id
+       limit 1) n),
   active as (
     select coalesce(r.concurrency_key, '') as k, count(*) as n from runledger.runs r
      where r.queue_name = p_queue and (r.status in ('RUNNING', 'CANCELLING') or (r.status = 'PENDING' and r.admitted))
      group by 1),
+  ranked as (
+    -- Each head's turn, and how many of its key's runs this round may take at most.
+    select h.*, coalesce(a.n, 0) + 1 as turn,
+           least(v_free, greatest(coalesce(v_q.per_key_concurrency - coalesce(a.n, 0), v_free), 0)) as room
+      from heads h left join active a on a.k = h.k),
+  bar as (
+    -- The v_free-th best head: a later run of a key places in the round only if its
+    -- (priority, turn) is at most this one's. None when there are fewer heads than slots.
+    select b.priority, b.turn from ranked b where b.room > 0
+     order by b.priority, b.turn, b.created_at, b.run_id offset v_free - 1 limit 1),
   candidates as (
-    -- Each key's turn: its place among its own pending runs, after the ones it already
-    -- has running. Ordering by turn interleaves keys: a tenant with a burst of 50,000
-    -- runs cannot starve one with 10.
-    select c.*, row_number() over (partition by keys.k order by c.priority, c.created_at, c.run_id) + coalesce(a.n, 0) as turn
-      from keys
-      left join active a on a.k = keys.k
+    select k.run_id, k.priority, k.turn, k.created_at from ranked k where k.room > 0
+    union all
+    select c.run_id, c.priority, k.turn + c.behind as turn, c.created_at
+      from ranked k
       cross join lateral (
-        select r.run_id, r.priority, r.created_at from runledger.runs r
+        select r.run_id, r.priority, r.created_at,
+               row_number() over (order by r.priority, r.created_at, r.run_id) as behind
+          from runledger.runs r
          where r.queue_name = p_queue and r.status = 'PENDING' and not r.admitted
-           and coalesce(r.concurrency_key, '') = keys.k and (r.not_before is null or r.not_before <= v_now)
+           and coalesce(r.concurrency_key, '') = k.k and (r.not_before is null or r.not_before <= v_now)
+           and (r.priority, r.created_at, r.run_id) > (k.priority, k.created_at, k.run_id)
          order by r.priority, r.created_at, r.run_id
-         limit least(v_free, greatest(coalesce(v_q.per_key_concurrency - coalesce(a.n, 0), v_free), 0))) c
-     where keys.k is not null),
+         limit k.room - 1) c
+     where k.room > 1
+       and not exists (select 1 from bar where (k.priority, k.turn + 1) > (bar.priority, bar.turn))),
   chosen as (
     select c.run_id, row_number() over (order by c.priority, c.turn, c.created_at, c.run_id) as ord
       from candidates c
