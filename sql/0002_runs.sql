@@ -7,6 +7,7 @@
 --   runledger._max_payload_bytes()                 the largest input/output accepted
 --   runledger._check_whole_number(...)             option validation shared by start_run and set_queue
 --   runledger._new_id(), _base32_10, _random_40     ULIDs made in SQL
+--   runledger._lock_executing(...)                 the run an execution holds, locked, or RL001
 --   runledger._fence(...)                          the lease check every write of an executing run makes
 --   runledger._made_progress(...)                  did an execution commit a checkpoint (resets recovery attempts)
 --   runledger._started_at(...)                     a step's start on the database clock, from how long ago it started
@@ -426,24 +427,35 @@ $$;
 comment on function runledger.start_runs(text, jsonb, jsonb) is
   'Starts one run of a registered workflow per element of the JSON array p_inputs, in one statement, and announces its queue once; returns the run ids in input order. Options as start_run''s, for every run, except run_ids, idempotency_keys and concurrency_keys: arrays with one entry per input (null for none). An input whose run_id or idempotency key already has a run gives that run''s id (idempotent, per input); a run_id of another workflow is RL005.';
 
-create function runledger._fence(p_run_id text, p_token bigint, p_now timestamptz default null) returns runledger.runs
+-- The run an execution holds, locked until commit: a takeover (which updates this row)
+-- waits for us, and once it has happened our token no longer matches. A lock, not an
+-- update: no new row version per step. The row is found by its key alone and the token
+-- and status are checked after: a WHERE naming the statuses too let cached plans take a
+-- partial index whose predicate those statuses imply (runs_queue_active) instead of the
+-- primary key (sql/README.md, "Plans that cannot go stale"). FOR UPDATE returns the
+-- latest version, so a takeover that committed while we waited fails the check.
+create function runledger._lock_executing(p_run_id text, p_token bigint) returns runledger.runs
 language plpgsql volatile as $$
 declare
   v_run runledger.runs;
-  v_now timestamptz := coalesce(p_now, runledger.now());
 begin
-  -- The row lock taken here is held until commit: a takeover (which updates this row)
-  -- waits for us, and once it has happened our token no longer matches. A lock, not an
-  -- update: no new row version per step. The row is found by its key alone and the token
-  -- and status are checked after: a WHERE naming the statuses too let cached plans take a
-  -- partial index whose predicate those statuses imply (runs_queue_active) instead of the
-  -- primary key (sql/README.md, "Plans that cannot go stale"). FOR UPDATE returns the
-  -- latest version, so a takeover that committed while we waited fails the check.
   select * into v_run from runledger.runs where run_id = p_run_id for update;
   if not found or v_run.fencing_token is distinct from p_token or v_run.status not in ('RUNNING', 'CANCELLING') then
     raise exception using errcode = 'RL001',
       message = format('run %s: lease lost (fencing token %s is stale or the run stopped executing)', p_run_id, p_token);
   end if;
+  return v_run;
+end;
+$$;
+comment on function runledger._lock_executing(text, bigint) is
+  'Returns the run, locked until commit, if it is RUNNING or CANCELLING under fencing token p_token; else raises RL001 LEASE_LOST. The lock every fenced write of an executing run starts from (_fence adds the deadline).';
+
+create function runledger._fence(p_run_id text, p_token bigint, p_now timestamptz default null) returns runledger.runs
+language plpgsql volatile as $$
+declare
+  v_run runledger.runs := runledger._lock_executing(p_run_id, p_token);
+  v_now timestamptz := coalesce(p_now, runledger.now());
+begin
   if v_run.deadline_at <= v_now then
     -- Nothing commits past the deadline; the worker then ends the run (TERMINATED, DEADLINE).
     raise exception using errcode = 'RL009', message = format('run %s: deadline %s passed', p_run_id, v_run.deadline_at);
@@ -621,6 +633,7 @@ declare
   v_error    jsonb;
   v_evidence jsonb;
 begin
+  perform runledger._lock_executing(p_run_id, p_token);
   -- One statement (the SET expressions read the row as it was). A run that was stopping
   -- (a policy stop, or compensate_run) ends with the record of what stopped it, whatever
   -- its last execution ended with; the evidence then says which compensations ran.
@@ -636,13 +649,9 @@ begin
                                           || jsonb_build_object('compensations', runledger._compensation_summary(run_id)) end,
          terminated_at = v_now,
          policy_version = coalesce(policy_version, p_policy_version), stop_record = null
-   where run_id = p_run_id and fencing_token = p_token and status in ('RUNNING', 'CANCELLING')
+   where run_id = p_run_id
   returning parent_run_id, queue_name, status, termination_reason, error, termination_evidence
        into v_parent, v_queue, v_status, v_reason, v_error, v_evidence;
-  if not found then
-    raise exception using errcode = 'RL001',
-      message = format('run %s: lease lost (fencing token %s is stale or the run stopped executing)', p_run_id, p_token);
-  end if;
   perform runledger._finished(p_run_id, p_token, v_status, v_reason, v_error, v_evidence, v_parent, v_queue, v_now);
 end;
 $$;
@@ -683,11 +692,14 @@ declare
   v_queue    text;
   v_evidence jsonb;
 begin
-  -- The run's last step and its completion in one transaction (one round trip).
-  if p_charge = 0 then
-    -- The common case in one statement: the update is the fence (same token, RUNNING,
-    -- before the deadline) and the completion. A run with a no-progress limit, a charge
-    -- or a cancel under way takes the general path below, which also says what failed.
+  -- The run's last step and its completion in one transaction (one round trip). The
+  -- common case: a RUNNING run under this token, before its deadline, completes in one
+  -- update. The run is locked by its key and checked here (sql/README.md, "Plans that
+  -- cannot go stale"). A run with a no-progress limit, a charge or a cancel under way, or
+  -- a stale token, takes the general path below, which also says what failed.
+  select * into v_run from runledger.runs r where r.run_id = p_run_id for update;
+  if p_charge = 0 and v_run.fencing_token = p_token and v_run.status = 'RUNNING' and v_run.no_progress is null
+     and (v_run.deadline_at is null or v_run.deadline_at > v_now) then
     update runledger.runs r
        set status = 'SUCCEEDED', output = p_output, error = null, finished_at = v_now, updated_at = v_now,
            lease_owner = null, lease_expires_at = null, wait_kind = null, wait_key = null, wake_at = null,
@@ -697,25 +709,22 @@ begin
            termination_evidence = jsonb_build_object(
              'steps', (select count(*) from runledger.steps s where s.run_id = p_run_id and s.seq <> p_seq) + 1,
              'budget_spent', r.budget_spent)
-     where r.run_id = p_run_id and r.fencing_token = p_token and r.status = 'RUNNING'
-       and r.no_progress is null and (r.deadline_at is null or r.deadline_at > v_now)
+     where r.run_id = p_run_id
     returning r.parent_run_id, r.queue_name, r.termination_evidence into v_parent, v_queue, v_evidence;
-    if found then
-      insert into runledger.steps (run_id, seq, name, kind, status, output, error, attempts, started_at, finished_at, fencing_token)
-      values (p_run_id, p_seq, p_name, p_kind, p_status, p_step_output, p_error, p_attempts,
-              runledger._started_at(v_now, p_started_ms_ago), v_now, p_token)
-      on conflict (run_id, seq) do update
-         set status = excluded.status, output = excluded.output, error = excluded.error, attempts = excluded.attempts,
-             finished_at = excluded.finished_at, fencing_token = excluded.fencing_token
-       where runledger.steps.status = 'WAITING' and runledger.steps.name = excluded.name;
-      if not found then
-        raise exception using errcode = 'RL010', message = format('run %s: step %s already has a checkpoint', p_run_id, p_seq);
-      end if;
-      perform runledger._finished(p_run_id, p_token, 'SUCCEEDED', 'COMPLETED', null, v_evidence, v_parent, v_queue, v_now);
-      return;
+    insert into runledger.steps (run_id, seq, name, kind, status, output, error, attempts, started_at, finished_at, fencing_token)
+    values (p_run_id, p_seq, p_name, p_kind, p_status, p_step_output, p_error, p_attempts,
+            runledger._started_at(v_now, p_started_ms_ago), v_now, p_token)
+    on conflict (run_id, seq) do update
+       set status = excluded.status, output = excluded.output, error = excluded.error, attempts = excluded.attempts,
+           finished_at = excluded.finished_at, fencing_token = excluded.fencing_token
+     where runledger.steps.status = 'WAITING' and runledger.steps.name = excluded.name;
+    if not found then
+      raise exception using errcode = 'RL010', message = format('run %s: step %s already has a checkpoint', p_run_id, p_seq);
     end if;
+    perform runledger._finished(p_run_id, p_token, 'SUCCEEDED', 'COMPLETED', null, v_evidence, v_parent, v_queue, v_now);
+    return;
   end if;
-  -- The checkpoint's fence holds the run's row lock, so the completion needs no second one.
+  -- The checkpoint's fence locks the run's row; the completion's finds it locked.
   v_run := runledger._checkpoint_row(p_run_id, p_token, p_seq, p_name, p_kind, p_status, p_step_output, p_error,
                                      p_attempts, p_started_ms_ago, p_charge);
   if v_run.status in ('RUNNING', 'CANCELLING') and v_run.stop_record is null then
@@ -757,10 +766,9 @@ declare
   v_run runledger.runs;
   v_now timestamptz := runledger.now();
 begin
-  select * into v_run from runledger.runs
-   where run_id = p_run_id and fencing_token = p_token and status = 'RUNNING'
-   for update;
-  if not found then
+  -- By its key, checked after (sql/README.md, "Plans that cannot go stale").
+  select * into v_run from runledger.runs where run_id = p_run_id for update;
+  if not found or v_run.fencing_token is distinct from p_token or v_run.status <> 'RUNNING' then
     return false;
   end if;
   if p_counts_attempt and runledger._made_progress(p_run_id, p_token) then

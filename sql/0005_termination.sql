@@ -165,8 +165,8 @@ set enable_seqscan = off set jit = off as $$
 declare
   v_run runledger.runs;
 begin
-  select * into v_run from runledger.runs where run_id = p_run_id and fencing_token = p_token and status = 'CANCELLING';
-  if not found then
+  v_run := runledger._lock_executing(p_run_id, p_token);
+  if v_run.status <> 'CANCELLING' then
     raise exception using errcode = 'RL001', message = format('run %s: not CANCELLING under fencing token %s', p_run_id, p_token);
   end if;
   perform runledger._finish_run(p_run_id, p_token, 'CANCELLED', 'CANCELLED', null, null,
@@ -183,10 +183,8 @@ set enable_seqscan = off set jit = off as $$
 declare
   v_run runledger.runs;
 begin
-  select * into v_run from runledger.runs
-   where run_id = p_run_id and fencing_token = p_token and status in ('RUNNING', 'CANCELLING')
-   for update;
-  if found and v_run.stop_record is null and runledger._compensations_due(p_run_id) then
+  v_run := runledger._lock_executing(p_run_id, p_token);
+  if v_run.stop_record is null and runledger._compensations_due(p_run_id) then
     -- Its work was cut short, so what it did is undone first: the owner (it holds the
     -- lease still) runs the compensations as for a cancel, and the run ends TERMINATED
     -- with this record (_finish_run). If the owner dies, recovery hands the run to the

@@ -268,12 +268,10 @@ set enable_seqscan = off set jit = off as $$
 declare
   v_run runledger.runs;
 begin
+  perform runledger._lock_executing(p_run_id, p_token);
   update runledger.runs set lease_expires_at = runledger.now() + make_interval(secs => p_lease_ms / 1000.0)
-   where run_id = p_run_id and fencing_token = p_token and status in ('RUNNING', 'CANCELLING')
+   where run_id = p_run_id
   returning * into v_run;
-  if not found then
-    raise exception using errcode = 'RL001', message = format('run %s: lease lost (fencing token %s is stale)', p_run_id, p_token);
-  end if;
   if p_progress is not null then
     insert into runledger.step_progress (run_id, seq, progress) values (p_run_id, p_seq, p_progress)
     on conflict (run_id, seq) do update set progress = excluded.progress, updated_at = runledger.now();
@@ -289,10 +287,7 @@ comment on function runledger._heartbeat_step(text, bigint, int, jsonb, int) is
 create function runledger._compensation_fence(p_run_id text, p_token bigint) returns void
 language plpgsql volatile as $$
 begin
-  perform 1 from runledger.runs
-   where run_id = p_run_id and fencing_token = p_token and status in ('RUNNING', 'CANCELLING') and lease_owner is not null
-   for update;
-  if not found then
+  if (runledger._lock_executing(p_run_id, p_token)).lease_owner is null then
     raise exception using errcode = 'RL001',
       message = format('run %s: lease lost (fencing token %s is stale or the run stopped executing)', p_run_id, p_token);
   end if;

@@ -1249,10 +1249,7 @@ CREATE OR REPLACE FUNCTION runledger._compensation_fence(p_run_id text, p_token 
  LANGUAGE plpgsql
 AS $function$
 begin
-  perform 1 from runledger.runs
-   where run_id = p_run_id and fencing_token = p_token and status in ('RUNNING', 'CANCELLING') and lease_owner is not null
-   for update;
-  if not found then
+  if (runledger._lock_executing(p_run_id, p_token)).lease_owner is null then
     raise exception using errcode = 'RL001',
       message = format('run %s: lease lost (fencing token %s is stale or the run stopped executing)', p_run_id, p_token);
   end if;
@@ -1340,11 +1337,14 @@ declare
   v_queue    text;
   v_evidence jsonb;
 begin
-  -- The run's last step and its completion in one transaction (one round trip).
-  if p_charge = 0 then
-    -- The common case in one statement: the update is the fence (same token, RUNNING,
-    -- before the deadline) and the completion. A run with a no-progress limit, a charge
-    -- or a cancel under way takes the general path below, which also says what failed.
+  -- The run's last step and its completion in one transaction (one round trip). The
+  -- common case: a RUNNING run under this token, before its deadline, completes in one
+  -- update. The run is locked by its key and checked here (sql/README.md, "Plans that
+  -- cannot go stale"). A run with a no-progress limit, a charge or a cancel under way, or
+  -- a stale token, takes the general path below, which also says what failed.
+  select * into v_run from runledger.runs r where r.run_id = p_run_id for update;
+  if p_charge = 0 and v_run.fencing_token = p_token and v_run.status = 'RUNNING' and v_run.no_progress is null
+     and (v_run.deadline_at is null or v_run.deadline_at > v_now) then
     update runledger.runs r
        set status = 'SUCCEEDED', output = p_output, error = null, finished_at = v_now, updated_at = v_now,
            lease_owner = null, lease_expires_at = null, wait_kind = null, wait_key = null, wake_at = null,
@@ -1354,25 +1354,22 @@ begin
            termination_evidence = jsonb_build_object(
              'steps', (select count(*) from runledger.steps s where s.run_id = p_run_id and s.seq <> p_seq) + 1,
              'budget_spent', r.budget_spent)
-     where r.run_id = p_run_id and r.fencing_token = p_token and r.status = 'RUNNING'
-       and r.no_progress is null and (r.deadline_at is null or r.deadline_at > v_now)
+     where r.run_id = p_run_id
     returning r.parent_run_id, r.queue_name, r.termination_evidence into v_parent, v_queue, v_evidence;
-    if found then
-      insert into runledger.steps (run_id, seq, name, kind, status, output, error, attempts, started_at, finished_at, fencing_token)
-      values (p_run_id, p_seq, p_name, p_kind, p_status, p_step_output, p_error, p_attempts,
-              runledger._started_at(v_now, p_started_ms_ago), v_now, p_token)
-      on conflict (run_id, seq) do update
-         set status = excluded.status, output = excluded.output, error = excluded.error, attempts = excluded.attempts,
-             finished_at = excluded.finished_at, fencing_token = excluded.fencing_token
-       where runledger.steps.status = 'WAITING' and runledger.steps.name = excluded.name;
-      if not found then
-        raise exception using errcode = 'RL010', message = format('run %s: step %s already has a checkpoint', p_run_id, p_seq);
-      end if;
-      perform runledger._finished(p_run_id, p_token, 'SUCCEEDED', 'COMPLETED', null, v_evidence, v_parent, v_queue, v_now);
-      return;
+    insert into runledger.steps (run_id, seq, name, kind, status, output, error, attempts, started_at, finished_at, fencing_token)
+    values (p_run_id, p_seq, p_name, p_kind, p_status, p_step_output, p_error, p_attempts,
+            runledger._started_at(v_now, p_started_ms_ago), v_now, p_token)
+    on conflict (run_id, seq) do update
+       set status = excluded.status, output = excluded.output, error = excluded.error, attempts = excluded.attempts,
+           finished_at = excluded.finished_at, fencing_token = excluded.fencing_token
+     where runledger.steps.status = 'WAITING' and runledger.steps.name = excluded.name;
+    if not found then
+      raise exception using errcode = 'RL010', message = format('run %s: step %s already has a checkpoint', p_run_id, p_seq);
     end if;
+    perform runledger._finished(p_run_id, p_token, 'SUCCEEDED', 'COMPLETED', null, v_evidence, v_parent, v_queue, v_now);
+    return;
   end if;
-  -- The checkpoint's fence holds the run's row lock, so the completion needs no second one.
+  -- The checkpoint's fence locks the run's row; the completion's finds it locked.
   v_run := runledger._checkpoint_row(p_run_id, p_token, p_seq, p_name, p_kind, p_status, p_step_output, p_error,
                                      p_attempts, p_started_ms_ago, p_charge);
   if v_run.status in ('RUNNING', 'CANCELLING') and v_run.stop_record is null then
@@ -1485,21 +1482,9 @@ CREATE OR REPLACE FUNCTION runledger._fence(p_run_id text, p_token bigint, p_now
  LANGUAGE plpgsql
 AS $function$
 declare
-  v_run runledger.runs;
+  v_run runledger.runs := runledger._lock_executing(p_run_id, p_token);
   v_now timestamptz := coalesce(p_now, runledger.now());
 begin
-  -- The row lock taken here is held until commit: a takeover (which updates this row)
-  -- waits for us, and once it has happened our token no longer matches. A lock, not an
-  -- update: no new row version per step. The row is found by its key alone and the token
-  -- and status are checked after: a WHERE naming the statuses too let cached plans take a
-  -- partial index whose predicate those statuses imply (runs_queue_active) instead of the
-  -- primary key (sql/README.md, "Plans that cannot go stale"). FOR UPDATE returns the
-  -- latest version, so a takeover that committed while we waited fails the check.
-  select * into v_run from runledger.runs where run_id = p_run_id for update;
-  if not found or v_run.fencing_token is distinct from p_token or v_run.status not in ('RUNNING', 'CANCELLING') then
-    raise exception using errcode = 'RL001',
-      message = format('run %s: lease lost (fencing token %s is stale or the run stopped executing)', p_run_id, p_token);
-  end if;
   if v_run.deadline_at <= v_now then
     -- Nothing commits past the deadline; the worker then ends the run (TERMINATED, DEADLINE).
     raise exception using errcode = 'RL009', message = format('run %s: deadline %s passed', p_run_id, v_run.deadline_at);
@@ -1518,8 +1503,8 @@ AS $function$
 declare
   v_run runledger.runs;
 begin
-  select * into v_run from runledger.runs where run_id = p_run_id and fencing_token = p_token and status = 'CANCELLING';
-  if not found then
+  v_run := runledger._lock_executing(p_run_id, p_token);
+  if v_run.status <> 'CANCELLING' then
     raise exception using errcode = 'RL001', message = format('run %s: not CANCELLING under fencing token %s', p_run_id, p_token);
   end if;
   perform runledger._finish_run(p_run_id, p_token, 'CANCELLED', 'CANCELLED', null, null,
@@ -1543,6 +1528,7 @@ declare
   v_error    jsonb;
   v_evidence jsonb;
 begin
+  perform runledger._lock_executing(p_run_id, p_token);
   -- One statement (the SET expressions read the row as it was). A run that was stopping
   -- (a policy stop, or compensate_run) ends with the record of what stopped it, whatever
   -- its last execution ended with; the evidence then says which compensations ran.
@@ -1558,13 +1544,9 @@ begin
                                           || jsonb_build_object('compensations', runledger._compensation_summary(run_id)) end,
          terminated_at = v_now,
          policy_version = coalesce(policy_version, p_policy_version), stop_record = null
-   where run_id = p_run_id and fencing_token = p_token and status in ('RUNNING', 'CANCELLING')
+   where run_id = p_run_id
   returning parent_run_id, queue_name, status, termination_reason, error, termination_evidence
        into v_parent, v_queue, v_status, v_reason, v_error, v_evidence;
-  if not found then
-    raise exception using errcode = 'RL001',
-      message = format('run %s: lease lost (fencing token %s is stale or the run stopped executing)', p_run_id, p_token);
-  end if;
   perform runledger._finished(p_run_id, p_token, v_status, v_reason, v_error, v_evidence, v_parent, v_queue, v_now);
 end;
 $function$;
@@ -1629,12 +1611,10 @@ AS $function$
 declare
   v_run runledger.runs;
 begin
+  perform runledger._lock_executing(p_run_id, p_token);
   update runledger.runs set lease_expires_at = runledger.now() + make_interval(secs => p_lease_ms / 1000.0)
-   where run_id = p_run_id and fencing_token = p_token and status in ('RUNNING', 'CANCELLING')
+   where run_id = p_run_id
   returning * into v_run;
-  if not found then
-    raise exception using errcode = 'RL001', message = format('run %s: lease lost (fencing token %s is stale)', p_run_id, p_token);
-  end if;
   if p_progress is not null then
     insert into runledger.step_progress (run_id, seq, progress) values (p_run_id, p_seq, p_progress)
     on conflict (run_id, seq) do update set progress = excluded.progress, updated_at = runledger.now();
@@ -1643,6 +1623,23 @@ begin
 end;
 $function$;
 COMMENT ON FUNCTION runledger._heartbeat_step(text,bigint,integer,jsonb,integer) IS 'Fenced: a long step proves it is alive: renews its run''s lease and stores its progress. Returns the run status (CANCELLING tells the step to stop).';
+
+CREATE OR REPLACE FUNCTION runledger._lock_executing(p_run_id text, p_token bigint)
+ RETURNS runledger.runs
+ LANGUAGE plpgsql
+AS $function$
+declare
+  v_run runledger.runs;
+begin
+  select * into v_run from runledger.runs where run_id = p_run_id for update;
+  if not found or v_run.fencing_token is distinct from p_token or v_run.status not in ('RUNNING', 'CANCELLING') then
+    raise exception using errcode = 'RL001',
+      message = format('run %s: lease lost (fencing token %s is stale or the run stopped executing)', p_run_id, p_token);
+  end if;
+  return v_run;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._lock_executing(text,bigint) IS 'Returns the run, locked until commit, if it is RUNNING or CANCELLING under fencing token p_token; else raises RL001 LEASE_LOST. The lock every fenced write of an executing run starts from (_fence adds the deadline).';
 
 CREATE OR REPLACE FUNCTION runledger._made_progress(p_run_id text, p_token bigint)
  RETURNS boolean
@@ -2007,10 +2004,9 @@ declare
   v_run runledger.runs;
   v_now timestamptz := runledger.now();
 begin
-  select * into v_run from runledger.runs
-   where run_id = p_run_id and fencing_token = p_token and status = 'RUNNING'
-   for update;
-  if not found then
+  -- By its key, checked after (sql/README.md, "Plans that cannot go stale").
+  select * into v_run from runledger.runs where run_id = p_run_id for update;
+  if not found or v_run.fencing_token is distinct from p_token or v_run.status <> 'RUNNING' then
     return false;
   end if;
   if p_counts_attempt and runledger._made_progress(p_run_id, p_token) then
@@ -2474,10 +2470,8 @@ AS $function$
 declare
   v_run runledger.runs;
 begin
-  select * into v_run from runledger.runs
-   where run_id = p_run_id and fencing_token = p_token and status in ('RUNNING', 'CANCELLING')
-   for update;
-  if found and v_run.stop_record is null and runledger._compensations_due(p_run_id) then
+  v_run := runledger._lock_executing(p_run_id, p_token);
+  if v_run.stop_record is null and runledger._compensations_due(p_run_id) then
     -- Its work was cut short, so what it did is undone first: the owner (it holds the
     -- lease still) runs the compensations as for a cancel, and the run ends TERMINATED
     -- with this record (_finish_run). If the owner dies, recovery hands the run to the
