@@ -217,10 +217,14 @@ begin
   if not v_claimed then
     -- A run already there (an idempotent start), or one its queue's admission just let in:
     -- claimed here only if it was never claimed and is runnable now, as _claim_batch would
-    -- claim it. Found by its key and checked after (sql/README.md, "Plans that cannot go stale").
+    -- claim it, and only under the run id the start asked for: the worker knows a start in
+    -- flight by that id, and would otherwise take back (and run again) a run leased to it
+    -- before the start's answer arrives. Found by its key and checked after (sql/README.md,
+    -- "Plans that cannot go stale").
     v_now := runledger.now();
     select * into v_run from runledger.runs r where r.run_id = v_run.run_id for update;
-    v_claimed := v_run.status = 'PENDING' and v_run.admitted and v_run.fencing_token = 0
+    v_claimed := v_run.run_id = coalesce(p_options->>'run_id', v_run.run_id)
+       and v_run.status = 'PENDING' and v_run.admitted and v_run.fencing_token = 0
        and v_run.workflow_version = coalesce(p_options->>'version', v_run.workflow_version)
        and (v_run.not_before is null or v_run.not_before <= v_now)
        and (v_run.deadline_at is null or v_run.deadline_at > v_now);

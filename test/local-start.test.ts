@@ -4,6 +4,7 @@
  * the local worker cannot take at once is announced as before, so workers elsewhere take it.
  */
 import { afterAll, describe, expect, it } from 'vitest';
+import pg from 'pg';
 import { createEngine, type Engine } from '../src/index.js';
 import { waitFor } from './helpers/database.js';
 import { useTestEngine } from './helpers/test-engine.js';
@@ -115,6 +116,39 @@ describe('engine.start with a worker of its own', () => {
       openGate();
     }
     await expect(blocking.result({ timeoutMs: 10_000 })).resolves.toBe('done');
+  });
+
+  it("a heartbeat that sees a run started here before the start's answer is handled does not take it back: it runs once", async () => {
+    // The start's answer reaches the engine 600 ms after its commit, while heartbeats (every
+    // 166 ms with a 500 ms lease) already renew the run: a run leased to the worker and not
+    // executed by it, as after a claim whose answer was lost, which the next claim takes back.
+    class SlowStartClient extends pg.Client {
+      override query(...args: any[]): any {
+        const callback = args[args.length - 1];
+        if (args[0]?.name === 'runledger_start_claimed' && typeof callback === 'function') {
+          args[args.length - 1] = (error: unknown, result: unknown) => setTimeout(() => callback(error, result), 600);
+        }
+        return (super.query as (...a: unknown[]) => unknown)(...args);
+      }
+    }
+    const engine = createEngine({
+      pool: new pg.Pool({ connectionString: db.url, Client: SlowStartClient, max: 6 }),
+      log: () => {},
+    });
+    engines.push(engine);
+    let bodies = 0;
+    const wf = engine.workflow({ name: 'local-slow-answer', queue: 'local-slow-answer' }, async (ctx) => {
+      await ctx.step('counted', () => ++bodies);
+      return 'done';
+    });
+    const worker = await engine.runWorker({ concurrency: 2, pollIntervalMs: NO_POLL_MS, leaseMs: 500 });
+    workers.push(worker);
+    const handle = await engine.start(wf, undefined);
+    await expect(handle.result({ timeoutMs: 10_000 })).resolves.toBe('done');
+    const claims = await db.pool.query(`select count(*)::int as n from runledger.events where run_id = $1 and kind = 'claimed'`, [
+      handle.runId,
+    ]);
+    expect({ claims: claims.rows[0].n, bodies }).toEqual({ claims: 1, bodies: 1 });
   });
 
   it('a delayed start is announced with its delay, even with a free slot', async () => {

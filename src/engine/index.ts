@@ -205,16 +205,16 @@ export function createEngine<DB = any>(options: EngineOptions = {}): Engine<DB> 
   // Callers awaiting results hear of completions by LISTEN, or from this engine's workers directly.
   const results = new ResultWatch(poolConfig, log);
   deps.finished = (runId) => results.wake(runId);
-  const takeLocally = (workflow: Workflow<any, any>, queue: string): LocalTaker | undefined => {
+  const takeLocally = (workflow: Workflow<any, any>, queue: string, runId: string): LocalTaker | undefined => {
     const key = workflowKey(workflow.name, workflow.version);
     for (const worker of workers) {
-      if (!worker.takeLocal(key, queue)) continue;
+      if (!worker.takeLocal(key, queue, runId)) continue;
       return {
         workerId: worker.workerId,
         leaseMs: worker.leaseMs,
         // A run claimed at its start has no checkpoints and no step progress yet.
         execute: (run) => worker.executeClaimed({ ...run, cancel_requested: false, checkpoints: [], progress: null }),
-        wake: () => worker.wake(),
+        wake: () => worker.wake(runId),
       };
     }
     return undefined;

@@ -71,6 +71,21 @@ describe('runledger._start_claimed', () => {
     expect(await getRun(held.run_id)).toMatchObject({ status: 'PENDING', admitted: false, fencing_token: 0 });
   });
 
+  it('claims an existing never-claimed run under the run id asked for, and not one an idempotency key finds under another id', async () => {
+    // Started from SQL without waking anyone, then started again here with the same id: claimed.
+    const sameId = newRunId('same-id');
+    await startRun({ run_id: sameId, version: '1', notify: false });
+    expect(await startClaimed({ run_id: sameId })).toMatchObject({ run_id: sameId, claimed: true, fencing_token: '1' });
+    // The same idempotency key under a new id gives the first run, which is announced, not
+    // claimed: the worker knows a start in flight by the id it asked for.
+    const key = newRunId('key');
+    const first = await startRun({ idempotency_key: key, version: '1', notify: false });
+    const again = await notified(() => startClaimed({ run_id: newRunId('other-id'), idempotency_key: key }));
+    expect(again.result).toMatchObject({ run_id: first, claimed: false });
+    expect(again.payloads).toEqual(['default']);
+    expect(await getRun(first)).toMatchObject({ status: 'PENDING', fencing_token: 0 });
+  });
+
   it('in a queue with limits, claims a run admission let in at once, and never one beyond the limit', async () => {
     await db.pool.query(`select runledger.set_queue('claimed-limited', '{"concurrency": 1}')`);
     const first = await startClaimed({ queue: 'claimed-limited' });

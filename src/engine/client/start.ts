@@ -49,7 +49,7 @@ export interface StartHost {
    * A worker of this engine that takes a run of this workflow on this queue now, if one has
    * a free slot: the start then claims the run for it in the same transaction.
    */
-  takeLocally?: (workflow: Workflow<any, any>, queue: string) => LocalTaker | undefined;
+  takeLocally?: (workflow: Workflow<any, any>, queue: string, runId: string) => LocalTaker | undefined;
 }
 
 /** A run claimed for this process's worker in its start's transaction (runledger._start_claimed). */
@@ -98,14 +98,15 @@ export async function startRun<O, In>(
   const inputText = checkedInput(host, workflow, input, `input for workflow ${workflow.name}`);
   await host.registerWorkflow(workflow);
   const sqlOptions = startOptionsToSql(workflow, options, 'start');
-  sqlOptions.run_id = options.runId ?? newId();
+  const runIdAsked = options.runId ?? newId();
+  sqlOptions.run_id = runIdAsked;
   if (options.idempotencyKey !== undefined) sqlOptions.idempotency_key = options.idempotencyKey;
   if (options.concurrencyKey !== undefined) sqlOptions.concurrency_key = options.concurrencyKey;
   // A run this process's own worker takes is claimed for it in the start's transaction: no
   // NOTIFY (every notifying commit waits for one lock per database, and callers starting
   // runs queued on it behind the worker's commits) and no claim round trip before its first
   // step. A delayed run is announced as always (its notification carries the delay).
-  const local = options.runAt === undefined ? host.takeLocally?.(workflow, options.queue ?? workflow.queue) : undefined;
+  const local = options.runAt === undefined ? host.takeLocally?.(workflow, options.queue ?? workflow.queue, runIdAsked) : undefined;
   let runId: string;
   let ranHere: Promise<LocalSuccess | undefined> | undefined;
   try {

@@ -90,6 +90,8 @@ export class Dispatcher {
    * starts than free slots are announced to the workers of other processes.
    */
   private promised = 0;
+  /** The run ids of those starts (a start knows its run's id before it asks), with how many starts name each. */
+  private readonly starting = new Map<string, number>();
 
   constructor(private readonly options: DispatcherOptions) {
     this.served = new Set(options.queues);
@@ -126,10 +128,11 @@ export class Dispatcher {
    * then claims the run for this worker in its start's transaction; either way it settles
    * the promise (settlePromise) when done.
    */
-  takeLocal(queue: string): boolean {
+  takeLocal(queue: string, runId: string): boolean {
     if (this.options.manual || this.stopped || !this.served.has(queue)) return false;
     if (this.freeSlots() <= 0) return false;
     this.promised++;
+    this.starting.set(runId, (this.starting.get(runId) ?? 0) + 1);
     return true;
   }
 
@@ -137,8 +140,17 @@ export class Dispatcher {
    * The start a slot was promised to is done: its run executes here now (claimed in the
    * start's transaction), or it claimed nothing and the slot is free again.
    */
-  settlePromise(): void {
+  settlePromise(runId: string): void {
+    const count = this.starting.get(runId);
+    if (count === undefined) return;
+    if (count > 1) this.starting.set(runId, count - 1);
+    else this.starting.delete(runId);
     this.promised = Math.max(0, this.promised - 1);
+  }
+
+  /** Whether a start of this process that was promised a slot for this run is still in flight (settlePromise not called yet). */
+  isStarting(runId: string): boolean {
+    return this.starting.has(runId);
   }
 
   /** A run ended here: its slot can take the next run. */

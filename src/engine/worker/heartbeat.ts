@@ -12,6 +12,8 @@ export interface HeartbeatOptions {
   log: LogFunction;
   /** A run is leased to this worker but not executed by it: the next claim should take it back. */
   reclaimUnexecuted: () => void;
+  /** A start of this process in flight may have claimed this run for this worker (takeLocal): it is not executed yet. */
+  isStarting: (runId: string) => boolean;
 }
 
 /**
@@ -46,8 +48,10 @@ export function createHeartbeat(options: HeartbeatOptions): () => Promise<void> 
       }
       // A run leased to us that we do not execute was claimed by a claim whose answer we
       // never got: the next claim takes it back (claims are serial, so none is in flight then).
+      // A run that a start of this process in flight claimed for us is not one: it is leased
+      // to us before the start's answer arrives, and taken back it would run twice.
       const executingIds = new Set([...executions].map((exec) => exec.runId));
-      if ([...renewed].some((runId) => !executingIds.has(runId))) options.reclaimUnexecuted();
+      if ([...renewed].some((runId) => !executingIds.has(runId) && !options.isStarting(runId))) options.reclaimUnexecuted();
     } catch (error) {
       log('warn', 'heartbeat failed', { error: serializeError(error) });
       if (Date.now() - lastHeartbeatOk > leaseMs) {

@@ -73,18 +73,19 @@ export interface LocalWorker extends Worker {
   readonly leaseMs: number;
   /**
    * A start in this process offers the worker its run (a workflow it serves, on a queue it
-   * serves): true when the worker takes it. The start then claims the run for this worker
-   * in its own transaction and hands it over with executeClaimed(), or calls wake() when
-   * it claimed nothing.
+   * serves), under the run id the start asks for: true when the worker takes it. The start
+   * then claims the run for this worker in its own transaction and hands it over with
+   * executeClaimed(), or calls wake(runId) when it claimed nothing.
    */
-  takeLocal(workflowKey: string, queue: string): boolean;
+  takeLocal(workflowKey: string, queue: string, runId: string): boolean;
   /**
    * A run claimed for this worker at its start (runledger._start_claimed). Resolves when
    * its execution here ends: with the committed output if it completed the run, else
    * undefined (it waits, was released, lost its lease... or was never executed).
    */
   executeClaimed(run: ClaimedRun): Promise<ExecutionEnd>;
-  wake(): void;
+  /** The start that asked under runId claimed nothing here (or failed): the slot is free again and the worker claims as usual. */
+  wake(runId: string): void;
 }
 
 /** Rounds after which drain() gives up: a run that keeps coming back at once would loop forever. */
@@ -190,6 +191,7 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
       executions,
       log: deps.log,
       reclaimUnexecuted: () => dispatcher?.reclaimUnexecuted(),
+      isStarting: (runId) => dispatcher?.isStarting(runId) ?? false,
     }),
   );
   const sweep = oneAtATime(createSweeper(deps.pool, deps.log));
@@ -239,7 +241,7 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
 
   /** A run claimed for this worker in its start's transaction; resolves as executeClaimed does (at once when not executed). */
   async function executeStarted(run: ClaimedRun): Promise<ExecutionEnd> {
-    claimer.settlePromise();
+    claimer.settlePromise(run.run_id);
     // Killed: its lease runs out for another worker, as with any run a dead process held.
     if (crashed || crash?.hit('after-start-claimed', run.workflow_name)) return undefined;
     if (stopping !== undefined) {
@@ -318,10 +320,10 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
     stop,
     runOnce,
     leaseMs,
-    takeLocal: (key, queue) => !crashed && stopping === undefined && byKey.has(key) && claimer.takeLocal(queue),
+    takeLocal: (key, queue, runId) => !crashed && stopping === undefined && byKey.has(key) && claimer.takeLocal(queue, runId),
     executeClaimed: (run) => executeStarted(run),
-    wake: () => {
-      claimer.settlePromise();
+    wake: (runId) => {
+      claimer.settlePromise(runId);
       claimer.hint();
     },
     async drain({ maxRounds = DRAIN_ROUNDS_MAX } = {}) {
