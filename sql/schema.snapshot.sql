@@ -2133,15 +2133,18 @@ begin
     inserted := false;
     return;
   end if;
-  insert into runledger.events (run_id, kind, detail, fencing_token, at)
-  select v_t.run_id, e.kind, e.detail, e.token, v_now
-    from (values (1, 'created', jsonb_build_object('workflow', p_workflow, 'version', v_t.workflow_version, 'queue', v_t.queue_name), null::bigint),
-                 (2, 'claimed', jsonb_build_object('worker', p_worker_id), 1::bigint)) e(ord, kind, detail, token)
-   where e.ord = 1 or v_claim
-   order by e.ord;
   if v_claim then
-    null; -- its worker runs it: nobody else is woken
-  elsif not v_t.admitted then
+    -- Its worker runs it: nobody else is woken.
+    insert into runledger.events (run_id, kind, detail, fencing_token, at)
+    values (v_t.run_id, 'created', jsonb_build_object('workflow', p_workflow, 'version', v_t.workflow_version, 'queue', v_t.queue_name), null, v_now),
+           (v_t.run_id, 'claimed', jsonb_build_object('worker', p_worker_id), 1, v_now);
+    run := v_t;
+    inserted := true;
+    return;
+  end if;
+  insert into runledger.events (run_id, kind, detail, at)
+  values (v_t.run_id, 'created', jsonb_build_object('workflow', p_workflow, 'version', v_t.workflow_version, 'queue', v_t.queue_name), v_now);
+  if not v_t.admitted then
     perform runledger._admit(v_t.queue_name);
   elsif v_t.not_before is not null or coalesce((p_options->>'notify')::boolean, true) then
     -- notify false: the caller's own worker claims the run (engine.start in a process whose
