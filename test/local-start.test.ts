@@ -44,6 +44,17 @@ function engineWith(queue: string) {
   return { engine, wf };
 }
 
+/** A session whose answers to runledger._start_claimed reach the engine 600 ms after the database sent them. */
+class SlowStartClient extends pg.Client {
+  override query(...args: any[]): any {
+    const callback = args[args.length - 1];
+    if (args[0]?.name === 'runledger_start_claimed' && typeof callback === 'function') {
+      args[args.length - 1] = (error: unknown, result: unknown) => setTimeout(() => callback(error, result), 600);
+    }
+    return (super.query as (...a: unknown[]) => unknown)(...args);
+  }
+}
+
 const ownerOf = async (runId: string) =>
   (
     await db.pool.query<{ worker: string }>(
@@ -122,15 +133,6 @@ describe('engine.start with a worker of its own', () => {
     // The start's answer reaches the engine 600 ms after its commit, while heartbeats (every
     // 166 ms with a 500 ms lease) already renew the run: a run leased to the worker and not
     // executed by it, as after a claim whose answer was lost, which the next claim takes back.
-    class SlowStartClient extends pg.Client {
-      override query(...args: any[]): any {
-        const callback = args[args.length - 1];
-        if (args[0]?.name === 'runledger_start_claimed' && typeof callback === 'function') {
-          args[args.length - 1] = (error: unknown, result: unknown) => setTimeout(() => callback(error, result), 600);
-        }
-        return (super.query as (...a: unknown[]) => unknown)(...args);
-      }
-    }
     const engine = createEngine({
       pool: new pg.Pool({ connectionString: db.url, Client: SlowStartClient, max: 6 }),
       log: () => {},
@@ -149,6 +151,37 @@ describe('engine.start with a worker of its own', () => {
       handle.runId,
     ]);
     expect({ claims: claims.rows[0].n, bodies }).toEqual({ claims: 1, bodies: 1 });
+  });
+
+  it('a run started for a worker that stops before the start is answered is given back, not run, and another worker runs it once', async () => {
+    const engine = createEngine({ pool: new pg.Pool({ connectionString: db.url, Client: SlowStartClient, max: 6 }), log: () => {} });
+    engines.push(engine);
+    let bodies = 0;
+    const define = (e: Engine) =>
+      e.workflow({ name: 'local-stopping', queue: 'local-stopping' }, async (ctx) => {
+        await ctx.step('counted', () => ++bodies);
+        return 'done';
+      });
+    const wf = define(engine);
+    const stopping = await engine.runWorker({ concurrency: 2, pollIntervalMs: NO_POLL_MS });
+    const started = engine.start(wf, undefined);
+    await waitFor('the start to commit', async () => {
+      const r = await db.pool.query(`select count(*)::int as n from runledger.runs where workflow_name = 'local-stopping'`);
+      return r.rows[0].n === 1 || undefined;
+    });
+    await stopping.stop(); // before the start's answer arrives
+    const handle = await started;
+    await waitFor('the run given back', async () => {
+      const r = await db.pool.query(`select status from runledger.runs where run_id = $1`, [handle.runId]);
+      return r.rows[0].status === 'PENDING' || undefined;
+    });
+    expect(bodies).toBe(0);
+    const other = createEngine({ connectionString: db.url, log: () => {} });
+    engines.push(other);
+    define(other);
+    workers.push(await other.runWorker({ concurrency: 2, pollIntervalMs: 100 }));
+    await expect(other.handle(handle.runId).result({ timeoutMs: 10_000 })).resolves.toBe('done');
+    expect(bodies).toBe(1);
   });
 
   it('a delayed start is announced with its delay, even with a free slot', async () => {

@@ -246,15 +246,20 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
     if (crashed || crash?.hit('after-start-claimed', run.workflow_name)) return undefined;
     if (stopping !== undefined) {
       // Stopping: given back at once, as a graceful stop gives back what it does not finish.
-      void deps.pool
+      // The stop waits for it (done) before it closes anything.
+      const releasing = deps.pool
         .query('select runledger._release_run(p_run_id => $1, p_token => $2, p_delay_ms => 0, p_reason => $3)', [
           run.run_id,
           run.fencing_token,
           'worker_stopping',
         ])
-        .catch((error) =>
-          deps.log('warn', 'could not release a run started while stopping; its lease will expire', { error: serializeError(error) }),
-        );
+        .then(
+          () => undefined,
+          (error) =>
+            deps.log('warn', 'could not release a run started while stopping; its lease will expire', { error: serializeError(error) }),
+        )
+        .finally(() => done.delete(releasing));
+      done.add(releasing);
       return undefined;
     }
     return execute(run);
