@@ -1,6 +1,6 @@
 /**
  * The layering rule of src/ (docs/architecture.md): imports run one way,
- * core → db → client and run → steps → worker → the engine entry → cli, dev, testing.
+ * core → db → client and run → steps → agents → worker → the engine entry → cli, dev, testing.
  * `npm run lint:deps` checks it, in `npm test`'s CI job; a violation fails the build.
  */
 const layer = (name) => `^src/engine/${name}/`;
@@ -12,7 +12,8 @@ const allowedBelow = {
   client: [layer('core'), layer('db'), layer('client')],
   run: [layer('core'), layer('db'), layer('run')],
   steps: [layer('core'), layer('db'), layer('run'), '^src/steps/'],
-  worker: [layer('core'), layer('db'), layer('client'), layer('run'), '^src/steps/', layer('worker')],
+  agents: [layer('core'), layer('db'), layer('run'), '^src/steps/', '^src/agents/'],
+  worker: [layer('core'), layer('db'), layer('client'), layer('run'), '^src/steps/', '^src/agents/', layer('worker')],
 };
 
 const layerRule = (name, from) => ({
@@ -30,7 +31,7 @@ module.exports = {
       severity: 'error',
       comment:
         'No import circles. The one allowed: core/workflow.ts names the WorkflowContext type that ' +
-        'steps/context.ts implements (a workflow function receives the context, the context starts child workflows); ' +
+        'agents/context.ts implements (a workflow function receives the context, the context starts child workflows); ' +
         'it is a type-only import, erased at build.',
       from: {},
       to: { circular: true, viaOnly: { pathNot: '^src/engine/core/workflow\\.ts$' } },
@@ -46,25 +47,26 @@ module.exports = {
       severity: 'error',
       comment: 'core/workflow.ts may name the WorkflowContext type, nothing else above core, and only as a type',
       from: { path: '^src/engine/core/workflow\\.ts$' },
-      to: { path: '^src/', pathNot: [layer('core'), '^src/steps/context\\.ts$'] },
+      to: { path: '^src/', pathNot: [layer('core'), '^src/agents/context\\.ts$'] },
     },
     {
       name: 'layer-core-workflow-type-only',
       severity: 'error',
-      comment: 'core/workflow.ts imports steps/context.ts as a type only',
+      comment: 'core/workflow.ts imports agents/context.ts as a type only',
       from: { path: '^src/engine/core/workflow\\.ts$' },
-      to: { path: '^src/steps/context\\.ts$', dependencyTypesNot: ['type-only'] },
+      to: { path: '^src/agents/context\\.ts$', dependencyTypesNot: ['type-only'] },
     },
     layerRule('db', layer('db')),
     layerRule('client', layer('client')),
     layerRule('run', layer('run')),
     layerRule('steps', '^src/steps/'),
+    layerRule('agents', '^src/agents/'),
     layerRule('worker', layer('worker')),
     {
       name: 'engine-internals-stay-inside',
       severity: 'error',
-      comment: 'outside src/engine and src/steps, code uses the engine entry (src/engine/index.ts) or core, never worker or run internals',
-      from: { path: '^src/', pathNot: ['^src/engine/', '^src/steps/', '^src/testing/', '^src/index\\.ts$'] },
+      comment: 'outside src/engine, src/steps and src/agents, code uses the engine entry (src/engine/index.ts) or core, never worker or run internals',
+      from: { path: '^src/', pathNot: ['^src/engine/', '^src/steps/', '^src/agents/', '^src/testing/', '^src/index\\.ts$'] },
       to: { path: [layer('worker'), layer('run'), '^src/steps/'] },
     },
     {

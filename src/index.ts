@@ -32,7 +32,8 @@ export type {
 export { CRASH_WHEN } from './engine/core/crash-points.js';
 export type { CrashPoint, CrashWhen } from './engine/core/crash-points.js';
 export { loadMigrations } from './engine/db/migrate.js';
-export { WorkflowContext } from './steps/context.js';
+export { StepContext } from './steps/context.js';
+export * from './agents/index.js';
 export type { StepFunction, StepInfo, StepOptions } from './steps/step.js';
 export type { OperationFunction, OperationOptions, ReconcileAnswer } from './steps/operation.js';
 export type { RetryPolicy } from './steps/retry.js';

@@ -11,7 +11,9 @@ import { heartbeatCurrent } from './heartbeat.js';
 import { runTransaction, type TransactionFunction } from './transaction.js';
 
 /**
- * What a workflow function receives: explicit, no globals. Each call takes the
+ * The step API of a workflow's context (the agent API is added on top of it by
+ * src/agents/context.ts, whose WorkflowContext is what a workflow function receives):
+ * explicit, no globals. Each call takes the
  * next step position; on replay a position with a checkpoint returns the
  * recorded result without running anything.
  *
@@ -20,11 +22,20 @@ import { runTransaction, type TransactionFunction } from './transaction.js';
  * `DB` is the Kysely database interface of `createEngine<DB>()`; it types `trx` in
  * `transaction`.
  */
-export class WorkflowContext<DB = any> {
+export class StepContext<DB = any> {
   readonly #exec: Execution;
 
   constructor(exec: Execution) {
     this.#exec = exec;
+  }
+
+  /**
+   * The execution behind this context, for the layers built on the step API
+   * (src/agents reads its run's session and writes its stream through it). Not for
+   * workflow code: it is not part of the documented ctx.
+   */
+  protected get execution(): Execution {
+    return this.#exec;
   }
 
   get runId(): string {

@@ -1,7 +1,7 @@
 import type { ZodType } from 'zod';
 import { ConfigError } from './errors.js';
 import { toMs, type Duration } from './duration.js';
-import type { WorkflowContext } from '../../steps/context.js';
+import type { WorkflowContext } from '../../agents/context.js';
 
 /** Workflow, queue and version names: safe in task identifiers and never spliced into SQL. */
 export const NAME_PATTERN = /^[A-Za-z0-9][A-Za-z0-9_.-]{0,49}$/;

@@ -6,7 +6,7 @@ import {
   SQLSTATE,
   StepNotAwaitedError,
 } from '../core/errors.js';
-import { WorkflowContext } from '../../steps/context.js';
+import { WorkflowContext } from '../../agents/context.js';
 import { Execution, type ExecutionDeps, type Halt } from '../run/execution.js';
 import { checkpointValues, flushPending, stepItemValues, type CheckpointRecord } from '../run/checkpoint.js';
 import { completeItem } from '../run/commit-items.js';
