@@ -4,11 +4,15 @@ import type { Execution } from '../engine/run/execution.js';
 import type { Workflow } from '../engine/core/workflow.js';
 import type { Jsonify } from '../engine/core/jsonify.js';
 import * as waits from './waits.js';
-import { ConfigError } from '../engine/core/errors.js';
+
 import { runStep, type StepFunction, type StepOptions } from './step.js';
 import { runOperation, type OperationFunction, type OperationOptions } from './operation.js';
 import { heartbeatCurrent } from './heartbeat.js';
 import { runTransaction, type TransactionFunction } from './transaction.js';
+import { openStream, type DurableStream } from './stream.js';
+import { recordProgress, type ProgressResult, type ProgressSignals } from './progress.js';
+import { chargeNow, remainingBudget } from './charge.js';
+import { toBudgetAmounts, type BudgetAmounts, type BudgetRemaining } from '../engine/core/budget.js';
 
 /**
  * The step API of a workflow's context (the agent API is added on top of it by
@@ -129,12 +133,41 @@ export class StepContext<DB = any> {
    * step they were charged in, usually); past the run's budget, that checkpoint ends the
    * run TERMINATED with reason BUDGET, and no further step starts.
    */
-  charge(units: number): void {
+  charge(amount: number | BudgetAmounts): void {
     this.#exec.assertLive('ctx.charge()');
-    if (typeof units !== 'number' || !Number.isFinite(units) || units < 0) {
-      throw new ConfigError(`charge: ${String(units)} is not a number of units >= 0`);
-    }
-    this.#exec.pendingCharge += units;
+    this.#exec.addPendingCharge(toBudgetAmounts(amount, 'charge'));
+  }
+
+  /**
+   * Charges and commits at once (its own fenced write), for spending a crash before the
+   * next checkpoint must not lose: a model's usage, reported by the provider, is charged
+   * so. Past a limit the run ends TERMINATED (BUDGET) and this call never returns.
+   */
+  chargeNow(amount: number | BudgetAmounts): Promise<void> {
+    this.#exec.assertLive('ctx.chargeNow()');
+    return chargeNow(this.#exec, toBudgetAmounts(amount, 'chargeNow'));
+  }
+
+  /** The run's budgets: `remaining()` per dimension (null where there is no limit), pending charges counted. */
+  get budget(): { remaining(): BudgetRemaining } {
+    const exec = this.#exec;
+    return { remaining: () => remainingBudget(exec) };
+  }
+
+  /** A durable stream of this run (`write` chunks, `close`), read live by engine.readStream. */
+  stream(topic: string): DurableStream {
+    this.#exec.assertLive('ctx.stream()');
+    return openStream(this.#exec, topic);
+  }
+
+  /**
+   * Records what changed in this round (hashes of the observation, artifact, plan, state):
+   * a checkpointed step. The workflow's noProgress limit counts rounds in a row that
+   * brought nothing new; at the limit `onNoProgress` is called once, and the run ends
+   * NO_PROGRESS if the next rounds bring nothing new either.
+   */
+  progress(signals: ProgressSignals): Promise<ProgressResult> {
+    return this.#exec.track('progress', 'progress', () => recordProgress(this.#exec, signals));
   }
 
   /** The current time, recorded once and replayed: deterministic across recoveries. */

@@ -134,6 +134,11 @@ export class Execution {
   progress: Record<string, unknown> = {};
   /** Budget units charged with ctx.charge since the last checkpoint; they commit with the next one. */
   pendingCharge = 0;
+
+  /** Adds a charge to the pending one (validated by the caller). */
+  addPendingCharge(amount: { units?: number }): void {
+    this.pendingCharge += amount.units ?? 0;
+  }
   /**
    * Set once this execution's completion committed with the run SUCCEEDED: the output as
    * the JSON text it sent (undefined for none). A caller of this process awaiting the run
