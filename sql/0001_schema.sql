@@ -111,7 +111,7 @@ comment on function runledger.run_transitions() is
 create function runledger.termination_reasons() returns text[]
 language sql immutable as $$
   select array['COMPLETED', 'FAILED', 'CANCELLED', 'DEADLINE', 'MAX_STEPS', 'BUDGET', 'NO_PROGRESS',
-               'MAX_RECOVERY_ATTEMPTS', 'NON_DETERMINISM']
+               'MAX_RECOVERY_ATTEMPTS', 'NON_DETERMINISM', 'UNVERIFIED']
 $$;
 comment on function runledger.termination_reasons() is
   'Why a terminal run stopped (runs.termination_reason); see docs/termination.md for the evidence of each.';
@@ -259,6 +259,9 @@ create table runledger.runs (
   max_steps             int,
   budget                numeric,
   budget_spent          numeric not null default 0,
+  -- Budgets in the other dimensions (tokens, cost_usd, tool_calls, turns) and what was spent in them.
+  budget_limits         jsonb,
+  budget_used           jsonb,
   no_progress           int,
   cancel_requested_at   timestamptz,
   -- Admission (sql/0007_queues.sql): a PENDING run is claimed only once its queue admits it.
@@ -290,12 +293,14 @@ comment on column runledger.runs.wait_key is
   'What a WAITING run waits for: the signal topic, the approval request id or the child run id (null for timers).';
 comment on column runledger.runs.budget is
   'Budget in units charged by steps (ctx.charge: tokens, money...); budget_spent past it ends the run TERMINATED with reason BUDGET, atomically with the checkpoint that spent it.';
+comment on column runledger.runs.budget_limits is
+  'Budgets besides units, as {"tokens": n, "cost_usd": n, "tool_calls": n, "turns": n} (limits.budget given as an object); budget_used holds what was spent per dimension. Spending past any of them ends the run TERMINATED (BUDGET) with that dimension in the evidence, atomically with the write that spent it.';
 comment on column runledger.runs.no_progress is
   'N: the same step name returning the same result (hash) N times in a row ends the run TERMINATED with reason NO_PROGRESS.';
 comment on column runledger.runs.stop_record is
   'Only on a CANCELLING run: the terminal record it ends with once its compensations have run, {status, reason, evidence, error} (a policy stop such as DEADLINE or BUDGET, or the record compensate_run set aside); null for a plain cancel, which ends CANCELLED.';
 comment on column runledger.runs.termination_reason is
-  'Why a terminal run stopped: COMPLETED, FAILED, CANCELLED, DEADLINE, MAX_STEPS, BUDGET, NO_PROGRESS, MAX_RECOVERY_ATTEMPTS, NON_DETERMINISM.';
+  'Why a terminal run stopped: COMPLETED, FAILED, CANCELLED, DEADLINE, MAX_STEPS, BUDGET, NO_PROGRESS, MAX_RECOVERY_ATTEMPTS, NON_DETERMINISM, UNVERIFIED (the workflow''s verify refused its output).';
 
 -- The rule is written as an unbounded class plus length(), not as {0,199}: PostgreSQL's
 -- regex engine expands a bounded repetition into a large automaton, and that form cost

@@ -6,6 +6,8 @@
 --   runledger._start_template(...)                 the option checks and the new row's columns both share
 --   runledger._max_payload_bytes()                 the largest input/output accepted
 --   runledger._check_whole_number(...)             option validation shared by start_run and set_queue
+--   runledger._check_budget_option(...)            a budget option: a number (units) or an object of dimensions
+--   runledger._completed_evidence(...)             the evidence of a COMPLETED termination record
 --   runledger._new_id(), _base32_10, _random_40     ULIDs made in SQL
 --   runledger._lock_executing(...)                 the run an execution holds, locked, or RL001
 --   runledger._fence(...)                          the lease check every write of an executing run makes
@@ -40,6 +42,48 @@ begin
 end;
 $$;
 comment on function runledger._check_whole_number(jsonb, text, int) is 'Raises RL003 unless p_opts->p_key is absent or a whole number >= p_min.';
+
+create function runledger._check_budget_option(p_budget jsonb, p_caller text) returns void
+language plpgsql immutable as $$
+declare
+  v_key text;
+  v_amount jsonb;
+begin
+  if p_budget is null or jsonb_typeof(p_budget) = 'null' then
+    return;
+  end if;
+  if jsonb_typeof(p_budget) = 'number' then
+    if (p_budget #>> '{}')::numeric < 0 then
+      raise exception using errcode = 'RL003', message = format('%s: budget must be a number >= 0, not %s', p_caller, p_budget);
+    end if;
+    return;
+  end if;
+  if jsonb_typeof(p_budget) <> 'object' then
+    raise exception using errcode = 'RL003',
+      message = format('%s: budget must be a number or an object of dimensions (units, tokens, cost_usd, tool_calls, turns), not %s', p_caller, p_budget);
+  end if;
+  for v_key, v_amount in select key, value from jsonb_each(p_budget) loop
+    if v_key <> all (array['units', 'tokens', 'cost_usd', 'tool_calls', 'turns']) then
+      raise exception using errcode = 'RL003',
+        message = format('%s: budget has an unknown dimension %L (known: units, tokens, cost_usd, tool_calls, turns)', p_caller, v_key);
+    end if;
+    if jsonb_typeof(v_amount) <> 'number' or (v_amount #>> '{}')::numeric < 0 then
+      raise exception using errcode = 'RL003', message = format('%s: budget %s must be a number >= 0, not %s', p_caller, v_key, v_amount);
+    end if;
+  end loop;
+end;
+$$;
+comment on function runledger._check_budget_option(jsonb, text) is
+  'Raises RL003 unless a budget option is absent, a number >= 0 (units) or an object of dimensions units, tokens, cost_usd, tool_calls, turns, each a number >= 0.';
+
+create function runledger._completed_evidence(p_steps bigint, p_run runledger.runs, p_verification jsonb) returns jsonb
+language sql immutable as $$
+  select jsonb_build_object('steps', p_steps, 'budget_spent', p_run.budget_spent)
+         || case when p_run.budget_used is null then '{}'::jsonb else jsonb_build_object('budget_used', p_run.budget_used) end
+         || case when p_verification is null then '{}'::jsonb else jsonb_build_object('verification', p_verification) end
+$$;
+comment on function runledger._completed_evidence(bigint, runledger.runs, jsonb) is
+  'The evidence of a COMPLETED termination record: steps, budget_spent (units), budget_used (other dimensions, when any) and verification (what the workflow''s verify accepted the output with, when it has one).';
 
 -- ULIDs generated in SQL so that psql-started runs look like TypeScript-started ones:
 -- 48-bit millisecond time + 80 random bits (two halves of 40, from a v4 UUID's random
@@ -139,9 +183,7 @@ begin
   perform runledger._check_whole_number(v_opts, 'max_steps', 1);
   perform runledger._check_whole_number(v_opts, 'no_progress', 2);
   perform runledger._check_whole_number(v_opts, 'retry_budget', 0);
-  if v_opts ? 'budget' and (jsonb_typeof(v_opts->'budget') <> 'number' or (v_opts->>'budget')::numeric < 0) then
-    raise exception using errcode = 'RL003', message = format('%s: budget must be a number >= 0, not %s', p_caller, v_opts->'budget');
-  end if;
+  perform runledger._check_budget_option(v_opts->'budget', p_caller);
   if v_opts ? 'priority' and (jsonb_typeof(v_opts->'priority') <> 'number' or (v_opts->>'priority') !~ '^-?\d{1,9}$') then
     raise exception using errcode = 'RL003', message = format('%s: priority must be a whole number, not %s', p_caller, v_opts->'priority');
   end if;
@@ -185,7 +227,13 @@ begin
   v_t.max_recovery_attempts := coalesce((v_opts->>'max_recovery_attempts')::int, v_wf.max_recovery_attempts);
   v_t.version_manifest := coalesce(v_opts->'version_manifest', jsonb_build_object('started_from', 'sql'));
   v_t.max_steps := (v_opts->>'max_steps')::int;
-  v_t.budget := (v_opts->>'budget')::numeric;
+  -- A number is a budget of units; an object names its dimensions (units stays in budget).
+  if jsonb_typeof(v_opts->'budget') = 'object' then
+    v_t.budget := (v_opts->'budget'->>'units')::numeric;
+    v_t.budget_limits := nullif((v_opts->'budget') - 'units', '{}'::jsonb);
+  else
+    v_t.budget := (v_opts->>'budget')::numeric;
+  end if;
   v_t.no_progress := (v_opts->>'no_progress')::int;
   v_t.retry_budget := (v_opts->>'retry_budget')::int;
   -- The policy a run is held to, named by what it contains: kept in its termination record.
@@ -243,12 +291,12 @@ begin
   insert into runledger.runs (
     run_id, workflow_name, workflow_version, queue_name, status, input, admitted, not_before, priority, concurrency_key,
     idempotency_key, parent_run_id, deadline_at, max_recovery_attempts, version_manifest, max_steps, budget,
-    no_progress, retry_budget, policy_version, fencing_token, lease_owner, lease_expires_at, started_at,
+    budget_limits, no_progress, retry_budget, policy_version, fencing_token, lease_owner, lease_expires_at, started_at,
     created_at, updated_at)
   values (
     v_t.run_id, v_t.workflow_name, v_t.workflow_version, v_t.queue_name, v_t.status, p_input, v_t.admitted, v_t.not_before,
     v_t.priority, v_t.concurrency_key, v_t.idempotency_key, v_t.parent_run_id, v_t.deadline_at,
-    v_t.max_recovery_attempts, v_t.version_manifest, v_t.max_steps, v_t.budget, v_t.no_progress, v_t.retry_budget,
+    v_t.max_recovery_attempts, v_t.version_manifest, v_t.max_steps, v_t.budget, v_t.budget_limits, v_t.no_progress, v_t.retry_budget,
     v_t.policy_version, v_t.fencing_token, v_t.lease_owner, v_t.lease_expires_at, v_t.started_at,
     v_t.created_at, v_t.updated_at)
   on conflict do nothing;
@@ -493,7 +541,7 @@ comment on function runledger._started_at(timestamptz, bigint) is
 
 create function runledger._checkpoint_row(
   p_run_id text, p_token bigint, p_seq int, p_name text, p_kind text, p_status text,
-  p_output jsonb, p_error jsonb, p_attempts int, p_started_ms_ago bigint, p_charge numeric default 0)
+  p_output jsonb, p_error jsonb, p_attempts int, p_started_ms_ago bigint, p_charge jsonb default null)
 returns runledger.runs
 language plpgsql volatile as $$
 declare
@@ -522,7 +570,7 @@ begin
     raise exception using errcode = 'RL010', message = format('run %s: step %s already has a checkpoint', p_run_id, p_seq);
   end if;
   -- Termination policies are checked atomically with the checkpoint that trips them.
-  if p_charge <> 0 then
+  if not runledger._no_charge(p_charge) then
     v_run := runledger._charge(v_run, p_charge, p_name, p_seq);
   end if;
   if v_hash is not null and v_run.status in ('RUNNING', 'CANCELLING') then
@@ -534,12 +582,12 @@ begin
   return v_run;
 end;
 $$;
-comment on function runledger._checkpoint_row(text, bigint, int, text, text, text, jsonb, jsonb, int, bigint, numeric) is
+comment on function runledger._checkpoint_row(text, bigint, int, text, text, text, jsonb, jsonb, int, bigint, jsonb) is
   'The body of _checkpoint: fenced checkpoint write (see _checkpoint), returning the run row as it is after the checkpoint (its status says whether a policy ended it).';
 
 create function runledger._checkpoint(
   p_run_id text, p_token bigint, p_seq int, p_name text, p_kind text, p_status text,
-  p_output jsonb, p_error jsonb, p_attempts int, p_started_ms_ago bigint, p_charge numeric default 0)
+  p_output jsonb, p_error jsonb, p_attempts int, p_started_ms_ago bigint, p_charge jsonb default null)
 returns table (pid int, run_status text)
 language plpgsql volatile
 set enable_seqscan = off set jit = off as $$
@@ -550,8 +598,8 @@ begin
   return next;
 end;
 $$;
-comment on function runledger._checkpoint(text, bigint, int, text, text, text, jsonb, jsonb, int, bigint, numeric) is
-  'Fenced checkpoint write in the caller''s transaction: checks the fencing token (row lock on the run) and the deadline, inserts the step row, charges p_charge to the budget and checks the no-progress limit (either may end the run TERMINATED right here). Returns the backend pid and the run''s status (CANCELLING tells the worker to stop).';
+comment on function runledger._checkpoint(text, bigint, int, text, text, text, jsonb, jsonb, int, bigint, jsonb) is
+  'Fenced checkpoint write in the caller''s transaction: checks the fencing token (row lock on the run) and the deadline, inserts the step row, charges p_charge (amounts per dimension, see _charge) to the budgets and checks the no-progress limit (either may end the run TERMINATED right here). Returns the backend pid and the run''s status (CANCELLING tells the worker to stop).';
 
 create function runledger._checkpoint_outcome(p_run_id text, p_seq int, p_token bigint)
 returns table (committed boolean, status text, output jsonb, error jsonb, still_owner boolean)
@@ -661,31 +709,31 @@ $$;
 comment on function runledger._finish_run(text, bigint, runledger.run_status, text, jsonb, jsonb, jsonb, text) is
   'Fenced move of an executing run to a terminal status with its termination record (reason, evidence, time, policy version). A CANCELLING run with a stop_record ends with that record instead, its evidence extended with the outcome of its compensations.';
 
-create function runledger._complete_run(p_run_id text, p_token bigint, p_output jsonb, p_policy_version text, p_charge numeric default 0)
+create function runledger._complete_run(p_run_id text, p_token bigint, p_output jsonb, p_policy_version text,
+  p_charge jsonb default null, p_verification jsonb default null)
 returns void language plpgsql volatile
 set enable_seqscan = off set jit = off as $$
 declare
   v_run runledger.runs := runledger._fence(p_run_id, p_token);
 begin
-  if p_charge <> 0 then
+  if not runledger._no_charge(p_charge) then
     v_run := runledger._charge(v_run, p_charge, 'complete', null);
     if v_run.status = 'TERMINATED' or v_run.stop_record is not null then
       return; -- the charge stopped the run (its compensations then run, see _terminate_run)
     end if;
   end if;
   perform runledger._finish_run(p_run_id, p_token, 'SUCCEEDED', 'COMPLETED', p_output, null,
-    jsonb_build_object('steps', (select count(*) from runledger.steps s where s.run_id = p_run_id),
-                       'budget_spent', v_run.budget_spent),
+    runledger._completed_evidence((select count(*) from runledger.steps s where s.run_id = p_run_id), v_run, p_verification),
     p_policy_version);
 end;
 $$;
-comment on function runledger._complete_run(text, bigint, jsonb, text, numeric) is
-  'Fenced completion: output, SUCCEEDED and the COMPLETED termination record commit together (a last charge over the budget ends it TERMINATED, BUDGET instead).';
+comment on function runledger._complete_run(text, bigint, jsonb, text, jsonb, jsonb) is
+  'Fenced completion: output, SUCCEEDED and the COMPLETED termination record commit together (a last charge over a budget ends it TERMINATED, BUDGET instead). p_verification: the evidence the workflow''s verify accepted the output with, kept in the record.';
 
 create function runledger._complete_with_checkpoint(
   p_run_id text, p_token bigint, p_seq int, p_name text, p_kind text, p_status text,
-  p_step_output jsonb, p_error jsonb, p_attempts int, p_started_ms_ago bigint, p_charge numeric,
-  p_output jsonb, p_policy_version text)
+  p_step_output jsonb, p_error jsonb, p_attempts int, p_started_ms_ago bigint, p_charge jsonb,
+  p_output jsonb, p_policy_version text, p_verification jsonb default null)
 returns void language plpgsql volatile
 set enable_seqscan = off set jit = off as $$
 declare
@@ -701,7 +749,7 @@ begin
   -- cannot go stale"). A run with a no-progress limit, a charge or a cancel under way, or
   -- a stale token, takes the general path below, which also says what failed.
   select * into v_run from runledger.runs r where r.run_id = p_run_id for update;
-  if p_charge = 0 and v_run.fencing_token = p_token and v_run.status = 'RUNNING' and v_run.no_progress is null
+  if runledger._no_charge(p_charge) and v_run.fencing_token = p_token and v_run.status = 'RUNNING' and v_run.no_progress is null
      and (v_run.deadline_at is null or v_run.deadline_at > v_now) then
     update runledger.runs r
        set status = 'SUCCEEDED', output = p_output, error = null, finished_at = v_now, updated_at = v_now,
@@ -709,9 +757,8 @@ begin
            termination_reason = 'COMPLETED', terminated_at = v_now,
            policy_version = coalesce(r.policy_version, p_policy_version),
            -- The step below is not written yet (or only as a retry's WAITING row): count it once.
-           termination_evidence = jsonb_build_object(
-             'steps', (select count(*) from runledger.steps s where s.run_id = p_run_id and s.seq <> p_seq) + 1,
-             'budget_spent', r.budget_spent)
+           termination_evidence = runledger._completed_evidence(
+             (select count(*) from runledger.steps s where s.run_id = p_run_id and s.seq <> p_seq) + 1, r, p_verification)
      where r.run_id = p_run_id
     returning r.parent_run_id, r.queue_name, r.termination_evidence into v_parent, v_queue, v_evidence;
     insert into runledger.steps (run_id, seq, name, kind, status, output, error, attempts, started_at, finished_at, fencing_token)
@@ -732,24 +779,27 @@ begin
                                      p_attempts, p_started_ms_ago, p_charge);
   if v_run.status in ('RUNNING', 'CANCELLING') and v_run.stop_record is null then
     perform runledger._finish_run(p_run_id, p_token, 'SUCCEEDED', 'COMPLETED', p_output, null,
-      jsonb_build_object('steps', (select count(*) from runledger.steps s where s.run_id = p_run_id),
-                         'budget_spent', v_run.budget_spent),
+      runledger._completed_evidence((select count(*) from runledger.steps s where s.run_id = p_run_id), v_run, p_verification),
       p_policy_version);
   end if;
 end;
 $$;
-comment on function runledger._complete_with_checkpoint(text, bigint, int, text, text, text, jsonb, jsonb, int, bigint, numeric, jsonb, text) is
+comment on function runledger._complete_with_checkpoint(text, bigint, int, text, text, text, jsonb, jsonb, int, bigint, jsonb, jsonb, text, jsonb) is
   'Fenced: writes the last step''s checkpoint and completes the run in one transaction (unless the checkpoint itself ended the run, e.g. over budget).';
 
-create function runledger._fail_run(p_run_id text, p_token bigint, p_error jsonb, p_policy_version text)
+create function runledger._fail_run(p_run_id text, p_token bigint, p_error jsonb, p_policy_version text,
+  p_reason text default 'FAILED', p_evidence jsonb default null)
 returns void language plpgsql volatile
 set enable_seqscan = off set jit = off as $$
 begin
-  perform runledger._finish_run(p_run_id, p_token, 'FAILED', 'FAILED', null, p_error, null, p_policy_version);
+  if p_reason not in ('FAILED', 'UNVERIFIED') then
+    raise exception using errcode = 'RL003', message = format('_fail_run: reason %L is neither FAILED nor UNVERIFIED', p_reason);
+  end if;
+  perform runledger._finish_run(p_run_id, p_token, 'FAILED', p_reason, null, p_error, p_evidence, p_policy_version);
 end;
 $$;
-comment on function runledger._fail_run(text, bigint, jsonb, text) is
-  'Fenced failure: the workflow threw; FAILED with the error and the FAILED termination record.';
+comment on function runledger._fail_run(text, bigint, jsonb, text, text, jsonb) is
+  'Fenced failure: FAILED with the error and the termination record: reason FAILED (the workflow threw) or UNVERIFIED (the workflow''s verify refused its output; p_evidence holds the reason it gave).';
 
 create function runledger._dead_letter_run(p_run_id text, p_token bigint, p_reason text, p_evidence jsonb, p_policy_version text)
 returns void language plpgsql volatile

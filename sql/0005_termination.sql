@@ -2,6 +2,8 @@
 --
 --   runledger.cancel_run(run_id, reason)   public: cancel now (PENDING, WAITING) or ask the owner (RUNNING)
 --   runledger._charge / _check_progress    budget and no-progress limits, checked with each checkpoint
+--   runledger._add_amounts(...)            budget amounts added per dimension
+--   runledger._charge_now(...)             a fenced charge committed on its own (ctx.chargeNow)
 --   runledger._terminate_run(...)           fenced policy stop by the owner (deadline, max steps)
 --   runledger._finish_cancel(...)           fenced end of a CANCELLING run by its owner
 --   runledger._stop_unowned(...)            ends a run that holds no worker (PENDING, WAITING)
@@ -200,22 +202,78 @@ $$;
 comment on function runledger._terminate_run(text, bigint, text, jsonb) is
   'Fenced policy stop by the run''s owner: TERMINATED with reason (DEADLINE, MAX_STEPS, BUDGET, NO_PROGRESS) and evidence; children are cancelled. A run with compensations due becomes CANCELLING instead, still owned, with that record as its stop_record: it ends TERMINATED once they have run. Returns the new status.';
 
-create function runledger._charge(p_run runledger.runs, p_charge numeric, p_step text, p_seq int) returns runledger.runs
+create function runledger._charge(p_run runledger.runs, p_charge jsonb, p_step text, p_seq int) returns runledger.runs
 language plpgsql volatile as $$
 declare
-  v_run runledger.runs;
+  v_run   runledger.runs;
+  -- A bare number is a charge of units (as ctx.charge(12) was before dimensions).
+  v_charge jsonb := case when jsonb_typeof(p_charge) = 'number' then jsonb_build_object('units', p_charge) else p_charge end;
+  v_units numeric := coalesce((v_charge->>'units')::numeric, 0);
+  v_other jsonb := v_charge - 'units';
+  v_dim   text;
+  v_limit numeric;
+  v_spent numeric;
 begin
-  update runledger.runs set budget_spent = budget_spent + p_charge where run_id = p_run.run_id returning * into v_run;
+  -- units stay in budget_spent; the other dimensions add up in budget_used.
+  update runledger.runs r
+     set budget_spent = r.budget_spent + v_units,
+         budget_used = case when v_other = '{}'::jsonb then r.budget_used
+                            else runledger._add_amounts(r.budget_used, v_other) end
+   where r.run_id = p_run.run_id
+  returning * into v_run;
   if v_run.budget is not null and v_run.budget_spent > v_run.budget then
     perform runledger._terminate_run(v_run.run_id, v_run.fencing_token, 'BUDGET',
-      jsonb_build_object('budget', v_run.budget, 'spent', v_run.budget_spent, 'charge', p_charge, 'step', p_step, 'seq', p_seq));
+      jsonb_build_object('dimension', 'units', 'limit', v_run.budget, 'budget', v_run.budget, 'spent', v_run.budget_spent,
+                         'charge', v_units, 'step', p_step, 'seq', p_seq));
     select * into v_run from runledger.runs where run_id = p_run.run_id;
+    return v_run;
   end if;
+  -- The first dimension (in a fixed order) past its limit names the stop.
+  foreach v_dim in array array['tokens', 'cost_usd', 'tool_calls', 'turns'] loop
+    v_limit := (v_run.budget_limits->>v_dim)::numeric;
+    v_spent := coalesce((v_run.budget_used->>v_dim)::numeric, 0);
+    if v_limit is not null and v_spent > v_limit then
+      perform runledger._terminate_run(v_run.run_id, v_run.fencing_token, 'BUDGET',
+        jsonb_build_object('dimension', v_dim, 'limit', v_limit, 'spent', v_spent, 'budget_used', v_run.budget_used,
+                           'charge', coalesce((v_other->>v_dim)::numeric, 0), 'step', p_step, 'seq', p_seq));
+      select * into v_run from runledger.runs where run_id = p_run.run_id;
+      return v_run;
+    end if;
+  end loop;
   return v_run;
 end;
 $$;
-comment on function runledger._charge(runledger.runs, numeric, text, int) is
-  'Adds a charge to the run''s budget_spent; past its budget the run ends TERMINATED (BUDGET) with the spend as evidence, in the same transaction.';
+comment on function runledger._charge(runledger.runs, jsonb, text, int) is
+  'Adds a charge ({"units": n, "tokens": n, "cost_usd": n, "tool_calls": n, "turns": n}, any subset; a bare number is units) to the run: units to budget_spent, the others to budget_used. Past a limit (budget, or a dimension of budget_limits) the run ends TERMINATED (BUDGET) in the same transaction, with evidence naming the dimension, its limit, what was spent, the charge and the step.';
+
+create function runledger._no_charge(p_charge jsonb) returns boolean
+language sql immutable parallel safe as $$
+  select p_charge is null or p_charge = '0'::jsonb or p_charge = '{}'::jsonb or jsonb_typeof(p_charge) = 'null'
+$$;
+comment on function runledger._no_charge(jsonb) is 'True when a charge charges nothing: absent, null, 0 or {}.';
+
+create function runledger._add_amounts(p_a jsonb, p_b jsonb) returns jsonb
+language sql immutable as $$
+  select coalesce(jsonb_object_agg(k, coalesce((p_a->>k)::numeric, 0) + coalesce((p_b->>k)::numeric, 0)), '{}'::jsonb)
+    from (select jsonb_object_keys(coalesce(p_a, '{}'::jsonb)) union select jsonb_object_keys(coalesce(p_b, '{}'::jsonb))) keys(k)
+$$;
+comment on function runledger._add_amounts(jsonb, jsonb) is 'The sum per key of two objects of numbers (budget amounts); a key missing on one side counts 0.';
+
+create function runledger._charge_now(p_run_id text, p_token bigint, p_charge jsonb, p_step text, p_seq int)
+returns table (run_status text, budget numeric, budget_spent numeric, budget_limits jsonb, budget_used jsonb)
+language plpgsql volatile
+set enable_seqscan = off set jit = off as $$
+declare
+  v_run runledger.runs := runledger._fence(p_run_id, p_token);
+begin
+  if not runledger._no_charge(p_charge) then
+    v_run := runledger._charge(v_run, p_charge, p_step, p_seq);
+  end if;
+  return query select v_run.status::text, v_run.budget, v_run.budget_spent, v_run.budget_limits, v_run.budget_used;
+end;
+$$;
+comment on function runledger._charge_now(text, bigint, jsonb, text, int) is
+  'Fenced charge committed on its own, not with a checkpoint (ctx.chargeNow: a model''s usage, reported by the provider, that a crash before the step''s checkpoint must not lose). Returns the run''s status (TERMINATED or CANCELLING when the charge passed a limit) and its budgets as they stand. With a null or empty charge it only reads them.';
 
 create function runledger._check_progress(p_run runledger.runs, p_step text, p_seq int, p_hash text) returns boolean
 language plpgsql volatile as $$

@@ -414,7 +414,7 @@ comment on function runledger.compensate_run(text, text) is
 
 create function runledger._operation_checkpoint(
   p_run_id text, p_token bigint, p_seq int, p_name text, p_operation_id text, p_status text,
-  p_output jsonb, p_error jsonb, p_external_resource_id text, p_attempts int, p_started_ms_ago bigint, p_charge numeric)
+  p_output jsonb, p_error jsonb, p_external_resource_id text, p_attempts int, p_started_ms_ago bigint, p_charge jsonb)
 returns table (pid int, run_status text)
 language plpgsql volatile
 set enable_seqscan = off set jit = off as $$
@@ -431,7 +431,7 @@ begin
     case when p_status = 'SUCCEEDED' then 'SUCCEEDED' else 'FAILED' end, p_output, p_error, p_attempts, p_started_ms_ago, p_charge);
 end;
 $$;
-comment on function runledger._operation_checkpoint(text, bigint, int, text, text, text, jsonb, jsonb, text, int, bigint, numeric) is
+comment on function runledger._operation_checkpoint(text, bigint, int, text, text, text, jsonb, jsonb, text, int, bigint, jsonb) is
   'Fenced: records an operation''s outcome in the ledger and its step checkpoint in one transaction. p_status UNKNOWN (an invalid reconcile answer): the step checkpoint is FAILED with p_error, the ledger row stays UNKNOWN and an operation_reconcile_invalid event holds the error.';
 
 insert into runledger.migrations (version, name) values (6, '0006_operations');

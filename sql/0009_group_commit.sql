@@ -47,7 +47,7 @@ begin
     from items it
     join locked l on l.run_id = it.v->>'run_id'
    where it.v->>'op' in ('checkpoint', 'complete') and it.v ? 'seq'
-     and coalesce((it.v->>'charge')::numeric, 0) = 0
+     and runledger._no_charge(it.v->'charge')
      and l.fencing_token = (it.v->>'token')::bigint and l.status = 'RUNNING'
      and l.no_progress is null and (l.deadline_at is null or l.deadline_at > v_now)
      and (select count(*) from items other where other.v->>'run_id' = it.v->>'run_id') = 1;
@@ -81,8 +81,8 @@ begin
            lease_owner = null, lease_expires_at = null, wait_kind = null, wait_key = null, wake_at = null,
            termination_reason = 'COMPLETED', terminated_at = v_now,
            policy_version = coalesce(r.policy_version, e.value->>'policy_version'),
-           termination_evidence = jsonb_build_object(
-             'steps', (select count(*) from runledger.steps s where s.run_id = r.run_id), 'budget_spent', r.budget_spent)
+           termination_evidence = runledger._completed_evidence(
+             (select count(*) from runledger.steps s where s.run_id = r.run_id), r, e.value->'verification')
       from jsonb_array_elements(p_items) with ordinality e
      where (e.ordinality - 1)::int = any(v_fast) and e.value->>'op' = 'complete'
        and r.run_id = e.value->>'run_id' and r.run_id = any(v_ids)
@@ -151,16 +151,16 @@ begin
         if v_item->>'op' = 'checkpoint' then
           v_run := runledger._checkpoint_row(v_item->>'run_id', (v_item->>'token')::bigint, (v_item->>'seq')::int,
             v_item->>'name', v_item->>'kind', v_item->>'status', v_item->'output', v_item->'error',
-            (v_item->>'attempts')::int, (v_item->>'started_ms_ago')::bigint, coalesce((v_item->>'charge')::numeric, 0));
+            (v_item->>'attempts')::int, (v_item->>'started_ms_ago')::bigint, v_item->'charge');
           run_status := v_run.status;
         elsif v_item->>'op' = 'complete' and v_item ? 'seq' then
           perform runledger._complete_with_checkpoint(v_item->>'run_id', (v_item->>'token')::bigint, (v_item->>'seq')::int,
             v_item->>'name', v_item->>'kind', v_item->>'status', v_item->'step_output', v_item->'error',
-            (v_item->>'attempts')::int, (v_item->>'started_ms_ago')::bigint, coalesce((v_item->>'charge')::numeric, 0),
-            v_item->'output', v_item->>'policy_version');
+            (v_item->>'attempts')::int, (v_item->>'started_ms_ago')::bigint, v_item->'charge',
+            v_item->'output', v_item->>'policy_version', v_item->'verification');
         elsif v_item->>'op' = 'complete' then
           perform runledger._complete_run(v_item->>'run_id', (v_item->>'token')::bigint, v_item->'output',
-            v_item->>'policy_version', coalesce((v_item->>'charge')::numeric, 0));
+            v_item->>'policy_version', v_item->'charge', v_item->'verification');
         else
           raise exception using errcode = 'RL003', message = format('_commit_batch: unknown op %L', v_item->>'op');
         end if;
@@ -180,7 +180,7 @@ begin
 end;
 $$;
 comment on function runledger._commit_batch(jsonb) is
-  'Group commit for a worker: a JSON array of items, each {"op": "checkpoint"} (the arguments of _checkpoint by name: run_id, token, seq, name, kind, status, output, error, attempts, started_ms_ago, charge) or {"op": "complete"} (those of _complete_run, or of _complete_with_checkpoint when it has "seq"; the step''s result is "step_output"), done in one transaction: the common ones together (_commit_fast), the others one by one, each in a subtransaction. One row per item: its index, the SQLSTATE and message of its error (null when it committed), and the run''s status after it (a completion: SUCCEEDED, or the status a charge past the budget ended it with).';
+  'Group commit for a worker: a JSON array of items, each {"op": "checkpoint"} (the arguments of _checkpoint by name: run_id, token, seq, name, kind, status, output, error, attempts, started_ms_ago, charge (absent when none)) or {"op": "complete"} (those of _complete_run, or of _complete_with_checkpoint when it has "seq"; the step''s result is "step_output"; "verification" the evidence of the workflow''s verify), done in one transaction: the common ones together (_commit_fast), the others one by one, each in a subtransaction. One row per item: its index, the SQLSTATE and message of its error (null when it committed), and the run''s status after it (a completion: SUCCEEDED, or the status a charge past the budget ended it with).';
 
 -- A worker whose batch completes runs refills the slots they free in the same
 -- transaction: one round trip and one commit for both.

@@ -155,6 +155,8 @@ CREATE TABLE runledger.runs (
   max_steps integer,
   budget numeric,
   budget_spent numeric DEFAULT 0 NOT NULL,
+  budget_limits jsonb,
+  budget_used jsonb,
   no_progress integer,
   cancel_requested_at timestamp with time zone,
   admitted boolean DEFAULT false NOT NULL,
@@ -174,8 +176,9 @@ COMMENT ON COLUMN runledger.runs.wait_key IS 'What a WAITING run waits for: the 
 COMMENT ON COLUMN runledger.runs.fencing_token IS 'Incremented on every claim. Every checkpoint write checks it in the same transaction, so a worker that lost its lease cannot commit.';
 COMMENT ON COLUMN runledger.runs.recovery_attempts IS 'How many times the run was recovered after its lease expired (its worker died or stalled). Past max_recovery_attempts the run is dead-lettered.';
 COMMENT ON COLUMN runledger.runs.budget IS 'Budget in units charged by steps (ctx.charge: tokens, money...); budget_spent past it ends the run TERMINATED with reason BUDGET, atomically with the checkpoint that spent it.';
+COMMENT ON COLUMN runledger.runs.budget_limits IS 'Budgets besides units, as {"tokens": n, "cost_usd": n, "tool_calls": n, "turns": n} (limits.budget given as an object); budget_used holds what was spent per dimension. Spending past any of them ends the run TERMINATED (BUDGET) with that dimension in the evidence, atomically with the write that spent it.';
 COMMENT ON COLUMN runledger.runs.no_progress IS 'N: the same step name returning the same result (hash) N times in a row ends the run TERMINATED with reason NO_PROGRESS.';
-COMMENT ON COLUMN runledger.runs.termination_reason IS 'Why a terminal run stopped: COMPLETED, FAILED, CANCELLED, DEADLINE, MAX_STEPS, BUDGET, NO_PROGRESS, MAX_RECOVERY_ATTEMPTS, NON_DETERMINISM.';
+COMMENT ON COLUMN runledger.runs.termination_reason IS 'Why a terminal run stopped: COMPLETED, FAILED, CANCELLED, DEADLINE, MAX_STEPS, BUDGET, NO_PROGRESS, MAX_RECOVERY_ATTEMPTS, NON_DETERMINISM, UNVERIFIED (the workflow''s verify refused its output).';
 COMMENT ON COLUMN runledger.runs.stop_record IS 'Only on a CANCELLING run: the terminal record it ends with once its compensations have run, {status, reason, evidence, error} (a policy stop such as DEADLINE or BUDGET, or the record compensate_run set aside); null for a plain cancel, which ends CANCELLED.';
 ALTER TABLE runledger.runs ADD CONSTRAINT runs_invariants CHECK (runledger._check_run(status, finished_at, termination_reason, lease_owner, lease_expires_at, wait_kind, budget, max_steps, no_progress, retry_budget, max_recovery_attempts));
 COMMENT ON CONSTRAINT runs_invariants ON runledger.runs IS 'Every rule a runs row obeys, in runledger._check_run (see its comment); a broken rule is reported under its own name.';
@@ -433,6 +436,16 @@ COMMENT ON VIEW runledger.waiting IS 'Runs waiting, holding no worker: what for 
 
 -- functions
 
+CREATE OR REPLACE FUNCTION runledger._add_amounts(p_a jsonb, p_b jsonb)
+ RETURNS jsonb
+ LANGUAGE sql
+ IMMUTABLE
+AS $function$
+  select coalesce(jsonb_object_agg(k, coalesce((p_a->>k)::numeric, 0) + coalesce((p_b->>k)::numeric, 0)), '{}'::jsonb)
+    from (select jsonb_object_keys(coalesce(p_a, '{}'::jsonb)) union select jsonb_object_keys(coalesce(p_b, '{}'::jsonb))) keys(k)
+$function$;
+COMMENT ON FUNCTION runledger._add_amounts(jsonb,jsonb) IS 'The sum per key of two objects of numbers (budget amounts); a key missing on one side counts 0.';
+
 CREATE OR REPLACE FUNCTION runledger._admit(p_queue text, p_max integer DEFAULT 1000)
  RETURNS integer
  LANGUAGE plpgsql
@@ -654,23 +667,102 @@ end;
 $function$;
 COMMENT ON FUNCTION runledger._cancel_children(text,text) IS 'Cancels every unfinished child run of p_run_id (and, through cancel_run, theirs). Returns how many.';
 
-CREATE OR REPLACE FUNCTION runledger._charge(p_run runledger.runs, p_charge numeric, p_step text, p_seq integer)
+CREATE OR REPLACE FUNCTION runledger._charge(p_run runledger.runs, p_charge jsonb, p_step text, p_seq integer)
  RETURNS runledger.runs
  LANGUAGE plpgsql
 AS $function$
 declare
-  v_run runledger.runs;
+  v_run   runledger.runs;
+  -- A bare number is a charge of units (as ctx.charge(12) was before dimensions).
+  v_charge jsonb := case when jsonb_typeof(p_charge) = 'number' then jsonb_build_object('units', p_charge) else p_charge end;
+  v_units numeric := coalesce((v_charge->>'units')::numeric, 0);
+  v_other jsonb := v_charge - 'units';
+  v_dim   text;
+  v_limit numeric;
+  v_spent numeric;
 begin
-  update runledger.runs set budget_spent = budget_spent + p_charge where run_id = p_run.run_id returning * into v_run;
+  -- units stay in budget_spent; the other dimensions add up in budget_used.
+  update runledger.runs r
+     set budget_spent = r.budget_spent + v_units,
+         budget_used = case when v_other = '{}'::jsonb then r.budget_used
+                            else runledger._add_amounts(r.budget_used, v_other) end
+   where r.run_id = p_run.run_id
+  returning * into v_run;
   if v_run.budget is not null and v_run.budget_spent > v_run.budget then
     perform runledger._terminate_run(v_run.run_id, v_run.fencing_token, 'BUDGET',
-      jsonb_build_object('budget', v_run.budget, 'spent', v_run.budget_spent, 'charge', p_charge, 'step', p_step, 'seq', p_seq));
+      jsonb_build_object('dimension', 'units', 'limit', v_run.budget, 'budget', v_run.budget, 'spent', v_run.budget_spent,
+                         'charge', v_units, 'step', p_step, 'seq', p_seq));
     select * into v_run from runledger.runs where run_id = p_run.run_id;
+    return v_run;
   end if;
+  -- The first dimension (in a fixed order) past its limit names the stop.
+  foreach v_dim in array array['tokens', 'cost_usd', 'tool_calls', 'turns'] loop
+    v_limit := (v_run.budget_limits->>v_dim)::numeric;
+    v_spent := coalesce((v_run.budget_used->>v_dim)::numeric, 0);
+    if v_limit is not null and v_spent > v_limit then
+      perform runledger._terminate_run(v_run.run_id, v_run.fencing_token, 'BUDGET',
+        jsonb_build_object('dimension', v_dim, 'limit', v_limit, 'spent', v_spent, 'budget_used', v_run.budget_used,
+                           'charge', coalesce((v_other->>v_dim)::numeric, 0), 'step', p_step, 'seq', p_seq));
+      select * into v_run from runledger.runs where run_id = p_run.run_id;
+      return v_run;
+    end if;
+  end loop;
   return v_run;
 end;
 $function$;
-COMMENT ON FUNCTION runledger._charge(runledger.runs,numeric,text,integer) IS 'Adds a charge to the run''s budget_spent; past its budget the run ends TERMINATED (BUDGET) with the spend as evidence, in the same transaction.';
+COMMENT ON FUNCTION runledger._charge(runledger.runs,jsonb,text,integer) IS 'Adds a charge ({"units": n, "tokens": n, "cost_usd": n, "tool_calls": n, "turns": n}, any subset; a bare number is units) to the run: units to budget_spent, the others to budget_used. Past a limit (budget, or a dimension of budget_limits) the run ends TERMINATED (BUDGET) in the same transaction, with evidence naming the dimension, its limit, what was spent, the charge and the step.';
+
+CREATE OR REPLACE FUNCTION runledger._charge_now(p_run_id text, p_token bigint, p_charge jsonb, p_step text, p_seq integer)
+ RETURNS TABLE(run_status text, budget numeric, budget_spent numeric, budget_limits jsonb, budget_used jsonb)
+ LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+AS $function$
+declare
+  v_run runledger.runs := runledger._fence(p_run_id, p_token);
+begin
+  if not runledger._no_charge(p_charge) then
+    v_run := runledger._charge(v_run, p_charge, p_step, p_seq);
+  end if;
+  return query select v_run.status::text, v_run.budget, v_run.budget_spent, v_run.budget_limits, v_run.budget_used;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._charge_now(text,bigint,jsonb,text,integer) IS 'Fenced charge committed on its own, not with a checkpoint (ctx.chargeNow: a model''s usage, reported by the provider, that a crash before the step''s checkpoint must not lose). Returns the run''s status (TERMINATED or CANCELLING when the charge passed a limit) and its budgets as they stand. With a null or empty charge it only reads them.';
+
+CREATE OR REPLACE FUNCTION runledger._check_budget_option(p_budget jsonb, p_caller text)
+ RETURNS void
+ LANGUAGE plpgsql
+ IMMUTABLE
+AS $function$
+declare
+  v_key text;
+  v_amount jsonb;
+begin
+  if p_budget is null or jsonb_typeof(p_budget) = 'null' then
+    return;
+  end if;
+  if jsonb_typeof(p_budget) = 'number' then
+    if (p_budget #>> '{}')::numeric < 0 then
+      raise exception using errcode = 'RL003', message = format('%s: budget must be a number >= 0, not %s', p_caller, p_budget);
+    end if;
+    return;
+  end if;
+  if jsonb_typeof(p_budget) <> 'object' then
+    raise exception using errcode = 'RL003',
+      message = format('%s: budget must be a number or an object of dimensions (units, tokens, cost_usd, tool_calls, turns), not %s', p_caller, p_budget);
+  end if;
+  for v_key, v_amount in select key, value from jsonb_each(p_budget) loop
+    if v_key <> all (array['units', 'tokens', 'cost_usd', 'tool_calls', 'turns']) then
+      raise exception using errcode = 'RL003',
+        message = format('%s: budget has an unknown dimension %L (known: units, tokens, cost_usd, tool_calls, turns)', p_caller, v_key);
+    end if;
+    if jsonb_typeof(v_amount) <> 'number' or (v_amount #>> '{}')::numeric < 0 then
+      raise exception using errcode = 'RL003', message = format('%s: budget %s must be a number >= 0, not %s', p_caller, v_key, v_amount);
+    end if;
+  end loop;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._check_budget_option(jsonb,text) IS 'Raises RL003 unless a budget option is absent, a number >= 0 (units) or an object of dimensions units, tokens, cost_usd, tool_calls, turns, each a number >= 0.';
 
 CREATE OR REPLACE FUNCTION runledger._check_progress(p_run runledger.runs, p_step text, p_seq integer, p_hash text)
  RETURNS boolean
@@ -801,7 +893,7 @@ end;
 $function$;
 COMMENT ON FUNCTION runledger._check_whole_number(jsonb,text,integer) IS 'Raises RL003 unless p_opts->p_key is absent or a whole number >= p_min.';
 
-CREATE OR REPLACE FUNCTION runledger._checkpoint(p_run_id text, p_token bigint, p_seq integer, p_name text, p_kind text, p_status text, p_output jsonb, p_error jsonb, p_attempts integer, p_started_ms_ago bigint, p_charge numeric DEFAULT 0)
+CREATE OR REPLACE FUNCTION runledger._checkpoint(p_run_id text, p_token bigint, p_seq integer, p_name text, p_kind text, p_status text, p_output jsonb, p_error jsonb, p_attempts integer, p_started_ms_ago bigint, p_charge jsonb DEFAULT NULL::jsonb)
  RETURNS TABLE(pid integer, run_status text)
  LANGUAGE plpgsql
  SET enable_seqscan TO 'off'
@@ -814,7 +906,7 @@ begin
   return next;
 end;
 $function$;
-COMMENT ON FUNCTION runledger._checkpoint(text,bigint,integer,text,text,text,jsonb,jsonb,integer,bigint,numeric) IS 'Fenced checkpoint write in the caller''s transaction: checks the fencing token (row lock on the run) and the deadline, inserts the step row, charges p_charge to the budget and checks the no-progress limit (either may end the run TERMINATED right here). Returns the backend pid and the run''s status (CANCELLING tells the worker to stop).';
+COMMENT ON FUNCTION runledger._checkpoint(text,bigint,integer,text,text,text,jsonb,jsonb,integer,bigint,jsonb) IS 'Fenced checkpoint write in the caller''s transaction: checks the fencing token (row lock on the run) and the deadline, inserts the step row, charges p_charge (amounts per dimension, see _charge) to the budgets and checks the no-progress limit (either may end the run TERMINATED right here). Returns the backend pid and the run''s status (CANCELLING tells the worker to stop).';
 
 CREATE OR REPLACE FUNCTION runledger._checkpoint_outcome(p_run_id text, p_seq integer, p_token bigint)
  RETURNS TABLE(committed boolean, status text, output jsonb, error jsonb, still_owner boolean)
@@ -837,7 +929,7 @@ end;
 $function$;
 COMMENT ON FUNCTION runledger._checkpoint_outcome(text,integer,bigint) IS 'After a COMMIT whose outcome the client did not see: waits for in-flight transactions on the run, then says whether the checkpoint committed (output wrapped in a one-element array, null when absent).';
 
-CREATE OR REPLACE FUNCTION runledger._checkpoint_row(p_run_id text, p_token bigint, p_seq integer, p_name text, p_kind text, p_status text, p_output jsonb, p_error jsonb, p_attempts integer, p_started_ms_ago bigint, p_charge numeric DEFAULT 0)
+CREATE OR REPLACE FUNCTION runledger._checkpoint_row(p_run_id text, p_token bigint, p_seq integer, p_name text, p_kind text, p_status text, p_output jsonb, p_error jsonb, p_attempts integer, p_started_ms_ago bigint, p_charge jsonb DEFAULT NULL::jsonb)
  RETURNS runledger.runs
  LANGUAGE plpgsql
 AS $function$
@@ -867,7 +959,7 @@ begin
     raise exception using errcode = 'RL010', message = format('run %s: step %s already has a checkpoint', p_run_id, p_seq);
   end if;
   -- Termination policies are checked atomically with the checkpoint that trips them.
-  if p_charge <> 0 then
+  if not runledger._no_charge(p_charge) then
     v_run := runledger._charge(v_run, p_charge, p_name, p_seq);
   end if;
   if v_hash is not null and v_run.status in ('RUNNING', 'CANCELLING') then
@@ -879,7 +971,7 @@ begin
   return v_run;
 end;
 $function$;
-COMMENT ON FUNCTION runledger._checkpoint_row(text,bigint,integer,text,text,text,jsonb,jsonb,integer,bigint,numeric) IS 'The body of _checkpoint: fenced checkpoint write (see _checkpoint), returning the run row as it is after the checkpoint (its status says whether a policy ended it).';
+COMMENT ON FUNCTION runledger._checkpoint_row(text,bigint,integer,text,text,text,jsonb,jsonb,integer,bigint,jsonb) IS 'The body of _checkpoint: fenced checkpoint write (see _checkpoint), returning the run row as it is after the checkpoint (its status says whether a policy ended it).';
 
 CREATE OR REPLACE FUNCTION runledger._claim_batch(p_worker_id text, p_queues text[], p_workflows text[], p_limit integer, p_lease_ms integer, p_reclaim_except text[] DEFAULT NULL::text[])
  RETURNS TABLE(run_id text, workflow_name text, workflow_version text, input jsonb, fencing_token bigint, recovery_attempts integer, max_steps integer, budget numeric, budget_spent numeric, cancel_requested boolean, checkpoints jsonb, progress jsonb, next_due_in_ms bigint)
@@ -1078,16 +1170,16 @@ begin
         if v_item->>'op' = 'checkpoint' then
           v_run := runledger._checkpoint_row(v_item->>'run_id', (v_item->>'token')::bigint, (v_item->>'seq')::int,
             v_item->>'name', v_item->>'kind', v_item->>'status', v_item->'output', v_item->'error',
-            (v_item->>'attempts')::int, (v_item->>'started_ms_ago')::bigint, coalesce((v_item->>'charge')::numeric, 0));
+            (v_item->>'attempts')::int, (v_item->>'started_ms_ago')::bigint, v_item->'charge');
           run_status := v_run.status;
         elsif v_item->>'op' = 'complete' and v_item ? 'seq' then
           perform runledger._complete_with_checkpoint(v_item->>'run_id', (v_item->>'token')::bigint, (v_item->>'seq')::int,
             v_item->>'name', v_item->>'kind', v_item->>'status', v_item->'step_output', v_item->'error',
-            (v_item->>'attempts')::int, (v_item->>'started_ms_ago')::bigint, coalesce((v_item->>'charge')::numeric, 0),
-            v_item->'output', v_item->>'policy_version');
+            (v_item->>'attempts')::int, (v_item->>'started_ms_ago')::bigint, v_item->'charge',
+            v_item->'output', v_item->>'policy_version', v_item->'verification');
         elsif v_item->>'op' = 'complete' then
           perform runledger._complete_run(v_item->>'run_id', (v_item->>'token')::bigint, v_item->'output',
-            v_item->>'policy_version', coalesce((v_item->>'charge')::numeric, 0));
+            v_item->>'policy_version', v_item->'charge', v_item->'verification');
         else
           raise exception using errcode = 'RL003', message = format('_commit_batch: unknown op %L', v_item->>'op');
         end if;
@@ -1106,7 +1198,7 @@ begin
   perform runledger._admit_collected();
 end;
 $function$;
-COMMENT ON FUNCTION runledger._commit_batch(jsonb) IS 'Group commit for a worker: a JSON array of items, each {"op": "checkpoint"} (the arguments of _checkpoint by name: run_id, token, seq, name, kind, status, output, error, attempts, started_ms_ago, charge) or {"op": "complete"} (those of _complete_run, or of _complete_with_checkpoint when it has "seq"; the step''s result is "step_output"), done in one transaction: the common ones together (_commit_fast), the others one by one, each in a subtransaction. One row per item: its index, the SQLSTATE and message of its error (null when it committed), and the run''s status after it (a completion: SUCCEEDED, or the status a charge past the budget ended it with).';
+COMMENT ON FUNCTION runledger._commit_batch(jsonb) IS 'Group commit for a worker: a JSON array of items, each {"op": "checkpoint"} (the arguments of _checkpoint by name: run_id, token, seq, name, kind, status, output, error, attempts, started_ms_ago, charge (absent when none)) or {"op": "complete"} (those of _complete_run, or of _complete_with_checkpoint when it has "seq"; the step''s result is "step_output"; "verification" the evidence of the workflow''s verify), done in one transaction: the common ones together (_commit_fast), the others one by one, each in a subtransaction. One row per item: its index, the SQLSTATE and message of its error (null when it committed), and the run''s status after it (a completion: SUCCEEDED, or the status a charge past the budget ended it with).';
 
 CREATE OR REPLACE FUNCTION runledger._commit_fast(p_items jsonb)
  RETURNS integer[]
@@ -1143,7 +1235,7 @@ begin
     from items it
     join locked l on l.run_id = it.v->>'run_id'
    where it.v->>'op' in ('checkpoint', 'complete') and it.v ? 'seq'
-     and coalesce((it.v->>'charge')::numeric, 0) = 0
+     and runledger._no_charge(it.v->'charge')
      and l.fencing_token = (it.v->>'token')::bigint and l.status = 'RUNNING'
      and l.no_progress is null and (l.deadline_at is null or l.deadline_at > v_now)
      and (select count(*) from items other where other.v->>'run_id' = it.v->>'run_id') = 1;
@@ -1177,8 +1269,8 @@ begin
            lease_owner = null, lease_expires_at = null, wait_kind = null, wait_key = null, wake_at = null,
            termination_reason = 'COMPLETED', terminated_at = v_now,
            policy_version = coalesce(r.policy_version, e.value->>'policy_version'),
-           termination_evidence = jsonb_build_object(
-             'steps', (select count(*) from runledger.steps s where s.run_id = r.run_id), 'budget_spent', r.budget_spent)
+           termination_evidence = runledger._completed_evidence(
+             (select count(*) from runledger.steps s where s.run_id = r.run_id), r, e.value->'verification')
       from jsonb_array_elements(p_items) with ordinality e
      where (e.ordinality - 1)::int = any(v_fast) and e.value->>'op' = 'complete'
        and r.run_id = e.value->>'run_id' and r.run_id = any(v_ids)
@@ -1301,7 +1393,7 @@ AS $function$
 $function$;
 COMMENT ON FUNCTION runledger._compensations_due(text) IS 'True when the run has a succeeded compensable operation whose compensation has not run (or was cut short by a crash: STARTED).';
 
-CREATE OR REPLACE FUNCTION runledger._complete_run(p_run_id text, p_token bigint, p_output jsonb, p_policy_version text, p_charge numeric DEFAULT 0)
+CREATE OR REPLACE FUNCTION runledger._complete_run(p_run_id text, p_token bigint, p_output jsonb, p_policy_version text, p_charge jsonb DEFAULT NULL::jsonb, p_verification jsonb DEFAULT NULL::jsonb)
  RETURNS void
  LANGUAGE plpgsql
  SET enable_seqscan TO 'off'
@@ -1310,21 +1402,20 @@ AS $function$
 declare
   v_run runledger.runs := runledger._fence(p_run_id, p_token);
 begin
-  if p_charge <> 0 then
+  if not runledger._no_charge(p_charge) then
     v_run := runledger._charge(v_run, p_charge, 'complete', null);
     if v_run.status = 'TERMINATED' or v_run.stop_record is not null then
       return; -- the charge stopped the run (its compensations then run, see _terminate_run)
     end if;
   end if;
   perform runledger._finish_run(p_run_id, p_token, 'SUCCEEDED', 'COMPLETED', p_output, null,
-    jsonb_build_object('steps', (select count(*) from runledger.steps s where s.run_id = p_run_id),
-                       'budget_spent', v_run.budget_spent),
+    runledger._completed_evidence((select count(*) from runledger.steps s where s.run_id = p_run_id), v_run, p_verification),
     p_policy_version);
 end;
 $function$;
-COMMENT ON FUNCTION runledger._complete_run(text,bigint,jsonb,text,numeric) IS 'Fenced completion: output, SUCCEEDED and the COMPLETED termination record commit together (a last charge over the budget ends it TERMINATED, BUDGET instead).';
+COMMENT ON FUNCTION runledger._complete_run(text,bigint,jsonb,text,jsonb,jsonb) IS 'Fenced completion: output, SUCCEEDED and the COMPLETED termination record commit together (a last charge over a budget ends it TERMINATED, BUDGET instead). p_verification: the evidence the workflow''s verify accepted the output with, kept in the record.';
 
-CREATE OR REPLACE FUNCTION runledger._complete_with_checkpoint(p_run_id text, p_token bigint, p_seq integer, p_name text, p_kind text, p_status text, p_step_output jsonb, p_error jsonb, p_attempts integer, p_started_ms_ago bigint, p_charge numeric, p_output jsonb, p_policy_version text)
+CREATE OR REPLACE FUNCTION runledger._complete_with_checkpoint(p_run_id text, p_token bigint, p_seq integer, p_name text, p_kind text, p_status text, p_step_output jsonb, p_error jsonb, p_attempts integer, p_started_ms_ago bigint, p_charge jsonb, p_output jsonb, p_policy_version text, p_verification jsonb DEFAULT NULL::jsonb)
  RETURNS void
  LANGUAGE plpgsql
  SET enable_seqscan TO 'off'
@@ -1343,7 +1434,7 @@ begin
   -- cannot go stale"). A run with a no-progress limit, a charge or a cancel under way, or
   -- a stale token, takes the general path below, which also says what failed.
   select * into v_run from runledger.runs r where r.run_id = p_run_id for update;
-  if p_charge = 0 and v_run.fencing_token = p_token and v_run.status = 'RUNNING' and v_run.no_progress is null
+  if runledger._no_charge(p_charge) and v_run.fencing_token = p_token and v_run.status = 'RUNNING' and v_run.no_progress is null
      and (v_run.deadline_at is null or v_run.deadline_at > v_now) then
     update runledger.runs r
        set status = 'SUCCEEDED', output = p_output, error = null, finished_at = v_now, updated_at = v_now,
@@ -1351,9 +1442,8 @@ begin
            termination_reason = 'COMPLETED', terminated_at = v_now,
            policy_version = coalesce(r.policy_version, p_policy_version),
            -- The step below is not written yet (or only as a retry's WAITING row): count it once.
-           termination_evidence = jsonb_build_object(
-             'steps', (select count(*) from runledger.steps s where s.run_id = p_run_id and s.seq <> p_seq) + 1,
-             'budget_spent', r.budget_spent)
+           termination_evidence = runledger._completed_evidence(
+             (select count(*) from runledger.steps s where s.run_id = p_run_id and s.seq <> p_seq) + 1, r, p_verification)
      where r.run_id = p_run_id
     returning r.parent_run_id, r.queue_name, r.termination_evidence into v_parent, v_queue, v_evidence;
     insert into runledger.steps (run_id, seq, name, kind, status, output, error, attempts, started_at, finished_at, fencing_token)
@@ -1374,13 +1464,23 @@ begin
                                      p_attempts, p_started_ms_ago, p_charge);
   if v_run.status in ('RUNNING', 'CANCELLING') and v_run.stop_record is null then
     perform runledger._finish_run(p_run_id, p_token, 'SUCCEEDED', 'COMPLETED', p_output, null,
-      jsonb_build_object('steps', (select count(*) from runledger.steps s where s.run_id = p_run_id),
-                         'budget_spent', v_run.budget_spent),
+      runledger._completed_evidence((select count(*) from runledger.steps s where s.run_id = p_run_id), v_run, p_verification),
       p_policy_version);
   end if;
 end;
 $function$;
-COMMENT ON FUNCTION runledger._complete_with_checkpoint(text,bigint,integer,text,text,text,jsonb,jsonb,integer,bigint,numeric,jsonb,text) IS 'Fenced: writes the last step''s checkpoint and completes the run in one transaction (unless the checkpoint itself ended the run, e.g. over budget).';
+COMMENT ON FUNCTION runledger._complete_with_checkpoint(text,bigint,integer,text,text,text,jsonb,jsonb,integer,bigint,jsonb,jsonb,text,jsonb) IS 'Fenced: writes the last step''s checkpoint and completes the run in one transaction (unless the checkpoint itself ended the run, e.g. over budget).';
+
+CREATE OR REPLACE FUNCTION runledger._completed_evidence(p_steps bigint, p_run runledger.runs, p_verification jsonb)
+ RETURNS jsonb
+ LANGUAGE sql
+ IMMUTABLE
+AS $function$
+  select jsonb_build_object('steps', p_steps, 'budget_spent', p_run.budget_spent)
+         || case when p_run.budget_used is null then '{}'::jsonb else jsonb_build_object('budget_used', p_run.budget_used) end
+         || case when p_verification is null then '{}'::jsonb else jsonb_build_object('verification', p_verification) end
+$function$;
+COMMENT ON FUNCTION runledger._completed_evidence(bigint,runledger.runs,jsonb) IS 'The evidence of a COMPLETED termination record: steps, budget_spent (units), budget_used (other dimensions, when any) and verification (what the workflow''s verify accepted the output with, when it has one).';
 
 CREATE OR REPLACE FUNCTION runledger._dead_letter_run(p_run_id text, p_token bigint, p_reason text, p_evidence jsonb, p_policy_version text)
  RETURNS void
@@ -1465,17 +1565,20 @@ end;
 $function$;
 COMMENT ON FUNCTION runledger._enforce_deadlines(integer) IS 'Sweeper: PENDING and WAITING runs past their deadline end TERMINATED (DEADLINE), exactly once, with the deadline as evidence. Honours runledger.fake_now. Returns how many.';
 
-CREATE OR REPLACE FUNCTION runledger._fail_run(p_run_id text, p_token bigint, p_error jsonb, p_policy_version text)
+CREATE OR REPLACE FUNCTION runledger._fail_run(p_run_id text, p_token bigint, p_error jsonb, p_policy_version text, p_reason text DEFAULT 'FAILED'::text, p_evidence jsonb DEFAULT NULL::jsonb)
  RETURNS void
  LANGUAGE plpgsql
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
 AS $function$
 begin
-  perform runledger._finish_run(p_run_id, p_token, 'FAILED', 'FAILED', null, p_error, null, p_policy_version);
+  if p_reason not in ('FAILED', 'UNVERIFIED') then
+    raise exception using errcode = 'RL003', message = format('_fail_run: reason %L is neither FAILED nor UNVERIFIED', p_reason);
+  end if;
+  perform runledger._finish_run(p_run_id, p_token, 'FAILED', p_reason, null, p_error, p_evidence, p_policy_version);
 end;
 $function$;
-COMMENT ON FUNCTION runledger._fail_run(text,bigint,jsonb,text) IS 'Fenced failure: the workflow threw; FAILED with the error and the FAILED termination record.';
+COMMENT ON FUNCTION runledger._fail_run(text,bigint,jsonb,text,text,jsonb) IS 'Fenced failure: FAILED with the error and the termination record: reason FAILED (the workflow threw) or UNVERIFIED (the workflow''s verify refused its output; p_evidence holds the reason it gave).';
 
 CREATE OR REPLACE FUNCTION runledger._fence(p_run_id text, p_token bigint, p_now timestamp with time zone DEFAULT NULL::timestamp with time zone)
  RETURNS runledger.runs
@@ -1700,6 +1803,15 @@ end;
 $function$;
 COMMENT ON FUNCTION runledger._new_id() IS 'A new ULID (26 characters, Crockford base32) for ids created in SQL.';
 
+CREATE OR REPLACE FUNCTION runledger._no_charge(p_charge jsonb)
+ RETURNS boolean
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+  select p_charge is null or p_charge = '0'::jsonb or p_charge = '{}'::jsonb or jsonb_typeof(p_charge) = 'null'
+$function$;
+COMMENT ON FUNCTION runledger._no_charge(jsonb) IS 'True when a charge charges nothing: absent, null, 0 or {}.';
+
 CREATE OR REPLACE FUNCTION runledger._operation_begin(p_run_id text, p_token bigint, p_seq integer, p_name text, p_key text, p_compensable boolean, p_again boolean)
  RETURNS TABLE(operation_id text, status text, attempts integer, idempotency_key text, result jsonb, error jsonb)
  LANGUAGE plpgsql
@@ -1773,7 +1885,7 @@ end;
 $function$;
 COMMENT ON FUNCTION runledger._operation_begin(text,bigint,integer,text,text,boolean,boolean) IS 'Fenced. First call: records the intent (STARTED, key, attempt 1) and commits before the external call; in a fork whose ancestor used the key, reuses its SUCCEEDED result (no call) or links the new attempt to it (prior_operation_id). A key another run used raises 23505. On replay a STARTED row becomes UNKNOWN (status UNKNOWN_NOW, with an event). p_again, or a PLANNED row (put back by retry_run): the caller will call again with the same key (STARTED, attempt + 1). Otherwise returns the row as it stands.';
 
-CREATE OR REPLACE FUNCTION runledger._operation_checkpoint(p_run_id text, p_token bigint, p_seq integer, p_name text, p_operation_id text, p_status text, p_output jsonb, p_error jsonb, p_external_resource_id text, p_attempts integer, p_started_ms_ago bigint, p_charge numeric)
+CREATE OR REPLACE FUNCTION runledger._operation_checkpoint(p_run_id text, p_token bigint, p_seq integer, p_name text, p_operation_id text, p_status text, p_output jsonb, p_error jsonb, p_external_resource_id text, p_attempts integer, p_started_ms_ago bigint, p_charge jsonb)
  RETURNS TABLE(pid integer, run_status text)
  LANGUAGE plpgsql
  SET enable_seqscan TO 'off'
@@ -1792,7 +1904,7 @@ begin
     case when p_status = 'SUCCEEDED' then 'SUCCEEDED' else 'FAILED' end, p_output, p_error, p_attempts, p_started_ms_ago, p_charge);
 end;
 $function$;
-COMMENT ON FUNCTION runledger._operation_checkpoint(text,bigint,integer,text,text,text,jsonb,jsonb,text,integer,bigint,numeric) IS 'Fenced: records an operation''s outcome in the ledger and its step checkpoint in one transaction. p_status UNKNOWN (an invalid reconcile answer): the step checkpoint is FAILED with p_error, the ledger row stays UNKNOWN and an operation_reconcile_invalid event holds the error.';
+COMMENT ON FUNCTION runledger._operation_checkpoint(text,bigint,integer,text,text,text,jsonb,jsonb,text,integer,bigint,jsonb) IS 'Fenced: records an operation''s outcome in the ledger and its step checkpoint in one transaction. p_status UNKNOWN (an invalid reconcile answer): the step checkpoint is FAILED with p_error, the ledger row stays UNKNOWN and an operation_reconcile_invalid event holds the error.';
 
 CREATE OR REPLACE FUNCTION runledger._operation_finish(p_run_id text, p_token bigint, p_operation_id text, p_status text, p_result jsonb, p_error jsonb, p_external_resource_id text, p_resolved_by text)
  RETURNS void
@@ -2111,12 +2223,12 @@ begin
   insert into runledger.runs (
     run_id, workflow_name, workflow_version, queue_name, status, input, admitted, not_before, priority, concurrency_key,
     idempotency_key, parent_run_id, deadline_at, max_recovery_attempts, version_manifest, max_steps, budget,
-    no_progress, retry_budget, policy_version, fencing_token, lease_owner, lease_expires_at, started_at,
+    budget_limits, no_progress, retry_budget, policy_version, fencing_token, lease_owner, lease_expires_at, started_at,
     created_at, updated_at)
   values (
     v_t.run_id, v_t.workflow_name, v_t.workflow_version, v_t.queue_name, v_t.status, p_input, v_t.admitted, v_t.not_before,
     v_t.priority, v_t.concurrency_key, v_t.idempotency_key, v_t.parent_run_id, v_t.deadline_at,
-    v_t.max_recovery_attempts, v_t.version_manifest, v_t.max_steps, v_t.budget, v_t.no_progress, v_t.retry_budget,
+    v_t.max_recovery_attempts, v_t.version_manifest, v_t.max_steps, v_t.budget, v_t.budget_limits, v_t.no_progress, v_t.retry_budget,
     v_t.policy_version, v_t.fencing_token, v_t.lease_owner, v_t.lease_expires_at, v_t.started_at,
     v_t.created_at, v_t.updated_at)
   on conflict do nothing;
@@ -2299,9 +2411,7 @@ begin
   perform runledger._check_whole_number(v_opts, 'max_steps', 1);
   perform runledger._check_whole_number(v_opts, 'no_progress', 2);
   perform runledger._check_whole_number(v_opts, 'retry_budget', 0);
-  if v_opts ? 'budget' and (jsonb_typeof(v_opts->'budget') <> 'number' or (v_opts->>'budget')::numeric < 0) then
-    raise exception using errcode = 'RL003', message = format('%s: budget must be a number >= 0, not %s', p_caller, v_opts->'budget');
-  end if;
+  perform runledger._check_budget_option(v_opts->'budget', p_caller);
   if v_opts ? 'priority' and (jsonb_typeof(v_opts->'priority') <> 'number' or (v_opts->>'priority') !~ '^-?\d{1,9}$') then
     raise exception using errcode = 'RL003', message = format('%s: priority must be a whole number, not %s', p_caller, v_opts->'priority');
   end if;
@@ -2345,7 +2455,13 @@ begin
   v_t.max_recovery_attempts := coalesce((v_opts->>'max_recovery_attempts')::int, v_wf.max_recovery_attempts);
   v_t.version_manifest := coalesce(v_opts->'version_manifest', jsonb_build_object('started_from', 'sql'));
   v_t.max_steps := (v_opts->>'max_steps')::int;
-  v_t.budget := (v_opts->>'budget')::numeric;
+  -- A number is a budget of units; an object names its dimensions (units stays in budget).
+  if jsonb_typeof(v_opts->'budget') = 'object' then
+    v_t.budget := (v_opts->'budget'->>'units')::numeric;
+    v_t.budget_limits := nullif((v_opts->'budget') - 'units', '{}'::jsonb);
+  else
+    v_t.budget := (v_opts->>'budget')::numeric;
+  end if;
   v_t.no_progress := (v_opts->>'no_progress')::int;
   v_t.retry_budget := (v_opts->>'retry_budget')::int;
   -- The policy a run is held to, named by what it contains: kept in its termination record.
@@ -3274,7 +3390,7 @@ CREATE OR REPLACE FUNCTION runledger.termination_reasons()
  IMMUTABLE
 AS $function$
   select array['COMPLETED', 'FAILED', 'CANCELLED', 'DEADLINE', 'MAX_STEPS', 'BUDGET', 'NO_PROGRESS',
-               'MAX_RECOVERY_ATTEMPTS', 'NON_DETERMINISM']
+               'MAX_RECOVERY_ATTEMPTS', 'NON_DETERMINISM', 'UNVERIFIED']
 $function$;
 COMMENT ON FUNCTION runledger.termination_reasons() IS 'Why a terminal run stopped (runs.termination_reason); see docs/termination.md for the evidence of each.';
 

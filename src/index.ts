@@ -1,7 +1,19 @@
 export { createEngine, MAX_PAYLOAD_BYTES_DEFAULT } from './engine/index.js';
 export type { Engine, EngineOptions, LogFunction, LogLevel } from './engine/index.js';
 export { defineWorkflow } from './engine/core/workflow.js';
-export type { Workflow, WorkflowFunction, WorkflowLimits, WorkflowOptions } from './engine/core/workflow.js';
+export type {
+  Workflow,
+  WorkflowFunction,
+  WorkflowLimits,
+  WorkflowOptions,
+  Verdict,
+  VerifyFunction,
+  NoProgressEvidence,
+} from './engine/core/workflow.js';
+export { BUDGET_DIMENSIONS } from './engine/core/budget.js';
+export type { BudgetAmounts, BudgetDimension, BudgetRemaining } from './engine/core/budget.js';
+export type { DurableStream } from './steps/stream.js';
+export type { ProgressResult, ProgressSignals } from './steps/progress.js';
 export type { RunHandle, StartManyOptions, StartOptions } from './engine/client/start.js';
 export type { ListRunsOptions, OperationRecord, RunRecord, StepRecord } from './engine/client/runs.js';
 export type { Jsonify } from './engine/core/jsonify.js';
@@ -65,5 +77,7 @@ export {
   MigrationMismatchError,
   ConstraintViolationError,
   InvalidReconcileAnswerError,
+  UnverifiedError,
+  InvalidVerdictError,
 } from './engine/core/errors.js';
 export type { ErrorCode, SerializedError } from './engine/core/errors.js';

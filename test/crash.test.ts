@@ -110,6 +110,24 @@ describe('SIGKILL mid-run', () => {
   });
 });
 
+describe('SIGKILL after usage was charged with chargeNow, before the step checkpoint', () => {
+  it('the charge of the lost attempt stays spent; the re-run charges its own, so both attempts count', async () => {
+    const { runId } = await t.engine.start(t.fixtures.metered, undefined);
+    const doomed = await worker({ RUNLEDGER_FAILPOINTS: 'before-checkpoint:model-call' });
+    expect((await doomed.exited).signal).toBe('SIGKILL');
+    // Killed after the provider reported usage and before the checkpoint: the usage is already committed.
+    const spent = await db.pool.query('select budget_used from runledger.runs where run_id = $1', [runId]);
+    expect(spent.rows[0].budget_used).toEqual({ tokens: 120, cost_usd: 0.01 });
+
+    await worker();
+    await waitFor('the run finished', () => allFinished([runId]));
+    const run = await db.pool.query('select status, budget_used from runledger.runs where run_id = $1', [runId]);
+    expect(run.rows[0]).toEqual({ status: 'SUCCEEDED', budget_used: { tokens: 240, cost_usd: 0.02 } });
+    const executions = await db.pool.query(`select count(*)::int as n from step_executions where run_id = $1`, [runId]);
+    expect(executions.rows[0].n).toBe(2);
+  });
+});
+
 describe('SIGKILL after a start that claimed its run', () => {
   it('runs the process claimed at their start are recovered by the next worker; their rows exist once', async () => {
     const doomed = await worker({ START_ORDERS: '4', RUNLEDGER_FAILPOINTS: 'before-checkpoint:charge' });

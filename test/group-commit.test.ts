@@ -76,7 +76,7 @@ function step(runId: string, token: string, seq: number, extra: Partial<StepItem
     errorJson: null,
     attempts: 1,
     startedMsAgo: 0,
-    charge: 0,
+    charge: null,
     ...extra,
   };
 }
@@ -151,14 +151,14 @@ describe('GroupCommit', () => {
       commits.submit(checkpointItem(step(a.runId, a.token, 1))),
       commits.submit(checkpointItem(step(taken.runId, taken.token, 0))), // stale token
       commits.submit(checkpointItem(step(b.runId, b.token, 0))),
-      commits.submit(completeItem({ runId: done.runId, token: done.token, outputText: '{"total":1}', policyVersion: 'p/1', charge: 0 })),
+      commits.submit(completeItem({ runId: done.runId, token: done.token, outputText: '{"total":1}', policyVersion: 'p/1', charge: null })),
       commits.submit(
         completeItem({
           runId: last.runId,
           token: last.token,
           outputText: '"finished"',
           policyVersion: 'p/1',
-          charge: 0,
+          charge: null,
           step: step(last.runId, last.token, 0, { name: 'final', outputText: '[1,2]' }),
         }),
       ),

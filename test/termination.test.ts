@@ -183,7 +183,15 @@ describe('max steps and budget', () => {
     const handle = await t.engine.start(wf, undefined);
     await expect(handle.result()).rejects.toMatchObject({ details: { terminationReason: 'BUDGET' } });
     const run = await runRow(handle.runId);
-    expect(run.termination_evidence).toEqual({ budget: 100, spent: 120, charge: 40, step: 'llm-2', seq: 2 });
+    expect(run.termination_evidence).toEqual({
+      dimension: 'units',
+      limit: 100,
+      budget: 100,
+      spent: 120,
+      charge: 40,
+      step: 'llm-2',
+      seq: 2,
+    });
     expect(Number(run.budget_spent)).toBe(120);
     expect(await executed(handle.runId)).toEqual(['llm-0', 'llm-1', 'llm-2']);
     const checkpoints = await db.pool.query('select name from runledger.steps where run_id = $1 order by seq', [handle.runId]);

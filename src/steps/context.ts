@@ -148,8 +148,11 @@ export class StepContext<DB = any> {
     return chargeNow(this.#exec, toBudgetAmounts(amount, 'chargeNow'));
   }
 
-  /** The run's budgets: `remaining()` per dimension (null where there is no limit), pending charges counted. */
-  get budget(): { remaining(): BudgetRemaining } {
+  /**
+   * The run's budgets: `await ctx.budget.remaining()` per dimension (null where there is no
+   * limit), pending charges counted; the first call of an execution reads the run's row.
+   */
+  get budget(): { remaining(): Promise<BudgetRemaining> } {
     const exec = this.#exec;
     return { remaining: () => remainingBudget(exec) };
   }

@@ -287,7 +287,7 @@ async function record<T>(
         at.reconciledResourceId ?? (stored && options.externalResourceId ? (options.externalResourceId(stored.value) ?? null) : null),
         at.attempt,
         msSince(at.startedAt),
-        exec.pendingCharge,
+        exec.pendingChargeJson(),
       ],
     );
     committed(exec, result.rows[0]?.run_status);

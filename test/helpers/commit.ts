@@ -82,7 +82,7 @@ export function commitHelpers(db: TestDatabase) {
     try {
       await client.query(
         `select runledger._complete_with_checkpoint($1, $2, $3, $4, 'step', $5, $6::jsonb, null, $7,
-                                                   coalesce($8::bigint, 0), $9, $10::jsonb, 'p/1')`,
+                                                   coalesce($8::bigint, 0), $9::jsonb, $10::jsonb, 'p/1')`,
         [
           args.runId,
           args.token,
@@ -92,13 +92,13 @@ export function commitHelpers(db: TestDatabase) {
           args.stepOutput === undefined ? null : JSON.stringify(args.stepOutput),
           args.attempts ?? 1,
           args.startedMsAgo ?? null,
-          args.charge ?? 0,
+          args.charge === undefined ? null : JSON.stringify(args.charge),
           args.output === undefined ? null : JSON.stringify(args.output),
         ],
       );
       const calls = await client.query(
         `select coalesce(pg_stat_get_xact_function_calls(
-                  'runledger._checkpoint_row(text, bigint, int, text, text, text, jsonb, jsonb, int, bigint, numeric)'::regprocedure), 0)::int as n`,
+                  'runledger._checkpoint_row(text, bigint, int, text, text, text, jsonb, jsonb, int, bigint, jsonb)'::regprocedure), 0)::int as n`,
       );
       await client.query('commit');
       return calls.rows[0].n === 0 ? 'fast' : 'general';

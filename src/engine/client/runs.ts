@@ -1,4 +1,5 @@
 import type pg from 'pg';
+import { fromSqlAmounts, type BudgetAmounts } from '../core/budget.js';
 import type { Kysely } from 'kysely';
 import { ConfigError, fromPgError } from '../core/errors.js';
 import {
@@ -80,6 +81,10 @@ export interface RunRecord {
   /** Budget units the run may charge (ctx.charge); null: no budget. */
   budget: number | null;
   budgetSpent: number;
+  /** Limits in the other dimensions (limits.budget as an object), camelCase; null: none. */
+  budgetLimits: BudgetAmounts | null;
+  /** What the run spent in the other dimensions (tokens, costUsd, toolCalls, turns); null: nothing yet. */
+  budgetUsed: BudgetAmounts | null;
   noProgress: number | null;
   retryBudget: number | null;
   retriesUsed: number;
@@ -115,6 +120,9 @@ function toRecord<T>(row: object): T {
   if (out.fencingToken !== undefined && out.fencingToken !== null) out.fencingToken = BigInt(out.fencingToken as string);
   for (const key of ['budget', 'budgetSpent']) {
     if (out[key] !== undefined && out[key] !== null) out[key] = Number(out[key]);
+  }
+  for (const key of ['budgetLimits', 'budgetUsed']) {
+    if (out[key] !== undefined && out[key] !== null) out[key] = fromSqlAmounts(out[key] as Record<string, unknown>);
   }
   return out as T;
 }

@@ -7,6 +7,7 @@ import type { RunRecord } from './runs.js';
 import type { Jsonify } from '../core/jsonify.js';
 import { TERMINAL_STATES } from '../core/states.js';
 import { limitsToSql, type Workflow } from '../core/workflow.js';
+import type { BudgetAmounts } from '../core/budget.js';
 import { RUNTIME_MANIFEST } from '../core/version.js';
 import { withinMs, type ResultWatch } from './results.js';
 
@@ -28,7 +29,7 @@ export interface StartOptions {
   runAt?: Date | Duration;
   /** Override the workflow's limits for this run. */
   maxSteps?: number;
-  budget?: number;
+  budget?: number | BudgetAmounts;
   noProgress?: number;
 }
 

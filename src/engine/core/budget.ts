@@ -59,6 +59,13 @@ export function toSqlAmounts(amounts: BudgetAmounts): Record<string, number> | u
   return out;
 }
 
+/** The SQL form of limits: like toSqlAmounts, but a limit of 0 is kept (nothing may be spent). */
+export function toSqlLimits(amounts: BudgetAmounts): Record<string, number> {
+  const out: Record<string, number> = {};
+  for (const dim of BUDGET_DIMENSIONS) if (amounts[dim] !== undefined) out[SQL_DIMENSION[dim]] = amounts[dim]!;
+  return out;
+}
+
 /** The TypeScript form of an SQL amount object. */
 export function fromSqlAmounts(amounts: Record<string, unknown> | null | undefined): BudgetAmounts {
   const out: BudgetAmounts = {};

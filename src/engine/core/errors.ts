@@ -24,7 +24,9 @@ export type ErrorCode =
   | 'MIGRATION_MISMATCH'
   | 'CONSTRAINT_VIOLATION'
   | 'STEP_NOT_AWAITED'
-  | 'INVALID_RECONCILE_ANSWER';
+  | 'INVALID_RECONCILE_ANSWER'
+  | 'UNVERIFIED'
+  | 'INVALID_VERDICT';
 
 export class RunledgerError extends Error {
   readonly code: ErrorCode;
@@ -71,6 +73,18 @@ export class UnknownWorkflowError extends RunledgerError {
 export class NonDeterminismError extends RunledgerError {
   constructor(message: string, details: Record<string, unknown>) {
     super('NON_DETERMINISM', message, { details });
+  }
+}
+/** The workflow's verify refused its output: the run ends FAILED, termination reason UNVERIFIED. */
+export class UnverifiedError extends RunledgerError {
+  constructor(message: string, details: Record<string, unknown>) {
+    super('UNVERIFIED', message, { details });
+  }
+}
+/** verify returned something that is not `{ ok: true, evidence? }` or `{ ok: false, reason }`. */
+export class InvalidVerdictError extends RunledgerError {
+  constructor(message: string) {
+    super('INVALID_VERDICT', message);
   }
 }
 export class NotSerializableError extends RunledgerError {

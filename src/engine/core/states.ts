@@ -78,6 +78,7 @@ export const TERMINATION_REASONS = [
   'NO_PROGRESS',
   'MAX_RECOVERY_ATTEMPTS',
   'NON_DETERMINISM',
+  'UNVERIFIED',
 ] as const;
 
 export type TerminationReason = (typeof TERMINATION_REASONS)[number];

@@ -1,6 +1,7 @@
 import type { ZodType } from 'zod';
 import { ConfigError } from './errors.js';
 import { toMs, type Duration } from './duration.js';
+import { toBudgetAmounts, toSqlLimits, type BudgetAmounts } from './budget.js';
 import type { WorkflowContext } from '../../agents/context.js';
 
 /** Workflow, queue and version names: safe in task identifiers and never spliced into SQL. */
@@ -15,9 +16,16 @@ export interface WorkflowLimits {
   deadline?: Duration;
   /** Steps (turns) a run may take, waits included. */
   maxSteps?: number;
-  /** Units a run may charge with ctx.charge. */
-  budget?: number;
-  /** N: the same step returning the same result N times in a row stops the run. */
+  /**
+   * What a run may spend: a number of units (ctx.charge(n)), or per dimension
+   * `{ units, tokens, costUsd, toolCalls, turns }`. Past any of them the run ends
+   * TERMINATED (BUDGET), the evidence naming the dimension.
+   */
+  budget?: number | BudgetAmounts;
+  /**
+   * N: the same step returning the same result N times in a row stops the run; so do N
+   * rounds in a row of ctx.progress that bring nothing new (after onNoProgress, if any).
+   */
   noProgress?: number;
   /** Retries all steps of a run may spend together; past it a failing step fails at once. */
   retryBudget?: number;
@@ -32,9 +40,12 @@ export function limitsToSql(limits: WorkflowLimits, what: string): Record<string
     out.max_steps = limits.maxSteps;
   }
   if (limits.budget !== undefined) {
-    if (typeof limits.budget !== 'number' || !Number.isFinite(limits.budget) || limits.budget < 0)
-      throw new ConfigError(`${what}: budget must be a number >= 0`);
-    out.budget = limits.budget;
+    if (typeof limits.budget === 'number') {
+      if (!Number.isFinite(limits.budget) || limits.budget < 0) throw new ConfigError(`${what}: budget must be a number >= 0`);
+      out.budget = limits.budget;
+    } else {
+      out.budget = toSqlLimits(toBudgetAmounts(limits.budget, `${what}: budget`));
+    }
   }
   if (limits.noProgress !== undefined) {
     if (!Number.isInteger(limits.noProgress) || limits.noProgress < 2)
@@ -65,6 +76,32 @@ export interface WorkflowOptions<I, In = I> {
   /** Recoveries after a lost lease before the run is dead-lettered; default 10. */
   maxRecoveryAttempts?: number;
   limits?: WorkflowLimits;
+  /**
+   * Checks the output before the run may succeed: `{ ok: true, evidence }` commits SUCCEEDED
+   * with the evidence in the termination record; `{ ok: false, reason }` ends the run FAILED
+   * with reason UNVERIFIED. It runs as workflow code after the function returns (its ctx
+   * calls are checkpointed as usual); its verdict is recorded as the step `@verify`.
+   */
+  verify?: VerifyFunction<I>;
+  /**
+   * Called once when `limits.noProgress` rounds in a row brought nothing new (ctx.progress),
+   * to re-plan or reduce the tools; the run ends NO_PROGRESS only if the next
+   * `noProgress` rounds bring nothing new either. Without it, the run ends at the limit.
+   */
+  onNoProgress?: (ctx: WorkflowContext, evidence: NoProgressEvidence) => Promise<void> | void;
+}
+
+export type Verdict = { ok: true; evidence?: unknown } | { ok: false; reason: string; evidence?: unknown };
+
+/** `output` is what the workflow returned, in its stored JSON form. */
+export type VerifyFunction<I = unknown> = (output: unknown, ctx: WorkflowContext, input: I) => Promise<Verdict> | Verdict;
+
+export interface NoProgressEvidence {
+  /** Rounds in a row without anything new. */
+  rounds: number;
+  limit: number;
+  /** Step positions of those rounds' ctx.progress calls. */
+  positions: number[];
 }
 
 /** `DB` types `trx` in `ctx.transaction`: the Kysely database interface given to `createEngine<DB>()`. */
@@ -82,6 +119,8 @@ export interface Workflow<I = unknown, O = unknown, In = I> {
   readonly inputSchema: ZodType<I, In> | undefined;
   readonly limits: WorkflowLimits;
   readonly fn: WorkflowFunction<I, O>;
+  readonly verify: VerifyFunction<I> | undefined;
+  readonly onNoProgress: WorkflowOptions<I, In>['onNoProgress'];
 }
 
 export function defineWorkflow<I, O, In = I, DB = any>(
@@ -108,6 +147,10 @@ export function defineWorkflow<I, O, In = I, DB = any>(
     throw new ConfigError(`workflow ${options.name}: maxRecoveryAttempts must be a whole number >= 0`);
   }
   if (typeof fn !== 'function') throw new ConfigError(`workflow ${options.name}: the second argument must be the workflow function`);
+  if (options.verify !== undefined && typeof options.verify !== 'function')
+    throw new ConfigError(`workflow ${options.name}: verify must be a function`);
+  if (options.onNoProgress !== undefined && typeof options.onNoProgress !== 'function')
+    throw new ConfigError(`workflow ${options.name}: onNoProgress must be a function`);
   limitsToSql(options.limits ?? {}, `workflow ${options.name}`);
   return Object.freeze({
     name: options.name,
@@ -117,6 +160,8 @@ export function defineWorkflow<I, O, In = I, DB = any>(
     inputSchema: options.input,
     limits: Object.freeze({ ...(options.limits ?? {}) }),
     fn,
+    verify: options.verify,
+    onNoProgress: options.onNoProgress,
   });
 }
 

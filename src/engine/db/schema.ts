@@ -69,6 +69,8 @@ export const RUNLEDGER_TABLES = {
     max_steps: 'int4 null',
     budget: 'numeric null',
     budget_spent: 'numeric default',
+    budget_limits: 'jsonb null',
+    budget_used: 'jsonb null',
     no_progress: 'int4 null',
     cancel_requested_at: 'timestamptz null',
     admitted: 'bool default',

@@ -22,7 +22,7 @@ export const CHECKPOINT_PARAMS = [
 
 export const CHECKPOINT_SQL =
   'select pid, run_status from runledger._checkpoint(p_run_id => $1, p_token => $2, p_seq => $3, p_name => $4, p_kind => $5, ' +
-  'p_status => $6, p_output => $7::jsonb, p_error => $8::jsonb, p_attempts => $9, p_started_ms_ago => $10, p_charge => $11)';
+  'p_status => $6, p_output => $7::jsonb, p_error => $8::jsonb, p_attempts => $9, p_started_ms_ago => $10, p_charge => $11::jsonb)';
 
 export type { CheckpointRecord } from './execution.js';
 
@@ -39,7 +39,7 @@ export function checkpointValues(exec: Execution, record: CheckpointRecord): unk
     record.status === 'FAILED' ? JSON.stringify(serializeError(record.error)) : null,
     record.attempts,
     msSince(record.startedAt),
-    exec.pendingCharge,
+    exec.pendingChargeJson(),
   ];
 }
 
@@ -56,7 +56,7 @@ export function stepItemValues(exec: Execution, record: CheckpointRecord): StepI
     errorJson: record.status === 'FAILED' ? JSON.stringify(serializeError(record.error)) : null,
     attempts: record.attempts,
     startedMsAgo: msSince(record.startedAt),
-    charge: exec.pendingCharge,
+    charge: exec.pendingChargeJson(),
   };
 }
 
@@ -121,7 +121,7 @@ export async function flushPending(exec: Execution): Promise<boolean> {
 
 /** After a checkpoint committed: its charge is spent, and the run's status (cancel, policy stop) is acted on. */
 export function committed(exec: Execution, runStatus: string | undefined): void {
-  exec.pendingCharge = 0;
+  exec.chargeCommitted();
   observeRunStatus(exec, runStatus);
 }
 

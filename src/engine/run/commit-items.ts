@@ -33,7 +33,8 @@ function stepFields(
     attempts: number;
     /** How long ago the step started, in ms on the worker's monotonic clock; SQL stamps started_at = runledger.now() - this. */
     startedMsAgo: number;
-    charge: number;
+    /** The charge as JSON text (runledger._charge), or null for none (the item then has no "charge"). */
+    charge: string | null;
   },
   outputKey: string,
 ): string {
@@ -42,7 +43,8 @@ function stepFields(
     `"kind":${json(values.kind)},"status":${json(values.status)},` +
     (values.outputText === undefined ? '' : `${json(outputKey)}:${values.outputText},`) +
     (values.errorJson === null ? '' : `"error":${values.errorJson},`) +
-    `"attempts":${values.attempts},"started_ms_ago":${values.startedMsAgo},"charge":${values.charge}`
+    `"attempts":${values.attempts},"started_ms_ago":${values.startedMsAgo}` +
+    (values.charge === null ? '' : `,"charge":${values.charge}`)
   );
 }
 
@@ -58,15 +60,18 @@ export function completeItem(values: {
   token: string;
   outputText: string | undefined;
   policyVersion: string;
-  charge: number;
+  charge: string | null;
+  /** What the workflow's verify accepted the output with, as JSON text (kept in the termination record). */
+  verificationJson?: string;
   step?: StepItemValues;
 }): CommitItem {
   const head = values.step
     ? stepFields(values.step, 'step_output')
-    : `"run_id":${json(values.runId)},"token":${json(values.token)},"charge":${values.charge}`;
+    : `"run_id":${json(values.runId)},"token":${json(values.token)}` + (values.charge === null ? '' : `,"charge":${values.charge}`);
   return (
     `{"op":"complete",${head},` +
     (values.outputText === undefined ? '' : `"output":${values.outputText},`) +
+    (values.verificationJson === undefined ? '' : `"verification":${values.verificationJson},`) +
     `"policy_version":${json(values.policyVersion)}}`
   );
 }

@@ -6,6 +6,28 @@ import type { Workflow } from '../core/workflow.js';
 import type { CrashHook } from '../core/crash-points.js';
 import type { RunledgerDatabase } from '../db/schema.js';
 import type { CommitItem, CommitResult } from './commit-items.js';
+import { addAmounts, toSqlAmounts, type BudgetAmounts } from '../core/budget.js';
+
+/** The no-progress policy of the run's workflow for ctx.progress, set by the worker when it claims the run. */
+export interface NoProgressPolicy {
+  limit: number;
+  /** The workflow's onNoProgress, bound to the run's context; called once. */
+  onNoProgress?: (evidence: { rounds: number; limit: number; positions: number[] }) => Promise<void> | void;
+}
+
+/** Per execution: the progress hashes seen so far, the current streak, and whether onNoProgress was called. */
+export interface ProgressState {
+  seen: Set<string>;
+  rounds: number;
+  positions: number[];
+  warned: boolean;
+}
+
+/** Limits and spending per budget dimension, as loaded from the run's row. */
+export interface BudgetState {
+  limits: BudgetAmounts;
+  spent: BudgetAmounts;
+}
 
 export type CompensationFunction = (info: { result: unknown; idempotencyKey: string; signal: AbortSignal }) => Promise<unknown> | unknown;
 
@@ -28,7 +50,7 @@ export type Halt =
   /** Cancel requested: the step in flight has finished; the run ends CANCELLED. */
   | { kind: 'cancelled' }
   /** A policy stops the run (deadline, max steps); the worker records the termination. */
-  | { kind: 'terminate'; reason: 'DEADLINE' | 'MAX_STEPS'; evidence: Record<string, unknown> }
+  | { kind: 'terminate'; reason: 'DEADLINE' | 'MAX_STEPS' | 'NO_PROGRESS'; evidence: Record<string, unknown> }
   /** The worker crashed at a crash point (tests): it writes nothing more, its lease runs out. */
   | { kind: 'crashed' }
   /** The run already ended in the database (a checkpoint tripped its budget or no-progress limit). */
@@ -132,12 +154,32 @@ export class Execution {
   workflowKey = '';
   /** Last heartbeat progress per step position, loaded at claim. */
   progress: Record<string, unknown> = {};
-  /** Budget units charged with ctx.charge since the last checkpoint; they commit with the next one. */
-  pendingCharge = 0;
+  /** What ctx.charge charged since the last checkpoint, per dimension; it commits with the next one. */
+  pendingCharge: BudgetAmounts = {};
+  /**
+   * The run's budgets as this execution last saw them (loaded by the first
+   * ctx.budget.remaining() or ctx.chargeNow(), then kept up to date by its own charges).
+   */
+  budgetState: BudgetState | undefined;
+  /** The workflow's no-progress policy for ctx.progress (set by the worker at claim), and the rounds counted so far. */
+  noProgressPolicy: NoProgressPolicy | undefined;
+  progressState: ProgressState | undefined;
 
   /** Adds a charge to the pending one (validated by the caller). */
-  addPendingCharge(amount: { units?: number }): void {
-    this.pendingCharge += amount.units ?? 0;
+  addPendingCharge(amount: BudgetAmounts): void {
+    this.pendingCharge = addAmounts(this.pendingCharge, amount);
+  }
+
+  /** The pending charge as the JSON the SQL functions take (snake_case dimensions), or null when there is none. */
+  pendingChargeJson(): string | null {
+    const sql = toSqlAmounts(this.pendingCharge);
+    return sql === undefined ? null : JSON.stringify(sql);
+  }
+
+  /** The pending charge committed (with a checkpoint or a completion): it now counts as spent. */
+  chargeCommitted(): void {
+    if (this.budgetState) this.budgetState.spent = addAmounts(this.budgetState.spent, this.pendingCharge);
+    this.pendingCharge = {};
   }
   /**
    * Set once this execution's completion committed with the run SUCCEEDED: the output as
@@ -290,7 +332,7 @@ export class Execution {
       }
       this.consumed++;
       // Charges made before a recorded step were committed with it.
-      this.pendingCharge = 0;
+      this.pendingCharge = {};
     } else if (this.limits.maxSteps !== null && seq >= this.limits.maxSteps) {
       this.halt({ kind: 'terminate', reason: 'MAX_STEPS', evidence: { max_steps: this.limits.maxSteps, next_step: name, seq } });
       return undefined;

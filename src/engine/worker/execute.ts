@@ -5,8 +5,10 @@ import {
   serializeError,
   SQLSTATE,
   StepNotAwaitedError,
+  UnverifiedError,
 } from '../core/errors.js';
 import { WorkflowContext } from '../../agents/context.js';
+import { verifyOutput } from '../../steps/verify.js';
 import { Execution, type ExecutionDeps, type Halt } from '../run/execution.js';
 import { checkpointValues, flushPending, stepItemValues, type CheckpointRecord } from '../run/checkpoint.js';
 import { completeItem } from '../run/commit-items.js';
@@ -89,12 +91,25 @@ async function replay(exec: Execution, run: ClaimedRun, options: ExecuteOptions)
   }
 
   const ctx = new WorkflowContext(exec);
-  // The execution ends the moment the workflow function settles: a ctx call still
-  // waiting to start its work then starts none, and a later ctx call is refused.
-  const settled = workflow.fn(ctx, input).then(
-    (value) => {
+  if (workflow.limits.noProgress !== undefined) {
+    const onNoProgress = workflow.onNoProgress;
+    exec.noProgressPolicy = {
+      limit: workflow.limits.noProgress,
+      ...(onNoProgress ? { onNoProgress: (evidence) => onNoProgress(ctx, evidence) } : {}),
+    };
+  }
+  // The execution ends the moment the workflow function settles (after its verify, which
+  // is workflow code too): a ctx call still waiting to start its work then starts none,
+  // and a later ctx call is refused.
+  const returned = (async () => {
+    const value = await workflow.fn(ctx, input);
+    const verdict = workflow.verify ? await verifyOutput(exec, ctx, workflow.verify, value, input) : undefined;
+    return { value, verdict };
+  })();
+  const settled = returned.then(
+    ({ value, verdict }) => {
       exec.end('the workflow returned');
-      return { kind: 'returned' as const, value };
+      return { kind: 'returned' as const, value, verdict };
     },
     (error: unknown) => {
       exec.end('the workflow threw');
@@ -138,10 +153,29 @@ async function replay(exec: Execution, run: ClaimedRun, options: ExecuteOptions)
       ]);
       return;
     }
+    if (outcome.verdict && !outcome.verdict.ok) {
+      // verify refused the output: FAILED, reason UNVERIFIED, its reason as the evidence.
+      if (!(await flushPending(exec))) return handleHalt(exec, exec.haltReason!, policyVersion);
+      const { reason, evidence } = outcome.verdict;
+      const error = new UnverifiedError(`run ${runId}: verify refused the output: ${reason}`, { reason, evidence });
+      const failures = await runCompensations(exec);
+      await finish(
+        exec,
+        'runledger._fail_run(p_run_id => $1, p_token => $2, p_error => $3::jsonb, p_policy_version => $4, p_reason => $5, p_evidence => $6::jsonb)',
+        [
+          JSON.stringify({ ...serializeError(error), ...(failures.length > 0 ? { compensationFailures: failures } : {}) }),
+          policyVersion,
+          'UNVERIFIED',
+          JSON.stringify({ reason, ...(evidence === undefined ? {} : { evidence }) }),
+        ],
+      );
+      return;
+    }
     if (deps.crash?.hit('before-complete', workflow.name)) return;
     const last = exec.pendingCheckpoint;
     exec.pendingCheckpoint = undefined;
-    await complete(exec, outputText, policyVersion, last);
+    const verificationJson = outcome.verdict?.ok ? JSON.stringify(outcome.verdict.evidence ?? null) : undefined;
+    await complete(exec, outputText, policyVersion, last, verificationJson);
   } else if ('kind' in outcome && outcome.kind === 'threw') {
     if (exec.haltReason) return handleHalt(exec, exec.haltReason, policyVersion);
     if (!(await flushPending(exec))) return handleHalt(exec, exec.haltReason!, policyVersion);
@@ -279,6 +313,7 @@ async function complete(
   outputText: string | undefined,
   policyVersion: string,
   last: CheckpointRecord | undefined,
+  verificationJson: string | undefined,
 ): Promise<void> {
   const { commits } = exec.deps;
   if (commits) {
@@ -287,7 +322,8 @@ async function complete(
       token: exec.fencingToken.toString(),
       outputText,
       policyVersion,
-      charge: exec.pendingCharge,
+      charge: exec.pendingChargeJson(),
+      ...(verificationJson === undefined ? {} : { verificationJson }),
       ...(last ? { step: stepItemValues(exec, last) } : {}),
     });
     await fencedWrite(exec, async () => {
@@ -298,14 +334,14 @@ async function complete(
     const [, , ...stepValues] = checkpointValues(exec, last);
     await finish(
       exec,
-      'runledger._complete_with_checkpoint(p_run_id => $1, p_token => $2, p_seq => $3, p_name => $4, p_kind => $5, p_status => $6, p_step_output => $7::jsonb, p_error => $8::jsonb, p_attempts => $9, p_started_ms_ago => $10, p_charge => $11, p_output => $12::jsonb, p_policy_version => $13)',
-      [...stepValues, outputText ?? null, policyVersion],
+      'runledger._complete_with_checkpoint(p_run_id => $1, p_token => $2, p_seq => $3, p_name => $4, p_kind => $5, p_status => $6, p_step_output => $7::jsonb, p_error => $8::jsonb, p_attempts => $9, p_started_ms_ago => $10, p_charge => $11::jsonb, p_output => $12::jsonb, p_policy_version => $13, p_verification => $14::jsonb)',
+      [...stepValues, outputText ?? null, policyVersion, verificationJson ?? null],
     );
   } else {
     await finish(
       exec,
-      'runledger._complete_run(p_run_id => $1, p_token => $2, p_output => $3::jsonb, p_policy_version => $4, p_charge => $5)',
-      [outputText ?? null, policyVersion, exec.pendingCharge],
+      'runledger._complete_run(p_run_id => $1, p_token => $2, p_output => $3::jsonb, p_policy_version => $4, p_charge => $5::jsonb, p_verification => $6::jsonb)',
+      [outputText ?? null, policyVersion, exec.pendingChargeJson(), verificationJson ?? null],
     );
   }
 }
