@@ -138,7 +138,15 @@ try {
   const calls = provider.rows[0]?.calls ?? 0;
   console.log(`     payment provider: ${calls} call(s) with key refund-${crashRunId.slice(0, 6)}..., one refund`);
   console.log('     (load-order and reserve-refund were replayed from their checkpoints, not run again;');
-  console.log('      refund-at-provider is at-least-once, and the idempotency key made its repeat harmless)');
+  const op = await engine.pool.query(
+    `select status, attempts, external_resource_id from runledger.operations where run_id = $1 and name = 'refund-at-provider'`,
+    [crashRunId],
+  );
+  const ledger = op.rows[0];
+  console.log(
+    `      refund-at-provider went through the operation ledger: UNKNOWN after the crash, then settled by calling again with the same key;` +
+      ` now ${ledger?.status}, attempts ${ledger?.attempts}, provider refund ${ledger?.external_resource_id})`,
+  );
   for (const { title, handle } of handles) await printRun(engine, handle.runId, title);
   const rejectedOrder = await engine.pool.query('select refunded_cents from shop.orders where order_id = $1', [orders.bigger]);
   console.log(`     order ${orders.bigger} after the rejection: ${cents(rejectedOrder.rows[0].refunded_cents)} refunded`);

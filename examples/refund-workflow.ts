@@ -8,7 +8,7 @@
  *   manager-approval    ctx.requestApproval  only above APPROVAL_ABOVE_CENTS: the run waits,
  *                                            holding no worker, until a manager decides
  *   (release-refund     ctx.transaction      only when the manager rejects: undo the reservation)
- *   refund-at-provider  ctx.step             call the (fake) payment provider
+ *   refund-at-provider  ctx.operation        call the (fake) payment provider through the operation ledger
  *   record-ledger       ctx.transaction      double-entry ledger rows, exactly once
  *   notify-customer     ctx.step             send the (fake) e-mail
  *
@@ -168,12 +168,19 @@ export function defineRefundWorkflow(engine: Engine, hooks: RefundHooks = {}) {
       }
     }
 
-    // At least once: the run id makes a stable key, so a repeat after a crash is deduplicated by the provider.
-    const providerRefundId = await ctx.step('refund-at-provider', async () => {
-      const id = await refundAtProvider(engine.pool, `refund-${ctx.runId}`, input.amountCents);
-      hooks.afterProviderCall?.(input.orderId);
-      return id;
-    });
+    // Through the operation ledger: the intent and its key commit before the call, the
+    // outcome with the checkpoint. A crash in between leaves the operation UNKNOWN; the
+    // provider deduplicates on the key (idempotent), so the next worker settles it by
+    // calling again with the same key, and the money moves once.
+    const providerRefundId = await ctx.operation(
+      'refund-at-provider',
+      { idempotencyKey: `refund-${ctx.runId}`, idempotent: true, externalResourceId: (id: string) => id },
+      async ({ idempotencyKey }) => {
+        const id = await refundAtProvider(engine.pool, idempotencyKey, input.amountCents);
+        hooks.afterProviderCall?.(input.orderId);
+        return id;
+      },
+    );
 
     await ctx.transaction('record-ledger', async (trx) => {
       await trx
