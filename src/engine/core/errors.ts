@@ -26,7 +26,8 @@ export type ErrorCode =
   | 'STEP_NOT_AWAITED'
   | 'INVALID_RECONCILE_ANSWER'
   | 'UNVERIFIED'
-  | 'INVALID_VERDICT';
+  | 'INVALID_VERDICT'
+  | 'AGENT_INCOMPLETE';
 
 export class RunledgerError extends Error {
   readonly code: ErrorCode;
