@@ -24,7 +24,8 @@ export type ErrorCode =
   | 'MIGRATION_MISMATCH'
   | 'CONSTRAINT_VIOLATION'
   | 'STEP_NOT_AWAITED'
-  | 'INVALID_RECONCILE_ANSWER';
+  | 'INVALID_RECONCILE_ANSWER'
+  | 'MODEL_ERROR';
 
 export class RunledgerError extends Error {
   readonly code: ErrorCode;
