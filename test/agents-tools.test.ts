@@ -169,6 +169,24 @@ describe("sideEffect 'none'", () => {
     ]);
     expect(attempts).toBe(3);
   });
+  it('a result over the payload limit is TOOL_FAILED with PAYLOAD_TOO_LARGE (until results are stored by reference)', async () => {
+    const engine = createTestEngine({ connectionString: t.db.url, clock: createTestClock('2030-01-01T00:00:00Z'), maxPayloadBytes: 1_000 });
+    engines.push(engine);
+    const dump = defineTool({
+      name: 'dump',
+      description: 'Returns a lot',
+      input: z.object({}),
+      sideEffect: 'none',
+      run: async () => 'x'.repeat(2_000),
+    });
+    const wf = engine.workflow({ name: unique('tool-too-large') }, async (ctx) => ctx.callTool(dump, {}));
+    const handle = await engine.start(wf, undefined);
+    await (await engine.runWorker({ manual: true })).drain();
+    expect(await engine.getRun(handle.runId)).toMatchObject({
+      status: 'SUCCEEDED',
+      output: { ok: false, error: { code: 'TOOL_FAILED', details: { errorCode: 'PAYLOAD_TOO_LARGE' } } },
+    });
+  });
 });
 
 describe("sideEffects 'external' and 'idempotent': the operation ledger", () => {
