@@ -23,7 +23,7 @@ export class WorkflowContext<DB = any> extends StepContext<DB> {
 
   /** Calls a tool under its contract: arguments validated, side effects through the operation ledger, approval when it needs one. */
   callTool<A, R>(tool: Tool<A, R>, args: unknown, options?: CallToolOptions): Promise<ToolResult<R>> {
-    return callTool(this, tool, args, options);
+    return callTool(this, this.execution, tool, args, options);
   }
 
   /** Records an artifact of this run (content stored once by sha256, or an external reference). */

@@ -1,8 +1,24 @@
 /** runledger/agents: durable agents on the step API (docs/agents.md). */
 export { WorkflowContext } from './context.js';
-export { defineModel } from './model.js';
-export type { ChatMessage, GenerateRequest, GenerateResult, Model, ModelCallArgs, ModelReply, ToolCall, ToolSpec, Usage } from './model.js';
+export { defineModel, MODEL_RETRY_DEFAULT } from './model.js';
+export type {
+  ChatMessage,
+  GenerateRequest,
+  GenerateResult,
+  Model,
+  ModelCallArgs,
+  ModelReply,
+  ModelStream,
+  ToolCall,
+  ToolSpec,
+  Usage,
+} from './model.js';
+export { ModelError } from './errors.js';
+export { openAiChatModel } from './openai.js';
+export type { OpenAiChatModelOptions } from './openai.js';
+export { scriptedModel } from './scripted-model.js';
+export type { Script, ScriptedModel, ScriptedModelOptions, ScriptedReply } from './scripted-model.js';
 export { defineTool } from './tool.js';
-export type { CallToolOptions, SideEffect, Tool, ToolResult, ToolRunInfo } from './tool.js';
+export type { CallToolOptions, SideEffect, Tool, ToolDefinition, ToolError, ToolErrorCode, ToolResult, ToolRunInfo } from './tool.js';
 export type { Session, SessionEntry, SessionOptions, SessionRole, StoredSessionEntry } from './session.js';
 export type { ArtifactContent, ArtifactRecord } from './artifact.js';

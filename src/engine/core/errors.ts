@@ -27,7 +27,8 @@ export type ErrorCode =
   | 'INVALID_RECONCILE_ANSWER'
   | 'UNVERIFIED'
   | 'INVALID_VERDICT'
-  | 'AGENT_INCOMPLETE';
+  | 'AGENT_INCOMPLETE'
+  | 'MODEL_ERROR';
 
 export class RunledgerError extends Error {
   readonly code: ErrorCode;
