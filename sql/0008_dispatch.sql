@@ -48,7 +48,7 @@ create function runledger._claim_batch(
   p_reclaim_except text[] default null)
 returns table (
   run_id text, workflow_name text, workflow_version text, input jsonb, fencing_token bigint,
-  recovery_attempts int, max_steps int, budget numeric, budget_spent numeric,
+  recovery_attempts int, max_steps int, budget numeric, budget_spent numeric, budget_limits jsonb, budget_used jsonb,
   cancel_requested boolean, checkpoints jsonb, progress jsonb, next_due_in_ms bigint)
 language plpgsql volatile
 set enable_seqscan = off set jit = off as $$
@@ -157,7 +157,7 @@ begin
         select c.run_id, 'claimed', jsonb_build_object('worker', p_worker_id), c.fencing_token, v_now from claimed c
       )
       select c.run_id, c.workflow_name, c.workflow_version, c.input, c.fencing_token,
-             c.recovery_attempts, c.max_steps, c.budget, c.budget_spent, c.status = 'CANCELLING',
+             c.recovery_attempts, c.max_steps, c.budget, c.budget_spent, c.budget_limits, c.budget_used, c.status = 'CANCELLING',
              -- output wrapped in a one-element array so JSON null and "no value" (SQL NULL) stay distinct.
              coalesce((select jsonb_agg(jsonb_build_array(s.seq, s.name, s.status,
                                           case when s.output is null then null else jsonb_build_array(s.output) end,
@@ -179,7 +179,7 @@ begin
           where r.queue_name = v_queue and r.status = 'WAITING' and r.wake_at > v_now));
     end loop;
     return query select null::text, null::text, null::text, null::jsonb, null::bigint, null::int, null::int,
-                        null::numeric, null::numeric, null::boolean, null::jsonb, null::jsonb,
+                        null::numeric, null::numeric, null::jsonb, null::jsonb, null::boolean, null::jsonb, null::jsonb,
                         ceil(extract(epoch from v_next - v_now) * 1000)::bigint;
   end if;
 end;
@@ -198,7 +198,7 @@ create function runledger._start_claimed(
   p_workflow text, p_input jsonb, p_options jsonb, p_worker_id text, p_lease_ms int)
 returns table (
   run_id text, claimed boolean, workflow_name text, workflow_version text, input jsonb, fencing_token bigint,
-  recovery_attempts int, max_steps int, budget numeric, budget_spent numeric)
+  recovery_attempts int, max_steps int, budget numeric, budget_spent numeric, budget_limits jsonb, budget_used jsonb)
 language plpgsql volatile
 set enable_seqscan = off set jit = off as $$
 declare
@@ -244,10 +244,10 @@ begin
   end if;
   if v_claimed then
     return query select v_run.run_id, true, v_run.workflow_name, v_run.workflow_version, v_run.input, v_run.fencing_token,
-                        v_run.recovery_attempts, v_run.max_steps, v_run.budget, v_run.budget_spent;
+                        v_run.recovery_attempts, v_run.max_steps, v_run.budget, v_run.budget_spent, v_run.budget_limits, v_run.budget_used;
   else
     return query select v_run.run_id, false, null::text, null::text, null::jsonb, null::bigint, null::int, null::int,
-                        null::numeric, null::numeric;
+                        null::numeric, null::numeric, null::jsonb, null::jsonb;
   end if;
 end;
 $$;

@@ -57,14 +57,14 @@ describe('budgets in several dimensions', () => {
     const wf = t.engine.workflow(
       { name: 'pending-dims', queue: 'budgets', limits: { budget: { units: 10, tokens: 1000, costUsd: 1 } } },
       async (ctx) => {
-        seen.push(await ctx.budget.remaining());
+        seen.push(ctx.budget.remaining());
         await ctx.step('model', () => {
           ctx.charge({ tokens: 300, costUsd: 0.25, units: 2 });
           return 'ok';
         });
-        seen.push(await ctx.budget.remaining());
+        seen.push(ctx.budget.remaining());
         ctx.charge({ tokens: 100 });
-        seen.push(await ctx.budget.remaining());
+        seen.push(ctx.budget.remaining());
         await ctx.step('after', () => 'ok');
         return 'done';
       },

@@ -81,7 +81,11 @@ export function defineCodingAgent(engine: Engine, options: { providerUrl: string
     approvers: [SENIOR],
     idempotencyKey: ({ pr }) => `pr-${pr}-merge`,
     run: async ({ pr }, { idempotencyKey, signal }) => {
-      const res = await fetch(`${providerUrl}/pulls/${pr}/merge`, { method: 'POST', headers: { 'idempotency-key': idempotencyKey }, signal });
+      const res = await fetch(`${providerUrl}/pulls/${pr}/merge`, {
+        method: 'POST',
+        headers: { 'idempotency-key': idempotencyKey },
+        signal,
+      });
       if (!res.ok) throw new Error(`merge of PR ${pr} refused: HTTP ${res.status} ${await res.text()}`);
       return (await res.json()) as { pr: number; sha: string; key: string };
     },
@@ -117,7 +121,7 @@ export function defineCodingAgent(engine: Engine, options: { providerUrl: string
     async (ctx, input) => {
       const session = await ctx.session(`pr-${input.pr}`);
       const outcome = await runAgent(ctx, {
-        model: scriptedModel('scripted-coder', script(input.pr), { streamChunk: 12 }),
+        model: scriptedModel('scripted-coder', script(input.pr), { streamChunkSize: 12 }),
         tools: [readFile, editFile, runTestsTool, mergePr],
         session,
         instructions: 'You are a careful engineer. Fix the bug, run the tests, get the merge approved, merge.',

@@ -79,7 +79,9 @@ try {
 
   console.log('\n2. The worker merges, and is killed before the outcome is checkpointed');
   const how = await first.exited;
-  console.log(`   worker pid ${first.pid} ended by ${how}; the provider has ${provider.merges().length} merge(s) from ${provider.requests()} request(s)`);
+  console.log(
+    `   worker pid ${first.pid} ended by ${how}; the provider has ${provider.merges().length} merge(s) from ${provider.requests()} request(s)`,
+  );
   check(how === 'SIGKILL', 'the first worker was SIGKILLed after the merge call');
 
   console.log('\n3. A second worker takes the run over');
@@ -100,18 +102,23 @@ try {
     [handle.runId],
   );
   console.log(`   operation tool:merge_pr: ${JSON.stringify(ops[0])}`);
-  check(ops[0]?.status === 'SUCCEEDED' && ops[0]?.idempotency_key === `pr-${PR}-merge`, 'the merge went through the operation ledger with key pr-7-merge');
+  check(
+    ops[0]?.status === 'SUCCEEDED' && ops[0]?.idempotency_key === `pr-${PR}-merge`,
+    'the merge went through the operation ledger with key pr-7-merge',
+  );
   const { rows: entries } = await engine.pool.query(
     `select role, content from runledger.session_entries where session_id = $1 order by seq`,
     [`pr-${PR}`],
   );
   const toolResults = entries.filter((e) => e.role === 'tool').map((e) => e.content.toolCallId as string);
   console.log(`   session pr-${PR}: ${entries.map((e) => e.role).join(', ')}`);
-  check(toolResults.length === new Set(toolResults).size && toolResults.length === 4, `each tool result once in the session (${toolResults.join(', ')})`);
-  const { rows: finalCheck } = await engine.pool.query(
-    `select output from runledger.steps where run_id = $1 and name = 'final-check'`,
-    [handle.runId],
+  check(
+    toolResults.length === new Set(toolResults).size && toolResults.length === 4,
+    `each tool result once in the session (${toolResults.join(', ')})`,
   );
+  const { rows: finalCheck } = await engine.pool.query(`select output from runledger.steps where run_id = $1 and name = 'final-check'`, [
+    handle.runId,
+  ]);
   const final = finalCheck[0]?.output as { rebuiltWorkspace: boolean; pid: number; tests: { passed: boolean } } | undefined;
   check(
     final?.rebuiltWorkspace === true && final.pid === second.pid && final.tests.passed,
@@ -127,7 +134,9 @@ try {
   console.log(`\n   psql: select * from runledger.session_history('pr-${PR}');`);
   console.log(`         select * from runledger.run_timeline where run_id = '${handle.runId}' order by at;`);
   if (failures.length > 0) exitCode = 1;
-  console.log(`\nAgent demo ${failures.length === 0 ? 'finished' : `FAILED (${failures.length} checks)`} in ${((Date.now() - began) / 1000).toFixed(1)} s.`);
+  console.log(
+    `\nAgent demo ${failures.length === 0 ? 'finished' : `FAILED (${failures.length} checks)`} in ${((Date.now() - began) / 1000).toFixed(1)} s.`,
+  );
 } catch (error) {
   console.error('agent demo failed:', error);
   exitCode = 1;

@@ -22,3 +22,5 @@ export { defineTool } from './tool.js';
 export type { CallToolOptions, SideEffect, Tool, ToolDefinition, ToolError, ToolErrorCode, ToolResult, ToolRunInfo } from './tool.js';
 export type { Session, SessionEntry, SessionOptions, SessionRole, StoredSessionEntry } from './session.js';
 export type { ArtifactContent, ArtifactRecord } from './artifact.js';
+export { runAgent, completeTool, AgentIncompleteError } from './loop.js';
+export type { AgentOutcome, CompleteArgs, RunAgentOptions } from './loop.js';

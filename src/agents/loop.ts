@@ -115,7 +115,9 @@ async function answer(ctx: WorkflowContext, call: ToolCall, tools: Array<Tool<an
   const tool = tools.find((t) => t.name === call.name);
   if (!tool) {
     const known = tools.map((t) => t.name).join(', ');
-    return { observation: { ok: false, error: { code: 'UNKNOWN_TOOL', message: `no tool ${JSON.stringify(call.name)}; the tools are ${known}` } } };
+    return {
+      observation: { ok: false, error: { code: 'UNKNOWN_TOOL', message: `no tool ${JSON.stringify(call.name)}; the tools are ${known}` } },
+    };
   }
   const result = await ctx.callTool(tool, call.arguments, { name: `tool:${tool.name}` });
   await options.afterTool?.(call, result);

@@ -149,10 +149,10 @@ export class StepContext<DB = any> {
   }
 
   /**
-   * The run's budgets: `await ctx.budget.remaining()` per dimension (null where there is no
-   * limit), pending charges counted; the first call of an execution reads the run's row.
+   * The run's budgets: `ctx.budget.remaining()` per dimension (null where there is no
+   * limit), as claimed plus this execution's charges, pending ones counted.
    */
-  get budget(): { remaining(): Promise<BudgetRemaining> } {
+  get budget(): { remaining(): BudgetRemaining } {
     const exec = this.#exec;
     return { remaining: () => remainingBudget(exec) };
   }

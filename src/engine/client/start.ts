@@ -65,6 +65,8 @@ export interface ClaimedAtStart {
   max_steps: number | null;
   budget: string | null;
   budget_spent: string;
+  budget_limits: Record<string, unknown> | null;
+  budget_used: Record<string, unknown> | null;
 }
 
 /** How the run a start handed to this process's worker ended there: committed SUCCEEDED, with this output (JSON text; undefined for none). */
@@ -87,7 +89,7 @@ export interface LocalTaker {
 }
 
 const START_CLAIMED_SQL =
-  'select run_id, claimed, workflow_name, workflow_version, input, fencing_token, recovery_attempts, max_steps, budget, budget_spent ' +
+  'select run_id, claimed, workflow_name, workflow_version, input, fencing_token, recovery_attempts, max_steps, budget, budget_spent, budget_limits, budget_used ' +
   'from runledger._start_claimed(p_workflow => $1, p_input => $2::jsonb, p_options => $3::jsonb, p_worker_id => $4, p_lease_ms => $5)';
 
 export async function startRun<O, In>(

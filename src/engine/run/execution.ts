@@ -157,10 +157,10 @@ export class Execution {
   /** What ctx.charge charged since the last checkpoint, per dimension; it commits with the next one. */
   pendingCharge: BudgetAmounts = {};
   /**
-   * The run's budgets as this execution last saw them (loaded by the first
-   * ctx.budget.remaining() or ctx.chargeNow(), then kept up to date by its own charges).
+   * The run's budgets as this execution last saw them: as claimed, then kept up to date
+   * by its own charges (and by what ctx.chargeNow's write returns).
    */
-  budgetState: BudgetState | undefined;
+  budgetState: BudgetState = { limits: {}, spent: {} };
   /** The workflow's no-progress policy for ctx.progress (set by the worker at claim), and the rounds counted so far. */
   noProgressPolicy: NoProgressPolicy | undefined;
   progressState: ProgressState | undefined;
@@ -178,7 +178,7 @@ export class Execution {
 
   /** The pending charge committed (with a checkpoint or a completion): it now counts as spent. */
   chargeCommitted(): void {
-    if (this.budgetState) this.budgetState.spent = addAmounts(this.budgetState.spent, this.pendingCharge);
+    this.budgetState.spent = addAmounts(this.budgetState.spent, this.pendingCharge);
     this.pendingCharge = {};
   }
   /**

@@ -17,6 +17,7 @@ import { runCompensations } from '../run/compensate.js';
 import { toJsonText } from '../core/json.js';
 import { isConnectionError, pgCode } from '../db/pg-errors.js';
 import { workflowKey, type Workflow } from '../core/workflow.js';
+import { budgetStateOf } from '../run/budget-state.js';
 
 /** How long an infrastructure failure keeps a released run off the workers. */
 export const RELEASE_DELAY_MS = 1_000;
@@ -47,6 +48,7 @@ export async function executeClaimed(run: ClaimedRun, options: ExecuteOptions): 
     budget: run.budget === null ? null : Number(run.budget),
     budgetSpent: Number(run.budget_spent),
   });
+  exec.budgetState = budgetStateOf(run);
   exec.leaseMs = options.leaseMs;
   exec.workflowKey = workflowKey(run.workflow_name, run.workflow_version);
   exec.progress = run.progress ?? {};
