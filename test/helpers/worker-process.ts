@@ -13,9 +13,9 @@ export interface WorkerProcess {
   output(): string;
 }
 
-/** Spawns test/fixtures/worker-process.ts and resolves once it prints "ready". */
-export async function spawnWorker(env: Record<string, string>): Promise<WorkerProcess> {
-  const child = spawn(process.execPath, ['--import', 'tsx', WORKER_SCRIPT], {
+/** Spawns test/fixtures/worker-process.ts (or another fixture `script` that prints "ready") and resolves once it prints "ready". */
+export async function spawnWorker(env: Record<string, string>, script = WORKER_SCRIPT): Promise<WorkerProcess> {
+  const child = spawn(process.execPath, ['--import', 'tsx', script], {
     cwd: ROOT,
     env: { ...process.env, ...env },
     stdio: ['ignore', 'pipe', 'pipe'],
