@@ -16,6 +16,8 @@ COMMENT ON TYPE runledger.run_status IS 'Run state machine. Terminal: SUCCEEDED,
 
 CREATE SEQUENCE runledger.events_event_id_seq AS bigint START 1 INCREMENT 1 MINVALUE 1 MAXVALUE 9223372036854775807 CACHE 1 OWNED BY runledger.events.event_id (identity);
 
+CREATE SEQUENCE runledger.session_waiters_ticket_seq AS bigint START 1 INCREMENT 1 MINVALUE 1 MAXVALUE 9223372036854775807 CACHE 1 OWNED BY runledger.session_waiters.ticket (identity);
+
 -- tables
 
 CREATE TABLE runledger.admissions (
@@ -47,6 +49,45 @@ ALTER TABLE runledger.approvals ADD CONSTRAINT approvals_run_id_fkey FOREIGN KEY
 ALTER TABLE runledger.approvals ADD CONSTRAINT approvals_run_id_seq_key UNIQUE (run_id, seq);
 CREATE UNIQUE INDEX approvals_pkey ON runledger.approvals USING btree (request_id);
 CREATE UNIQUE INDEX approvals_run_id_seq_key ON runledger.approvals USING btree (run_id, seq);
+
+CREATE TABLE runledger.artifact_blobs (
+  sha256 text NOT NULL,
+  size bigint NOT NULL,
+  content bytea NOT NULL,
+  created_at timestamp with time zone DEFAULT runledger.now() NOT NULL
+);
+COMMENT ON TABLE runledger.artifact_blobs IS 'Artifact content, stored once by its sha256 (hex) however many artifacts, runs or checkpoints refer to it. Read one with select convert_from(content, ''UTF8'') from runledger.artifact_blobs where sha256 = ...';
+ALTER TABLE runledger.artifact_blobs ADD CONSTRAINT artifact_blobs_pkey PRIMARY KEY (sha256);
+ALTER TABLE runledger.artifact_blobs ADD CONSTRAINT artifact_blobs_sha256 CHECK ((sha256 ~ '^[0-9a-f]{64}$'::text));
+ALTER TABLE runledger.artifact_blobs ADD CONSTRAINT artifact_blobs_size CHECK ((size = octet_length(content)));
+CREATE UNIQUE INDEX artifact_blobs_pkey ON runledger.artifact_blobs USING btree (sha256);
+
+CREATE TABLE runledger.artifacts (
+  artifact_id text NOT NULL,
+  run_id text NOT NULL,
+  name text NOT NULL,
+  kind text NOT NULL,
+  sha256 text,
+  size bigint,
+  blob text,
+  ref text,
+  step_position integer,
+  created_at timestamp with time zone DEFAULT runledger.now() NOT NULL
+);
+COMMENT ON TABLE runledger.artifacts IS 'What runs produced: kind artifact (ctx.artifact, recorded with its step''s checkpoint, once per run and step position) or value (a large step result stored by reference, once per run and content). Content is in artifact_blobs (blob = sha256) or elsewhere (ref).';
+ALTER TABLE runledger.artifacts ADD CONSTRAINT artifacts_blob_fkey FOREIGN KEY (blob) REFERENCES runledger.artifact_blobs(sha256);
+ALTER TABLE runledger.artifacts ADD CONSTRAINT artifacts_content_or_ref CHECK ((((blob IS NULL) = (ref IS NOT NULL)) AND ((blob IS NULL) OR (blob = sha256))));
+ALTER TABLE runledger.artifacts ADD CONSTRAINT artifacts_kind CHECK ((kind = ANY (ARRAY['artifact'::text, 'value'::text])));
+ALTER TABLE runledger.artifacts ADD CONSTRAINT artifacts_name CHECK (((length(name) >= 1) AND (length(name) <= 200)));
+ALTER TABLE runledger.artifacts ADD CONSTRAINT artifacts_pkey PRIMARY KEY (artifact_id);
+ALTER TABLE runledger.artifacts ADD CONSTRAINT artifacts_ref CHECK (((ref IS NULL) OR ((length(ref) >= 1) AND (length(ref) <= 2000))));
+ALTER TABLE runledger.artifacts ADD CONSTRAINT artifacts_run_id_fkey FOREIGN KEY (run_id) REFERENCES runledger.runs(run_id) ON DELETE CASCADE;
+ALTER TABLE runledger.artifacts ADD CONSTRAINT artifacts_sha256 CHECK (((sha256 IS NULL) OR (sha256 ~ '^[0-9a-f]{64}$'::text)));
+ALTER TABLE runledger.artifacts ADD CONSTRAINT artifacts_size CHECK (((size IS NULL) OR (size >= 0)));
+CREATE INDEX artifacts_blob ON runledger.artifacts USING btree (blob) WHERE (blob IS NOT NULL);
+CREATE UNIQUE INDEX artifacts_pkey ON runledger.artifacts USING btree (artifact_id);
+CREATE UNIQUE INDEX artifacts_step ON runledger.artifacts USING btree (run_id, step_position) WHERE (kind = 'artifact'::text);
+CREATE UNIQUE INDEX artifacts_value ON runledger.artifacts USING btree (run_id, blob) WHERE (kind = 'value'::text);
 
 CREATE TABLE runledger.events (
   event_id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
@@ -198,7 +239,58 @@ CREATE INDEX runs_ready ON runledger.runs USING btree (queue_name, priority, cre
 CREATE INDEX runs_timer ON runledger.runs USING btree (queue_name, wake_at) WHERE ((status = 'WAITING'::runledger.run_status) AND (wake_at IS NOT NULL));
 CREATE TRIGGER runs_run_id_insert BEFORE INSERT ON runledger.runs FOR EACH ROW WHEN (((new.run_id !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]*$'::text) OR (length(new.run_id) > 200))) EXECUTE FUNCTION runledger._check_run_id();
 CREATE TRIGGER runs_run_id_update BEFORE UPDATE OF run_id ON runledger.runs FOR EACH ROW WHEN (((new.run_id !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]*$'::text) OR (length(new.run_id) > 200))) EXECUTE FUNCTION runledger._check_run_id();
+CREATE TRIGGER runs_session_release AFTER UPDATE OF status ON runledger.runs FOR EACH ROW WHEN (((old.status IS DISTINCT FROM new.status) AND (new.status = ANY (ARRAY['SUCCEEDED'::runledger.run_status, 'FAILED'::runledger.run_status, 'CANCELLED'::runledger.run_status, 'TERMINATED'::runledger.run_status, 'DEAD_LETTER'::runledger.run_status])))) EXECUTE FUNCTION runledger._session_on_terminal();
 CREATE TRIGGER runs_transition BEFORE UPDATE OF status ON runledger.runs FOR EACH ROW WHEN ((old.status IS DISTINCT FROM new.status)) EXECUTE FUNCTION runledger._check_transition();
+
+CREATE TABLE runledger.session_entries (
+  session_id text NOT NULL,
+  seq integer NOT NULL,
+  role text NOT NULL,
+  content jsonb NOT NULL,
+  run_id text NOT NULL,
+  step_position integer NOT NULL,
+  entry_index integer NOT NULL,
+  created_at timestamp with time zone DEFAULT runledger.now() NOT NULL
+);
+COMMENT ON TABLE runledger.session_entries IS 'The history of each session in order (seq 1, 2, ...): role (system, user, assistant, tool), content (JSON), and the run and step position whose append wrote it, with its index in that append; unique by (run_id, step_position, entry_index), written with that step''s checkpoint.';
+ALTER TABLE runledger.session_entries ADD CONSTRAINT session_entries_once UNIQUE (run_id, step_position, entry_index);
+ALTER TABLE runledger.session_entries ADD CONSTRAINT session_entries_pkey PRIMARY KEY (session_id, seq);
+ALTER TABLE runledger.session_entries ADD CONSTRAINT session_entries_role CHECK ((role = ANY (ARRAY['system'::text, 'user'::text, 'assistant'::text, 'tool'::text])));
+ALTER TABLE runledger.session_entries ADD CONSTRAINT session_entries_session_id_fkey FOREIGN KEY (session_id) REFERENCES runledger.sessions(session_id) ON DELETE CASCADE;
+CREATE UNIQUE INDEX session_entries_once ON runledger.session_entries USING btree (run_id, step_position, entry_index);
+CREATE UNIQUE INDEX session_entries_pkey ON runledger.session_entries USING btree (session_id, seq);
+
+CREATE TABLE runledger.session_waiters (
+  session_id text NOT NULL,
+  run_id text NOT NULL,
+  ticket bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
+  queued_at timestamp with time zone DEFAULT runledger.now() NOT NULL
+);
+COMMENT ON TABLE runledger.session_waiters IS 'Runs queued for a held session, served in arrival order (ticket). The first live one becomes the holder when the session is let go, and is woken by a signal on topic session:<id>.';
+ALTER TABLE runledger.session_waiters ADD CONSTRAINT session_waiters_pkey PRIMARY KEY (session_id, run_id);
+ALTER TABLE runledger.session_waiters ADD CONSTRAINT session_waiters_session_id_fkey FOREIGN KEY (session_id) REFERENCES runledger.sessions(session_id) ON DELETE CASCADE;
+CREATE INDEX session_waiters_order ON runledger.session_waiters USING btree (session_id, ticket);
+CREATE UNIQUE INDEX session_waiters_pkey ON runledger.session_waiters USING btree (session_id, run_id);
+CREATE INDEX session_waiters_run ON runledger.session_waiters USING btree (run_id);
+
+CREATE TABLE runledger.sessions (
+  session_id text NOT NULL,
+  holder_run_id text,
+  held_at timestamp with time zone,
+  last_holder_run_id text,
+  released_at timestamp with time zone,
+  release_reason text,
+  entry_count integer DEFAULT 0 NOT NULL,
+  created_at timestamp with time zone DEFAULT runledger.now() NOT NULL,
+  updated_at timestamp with time zone DEFAULT runledger.now() NOT NULL
+);
+COMMENT ON TABLE runledger.sessions IS 'Agent sessions: a history that spans runs, held by at most one run at a time (holder_run_id; null = free). Others queue in session_waiters. last_holder_run_id, released_at and release_reason (released, ended, operator) say how it was last let go; entry_count is the seq of its last entry.';
+ALTER TABLE runledger.sessions ADD CONSTRAINT sessions_holder_complete CHECK (((holder_run_id IS NULL) = (held_at IS NULL)));
+ALTER TABLE runledger.sessions ADD CONSTRAINT sessions_id_valid CHECK (((session_id ~ '^[A-Za-z0-9][A-Za-z0-9_.:/-]*$'::text) AND (length(session_id) <= 92)));
+ALTER TABLE runledger.sessions ADD CONSTRAINT sessions_pkey PRIMARY KEY (session_id);
+ALTER TABLE runledger.sessions ADD CONSTRAINT sessions_release_reason CHECK ((release_reason = ANY (ARRAY['released'::text, 'ended'::text, 'operator'::text])));
+CREATE INDEX sessions_holder ON runledger.sessions USING btree (holder_run_id) WHERE (holder_run_id IS NOT NULL);
+CREATE UNIQUE INDEX sessions_pkey ON runledger.sessions USING btree (session_id);
 
 CREATE TABLE runledger.signals (
   signal_id text NOT NULL,
@@ -321,6 +413,22 @@ CREATE VIEW runledger.approval_inbox AS
   WHERE a.decision IS NULL AND (a.expires_at IS NULL OR a.expires_at > runledger.now()) AND r.status = 'WAITING'::runledger.run_status;
 COMMENT ON VIEW runledger.approval_inbox IS 'Pending approval requests: the action asked for, its evidence, who may decide and until when. Decide with select runledger.decide_approval(request_id, true|false, ''name'', ''note'').';
 
+CREATE VIEW runledger.artifact_list AS
+ SELECT a.artifact_id,
+    a.run_id,
+    r.workflow_name,
+    a.name,
+    a.kind,
+    a.sha256,
+    a.size,
+    a.ref,
+    a.blob IS NOT NULL AS stored,
+    a.step_position,
+    a.created_at
+   FROM runledger.artifacts a
+     JOIN runledger.runs r ON r.run_id = a.run_id;
+COMMENT ON VIEW runledger.artifact_list IS 'Every artifact and stored value with its run and workflow, sha256, size, and where its content is: stored (in artifact_blobs) or ref (elsewhere). engine.readArtifact(artifactId) reads the content.';
+
 CREATE VIEW runledger.dead_letter AS
  SELECT run_id,
     workflow_name,
@@ -387,6 +495,27 @@ UNION ALL
     round(EXTRACT(epoch FROM s.finished_at - s.started_at) * 1000::numeric, 1) AS duration_ms
    FROM runledger.steps s;
 COMMENT ON VIEW runledger.run_timeline IS 'History of runs: lifecycle events and step checkpoints. Use: select * from runledger.run_timeline where run_id = ''...'' order by at.';
+
+CREATE VIEW runledger.session_list AS
+ SELECT s.session_id,
+    s.holder_run_id,
+    r.status AS holder_status,
+    r.workflow_name AS holder_workflow,
+    s.held_at,
+    COALESCE(w.run_ids, '{}'::text[]) AS waiting_run_ids,
+    COALESCE(cardinality(w.run_ids), 0) AS waiters,
+    s.entry_count AS entries,
+    s.last_holder_run_id,
+    s.release_reason,
+    s.released_at,
+    s.created_at,
+    s.updated_at
+   FROM runledger.sessions s
+     LEFT JOIN runledger.runs r ON r.run_id = s.holder_run_id
+     LEFT JOIN LATERAL ( SELECT array_agg(q.run_id ORDER BY q.ticket) AS run_ids
+           FROM runledger.session_waiters q
+          WHERE q.session_id = s.session_id) w ON true;
+COMMENT ON VIEW runledger.session_list IS 'Every session: its holder (run, status, workflow, since when), the runs queued for it in order, its entry count, and how it was last let go. select * from runledger.session_history(id) lists one session''s entries.';
 
 CREATE VIEW runledger.unknown_operations AS
  SELECT o.operation_id,
@@ -628,6 +757,21 @@ begin
 end;
 $function$;
 COMMENT ON FUNCTION runledger._announce_finished(text[]) IS 'NOTIFY runledger_finished with the ids of runs that reached a terminal status, comma-separated, split to stay under the 8,000-byte payload limit; callers awaiting results listen for it.';
+
+CREATE OR REPLACE FUNCTION runledger._artifact_blob_held(p_sha256 text)
+ RETURNS boolean
+ LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+AS $function$
+begin
+  -- FOR KEY SHARE keeps the blob from prune_artifact_blobs until this transaction ends,
+  -- so the row recorded next can refer to it without sending the content again.
+  perform 1 from runledger.artifact_blobs b where b.sha256 = p_sha256 for key share;
+  return found;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._artifact_blob_held(text) IS 'True when content with this sha256 is stored, and then kept from deletion until the caller''s transaction ends (the caller records a row referring to it without sending the content).';
 
 CREATE OR REPLACE FUNCTION runledger._base32_10(p bigint)
  RETURNS text
@@ -1973,6 +2117,37 @@ AS $function$
 $function$;
 COMMENT ON FUNCTION runledger._random_40(boolean) IS 'A random whole number below 2^40 (from gen_random_uuid).';
 
+CREATE OR REPLACE FUNCTION runledger._record_artifact(p_run_id text, p_position integer, p_name text, p_kind text, p_sha256 text, p_size bigint, p_content bytea, p_ref text)
+ RETURNS jsonb
+ LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+AS $function$
+declare
+  v_row runledger.artifacts;
+begin
+  if p_content is not null then
+    if encode(sha256(p_content), 'hex') <> p_sha256 then
+      raise exception using errcode = 'RL003', message = format('artifact %s: the content does not have sha256 %s', p_name, p_sha256);
+    end if;
+    insert into runledger.artifact_blobs (sha256, size, content) values (p_sha256, octet_length(p_content), p_content)
+    on conflict (sha256) do nothing;
+  end if;
+  if p_kind = 'value' then
+    select * into v_row from runledger.artifacts a where a.run_id = p_run_id and a.blob = p_sha256 and a.kind = 'value';
+    if found then
+      return to_jsonb(v_row);
+    end if;
+  end if;
+  insert into runledger.artifacts (artifact_id, run_id, name, kind, sha256, size, blob, ref, step_position)
+  values (runledger._new_id(), p_run_id, p_name, p_kind, p_sha256, p_size,
+          case when p_ref is null then p_sha256 end, p_ref, p_position)
+  returning * into v_row;
+  return to_jsonb(v_row);
+end;
+$function$;
+COMMENT ON FUNCTION runledger._record_artifact(text,integer,text,text,text,bigint,bytea,text) IS 'Records an artifact row of a run (kind artifact or value) and stores its content as a blob unless it is already stored (p_content null: the caller holds it, _artifact_blob_held) or it is a reference (p_ref). A value already recorded for the run and content is returned as it is. Content that does not hash to p_sha256: RL003.';
+
 CREATE OR REPLACE FUNCTION runledger._record_retry(p_run_id text, p_token bigint, p_seq integer, p_name text, p_attempt integer, p_error jsonb, p_delay_ms integer)
  RETURNS boolean
  LANGUAGE plpgsql
@@ -2172,6 +2347,232 @@ begin
 end;
 $function$;
 COMMENT ON FUNCTION runledger._retry_wait(text,bigint,integer,text,text,integer,integer) IS 'Fenced: a backoff too long to sleep in memory becomes a durable wait (wait_kind retry): the step keeps a WAITING row with the attempt reached and the run waits, holding no worker, until the next attempt is due.';
+
+CREATE OR REPLACE FUNCTION runledger._session_acquire(p_session_id text, p_run_id text)
+ RETURNS jsonb
+ LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+AS $function$
+declare
+  v_session runledger.sessions;
+  v_status  runledger.run_status;
+  v_ticket  bigint;
+begin
+  perform runledger._session_check_id(p_session_id);
+  insert into runledger.sessions (session_id) values (p_session_id) on conflict (session_id) do nothing;
+  select * into v_session from runledger.sessions where session_id = p_session_id for update;
+  if v_session.holder_run_id is not null and v_session.holder_run_id <> p_run_id then
+    -- A holder that ended lets go by the trigger below; one found ended or gone anyway
+    -- (a run row deleted by hand) is treated as gone.
+    select r.status into v_status from runledger.runs r where r.run_id = v_session.holder_run_id;
+    if v_status is null or runledger.is_terminal(v_status) then
+      delete from runledger.session_waiters where session_id = p_session_id and run_id = p_run_id;
+      perform runledger._session_free(p_session_id, 'ended');
+      select * into v_session from runledger.sessions where session_id = p_session_id;
+    end if;
+  end if;
+  if v_session.holder_run_id is null then
+    -- Free: a free session has nobody queued (a hand-off gives it to the first waiter),
+    -- but should someone be, they come first.
+    delete from runledger.session_waiters where session_id = p_session_id and run_id = p_run_id;
+    if exists (select 1 from runledger.session_waiters w where w.session_id = p_session_id) then
+      perform runledger._session_handoff(p_session_id);
+      select * into v_session from runledger.sessions where session_id = p_session_id;
+    end if;
+  end if;
+  if v_session.holder_run_id is null then
+    update runledger.sessions set holder_run_id = p_run_id, held_at = runledger.now(), updated_at = runledger.now()
+     where session_id = p_session_id
+    returning * into v_session;
+  end if;
+  if v_session.holder_run_id = p_run_id then
+    delete from runledger.session_waiters where session_id = p_session_id and run_id = p_run_id;
+    return jsonb_build_object('held', true, 'entry_count', v_session.entry_count);
+  end if;
+  insert into runledger.session_waiters (session_id, run_id) values (p_session_id, p_run_id)
+  on conflict (session_id, run_id) do nothing;
+  select w.ticket into v_ticket from runledger.session_waiters w where w.session_id = p_session_id and w.run_id = p_run_id;
+  return jsonb_build_object(
+    'held', false, 'holder', v_session.holder_run_id,
+    'position', (select count(*) from runledger.session_waiters w where w.session_id = p_session_id and w.ticket <= v_ticket));
+end;
+$function$;
+COMMENT ON FUNCTION runledger._session_acquire(text,text) IS 'Inside a run''s transaction step: holds the session for p_run_id if it is free (or already its own, or its holder ended) and answers {held: true, entry_count}; otherwise queues the run (once) and answers {held: false, holder, position}. Creates the session on first use. Invalid id: RL003.';
+
+CREATE OR REPLACE FUNCTION runledger._session_append(p_session_id text, p_run_id text, p_position integer, p_entries jsonb)
+ RETURNS jsonb
+ LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+AS $function$
+declare
+  v_session runledger.sessions;
+  v_count   int;
+begin
+  select * into v_session from runledger.sessions where session_id = p_session_id for update;
+  if not found then
+    raise exception using errcode = 'RL005', message = format('session %s is not held by run %s: it does not exist', p_session_id, p_run_id);
+  end if;
+  if v_session.holder_run_id is distinct from p_run_id then
+    if v_session.holder_run_id is null and v_session.last_holder_run_id = p_run_id and v_session.release_reason = 'ended'
+       and not exists (select 1 from runledger.session_waiters w where w.session_id = p_session_id) then
+      -- The run held it when it ended and has been brought back (retry_run); nobody has held
+      -- it since, so its history is still the one the run read: it takes it back.
+      update runledger.sessions set holder_run_id = p_run_id, held_at = runledger.now(), updated_at = runledger.now()
+       where session_id = p_session_id;
+    else
+      raise exception using errcode = 'RL005',
+        message = format('session %s is not held by run %s (%s)', p_session_id, p_run_id,
+                         coalesce('held by ' || v_session.holder_run_id, 'it is free'));
+    end if;
+  end if;
+  if jsonb_typeof(p_entries) is distinct from 'array' or exists (
+       select 1 from jsonb_array_elements(p_entries) e
+        where jsonb_typeof(e) <> 'object' or not (e ? 'content')
+           or coalesce(e->>'role', '') not in ('system', 'user', 'assistant', 'tool')) then
+    raise exception using errcode = 'RL003',
+      message = format('session %s: entries must be an array of {role: system|user|assistant|tool, content}', p_session_id);
+  end if;
+  insert into runledger.session_entries (session_id, seq, role, content, run_id, step_position, entry_index)
+  select p_session_id, v_session.entry_count + e.ordinality::int, e.value->>'role', e.value->'content', p_run_id, p_position, e.ordinality::int - 1
+    from jsonb_array_elements(p_entries) with ordinality e;
+  get diagnostics v_count = row_count;
+  update runledger.sessions set entry_count = entry_count + v_count, updated_at = runledger.now() where session_id = p_session_id;
+  return jsonb_build_object('first_seq', v_session.entry_count + 1, 'last_seq', v_session.entry_count + v_count);
+end;
+$function$;
+COMMENT ON FUNCTION runledger._session_append(text,text,integer,jsonb) IS 'Inside the holder''s transaction step at p_position: appends the entries ([{role, content}], numbered after the last) and answers {first_seq, last_seq}. A run that does not hold the session: RL005 (a run that held it when it ended and was retried takes it back if nobody held it since and nobody waits). Bad entries: RL003.';
+
+CREATE OR REPLACE FUNCTION runledger._session_check_id(p_session_id text)
+ RETURNS void
+ LANGUAGE plpgsql
+ IMMUTABLE
+AS $function$
+begin
+  -- Unbounded class plus length(): see the note on runs_run_id_insert in 0001_schema.sql.
+  -- At most 92 characters, so that the wake-up topic 'session:<id>' fits a topic's 100.
+  if p_session_id is null or p_session_id !~ '^[A-Za-z0-9][A-Za-z0-9_.:/-]*$' or length(p_session_id) > 92 then
+    raise exception using errcode = 'RL003',
+      message = format('invalid session id %L: a name of letters, digits and _ . : / - (starting with a letter or digit), at most 92 characters', p_session_id);
+  end if;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._session_check_id(text) IS 'Refuses (RL003) a session id that is not a name: [A-Za-z0-9][A-Za-z0-9_.:/-]*, at most 92 characters (the wake-up topic session:<id> must fit 100).';
+
+CREATE OR REPLACE FUNCTION runledger._session_free(p_session_id text, p_reason text)
+ RETURNS text
+ LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+AS $function$
+begin
+  update runledger.sessions
+     set last_holder_run_id = holder_run_id, holder_run_id = null, held_at = null,
+         released_at = runledger.now(), release_reason = p_reason, updated_at = runledger.now()
+   where session_id = p_session_id and holder_run_id is not null;
+  return runledger._session_handoff(p_session_id);
+end;
+$function$;
+COMMENT ON FUNCTION runledger._session_free(text,text) IS 'The holder of the session (locked by the caller) lets go, for p_reason (released, ended, operator); the session goes to the next waiter. Returns the new holder or null.';
+
+CREATE OR REPLACE FUNCTION runledger._session_handoff(p_session_id text)
+ RETURNS text
+ LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+AS $function$
+declare
+  v_next   text;
+  v_status runledger.run_status;
+begin
+  -- The caller holds the session row, free. The first waiter whose run has not ended
+  -- takes it; waiters whose run ended or vanished are dropped on the way.
+  loop
+    select w.run_id into v_next from runledger.session_waiters w
+     where w.session_id = p_session_id order by w.ticket limit 1;
+    if not found then
+      return null;
+    end if;
+    -- The waiter's run is locked before its place is taken: a cancel or end of that run
+    -- committing right now has removed its place (the trigger below) by the time the lock
+    -- is granted, and the delete then finds nothing.
+    select r.status into v_status from runledger.runs r where r.run_id = v_next for update;
+    delete from runledger.session_waiters w where w.session_id = p_session_id and w.run_id = v_next;
+    if found and v_status is not null and not runledger.is_terminal(v_status) then
+      update runledger.sessions
+         set holder_run_id = v_next, held_at = runledger.now(), updated_at = runledger.now()
+       where session_id = p_session_id;
+      perform runledger.send_signal(v_next, 'session:' || p_session_id, jsonb_build_object('session_id', p_session_id));
+      return v_next;
+    end if;
+  end loop;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._session_handoff(text) IS 'The session (locked by the caller, free) goes to its first waiter whose run has not ended, which is signalled on topic session:<id> (send_signal wakes it if it waits). Returns the new holder, or null when nobody waits.';
+
+CREATE OR REPLACE FUNCTION runledger._session_leave(p_session_id text, p_run_id text)
+ RETURNS jsonb
+ LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+AS $function$
+declare
+  v_session runledger.sessions;
+begin
+  select * into v_session from runledger.sessions where session_id = p_session_id for update;
+  if found and v_session.holder_run_id = p_run_id then
+    -- The hand-off came just as the wait timed out: the session is the run's.
+    return jsonb_build_object('held', true, 'entry_count', v_session.entry_count);
+  end if;
+  delete from runledger.session_waiters where session_id = p_session_id and run_id = p_run_id;
+  return jsonb_build_object('held', false, 'holder', v_session.holder_run_id);
+end;
+$function$;
+COMMENT ON FUNCTION runledger._session_leave(text,text) IS 'A queued run gives up (its wait timed out): it leaves the queue, unless the session was handed to it meanwhile ({held: true, entry_count}).';
+
+CREATE OR REPLACE FUNCTION runledger._session_on_terminal()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+declare
+  v_session text;
+begin
+  -- Most runs that end held no session and queued for none: two index probes, and
+  -- nothing is written: about 5 us per run that ends (20,000 runs ended in one UPDATE,
+  -- PostgreSQL 15). No SET clause: it runs inside the engine's functions and inherits
+  -- their settings; the SET made it 7.5 us.
+  if exists (select 1 from runledger.session_waiters w where w.run_id = new.run_id) then
+    delete from runledger.session_waiters where run_id = new.run_id;
+  end if;
+  if exists (select 1 from runledger.sessions s where s.holder_run_id = new.run_id) then
+    for v_session in
+      select s.session_id from runledger.sessions s where s.holder_run_id = new.run_id order by s.session_id for update
+    loop
+      perform runledger._session_free(v_session, 'ended');
+    end loop;
+  end if;
+  return null;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._session_on_terminal() IS 'Trigger function of runs_session_release: a run that reached a terminal status leaves the session queues it was in and lets go of the sessions it held, each going to its next waiter.';
+
+CREATE OR REPLACE FUNCTION runledger._session_release(p_session_id text, p_run_id text)
+ RETURNS boolean
+ LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+AS $function$
+begin
+  perform 1 from runledger.sessions where session_id = p_session_id and holder_run_id = p_run_id for update;
+  if not found then
+    return false;
+  end if;
+  perform runledger._session_free(p_session_id, 'released');
+  return true;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._session_release(text,text) IS 'The holder lets go of the session (session.release()); the next waiter gets it and is woken. False when p_run_id does not hold it.';
 
 CREATE OR REPLACE FUNCTION runledger._slot_freed(p_run_id text)
  RETURNS void
@@ -2928,6 +3329,31 @@ end;
 $function$;
 COMMENT ON FUNCTION runledger.decide_approval(text,boolean,text,text) IS 'Decides a pending approval request. The first decision wins and stays as audit evidence; later calls return it with recorded = false. An approver outside the request''s list: RL007; expired request: RL005. Wakes the waiting run.';
 
+CREATE OR REPLACE FUNCTION runledger.delete_session(p_session_id text)
+ RETURNS integer
+ LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+AS $function$
+declare
+  v_session runledger.sessions;
+begin
+  perform runledger._session_check_id(p_session_id);
+  select * into v_session from runledger.sessions where session_id = p_session_id for update;
+  if not found then
+    raise exception using errcode = 'RL002', message = format('delete_session: session %L not found', p_session_id);
+  end if;
+  if v_session.holder_run_id is not null or exists (select 1 from runledger.session_waiters w where w.session_id = p_session_id) then
+    raise exception using errcode = 'RL005',
+      message = format('delete_session: session %s is held by run %s or has runs queued; release it first (release_session)', p_session_id,
+                       coalesce(v_session.holder_run_id, '-'));
+  end if;
+  delete from runledger.sessions where session_id = p_session_id;
+  return v_session.entry_count;
+end;
+$function$;
+COMMENT ON FUNCTION runledger.delete_session(text) IS 'Operator action: deletes a session nobody holds or waits for, with its history (entries are kept until then, whatever prune() removes). Returns how many entries went. Held or queued for: RL005; unknown: RL002.';
+
 CREATE OR REPLACE FUNCTION runledger.fork_run(p_run_id text, p_from_step integer)
  RETURNS text
  LANGUAGE plpgsql
@@ -3016,6 +3442,54 @@ begin
 end;
 $function$;
 COMMENT ON FUNCTION runledger.prune(interval) IS 'Deletes finished runs (terminal, finished before now - older_than) with their steps, events, operations, signals and approvals, and workers stopped before then. Returns how many runs it removed.';
+
+CREATE OR REPLACE FUNCTION runledger.prune_artifact_blobs()
+ RETURNS bigint
+ LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+AS $function$
+declare
+  v_count bigint;
+begin
+  -- A blob being referred to right now (FOR KEY SHARE, by a transaction recording a row) is skipped.
+  with gone as (
+    delete from runledger.artifact_blobs b
+     where b.sha256 in (
+       select o.sha256 from runledger.artifact_blobs o
+        where not exists (select 1 from runledger.artifacts a where a.blob = o.sha256)
+        for update skip locked)
+    returning 1)
+  select count(*) into v_count from gone;
+  return v_count;
+end;
+$function$;
+COMMENT ON FUNCTION runledger.prune_artifact_blobs() IS 'Operator action: deletes the blobs no artifact row refers to any more (their runs were pruned); returns how many. A blob being recorded right now is skipped.';
+
+CREATE OR REPLACE FUNCTION runledger.release_session(p_session_id text)
+ RETURNS text
+ LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+AS $function$
+declare
+  v_session runledger.sessions;
+begin
+  perform runledger._session_check_id(p_session_id);
+  select * into v_session from runledger.sessions where session_id = p_session_id for update;
+  if not found then
+    raise exception using errcode = 'RL002', message = format('release_session: session %L not found', p_session_id);
+  end if;
+  if v_session.holder_run_id is null then
+    return null;
+  end if;
+  insert into runledger.events (run_id, kind, detail)
+  select r.run_id, 'session_released', jsonb_build_object('session_id', p_session_id, 'by', 'operator')
+    from runledger.runs r where r.run_id = v_session.holder_run_id;
+  return runledger._session_free(p_session_id, 'operator');
+end;
+$function$;
+COMMENT ON FUNCTION runledger.release_session(text) IS 'Operator repair: takes a session from its holder (a run stuck while holding it) and hands it to the next waiter, which is woken. Returns the new holder (null: nobody waited, or it was free). The former holder''s next append fails with RL005 (SESSION_NOT_HELD); its history records a session_released event. Unknown session: RL002.';
 
 CREATE OR REPLACE FUNCTION runledger.resolve_operation(p_operation_id text, p_status text, p_result jsonb DEFAULT NULL::jsonb, p_resolved_by text DEFAULT NULL::text)
  RETURNS text
@@ -3178,6 +3652,27 @@ begin
 end;
 $function$;
 COMMENT ON FUNCTION runledger.send_signal(text,text,jsonb,text) IS 'Delivers a signal to a run''s durable inbox; returns false (changing nothing) when signal_id was already accepted. Wakes the run if it waits on this topic; otherwise the signal waits for a later wait. Unknown run: RL002; finished run: RL005.';
+
+CREATE OR REPLACE FUNCTION runledger.session_history(p_session_id text)
+ RETURNS TABLE(seq integer, role text, content jsonb, run_id text, step_position integer, created_at timestamp with time zone)
+ LANGUAGE plpgsql
+ STABLE
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+AS $function$
+begin
+  perform runledger._session_check_id(p_session_id);
+  if not exists (select 1 from runledger.sessions s where s.session_id = p_session_id) then
+    raise exception using errcode = 'RL002', message = format('session_history: session %L not found', p_session_id);
+  end if;
+  return query
+    select e.seq, e.role, e.content, e.run_id, e.step_position, e.created_at
+      from runledger.session_entries e
+     where e.session_id = p_session_id
+     order by e.seq;
+end;
+$function$;
+COMMENT ON FUNCTION runledger.session_history(text) IS 'A session''s history in order: seq, role, content, and the run and step position that appended each entry. Unknown session: RL002; invalid id: RL003.';
 
 CREATE OR REPLACE FUNCTION runledger.set_queue(p_name text, p_options jsonb)
  RETURNS runledger.queues

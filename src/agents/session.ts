@@ -1,8 +1,28 @@
+import { sql } from 'kysely';
 import type { StepContext } from '../steps/context.js';
 import type { Execution } from '../engine/run/execution.js';
-import type { Duration } from '../engine/core/duration.js';
+import { toMs, type Duration } from '../engine/core/duration.js';
+import { toJsonText } from '../engine/core/json.js';
+import { pgCode } from '../engine/db/pg-errors.js';
+import {
+  InvalidInputError,
+  NotSerializableError,
+  PayloadTooLargeError,
+  SessionNotHeldError,
+  SessionTimeoutError,
+  StepFailedError,
+} from '../engine/core/errors.js';
 
 export type SessionRole = 'system' | 'user' | 'assistant' | 'tool';
+export const SESSION_ROLES: readonly SessionRole[] = ['system', 'user', 'assistant', 'tool'];
+
+/**
+ * A session id is a name (the same rule as sql/0013_sessions.sql): letters, digits and
+ * `_ . : / -`, starting with a letter or digit, at most 92 characters, so that its
+ * wake-up topic `session:<id>` fits a topic's 100.
+ */
+export const SESSION_ID_PATTERN = /^[A-Za-z0-9][A-Za-z0-9_.:/-]*$/;
+export const SESSION_ID_MAX_LENGTH = 92;
 
 /** One entry of a session's history, as appended. `content` is any JSON value. */
 export interface SessionEntry {
@@ -19,17 +39,233 @@ export interface StoredSessionEntry extends SessionEntry {
 }
 
 export interface SessionOptions {
-  /** How long to wait for another run holding the session; default: as long as it takes. */
+  /** How long to wait for another run holding the session; default: as long as it takes. Past it: SessionTimeoutError. */
   timeout?: Duration;
 }
 
 export interface Session {
   readonly id: string;
+  /** The entries in order, as this run saw them at this point of its history (the same on every replay). */
   history(): Promise<StoredSessionEntry[]>;
+  /** Appends the entries, committed with this step's checkpoint: a replay never appends them again. */
   append(entries: SessionEntry[]): Promise<void>;
+  /** Lets go of the session: the next run queued for it gets it. A second call does nothing. */
   release(): Promise<void>;
 }
 
-export function openSession(_ctx: StepContext, _exec: Execution, _sessionId: string, _options?: SessionOptions): Promise<Session> {
-  throw new Error('sessions: not built yet');
+/** What the acquisition step recorded (its checkpoint). */
+type Acquired = { held: true; entry_count: number } | { held: false; holder: string | null; position?: number };
+
+/**
+ * Whether this execution holds a session, and the session's entry count when it took it:
+ * shared by every Session object of one id in one execution, so a release through one is
+ * seen by all. Rebuilt on replay from the recorded steps, in the same order.
+ */
+interface Hold {
+  held: boolean;
+  entryCount: number;
+}
+const holds = new WeakMap<Execution, Map<string, Hold>>();
+
+function holdOf(exec: Execution, sessionId: string): Hold {
+  let byId = holds.get(exec);
+  if (!byId) holds.set(exec, (byId = new Map()));
+  let hold = byId.get(sessionId);
+  if (!hold) byId.set(sessionId, (hold = { held: false, entryCount: 0 }));
+  return hold;
+}
+
+export function checkSessionId(sessionId: unknown): asserts sessionId is string {
+  if (typeof sessionId !== 'string' || !SESSION_ID_PATTERN.test(sessionId) || sessionId.length > SESSION_ID_MAX_LENGTH) {
+    throw new InvalidInputError(
+      `invalid session id ${JSON.stringify(sessionId)}: a name of letters, digits and _ . : / - (starting with a letter or digit), at most ${SESSION_ID_MAX_LENGTH} characters`,
+      { details: { sessionId } },
+    );
+  }
+}
+
+/**
+ * `ctx.session(id)`: holds the session for this run. The acquisition is a transaction
+ * step (holding, or queueing, commits with its checkpoint); a run that finds it held waits
+ * durably for the hand-off signal (WAITING on topic `session:<id>`, no worker held), then
+ * checks again. Every step is recorded, so a replay walks the same path without waiting.
+ */
+export async function openSession(ctx: StepContext, exec: Execution, sessionId: string, options: SessionOptions = {}): Promise<Session> {
+  checkSessionId(sessionId);
+  const timeoutMs = options.timeout === undefined ? undefined : toMs(options.timeout, `session ${sessionId} timeout`);
+  const hold = holdOf(exec, sessionId);
+  const runId = exec.runId;
+  let deadline: Date | undefined;
+  for (;;) {
+    const answer = (await ctx.transaction(`session:${sessionId}:open`, async (trx) => {
+      const result = await sql<{
+        answer: Acquired;
+      }>`select runledger._session_acquire(p_session_id => ${sessionId}, p_run_id => ${runId}) as answer`.execute(trx);
+      return result.rows[0]!.answer;
+    })) as Acquired;
+    if (answer.held) return held(ctx, exec, sessionId, hold, answer.entry_count);
+    if (timeoutMs !== undefined) deadline ??= new Date((await ctx.now(`session:${sessionId}:since`)).getTime() + timeoutMs);
+    const signal = await ctx.waitForSignal(`session:${sessionId}`, {
+      name: `session:${sessionId}:wait`,
+      ...(deadline ? { timeout: deadline } : {}),
+    });
+    if (signal !== null) continue; // handed over (or a stale signal): the next open step checks
+    const left = (await ctx.transaction(`session:${sessionId}:leave`, async (trx) => {
+      const result = await sql<{
+        answer: Acquired;
+      }>`select runledger._session_leave(p_session_id => ${sessionId}, p_run_id => ${runId}) as answer`.execute(trx);
+      return result.rows[0]!.answer;
+    })) as Acquired;
+    if (left.held) return held(ctx, exec, sessionId, hold, left.entry_count);
+    throw new SessionTimeoutError(`session ${sessionId}: still held by run ${left.holder ?? '?'} after ${timeoutMs} ms`, {
+      sessionId,
+      holder: left.holder,
+      timeoutMs,
+    });
+  }
+}
+
+function held(ctx: StepContext, exec: Execution, sessionId: string, hold: Hold, entryCount: number): Session {
+  hold.held = true;
+  hold.entryCount = entryCount;
+  return new HeldSession(ctx, exec, sessionId, hold);
+}
+
+class HeldSession implements Session {
+  constructor(
+    private readonly ctx: StepContext,
+    private readonly exec: Execution,
+    readonly id: string,
+    private readonly hold: Hold,
+  ) {}
+
+  private assertHeld(what: string): void {
+    this.exec.assertLive(`session.${what}()`);
+    if (!this.hold.held) {
+      throw new SessionNotHeldError(`session.${what}(): run ${this.exec.runId} does not hold session ${this.id} (it released it)`, {
+        details: { sessionId: this.id, runId: this.exec.runId },
+      });
+    }
+  }
+
+  /**
+   * The entries there were when this run took the session, and those this run appended
+   * at earlier step positions: what the first execution saw at this point. Entries of
+   * later positions (a replay finds them already written) and of other runs after the
+   * acquisition (possible only once the session was taken from this run) are left out.
+   */
+  async history(): Promise<StoredSessionEntry[]> {
+    this.assertHeld('history');
+    const position = this.exec.stepsTaken;
+    const result = await this.exec.deps.pool.query<{
+      seq: number;
+      role: SessionRole;
+      content: unknown;
+      run_id: string;
+      step_position: number;
+      created_at: Date;
+    }>(
+      `select seq, role, content, run_id, step_position, created_at from runledger.session_entries
+        where session_id = $1 and (seq <= $2 or (run_id = $3 and step_position < $4))
+        order by seq`,
+      [this.id, this.hold.entryCount, this.exec.runId, position],
+    );
+    return result.rows.map((row) => ({
+      seq: row.seq,
+      role: row.role,
+      content: row.content,
+      runId: row.run_id,
+      stepPosition: row.step_position,
+      createdAt: row.created_at.toISOString(),
+    }));
+  }
+
+  async append(entries: SessionEntry[]): Promise<void> {
+    this.assertHeld('append');
+    const text = entriesText(this.id, entries, this.exec.deps.maxPayloadBytes);
+    if (text === undefined) return; // nothing to append: no step
+    // The position the transaction below takes (taken synchronously, before any await).
+    const position = this.exec.stepsTaken;
+    const { id } = this;
+    const runId = this.exec.runId;
+    try {
+      await this.ctx.transaction(`session:${id}:append`, async (trx) => {
+        try {
+          const result = await sql<{
+            appended: unknown;
+          }>`select runledger._session_append(p_session_id => ${id}, p_run_id => ${runId}, p_position => ${position}, p_entries => ${text}::jsonb) as appended`.execute(
+            trx,
+          );
+          return result.rows[0]!.appended;
+        } catch (error) {
+          if (pgCode(error) === 'RL005') {
+            throw new SessionNotHeldError((error as Error).message, { details: { sessionId: id, runId } });
+          }
+          throw error;
+        }
+      });
+    } catch (error) {
+      // Recorded as the step's failure (on replay too): the caller gets the coded error back.
+      if (error instanceof StepFailedError && error.originalCode === 'SESSION_NOT_HELD') {
+        this.hold.held = false;
+        throw new SessionNotHeldError(String(error.details?.message ?? error.message), {
+          cause: error,
+          details: { sessionId: id, runId },
+        });
+      }
+      throw error;
+    }
+  }
+
+  async release(): Promise<void> {
+    this.exec.assertLive('session.release()');
+    if (!this.hold.held) return;
+    const { id } = this;
+    const runId = this.exec.runId;
+    await this.ctx.transaction(`session:${id}:release`, async (trx) => {
+      const result = await sql<{
+        released: boolean;
+      }>`select runledger._session_release(p_session_id => ${id}, p_run_id => ${runId}) as released`.execute(trx);
+      return result.rows[0]!.released;
+    });
+    this.hold.held = false;
+  }
+}
+
+/** The entries as the JSON text of one append, checked: roles, JSON content, the payload limit. undefined for none. */
+function entriesText(sessionId: string, entries: unknown, maxBytes: number): string | undefined {
+  if (!Array.isArray(entries)) {
+    throw new InvalidInputError(`session ${sessionId}: append takes an array of entries {role, content}`, { details: { sessionId } });
+  }
+  if (entries.length === 0) return undefined;
+  const normalized = entries.map((entry: unknown, index) => {
+    const e = entry as { role?: unknown; content?: unknown } | null;
+    if (typeof e !== 'object' || e === null || !SESSION_ROLES.includes(e.role as SessionRole)) {
+      throw new InvalidInputError(`session ${sessionId}: entry ${index} needs a role of ${SESSION_ROLES.join(', ')}`, {
+        details: { sessionId, index, role: e && typeof e === 'object' ? e.role : undefined },
+      });
+    }
+    if (e.content === undefined) {
+      throw new InvalidInputError(`session ${sessionId}: entry ${index} has no content (use null for none)`, {
+        details: { sessionId, index },
+      });
+    }
+    try {
+      toJsonText(e.content, `content of entry ${index}`);
+    } catch (error) {
+      if (error instanceof NotSerializableError) {
+        throw new InvalidInputError(`session ${sessionId}: ${error.message}`, { cause: error, details: { sessionId, index } });
+      }
+      throw error;
+    }
+    return { role: e.role, content: e.content };
+  });
+  const text = JSON.stringify(normalized);
+  const bytes = Buffer.byteLength(text);
+  if (bytes > maxBytes) {
+    throw new PayloadTooLargeError(`session ${sessionId}: the entries of one append are ${bytes} bytes, over the limit of ${maxBytes}`, {
+      details: { sessionId, bytes, limit: maxBytes },
+    });
+  }
+  return text;
 }

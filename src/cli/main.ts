@@ -20,6 +20,7 @@ import { queues } from './commands/queues.js';
 import { resolve } from './commands/resolve.js';
 import { retry } from './commands/retry.js';
 import { runs } from './commands/runs.js';
+import { session } from './commands/session.js';
 import { setQueue } from './commands/set-queue.js';
 import { show } from './commands/show.js';
 import { signal } from './commands/signal.js';
@@ -40,6 +41,7 @@ const COMMANDS: Record<string, Command> = {
   show,
   waiting,
   approvals,
+  session,
   unknown,
   'dead-letter': deadLetter,
   queues,

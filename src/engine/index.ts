@@ -34,6 +34,7 @@ import type { RunStatus } from './core/states.js';
 import type { Jsonify } from './core/jsonify.js';
 import type { RunledgerDatabase } from './db/schema.js';
 import { startWorker, type LocalWorker, type Worker, type WorkerOptions } from './worker/worker.js';
+import { readArtifact, type ArtifactContentRead } from '../agents/artifact.js';
 import { defineWorkflow, limitsToSql, workflowKey, type Workflow, type WorkflowFunction, type WorkflowOptions } from './core/workflow.js';
 
 export const MAX_PAYLOAD_BYTES_DEFAULT = 4 * 1024 * 1024;
@@ -141,6 +142,8 @@ export interface Engine<DB = any> {
   /** Decides an approval request; the first decision wins (later calls return it with recorded: false). */
   decideApproval(requestId: string, decision: DecisionInput): Promise<DecisionRecord>;
   runWorker(options?: WorkerOptions): Promise<Worker>;
+  /** An artifact's record and content (null when it was recorded by reference); undefined for an unknown id. */
+  readArtifact(artifactId: string): Promise<ArtifactContentRead | undefined>;
   /** Stops this engine's workers and closes its pool (not a pool you passed in). */
   close(): Promise<void>;
   /** The Kysely instance over the engine's pool, typed by `DB`, for your tables (and runledger's, with `RunledgerDatabase`). */
@@ -289,6 +292,7 @@ export function createEngine<DB = any>(options: EngineOptions = {}): Engine<DB> 
     compensate: (runId, compensateOptions) => compensateRun(pool, runId, compensateOptions?.reason),
     signal: (runId, topic, payload, signalOptions) => sendSignal(pool, runId, topic, payload, signalOptions?.signalId),
     decideApproval: (requestId, decision) => decideApproval(pool, requestId, decision),
+    readArtifact: (artifactId) => readArtifact(pool, artifactId),
     async runWorker(workerOptions) {
       const startScheduled: StartScheduled = async (workflow, input, idempotencyKey) => {
         await startRun(startHost, workflow, input, { idempotencyKey });

@@ -13,7 +13,7 @@ export interface WorkerProcess {
   output(): string;
 }
 
-/** Spawns test/fixtures/worker-process.ts (or another worker script) and resolves once it prints "ready". */
+/** Spawns test/fixtures/worker-process.ts (or another fixture `script` that prints "ready") and resolves once it prints "ready". */
 export async function spawnWorker(env: Record<string, string>, script = WORKER_SCRIPT): Promise<WorkerProcess> {
   const child = spawn(process.execPath, ['--import', 'tsx', script], {
     cwd: ROOT,

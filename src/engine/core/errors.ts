@@ -28,7 +28,9 @@ export type ErrorCode =
   | 'UNVERIFIED'
   | 'INVALID_VERDICT'
   | 'AGENT_INCOMPLETE'
-  | 'MODEL_ERROR';
+  | 'MODEL_ERROR'
+  | 'SESSION_NOT_HELD'
+  | 'SESSION_TIMEOUT';
 
 export class RunledgerError extends Error {
   readonly code: ErrorCode;
@@ -170,6 +172,24 @@ export class StepFailedError extends RunledgerError {
 export class InvalidReconcileAnswerError extends RunledgerError {
   constructor(message: string, details: Record<string, unknown>) {
     super('INVALID_RECONCILE_ANSWER', message, { details });
+  }
+}
+
+/**
+ * A session call (`append`, `history`, `release`) on a session this run does not hold:
+ * released by it, taken from it by an operator (runledger.release_session), or never
+ * opened. Nothing was stored. SQL raises it as RL005 from runledger._session_append.
+ */
+export class SessionNotHeldError extends RunledgerError {
+  constructor(message: string, options?: { cause?: unknown; details?: Record<string, unknown> }) {
+    super('SESSION_NOT_HELD', message, options);
+  }
+}
+
+/** `ctx.session(id, { timeout })`: another run held the session for longer than the timeout; this run left the queue. */
+export class SessionTimeoutError extends RunledgerError {
+  constructor(message: string, details: Record<string, unknown>) {
+    super('SESSION_TIMEOUT', message, { details });
   }
 }
 

@@ -182,6 +182,51 @@ export const RUNLEDGER_TABLES = {
     queue_name: 'text',
     admitted_at: 'timestamptz',
   },
+  'runledger.sessions': {
+    session_id: 'text',
+    holder_run_id: 'text null',
+    held_at: 'timestamptz null',
+    last_holder_run_id: 'text null',
+    released_at: 'timestamptz null',
+    release_reason: ['text null', ['released', 'ended', 'operator']],
+    entry_count: 'int4 default',
+    created_at: 'timestamptz default',
+    updated_at: 'timestamptz default',
+  },
+  'runledger.session_entries': {
+    session_id: 'text',
+    seq: 'int4',
+    role: ['text', ['system', 'user', 'assistant', 'tool']],
+    content: 'jsonb',
+    run_id: 'text',
+    step_position: 'int4',
+    entry_index: 'int4',
+    created_at: 'timestamptz default',
+  },
+  'runledger.session_waiters': {
+    session_id: 'text',
+    run_id: 'text',
+    ticket: 'int8 default',
+    queued_at: 'timestamptz default',
+  },
+  'runledger.artifact_blobs': {
+    sha256: 'text',
+    size: 'int8',
+    content: 'bytea',
+    created_at: 'timestamptz default',
+  },
+  'runledger.artifacts': {
+    artifact_id: 'text',
+    run_id: 'text',
+    name: 'text',
+    kind: ['text', ['artifact', 'value']],
+    sha256: 'text null',
+    size: 'int8 null',
+    blob: 'text null',
+    ref: 'text null',
+    step_position: 'int4 null',
+    created_at: 'timestamptz default',
+  },
 } as const satisfies Record<string, Record<string, ColumnSpec>>;
 
 /** The PostgreSQL types runledger's tables use (udt_name), and what node-postgres gives and takes for each. */
@@ -193,6 +238,7 @@ interface PgTypes {
   bool: [boolean, boolean];
   timestamptz: [Date, Date | string];
   jsonb: [unknown, unknown];
+  bytea: [Buffer, Buffer | Uint8Array];
   _text: [string[], string[]];
   run_status: [string, string];
 }

@@ -1,0 +1,100 @@
+import { ago, print, renderTable, shortJson, timestamp } from '../format.js';
+import { CliError, intOption, parse, withPool, type Command } from '../shared.js';
+
+interface SessionRow {
+  session_id: string;
+  holder_run_id: string | null;
+  holder_status: string | null;
+  holder_workflow: string | null;
+  held_at: Date | null;
+  waiting_run_ids: string[];
+  waiters: number;
+  entries: number;
+  last_holder_run_id: string | null;
+  release_reason: string | null;
+  released_at: Date | null;
+  created_at: Date;
+}
+
+interface EntryRow {
+  seq: number;
+  role: string;
+  content: unknown;
+  run_id: string;
+  step_position: number;
+  created_at: Date;
+}
+
+/**
+ * One agent session: the runledger.session_list row (holder, queue, entry count) and its
+ * history from runledger.session_history(), the same rows psql shows.
+ */
+export const session: Command = {
+  summary: 'an agent session: its holder, the runs queued for it, its history in order',
+  usage: 'runledger session SESSION_ID [--json] [--width N (content characters per entry, default 100)]',
+  async run(args) {
+    const parsed = parse(session, args, { json: { type: 'boolean' }, width: { type: 'string' } }, { min: 1, max: 1 });
+    if (!parsed) return;
+    const sessionId = parsed.positionals[0]!;
+    const width = intOption(parsed.values, 'width', 10) ?? 100;
+    const { row, entries } = await withPool(parsed.values, async (pool) => {
+      // session_history checks the id (RL003) and refuses an unknown session (RL002).
+      const history = await pool.query<EntryRow>(
+        'select seq, role, content, run_id, step_position, created_at from runledger.session_history(p_session_id => $1) order by seq',
+        [sessionId],
+      );
+      const found = await pool.query<SessionRow>('select * from runledger.session_list where session_id = $1', [sessionId]);
+      if (!found.rows[0]) throw new CliError('NOT_FOUND', `session ${sessionId} not found`, 1);
+      return { row: found.rows[0], entries: history.rows };
+    });
+    if (parsed.values.json) {
+      print(
+        JSON.stringify(
+          {
+            sessionId: row.session_id,
+            holder: row.holder_run_id && {
+              runId: row.holder_run_id,
+              status: row.holder_status,
+              workflow: row.holder_workflow,
+              heldAt: row.held_at,
+            },
+            waiting: row.waiting_run_ids,
+            lastRelease: row.last_holder_run_id && { runId: row.last_holder_run_id, reason: row.release_reason, at: row.released_at },
+            createdAt: row.created_at,
+            entries: entries.map((e) => ({
+              seq: e.seq,
+              role: e.role,
+              content: e.content,
+              runId: e.run_id,
+              stepPosition: e.step_position,
+              createdAt: e.created_at,
+            })),
+          },
+          null,
+          2,
+        ),
+      );
+      return;
+    }
+    print(`session     ${row.session_id}  (created ${timestamp(row.created_at)})`);
+    print(
+      row.holder_run_id
+        ? `held by     ${row.holder_run_id} (${row.holder_status ?? 'no such run'}${row.holder_workflow ? `, ${row.holder_workflow}` : ''}) since ${ago(row.held_at)}`
+        : `free        ${row.last_holder_run_id ? `last held by ${row.last_holder_run_id}, let go (${row.release_reason}) ${ago(row.released_at)}` : 'never held'}`,
+    );
+    print(`queued      ${row.waiters === 0 ? 'nobody' : `${row.waiters}: ${row.waiting_run_ids.join(', ')}`}`);
+    print();
+    print(`entries (${entries.length})`);
+    if (entries.length === 0) return;
+    const rows = entries.map((e) => [
+      String(e.seq),
+      e.role,
+      e.run_id,
+      String(e.step_position),
+      ago(e.created_at),
+      shortJson(e.content, width),
+    ]);
+    print(renderTable(['SEQ', 'ROLE', 'RUN', 'STEP', 'AT', 'CONTENT'], rows, { shrink: [5, 2], right: [0, 3], indent: 2 }));
+    print("\nwhole entries: runledger session SESSION_ID --json, or select * from runledger.session_history('SESSION_ID')");
+  },
+};
