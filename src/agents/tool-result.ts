@@ -1,4 +1,5 @@
 import type { StepContext } from '../steps/context.js';
+import { storeLarge } from './artifact.js';
 
 /**
  * THE place where a tool's result is encoded for its checkpoint (and for the ledger row of
@@ -6,10 +7,12 @@ import type { StepContext } from '../steps/context.js';
  * tool result passes through here exactly once, inside the body of the tool's step, before
  * the checkpoint is written; a replay returns what this returned.
  *
- * Today the result is stored as it is (the step's JSON checks and payload limit apply).
- * Large outputs are to be stored once by reference (ctx.artifact): that belongs here, and
- * only here, so that a 50 MB tool output never lands in a checkpoint or a replay.
+ * A result whose JSON is over LARGE_VALUE_THRESHOLD_BYTES (64 KiB) is stored once, by
+ * sha256, in runledger.artifact_blobs, and the checkpoint (and the ledger row) keep only
+ * `{ $artifact, size }`: a 50 MB tool output never lands in a checkpoint or a replay, and
+ * an external tool's large result is not refused by the payload limit after its effect
+ * happened. callTool reads it back (loadLarge) before the model sees it.
  */
-export async function encodeToolResult(_ctx: StepContext, _toolName: string, result: unknown): Promise<unknown> {
-  return result;
+export async function encodeToolResult(ctx: StepContext, toolName: string, result: unknown): Promise<unknown> {
+  return storeLarge(ctx, `tool:${toolName}`, result);
 }

@@ -6,6 +6,7 @@ import type { Execution } from '../engine/run/execution.js';
 import type { StepContext } from '../steps/context.js';
 import type { ReconcileAnswer } from '../steps/operation.js';
 import type { RetryPolicy } from '../steps/retry.js';
+import { loadLarge } from './artifact.js';
 import { encodeToolResult } from './tool-result.js';
 
 /**
@@ -247,6 +248,7 @@ export async function callTool<A, R>(
     const key = `${exec.runId}:${exec.stepsTaken}:${tool.name}`;
     chargedIfRecorded();
     return observed(
+      ctx,
       tool,
       ctx.step(
         name,
@@ -290,6 +292,7 @@ export async function callTool<A, R>(
   const compensate = tool.compensate;
   chargedIfRecorded();
   return observed(
+    ctx,
     tool,
     ctx.operation<unknown>(
       name,
@@ -367,9 +370,10 @@ async function earlierUse(
  * ledger stays UNKNOWN: the model must not try the effect again under a new key), and
  * tools declared onError: 'throw'.
  */
-async function observed<R>(tool: Tool<any, R>, call: Promise<unknown>): Promise<ToolResult<R>> {
+/** The call's result for the model (a large result read back from its artifact), or its failure as an observation. */
+async function observed<R>(ctx: StepContext, tool: Tool<any, R>, call: Promise<unknown>): Promise<ToolResult<R>> {
   try {
-    return { ok: true, result: (await call) as Jsonify<R> };
+    return { ok: true, result: (await loadLarge(ctx, await call)) as Jsonify<R> };
   } catch (error) {
     if (!(error instanceof StepFailedError) || error.originalCode === 'INVALID_RECONCILE_ANSWER' || tool.onError === 'throw') throw error;
     const recorded = (error.details ?? {}) as { message?: string };
