@@ -10,7 +10,7 @@
  */
 import type pg from 'pg';
 import { z } from 'zod';
-import { defineTool, runAgent, scriptedModel, type Engine, type ModelReply } from '../../src/index.js';
+import { defineTool, runAgent, scriptedModel, type Engine, type ScriptedReply } from '../../src/index.js';
 import { ensureWorkspace, readWorkspaceFile, renderDiff, runTests, writeFile, type FileChange } from './repo.js';
 
 export const SENIOR = 'senior.sam';
@@ -27,9 +27,10 @@ export async function recordedChanges(pool: pg.Pool, runId: string): Promise<Fil
 }
 
 /** What the scripted model answers, turn by turn (a real model would decide this from the messages). */
-function script(pr: number): ModelReply[] {
-  const call = (id: string, name: string, args: unknown, text: string): ModelReply => ({
-    message: { role: 'assistant', content: text, toolCalls: [{ id, name, arguments: args }] },
+function script(pr: number): ScriptedReply[] {
+  const call = (id: string, name: string, args: unknown, text: string): ScriptedReply => ({
+    content: text,
+    toolCalls: [{ id, name, arguments: args }],
     usage: { inputTokens: 800, outputTokens: 60, costUsd: 0.002 },
   });
   const fixed = `export function price(cents, vatPercent) {\n  return Math.round(cents * (1 + vatPercent / 100));\n}\n`;

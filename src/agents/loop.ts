@@ -82,7 +82,7 @@ export async function runAgent(ctx: WorkflowContext, options: RunAgentOptions): 
 
   for (let turn = 1; turn <= maxTurns; turn++) {
     await ctx.chargeNow({ turns: 1 });
-    const reply = await ctx.generate(options.model, { messages, tools });
+    const reply = await ctx.generate(options.model, { messages: [...messages], tools });
     await remember([{ role: 'assistant', content: { text: reply.message.content, toolCalls: reply.message.toolCalls ?? [] } }]);
     const calls = reply.message.toolCalls ?? [];
     if (calls.length === 0) {
