@@ -180,6 +180,24 @@ export const RUNLEDGER_TABLES = {
     queue_name: 'text',
     admitted_at: 'timestamptz',
   },
+  'runledger.stream_chunks': {
+    run_id: 'text',
+    topic: 'text',
+    offset: 'int8',
+    chunk: 'jsonb',
+    seq: 'int4',
+    attempt: 'int4',
+    fencing_token: 'int8',
+    created_at: 'timestamptz default',
+  },
+  'runledger.stream_ends': {
+    run_id: 'text',
+    topic: 'text',
+    end_offset: 'int8',
+    seq: 'int4',
+    fencing_token: 'int8',
+    closed_at: 'timestamptz default',
+  },
 } as const satisfies Record<string, Record<string, ColumnSpec>>;
 
 /** The PostgreSQL types runledger's tables use (udt_name), and what node-postgres gives and takes for each. */
