@@ -2608,8 +2608,8 @@ begin
   select e.end_offset into v_end from runledger.stream_ends e where e.run_id = p_run_id and e.topic = p_topic;
   if v_count > 0 then
     insert into runledger.stream_chunks (run_id, topic, "offset", chunk, seq, attempt, fencing_token)
-    select p_run_id, p_topic, v_first + c.i - 1, c.chunk, p_seqs[c.i], p_attempt, p_token
-      from jsonb_array_elements(p_chunks) with ordinality as c(chunk, i)
+    select p_run_id, p_topic, v_first + c.i - 1, c.chunk, c.seq, p_attempt, p_token
+      from rows from (jsonb_array_elements(p_chunks), unnest(p_seqs)) with ordinality as c(chunk, seq, i)
      where v_end is null or v_first + c.i - 1 < v_end
     on conflict do nothing;
     get diagnostics v_stored = row_count;

@@ -99,13 +99,26 @@ function defineFlows(e: Engine) {
     leaked = ctx.stream('leaked');
     return codes;
   });
+  /** A step that fails once and is retried after a durable backoff (the run waits between the attempts). */
+  const retried = e.workflow({ name: 'st-retried', queue: 'streams' }, async (ctx) => {
+    await ctx.step(
+      'flaky',
+      ({ attempt }) => {
+        for (const x of ['a', 'b']) void ctx.stream('out').write(`try ${attempt} ${x}`);
+        if (attempt === 1) throw new Error('first attempt fails');
+        return attempt;
+      },
+      { retry: { maxAttempts: 2, initialDelayMs: 50, jitter: false, durableAfterMs: 0 } },
+    );
+    return 'ok';
+  });
   /** Ends without closing: readers stop at the terminal run. */
   const unclosed = e.workflow({ name: 'st-unclosed', queue: 'streams' }, async (ctx) => {
     const out = ctx.stream('out');
     for (let i = 0; i < 5; i++) void out.write(i);
     return 'ok';
   });
-  return { writer, waiter, replayed, refusals, unclosed };
+  return { writer, waiter, replayed, refusals, unclosed, retried };
 }
 
 beforeAll(async () => {
@@ -235,6 +248,21 @@ describe('replay', () => {
       [4, 'after the wait', 2],
     ]);
     expect(after[4]!.token).toBeGreaterThan(after[0]!.token);
+  });
+
+  it('a step retried after a durable backoff appends after its failed attempt (its chunks stored before the run parked)', async () => {
+    const handle = await t.engine.start(flows.retried, {});
+    expect(await handle.result()).toBe('ok');
+    const read = await collect(t.engine.readStream(handle.runId, 'out'));
+    expect(read.map((c) => [c.offset, c.chunk])).toEqual([
+      [0, 'try 1 a'],
+      [1, 'try 1 b'],
+      [2, 'try 2 a'],
+      [3, 'try 2 b'],
+    ]);
+    const stored = await rows(handle.runId, 'out');
+    expect(stored.every((r) => r.seq === 0)).toBe(true);
+    expect(stored[2]!.token).toBeGreaterThan(stored[0]!.token); // two executions: the run waited between the attempts
   });
 
   it('the SQL write is fenced and idempotent: the same batch twice stores one row per offset, a stale token gets RL001', async () => {
