@@ -16,7 +16,7 @@
  * Prints the figures and writes bench/results/<date>-streams-pg<major>.md (RESULT_FILE overrides).
  */
 import { mkdirSync, writeFileSync } from 'node:fs';
-import { cpus } from 'node:os';
+import { cpus, loadavg } from 'node:os';
 import pg from 'pg';
 import { createEngine, type Engine } from '../dist/index.js';
 
@@ -149,6 +149,7 @@ async function rep(index: number): Promise<Rep> {
   });
 }
 
+const loadBefore = loadavg()[0]!;
 const median = (values: number[]) => [...values].sort((a, b) => a - b)[Math.floor(values.length / 2)]!;
 const reps: Rep[] = [];
 for (let i = 0; i < REPS; i++) {
@@ -167,6 +168,7 @@ const report = [
   '',
   `\`bench/streams.ts\` on PostgreSQL ${serverVersion} (${adminUrl.replace(/\/\/[^@]*@/, '//')}), ${cpus().length} cores, Node ${process.version};`,
   `${REPS} repetitions on a fresh database each, median first. Chunks are \`{ i, text: 'token ' }\` (27 bytes of JSON), topic \`model\`.`,
+  `Load average (1 min) ${loadBefore.toFixed(1)} before and ${loadavg()[0]!.toFixed(1)} after: the machine is shared, so figures move between runs.`,
   '',
   '| figure | median | each repetition |',
   '| --- | --- | --- |',
