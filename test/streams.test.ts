@@ -74,6 +74,10 @@ function defineFlows(e: Engine) {
       for (const x of ['a1', 'a2', 'a3']) void ctx.stream('log').write(x);
       return 'a';
     });
+    await ctx.transaction('t', async () => {
+      void ctx.stream('log').write('in a transaction');
+      return 't';
+    });
     await ctx.waitForSignal('go');
     void ctx.stream('log').write('after the wait');
     return 'ok';
@@ -216,6 +220,31 @@ describe('writing and reading', () => {
     await handle.result();
   });
 
+  it('a reader whose connections are cut (its LISTEN and its pool) reads on from where it was', async () => {
+    const url = new URL(db.url);
+    url.searchParams.set('application_name', 'stream-reader');
+    const reader = t.newEngine({ connectionString: url.toString() });
+    const handle = await t.engine.start(flows.waiter, {});
+    const received: Array<StreamChunk<string>> = [];
+    const reading = (async () => {
+      for await (const chunk of reader.readStream<string>(handle.runId, 'model')) received.push(chunk);
+    })();
+    await waitFor('the chunks before the wait', async () => received.length === 2);
+    const cut = await db.pool.query(
+      `select pg_terminate_backend(pid) from pg_stat_activity where datname = current_database() and application_name = 'stream-reader'`,
+    );
+    expect(cut.rowCount).toBeGreaterThanOrEqual(2); // the LISTEN connection and at least one pooled one
+    await t.engine.signal(handle.runId, 'go', {});
+    await reading;
+    expect(received.map((c) => [c.offset, c.chunk])).toEqual([
+      [0, 'hello '],
+      [1, 'from '],
+      [2, 'the '],
+      [3, 'stream'],
+    ]);
+    await handle.result();
+  });
+
   it('refuses bad arguments at the call, and an unknown run when iterated', async () => {
     expect(() => t.engine.readStream('r', 'bad topic')).toThrow(InvalidInputError);
     expect(() => t.engine.readStream('r', 'ok', { fromOffset: -1 })).toThrow(InvalidInputError);
@@ -234,20 +263,22 @@ describe('replay', () => {
       [1, 'a1'],
       [2, 'a2'],
       [3, 'a3'],
+      [4, 'in a transaction'],
     ]);
     await t.engine.signal(handle.runId, 'go', {});
     expect(await handle.result()).toBe('ok');
     const after = await rows(handle.runId, 'log');
-    // The second execution wrote offset 0 again (deduplicated: the first write stays), did not run step a,
-    // and wrote 'after the wait' after a3, not over it.
+    // The second execution wrote offset 0 again (deduplicated: the first write stays), ran neither step a nor
+    // transaction t, and wrote 'after the wait' after their chunks, not over them.
     expect(after.map((r) => [r.offset, r.chunk, r.seq])).toEqual([
       [0, 'body before, attempt 1', 0],
       [1, 'a1', 0],
       [2, 'a2', 0],
       [3, 'a3', 0],
-      [4, 'after the wait', 2],
+      [4, 'in a transaction', 1],
+      [5, 'after the wait', 3],
     ]);
-    expect(after[4]!.token).toBeGreaterThan(after[0]!.token);
+    expect(after[5]!.token).toBeGreaterThan(after[0]!.token);
   });
 
   it('a step retried after a durable backoff appends after its failed attempt (its chunks stored before the run parked)', async () => {
