@@ -340,6 +340,44 @@ ALTER TABLE runledger.steps ADD CONSTRAINT steps_pkey PRIMARY KEY (run_id, seq);
 ALTER TABLE runledger.steps ADD CONSTRAINT steps_run_id_fkey FOREIGN KEY (run_id) REFERENCES runledger.runs(run_id) ON DELETE CASCADE;
 CREATE UNIQUE INDEX steps_pkey ON runledger.steps USING btree (run_id, seq);
 
+CREATE TABLE runledger.stream_chunks (
+  run_id text NOT NULL,
+  topic text NOT NULL,
+  "offset" bigint NOT NULL,
+  chunk jsonb NOT NULL,
+  seq integer NOT NULL,
+  attempt integer NOT NULL,
+  fencing_token bigint NOT NULL,
+  created_at timestamp with time zone DEFAULT runledger.now() NOT NULL
+);
+COMMENT ON TABLE runledger.stream_chunks IS 'Durable streams (ctx.stream(topic).write): one row per chunk at its offset (0, 1, 2 ... per run and topic, no gaps). The first write of an offset wins: a re-execution after a crash writes the same offsets again and stores nothing new. Read with runledger.read_stream or engine.readStream.';
+COMMENT ON COLUMN runledger.stream_chunks."offset" IS 'Position of the chunk in its stream, from 0. Chunks written at step position seq continue after the last chunk written at positions before seq, so a replay gives the same offsets (docs/streams.md).';
+COMMENT ON COLUMN runledger.stream_chunks.chunk IS 'The chunk as the workflow wrote it (any JSON value; a JSON null is the jsonb value null).';
+COMMENT ON COLUMN runledger.stream_chunks.seq IS 'The step position the chunk was written at: the ctx call in flight (a step writing it), else the next position (the workflow body between steps).';
+COMMENT ON COLUMN runledger.stream_chunks.attempt IS 'ctx.attempt of the execution that wrote the chunk (1, then +1 per recovery after a lost lease).';
+COMMENT ON COLUMN runledger.stream_chunks.fencing_token IS 'Fencing token of the execution that wrote the chunk: which claim of the run it came from.';
+ALTER TABLE runledger.stream_chunks ADD CONSTRAINT stream_chunks_offset_check CHECK (("offset" >= 0));
+ALTER TABLE runledger.stream_chunks ADD CONSTRAINT stream_chunks_pkey PRIMARY KEY (run_id, topic, "offset");
+ALTER TABLE runledger.stream_chunks ADD CONSTRAINT stream_chunks_run_id_fkey FOREIGN KEY (run_id) REFERENCES runledger.runs(run_id) ON DELETE CASCADE;
+ALTER TABLE runledger.stream_chunks ADD CONSTRAINT stream_chunks_topic_check CHECK (((topic ~ '^[A-Za-z0-9][A-Za-z0-9_.:/-]*$'::text) AND (length(topic) <= 100)));
+CREATE UNIQUE INDEX stream_chunks_pkey ON runledger.stream_chunks USING btree (run_id, topic, "offset");
+
+CREATE TABLE runledger.stream_ends (
+  run_id text NOT NULL,
+  topic text NOT NULL,
+  end_offset bigint NOT NULL,
+  seq integer NOT NULL,
+  fencing_token bigint NOT NULL,
+  closed_at timestamp with time zone DEFAULT runledger.now() NOT NULL
+);
+COMMENT ON TABLE runledger.stream_ends IS 'Closed streams (ctx.stream(topic).close): the stream holds the chunks at offsets 0 .. end_offset - 1 and no more; readers stop there. The first close wins; chunks at or past end_offset are not stored.';
+COMMENT ON COLUMN runledger.stream_ends.end_offset IS 'The stream''s length when it was closed: the offset after its last chunk.';
+ALTER TABLE runledger.stream_ends ADD CONSTRAINT stream_ends_end_offset_check CHECK ((end_offset >= 0));
+ALTER TABLE runledger.stream_ends ADD CONSTRAINT stream_ends_pkey PRIMARY KEY (run_id, topic);
+ALTER TABLE runledger.stream_ends ADD CONSTRAINT stream_ends_run_id_fkey FOREIGN KEY (run_id) REFERENCES runledger.runs(run_id) ON DELETE CASCADE;
+ALTER TABLE runledger.stream_ends ADD CONSTRAINT stream_ends_topic_check CHECK (((topic ~ '^[A-Za-z0-9][A-Za-z0-9_.:/-]*$'::text) AND (length(topic) <= 100)));
+CREATE UNIQUE INDEX stream_ends_pkey ON runledger.stream_ends USING btree (run_id, topic);
+
 CREATE TABLE runledger.workers (
   worker_id text NOT NULL,
   host text NOT NULL,
@@ -516,6 +554,38 @@ CREATE VIEW runledger.session_list AS
            FROM runledger.session_waiters q
           WHERE q.session_id = s.session_id) w ON true;
 COMMENT ON VIEW runledger.session_list IS 'Every session: its holder (run, status, workflow, since when), the runs queued for it in order, its entry count, and how it was last let go. select * from runledger.session_history(id) lists one session''s entries.';
+
+CREATE VIEW runledger.streams AS
+ SELECT c.run_id,
+    c.topic,
+    c.chunks,
+    c.next_offset,
+    c.last_write_at,
+    e.run_id IS NOT NULL AS closed,
+    e.end_offset,
+    e.closed_at
+   FROM ( SELECT s.run_id,
+            s.topic,
+            count(*) AS chunks,
+            max(s."offset") + 1 AS next_offset,
+            max(s.created_at) AS last_write_at
+           FROM runledger.stream_chunks s
+          GROUP BY s.run_id, s.topic) c
+     LEFT JOIN runledger.stream_ends e ON e.run_id = c.run_id AND e.topic = c.topic
+UNION ALL
+ SELECT e.run_id,
+    e.topic,
+    0 AS chunks,
+    0 AS next_offset,
+    NULL::timestamp with time zone AS last_write_at,
+    true AS closed,
+    e.end_offset,
+    e.closed_at
+   FROM runledger.stream_ends e
+  WHERE NOT (EXISTS ( SELECT 1
+           FROM runledger.stream_chunks s
+          WHERE s.run_id = e.run_id AND s.topic = e.topic));
+COMMENT ON VIEW runledger.streams IS 'Each durable stream of each run: chunks stored, next_offset (the offset after the last chunk), when it was last written, and whether it is closed (end_offset, closed_at). Filter by run_id: select * from runledger.streams where run_id = ''...''.';
 
 CREATE VIEW runledger.unknown_operations AS
  SELECT o.operation_id,
@@ -2985,6 +3055,97 @@ end;
 $function$;
 COMMENT ON FUNCTION runledger._stop_worker(text) IS 'Graceful worker stop: every run the worker still holds goes back to PENDING (not a recovery attempt); returns how many.';
 
+CREATE OR REPLACE FUNCTION runledger._stream_poll(p_run_id text, p_topic text, p_from_offset bigint, p_limit integer)
+ RETURNS TABLE("offset" bigint, chunk jsonb, attempt integer, end_offset bigint, run_status text)
+ LANGUAGE plpgsql
+ STABLE
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+AS $function$
+declare
+  v_status text;
+  v_end    bigint;
+begin
+  select r.status::text into v_status from runledger.runs r where r.run_id = p_run_id;
+  if not found then
+    raise exception using errcode = 'RL002', message = format('stream: run %s not found', p_run_id);
+  end if;
+  select e.end_offset into v_end from runledger.stream_ends e where e.run_id = p_run_id and e.topic = p_topic;
+  return query
+    select c."offset", c.chunk, c.attempt, v_end, v_status
+      from runledger.stream_chunks c
+     where c.run_id = p_run_id and c.topic = p_topic and c."offset" >= p_from_offset
+     order by c."offset"
+     limit p_limit;
+  if not found then
+    return query select null::bigint, null::jsonb, null::int, v_end, v_status;
+  end if;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._stream_poll(text,text,bigint,integer) IS 'A reader''s poll (engine.readStream): up to p_limit chunks of the stream from p_from_offset in offset order, each with the stream''s end offset (null while open) and the run''s status as read before the chunks; one row with a null offset when there is no chunk there yet. RL002 for an unknown run.';
+
+CREATE OR REPLACE FUNCTION runledger._stream_write(p_run_id text, p_token bigint, p_topic text, p_attempt integer, p_first_offset bigint, p_base_seq integer, p_after_earlier boolean, p_seqs integer[], p_chunks jsonb, p_close boolean DEFAULT false)
+ RETURNS bigint
+ LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+AS $function$
+declare
+  v_token  bigint;
+  v_status runledger.run_status;
+  v_first  bigint := p_first_offset;
+  v_count  int := coalesce(jsonb_array_length(p_chunks), 0);
+  v_end    bigint;
+  v_stored int := 0;
+  v_closed int := 0;
+begin
+  select r.fencing_token, r.status into v_token, v_status from runledger.runs r where r.run_id = p_run_id;
+  if not found or v_token is distinct from p_token or v_status not in ('RUNNING', 'CANCELLING') then
+    raise exception using errcode = 'RL001',
+      message = format('run %s: lease lost (fencing token %s is stale or the run stopped executing); stream %s not written', p_run_id, p_token, p_topic);
+  end if;
+  if p_topic is null or p_topic !~ '^[A-Za-z0-9][A-Za-z0-9_.:/-]*$' or length(p_topic) > 100 then
+    raise exception using errcode = 'RL003', message = format('stream: invalid topic %L', p_topic);
+  end if;
+  if coalesce(cardinality(p_seqs), 0) <> v_count or (v_first is null and p_base_seq is null) or v_first < 0 then
+    raise exception using errcode = 'RL003',
+      message = format('stream %s: %s chunks with %s positions, first offset %s, base position %s', p_topic, v_count, coalesce(cardinality(p_seqs), 0), v_first, p_base_seq);
+  end if;
+  if v_first is null then
+    -- The primary key read backwards from the stream's end, skipping the chunks of
+    -- positions at or after p_base_seq (only an earlier execution that got further wrote any).
+    select c."offset" + 1 into v_first
+      from runledger.stream_chunks c
+     where c.run_id = p_run_id and c.topic = p_topic
+       and (c.seq < p_base_seq or (p_after_earlier and c.seq = p_base_seq and c.fencing_token < p_token))
+     order by c."offset" desc
+     limit 1;
+    v_first := coalesce(v_first, 0);
+  end if;
+  select e.end_offset into v_end from runledger.stream_ends e where e.run_id = p_run_id and e.topic = p_topic;
+  if v_count > 0 then
+    insert into runledger.stream_chunks (run_id, topic, "offset", chunk, seq, attempt, fencing_token)
+    select p_run_id, p_topic, v_first + c.i - 1, c.chunk, c.seq, p_attempt, p_token
+      from rows from (jsonb_array_elements(p_chunks), unnest(p_seqs)) with ordinality as c(chunk, seq, i)
+     where v_end is null or v_first + c.i - 1 < v_end
+    on conflict do nothing;
+    get diagnostics v_stored = row_count;
+  end if;
+  if p_close and v_end is null then
+    insert into runledger.stream_ends (run_id, topic, end_offset, seq, fencing_token)
+    values (p_run_id, p_topic, v_first + v_count, coalesce(p_seqs[v_count], p_base_seq, 0), p_token)
+    on conflict do nothing;
+    get diagnostics v_closed = row_count;
+  end if;
+  -- Readers are woken by the run's id only, once per batch; nothing new (a replay), no wake-up.
+  if v_stored > 0 or v_closed > 0 then
+    perform pg_notify('runledger_stream', p_run_id);
+  end if;
+  return v_first + v_count;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._stream_write(text,bigint,text,integer,bigint,integer,boolean,integer[],jsonb,boolean) IS 'Fenced (a read of the run''s fencing token and status, no row lock; RL001 when stale): stores a batch of one stream''s chunks (p_chunks, a JSON array, each at the step position in p_seqs) at consecutive offsets from p_first_offset, or, when it is null, after the last chunk written at positions before p_base_seq; an offset already stored, or at or past the stream''s end, is left as it is. p_close closes the stream after the batch. One NOTIFY runledger_stream (payload: the run id) when anything was stored. Returns the offset after the batch.';
+
 CREATE OR REPLACE FUNCTION runledger._terminate_run(p_run_id text, p_token bigint, p_reason text, p_evidence jsonb)
  RETURNS text
  LANGUAGE plpgsql
@@ -3465,6 +3626,34 @@ begin
 end;
 $function$;
 COMMENT ON FUNCTION runledger.prune_artifact_blobs() IS 'Operator action: deletes the blobs no artifact row refers to any more (their runs were pruned); returns how many. A blob being recorded right now is skipped.';
+
+CREATE OR REPLACE FUNCTION runledger.read_stream(p_run_id text, p_topic text, p_from_offset bigint DEFAULT 0, p_limit integer DEFAULT 1000)
+ RETURNS TABLE("offset" bigint, chunk jsonb, seq integer, attempt integer, created_at timestamp with time zone)
+ LANGUAGE plpgsql
+ STABLE
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+AS $function$
+begin
+  if p_topic is null or p_topic !~ '^[A-Za-z0-9][A-Za-z0-9_.:/-]*$' or length(p_topic) > 100 then
+    raise exception using errcode = 'RL003', message = format('read_stream: invalid topic %L', p_topic);
+  end if;
+  if p_from_offset is null or p_from_offset < 0 or p_limit is null or p_limit < 1 then
+    raise exception using errcode = 'RL003',
+      message = format('read_stream: from_offset must be >= 0 and limit >= 1 (got %s, %s)', p_from_offset, p_limit);
+  end if;
+  if not exists (select 1 from runledger.runs r where r.run_id = p_run_id) then
+    raise exception using errcode = 'RL002', message = format('read_stream: run %s not found', p_run_id);
+  end if;
+  return query
+    select c."offset", c.chunk, c.seq, c.attempt, c.created_at
+      from runledger.stream_chunks c
+     where c.run_id = p_run_id and c.topic = p_topic and c."offset" >= p_from_offset
+     order by c."offset"
+     limit p_limit;
+end;
+$function$;
+COMMENT ON FUNCTION runledger.read_stream(text,text,bigint,integer) IS 'A run''s durable stream on a topic, for psql: up to p_limit chunks (default 1000) from offset p_from_offset (default 0), in offset order, with the step position and execution attempt that wrote each. Whether it is closed: runledger.streams. RL002 for an unknown run, RL003 for a bad topic or range.';
 
 CREATE OR REPLACE FUNCTION runledger.release_session(p_session_id text)
  RETURNS text

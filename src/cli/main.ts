@@ -25,6 +25,7 @@ import { setQueue } from './commands/set-queue.js';
 import { show } from './commands/show.js';
 import { signal } from './commands/signal.js';
 import { start } from './commands/start.js';
+import { tail } from './commands/tail.js';
 import { dev } from './commands/unavailable.js';
 import { unknown } from './commands/unknown.js';
 import { waiting } from './commands/waiting.js';
@@ -39,6 +40,7 @@ const COMMANDS: Record<string, Command> = {
   start,
   runs,
   show,
+  tail,
   waiting,
   approvals,
   session,

@@ -30,6 +30,7 @@ import {
   type StartOptions,
 } from './client/start.js';
 import { ResultWatch } from './client/results.js';
+import { readStream, StreamWatch, type ReadStreamOptions, type StreamChunk } from './client/streams.js';
 import type { RunStatus } from './core/states.js';
 import type { Jsonify } from './core/jsonify.js';
 import type { RunledgerDatabase } from './db/schema.js';
@@ -141,6 +142,12 @@ export interface Engine<DB = any> {
   signal(runId: string, topic: string, payload?: unknown, options?: { signalId?: string }): Promise<boolean>;
   /** Decides an approval request; the first decision wins (later calls return it with recorded: false). */
   decideApproval(requestId: string, decision: DecisionInput): Promise<DecisionRecord>;
+  /**
+   * A run's durable stream on `topic` (ctx.stream(topic)), live: each chunk from `fromOffset`
+   * exactly once and in order, across worker crashes and lost connections; it ends once the
+   * stream is closed or the run has ended (docs/streams.md).
+   */
+  readStream<T = unknown>(runId: string, topic: string, options?: ReadStreamOptions): AsyncIterable<StreamChunk<T>>;
   runWorker(options?: WorkerOptions): Promise<Worker>;
   /** An artifact's record and content (null when it was recorded by reference); undefined for an unknown id. */
   readArtifact(artifactId: string): Promise<ArtifactContentRead | undefined>;
@@ -223,6 +230,8 @@ export function createEngine<DB = any>(options: EngineOptions = {}): Engine<DB> 
     return undefined;
   };
   const startHost = { deps, registerWorkflow, getRun: fetchRun, results, takeLocally };
+  // Durable streams: readers hear of new chunks by LISTEN (one connection, opened by the first reader).
+  const streams = new StreamWatch(poolConfig, log);
 
   return {
     db: db as unknown as Kysely<DB>,
@@ -293,6 +302,7 @@ export function createEngine<DB = any>(options: EngineOptions = {}): Engine<DB> 
     signal: (runId, topic, payload, signalOptions) => sendSignal(pool, runId, topic, payload, signalOptions?.signalId),
     decideApproval: (requestId, decision) => decideApproval(pool, requestId, decision),
     readArtifact: (artifactId) => readArtifact(pool, artifactId),
+    readStream: (runId, topic, readOptions) => readStream(pool, streams, runId, topic, readOptions),
     async runWorker(workerOptions) {
       const startScheduled: StartScheduled = async (workflow, input, idempotencyKey) => {
         await startRun(startHost, workflow, input, { idempotencyKey });
@@ -330,6 +340,7 @@ export function createEngine<DB = any>(options: EngineOptions = {}): Engine<DB> 
       await Promise.all([...workers].map((worker) => worker.stop()));
       workers.clear();
       await results.close();
+      await streams.close();
       if (ownsPool) await pool.end();
     },
   };

@@ -6,6 +6,7 @@ import { committed } from '../engine/run/checkpoint.js';
 import { haltOnDbError } from '../engine/run/halts.js';
 import { resultSchemaKey, type CompensationFunction, type Execution } from '../engine/run/execution.js';
 import { heartbeatStep } from './heartbeat.js';
+import { streamsFlushed } from './stream.js';
 import type { Jsonify } from '../engine/core/jsonify.js';
 import { encodeOutput, stepFailure } from './replay.js';
 import { decideRetry, resolveRetryPolicy, type RetryPolicy } from './retry.js';
@@ -166,6 +167,9 @@ export async function runOperation<T>(
         }
       }
       if (exec.deps.crash?.hit('before-checkpoint', name)) return exec.suspend();
+      // The chunks the operation wrote are stored before its checkpoint (see stream.ts, streamsFlushed).
+      const flushing = streamsFlushed(exec);
+      if (flushing && !(await flushing)) return exec.suspend();
       return record(
         exec,
         { seq, name, operationId: row.operation_id, key: row.idempotency_key, attempt, startedAt, reconciledResourceId },

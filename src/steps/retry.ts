@@ -1,6 +1,7 @@
 import { ConfigError, serializeError } from '../engine/core/errors.js';
 import { haltOnDbError } from '../engine/run/halts.js';
 import type { Execution } from '../engine/run/execution.js';
+import { streamsFlushed } from './stream.js';
 
 export interface RetryPolicy {
   /** Attempts in all, the first included; default 1 (no retry). */
@@ -100,6 +101,9 @@ async function recordAndWait(
     if (signal.aborted) return { kind: 'fail' }; // cancelled: the step ends with the error it had
     return { kind: 'again', attempt: attempt + 1 };
   }
+  // The failed attempt's stream chunks are stored before the run parks (a parked run's writes are refused).
+  const flushing = streamsFlushed(exec);
+  if (flushing && !(await flushing)) return { kind: 'suspended' };
   await exec.deps.pool.query(
     'select runledger._retry_wait(p_run_id => $1, p_token => $2, p_seq => $3, p_name => $4, p_kind => $5, p_attempt => $6, p_delay_ms => $7)',
     [exec.runId, exec.fencingToken.toString(), position.seq, position.name, position.kind, attempt, delay],

@@ -3,6 +3,7 @@ import { monotonicMark } from '../engine/core/duration.js';
 import { flushPending, writeCheckpoint } from '../engine/run/checkpoint.js';
 import type { Execution } from '../engine/run/execution.js';
 import { heartbeatStep } from './heartbeat.js';
+import { streamsFlushed } from './stream.js';
 import { encodeOutput, replayCheckpoint, stepFailure } from './replay.js';
 import { decideRetry, resolveRetryPolicy, type RetryPolicy } from './retry.js';
 
@@ -69,6 +70,9 @@ export async function runStep<T>(exec: Execution, name: string, fn: StepFunction
         }
       }
       if (exec.deps.crash?.hit('before-checkpoint', name)) return exec.suspend<T>();
+      // The chunks this step wrote are stored before its checkpoint: once that commits the step never runs again.
+      const flushing = streamsFlushed(exec);
+      if (flushing && !(await flushing)) return exec.suspend<T>();
       const record = {
         seq,
         name,

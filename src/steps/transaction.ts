@@ -15,6 +15,7 @@ import type { Execution } from '../engine/run/execution.js';
 import { isConnectionError, isRetryableTransactionError, pgCode } from '../engine/db/pg-errors.js';
 import { encodeOutput, replayCheckpoint, stepFailure } from './replay.js';
 import { inOwnTransaction } from '../engine/db/own-transaction.js';
+import { streamsFlushed } from './stream.js';
 
 /** How many times a transaction step is re-run after a serialization failure, deadlock or lost connection. */
 export const TRANSACTION_TRIES = 10;
@@ -58,6 +59,9 @@ async function transactionAttempts<T, DB>(exec: Execution, name: string, seq: nu
           if (isRetryableTransactionError(error) || isConnectionError(error)) throw error;
           throw new UserFailure(error);
         }
+        // The chunks the transaction's code wrote are stored before its checkpoint commits (stream.ts, streamsFlushed).
+        const flushing = streamsFlushed(exec);
+        if (flushing && !(await flushing)) throw new Error('execution halted');
         // Halted while the user's code ran (lease lost, shutdown): roll back, write nothing.
         if (exec.haltReason) throw new Error('execution halted');
         // A crash here rolls the transaction back (below), as a dead process's connection would.

@@ -1,6 +1,7 @@
 import { flushPending } from '../engine/run/checkpoint.js';
 import type { Execution, StepKind } from '../engine/run/execution.js';
 import { haltOnDbError } from '../engine/run/halts.js';
+import { streamsFlushed } from './stream.js';
 
 const WAIT_SQL =
   'select done, output from runledger._wait(p_run_id => $1, p_token => $2, p_seq => $3, p_name => $4, p_kind => $5, p_spec => $6::jsonb)';
@@ -23,6 +24,9 @@ export async function runWait(
   if (position.recorded?.[2] === 'SUCCEEDED') return (position.recorded[3] as [Record<string, unknown>])[0];
   if (!(await flushPending(exec))) return exec.suspend();
   if (exec.stopping) return exec.noNewStep();
+  // Chunks written before the wait are stored before the run parks (a parked run's writes are refused).
+  const flushing = streamsFlushed(exec);
+  if (flushing && !(await flushing)) return exec.suspend();
   let result;
   try {
     result = await exec.inStep(() =>

@@ -14,6 +14,7 @@ import { checkpointValues, flushPending, stepItemValues, type CheckpointRecord }
 import { completeItem } from '../run/commit-items.js';
 import type { ClaimedRun } from './dispatcher.js';
 import { runCompensations } from '../run/compensate.js';
+import { streamsFlushed } from '../../steps/stream.js';
 import { toJsonText } from '../core/json.js';
 import { isConnectionError, pgCode } from '../db/pg-errors.js';
 import { workflowKey, type Workflow } from '../core/workflow.js';
@@ -355,6 +356,10 @@ async function finish(exec: Execution, call: string, args: unknown[]): Promise<v
 
 /** A terminal write: once it returns, the engine's callers awaiting the run are woken at once (no NOTIFY round trip). */
 async function fencedWrite(exec: Execution, write: () => Promise<unknown>): Promise<void> {
+  // Every chunk written is stored before the run ends (a reader stops at a terminal run); chunks that could not be
+  // stored (the execution halted) must not be ended without: the run is given back (executeClaimed) and replayed.
+  const flushing = streamsFlushed(exec);
+  if (flushing && !(await flushing)) throw new Error(`run ${exec.runId}: stream chunks could not be stored before the run's end`);
   try {
     await fencedWriteOnce(exec, write);
   } finally {
