@@ -134,3 +134,26 @@ describe('budgets in several dimensions', () => {
     expect((await runRow(handle.runId)).budget_used).toBeNull();
   });
 });
+
+describe('chargeNow in the workflow body across replays', () => {
+  it('a charge before a recorded position is not charged again when the run replays after a durable wait', async () => {
+    const wf = t.engine.workflow({ name: 'turns-replay', queue: 'budgets', limits: { budget: { turns: 5 } } }, async (ctx) => {
+      for (let turn = 0; turn < 3; turn++) {
+        await ctx.chargeNow({ turns: 1 });
+        await ctx.step(`turn-${turn}`, () => turn);
+        // Each wait parks the run; the next execution replays the turns before it.
+        await ctx.sleep(`pause-${turn}`, 1);
+      }
+      return 'done';
+    });
+    await worker();
+    const handle = await t.engine.start(wf, undefined);
+    await expect(handle.result()).resolves.toBe('done');
+    const run = await runRow(handle.runId);
+    expect(run.budget_used).toEqual({ turns: 3 });
+    const claims = await db.pool.query(`select count(*)::int as n from runledger.events where run_id = $1 and kind = 'claimed'`, [
+      handle.runId,
+    ]);
+    expect(claims.rows[0].n).toBeGreaterThanOrEqual(3); // it really replayed
+  });
+});

@@ -15,13 +15,15 @@
  */
 import { spawn } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
+import { rmSync } from 'node:fs';
+import { dirname } from 'node:path';
 import { createEngine } from '../../src/index.js';
 import { openDatabase, waitFor, waitTerminal, type DemoDatabase } from '../demo-support.js';
 import { defineCodingAgent, SENIOR } from './agent.js';
 import { startGitProvider } from './git-provider.js';
+import { workspaceDir } from './repo.js';
 
 const WORKER = fileURLToPath(new URL('./worker.ts', import.meta.url));
-const PR = 7;
 const began = Date.now();
 let database: DemoDatabase;
 try {
@@ -33,6 +35,7 @@ try {
 const provider = await startGitProvider();
 const engine = createEngine({ connectionString: database.url, log: (level, message) => level === 'error' && console.error(message) });
 const children: Array<{ kill(): void }> = [];
+const workerPids: number[] = [];
 const failures: string[] = [];
 const check = (ok: boolean, what: string) => {
   console.log(`   ${ok ? 'ok  ' : 'FAIL'} ${what}`);
@@ -45,6 +48,7 @@ async function spawnWorker(crash: boolean) {
     stdio: ['ignore', 'pipe', 'pipe'],
   });
   children.push({ kill: () => child.kill('SIGKILL') });
+  workerPids.push(child.pid!);
   let output = '';
   child.stdout.on('data', (c) => (output += c));
   child.stderr.on('data', (c) => (output += c));
@@ -57,12 +61,14 @@ let exitCode = 0;
 try {
   await engine.migrate();
   const agent = defineCodingAgent(engine, { providerUrl: provider.url });
-  // A session spans runs: start from a clean one on every demo.
-  await engine.pool.query(`delete from runledger.session_entries where session_id = $1`, [`pr-${PR}`]);
+  // A merge key stands for one merge forever (the ledger keeps it unique), so each demo on
+  // the same database works on a new pull request: 7 the first time, then 8, 9...
+  const earlier = await engine.pool.query(`select count(*)::int as n from runledger.runs where workflow_name = 'coding-agent'`);
+  const PR = 7 + earlier.rows[0].n;
 
   console.log(`\n1. A worker process runs the coding agent on pull request ${PR}`);
   const first = await spawnWorker(true);
-  const handle = await engine.start(agent, { pr: PR, task: 'price(999, 19) returns 1188; it should be 1189. Fix it and merge PR 7.' });
+  const handle = await engine.start(agent, { pr: PR, task: `price(999, 19) returns 1188; it should be 1189. Fix it and merge PR ${PR}.` });
   console.log(`   run ${handle.runId} on worker pid ${first.pid}`);
   const request = await waitFor('the approval request', async () => {
     const { rows } = await engine.pool.query(
@@ -78,7 +84,11 @@ try {
   await engine.pool.query(`select runledger.decide_approval($1, true, $2, 'LGTM')`, [request.request_id, SENIOR]);
 
   console.log('\n2. The worker merges, and is killed before the outcome is checkpointed');
-  const how = await first.exited;
+  const how = await Promise.race([
+    first.exited,
+    new Promise<string>((resolve) => setTimeout(() => resolve('still running after 60 s'), 60_000).unref()),
+  ]);
+  if (how !== 'SIGKILL') console.log(first.output().slice(-2000));
   console.log(
     `   worker pid ${first.pid} ended by ${how}; the provider has ${provider.merges().length} merge(s) from ${provider.requests()} request(s)`,
   );
@@ -97,14 +107,14 @@ try {
   const { rows: ops } = await engine.pool.query(
     `select o.status, o.idempotency_key, o.attempts,
             (select string_agg(e.kind, ' -> ' order by e.event_id) from runledger.events e
-              where e.run_id = o.run_id and e.kind like 'operation%' and e.detail->>'name' = o.name) as history
+              where e.run_id = o.run_id and e.kind like 'operation%' and e.detail->>'operation_id' = o.operation_id) as history
        from runledger.operations o where o.run_id = $1 and o.name = 'tool:merge_pr'`,
     [handle.runId],
   );
   console.log(`   operation tool:merge_pr: ${JSON.stringify(ops[0])}`);
   check(
-    ops[0]?.status === 'SUCCEEDED' && ops[0]?.idempotency_key === `pr-${PR}-merge`,
-    'the merge went through the operation ledger with key pr-7-merge',
+    ops[0]?.status === 'SUCCEEDED' && ops[0]?.idempotency_key === `pr-${PR}-merge` && String(ops[0]?.history).includes('operation_unknown'),
+    `the merge went through the operation ledger with key pr-${PR}-merge: UNKNOWN after the crash, settled by reconcile`,
   );
   const { rows: entries } = await engine.pool.query(
     `select role, content from runledger.session_entries where session_id = $1 order by seq`,
@@ -116,13 +126,14 @@ try {
     toolResults.length === new Set(toolResults).size && toolResults.length === 4,
     `each tool result once in the session (${toolResults.join(', ')})`,
   );
-  const { rows: finalCheck } = await engine.pool.query(`select output from runledger.steps where run_id = $1 and name = 'final-check'`, [
+  // The first look at the workspace on the second worker: runAgent's check of the model's `complete`.
+  const { rows: finalCheck } = await engine.pool.query(`select output from runledger.steps where run_id = $1 and name = 'check-complete'`, [
     handle.runId,
   ]);
   const final = finalCheck[0]?.output as { rebuiltWorkspace: boolean; pid: number; tests: { passed: boolean } } | undefined;
   check(
     final?.rebuiltWorkspace === true && final.pid === second.pid && final.tests.passed,
-    `the second worker rebuilt the workspace from the recorded diff, and the tests pass there`,
+    `the second worker (pid ${second.pid}) rebuilt the workspace from the recorded diff, and the tests pass there`,
   );
   const { rows: diff } = await engine.pool.query(`select name, size, sha256 from runledger.artifacts where run_id = $1`, [handle.runId]);
   console.log(`   artifacts: ${diff.map((d) => `${d.name} (${d.size} bytes, sha256 ${String(d.sha256).slice(0, 12)})`).join(', ')}`);
@@ -142,6 +153,8 @@ try {
   exitCode = 1;
 } finally {
   for (const child of children) child.kill();
+  // The workspaces of the demo's workers (a cache; the run's history is the truth).
+  for (const pid of workerPids) rmSync(dirname(workspaceDir('x', String(pid))), { recursive: true, force: true });
   await engine.close();
   await provider.close();
   await database.stop();

@@ -33,8 +33,9 @@ export interface FileChange {
   after: string;
 }
 
-export function workspaceDir(runId: string): string {
-  return join(tmpdir(), 'runledger-coding-agent', String(process.pid), runId);
+/** The workspace of run `runId` in worker process `pid` (default: this one). */
+export function workspaceDir(runId: string, pid = String(process.pid)): string {
+  return join(tmpdir(), 'runledger-coding-agent', pid, runId);
 }
 
 /** The run's workspace in this process; created from the base files plus `changes` where it is missing. */

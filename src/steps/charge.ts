@@ -11,10 +11,16 @@ const CHARGE_NOW_SQL =
  * position it was made at. Past a limit the run ends TERMINATED (BUDGET) right there and
  * the execution halts (the call never returns), so nothing after it runs. It works inside
  * a step's body too; a replayed step does not run its body, so it charges nothing again.
+ * Known limit: a body charge made after the last recorded step by an execution that then
+ * crashed before its next step started is charged again by the replay (charged twice, never lost).
  */
 export async function chargeNow(exec: Execution, amount: BudgetAmounts): Promise<void> {
   const sql = toSqlAmounts(amount);
   if (sql === undefined) return;
+  // In the workflow's body (not inside a step), a charge made before a position that is
+  // already recorded was committed by the execution that recorded it (chargeNow commits
+  // before the next step starts): a replay passing it charges nothing again.
+  if (exec.activeSteps.length === 0 && exec.checkpoints[exec.stepsTaken] !== undefined) return;
   const seq = exec.activeSteps.at(-1) ?? exec.stepsTaken;
   let row: (BudgetColumns & { run_status: string }) | undefined;
   try {
