@@ -1,5 +1,5 @@
 /**
- * ctx.generate: a model call as a checkpointed step (docs/agents-models-tools.md). A
+ * ctx.generate: a model call as a checkpointed step (docs/models-and-tools.md). A
  * scripted model, manual workers and a test clock: replays are made by a durable sleep
  * after the call, so the run is claimed again and replays the recorded reply.
  */

@@ -1,5 +1,5 @@
 /**
- * ctx.callTool: the tool contract (docs/agents-models-tools.md). Arguments checked against
+ * ctx.callTool: the tool contract (docs/models-and-tools.md). Arguments checked against
  * the schema (a bad one is an observation), 'none' as a step, 'idempotent' and 'external'
  * through the operation ledger, approvals before the call, failures as observations. Manual
  * workers and a test clock for most; a real worker process, SIGKILLed between an external

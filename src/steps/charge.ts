@@ -4,7 +4,7 @@ import { budgetStateOf, type BudgetColumns } from '../engine/run/budget-state.js
 import { observeRunStatus, haltOnDbError } from '../engine/run/halts.js';
 
 const CHARGE_NOW_SQL =
-  'select run_status, budget, budget_spent, budget_limits, budget_used from runledger._charge_now($1, $2, $3::jsonb, $4, $5)';
+  'select run_status, budget, budget_spent, budget_limits, budget_used from runledger._charge_now(p_run_id => $1, p_token => $2, p_charge => $3::jsonb, p_step => $4, p_seq => $5)';
 
 /**
  * ctx.chargeNow: the charge commits at once, in its own fenced write, with the step

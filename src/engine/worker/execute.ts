@@ -17,7 +17,7 @@ import { runCompensations } from '../run/compensate.js';
 import { streamsFlushed } from '../../steps/stream.js';
 import { toJsonText } from '../core/json.js';
 import { isConnectionError, pgCode } from '../db/pg-errors.js';
-import { workflowKey, type Workflow } from '../core/workflow.js';
+import { workflowKey, type Verdict, type Workflow } from '../core/workflow.js';
 import { budgetStateOf } from '../run/budget-state.js';
 
 /** How long an infrastructure failure keeps a released run off the workers. */
@@ -104,21 +104,25 @@ async function replay(exec: Execution, run: ClaimedRun, options: ExecuteOptions)
   // The execution ends the moment the workflow function settles (after its verify, which
   // is workflow code too): a ctx call still waiting to start its work then starts none,
   // and a later ctx call is refused.
-  const returned = (async () => {
-    const value = await workflow.fn(ctx, input);
-    const verdict = workflow.verify ? await verifyOutput(exec, ctx, workflow.verify, value, input) : undefined;
-    return { value, verdict };
-  })();
-  const settled = returned.then(
-    ({ value, verdict }) => {
-      exec.end('the workflow returned');
-      return { kind: 'returned' as const, value, verdict };
-    },
-    (error: unknown) => {
-      exec.end('the workflow threw');
-      return { kind: 'threw' as const, error };
-    },
-  );
+  // The settlement is chained straight onto the workflow's promise (no extra await in
+  // between): `ended` must be set in the same turn the function settles, before a ctx
+  // call it left in flight can start its work (STEP_NOT_AWAITED).
+  const threw = (error: unknown) => {
+    exec.end('the workflow threw');
+    return { kind: 'threw' as const, error };
+  };
+  const returned = (value: unknown, verdict?: Verdict) => {
+    exec.end('the workflow returned');
+    return { kind: 'returned' as const, value, verdict };
+  };
+  const verify = workflow.verify;
+  const settled = workflow
+    .fn(ctx, input)
+    .then(
+      (value) =>
+        verify ? verifyOutput(exec, ctx, verify, value, input).then((verdict) => returned(value, verdict), threw) : returned(value),
+      threw,
+    );
   const outcome = await Promise.race([settled, exec.halted]);
   if (run.cancel_requested) {
     // Claimed CANCELLING (a cancel, a policy stop or compensate_run while no worker held
