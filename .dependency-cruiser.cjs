@@ -65,7 +65,8 @@ module.exports = {
     {
       name: 'engine-internals-stay-inside',
       severity: 'error',
-      comment: 'outside src/engine, src/steps and src/agents, code uses the engine entry (src/engine/index.ts) or core, never worker or run internals',
+      comment:
+        'outside src/engine, src/steps and src/agents, code uses the engine entry (src/engine/index.ts) or core, never worker or run internals',
       from: { path: '^src/', pathNot: ['^src/engine/', '^src/steps/', '^src/agents/', '^src/testing/', '^src/index\\.ts$'] },
       to: { path: [layer('worker'), layer('run'), '^src/steps/'] },
     },
