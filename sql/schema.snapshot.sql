@@ -935,13 +935,18 @@ AS $function$
 declare
   v_run runledger.runs := runledger._fence(p_run_id, p_token);
 begin
+  -- The point is to survive the worker's crash, which an unflushed commit does; the WAL
+  -- record is flushed with the next synchronous commit (the step's checkpoint) at the
+  -- latest. Only a database crash in the WAL writer's delay can lose it. Local to this
+  -- transaction, so the caller's own commits are not affected.
+  perform set_config('synchronous_commit', 'off', true);
   if not runledger._no_charge(p_charge) then
     v_run := runledger._charge(v_run, p_charge, p_step, p_seq);
   end if;
   return query select v_run.status::text, v_run.budget, v_run.budget_spent, v_run.budget_limits, v_run.budget_used;
 end;
 $function$;
-COMMENT ON FUNCTION runledger._charge_now(text,bigint,jsonb,text,integer) IS 'Fenced charge committed on its own, not with a checkpoint (ctx.chargeNow: a model''s usage, reported by the provider, that a crash before the step''s checkpoint must not lose). Returns the run''s status (TERMINATED or CANCELLING when the charge passed a limit) and its budgets as they stand. With a null or empty charge it only reads them.';
+COMMENT ON FUNCTION runledger._charge_now(text,bigint,jsonb,text,integer) IS 'Fenced charge committed on its own, not with a checkpoint (ctx.chargeNow: a model''s usage, reported by the provider, that a crash before the step''s checkpoint must not lose). Its commit does not wait for the WAL flush (synchronous_commit off for this transaction only): a worker crash cannot lose it, the next synchronous commit flushes it. Returns the run''s status (TERMINATED or CANCELLING when the charge passed a limit) and its budgets as they stand. With a null or empty charge it only reads them.';
 
 CREATE OR REPLACE FUNCTION runledger._check_budget_option(p_budget jsonb, p_caller text)
  RETURNS void

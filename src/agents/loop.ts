@@ -56,8 +56,8 @@ export const completeTool = defineTool({
 /**
  * An agent loop on the step API, short on purpose: turns of generate → tool calls →
  * results appended to the session → progress, until the model calls `complete` and
- * `verify` accepts it. Each turn charges `{ turns: 1 }` (chargeNow) before the model is
- * called, so a `turns` budget stops the run between turns; the model's usage and each
+ * `verify` accepts it. Each turn charges `{ turns: 1 }` before the model is called, so a
+ * `turns` budget stops the run between turns; the model's usage and each
  * tool call are charged by ctx.generate and ctx.callTool. A user can write the same loop
  * with the same guarantees: every piece is a ctx call.
  */
@@ -81,7 +81,10 @@ export async function runAgent(ctx: WorkflowContext, options: RunAgentOptions): 
   }
 
   for (let turn = 1; turn <= maxTurns; turn++) {
-    await ctx.chargeNow({ turns: 1 });
+    // The turn that would pass a turns budget ends the run (a write of its own, with the
+    // evidence); any other turn is charged with the model call's checkpoint.
+    if ((ctx.budget.remaining().turns ?? 1) < 1) await ctx.chargeNow({ turns: 1 });
+    else ctx.charge({ turns: 1 });
     const reply = await ctx.generate(options.model, { messages: [...messages], tools });
     await remember([{ role: 'assistant', content: { text: reply.message.content, toolCalls: reply.message.toolCalls ?? [] } }]);
     const calls = reply.message.toolCalls ?? [];

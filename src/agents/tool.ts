@@ -169,9 +169,10 @@ export function toolSpecOf(tool: unknown, what: string): ToolSpec {
  * instead). An outcome lost in a crash is never an observation: the operation stays
  * UNKNOWN in the ledger and the run waits for reconcile or an operator.
  *
- * Each call is charged `{ toolCalls: 1 }` with ctx.chargeNow when its work first starts
- * (before the tool runs, the approval excepted); with no tool call left in the budget the
- * charge ends the run before anything is asked or recorded.
+ * Each call is charged `{ toolCalls: 1 }` when its work first starts (before the tool
+ * runs, the approval excepted), committed with the call's checkpoint; with no tool call
+ * left in the budget the charge is written at once and ends the run before anything is
+ * asked, recorded or called. A call whose checkpoint a crash lost is counted by its re-run.
  */
 export async function callTool<A, R>(
   ctx: StepContext,
@@ -196,7 +197,11 @@ export async function callTool<A, R>(
   const charge = async () => {
     if (charged) return;
     charged = true;
-    await ctx.chargeNow({ toolCalls: 1 });
+    // The call that would pass the limit ends the run before it runs (a write of its own,
+    // with the evidence); any other is charged with the call's own checkpoint, at no
+    // extra round trip.
+    if ((ctx.budget.remaining().toolCalls ?? 1) < 1) await ctx.chargeNow({ toolCalls: 1 });
+    else ctx.charge({ toolCalls: 1 });
   };
   // A fresh call (nothing recorded at its first position) with no tool call left: the
   // charge ends the run here, before an approval is asked or a ledger intent recorded.
