@@ -1,18 +1,13 @@
-import { afterEach, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { z } from 'zod';
-import { defineTool, runAgent, scriptedModel, type ScriptedReply, type Worker } from '../src/index.js';
+import { defineTool, runAgent, scriptedModel, type ScriptedReply } from '../src/index.js';
 import { useTestEngine } from './helpers/test-engine.js';
+import { queueWorkers } from './helpers/cleanup.js';
 
 /** runAgent: the loop over generate, tools, session and progress, ending by a verified `complete`. */
 const t = useTestEngine();
 const { db } = t;
-const workers: Worker[] = [];
-afterEach(async () => {
-  for (const w of workers.splice(0)) await w.stop();
-});
-async function worker(): Promise<void> {
-  workers.push(await t.engine.runWorker({ queues: ['loop'], concurrency: 4, leaseMs: 2_000, pollIntervalMs: 100 }));
-}
+const worker = queueWorkers(() => t.engine, 'loop');
 const call = (name: string, args: unknown, id = name): ScriptedReply => ({
   content: `calling ${name}`,
   toolCalls: [{ id, name, arguments: args }],

@@ -1,6 +1,7 @@
-import { afterEach, describe, expect, it } from 'vitest';
-import type { BudgetRemaining, Worker } from '../src/index.js';
+import { describe, expect, it } from 'vitest';
+import type { BudgetRemaining } from '../src/index.js';
 import { useTestEngine } from './helpers/test-engine.js';
+import { queueWorkers } from './helpers/cleanup.js';
 
 /** Budgets in several dimensions: each stops the run with evidence naming it; chargeNow commits at once. */
 const t = useTestEngine({
@@ -9,13 +10,7 @@ const t = useTestEngine({
   },
 });
 const { db } = t;
-const workers: Worker[] = [];
-afterEach(async () => {
-  for (const w of workers.splice(0)) await w.stop();
-});
-async function worker(): Promise<void> {
-  workers.push(await t.engine.runWorker({ queues: ['budgets'], concurrency: 4, leaseMs: 2_000, pollIntervalMs: 100 }));
-}
+const worker = queueWorkers(() => t.engine, 'budgets');
 const runRow = async (runId: string) => (await db.pool.query('select * from runledger.runs where run_id = $1', [runId])).rows[0];
 const calls = async (runId: string) =>
   (await db.pool.query('select step from calls where run_id = $1', [runId])).rows.map((r) => r.step as string);

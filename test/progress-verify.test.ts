@@ -1,17 +1,12 @@
-import { afterEach, describe, expect, it } from 'vitest';
-import type { NoProgressEvidence, Worker } from '../src/index.js';
+import { describe, expect, it } from 'vitest';
+import type { NoProgressEvidence } from '../src/index.js';
 import { useTestEngine } from './helpers/test-engine.js';
+import { queueWorkers } from './helpers/cleanup.js';
 
 /** Progress signals with the no-progress policy (onNoProgress once, then NO_PROGRESS), and verified completion. */
 const t = useTestEngine();
 const { db } = t;
-const workers: Worker[] = [];
-afterEach(async () => {
-  for (const w of workers.splice(0)) await w.stop();
-});
-async function worker(): Promise<void> {
-  workers.push(await t.engine.runWorker({ queues: ['agents'], concurrency: 4, leaseMs: 2_000, pollIntervalMs: 100 }));
-}
+const worker = queueWorkers(() => t.engine, 'agents');
 const runRow = async (runId: string) => (await db.pool.query('select * from runledger.runs where run_id = $1', [runId])).rows[0];
 const stepNames = async (runId: string) =>
   (await db.pool.query('select name from runledger.steps where run_id = $1 order by seq', [runId])).rows.map((r) => r.name as string);

@@ -1,5 +1,5 @@
 import { afterEach } from 'vitest';
-import type { Worker } from '../../src/index.js';
+import type { Engine, Worker } from '../../src/index.js';
 import type { WorkerProcess } from './worker-process.js';
 
 /**
@@ -17,4 +17,17 @@ export function stoppedAfterEach(): { processes: WorkerProcess[]; workers: Worke
     for (const worker of tracked.workers.splice(0)) await worker.stop();
   });
   return tracked;
+}
+
+/**
+ * A starter of in-process workers on one queue of the file's engine (lease 2 s, poll
+ * 100 ms, concurrency 4), each stopped after its test.
+ */
+export function queueWorkers(engine: () => Engine, queue: string): () => Promise<Worker> {
+  const { workers } = stoppedAfterEach();
+  return async () => {
+    const worker = await engine().runWorker({ queues: [queue], concurrency: 4, leaseMs: 2_000, pollIntervalMs: 100 });
+    workers.push(worker);
+    return worker;
+  };
 }

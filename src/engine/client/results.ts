@@ -1,4 +1,5 @@
 import type pg from 'pg';
+import { Wakers } from './wakers.js';
 import type { LogFunction } from '../core/log.js';
 import { TERMINAL_STATES, type RunStatus } from '../core/states.js';
 import { FINISHED_CHANNEL, listen, type Listener } from '../db/listen.js';
@@ -21,7 +22,7 @@ export class ResultWatch {
   readonly #config: pg.PoolConfig;
   readonly #log: LogFunction;
   #listener: Promise<Listener> | undefined;
-  readonly #wakers = new Map<string, Set<() => void>>();
+  readonly #wakers = new Wakers();
   #closed = false;
 
   constructor(config: pg.PoolConfig, log: LogFunction) {
@@ -31,15 +32,12 @@ export class ResultWatch {
 
   /** The run ended, or may have: its callers read its row again. */
   wake(runId: string): void {
-    const wakers = this.#wakers.get(runId);
-    if (wakers) for (const wake of [...wakers]) wake();
+    this.#wakers.wake(runId);
   }
 
   /** How many callers wait now (tests, metrics). */
   get waiting(): number {
-    let n = 0;
-    for (const wakers of this.#wakers.values()) n += wakers.size;
-    return n;
+    return this.#wakers.size;
   }
 
   /**
@@ -97,19 +95,15 @@ export class ResultWatch {
   }
 
   #add(runId: string, wake: () => void): void {
-    let wakers = this.#wakers.get(runId);
-    if (!wakers) this.#wakers.set(runId, (wakers = new Set()));
-    wakers.add(wake);
+    this.#wakers.add(runId, wake);
   }
 
   #remove(runId: string, wake: () => void): void {
-    const wakers = this.#wakers.get(runId);
-    wakers?.delete(wake);
-    if (wakers?.size === 0) this.#wakers.delete(runId);
+    this.#wakers.remove(runId, wake);
   }
 
   #wakeAll(): void {
-    for (const wakers of this.#wakers.values()) for (const wake of [...wakers]) wake();
+    this.#wakers.wakeAll();
   }
 }
 

@@ -1,4 +1,5 @@
 import type pg from 'pg';
+import { Wakers } from './wakers.js';
 import { fromPgError, InvalidInputError } from '../core/errors.js';
 import type { LogFunction } from '../core/log.js';
 import { TERMINAL_STATES, type RunStatus } from '../core/states.js';
@@ -53,7 +54,7 @@ export class StreamWatch {
   readonly #config: pg.PoolConfig;
   readonly #log: LogFunction;
   #listener: Promise<Listener> | undefined;
-  readonly #wakers = new Map<string, Set<() => void>>();
+  readonly #wakers = new Wakers();
   closed = false;
 
   constructor(config: pg.PoolConfig, log: LogFunction) {
@@ -78,27 +79,20 @@ export class StreamWatch {
   }
 
   wake(runId: string): void {
-    const wakers = this.#wakers.get(runId);
-    if (wakers) for (const wake of [...wakers]) wake();
+    this.#wakers.wake(runId);
   }
 
   /** Readers waiting now (tests). */
   get waiting(): number {
-    let n = 0;
-    for (const wakers of this.#wakers.values()) n += wakers.size;
-    return n;
+    return this.#wakers.size;
   }
 
   add(runId: string, wake: () => void): void {
-    let wakers = this.#wakers.get(runId);
-    if (!wakers) this.#wakers.set(runId, (wakers = new Set()));
-    wakers.add(wake);
+    this.#wakers.add(runId, wake);
   }
 
   remove(runId: string, wake: () => void): void {
-    const wakers = this.#wakers.get(runId);
-    wakers?.delete(wake);
-    if (wakers?.size === 0) this.#wakers.delete(runId);
+    this.#wakers.remove(runId, wake);
   }
 
   async close(): Promise<void> {
@@ -109,7 +103,7 @@ export class StreamWatch {
   }
 
   #wakeAll(): void {
-    for (const wakers of this.#wakers.values()) for (const wake of [...wakers]) wake();
+    this.#wakers.wakeAll();
   }
 }
 
