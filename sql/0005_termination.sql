@@ -3,6 +3,7 @@
 --   runledger.cancel_run(run_id, reason)   public: cancel now (PENDING, WAITING) or ask the owner (RUNNING)
 --   runledger._charge / _check_progress    budget and no-progress limits, checked with each checkpoint
 --   runledger._add_amounts(...)            budget amounts added per dimension
+--   runledger._as_charge / _charge_fits    a charge as an object; whether it passes no limit (group commit's fast path)
 --   runledger._charge_now(...)             a fenced charge committed on its own (ctx.chargeNow)
 --   runledger._terminate_run(...)           fenced policy stop by the owner (deadline, max steps)
 --   runledger._finish_cancel(...)           fenced end of a CANCELLING run by its owner
@@ -206,8 +207,7 @@ create function runledger._charge(p_run runledger.runs, p_charge jsonb, p_step t
 language plpgsql volatile as $$
 declare
   v_run   runledger.runs;
-  -- A bare number is a charge of units (as ctx.charge(12) was before dimensions).
-  v_charge jsonb := case when jsonb_typeof(p_charge) = 'number' then jsonb_build_object('units', p_charge) else p_charge end;
+  v_charge jsonb := runledger._as_charge(p_charge);
   v_units numeric := coalesce((v_charge->>'units')::numeric, 0);
   v_other jsonb := v_charge - 'units';
   v_dim   text;
@@ -251,6 +251,26 @@ language sql immutable parallel safe as $$
   select p_charge is null or p_charge = '0'::jsonb or p_charge = '{}'::jsonb or jsonb_typeof(p_charge) = 'null'
 $$;
 comment on function runledger._no_charge(jsonb) is 'True when a charge charges nothing: absent, null, 0 or {}.';
+
+create function runledger._as_charge(p_charge jsonb) returns jsonb
+language sql immutable parallel safe as $$
+  -- A bare number is a charge of units (as ctx.charge(12) was before dimensions).
+  select case when jsonb_typeof(p_charge) = 'number' then jsonb_build_object('units', p_charge) else p_charge end
+$$;
+comment on function runledger._as_charge(jsonb) is 'A charge as an object of dimensions: a bare number is {"units": n}.';
+
+create function runledger._charge_fits(p_budget numeric, p_spent numeric, p_limits jsonb, p_used jsonb, p_charge jsonb)
+returns boolean
+language sql immutable parallel safe as $$
+  -- True when the charge leaves every dimension within its limit (what _charge would not stop).
+  select (p_budget is null or p_spent + coalesce((c->>'units')::numeric, 0) <= p_budget)
+         and not exists (
+           select 1 from jsonb_each_text(coalesce(p_limits, '{}'::jsonb)) l(dim, lim)
+            where coalesce((p_used->>l.dim)::numeric, 0) + coalesce((c->>l.dim)::numeric, 0) > l.lim::numeric)
+    from (select runledger._as_charge(p_charge) as c) x
+$$;
+comment on function runledger._charge_fits(numeric, numeric, jsonb, jsonb, jsonb) is
+  'True when adding the charge to a run with these budgets (budget, budget_spent, budget_limits, budget_used) passes no limit: the group commit then writes it on its fast path; otherwise _charge does, and stops the run.';
 
 create function runledger._add_amounts(p_a jsonb, p_b jsonb) returns jsonb
 language sql immutable as $$

@@ -7,8 +7,8 @@
 --   runledger._commit_and_claim(...)     a group commit and a claim in one transaction
 --
 -- The common items (a plain checkpoint, or a completion with its last step, of a
--- RUNNING run under its token, before its deadline, without a charge or a no-progress
--- limit) are written together by _commit_fast, a few statements for the whole batch
+-- RUNNING run under its token, before its deadline, with no charge or one within every
+-- limit, without a no-progress limit) are written together by _commit_fast, a few statements for the whole batch
 -- instead of a few per item. Every other item, and every item of a batch whose fast
 -- part failed (it is undone as a whole), goes through the same functions as a single
 -- write, each in its own subtransaction: one item's error (a lost lease, a deadline, a
@@ -37,7 +37,8 @@ begin
     select (e.ordinality - 1)::int as idx, e.value as v
       from jsonb_array_elements(p_items) with ordinality e
   ), locked as (
-    select r.run_id, r.fencing_token, r.status, r.no_progress, r.deadline_at
+    select r.run_id, r.fencing_token, r.status, r.no_progress, r.deadline_at,
+           r.budget, r.budget_spent, r.budget_limits, r.budget_used
       from runledger.runs r
      where r.run_id = any(v_ids)
      order by r.run_id
@@ -47,7 +48,10 @@ begin
     from items it
     join locked l on l.run_id = it.v->>'run_id'
    where it.v->>'op' in ('checkpoint', 'complete') and it.v ? 'seq'
-     and runledger._no_charge(it.v->'charge')
+     -- A charge within every limit is written here too; one that passes a limit stops the
+     -- run, which _charge does on the careful path.
+     and (runledger._no_charge(it.v->'charge')
+          or runledger._charge_fits(l.budget, l.budget_spent, l.budget_limits, l.budget_used, it.v->'charge'))
      and l.fencing_token = (it.v->>'token')::bigint and l.status = 'RUNNING'
      and l.no_progress is null and (l.deadline_at is null or l.deadline_at > v_now)
      and (select count(*) from items other where other.v->>'run_id' = it.v->>'run_id') = 1;
@@ -73,6 +77,16 @@ begin
   if v_written <> cardinality(v_fast) then
     raise exception using errcode = 'RL010', message = '_commit_fast: a step already has a checkpoint';
   end if;
+
+  -- The charges of the fast items, each within every limit (checked above).
+  update runledger.runs r
+     set budget_spent = r.budget_spent + coalesce((c.charge->>'units')::numeric, 0),
+         budget_used = case when c.charge - 'units' = '{}'::jsonb then r.budget_used
+                            else runledger._add_amounts(r.budget_used, c.charge - 'units') end
+    from (select e.value->>'run_id' as run_id, runledger._as_charge(e.value->'charge') as charge
+            from jsonb_array_elements(p_items) with ordinality e
+           where (e.ordinality - 1)::int = any(v_fast) and not runledger._no_charge(e.value->'charge')) c
+   where r.run_id = c.run_id and r.run_id = any(v_ids);
 
   -- The completions: the run row and its termination record, then the event.
   with done as (
@@ -115,7 +129,7 @@ begin
 end;
 $$;
 comment on function runledger._commit_fast(jsonb) is
-  'The fast part of _commit_batch: locks every run of the batch in run_id order, then writes together the items that are plain checkpoints or completions with their last step of RUNNING runs under their token, before the deadline, without a charge or a no-progress limit (the checks _checkpoint and _complete_with_checkpoint make). Returns the indexes it wrote; raises (and is undone as a whole) when one of them cannot be written.';
+  'The fast part of _commit_batch: locks every run of the batch in run_id order, then writes together the items that are plain checkpoints or completions with their last step of RUNNING runs under their token, before the deadline, with no charge or one within every limit (_charge_fits; it is added to the run''s budgets), without a no-progress limit (the checks _checkpoint and _complete_with_checkpoint make). Returns the indexes it wrote; raises (and is undone as a whole) when one of them cannot be written.';
 
 create function runledger._commit_batch(p_items jsonb)
 returns table (item int, code text, message text, run_status text)

@@ -843,6 +843,16 @@ end;
 $function$;
 COMMENT ON FUNCTION runledger._artifact_blob_held(text) IS 'True when content with this sha256 is stored, and then kept from deletion until the caller''s transaction ends (the caller records a row referring to it without sending the content).';
 
+CREATE OR REPLACE FUNCTION runledger._as_charge(p_charge jsonb)
+ RETURNS jsonb
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+  -- A bare number is a charge of units (as ctx.charge(12) was before dimensions).
+  select case when jsonb_typeof(p_charge) = 'number' then jsonb_build_object('units', p_charge) else p_charge end
+$function$;
+COMMENT ON FUNCTION runledger._as_charge(jsonb) IS 'A charge as an object of dimensions: a bare number is {"units": n}.';
+
 CREATE OR REPLACE FUNCTION runledger._base32_10(p bigint)
  RETURNS text
  LANGUAGE sql
@@ -887,8 +897,7 @@ CREATE OR REPLACE FUNCTION runledger._charge(p_run runledger.runs, p_charge json
 AS $function$
 declare
   v_run   runledger.runs;
-  -- A bare number is a charge of units (as ctx.charge(12) was before dimensions).
-  v_charge jsonb := case when jsonb_typeof(p_charge) = 'number' then jsonb_build_object('units', p_charge) else p_charge end;
+  v_charge jsonb := runledger._as_charge(p_charge);
   v_units numeric := coalesce((v_charge->>'units')::numeric, 0);
   v_other jsonb := v_charge - 'units';
   v_dim   text;
@@ -925,6 +934,20 @@ begin
 end;
 $function$;
 COMMENT ON FUNCTION runledger._charge(runledger.runs,jsonb,text,integer) IS 'Adds a charge ({"units": n, "tokens": n, "cost_usd": n, "tool_calls": n, "turns": n}, any subset; a bare number is units) to the run: units to budget_spent, the others to budget_used. Past a limit (budget, or a dimension of budget_limits) the run ends TERMINATED (BUDGET) in the same transaction, with evidence naming the dimension, its limit, what was spent, the charge and the step.';
+
+CREATE OR REPLACE FUNCTION runledger._charge_fits(p_budget numeric, p_spent numeric, p_limits jsonb, p_used jsonb, p_charge jsonb)
+ RETURNS boolean
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+  -- True when the charge leaves every dimension within its limit (what _charge would not stop).
+  select (p_budget is null or p_spent + coalesce((c->>'units')::numeric, 0) <= p_budget)
+         and not exists (
+           select 1 from jsonb_each_text(coalesce(p_limits, '{}'::jsonb)) l(dim, lim)
+            where coalesce((p_used->>l.dim)::numeric, 0) + coalesce((c->>l.dim)::numeric, 0) > l.lim::numeric)
+    from (select runledger._as_charge(p_charge) as c) x
+$function$;
+COMMENT ON FUNCTION runledger._charge_fits(numeric,numeric,jsonb,jsonb,jsonb) IS 'True when adding the charge to a run with these budgets (budget, budget_spent, budget_limits, budget_used) passes no limit: the group commit then writes it on its fast path; otherwise _charge does, and stops the run.';
 
 CREATE OR REPLACE FUNCTION runledger._charge_now(p_run_id text, p_token bigint, p_charge jsonb, p_step text, p_seq integer)
  RETURNS TABLE(run_status text, budget numeric, budget_spent numeric, budget_limits jsonb, budget_used jsonb)
@@ -1444,7 +1467,8 @@ begin
     select (e.ordinality - 1)::int as idx, e.value as v
       from jsonb_array_elements(p_items) with ordinality e
   ), locked as (
-    select r.run_id, r.fencing_token, r.status, r.no_progress, r.deadline_at
+    select r.run_id, r.fencing_token, r.status, r.no_progress, r.deadline_at,
+           r.budget, r.budget_spent, r.budget_limits, r.budget_used
       from runledger.runs r
      where r.run_id = any(v_ids)
      order by r.run_id
@@ -1454,7 +1478,10 @@ begin
     from items it
     join locked l on l.run_id = it.v->>'run_id'
    where it.v->>'op' in ('checkpoint', 'complete') and it.v ? 'seq'
-     and runledger._no_charge(it.v->'charge')
+     -- A charge within every limit is written here too; one that passes a limit stops the
+     -- run, which _charge does on the careful path.
+     and (runledger._no_charge(it.v->'charge')
+          or runledger._charge_fits(l.budget, l.budget_spent, l.budget_limits, l.budget_used, it.v->'charge'))
      and l.fencing_token = (it.v->>'token')::bigint and l.status = 'RUNNING'
      and l.no_progress is null and (l.deadline_at is null or l.deadline_at > v_now)
      and (select count(*) from items other where other.v->>'run_id' = it.v->>'run_id') = 1;
@@ -1480,6 +1507,16 @@ begin
   if v_written <> cardinality(v_fast) then
     raise exception using errcode = 'RL010', message = '_commit_fast: a step already has a checkpoint';
   end if;
+
+  -- The charges of the fast items, each within every limit (checked above).
+  update runledger.runs r
+     set budget_spent = r.budget_spent + coalesce((c.charge->>'units')::numeric, 0),
+         budget_used = case when c.charge - 'units' = '{}'::jsonb then r.budget_used
+                            else runledger._add_amounts(r.budget_used, c.charge - 'units') end
+    from (select e.value->>'run_id' as run_id, runledger._as_charge(e.value->'charge') as charge
+            from jsonb_array_elements(p_items) with ordinality e
+           where (e.ordinality - 1)::int = any(v_fast) and not runledger._no_charge(e.value->'charge')) c
+   where r.run_id = c.run_id and r.run_id = any(v_ids);
 
   -- The completions: the run row and its termination record, then the event.
   with done as (
@@ -1521,7 +1558,7 @@ begin
   return v_fast;
 end;
 $function$;
-COMMENT ON FUNCTION runledger._commit_fast(jsonb) IS 'The fast part of _commit_batch: locks every run of the batch in run_id order, then writes together the items that are plain checkpoints or completions with their last step of RUNNING runs under their token, before the deadline, without a charge or a no-progress limit (the checks _checkpoint and _complete_with_checkpoint make). Returns the indexes it wrote; raises (and is undone as a whole) when one of them cannot be written.';
+COMMENT ON FUNCTION runledger._commit_fast(jsonb) IS 'The fast part of _commit_batch: locks every run of the batch in run_id order, then writes together the items that are plain checkpoints or completions with their last step of RUNNING runs under their token, before the deadline, with no charge or one within every limit (_charge_fits; it is added to the run''s budgets), without a no-progress limit (the checks _checkpoint and _complete_with_checkpoint make). Returns the indexes it wrote; raises (and is undone as a whole) when one of them cannot be written.';
 
 CREATE OR REPLACE FUNCTION runledger._compensation_begin(p_run_id text, p_token bigint, p_operation_id text)
  RETURNS text

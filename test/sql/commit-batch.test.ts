@@ -279,6 +279,52 @@ describe('runledger._commit_batch', () => {
     expect((await steps(cancelled)).map((s) => s.name)).toEqual(['in-flight']);
   });
 
+  it('writes charges within every limit on the fast path, with the same budgets one-by-one writes give; one past a limit stops its run', async () => {
+    const client = new pg.Client({ connectionString: db.url });
+    await client.connect();
+    try {
+      const a = await startRun({ budget: { units: 10, tokens: 100, tool_calls: 2 } });
+      const ta = (await claimOne(a)).fencing_token;
+      const b = await startRun({ budget: { tokens: 100 } });
+      const tb = (await claimOne(b)).fencing_token;
+      const over = await startRun({ budget: { tool_calls: 1 } });
+      const to = (await claimOne(over)).fencing_token;
+      await client.query(`set track_functions = 'pl'`);
+      await client.query('begin');
+      const rows = await commitBatch(
+        [
+          { op: 'checkpoint', ...stepItem(a, ta, 0, 'a0', { charge: { units: 3, tokens: 40, tool_calls: 1 } }) },
+          { op: 'complete', ...stepItem(b, tb, 0, 'b0', { charge: { tokens: 100 } }), output: 'b', policy_version: 'p/1' },
+          { op: 'checkpoint', ...stepItem(over, to, 0, 'o0', { charge: { tool_calls: 2 } }) },
+        ],
+        client,
+      );
+      const calls = await client.query(
+        `select p.proname, coalesce(pg_stat_get_xact_function_calls(p.oid), 0)::int as n
+           from pg_proc p where p.pronamespace = 'runledger'::regnamespace
+            and p.proname in ('_commit_fast', '_checkpoint_row') order by 1`,
+      );
+      await client.query('commit');
+      expect(rows.map((r) => [r.code, r.run_status])).toEqual([[null, 'RUNNING'], [null, 'SUCCEEDED'], [null, 'TERMINATED']]);
+      // A and B on the fast path; only the charge past its limit went one by one.
+      expect(Object.fromEntries(calls.rows.map((row) => [row.proname, row.n]))).toEqual({ _commit_fast: 1, _checkpoint_row: 1 });
+      expect(await getRun(a)).toMatchObject({ status: 'RUNNING', budget_spent: '3', budget_used: { tokens: 40, tool_calls: 1 } });
+      // Exactly at the limit is within it; the evidence counts the charge.
+      expect(await getRun(b)).toMatchObject({
+        status: 'SUCCEEDED',
+        budget_used: { tokens: 100 },
+        termination_evidence: { steps: 1, budget_spent: 0, budget_used: { tokens: 100 } },
+      });
+      expect(await getRun(over)).toMatchObject({
+        status: 'TERMINATED',
+        termination_reason: 'BUDGET',
+        termination_evidence: { dimension: 'tool_calls', limit: 1, spent: 2 },
+      });
+    } finally {
+      await client.end();
+    }
+  });
+
   it('reports the run status after a completion: SUCCEEDED, or TERMINATED when its charge passes the budget', async () => {
     const plain = await startRun();
     const tp = (await claimOne(plain)).fencing_token;
