@@ -220,6 +220,8 @@ create table runledger.workflows (
   max_recovery_attempts int  not null check (max_recovery_attempts >= 0),
   -- Default limits of runs started from SQL: {"deadline": "2 days", "max_steps": 500, "budget": 1000, "no_progress": 3}.
   limits                jsonb not null default '{}',
+  -- The version manifest runs of this version start with (runtime, checkpoint schema, the workflow's own).
+  manifest              jsonb,
   registered_at         timestamptz not null default runledger.now(),
   primary key (workflow_name, workflow_version)
 );

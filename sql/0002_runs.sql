@@ -225,7 +225,9 @@ begin
   v_t.parent_run_id := v_opts->>'parent_run_id';
   v_t.deadline_at := v_deadline;
   v_t.max_recovery_attempts := coalesce((v_opts->>'max_recovery_attempts')::int, v_wf.max_recovery_attempts);
-  v_t.version_manifest := coalesce(v_opts->'version_manifest', jsonb_build_object('started_from', 'sql'));
+  -- A run started from SQL records the manifest its version's engines registered.
+  v_t.version_manifest := coalesce(v_opts->'version_manifest', v_wf.manifest || jsonb_build_object('started_from', 'sql'),
+                                   jsonb_build_object('started_from', 'sql'));
   v_t.max_steps := (v_opts->>'max_steps')::int;
   -- A number is a budget of units; an object names its dimensions (units stays in budget).
   if jsonb_typeof(v_opts->'budget') = 'object' then

@@ -9,16 +9,18 @@
 --   runledger.retry_run(run_id)        public: a DEAD_LETTER or FAILED run back to PENDING
 --                                      (a failed operation at the dropped step back to PLANNED)
 
-create function runledger._register_workflow(p_name text, p_version text, p_queue text, p_max_recovery_attempts int, p_limits jsonb default '{}')
+create function runledger._register_workflow(p_name text, p_version text, p_queue text, p_max_recovery_attempts int, p_limits jsonb default '{}',
+  p_manifest jsonb default null)
 returns void language sql volatile as $$
-  insert into runledger.workflows (workflow_name, workflow_version, queue_name, max_recovery_attempts, limits)
-  values (p_name, p_version, p_queue, p_max_recovery_attempts, coalesce(p_limits, '{}'))
+  insert into runledger.workflows (workflow_name, workflow_version, queue_name, max_recovery_attempts, limits, manifest)
+  values (p_name, p_version, p_queue, p_max_recovery_attempts, coalesce(p_limits, '{}'), p_manifest)
   on conflict (workflow_name, workflow_version) do update
      set queue_name = excluded.queue_name, max_recovery_attempts = excluded.max_recovery_attempts,
-         limits = excluded.limits, registered_at = runledger.now()
+         limits = excluded.limits, manifest = coalesce(excluded.manifest, runledger.workflows.manifest),
+         registered_at = runledger.now()
 $$;
-comment on function runledger._register_workflow(text, text, text, int, jsonb) is
-  'Records a workflow (name, version) with its default queue, recovery limit and limits (deadline, max_steps, budget, no_progress), so start_run from SQL can resolve them.';
+comment on function runledger._register_workflow(text, text, text, int, jsonb, jsonb) is
+  'Records a workflow (name, version) with its default queue, recovery limit, limits (deadline, max_steps, budget, no_progress) and version manifest, so start_run from SQL can resolve them (a run started from SQL records that manifest).';
 
 create function runledger._register_worker(
   p_worker_id text, p_host text, p_pid int, p_workflows text[], p_queues text[], p_concurrency int, p_lease_ms int)

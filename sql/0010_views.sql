@@ -7,6 +7,9 @@
 --   runledger.approval_inbox      pending approval requests
 --   runledger.unknown_operations  external operations whose outcome is UNKNOWN
 --   runledger.queue_stats         per queue and key: depth, running, oldest pending, limits
+--   runledger.live_workers        workers not stopped and heard from within their lease
+--   runledger.stranded_runs       PENDING and WAITING runs whose version no live worker serves
+--   runledger.version_stats       runs per workflow, version and runtime: per status, oldest waiting, live workers
 
 create view runledger.active as
 select r.run_id, r.workflow_name, r.workflow_version, r.queue_name, r.status, r.wait_kind, r.wake_at,
@@ -97,5 +100,44 @@ select r.queue_name,
  group by grouping sets ((r.queue_name), (r.queue_name, r.concurrency_key));
 comment on view runledger.queue_stats is
   'Per queue (queue_total = true) and per concurrency key: runs waiting for admission, dispatched, running, waiting, the oldest pending age, and the queue''s limits. For dashboards and alerts.';
+
+-- Live workers: not stopped, heard from within their lease. A worker that stops
+-- gracefully sets stopped_at at once, so its versions stop being served at once.
+create view runledger.live_workers as
+select w.*
+  from runledger.workers w
+ where w.stopped_at is null
+   and w.last_heartbeat_at > runledger.now() - make_interval(secs => w.lease_ms / 1000.0);
+comment on view runledger.live_workers is
+  'Worker processes that are live: not stopped, and heard from within their lease. What they serve (workflows, as workflow@version) decides which runs are stranded.';
+
+create view runledger.stranded_runs as
+select r.run_id, r.workflow_name, r.workflow_version, r.status, r.wait_kind, r.queue_name, r.created_at, r.updated_at,
+       r.version_manifest,
+       (select array_agg(distinct split_part(v, '@', 2) order by split_part(v, '@', 2))
+          from runledger.live_workers w, unnest(w.workflows) v
+         where split_part(v, '@', 1) = r.workflow_name) as served_versions
+  from runledger.runs r
+ where r.status in ('PENDING', 'WAITING')
+   and not exists (select 1 from runledger.live_workers w
+                    where (r.workflow_name || '@' || r.workflow_version) = any(w.workflows));
+comment on view runledger.stranded_runs is
+  'PENDING and WAITING runs whose (workflow, version) no live worker serves: they wait for a worker of their version (or a migration), and are never failed by the engine for it. served_versions: the versions of the same workflow live workers do serve.';
+
+create view runledger.version_stats as
+select s.workflow_name, s.workflow_version, s.runtime,
+       sum(s.n)::bigint as runs,
+       coalesce(sum(s.n) filter (where s.status in ('PENDING', 'RUNNING', 'WAITING', 'CANCELLING')), 0)::bigint as active,
+       jsonb_object_agg(s.status, s.n) as statuses,
+       min(s.oldest_waiting) as oldest_waiting_since,
+       (select count(*) from runledger.live_workers w
+         where (s.workflow_name || '@' || s.workflow_version) = any(w.workflows)) as live_workers
+  from (select r.workflow_name, r.workflow_version, r.version_manifest->>'runtime' as runtime, r.status::text as status,
+               count(*) as n, min(r.created_at) filter (where r.status in ('PENDING', 'WAITING')) as oldest_waiting
+          from runledger.runs r
+         group by 1, 2, 3, 4) s
+ group by s.workflow_name, s.workflow_version, s.runtime;
+comment on view runledger.version_stats is
+  'Runs per (workflow, version, runtime version): how many, how many are still active, the count per status, the oldest PENDING or WAITING run, and how many live workers serve that version. A version with no active runs can be retired; one with active runs and no live worker has stranded runs.';
 
 insert into runledger.migrations (version, name) values (10, '0010_views');

@@ -400,6 +400,7 @@ CREATE TABLE runledger.workflows (
   queue_name text NOT NULL,
   max_recovery_attempts integer NOT NULL,
   limits jsonb DEFAULT '{}'::jsonb NOT NULL,
+  manifest jsonb,
   registered_at timestamp with time zone DEFAULT runledger.now() NOT NULL
 );
 COMMENT ON TABLE runledger.workflows IS 'Workflow (name, version) pairs registered by engines and workers. start_run uses it to resolve the default version, queue and recovery limit of a run started from SQL.';
@@ -487,6 +488,21 @@ CREATE VIEW runledger.dead_letter AS
   WHERE status = 'DEAD_LETTER'::runledger.run_status;
 COMMENT ON VIEW runledger.dead_letter IS 'Runs out of the automatic path (max recovery attempts, non-determinism, ...), with the termination reason and evidence. Bring one back with select runledger.retry_run(run_id); compensations_due says it did things not undone yet (runledger.compensate_run(run_id) undoes them).';
 
+CREATE VIEW runledger.live_workers AS
+ SELECT worker_id,
+    host,
+    pid,
+    workflows,
+    queues,
+    concurrency,
+    lease_ms,
+    started_at,
+    last_heartbeat_at,
+    stopped_at
+   FROM runledger.workers w
+  WHERE stopped_at IS NULL AND last_heartbeat_at > (runledger.now() - make_interval(secs => (lease_ms::numeric / 1000.0)::double precision));
+COMMENT ON VIEW runledger.live_workers IS 'Worker processes that are live: not stopped, and heard from within their lease. What they serve (workflows, as workflow@version) decides which runs are stranded.';
+
 CREATE VIEW runledger.queue_stats AS
  SELECT r.queue_name,
         CASE
@@ -555,6 +571,26 @@ CREATE VIEW runledger.session_list AS
           WHERE q.session_id = s.session_id) w ON true;
 COMMENT ON VIEW runledger.session_list IS 'Every session: its holder (run, status, workflow, since when), the runs queued for it in order, its entry count, and how it was last let go. select * from runledger.session_history(id) lists one session''s entries.';
 
+CREATE VIEW runledger.stranded_runs AS
+ SELECT run_id,
+    workflow_name,
+    workflow_version,
+    status,
+    wait_kind,
+    queue_name,
+    created_at,
+    updated_at,
+    version_manifest,
+    ( SELECT array_agg(DISTINCT split_part(v.v, '@'::text, 2) ORDER BY (split_part(v.v, '@'::text, 2))) AS array_agg
+           FROM runledger.live_workers w,
+            LATERAL unnest(w.workflows) v(v)
+          WHERE split_part(v.v, '@'::text, 1) = r.workflow_name) AS served_versions
+   FROM runledger.runs r
+  WHERE (status = ANY (ARRAY['PENDING'::runledger.run_status, 'WAITING'::runledger.run_status])) AND NOT (EXISTS ( SELECT 1
+           FROM runledger.live_workers w
+          WHERE ((r.workflow_name || '@'::text) || r.workflow_version) = ANY (w.workflows)));
+COMMENT ON VIEW runledger.stranded_runs IS 'PENDING and WAITING runs whose (workflow, version) no live worker serves: they wait for a worker of their version (or a migration), and are never failed by the engine for it. served_versions: the versions of the same workflow live workers do serve.';
+
 CREATE VIEW runledger.streams AS
  SELECT c.run_id,
     c.topic,
@@ -603,6 +639,28 @@ CREATE VIEW runledger.unknown_operations AS
      JOIN runledger.runs r ON r.run_id = o.run_id
   WHERE o.status = 'UNKNOWN'::text;
 COMMENT ON VIEW runledger.unknown_operations IS 'External operations whose outcome is UNKNOWN (the worker died between the call and recording its result): which run, since when, with which idempotency key. Settle one with select runledger.resolve_operation(operation_id, ''SUCCEEDED''|''FAILED'', result).';
+
+CREATE VIEW runledger.version_stats AS
+ SELECT s.workflow_name,
+    s.workflow_version,
+    s.runtime,
+    sum(s.n)::bigint AS runs,
+    COALESCE(sum(s.n) FILTER (WHERE s.status = ANY (ARRAY['PENDING'::text, 'RUNNING'::text, 'WAITING'::text, 'CANCELLING'::text])), 0::numeric)::bigint AS active,
+    jsonb_object_agg(s.status, s.n) AS statuses,
+    min(s.oldest_waiting) AS oldest_waiting_since,
+    ( SELECT count(*) AS count
+           FROM runledger.live_workers w
+          WHERE ((s.workflow_name || '@'::text) || s.workflow_version) = ANY (w.workflows)) AS live_workers
+   FROM ( SELECT r.workflow_name,
+            r.workflow_version,
+            r.version_manifest ->> 'runtime'::text AS runtime,
+            r.status::text AS status,
+            count(*) AS n,
+            min(r.created_at) FILTER (WHERE r.status = ANY (ARRAY['PENDING'::runledger.run_status, 'WAITING'::runledger.run_status])) AS oldest_waiting
+           FROM runledger.runs r
+          GROUP BY r.workflow_name, r.workflow_version, (r.version_manifest ->> 'runtime'::text), (r.status::text)) s
+  GROUP BY s.workflow_name, s.workflow_version, s.runtime;
+COMMENT ON VIEW runledger.version_stats IS 'Runs per (workflow, version, runtime version): how many, how many are still active, the count per status, the oldest PENDING or WAITING run, and how many live workers serve that version. A version with no active runs can be retired; one with active runs and no live worker has stranded runs.';
 
 CREATE VIEW runledger.waiting AS
  SELECT r.run_id,
@@ -2381,17 +2439,18 @@ AS $function$
 $function$;
 COMMENT ON FUNCTION runledger._register_worker(text,text,integer,text[],text[],integer,integer) IS 'A worker process announces what it serves (workflow@version, queues), its concurrency and lease length.';
 
-CREATE OR REPLACE FUNCTION runledger._register_workflow(p_name text, p_version text, p_queue text, p_max_recovery_attempts integer, p_limits jsonb DEFAULT '{}'::jsonb)
+CREATE OR REPLACE FUNCTION runledger._register_workflow(p_name text, p_version text, p_queue text, p_max_recovery_attempts integer, p_limits jsonb DEFAULT '{}'::jsonb, p_manifest jsonb DEFAULT NULL::jsonb)
  RETURNS void
  LANGUAGE sql
 AS $function$
-  insert into runledger.workflows (workflow_name, workflow_version, queue_name, max_recovery_attempts, limits)
-  values (p_name, p_version, p_queue, p_max_recovery_attempts, coalesce(p_limits, '{}'))
+  insert into runledger.workflows (workflow_name, workflow_version, queue_name, max_recovery_attempts, limits, manifest)
+  values (p_name, p_version, p_queue, p_max_recovery_attempts, coalesce(p_limits, '{}'), p_manifest)
   on conflict (workflow_name, workflow_version) do update
      set queue_name = excluded.queue_name, max_recovery_attempts = excluded.max_recovery_attempts,
-         limits = excluded.limits, registered_at = runledger.now()
+         limits = excluded.limits, manifest = coalesce(excluded.manifest, runledger.workflows.manifest),
+         registered_at = runledger.now()
 $function$;
-COMMENT ON FUNCTION runledger._register_workflow(text,text,text,integer,jsonb) IS 'Records a workflow (name, version) with its default queue, recovery limit and limits (deadline, max_steps, budget, no_progress), so start_run from SQL can resolve them.';
+COMMENT ON FUNCTION runledger._register_workflow(text,text,text,integer,jsonb,jsonb) IS 'Records a workflow (name, version) with its default queue, recovery limit, limits (deadline, max_steps, budget, no_progress) and version manifest, so start_run from SQL can resolve them (a run started from SQL records that manifest).';
 
 CREATE OR REPLACE FUNCTION runledger._release_run(p_run_id text, p_token bigint, p_delay_ms integer, p_reason text, p_counts_attempt boolean DEFAULT false)
  RETURNS boolean
@@ -2966,7 +3025,9 @@ begin
   v_t.parent_run_id := v_opts->>'parent_run_id';
   v_t.deadline_at := v_deadline;
   v_t.max_recovery_attempts := coalesce((v_opts->>'max_recovery_attempts')::int, v_wf.max_recovery_attempts);
-  v_t.version_manifest := coalesce(v_opts->'version_manifest', jsonb_build_object('started_from', 'sql'));
+  -- A run started from SQL records the manifest its version's engines registered.
+  v_t.version_manifest := coalesce(v_opts->'version_manifest', v_wf.manifest || jsonb_build_object('started_from', 'sql'),
+                                   jsonb_build_object('started_from', 'sql'));
   v_t.max_steps := (v_opts->>'max_steps')::int;
   -- A number is a budget of units; an object names its dimensions (units stays in budget).
   if jsonb_typeof(v_opts->'budget') = 'object' then

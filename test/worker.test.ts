@@ -31,7 +31,7 @@ describe('versions', () => {
     const run = await v2Engine.getRun(newRun.runId);
     expect(run).toMatchObject({
       workflowVersion: '2',
-      versionManifest: { runtime: expect.stringMatching(/^runledger@/), checkpointSchema: 1 },
+      versionManifest: { runtime: expect.stringMatching(/^runledger@/), checkpointSchema: 1, workflow: 'pinned@2' },
     });
     await v1Worker.stop();
     await v2Worker.stop();

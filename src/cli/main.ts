@@ -31,6 +31,7 @@ import { unknown } from './commands/unknown.js';
 import { waiting } from './commands/waiting.js';
 import { worker } from './commands/worker.js';
 import { workers } from './commands/workers.js';
+import { versions } from './commands/versions.js';
 import { CliError, EXIT_USAGE, describeError, type Command } from './shared.js';
 
 /** In the order `runledger --help` lists them: set up, look, act, clean up. */
@@ -48,6 +49,7 @@ const COMMANDS: Record<string, Command> = {
   'dead-letter': deadLetter,
   queues,
   workers,
+  versions,
   signal,
   approve,
   resolve,

@@ -187,13 +187,14 @@ export function createEngine<DB = any>(options: EngineOptions = {}): Engine<DB> 
     if (!done) {
       done = pool
         .query(
-          'select runledger._register_workflow(p_name => $1, p_version => $2, p_queue => $3, p_max_recovery_attempts => $4, p_limits => $5::jsonb)',
+          'select runledger._register_workflow(p_name => $1, p_version => $2, p_queue => $3, p_max_recovery_attempts => $4, p_limits => $5::jsonb, p_manifest => $6::jsonb)',
           [
             workflow.name,
             workflow.version,
             workflow.queue,
             workflow.maxRecoveryAttempts,
             JSON.stringify(limitsToSql(workflow.limits, `workflow ${workflow.name}`)),
+            JSON.stringify(workflow.versionManifest),
           ],
         )
         .then(() => undefined);

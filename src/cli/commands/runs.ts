@@ -1,15 +1,22 @@
 import { RUN_STATES, type RunStatus } from '../../engine/core/states.js';
 import { ago, print, renderTable } from '../format.js';
-import { CliError, intOption, parse, withEngine, type Command } from '../shared.js';
+import { CliError, intOption, parse, withEngine, withPool, type Command } from '../shared.js';
 
 export const runs: Command = {
   summary: 'list runs, newest first',
-  usage: 'runledger runs [--status S[,S...]] [--workflow W] [--limit N (default 20)]',
+  usage:
+    'runledger runs [--status S[,S...]] [--workflow W] [--limit N (default 20)] [--stranded (PENDING or WAITING runs no live worker serves)]',
   async run(args) {
-    const parsed = parse(runs, args, { status: { type: 'string' }, workflow: { type: 'string' }, limit: { type: 'string' } });
+    const parsed = parse(runs, args, {
+      status: { type: 'string' },
+      workflow: { type: 'string' },
+      limit: { type: 'string' },
+      stranded: { type: 'boolean' },
+    });
     if (!parsed) return;
     const { values } = parsed;
     const limit = intOption(values, 'limit', 1) ?? 20;
+    if (values.stranded) return printStranded(values, limit);
     const statuses = parseStatuses(values.status as string | undefined);
     const list = await withEngine(values, (engine) =>
       engine.listRuns({ status: statuses, workflow: values.workflow as string | undefined, limit: Math.min(limit, 10_000) }),
@@ -28,6 +35,41 @@ export const runs: Command = {
     print(renderTable(['RUN ID', 'WORKFLOW', 'STATUS', 'REASON', 'CREATED'], rows, { shrink: [1, 3] }));
   },
 };
+
+interface StrandedRow {
+  run_id: string;
+  workflow_name: string;
+  workflow_version: string;
+  status: string;
+  wait_kind: string | null;
+  created_at: Date;
+  served_versions: string[] | null;
+}
+
+/** runledger.stranded_runs: runs that wait for a worker of their version, with the versions that are served. */
+async function printStranded(values: Record<string, string | boolean | string[] | boolean[] | undefined>, limit: number): Promise<void> {
+  const rows = await withPool(values, async (pool) => {
+    const result = await pool.query<StrandedRow>(
+      `select run_id, workflow_name, workflow_version, status, wait_kind, created_at, served_versions
+         from runledger.stranded_runs where $1::text is null or workflow_name = $1
+        order by created_at limit $2`,
+      [values.workflow ?? null, Math.min(limit, 10_000)],
+    );
+    return result.rows;
+  });
+  if (rows.length === 0) {
+    print('no stranded runs: every PENDING or WAITING run has a live worker of its version');
+    return;
+  }
+  const table = rows.map((r) => [
+    r.run_id,
+    `${r.workflow_name}@${r.workflow_version}`,
+    r.wait_kind ? `${r.status} (${r.wait_kind})` : r.status,
+    r.served_versions?.join(',') || 'none',
+    ago(r.created_at),
+  ]);
+  print(renderTable(['RUN ID', 'WORKFLOW', 'STATUS', 'LIVE WORKERS SERVE', 'CREATED'], table, { shrink: [1] }));
+}
 
 /** Case-insensitive and comma-separated, so `--status failed,dead_letter` works. */
 function parseStatuses(raw: string | undefined): RunStatus[] | undefined {

@@ -112,11 +112,15 @@ function printSummary(run: RunRecord, related: Related): void {
   const limits = [
     run.maxSteps === null ? undefined : `max steps ${run.maxSteps}`,
     run.budget === null ? undefined : `budget ${run.budgetSpent} of ${run.budget} spent`,
+    ...Object.entries(run.budgetLimits ?? {}).map(
+      ([dim, limit]) => `${dim} ${(run.budgetUsed as Record<string, number> | null)?.[dim] ?? 0} of ${limit} spent`,
+    ),
     run.noProgress === null ? undefined : `no progress after ${run.noProgress} repeats`,
     run.retryBudget === null ? undefined : `retries ${run.retriesUsed} of ${run.retryBudget} used`,
   ].filter((part) => part !== undefined);
   if (limits.length > 0) line('limits', limits.join(', '), 2);
   line('recovery', `${run.recoveryAttempts} of at most ${run.maxRecoveryAttempts}  fencing token ${run.fencingToken}`);
+  line('manifest', shortJson(run.versionManifest, Infinity), 3);
   if (run.leaseOwner) line('lease', `${run.leaseOwner} until ${timestamp(run.leaseExpiresAt)}`);
   if (run.idempotencyKey) line('idem. key', run.idempotencyKey);
   if (run.parentRunId) line('parent', run.parentRunId);

@@ -48,5 +48,15 @@ export const workers: Command = {
     ]);
     // The id is left whole (it is what you grep logs for); it already holds host and pid.
     print(renderTable(['WORKER', 'STATE', 'SEEN', 'CONC', 'QUEUES', 'SERVES'], table, { shrink: [5, 4], right: [3] }));
+    const stranded = await withPool(parsed.values, async (pool) => {
+      const result = await pool.query<{ version: string; n: string }>(
+        `select workflow_name || '@' || workflow_version as version, count(*) as n
+           from runledger.stranded_runs group by 1 order by 1`,
+      );
+      return result.rows;
+    });
+    for (const row of stranded) {
+      print(`warning: ${row.n} run(s) of ${row.version} wait for a worker: no live worker serves that version (runledger runs --stranded)`);
+    }
   },
 };

@@ -8,7 +8,6 @@ import type { Jsonify } from '../core/jsonify.js';
 import { TERMINAL_STATES } from '../core/states.js';
 import { limitsToSql, type Workflow } from '../core/workflow.js';
 import type { BudgetAmounts } from '../core/budget.js';
-import { RUNTIME_MANIFEST } from '../core/version.js';
 import { withinMs, type ResultWatch } from './results.js';
 
 export interface StartOptions {
@@ -230,7 +229,7 @@ function startOptionsToSql(
     version: workflow.version,
     queue: options.queue ?? workflow.queue,
     max_recovery_attempts: workflow.maxRecoveryAttempts,
-    version_manifest: RUNTIME_MANIFEST,
+    version_manifest: workflow.versionManifest,
   };
   if (options.priority !== undefined) {
     if (!Number.isInteger(options.priority)) throw new InvalidInputError(`${caller}: priority must be a whole number (lower runs first)`);

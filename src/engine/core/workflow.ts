@@ -2,6 +2,8 @@ import type { ZodType } from 'zod';
 import { ConfigError } from './errors.js';
 import { toMs, type Duration } from './duration.js';
 import { toBudgetAmounts, toSqlLimits, type BudgetAmounts } from './budget.js';
+import { RUNTIME_MANIFEST } from './version.js';
+import { toJsonText } from './json.js';
 import type { WorkflowContext } from '../../agents/context.js';
 
 /** Workflow, queue and version names: safe in task identifiers and never spliced into SQL. */
@@ -70,6 +72,12 @@ export interface WorkflowOptions<I, In = I> {
   name: string;
   /** Runs are pinned to the version they started with; default '1'. */
   version?: string;
+  /**
+   * What this version depends on, free-form JSON (`{ agent: '12', prompt: 'p7', tools: { git: 'v3' } }`):
+   * stored on each run at start under `manifest` in its version manifest, beside the runtime
+   * and checkpoint schema versions the engine adds. At most MAX_MANIFEST_BYTES of JSON.
+   */
+  manifest?: Record<string, unknown>;
   /** Validated before a run is stored (bad input: INVALID_INPUT, nothing stored) and again when a run started from SQL is claimed. */
   input?: ZodType<I, In>;
   queue?: string;
@@ -120,6 +128,8 @@ export interface Workflow<I = unknown, O = unknown, In = I> {
   readonly limits: WorkflowLimits;
   readonly fn: WorkflowFunction<I, O>;
   readonly verify: VerifyFunction<I> | undefined;
+  /** The version manifest its runs start with: runtime, checkpoint schema, workflow@version and the user's manifest. */
+  readonly versionManifest: Readonly<Record<string, unknown>>;
   readonly onNoProgress: WorkflowOptions<I, In>['onNoProgress'];
 }
 
@@ -147,6 +157,7 @@ export function defineWorkflow<I, O, In = I, DB = any>(
     throw new ConfigError(`workflow ${options.name}: maxRecoveryAttempts must be a whole number >= 0`);
   }
   if (typeof fn !== 'function') throw new ConfigError(`workflow ${options.name}: the second argument must be the workflow function`);
+  const manifest = checkManifest(options.manifest, options.name);
   if (options.verify !== undefined && typeof options.verify !== 'function')
     throw new ConfigError(`workflow ${options.name}: verify must be a function`);
   if (options.onNoProgress !== undefined && typeof options.onNoProgress !== 'function')
@@ -162,7 +173,33 @@ export function defineWorkflow<I, O, In = I, DB = any>(
     fn,
     verify: options.verify,
     onNoProgress: options.onNoProgress,
+    versionManifest: Object.freeze({
+      ...RUNTIME_MANIFEST,
+      workflow: workflowKey(options.name, version),
+      ...(manifest === undefined ? {} : { manifest }),
+    }),
   });
+}
+
+/** The largest manifest accepted, as JSON text: it is copied onto every run. */
+export const MAX_MANIFEST_BYTES = 16 * 1024;
+
+/** A manifest must be a plain JSON object, at most MAX_MANIFEST_BYTES; ConfigError otherwise. Returns its JSON form. */
+function checkManifest(manifest: unknown, name: string): Record<string, unknown> | undefined {
+  if (manifest === undefined) return undefined;
+  if (manifest === null || typeof manifest !== 'object' || Array.isArray(manifest)) {
+    throw new ConfigError(`workflow ${name}: manifest must be an object, not ${Array.isArray(manifest) ? 'an array' : String(manifest)}`);
+  }
+  let text: string | undefined;
+  try {
+    text = toJsonText(manifest, `workflow ${name}: manifest`);
+  } catch (error) {
+    throw new ConfigError(`workflow ${name}: manifest can't be stored as JSON: ${(error as Error).message}`, { cause: error });
+  }
+  const bytes = Buffer.byteLength(text ?? '');
+  if (bytes > MAX_MANIFEST_BYTES)
+    throw new ConfigError(`workflow ${name}: manifest is ${bytes} bytes of JSON, over the limit of ${MAX_MANIFEST_BYTES}`);
+  return JSON.parse(text!) as Record<string, unknown>;
 }
 
 export function workflowKey(name: string, version: string): string {

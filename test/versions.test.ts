@@ -1,0 +1,121 @@
+import { spawn } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
+import { describe, expect, it, onTestFailed } from 'vitest';
+import { waitFor } from './helpers/database.js';
+import { useTestEngine } from './helpers/test-engine.js';
+import { stoppedAfterEach } from './helpers/cleanup.js';
+import { spawnWorker, type WorkerProcess } from './helpers/worker-process.js';
+
+/**
+ * Versions across deploys, with real worker processes: a run waiting under version 1
+ * outlives its worker; with only a version-2 worker live it is stranded (listed, never
+ * failed); a version-1 worker started again finishes it on version-1 code.
+ */
+const t = useTestEngine();
+const { db } = t;
+const { processes } = stoppedAfterEach();
+const SCRIPT = fileURLToPath(new URL('./fixtures/version-worker.ts', import.meta.url));
+const ROOT = fileURLToPath(new URL('..', import.meta.url));
+
+async function versionWorker(version: string): Promise<WorkerProcess> {
+  const w = await spawnWorker({ DATABASE_URL: db.url, VERSION: version }, SCRIPT);
+  processes.push(w);
+  onTestFailed(() => console.error(`--- worker v${version} ${w.pid} ---\n${w.output().slice(-3000)}`));
+  return w;
+}
+const runRow = async (runId: string) => (await db.pool.query('select * from runledger.runs where run_id = $1', [runId])).rows[0];
+const stranded = async () =>
+  (await db.pool.query('select run_id, workflow_version, status, served_versions from runledger.stranded_runs order by created_at')).rows;
+
+function cli(args: string[]): Promise<{ code: number | null; stdout: string }> {
+  return new Promise((resolve, reject) => {
+    const child = spawn(process.execPath, ['--import', 'tsx', 'src/cli/main.ts', ...args], {
+      cwd: ROOT,
+      env: { ...process.env, DATABASE_URL: db.url, COLUMNS: '200' },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    let stdout = '';
+    child.stdout.on('data', (chunk) => (stdout += chunk));
+    child.on('error', reject);
+    child.on('close', (code) => resolve({ code, stdout }));
+  });
+}
+
+describe('a run that outlives its version', () => {
+  it('is stranded while only version 2 is served, moves to PENDING on approval without failing, and finishes on version 1 code', async () => {
+    const v1 = await versionWorker('1');
+    const { rows } = await db.pool.query(`select runledger.start_run('deploy', '{}', '{"version": "1"}') as run_id`);
+    const runId = rows[0].run_id as string;
+    const request = await waitFor('the approval request', async () => {
+      const r = await db.pool.query(`select request_id from runledger.approvals where run_id = $1 and decision is null`, [runId]);
+      return r.rows[0]?.request_id as string | undefined;
+    });
+    // The manifest the version registered is recorded on the run (started from SQL).
+    expect((await runRow(runId)).version_manifest).toMatchObject({
+      runtime: expect.stringMatching(/^runledger@/),
+      checkpointSchema: 1,
+      workflow: 'deploy@1',
+      manifest: { agent: 'a1', prompt: 'p1' },
+      started_from: 'sql',
+    });
+    expect(await stranded()).toEqual([]);
+
+    // The deploy: version 1's worker stops gracefully, version 2's starts.
+    v1.kill('SIGTERM');
+    expect((await v1.exited).code).toBe(0);
+    processes.splice(processes.indexOf(v1), 1);
+    await versionWorker('2');
+    expect(await stranded()).toEqual([{ run_id: runId, workflow_version: '1', status: 'WAITING', served_versions: ['2'] }]);
+    const stats = await db.pool.query(
+      `select workflow_version, active, live_workers from runledger.version_stats where workflow_name = 'deploy'`,
+    );
+    expect(stats.rows).toEqual([{ workflow_version: '1', active: '1', live_workers: '0' }]);
+
+    // The approval arrives after the deploy: the run becomes runnable, and waits for a worker of its version.
+    await db.pool.query(`select runledger.decide_approval($1, true, 'ops', 'go')`, [request]);
+    await waitFor('woken', async () => ((await runRow(runId)).status === 'PENDING' ? true : undefined));
+    // Version 2 works meanwhile (its runs finish), and never takes the version-1 run.
+    const v2run = (await db.pool.query(`select runledger.start_run('deploy', '{}', '{"version": "2"}') as run_id`)).rows[0].run_id;
+    await waitFor('the version-2 run waits for approval', async () =>
+      (await db.pool.query(`select 1 from runledger.approvals where run_id = $1`, [v2run])).rowCount ? true : undefined,
+    );
+    expect(await runRow(runId)).toMatchObject({ status: 'PENDING', fencing_token: '1', termination_reason: null });
+    expect((await stranded()).map((r) => [r.run_id, r.status])).toEqual([[runId, 'PENDING']]);
+    const listed = await cli(['runs', '--stranded']);
+    expect(listed.code).toBe(0);
+    expect(listed.stdout).toContain(runId);
+    expect(listed.stdout).toContain('deploy@1');
+    const workers = await cli(['workers']);
+    expect(workers.stdout).toContain('warning: 1 run(s) of deploy@1 wait for a worker');
+    const versions = await cli(['versions']);
+    expect(versions.stdout).toMatch(/deploy@1 .*0 \(stranded\)/);
+
+    // Version 1 comes back (a rollback, or a drain worker): it finishes the run on its own code.
+    await versionWorker('1');
+    await waitFor('finished', async () => ((await runRow(runId)).status === 'SUCCEEDED' ? true : undefined));
+    expect((await runRow(runId)).output).toBe('shipped on v1');
+    expect(await stranded()).toEqual([]);
+  });
+});
+
+describe('the manifest', () => {
+  it('is stored on each run with the runtime and checkpoint schema, shown by getRun; a bad one is refused at definition', async () => {
+    const wf = t.engine.workflow({ name: 'manifested', queue: 'manifest', manifest: { tools: { git: 'v3' } } }, async () => 'ok');
+    const handle = await t.engine.start(wf, undefined);
+    expect((await t.engine.getRun(handle.runId))?.versionManifest).toEqual({
+      runtime: expect.stringMatching(/^runledger@/),
+      checkpointSchema: 1,
+      workflow: 'manifested@1',
+      manifest: { tools: { git: 'v3' } },
+    });
+    expect(() => t.engine.workflow({ name: 'bad-manifest-1', manifest: [] as never }, async () => 1)).toThrow(
+      expect.objectContaining({ code: 'CONFIG', message: expect.stringContaining('manifest must be an object') }),
+    );
+    expect(() => t.engine.workflow({ name: 'bad-manifest-2', manifest: { n: 10n } as never }, async () => 1)).toThrow(
+      expect.objectContaining({ code: 'CONFIG', message: expect.stringContaining("can't be stored as JSON") }),
+    );
+    expect(() => t.engine.workflow({ name: 'bad-manifest-3', manifest: { big: 'x'.repeat(20_000) } }, async () => 1)).toThrow(
+      expect.objectContaining({ code: 'CONFIG', message: expect.stringContaining('over the limit') }),
+    );
+  });
+});
