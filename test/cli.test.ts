@@ -1,5 +1,3 @@
-import { spawn } from 'node:child_process';
-import { fileURLToPath } from 'node:url';
 import pg from 'pg';
 import { ulid } from 'ulid';
 import { beforeAll, describe, expect, inject, it } from 'vitest';
@@ -10,6 +8,7 @@ import { useTestEngine } from './helpers/test-engine.js';
 import { claimRun } from './helpers/claim.js';
 import { withDatabase } from './setup/global-setup.js';
 import { createTestClock, createTestEngine } from '../src/testing/index.js';
+import { runCli } from './helpers/cli.js';
 
 /**
  * The `runledger` command as an operator runs it: a real process
@@ -18,8 +17,6 @@ import { createTestClock, createTestEngine } from '../src/testing/index.js';
  * in-process worker; states no workflow reaches quickly (a dead-lettered run, an
  * operation whose outcome is unknown) are made with the same SQL the engine uses.
  */
-
-const ROOT = fileURLToPath(new URL('..', import.meta.url));
 
 const t = useTestEngine({
   prepare: async (db) => {
@@ -30,28 +27,7 @@ const { db } = t;
 const tracked = stoppedAfterEach();
 let flows: ReturnType<typeof defineFlows>;
 
-interface CliResult {
-  code: number | null;
-  stdout: string;
-  stderr: string;
-}
-
-function cli(args: string[], env: Record<string, string> = {}): Promise<CliResult> {
-  return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, ['--import', 'tsx', 'src/cli/main.ts', ...args], {
-      cwd: ROOT,
-      // Wide enough that no table cell is cut (piped output is otherwise 80 columns).
-      env: { ...process.env, DATABASE_URL: db.url, COLUMNS: '200', ...env },
-      stdio: ['ignore', 'pipe', 'pipe'],
-    });
-    let stdout = '';
-    let stderr = '';
-    child.stdout.on('data', (chunk) => (stdout += chunk));
-    child.stderr.on('data', (chunk) => (stderr += chunk));
-    child.on('error', reject);
-    child.on('close', (code) => resolve({ code, stdout, stderr }));
-  });
-}
+const cli = (args: string[], env: Record<string, string> = {}) => runCli(db.url, args, env);
 
 function defineFlows(e: Engine) {
   const mark = (runId: string, step: string) => e.pool.query('insert into cli_steps (run_id, step) values ($1, $2)', [runId, step]);

@@ -1,9 +1,8 @@
-import { spawn } from 'node:child_process';
-import { fileURLToPath } from 'node:url';
 import { beforeAll, describe, expect, it } from 'vitest';
 import type { Engine } from '../src/index.js';
 import { waitFor } from './helpers/database.js';
 import { useTestEngine } from './helpers/test-engine.js';
+import { runCli } from './helpers/cli.js';
 
 /**
  * Sessions (src/agents/session.ts, sql/0013_sessions.sql) with an in-process worker:
@@ -15,7 +14,6 @@ import { useTestEngine } from './helpers/test-engine.js';
 const MAX_PAYLOAD = 64 * 1024;
 const t = useTestEngine({ engine: { maxPayloadBytes: MAX_PAYLOAD } });
 const { db } = t;
-const ROOT = fileURLToPath(new URL('..', import.meta.url));
 
 let flows: ReturnType<typeof defineFlows>;
 /** While true, the step 'flaky' of the chat workflow throws (a bug fixed before retry_run). */
@@ -359,21 +357,7 @@ describe('bad input', () => {
 });
 
 describe('history from SQL and the CLI', () => {
-  function cli(args: string[]): Promise<{ code: number | null; stdout: string; stderr: string }> {
-    return new Promise((resolve, reject) => {
-      const child = spawn(process.execPath, ['--import', 'tsx', 'src/cli/main.ts', ...args], {
-        cwd: ROOT,
-        env: { ...process.env, DATABASE_URL: db.url, COLUMNS: '200' },
-        stdio: ['ignore', 'pipe', 'pipe'],
-      });
-      let stdout = '';
-      let stderr = '';
-      child.stdout.on('data', (chunk) => (stdout += chunk));
-      child.stderr.on('data', (chunk) => (stderr += chunk));
-      child.on('error', reject);
-      child.on('close', (code) => resolve({ code, stdout, stderr }));
-    });
-  }
+  const cli = (args: string[]) => runCli(db.url, args);
 
   it('runledger.session_history, runledger session and --json show the same entries in order', async () => {
     const sessionId = 'serial'; // written by the first test of this file

@@ -1,7 +1,5 @@
-import { spawn } from 'node:child_process';
 import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
-import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import {
   streamToSse,
@@ -14,6 +12,7 @@ import {
 } from '../src/index.js';
 import { waitFor } from './helpers/database.js';
 import { useTestEngine } from './helpers/test-engine.js';
+import { runCli } from './helpers/cli.js';
 
 /**
  * Durable streams (ctx.stream, engine.readStream, the SSE helper, `runledger tail`):
@@ -24,7 +23,6 @@ const t = useTestEngine({
   engine: { maxPayloadBytes: 4_096 },
 });
 const { db } = t;
-const ROOT = fileURLToPath(new URL('..', import.meta.url));
 
 let flows: ReturnType<typeof defineFlows>;
 /** A stream object kept past its run's end, to show a late write is refused. */
@@ -436,21 +434,7 @@ describe('server-sent events', () => {
 });
 
 describe('runledger tail', () => {
-  function cli(args: string[]): Promise<{ code: number | null; stdout: string; stderr: string }> {
-    return new Promise((resolve, reject) => {
-      const child = spawn(process.execPath, ['--import', 'tsx', 'src/cli/main.ts', ...args], {
-        cwd: ROOT,
-        env: { ...process.env, DATABASE_URL: db.url },
-        stdio: ['ignore', 'pipe', 'pipe'],
-      });
-      let stdout = '';
-      let stderr = '';
-      child.stdout.on('data', (chunk) => (stdout += chunk));
-      child.stderr.on('data', (chunk) => (stderr += chunk));
-      child.on('error', reject);
-      child.on('close', (code) => resolve({ code, stdout, stderr }));
-    });
-  }
+  const cli = (args: string[]) => runCli(db.url, args);
 
   it('prints a text stream as text (default topic model), JSON values as lines, --json and --from', async () => {
     const text = await t.engine.start(flows.waiter, {});

@@ -1,10 +1,10 @@
-import { spawn } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import { describe, expect, it, onTestFailed } from 'vitest';
 import { waitFor } from './helpers/database.js';
 import { useTestEngine } from './helpers/test-engine.js';
 import { stoppedAfterEach } from './helpers/cleanup.js';
 import { spawnWorker, type WorkerProcess } from './helpers/worker-process.js';
+import { runCli } from './helpers/cli.js';
 
 /**
  * Versions across deploys, with real worker processes: a run waiting under version 1
@@ -15,7 +15,6 @@ const t = useTestEngine();
 const { db } = t;
 const { processes } = stoppedAfterEach();
 const SCRIPT = fileURLToPath(new URL('./fixtures/version-worker.ts', import.meta.url));
-const ROOT = fileURLToPath(new URL('..', import.meta.url));
 
 async function versionWorker(version: string): Promise<WorkerProcess> {
   const w = await spawnWorker({ DATABASE_URL: db.url, VERSION: version }, SCRIPT);
@@ -27,19 +26,7 @@ const runRow = async (runId: string) => (await db.pool.query('select * from runl
 const stranded = async () =>
   (await db.pool.query('select run_id, workflow_version, status, served_versions from runledger.stranded_runs order by created_at')).rows;
 
-function cli(args: string[]): Promise<{ code: number | null; stdout: string }> {
-  return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, ['--import', 'tsx', 'src/cli/main.ts', ...args], {
-      cwd: ROOT,
-      env: { ...process.env, DATABASE_URL: db.url, COLUMNS: '200' },
-      stdio: ['ignore', 'pipe', 'pipe'],
-    });
-    let stdout = '';
-    child.stdout.on('data', (chunk) => (stdout += chunk));
-    child.on('error', reject);
-    child.on('close', (code) => resolve({ code, stdout }));
-  });
-}
+const cli = (args: string[]) => runCli(db.url, args);
 
 describe('a run that outlives its version', () => {
   it('is stranded while only version 2 is served, moves to PENDING on approval without failing, and finishes on version 1 code', async () => {
