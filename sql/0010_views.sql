@@ -130,13 +130,16 @@ select s.workflow_name, s.workflow_version, s.runtime,
        coalesce(sum(s.n) filter (where s.status in ('PENDING', 'RUNNING', 'WAITING', 'CANCELLING')), 0)::bigint as active,
        jsonb_object_agg(s.status, s.n) as statuses,
        min(s.oldest_waiting) as oldest_waiting_since,
-       (select count(*) from runledger.live_workers w
-         where (s.workflow_name || '@' || s.workflow_version) = any(w.workflows)) as live_workers
+       lw.live_workers
   from (select r.workflow_name, r.workflow_version, r.version_manifest->>'runtime' as runtime, r.status::text as status,
                count(*) as n, min(r.created_at) filter (where r.status in ('PENDING', 'WAITING')) as oldest_waiting
           from runledger.runs r
          group by 1, 2, 3, 4) s
- group by s.workflow_name, s.workflow_version, s.runtime;
+  -- (A second relation in FROM keeps the columns qualified when the view is printed, so
+  -- PostgreSQL 15 and 17 print the same definition for the schema snapshot.)
+  cross join lateral (select count(*) as live_workers from runledger.live_workers w
+                       where (s.workflow_name || '@' || s.workflow_version) = any(w.workflows)) lw
+ group by s.workflow_name, s.workflow_version, s.runtime, lw.live_workers;
 comment on view runledger.version_stats is
   'Runs per (workflow, version, runtime version): how many, how many are still active, the count per status, the oldest PENDING or WAITING run, and how many live workers serve that version. A version with no active runs can be retired; one with active runs and no live worker has stranded runs.';
 

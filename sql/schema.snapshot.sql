@@ -648,9 +648,7 @@ CREATE VIEW runledger.version_stats AS
     COALESCE(sum(s.n) FILTER (WHERE s.status = ANY (ARRAY['PENDING'::text, 'RUNNING'::text, 'WAITING'::text, 'CANCELLING'::text])), 0::numeric)::bigint AS active,
     jsonb_object_agg(s.status, s.n) AS statuses,
     min(s.oldest_waiting) AS oldest_waiting_since,
-    ( SELECT count(*) AS count
-           FROM runledger.live_workers w
-          WHERE ((s.workflow_name || '@'::text) || s.workflow_version) = ANY (w.workflows)) AS live_workers
+    lw.live_workers
    FROM ( SELECT r.workflow_name,
             r.workflow_version,
             r.version_manifest ->> 'runtime'::text AS runtime,
@@ -659,7 +657,10 @@ CREATE VIEW runledger.version_stats AS
             min(r.created_at) FILTER (WHERE r.status = ANY (ARRAY['PENDING'::runledger.run_status, 'WAITING'::runledger.run_status])) AS oldest_waiting
            FROM runledger.runs r
           GROUP BY r.workflow_name, r.workflow_version, (r.version_manifest ->> 'runtime'::text), (r.status::text)) s
-  GROUP BY s.workflow_name, s.workflow_version, s.runtime;
+     CROSS JOIN LATERAL ( SELECT count(*) AS live_workers
+           FROM runledger.live_workers w
+          WHERE ((s.workflow_name || '@'::text) || s.workflow_version) = ANY (w.workflows)) lw
+  GROUP BY s.workflow_name, s.workflow_version, s.runtime, lw.live_workers;
 COMMENT ON VIEW runledger.version_stats IS 'Runs per (workflow, version, runtime version): how many, how many are still active, the count per status, the oldest PENDING or WAITING run, and how many live workers serve that version. A version with no active runs can be retired; one with active runs and no live worker has stranded runs.';
 
 CREATE VIEW runledger.waiting AS

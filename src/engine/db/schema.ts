@@ -37,6 +37,7 @@ export const RUNLEDGER_TABLES = {
     queue_name: 'text',
     max_recovery_attempts: 'int4',
     limits: 'jsonb default',
+    manifest: 'jsonb null',
     registered_at: 'timestamptz default',
   },
   'runledger.runs': {
