@@ -152,3 +152,28 @@ describe('chargeNow in the workflow body across replays', () => {
     expect(claims.rows[0].n).toBeGreaterThanOrEqual(3); // it really replayed
   });
 });
+
+describe('charges of concurrent steps', () => {
+  it('each commits once: none lost to another step whose checkpoint was on its way, none sent twice', async () => {
+    const wf = t.engine.workflow({ name: 'concurrent-charges', queue: 'budgets', limits: { budget: { toolCalls: 100 } } }, async (ctx) => {
+      // Staggered bodies: each charges while the checkpoints of the ones before are in flight.
+      await Promise.all(
+        Array.from({ length: 8 }, (_, i) =>
+          ctx.step(`call-${i}`, async () => {
+            await new Promise((resolve) => setTimeout(resolve, 5 * i));
+            ctx.charge({ toolCalls: 1, tokens: 10 });
+            await new Promise((resolve) => setTimeout(resolve, 5));
+            return i;
+          }),
+        ),
+      );
+      return ctx.budget.remaining();
+    });
+    await worker();
+    const handle = await t.engine.start(wf, undefined);
+    const remaining = await handle.result();
+    const run = await runRow(handle.runId);
+    expect(run.budget_used).toEqual({ tool_calls: 8, tokens: 80 });
+    expect(remaining).toMatchObject({ toolCalls: 92 });
+  });
+});

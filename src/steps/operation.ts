@@ -276,6 +276,7 @@ async function record<T>(
     recordedError ??= serializeError(failure);
     errorJson = JSON.stringify(recordedError);
   }
+  const charge = exec.takeCharge();
   try {
     const result = await exec.deps.pool.query(
       'select run_status from runledger._operation_checkpoint(p_run_id => $1, p_token => $2, p_seq => $3, p_name => $4, p_operation_id => $5, p_status => $6, p_output => $7::jsonb, p_error => $8::jsonb, p_external_resource_id => $9, p_attempts => $10, p_started_ms_ago => $11, p_charge => $12)',
@@ -291,11 +292,12 @@ async function record<T>(
         at.reconciledResourceId ?? (stored && options.externalResourceId ? (options.externalResourceId(stored.value) ?? null) : null),
         at.attempt,
         msSince(at.startedAt),
-        exec.pendingChargeJson(),
+        charge.json,
       ],
     );
-    committed(exec, result.rows[0]?.run_status);
+    committed(exec, result.rows[0]?.run_status, charge);
   } catch (error) {
+    exec.releaseCharge(charge);
     // Unknown or failed write: replay settles it (the row is STARTED or final in the ledger).
     haltOnDbError(exec, error, at.name);
     return exec.suspend();

@@ -47,6 +47,8 @@ async function transactionAttempts<T, DB>(exec: Execution, name: string, seq: nu
   const startedAt = monotonicMark();
   for (let attempt = 1; ; attempt++) {
     if (exec.haltReason) return exec.suspend();
+    // The pending charge goes with this attempt's commit; an attempt that fails gives it back.
+    const charge = exec.takeCharge();
     let commitSent = false;
     let runStatus: string | undefined;
     try {
@@ -79,7 +81,7 @@ async function transactionAttempts<T, DB>(exec: Execution, name: string, seq: nu
         };
         // Fencing check (row lock on the run) and checkpoint, in the user's transaction, sent
         // with the COMMIT in one round trip (so its values are literals, not parameters).
-        const values = checkpointValues(exec, record);
+        const values = checkpointValues(exec, record, charge);
         const args = CHECKPOINT_PARAMS.map((param, i) => `${param} => ${sqlLiteral(values[i], tx.literal)}`);
         commitSent = true;
         const written = await tx.finish<{ run_status: string }>(`select run_status from runledger._checkpoint(${args.join(', ')})`);
@@ -87,11 +89,12 @@ async function transactionAttempts<T, DB>(exec: Execution, name: string, seq: nu
         return encoded.value;
       });
       if (exec.deps.crash?.hit('after-commit', name)) return exec.suspend<T>();
-      committed(exec, runStatus);
+      committed(exec, runStatus, charge);
       return value as T;
     } catch (error) {
       if (exec.haltReason) return exec.suspend();
       if (error instanceof UserFailure) {
+        exec.releaseCharge(charge); // the FAILED checkpoint carries it
         const written = await writeCheckpoint(exec, {
           seq,
           name,
@@ -107,13 +110,14 @@ async function transactionAttempts<T, DB>(exec: Execution, name: string, seq: nu
       }
       // RL codes, and a constraint broken at COMMIT (a deferred constraint): a replay would do the same.
       if (/^RL\d{3}$/.test(pgCode(error) ?? '') || isConstraintViolation(error)) {
+        exec.releaseCharge(charge);
         haltOnDbError(exec, error, name);
         return exec.suspend();
       }
       if (commitSent && isConnectionError(error)) {
         const outcome = await readCheckpointOutcome(exec, seq).catch(() => undefined);
         if (outcome?.committed) {
-          committed(exec, undefined);
+          committed(exec, undefined, charge);
           return replayCheckpoint<T>([seq, name, outcome.status ?? 'SUCCEEDED', outcome.output, outcome.error, 'transaction']);
         }
         if (outcome && !outcome.stillOwner) {
@@ -122,6 +126,7 @@ async function transactionAttempts<T, DB>(exec: Execution, name: string, seq: nu
         }
         // Not committed (or not known yet): nothing of this attempt is in the database; run it again.
       }
+      exec.releaseCharge(charge); // not committed: the next attempt takes it again
       const transient = isRetryableTransactionError(error) || isConnectionError(error);
       if (!transient || attempt >= TRANSACTION_TRIES) {
         exec.halt({ kind: 'infrastructure', error });

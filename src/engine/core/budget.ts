@@ -76,6 +76,16 @@ export function fromSqlAmounts(amounts: Record<string, unknown> | null | undefin
   return out;
 }
 
+/** a - b per dimension, never below 0; what rounds to 0 is dropped (a costUsd residue of float arithmetic). */
+export function subtractAmounts(a: BudgetAmounts, b: BudgetAmounts): BudgetAmounts {
+  const out: BudgetAmounts = {};
+  for (const dim of BUDGET_DIMENSIONS) {
+    const left = (a[dim] ?? 0) - (b[dim] ?? 0);
+    if (left > 1e-12) out[dim] = left;
+  }
+  return out;
+}
+
 export function addAmounts(a: BudgetAmounts, b: BudgetAmounts): BudgetAmounts {
   const out: BudgetAmounts = { ...a };
   for (const dim of BUDGET_DIMENSIONS) if (b[dim]) out[dim] = (out[dim] ?? 0) + b[dim]!;

@@ -1,5 +1,5 @@
 import { serializeError } from '../core/errors.js';
-import type { CheckpointRecord, Execution } from './execution.js';
+import type { ChargeToSend, CheckpointRecord, Execution } from './execution.js';
 import { haltOnDbError, observeRunStatus } from './halts.js';
 import { isConnectionError } from '../db/pg-errors.js';
 import { checkpointItem, type StepItemValues } from './commit-items.js';
@@ -27,7 +27,7 @@ export const CHECKPOINT_SQL =
 export type { CheckpointRecord } from './execution.js';
 
 /** The checkpoint's arguments; the step's start goes as the time elapsed since it, measured now (call it just before sending). */
-export function checkpointValues(exec: Execution, record: CheckpointRecord): unknown[] {
+export function checkpointValues(exec: Execution, record: CheckpointRecord, charge: ChargeToSend): unknown[] {
   return [
     exec.runId,
     exec.fencingToken.toString(),
@@ -39,12 +39,12 @@ export function checkpointValues(exec: Execution, record: CheckpointRecord): unk
     record.status === 'FAILED' ? JSON.stringify(serializeError(record.error)) : null,
     record.attempts,
     msSince(record.startedAt),
-    exec.pendingChargeJson(),
+    charge.json,
   ];
 }
 
 /** The same checkpoint as named values, for the worker's group commit (runledger._commit_batch). */
-export function stepItemValues(exec: Execution, record: CheckpointRecord): StepItemValues {
+export function stepItemValues(exec: Execution, record: CheckpointRecord, charge: ChargeToSend): StepItemValues {
   return {
     runId: exec.runId,
     token: exec.fencingToken.toString(),
@@ -56,14 +56,18 @@ export function stepItemValues(exec: Execution, record: CheckpointRecord): StepI
     errorJson: record.status === 'FAILED' ? JSON.stringify(serializeError(record.error)) : null,
     attempts: record.attempts,
     startedMsAgo: msSince(record.startedAt),
-    charge: exec.pendingChargeJson(),
+    charge: charge.json,
   };
 }
 
 /** One fenced checkpoint write: through the worker's group commit when there is one. Returns the run's status. */
-async function sendCheckpoint(exec: Execution, record: CheckpointRecord): Promise<string | undefined> {
-  if (exec.deps.commits) return (await exec.deps.commits.submit(checkpointItem(stepItemValues(exec, record)))).runStatus;
-  const result = await exec.deps.pool.query({ name: 'runledger_checkpoint', text: CHECKPOINT_SQL, values: checkpointValues(exec, record) });
+async function sendCheckpoint(exec: Execution, record: CheckpointRecord, charge: ChargeToSend): Promise<string | undefined> {
+  if (exec.deps.commits) return (await exec.deps.commits.submit(checkpointItem(stepItemValues(exec, record, charge)))).runStatus;
+  const result = await exec.deps.pool.query({
+    name: 'runledger_checkpoint',
+    text: CHECKPOINT_SQL,
+    values: checkpointValues(exec, record, charge),
+  });
   return result.rows[0]?.run_status;
 }
 
@@ -79,22 +83,26 @@ const WRITE_TRIES = 5;
  * checkpoint committed, and written again only if it did not.
  */
 export async function writeCheckpoint(exec: Execution, record: CheckpointRecord): Promise<WriteResult> {
+  // One charge for every attempt of this write: an attempt that did not commit sends it again.
+  const charge = exec.takeCharge();
   for (let attempt = 1; ; attempt++) {
     try {
       // Each attempt measures the step's elapsed time afresh (a retry after a lost connection is later).
-      committed(exec, await sendCheckpoint(exec, record));
+      committed(exec, await sendCheckpoint(exec, record, charge), charge);
       return { ok: true };
     } catch (error) {
       if (!isConnectionError(error) || attempt >= WRITE_TRIES) {
+        exec.releaseCharge(charge);
         haltOnDbError(exec, error);
         return { ok: false, halted: true };
       }
       const outcome = await readCheckpointOutcome(exec, record.seq).catch(() => undefined);
       if (outcome?.committed) {
-        committed(exec, undefined);
+        committed(exec, undefined, charge);
         return { ok: true };
       }
       if (outcome && !outcome.stillOwner) {
+        exec.releaseCharge(charge);
         exec.halt({ kind: 'lease_lost', message: `run ${exec.runId}: taken over while a checkpoint write was in doubt` });
         return { ok: false, halted: true };
       }
@@ -119,9 +127,9 @@ export async function flushPending(exec: Execution): Promise<boolean> {
   }
 }
 
-/** After a checkpoint committed: its charge is spent, and the run's status (cancel, policy stop) is acted on. */
-export function committed(exec: Execution, runStatus: string | undefined): void {
-  exec.chargeCommitted();
+/** After a checkpoint committed: the charge it carried is spent, and the run's status (cancel, policy stop) is acted on. */
+export function committed(exec: Execution, runStatus: string | undefined, charge: ChargeToSend): void {
+  exec.chargeCommitted(charge);
   observeRunStatus(exec, runStatus);
 }
 

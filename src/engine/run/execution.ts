@@ -6,7 +6,13 @@ import type { Workflow } from '../core/workflow.js';
 import type { CrashHook } from '../core/crash-points.js';
 import type { RunledgerDatabase } from '../db/schema.js';
 import type { CommitItem, CommitResult } from './commit-items.js';
-import { addAmounts, toSqlAmounts, type BudgetAmounts } from '../core/budget.js';
+import { addAmounts, subtractAmounts, toSqlAmounts, type BudgetAmounts } from '../core/budget.js';
+
+/** A charge taken for one write: its amounts, and the JSON the SQL functions take (null: nothing to charge). */
+export interface ChargeToSend {
+  amounts: BudgetAmounts;
+  json: string | null;
+}
 
 /** The no-progress policy of the run's workflow for ctx.progress, set by the worker when it claims the run. */
 export interface NoProgressPolicy {
@@ -170,16 +176,32 @@ export class Execution {
     this.pendingCharge = addAmounts(this.pendingCharge, amount);
   }
 
-  /** The pending charge as the JSON the SQL functions take (snake_case dimensions), or null when there is none. */
-  pendingChargeJson(): string | null {
-    const sql = toSqlAmounts(this.pendingCharge);
-    return sql === undefined ? null : JSON.stringify(sql);
+  /** Of the pending charge, what a write on its way carries already (not sent again by another write). */
+  private chargeInFlight: BudgetAmounts = {};
+
+  /**
+   * The pending charge a write is to carry: what no other write on its way carries. It
+   * stays pending (counted by budget.remaining) until the write commits (chargeCommitted)
+   * or fails (releaseCharge), so a charge made meanwhile by a concurrent step is neither
+   * lost nor sent twice, and a write retried after a failure sends it again.
+   */
+  takeCharge(): ChargeToSend {
+    const amounts = subtractAmounts(this.pendingCharge, this.chargeInFlight);
+    this.chargeInFlight = addAmounts(this.chargeInFlight, amounts);
+    const sql = toSqlAmounts(amounts);
+    return { amounts, json: sql === undefined ? null : JSON.stringify(sql) };
   }
 
-  /** The pending charge committed (with a checkpoint or a completion): it now counts as spent. */
-  chargeCommitted(): void {
-    this.budgetState.spent = addAmounts(this.budgetState.spent, this.pendingCharge);
-    this.pendingCharge = {};
+  /** The write did not commit: its charge can go with the next one. */
+  releaseCharge(charge: ChargeToSend): void {
+    this.chargeInFlight = subtractAmounts(this.chargeInFlight, charge.amounts);
+  }
+
+  /** The write committed with its charge: that much is spent, and no longer pending. */
+  chargeCommitted(charge: ChargeToSend): void {
+    this.releaseCharge(charge);
+    this.pendingCharge = subtractAmounts(this.pendingCharge, charge.amounts);
+    this.budgetState.spent = addAmounts(this.budgetState.spent, charge.amounts);
   }
   /**
    * Set once this execution's completion committed with the run SUCCEEDED: the output as
@@ -333,6 +355,7 @@ export class Execution {
       this.consumed++;
       // Charges made before a recorded step were committed with it.
       this.pendingCharge = {};
+      this.chargeInFlight = {};
     } else if (this.limits.maxSteps !== null && seq >= this.limits.maxSteps) {
       this.halt({ kind: 'terminate', reason: 'MAX_STEPS', evidence: { max_steps: this.limits.maxSteps, next_step: name, seq } });
       return undefined;

@@ -323,22 +323,24 @@ async function complete(
   verificationJson: string | undefined,
 ): Promise<void> {
   const { commits } = exec.deps;
+  // The run ends with this write: whatever is pending goes with it, once (with the last step when there is one).
+  const charge = exec.takeCharge();
   if (commits) {
     const item = completeItem({
       runId: exec.runId,
       token: exec.fencingToken.toString(),
       outputText,
       policyVersion,
-      charge: exec.pendingChargeJson(),
+      charge: charge.json,
       ...(verificationJson === undefined ? {} : { verificationJson }),
-      ...(last ? { step: stepItemValues(exec, last) } : {}),
+      ...(last ? { step: stepItemValues(exec, last, charge) } : {}),
     });
     await fencedWrite(exec, async () => {
       const result = await commits.submit(item, true);
       if (result.runStatus === 'SUCCEEDED') exec.succeeded = { outputText };
     });
   } else if (last) {
-    const [, , ...stepValues] = checkpointValues(exec, last);
+    const [, , ...stepValues] = checkpointValues(exec, last, charge);
     await finish(
       exec,
       'runledger._complete_with_checkpoint(p_run_id => $1, p_token => $2, p_seq => $3, p_name => $4, p_kind => $5, p_status => $6, p_step_output => $7::jsonb, p_error => $8::jsonb, p_attempts => $9, p_started_ms_ago => $10, p_charge => $11::jsonb, p_output => $12::jsonb, p_policy_version => $13, p_verification => $14::jsonb)',
@@ -348,7 +350,7 @@ async function complete(
     await finish(
       exec,
       'runledger._complete_run(p_run_id => $1, p_token => $2, p_output => $3::jsonb, p_policy_version => $4, p_charge => $5::jsonb, p_verification => $6::jsonb)',
-      [outputText ?? null, policyVersion, exec.pendingChargeJson(), verificationJson ?? null],
+      [outputText ?? null, policyVersion, charge.json, verificationJson ?? null],
     );
   }
 }
