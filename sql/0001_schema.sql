@@ -257,6 +257,8 @@ create table runledger.runs (
   recovery_attempts     int not null default 0,
   max_recovery_attempts int not null default 10,
   version_manifest      jsonb not null default '{}',
+  -- Set by migrate_run: the version this run moves to once a live worker applies the migration.
+  migrate_to            text,
   -- Termination policies (limits), fixed at start: see sql/0005_termination.sql.
   max_steps             int,
   budget                numeric,
@@ -301,6 +303,8 @@ comment on column runledger.runs.no_progress is
   'N: the same step name returning the same result (hash) N times in a row ends the run TERMINATED with reason NO_PROGRESS.';
 comment on column runledger.runs.stop_record is
   'Only on a CANCELLING run: the terminal record it ends with once its compensations have run, {status, reason, evidence, error} (a policy stop such as DEADLINE or BUDGET, or the record compensate_run set aside); null for a plain cancel, which ends CANCELLED.';
+comment on column runledger.runs.migrate_to is
+  'Set by migrate_run: the version of its workflow this run is to continue on. A live worker with a migration for the pair applies it (runledger._apply_migration) and clears it; a failed migration clears it and leaves the run as it was (events migrated, migration_failed).';
 comment on column runledger.runs.termination_reason is
   'Why a terminal run stopped: COMPLETED, FAILED, CANCELLED, DEADLINE, MAX_STEPS, BUDGET, NO_PROGRESS, MAX_RECOVERY_ATTEMPTS, NON_DETERMINISM, UNVERIFIED (the workflow''s verify refused its output).';
 
@@ -396,6 +400,8 @@ create table runledger.workers (
   host              text not null,
   pid               int  not null,
   workflows         text[] not null,
+  -- The run migrations it applies, as workflow@from>to.
+  migrations        text[] not null default '{}',
   queues            text[] not null,
   concurrency       int not null,
   lease_ms          int not null,
@@ -404,6 +410,6 @@ create table runledger.workers (
   stopped_at        timestamptz
 );
 comment on table runledger.workers is
-  'Worker processes: what they serve (workflow@version, queues), their lease length and last heartbeat. A worker silent for longer than its lease is considered dead.';
+  'Worker processes: what they serve (workflow@version, queues), the run migrations they apply (workflow@from>to), their lease length and last heartbeat. A worker silent for longer than its lease is considered dead.';
 
 insert into runledger.migrations (version, name) values (1, '0001_schema');

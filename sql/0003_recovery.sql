@@ -23,15 +23,16 @@ comment on function runledger._register_workflow(text, text, text, int, jsonb, j
   'Records a workflow (name, version) with its default queue, recovery limit, limits (deadline, max_steps, budget, no_progress) and version manifest, so start_run from SQL can resolve them (a run started from SQL records that manifest).';
 
 create function runledger._register_worker(
-  p_worker_id text, p_host text, p_pid int, p_workflows text[], p_queues text[], p_concurrency int, p_lease_ms int)
+  p_worker_id text, p_host text, p_pid int, p_workflows text[], p_queues text[], p_concurrency int, p_lease_ms int,
+  p_migrations text[] default '{}')
 returns void language sql volatile as $$
-  insert into runledger.workers (worker_id, host, pid, workflows, queues, concurrency, lease_ms)
-  values (p_worker_id, p_host, p_pid, p_workflows, p_queues, p_concurrency, p_lease_ms)
+  insert into runledger.workers (worker_id, host, pid, workflows, queues, concurrency, lease_ms, migrations)
+  values (p_worker_id, p_host, p_pid, p_workflows, p_queues, p_concurrency, p_lease_ms, coalesce(p_migrations, '{}'))
   on conflict (worker_id) do update
      set last_heartbeat_at = runledger.now(), stopped_at = null
 $$;
-comment on function runledger._register_worker(text, text, int, text[], text[], int, int) is
-  'A worker process announces what it serves (workflow@version, queues), its concurrency and lease length.';
+comment on function runledger._register_worker(text, text, int, text[], text[], int, int, text[]) is
+  'A worker process announces what it serves (workflow@version, queues), the run migrations it applies (workflow@from>to), its concurrency and lease length.';
 
 -- A worker's group commit locks several of its runs in one transaction, in run_id order.
 -- Its heartbeat, which renews all its leases in one statement, and its graceful stop lock

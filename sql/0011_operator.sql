@@ -2,10 +2,10 @@
 -- retry_run in 0003_recovery, decide_approval in 0004_waits, cancel_run in
 -- 0005_termination, resolve_operation in 0006_operations, set_queue in 0007_queues.)
 --
---   runledger.fork_run(run_id, from_step)  a new run that reuses the source's checkpoints before from_step
+--   runledger.fork_run(run_id, from_step, version)  a new run that reuses the source's checkpoints before from_step
 --   runledger.prune(older_than)            deletes finished runs (and everything they own) older than that
 
-create function runledger.fork_run(p_run_id text, p_from_step int) returns text
+create function runledger.fork_run(p_run_id text, p_from_step int, p_version text default null) returns text
 language plpgsql volatile
 set enable_seqscan = off set jit = off as $$
 declare
@@ -13,6 +13,7 @@ declare
   v_id   text := runledger._new_id();
   v_done int;
   v_now  timestamptz := runledger.now();
+  v_manifest jsonb;
 begin
   select * into v_src from runledger.runs where run_id = p_run_id;
   if not found then
@@ -23,15 +24,27 @@ begin
     raise exception using errcode = 'RL003',
       message = format('fork_run: from_step must be between 0 and %s (the checkpoints of run %s), not %s', v_done, p_run_id, p_from_step);
   end if;
+  v_manifest := v_src.version_manifest;
+  if p_version is not null and p_version <> v_src.workflow_version then
+    -- The fork runs on another version's code (after a fix, or past a non-determinism):
+    -- it takes that version's manifest, as a run started on it would.
+    select w.manifest into v_manifest from runledger.workflows w
+     where w.workflow_name = v_src.workflow_name and w.workflow_version = p_version;
+    if not found then
+      raise exception using errcode = 'RL006',
+        message = format('fork_run: workflow %s has no version %L registered (a worker or engine that defines it registers it)', v_src.workflow_name, p_version);
+    end if;
+    v_manifest := coalesce(v_manifest, '{}');
+  end if;
   insert into runledger.runs (
     run_id, workflow_name, workflow_version, queue_name, input, priority, concurrency_key,
     deadline_at, max_recovery_attempts, version_manifest, max_steps, budget, no_progress, retry_budget,
     policy_version, created_at, updated_at)
   values (
-    v_id, v_src.workflow_name, v_src.workflow_version, v_src.queue_name, v_src.input, v_src.priority, v_src.concurrency_key,
+    v_id, v_src.workflow_name, coalesce(p_version, v_src.workflow_version), v_src.queue_name, v_src.input, v_src.priority, v_src.concurrency_key,
     -- The fork gets the same lifetime the source had, counted from now.
     v_now + (v_src.deadline_at - v_src.created_at), v_src.max_recovery_attempts,
-    v_src.version_manifest || jsonb_build_object('forked_from', p_run_id, 'from_step', p_from_step),
+    v_manifest || jsonb_build_object('forked_from', p_run_id, 'from_step', p_from_step),
     v_src.max_steps, v_src.budget, v_src.no_progress, v_src.retry_budget, v_src.policy_version, v_now, v_now);
   -- Finished checkpoints before from_step are reused: those steps do not run again in the fork.
   insert into runledger.steps (run_id, seq, name, kind, status, output, error, attempts, started_at, finished_at, fencing_token, output_hash)
@@ -39,14 +52,15 @@ begin
     from runledger.steps s
    where s.run_id = p_run_id and s.seq < p_from_step and s.status <> 'WAITING';
   insert into runledger.events (run_id, kind, detail, at) values
-    (v_id, 'created', jsonb_build_object('forked_from', p_run_id, 'from_step', p_from_step), v_now),
-    (p_run_id, 'forked', jsonb_build_object('fork', v_id, 'from_step', p_from_step), v_now);
+    (v_id, 'created', jsonb_build_object('forked_from', p_run_id, 'from_step', p_from_step,
+                                          'from_version', v_src.workflow_version, 'version', coalesce(p_version, v_src.workflow_version)), v_now),
+    (p_run_id, 'forked', jsonb_build_object('fork', v_id, 'from_step', p_from_step, 'version', coalesce(p_version, v_src.workflow_version)), v_now);
   perform runledger._make_runnable(v_id, 0);
   return v_id;
 end;
 $$;
-comment on function runledger.fork_run(text, int) is
-  'Operator action: starts a new run of the same workflow version and input that reuses the source run''s checkpoints before step from_step (0 = start over) and runs the rest. Returns the new run_id. Operations copied this way are not compensated by the fork.';
+comment on function runledger.fork_run(text, int, text) is
+  'Operator action: starts a new run of the same workflow and input that reuses the source run''s checkpoints before step from_step (0 = start over) and runs the rest, on the source''s version or on version (a registered version of the workflow, with its manifest). Returns the new run_id. Operations copied this way are not compensated by the fork.';
 
 create function runledger.prune(p_older_than interval) returns bigint
 language plpgsql volatile

@@ -193,6 +193,7 @@ CREATE TABLE runledger.runs (
   recovery_attempts integer DEFAULT 0 NOT NULL,
   max_recovery_attempts integer DEFAULT 10 NOT NULL,
   version_manifest jsonb DEFAULT '{}'::jsonb NOT NULL,
+  migrate_to text,
   max_steps integer,
   budget numeric,
   budget_spent numeric DEFAULT 0 NOT NULL,
@@ -216,6 +217,7 @@ COMMENT ON TABLE runledger.runs IS 'One row per workflow run: status, lease (own
 COMMENT ON COLUMN runledger.runs.wait_key IS 'What a WAITING run waits for: the signal topic, the approval request id or the child run id (null for timers).';
 COMMENT ON COLUMN runledger.runs.fencing_token IS 'Incremented on every claim. Every checkpoint write checks it in the same transaction, so a worker that lost its lease cannot commit.';
 COMMENT ON COLUMN runledger.runs.recovery_attempts IS 'How many times the run was recovered after its lease expired (its worker died or stalled). Past max_recovery_attempts the run is dead-lettered.';
+COMMENT ON COLUMN runledger.runs.migrate_to IS 'Set by migrate_run: the version of its workflow this run is to continue on. A live worker with a migration for the pair applies it (runledger._apply_migration) and clears it; a failed migration clears it and leaves the run as it was (events migrated, migration_failed).';
 COMMENT ON COLUMN runledger.runs.budget IS 'Budget in units charged by steps (ctx.charge: tokens, money...); budget_spent past it ends the run TERMINATED with reason BUDGET, atomically with the checkpoint that spent it.';
 COMMENT ON COLUMN runledger.runs.budget_limits IS 'Budgets besides units, as {"tokens": n, "cost_usd": n, "tool_calls": n, "turns": n} (limits.budget given as an object); budget_used holds what was spent per dimension. Spending past any of them ends the run TERMINATED (BUDGET) with that dimension in the evidence, atomically with the write that spent it.';
 COMMENT ON COLUMN runledger.runs.no_progress IS 'N: the same step name returning the same result (hash) N times in a row ends the run TERMINATED with reason NO_PROGRESS.';
@@ -231,6 +233,7 @@ CREATE INDEX runs_deadline ON runledger.runs USING btree (deadline_at) WHERE ((s
 CREATE INDEX runs_finished ON runledger.runs USING btree (status, created_at) WHERE (status = ANY (ARRAY['SUCCEEDED'::runledger.run_status, 'FAILED'::runledger.run_status, 'CANCELLED'::runledger.run_status, 'TERMINATED'::runledger.run_status, 'DEAD_LETTER'::runledger.run_status]));
 CREATE UNIQUE INDEX runs_idempotency_key ON runledger.runs USING btree (workflow_name, idempotency_key) WHERE (idempotency_key IS NOT NULL);
 CREATE INDEX runs_lease_expiry ON runledger.runs USING btree (lease_expires_at) WHERE (lease_expires_at IS NOT NULL);
+CREATE INDEX runs_migrating ON runledger.runs USING btree (workflow_name, workflow_version) WHERE (migrate_to IS NOT NULL);
 CREATE INDEX runs_not_before ON runledger.runs USING btree (queue_name, not_before) WHERE ((status = 'PENDING'::runledger.run_status) AND admitted AND (not_before IS NOT NULL));
 CREATE INDEX runs_parent ON runledger.runs USING btree (parent_run_id) WHERE (parent_run_id IS NOT NULL);
 CREATE UNIQUE INDEX runs_pkey ON runledger.runs USING btree (run_id);
@@ -338,6 +341,7 @@ ALTER TABLE runledger.steps ADD CONSTRAINT steps_invariants CHECK (runledger._ch
 COMMENT ON CONSTRAINT steps_invariants ON runledger.steps IS 'Every rule a steps row obeys, in runledger._check_step (see its comment); a broken rule is reported under its own name.';
 ALTER TABLE runledger.steps ADD CONSTRAINT steps_pkey PRIMARY KEY (run_id, seq);
 ALTER TABLE runledger.steps ADD CONSTRAINT steps_run_id_fkey FOREIGN KEY (run_id) REFERENCES runledger.runs(run_id) ON DELETE CASCADE;
+CREATE INDEX steps_patch_markers ON runledger.steps USING btree (name) WHERE (name ~~ '@patch:%'::text);
 CREATE UNIQUE INDEX steps_pkey ON runledger.steps USING btree (run_id, seq);
 
 CREATE TABLE runledger.stream_chunks (
@@ -383,6 +387,7 @@ CREATE TABLE runledger.workers (
   host text NOT NULL,
   pid integer NOT NULL,
   workflows text[] NOT NULL,
+  migrations text[] DEFAULT '{}'::text[] NOT NULL,
   queues text[] NOT NULL,
   concurrency integer NOT NULL,
   lease_ms integer NOT NULL,
@@ -390,7 +395,7 @@ CREATE TABLE runledger.workers (
   last_heartbeat_at timestamp with time zone DEFAULT runledger.now() NOT NULL,
   stopped_at timestamp with time zone
 );
-COMMENT ON TABLE runledger.workers IS 'Worker processes: what they serve (workflow@version, queues), their lease length and last heartbeat. A worker silent for longer than its lease is considered dead.';
+COMMENT ON TABLE runledger.workers IS 'Worker processes: what they serve (workflow@version, queues), the run migrations they apply (workflow@from>to), their lease length and last heartbeat. A worker silent for longer than its lease is considered dead.';
 ALTER TABLE runledger.workers ADD CONSTRAINT workers_pkey PRIMARY KEY (worker_id);
 CREATE UNIQUE INDEX workers_pkey ON runledger.workers USING btree (worker_id);
 
@@ -493,6 +498,7 @@ CREATE VIEW runledger.live_workers AS
     host,
     pid,
     workflows,
+    migrations,
     queues,
     concurrency,
     lease_ms,
@@ -502,6 +508,34 @@ CREATE VIEW runledger.live_workers AS
    FROM runledger.workers w
   WHERE stopped_at IS NULL AND last_heartbeat_at > (runledger.now() - make_interval(secs => (lease_ms::numeric / 1000.0)::double precision));
 COMMENT ON VIEW runledger.live_workers IS 'Worker processes that are live: not stopped, and heard from within their lease. What they serve (workflows, as workflow@version) decides which runs are stranded.';
+
+CREATE VIEW runledger.patches AS
+ WITH taken AS (
+         SELECT r.workflow_name,
+            r.workflow_version,
+            substr(s.name, 8) AS patch,
+            count(*) AS runs_taken,
+            count(*) FILTER (WHERE r.status <> ALL (ARRAY['SUCCEEDED'::runledger.run_status, 'CANCELLED'::runledger.run_status, 'TERMINATED'::runledger.run_status])) AS replayable_taken,
+            min(s.finished_at) AS first_taken_at
+           FROM runledger.steps s
+             JOIN runledger.runs r ON r.run_id = s.run_id
+          WHERE s.name ~~ '@patch:%'::text
+          GROUP BY r.workflow_name, r.workflow_version, (substr(s.name, 8))
+        )
+ SELECT t.workflow_name,
+    t.workflow_version,
+    t.patch,
+    t.runs_taken,
+    t.replayable_taken,
+    t.first_taken_at,
+    b.replayable_before
+   FROM taken t
+     CROSS JOIN LATERAL ( SELECT count(*) AS replayable_before
+           FROM runledger.runs o
+          WHERE o.workflow_name = t.workflow_name AND o.workflow_version = t.workflow_version AND (o.status <> ALL (ARRAY['SUCCEEDED'::runledger.run_status, 'CANCELLED'::runledger.run_status, 'TERMINATED'::runledger.run_status])) AND o.created_at < t.first_taken_at AND NOT (EXISTS ( SELECT 1
+                   FROM runledger.steps p
+                  WHERE p.run_id = o.run_id AND p.name = ('@patch:'::text || t.patch)))) b;
+COMMENT ON VIEW runledger.patches IS 'Per workflow version and patch (ctx.patched): runs that took it, how many of them may still execute or replay (not SUCCEEDED, CANCELLED or TERMINATED), when it was first taken, and replayable_before: runs from before the patch that did not take it and may still replay, so still need the old branch. At replayable_before = 0 the old branch can go (ctx.deprecatePatch); at replayable_taken = 0 the deprecatePatch call can go too.';
 
 CREATE VIEW runledger.queue_stats AS
  SELECT r.queue_name,
@@ -887,6 +921,85 @@ end;
 $function$;
 COMMENT ON FUNCTION runledger._announce_finished(text[]) IS 'NOTIFY runledger_finished with the ids of runs that reached a terminal status, comma-separated, split to stay under the 8,000-byte payload limit; callers awaiting results listen for it.';
 
+CREATE OR REPLACE FUNCTION runledger._apply_migration(p_run_id text, p_to_version text, p_input jsonb, p_checkpoints jsonb, p_manifest jsonb, p_worker_id text)
+ RETURNS runledger.run_status
+ LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+AS $function$
+declare
+  v_run     runledger.runs;
+  v_before  jsonb;
+  v_wait    runledger.steps;
+  v_kept    int;
+  v_status  runledger.run_status;
+begin
+  select * into v_run from runledger.runs where run_id = p_run_id for update;
+  if not found or v_run.migrate_to is distinct from p_to_version or not runledger._migratable(v_run.status) then
+    raise exception using errcode = 'RL005',
+      message = format('_apply_migration: run %s is not marked for a migration to %s, or no longer PENDING, WAITING or DEAD_LETTER', p_run_id, p_to_version);
+  end if;
+  select coalesce(jsonb_agg(jsonb_build_object('seq', s.seq, 'name', s.name, 'kind', s.kind, 'status', s.status) order by s.seq), '[]')
+    into v_before from runledger.steps s where s.run_id = p_run_id;
+  if p_checkpoints is not null then
+    if jsonb_typeof(p_checkpoints) <> 'array' then
+      raise exception using errcode = 'RL003', message = '_apply_migration: checkpoints must be a JSON array';
+    end if;
+    -- A waiting run keeps the position of its wait: its wake-up (signal, approval, timer) is bound to it.
+    if v_run.status = 'WAITING' then
+      select * into v_wait from runledger.steps s where s.run_id = p_run_id and s.status = 'WAITING';
+      if found and not coalesce((p_checkpoints->v_wait.seq->>'name') = v_wait.name
+                                and (p_checkpoints->v_wait.seq->>'status') = 'WAITING'
+                                and jsonb_array_length(p_checkpoints) = v_wait.seq + 1, false) then
+        raise exception using errcode = 'RL003',
+          message = format('_apply_migration: run %s waits at step %s (%s %s); a migration of a waiting run keeps that wait as its last checkpoint, at the same position',
+                           p_run_id, v_wait.seq, v_wait.kind, v_wait.name);
+      end if;
+    end if;
+    delete from runledger.steps s where s.run_id = p_run_id;
+    insert into runledger.steps (run_id, seq, name, kind, status, output, error, attempts, started_at, finished_at, fencing_token)
+    select p_run_id, (c.ord - 1)::int, c.item->>'name', coalesce(c.item->>'kind', 'step'), coalesce(c.item->>'status', 'SUCCEEDED'),
+           c.item->'output', case when c.item->'error' = 'null'::jsonb then null else c.item->'error' end,
+           1, runledger.now(), runledger.now(), v_run.fencing_token
+      from jsonb_array_elements(p_checkpoints) with ordinality as c(item, ord);
+    -- Heartbeat progress of positions that hold no checkpoint now belonged to the old code.
+    delete from runledger.step_progress p
+     where p.run_id = p_run_id and p.seq >= jsonb_array_length(p_checkpoints);
+  end if;
+  select count(*) into v_kept from runledger.steps s where s.run_id = p_run_id;
+
+  v_status := case when v_run.status = 'DEAD_LETTER' then 'PENDING'::runledger.run_status else v_run.status end;
+  update runledger.runs
+     set workflow_version = p_to_version, migrate_to = null,
+         input = coalesce(p_input, input),
+         version_manifest = coalesce(p_manifest, '{}') || jsonb_build_object('migrated_from', v_run.workflow_version),
+         status = v_status, updated_at = runledger.now(),
+         -- A dead-lettered run comes back as retry_run brings it back.
+         error = case when v_run.status = 'DEAD_LETTER' then null else error end,
+         finished_at = case when v_run.status = 'DEAD_LETTER' then null else finished_at end,
+         recovery_attempts = case when v_run.status = 'DEAD_LETTER' then 0 else recovery_attempts end,
+         termination_reason = case when v_run.status = 'DEAD_LETTER' then null else termination_reason end,
+         termination_evidence = case when v_run.status = 'DEAD_LETTER' then null else termination_evidence end,
+         terminated_at = case when v_run.status = 'DEAD_LETTER' then null else terminated_at end
+   where run_id = p_run_id;
+  insert into runledger.events (run_id, kind, detail, fencing_token)
+  values (p_run_id, 'migrated', jsonb_strip_nulls(jsonb_build_object(
+            'from_version', v_run.workflow_version, 'to_version', p_to_version, 'worker', p_worker_id,
+            'previous_status', v_run.status, 'status', v_status,
+            'manifest_before', v_run.version_manifest, 'manifest_after', coalesce(p_manifest, '{}'),
+            'input_changed', p_input is not null and p_input is distinct from v_run.input,
+            'checkpoints_before', v_before, 'checkpoints_kept', v_kept,
+            'termination_reason', v_run.termination_reason, 'termination_evidence', v_run.termination_evidence)),
+          v_run.fencing_token);
+  if v_status = 'PENDING' then
+    -- Runnable on the new version now: its workers claim it.
+    perform runledger._make_runnable(p_run_id, 0);
+  end if;
+  return v_status;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._apply_migration(text,text,jsonb,jsonb,jsonb,text) IS 'A worker''s migrator, in the transaction of _take_migration: moves the run to to_version with the input (null: unchanged), the checkpoints (null: unchanged; else they replace the history, positions 0..n-1) and the new version''s manifest the workflow''s migrate produced; records the event migrated with both manifests. A DEAD_LETTER run becomes PENDING; a WAITING one must keep its wait as its last checkpoint.';
+
 CREATE OR REPLACE FUNCTION runledger._artifact_blob_held(p_sha256 text)
  RETURNS boolean
  LANGUAGE plpgsql
@@ -1064,6 +1177,25 @@ begin
 end;
 $function$;
 COMMENT ON FUNCTION runledger._check_budget_option(jsonb,text) IS 'Raises RL003 unless a budget option is absent, a number >= 0 (units) or an object of dimensions units, tokens, cost_usd, tool_calls, turns, each a number >= 0.';
+
+CREATE OR REPLACE FUNCTION runledger._check_migration_served(p_workflow text, p_from text, p_to text, p_what text)
+ RETURNS void
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+begin
+  if not exists (select 1 from runledger.live_workers w where (p_workflow || '@' || p_to) = any(w.workflows)) then
+    raise exception using errcode = 'RL006',
+      message = format('%s: no live worker serves %s@%s; start one, then migrate', p_what, p_workflow, p_to);
+  end if;
+  if not exists (select 1 from runledger.live_workers w where (p_workflow || '@' || p_from || '>' || p_to) = any(w.migrations)) then
+    raise exception using errcode = 'RL006',
+      message = format('%s: no live worker has a migration of %s from version %s to %s (migrations: { %L: migrate } on version %s)',
+                       p_what, p_workflow, p_from, p_to, p_from, p_to);
+  end if;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._check_migration_served(text,text,text,text) IS 'Raises RL006 (UNKNOWN_WORKFLOW) unless a live worker serves workflow@to and has registered the migration workflow@from>to.';
 
 CREATE OR REPLACE FUNCTION runledger._check_progress(p_run runledger.runs, p_step text, p_seq integer, p_hash text)
  RETURNS boolean
@@ -2104,6 +2236,31 @@ AS $function$
 $function$;
 COMMENT ON FUNCTION runledger._max_payload_bytes() IS 'Largest input/output accepted, in bytes: setting runledger.max_payload_bytes, default 4 MiB.';
 
+CREATE OR REPLACE FUNCTION runledger._migratable(p_status runledger.run_status)
+ RETURNS boolean
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+  select p_status in ('PENDING', 'WAITING', 'DEAD_LETTER')
+$function$;
+COMMENT ON FUNCTION runledger._migratable(runledger.run_status) IS 'True for the statuses migrate_run takes: PENDING, WAITING and DEAD_LETTER (no worker executes the run, and it is not finished).';
+
+CREATE OR REPLACE FUNCTION runledger._migration_failed(p_run_id text, p_to_version text, p_error jsonb, p_worker_id text)
+ RETURNS void
+ LANGUAGE sql
+AS $function$
+  with cleared as (
+    update runledger.runs r set migrate_to = null
+     where r.run_id = p_run_id and r.migrate_to = p_to_version
+    returning r.run_id, r.workflow_version, r.fencing_token)
+  insert into runledger.events (run_id, kind, detail, fencing_token)
+  select c.run_id, 'migration_failed',
+         jsonb_build_object('from_version', c.workflow_version, 'to_version', p_to_version, 'error', p_error, 'worker', p_worker_id),
+         c.fencing_token
+    from cleared c
+$function$;
+COMMENT ON FUNCTION runledger._migration_failed(text,text,jsonb,text) IS 'A worker''s migrator, after rolling back: the migration of the run to to_version failed (its migrate threw, or returned what cannot be written). Clears the mark and records the event migration_failed with the error; the run is left as it was.';
+
 CREATE OR REPLACE FUNCTION runledger._new_id()
  RETURNS text
  LANGUAGE plpgsql
@@ -2429,16 +2586,16 @@ end;
 $function$;
 COMMENT ON FUNCTION runledger._recover_expired(integer) IS 'Sweeper, run by every live worker: each RUNNING run whose lease expired goes back to PENDING counting one recovery attempt and is re-dispatched, or, past max_recovery_attempts, to DEAD_LETTER with its termination record (through _finish_run: parent woken, queue slot freed). Attempts count expiries since the last progress: an expired execution that committed a checkpoint under its fencing token (_made_progress) starts the count again at 1. A CANCELLING one with compensations due is left without an owner for the next claim (counting an attempt; past max_recovery_attempts they are given up on, event compensations_abandoned); without, or given up on, it ends CANCELLED (or with its stop_record). Marks silent workers stopped. Returns how many runs it handled.';
 
-CREATE OR REPLACE FUNCTION runledger._register_worker(p_worker_id text, p_host text, p_pid integer, p_workflows text[], p_queues text[], p_concurrency integer, p_lease_ms integer)
+CREATE OR REPLACE FUNCTION runledger._register_worker(p_worker_id text, p_host text, p_pid integer, p_workflows text[], p_queues text[], p_concurrency integer, p_lease_ms integer, p_migrations text[] DEFAULT '{}'::text[])
  RETURNS void
  LANGUAGE sql
 AS $function$
-  insert into runledger.workers (worker_id, host, pid, workflows, queues, concurrency, lease_ms)
-  values (p_worker_id, p_host, p_pid, p_workflows, p_queues, p_concurrency, p_lease_ms)
+  insert into runledger.workers (worker_id, host, pid, workflows, queues, concurrency, lease_ms, migrations)
+  values (p_worker_id, p_host, p_pid, p_workflows, p_queues, p_concurrency, p_lease_ms, coalesce(p_migrations, '{}'))
   on conflict (worker_id) do update
      set last_heartbeat_at = runledger.now(), stopped_at = null
 $function$;
-COMMENT ON FUNCTION runledger._register_worker(text,text,integer,text[],text[],integer,integer) IS 'A worker process announces what it serves (workflow@version, queues), its concurrency and lease length.';
+COMMENT ON FUNCTION runledger._register_worker(text,text,integer,text[],text[],integer,integer,text[]) IS 'A worker process announces what it serves (workflow@version, queues), the run migrations it applies (workflow@from>to), its concurrency and lease length.';
 
 CREATE OR REPLACE FUNCTION runledger._register_workflow(p_name text, p_version text, p_queue text, p_max_recovery_attempts integer, p_limits jsonb DEFAULT '{}'::jsonb, p_manifest jsonb DEFAULT NULL::jsonb)
  RETURNS void
@@ -3250,6 +3407,37 @@ end;
 $function$;
 COMMENT ON FUNCTION runledger._stream_write(text,bigint,text,integer,bigint,integer,boolean,integer[],jsonb,boolean) IS 'Fenced (a read of the run''s fencing token and status, no row lock; RL001 when stale): stores a batch of one stream''s chunks (p_chunks, a JSON array, each at the step position in p_seqs) at consecutive offsets from p_first_offset, or, when it is null, after the last chunk written at positions before p_base_seq; an offset already stored, or at or past the stream''s end, is left as it is. p_close closes the stream after the batch. One NOTIFY runledger_stream (payload: the run id) when anything was stored. Returns the offset after the batch.';
 
+CREATE OR REPLACE FUNCTION runledger._take_migration(p_pairs text[])
+ RETURNS TABLE(run_id text, workflow_name text, from_version text, to_version text, status runledger.run_status, input jsonb, version_manifest jsonb, checkpoints jsonb)
+ LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+AS $function$
+begin
+  -- A marked run that finished on its old version meanwhile is not migrated.
+  with dropped as (
+    update runledger.runs r set migrate_to = null
+     where r.migrate_to is not null and runledger.is_terminal(r.status) and r.status <> 'DEAD_LETTER'
+    returning r.run_id, r.workflow_version, r.status, r.fencing_token)
+  insert into runledger.events (run_id, kind, detail, fencing_token)
+  select d.run_id, 'migration_dropped', jsonb_build_object('version', d.workflow_version, 'status', d.status), d.fencing_token
+    from dropped d;
+  return query
+  select r.run_id, r.workflow_name, r.workflow_version, r.migrate_to, r.status, r.input, r.version_manifest,
+         coalesce((select jsonb_agg(jsonb_build_object('seq', s.seq, 'name', s.name, 'kind', s.kind, 'status', s.status,
+                                                       'output', s.output, 'error', s.error) order by s.seq)
+                     from runledger.steps s where s.run_id = r.run_id), '[]')
+    from (select m.run_id from runledger.runs m
+           where m.migrate_to is not null and runledger._migratable(m.status)
+             and (m.workflow_name || '@' || m.workflow_version || '>' || m.migrate_to) = any(p_pairs)
+           order by m.updated_at
+           limit 1
+           for update skip locked) t
+    join runledger.runs r on r.run_id = t.run_id;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._take_migration(text[]) IS 'A worker''s migrator: locks one run marked for a migration it has (pairs: workflow@from>to) and returns its input, manifest and checkpoints; the worker then calls _apply_migration or, after rolling back, _migration_failed. Also clears the mark of runs that finished meanwhile (event migration_dropped).';
+
 CREATE OR REPLACE FUNCTION runledger._terminate_run(p_run_id text, p_token bigint, p_reason text, p_evidence jsonb)
  RETURNS text
  LANGUAGE plpgsql
@@ -3619,7 +3807,7 @@ end;
 $function$;
 COMMENT ON FUNCTION runledger.delete_session(text) IS 'Operator action: deletes a session nobody holds or waits for, with its history (entries are kept until then, whatever prune() removes). Returns how many entries went. Held or queued for: RL005; unknown: RL002.';
 
-CREATE OR REPLACE FUNCTION runledger.fork_run(p_run_id text, p_from_step integer)
+CREATE OR REPLACE FUNCTION runledger.fork_run(p_run_id text, p_from_step integer, p_version text DEFAULT NULL::text)
  RETURNS text
  LANGUAGE plpgsql
  SET enable_seqscan TO 'off'
@@ -3630,6 +3818,7 @@ declare
   v_id   text := runledger._new_id();
   v_done int;
   v_now  timestamptz := runledger.now();
+  v_manifest jsonb;
 begin
   select * into v_src from runledger.runs where run_id = p_run_id;
   if not found then
@@ -3640,15 +3829,27 @@ begin
     raise exception using errcode = 'RL003',
       message = format('fork_run: from_step must be between 0 and %s (the checkpoints of run %s), not %s', v_done, p_run_id, p_from_step);
   end if;
+  v_manifest := v_src.version_manifest;
+  if p_version is not null and p_version <> v_src.workflow_version then
+    -- The fork runs on another version's code (after a fix, or past a non-determinism):
+    -- it takes that version's manifest, as a run started on it would.
+    select w.manifest into v_manifest from runledger.workflows w
+     where w.workflow_name = v_src.workflow_name and w.workflow_version = p_version;
+    if not found then
+      raise exception using errcode = 'RL006',
+        message = format('fork_run: workflow %s has no version %L registered (a worker or engine that defines it registers it)', v_src.workflow_name, p_version);
+    end if;
+    v_manifest := coalesce(v_manifest, '{}');
+  end if;
   insert into runledger.runs (
     run_id, workflow_name, workflow_version, queue_name, input, priority, concurrency_key,
     deadline_at, max_recovery_attempts, version_manifest, max_steps, budget, no_progress, retry_budget,
     policy_version, created_at, updated_at)
   values (
-    v_id, v_src.workflow_name, v_src.workflow_version, v_src.queue_name, v_src.input, v_src.priority, v_src.concurrency_key,
+    v_id, v_src.workflow_name, coalesce(p_version, v_src.workflow_version), v_src.queue_name, v_src.input, v_src.priority, v_src.concurrency_key,
     -- The fork gets the same lifetime the source had, counted from now.
     v_now + (v_src.deadline_at - v_src.created_at), v_src.max_recovery_attempts,
-    v_src.version_manifest || jsonb_build_object('forked_from', p_run_id, 'from_step', p_from_step),
+    v_manifest || jsonb_build_object('forked_from', p_run_id, 'from_step', p_from_step),
     v_src.max_steps, v_src.budget, v_src.no_progress, v_src.retry_budget, v_src.policy_version, v_now, v_now);
   -- Finished checkpoints before from_step are reused: those steps do not run again in the fork.
   insert into runledger.steps (run_id, seq, name, kind, status, output, error, attempts, started_at, finished_at, fencing_token, output_hash)
@@ -3656,13 +3857,14 @@ begin
     from runledger.steps s
    where s.run_id = p_run_id and s.seq < p_from_step and s.status <> 'WAITING';
   insert into runledger.events (run_id, kind, detail, at) values
-    (v_id, 'created', jsonb_build_object('forked_from', p_run_id, 'from_step', p_from_step), v_now),
-    (p_run_id, 'forked', jsonb_build_object('fork', v_id, 'from_step', p_from_step), v_now);
+    (v_id, 'created', jsonb_build_object('forked_from', p_run_id, 'from_step', p_from_step,
+                                          'from_version', v_src.workflow_version, 'version', coalesce(p_version, v_src.workflow_version)), v_now),
+    (p_run_id, 'forked', jsonb_build_object('fork', v_id, 'from_step', p_from_step, 'version', coalesce(p_version, v_src.workflow_version)), v_now);
   perform runledger._make_runnable(v_id, 0);
   return v_id;
 end;
 $function$;
-COMMENT ON FUNCTION runledger.fork_run(text,integer) IS 'Operator action: starts a new run of the same workflow version and input that reuses the source run''s checkpoints before step from_step (0 = start over) and runs the rest. Returns the new run_id. Operations copied this way are not compensated by the fork.';
+COMMENT ON FUNCTION runledger.fork_run(text,integer,text) IS 'Operator action: starts a new run of the same workflow and input that reuses the source run''s checkpoints before step from_step (0 = start over) and runs the rest, on the source''s version or on version (a registered version of the workflow, with its manifest). Returns the new run_id. Operations copied this way are not compensated by the fork.';
 
 CREATE OR REPLACE FUNCTION runledger.is_terminal(p_status runledger.run_status)
  RETURNS boolean
@@ -3672,6 +3874,77 @@ AS $function$
   select p_status in ('SUCCEEDED', 'FAILED', 'CANCELLED', 'TERMINATED', 'DEAD_LETTER')
 $function$;
 COMMENT ON FUNCTION runledger.is_terminal(runledger.run_status) IS 'True for the statuses a run never leaves on its own (retry_run, compensate_run and fork_run are explicit operator actions).';
+
+CREATE OR REPLACE FUNCTION runledger.migrate_run(p_run_id text, p_to_version text)
+ RETURNS boolean
+ LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+AS $function$
+declare
+  v_run runledger.runs;
+begin
+  if p_to_version is null or p_to_version !~ '^[A-Za-z0-9][A-Za-z0-9_.-]{0,19}$' then
+    raise exception using errcode = 'RL003', message = format('migrate_run: to_version %L is not a version name', p_to_version);
+  end if;
+  select * into v_run from runledger.runs where run_id = p_run_id for update;
+  if not found then
+    raise exception using errcode = 'RL002', message = format('migrate_run: run %L not found', p_run_id);
+  end if;
+  if v_run.workflow_version = p_to_version then
+    raise exception using errcode = 'RL005',
+      message = format('migrate_run: run %s is already on version %s of %s', p_run_id, p_to_version, v_run.workflow_name);
+  end if;
+  if not runledger._migratable(v_run.status) then
+    raise exception using errcode = 'RL005',
+      message = format('migrate_run: run %s is %s; only PENDING, WAITING and DEAD_LETTER runs are migrated (%s)', p_run_id, v_run.status,
+                       case when runledger.is_terminal(v_run.status) then 'a finished run stays on the version it finished on'
+                            else 'a worker executes it now: migrate it once it waits or is released' end);
+  end if;
+  perform runledger._check_migration_served(v_run.workflow_name, v_run.workflow_version, p_to_version, 'migrate_run');
+  if v_run.migrate_to = p_to_version then
+    return false; -- already marked: the worker applies it once
+  end if;
+  update runledger.runs set migrate_to = p_to_version, updated_at = runledger.now() where run_id = p_run_id;
+  insert into runledger.events (run_id, kind, detail, fencing_token)
+  values (p_run_id, 'migration_requested',
+          jsonb_build_object('from_version', v_run.workflow_version, 'to_version', p_to_version,
+                             'status', v_run.status, 'manifest', v_run.version_manifest), v_run.fencing_token);
+  -- Workers with the migration apply it at once instead of at their next sweep.
+  perform pg_notify('runledger_migrate', v_run.workflow_name || '@' || v_run.workflow_version || '>' || p_to_version);
+  return true;
+end;
+$function$;
+COMMENT ON FUNCTION runledger.migrate_run(text,text) IS 'Operator action: marks a PENDING, WAITING or DEAD_LETTER run to continue on version to_version of its workflow. A live worker that serves that version and has a migration from the run''s version applies it (the workflow''s migrate, in the run''s transaction) and records the event migrated with both manifests; a migrate that fails is recorded as migration_failed and the run is left as it was. Returns false when the run was already marked for that version. Refused (and nothing changed): an unknown run (RL002), a finished or executing run (RL005), no live worker with the version and the migration (RL006).';
+
+CREATE OR REPLACE FUNCTION runledger.migrate_runs(p_workflow text, p_from_version text, p_to_version text, p_limit integer DEFAULT NULL::integer)
+ RETURNS SETOF text
+ LANGUAGE plpgsql
+AS $function$
+declare
+  v_id text;
+begin
+  if p_limit is not null and p_limit < 1 then
+    raise exception using errcode = 'RL003', message = format('migrate_runs: limit must be >= 1 (or null for all), not %s', p_limit);
+  end if;
+  if p_from_version = p_to_version then
+    raise exception using errcode = 'RL003', message = 'migrate_runs: from_version and to_version are the same';
+  end if;
+  perform runledger._check_migration_served(p_workflow, p_from_version, p_to_version, 'migrate_runs');
+  for v_id in
+    select r.run_id from runledger.runs r
+     where r.workflow_name = p_workflow and r.workflow_version = p_from_version
+       and runledger._migratable(r.status) and r.migrate_to is distinct from p_to_version
+     order by r.created_at, r.run_id
+     limit p_limit
+     for update skip locked
+  loop
+    perform runledger.migrate_run(v_id, p_to_version);
+    return next v_id;
+  end loop;
+end;
+$function$;
+COMMENT ON FUNCTION runledger.migrate_runs(text,text,text,integer) IS 'Operator action: migrate_run for the PENDING, WAITING and DEAD_LETTER runs of workflow@from_version, oldest first, at most limit of them (the canary form: migrate a few, watch them, then the rest with limit null). Returns the run ids it marked.';
 
 CREATE OR REPLACE FUNCTION runledger.now()
  RETURNS timestamp with time zone

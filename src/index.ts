@@ -83,5 +83,8 @@ export {
   InvalidReconcileAnswerError,
   UnverifiedError,
   InvalidVerdictError,
+  MigrationFailedError,
 } from './engine/core/errors.js';
+export type { MigrateFunction, MigrationArgs, MigrationPlan, MigratedCheckpoint, RecordedCheckpoint } from './engine/core/migration.js';
+export type { MigrateRunOptions, MigrationOutcome } from './engine/client/migrations.js';
 export type { ErrorCode, SerializedError } from './engine/core/errors.js';

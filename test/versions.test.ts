@@ -16,8 +16,8 @@ const { db } = t;
 const { processes } = stoppedAfterEach();
 const SCRIPT = fileURLToPath(new URL('./fixtures/version-worker.ts', import.meta.url));
 
-async function versionWorker(version: string): Promise<WorkerProcess> {
-  const w = await spawnWorker({ DATABASE_URL: db.url, VERSION: version }, SCRIPT);
+async function versionWorker(version: string, migration?: 'keep' | 'throw'): Promise<WorkerProcess> {
+  const w = await spawnWorker({ DATABASE_URL: db.url, VERSION: version, ...(migration ? { MIGRATION: migration } : {}) }, SCRIPT);
   processes.push(w);
   onTestFailed(() => console.error(`--- worker v${version} ${w.pid} ---\n${w.output().slice(-3000)}`));
   return w;
@@ -82,6 +82,91 @@ describe('a run that outlives its version', () => {
     await waitFor('finished', async () => ((await runRow(runId)).status === 'SUCCEEDED' ? true : undefined));
     expect((await runRow(runId)).output).toBe('shipped on v1');
     expect(await stranded()).toEqual([]);
+  });
+});
+
+/** A version-1 run waiting for its approval, with version 1's worker stopped gracefully afterwards. */
+async function waitingRunOfStoppedVersion1(): Promise<{ runId: string; request: string }> {
+  const v1 = await versionWorker('1');
+  const { rows } = await db.pool.query(`select runledger.start_run('deploy', '{}', '{"version": "1"}') as run_id`);
+  const runId = rows[0].run_id as string;
+  const request = await waitFor('the approval request', async () => {
+    const r = await db.pool.query(`select request_id from runledger.approvals where run_id = $1 and decision is null`, [runId]);
+    return r.rows[0]?.request_id as string | undefined;
+  });
+  v1.kill('SIGTERM');
+  expect((await v1.exited).code).toBe(0);
+  processes.splice(processes.indexOf(v1), 1);
+  return { runId, request };
+}
+
+const events = async (runId: string, kind: string) =>
+  (await db.pool.query('select detail from runledger.events where run_id = $1 and kind = $2 order by event_id', [runId, kind])).rows.map(
+    (r) => r.detail,
+  );
+
+describe('migrating a run to the new version', () => {
+  it('moves a waiting version-1 run to version 2 through its registered migration; it finishes on version-2 code with both manifests recorded', async () => {
+    const { runId, request } = await waitingRunOfStoppedVersion1();
+    // Without a version-2 worker that has the migration, migrate_run is refused and nothing changes.
+    const refused = await cli(['migrate-run', runId, '--to', '2']);
+    expect(refused.code).toBe(1);
+    expect(refused.stderr).toContain('UNKNOWN_WORKFLOW');
+    expect(refused.stderr).toContain('no live worker serves deploy@2');
+    await versionWorker('2', 'keep');
+    expect((await stranded()).map((r) => r.run_id)).toEqual([runId]);
+
+    const migrated = await cli(['migrate-run', runId, '--to', '2']);
+    expect(migrated.stderr).toBe('');
+    expect(migrated.code).toBe(0);
+    expect(migrated.stdout).toContain(`${runId}  migrated to version 2, now WAITING`);
+    const row = await runRow(runId);
+    expect(row).toMatchObject({ workflow_version: '2', status: 'WAITING', migrate_to: null, input: { migrated: true } });
+    expect(row.version_manifest).toMatchObject({ workflow: 'deploy@2', manifest: { agent: 'a2' }, migrated_from: '1' });
+    const [event] = await events(runId, 'migrated');
+    expect(event).toMatchObject({
+      from_version: '1',
+      to_version: '2',
+      previous_status: 'WAITING',
+      status: 'WAITING',
+      manifest_before: { workflow: 'deploy@1', manifest: { agent: 'a1' } },
+      manifest_after: { workflow: 'deploy@2', manifest: { agent: 'a2' } },
+      input_changed: true,
+      checkpoints_kept: 2,
+    });
+    expect(await events(runId, 'migration_requested')).toHaveLength(1);
+    expect(await stranded()).toEqual([]);
+
+    // The approval arrives: version 2's code finishes the run, replaying the migrated checkpoints.
+    await db.pool.query(`select runledger.decide_approval($1, true, 'ops', 'go')`, [request]);
+    await waitFor('finished', async () => ((await runRow(runId)).status === 'SUCCEEDED' ? true : undefined));
+    expect((await runRow(runId)).output).toBe('shipped on v2 after a migration');
+    const steps = await db.pool.query('select seq, name, status, output from runledger.steps where run_id = $1 order by seq', [runId]);
+    expect(steps.rows.map((s) => [s.seq, s.name, s.status])).toEqual([
+      [0, 'prepare', 'SUCCEEDED'],
+      [1, 'ship', 'SUCCEEDED'],
+      [2, 'ship', 'SUCCEEDED'],
+    ]);
+    expect(steps.rows[0].output).toBe('prepared on v1 (migrated)');
+    const shown = await cli(['show', runId]);
+    expect(shown.stdout).toMatch(/migrated +.*"from_version":"1"/);
+  });
+
+  it('records a migrate that throws as a failed migration and leaves the run as it was', async () => {
+    const { runId } = await waitingRunOfStoppedVersion1();
+    await versionWorker('2', 'throw');
+    const before = await db.pool.query('select * from runledger.steps where run_id = $1 order by seq', [runId]);
+    const result = await cli(['migrate-run', runId, '--to', '2']);
+    expect(result.code).toBe(1);
+    expect(result.stdout).toContain('not migrated');
+    expect(result.stdout).toContain('the ship step changed its contract');
+    expect(await runRow(runId)).toMatchObject({ workflow_version: '1', status: 'WAITING', migrate_to: null, input: {} });
+    expect((await db.pool.query('select * from runledger.steps where run_id = $1 order by seq', [runId])).rows).toEqual(before.rows);
+    const [failed] = await events(runId, 'migration_failed');
+    expect(failed).toMatchObject({ from_version: '1', to_version: '2', error: { code: 'MIGRATION_FAILED' } });
+    expect(await events(runId, 'migrated')).toEqual([]);
+    // Still stranded, still waiting: nothing failed the run.
+    expect((await stranded()).map((r) => [r.run_id, r.status])).toEqual([[runId, 'WAITING']]);
   });
 });
 

@@ -15,6 +15,7 @@ import { compensate } from './commands/compensate.js';
 import { deadLetter } from './commands/dead-letter.js';
 import { fork } from './commands/fork.js';
 import { migrate } from './commands/migrate.js';
+import { migrateRun } from './commands/migrate-run.js';
 import { prune } from './commands/prune.js';
 import { queues } from './commands/queues.js';
 import { resolve } from './commands/resolve.js';
@@ -57,6 +58,7 @@ const COMMANDS: Record<string, Command> = {
   compensate,
   retry,
   fork,
+  'migrate-run': migrateRun,
   'set-queue': setQueue,
   prune,
   dev,

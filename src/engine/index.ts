@@ -19,6 +19,7 @@ import {
   type DecisionInput,
   type DecisionRecord,
 } from './client/operator.js';
+import { migrateRun, migrateRuns, type MigrateRunOptions, type MigrationOutcome } from './client/migrations.js';
 import { getRun, listRuns, retryRun, type ListRunsOptions, type RunRecord } from './client/runs.js';
 import {
   handleFor,
@@ -132,7 +133,19 @@ export interface Engine<DB = any> {
    * Pass the source run's `workflow` to type `result()` from it (it is checked against the run's workflow
    * name, CONFIG when it differs), or name the output type: `fork<Output>(runId, ...)`; else `unknown`.
    */
-  fork<O = unknown>(runId: string, options: { fromStep: number; workflow?: Workflow<any, O, any> }): Promise<RunHandle<Jsonify<O>>>;
+  fork<O = unknown>(
+    runId: string,
+    options: { fromStep: number; workflow?: Workflow<any, O, any>; version?: string },
+  ): Promise<RunHandle<Jsonify<O>>>;
+  /**
+   * Moves a PENDING, WAITING or DEAD_LETTER run to another version of its workflow: a live
+   * worker of that version with a migration from the run's version applies it (the
+   * workflow's `migrations`). Waits for that worker by default; MIGRATION_FAILED when its
+   * migrate failed (the run is left as it was).
+   */
+  migrateRun(runId: string, toVersion: string, options?: MigrateRunOptions): Promise<MigrationOutcome>;
+  /** migrateRun for up to `limit` runs of workflow@fromVersion, oldest first (a canary), or all; returns the run ids marked. */
+  migrateRuns(selection: { workflow: string; fromVersion: string; toVersion: string; limit?: number }): Promise<string[]>;
   /** Settles an UNKNOWN operation (an operator's decision) and wakes the run waiting on it. */
   resolveOperation(
     operationId: string,
@@ -270,6 +283,8 @@ export function createEngine<DB = any>(options: EngineOptions = {}): Engine<DB> 
     },
     startMany: (workflow, inputs, startOptions) => startMany(startHost, workflow, inputs, startOptions),
     getRun: (runId) => fetchRun(runId),
+    migrateRun: (runId, toVersion, migrateOptions) => migrateRun(pool, runId, toVersion, migrateOptions),
+    migrateRuns: (selection) => migrateRuns(pool, selection),
     listRuns: (listOptions) => listRuns(db, listOptions),
     retry: (runId) => retryRun(pool, runId),
     fork: async (runId, forkOptions) => {
@@ -279,7 +294,7 @@ export function createEngine<DB = any>(options: EngineOptions = {}): Engine<DB> 
           throw new ConfigError(`fork: run ${runId} is a run of workflow ${source.workflow_name}, not ${forkOptions.workflow.name}`);
         }
       }
-      const forked = await forkRun(pool, runId, forkOptions.fromStep);
+      const forked = await forkRun(pool, runId, forkOptions.fromStep, forkOptions.version);
       return handleFor(startHost, forked);
     },
     async resolveOperation(operationId, resolution) {

@@ -12,6 +12,7 @@ import { runTransaction, type TransactionFunction } from './transaction.js';
 import { openStream, type DurableStream } from './stream.js';
 import { recordProgress, type ProgressResult, type ProgressSignals } from './progress.js';
 import { chargeNow, remainingBudget } from './charge.js';
+import { deprecatePatch, patched } from './patch.js';
 import { toBudgetAmounts, type BudgetAmounts, type BudgetRemaining } from '../engine/core/budget.js';
 
 /**
@@ -171,6 +172,20 @@ export class StepContext<DB = any> {
    */
   progress(signals: ProgressSignals): Promise<ProgressResult> {
     return this.#exec.track('progress', 'progress', () => recordProgress(this.#exec, signals));
+  }
+
+  /**
+   * A change without a new version: `if (await ctx.patched('fix-1234')) { new } else { old }`
+   * is true for runs that reach this point with the patch deployed (recorded as the marker
+   * `@patch:fix-1234`), false on the replay of runs that passed it before. See docs/versions.md.
+   */
+  patched(id: string): Promise<boolean> {
+    return this.#exec.track('patched', id, () => patched(this.#exec, id));
+  }
+
+  /** Once no run from before the patch can replay (runledger.patches): keeps the new code only, and replays runs that took the patch. */
+  deprecatePatch(id: string): Promise<void> {
+    return this.#exec.track('deprecatePatch', id, () => deprecatePatch(this.#exec, id));
   }
 
   /** The current time, recorded once and replayed: deterministic across recoveries. */

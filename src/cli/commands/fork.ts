@@ -8,13 +8,14 @@ import { intOption, parse, requiredOption, withPool, type Command } from '../sha
  */
 export const fork: Command = {
   summary: "start a new run that reuses a run's checkpoints before step --from; prints its run id",
-  usage: 'runledger fork RUN_ID --from STEP   (STEP: the position in `runledger show`; 0 starts over)',
+  usage:
+    'runledger fork RUN_ID --from STEP [--version V]   (STEP: the position in `runledger show`; 0 starts over; V: run the fork on that version)',
   async run(args) {
-    const parsed = parse(fork, args, { from: { type: 'string' } }, { min: 1, max: 1 });
+    const parsed = parse(fork, args, { from: { type: 'string' }, version: { type: 'string' } }, { min: 1, max: 1 });
     if (!parsed) return;
     const runId = parsed.positionals[0]!;
     requiredOption(fork, parsed.values, 'from');
     const fromStep = intOption(parsed.values, 'from', 0)!;
-    print(await withPool(parsed.values, (pool) => forkRun(pool, runId, fromStep)));
+    print(await withPool(parsed.values, (pool) => forkRun(pool, runId, fromStep, parsed.values.version as string | undefined)));
   },
 };

@@ -121,6 +121,7 @@ function printSummary(run: RunRecord, related: Related): void {
   if (limits.length > 0) line('limits', limits.join(', '), 2);
   line('recovery', `${run.recoveryAttempts} of at most ${run.maxRecoveryAttempts}  fencing token ${run.fencingToken}`);
   line('manifest', shortJson(run.versionManifest, Infinity), 3);
+  if (run.migrateTo) line('migrating', `to version ${run.migrateTo}: marked by migrate_run, applied by a worker with that migration`, 2);
   if (run.leaseOwner) line('lease', `${run.leaseOwner} until ${timestamp(run.leaseExpiresAt)}`);
   if (run.idempotencyKey) line('idem. key', run.idempotencyKey);
   if (run.parentRunId) line('parent', run.parentRunId);
@@ -128,7 +129,28 @@ function printSummary(run: RunRecord, related: Related): void {
   line('input', shortJson(run.input, Infinity), 3);
   if (run.output !== null && run.output !== undefined) line('output', shortJson(run.output, Infinity), 3);
   if (run.error) line('error', errorText(run.error), 6);
+  if (run.terminationReason === 'NON_DETERMINISM') line('mismatch', mismatchText(run.terminationEvidence), 4);
   if (run.terminationEvidence) line('evidence', shortJson(run.terminationEvidence, Infinity), 3);
+}
+
+/** A non-determinism in words: where, what the history holds, what the code asked for, and both versions. */
+export function mismatchText(evidence: unknown): string {
+  const e = (evidence ?? {}) as Record<string, unknown>;
+  const version = (manifest: unknown) => String((manifest as { workflow?: unknown } | null)?.workflow ?? 'an unknown version');
+  const versions = `recorded by ${version(e.run_manifest)}, the code is ${version(e.code_manifest)}`;
+  if (typeof e.seq === 'number') {
+    return (
+      `at step ${e.seq} the history holds ${String(e.expectedKind)} ${JSON.stringify(e.expected)} but the code asked for ` +
+      `${String(e.actualKind)} ${JSON.stringify(e.actual)} (${versions}). Fix the code and retry, migrate the run, or fork it from step ${e.seq} onto another version`
+    );
+  }
+  if (typeof e.stepsTaken === 'number') {
+    return (
+      `the code returned after ${e.stepsTaken} steps but the history has ${String(e.checkpoints)} (the first not reached: ` +
+      `${JSON.stringify(e.firstUnreached)}; ${versions})`
+    );
+  }
+  return String(e.message ?? 'no evidence recorded');
 }
 
 function printSteps(run: RunRecord): void {

@@ -101,9 +101,13 @@ export async function resolveOperation(
   }
 }
 
-export async function forkRun(pool: pg.Pool, runId: string, fromStep: number): Promise<string> {
+export async function forkRun(pool: pg.Pool, runId: string, fromStep: number, version?: string): Promise<string> {
   try {
-    const result = await pool.query('select runledger.fork_run(p_run_id => $1, p_from_step => $2) as run_id', [runId, fromStep]);
+    const result = await pool.query('select runledger.fork_run(p_run_id => $1, p_from_step => $2, p_version => $3) as run_id', [
+      runId,
+      fromStep,
+      version ?? null,
+    ]);
     return result.rows[0].run_id;
   } catch (error) {
     throw fromPgError(error);

@@ -101,6 +101,8 @@ export interface RunRecord {
   recoveryAttempts: number;
   maxRecoveryAttempts: number;
   versionManifest: unknown;
+  /** Set by migrate_run: the version the run moves to once a worker applies the migration. */
+  migrateTo: string | null;
   terminationReason: TerminationReason | null;
   terminationEvidence: unknown;
   terminatedAt: Date | null;

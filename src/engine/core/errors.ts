@@ -30,7 +30,8 @@ export type ErrorCode =
   | 'AGENT_INCOMPLETE'
   | 'MODEL_ERROR'
   | 'SESSION_NOT_HELD'
-  | 'SESSION_TIMEOUT';
+  | 'SESSION_TIMEOUT'
+  | 'MIGRATION_FAILED';
 
 export class RunledgerError extends Error {
   readonly code: ErrorCode;
@@ -77,6 +78,12 @@ export class UnknownWorkflowError extends RunledgerError {
 export class NonDeterminismError extends RunledgerError {
   constructor(message: string, details: Record<string, unknown>) {
     super('NON_DETERMINISM', message, { details });
+  }
+}
+/** A run migration failed: the workflow's migrate threw or returned what cannot be written. The run was left as it was. */
+export class MigrationFailedError extends RunledgerError {
+  constructor(message: string, options?: { cause?: unknown; details?: Record<string, unknown> }) {
+    super('MIGRATION_FAILED', message, options);
   }
 }
 /** The workflow's verify refused its output: the run ends FAILED, termination reason UNVERIFIED. */

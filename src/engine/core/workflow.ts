@@ -4,6 +4,7 @@ import { toMs, type Duration } from './duration.js';
 import { toBudgetAmounts, toSqlLimits, type BudgetAmounts } from './budget.js';
 import { RUNTIME_MANIFEST } from './version.js';
 import { toJsonText } from './json.js';
+import { checkMigrations, type MigrateFunction } from './migration.js';
 import type { WorkflowContext } from '../../agents/context.js';
 
 /** Workflow, queue and version names: safe in task identifiers and never spliced into SQL. */
@@ -78,6 +79,12 @@ export interface WorkflowOptions<I, In = I> {
    * and checkpoint schema versions the engine adds. At most MAX_MANIFEST_BYTES of JSON.
    */
   manifest?: Record<string, unknown>;
+  /**
+   * How runs of older versions continue on this one, by the version they come from:
+   * `{ '1': ({ input, checkpoints, manifest }) => ({ input, checkpoints }) }`. A worker
+   * serving this version applies them to runs an operator marks with migrate_run.
+   */
+  migrations?: Record<string, MigrateFunction>;
   /** Validated before a run is stored (bad input: INVALID_INPUT, nothing stored) and again when a run started from SQL is claimed. */
   input?: ZodType<I, In>;
   queue?: string;
@@ -130,6 +137,8 @@ export interface Workflow<I = unknown, O = unknown, In = I> {
   readonly verify: VerifyFunction<I> | undefined;
   /** The version manifest its runs start with: runtime, checkpoint schema, workflow@version and the user's manifest. */
   readonly versionManifest: Readonly<Record<string, unknown>>;
+  /** Migrations into this version, by the version a run comes from. */
+  readonly migrations: ReadonlyMap<string, MigrateFunction>;
   readonly onNoProgress: WorkflowOptions<I, In>['onNoProgress'];
 }
 
@@ -158,6 +167,7 @@ export function defineWorkflow<I, O, In = I, DB = any>(
   }
   if (typeof fn !== 'function') throw new ConfigError(`workflow ${options.name}: the second argument must be the workflow function`);
   const manifest = checkManifest(options.manifest, options.name);
+  const migrations = checkMigrations(options.migrations, options.name, version, VERSION_PATTERN);
   if (options.verify !== undefined && typeof options.verify !== 'function')
     throw new ConfigError(`workflow ${options.name}: verify must be a function`);
   if (options.onNoProgress !== undefined && typeof options.onNoProgress !== 'function')
@@ -173,6 +183,7 @@ export function defineWorkflow<I, O, In = I, DB = any>(
     fn,
     verify: options.verify,
     onNoProgress: options.onNoProgress,
+    migrations,
     versionManifest: Object.freeze({
       ...RUNTIME_MANIFEST,
       workflow: workflowKey(options.name, version),

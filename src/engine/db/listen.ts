@@ -10,6 +10,9 @@ const RECONNECT_MS_MAX = 5_000;
 /** Runs that ended (payload: their ids, comma-separated); callers awaiting results listen for it. */
 export const FINISHED_CHANNEL = 'runledger_finished';
 
+/** A run was marked for a migration (payload: workflow@from>to); workers with that migration apply it. */
+export const MIGRATE_CHANNEL = 'runledger_migrate';
+
 /** A run's durable stream got chunks or was closed (payload: the run id); engine.readStream's readers listen for it. */
 export const STREAM_CHANNEL = 'runledger_stream';
 

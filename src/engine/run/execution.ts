@@ -170,6 +170,10 @@ export class Execution {
   /** The workflow's no-progress policy for ctx.progress (set by the worker at claim), and the rounds counted so far. */
   noProgressPolicy: NoProgressPolicy | undefined;
   progressState: ProgressState | undefined;
+  /** The version manifest of the code executing the run: a non-determinism's evidence names it. */
+  codeManifest: Readonly<Record<string, unknown>> | undefined;
+  /** ctx.patched's answer per patch id, so every call in one execution gets the same. */
+  readonly patches = new Map<string, boolean>();
 
   /** Adds a charge to the pending one (validated by the caller). */
   addPendingCharge(amount: BudgetAmounts): void {
@@ -361,6 +365,11 @@ export class Execution {
       return undefined;
     }
     return { seq, recorded };
+  }
+
+  /** The checkpoint at the next position, without taking it: ctx.patched asks whether an old run passed here. */
+  peekCheckpoint(): CheckpointRow | undefined {
+    return this.checkpoints[this.nextSeq];
   }
 
   /** Checkpoints the workflow returned without reaching: the code now takes fewer steps than the history. */

@@ -79,6 +79,7 @@ async function replay(exec: Execution, run: ClaimedRun, options: ExecuteOptions)
     return;
   }
   const policyVersion = `${workflow.name}@${workflow.version}`;
+  exec.codeManifest = workflow.versionManifest;
   let input: unknown = run.input;
   if (workflow.inputSchema) {
     const parsed = workflow.inputSchema.safeParse(run.input);
@@ -245,15 +246,24 @@ async function handleHalt(exec: Execution, halt: Halt, policyVersion: string): P
     case 'lease_lost':
       exec.deps.log('warn', `run ${exec.runId}: ${halt.message}; another worker owns it now`);
       return;
-    case 'non_determinism':
+    case 'non_determinism': {
       exec.deps.log('error', halt.error.message);
       await flushPending(exec); // the previous step finished in this execution: keep its result
+      // The evidence names both sides: the version the run recorded its history with and the code that differs.
+      const recorded = await exec.deps.pool.query('select version_manifest from runledger.runs where run_id = $1', [exec.runId]);
+      const evidence = {
+        message: halt.error.message,
+        ...halt.error.details,
+        run_manifest: recorded.rows[0]?.version_manifest ?? null,
+        code_manifest: exec.codeManifest ?? null,
+      };
       await finish(
         exec,
         'runledger._dead_letter_run(p_run_id => $1, p_token => $2, p_reason => $3, p_evidence => $4::jsonb, p_policy_version => $5)',
-        ['NON_DETERMINISM', JSON.stringify({ message: halt.error.message, ...halt.error.details }), policyVersion],
+        ['NON_DETERMINISM', JSON.stringify(evidence), policyVersion],
       );
       return;
+    }
     case 'infrastructure':
       exec.deps.log('warn', `run ${exec.runId}: released after an infrastructure error`, { error: serializeError(halt.error) });
       await flushPending(exec).catch(() => false);

@@ -4,7 +4,8 @@ import { newId } from '../core/ids.js';
 import { ConfigError, serializeError } from '../core/errors.js';
 import { guardPool } from '../db/pools.js';
 import { executeClaimed, type ExecutionEnd } from './execute.js';
-import { CANCEL_CHANNEL, listen, RUNNABLE_CHANNEL } from '../db/listen.js';
+import { CANCEL_CHANNEL, listen, MIGRATE_CHANNEL, RUNNABLE_CHANNEL } from '../db/listen.js';
+import { createMigrator, migrationsOf } from './migrator.js';
 import { Dispatcher, type ClaimedRun } from './dispatcher.js';
 import { GroupCommit } from './group-commit.js';
 import { createHeartbeat } from './heartbeat.js';
@@ -143,10 +144,11 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
   });
   const deps: ExecutionDeps = { ...host.deps, pool, ...(crash ? { crash } : {}) };
 
+  const migrations = migrationsOf(served);
   for (const workflow of served) await host.registerWorkflow(workflow);
   await deps.pool.query(
-    'select runledger._register_worker(p_worker_id => $1, p_host => $2, p_pid => $3, p_workflows => $4, p_queues => $5, p_concurrency => $6, p_lease_ms => $7)',
-    [workerId, hostname(), process.pid, [...byKey.keys()], queues, concurrency, leaseMs],
+    'select runledger._register_worker(p_worker_id => $1, p_host => $2, p_pid => $3, p_workflows => $4, p_queues => $5, p_concurrency => $6, p_lease_ms => $7, p_migrations => $8)',
+    [workerId, hostname(), process.pid, [...byKey.keys()], queues, concurrency, leaseMs, [...migrations.keys()]],
   );
 
   const done = new Set<Promise<unknown>>();
@@ -194,7 +196,14 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
       isStarting: (runId) => dispatcher?.isStarting(runId) ?? false,
     }),
   );
-  const sweep = oneAtATime(createSweeper(deps.pool, deps.log));
+  const sweeper = createSweeper(deps.pool, deps.log);
+  let stopRequested = false;
+  // Runs an operator marked with migrate_run are migrated by the sweep (and at once on its notification).
+  const migrator = createMigrator({ pool: deps.pool, workerId, migrations, maxPayloadBytes: deps.maxPayloadBytes, log: deps.log });
+  const sweep = oneAtATime(async () => {
+    await sweeper();
+    await migrator.run();
+  });
   const listener = await listen(
     host.poolConfig,
     deps.log,
@@ -203,6 +212,9 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
         for (const exec of executions) if (exec.runId === runId) exec.requestCancel();
       },
       [RUNNABLE_CHANNEL]: (payload) => dispatcher?.notified(payload),
+      [MIGRATE_CHANNEL]: (pair) => {
+        if (migrations.has(pair) && !manual && !stopRequested) void migrator.run();
+      },
     },
     () => dispatcher?.hint(),
   );
@@ -291,6 +303,7 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
   const stop = () =>
     (stopping ??= (async () => {
       if (crashed) return;
+      stopRequested = true;
       clearInterval(sweepTimer);
       const shutdownTimeoutMs = options.shutdownTimeoutMs ?? SHUTDOWN_TIMEOUT_MS_DEFAULT;
       const releaseTimer = setTimeout(() => {
@@ -305,7 +318,7 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
         clearInterval(heartbeatTimer);
         // A sweep or heartbeat still on its way finishes first: none may query the pool after
         // stop() returned (engine.close() ends the pool next).
-        await Promise.all([sweep.settled(), heartbeat.settled()]);
+        await Promise.all([sweep.settled(), heartbeat.settled(), migrator.settled()]);
         await deps.pool.query('select runledger._stop_worker(p_worker_id => $1)', [workerId]).catch((error) => {
           deps.log('warn', 'could not release runs on stop; their leases will expire', { error: serializeError(error) });
         });

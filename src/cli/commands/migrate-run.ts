@@ -1,0 +1,109 @@
+import { awaitMigration, migrateRun as migrateOne, migrateRuns, type MigrationOutcome } from '../../engine/client/migrations.js';
+import { RunledgerError } from '../../engine/core/errors.js';
+import { print } from '../format.js';
+import { CliError, EXIT_FAILED, intOption, parse, requiredOption, withPool, type Command } from '../shared.js';
+
+interface Result {
+  runId: string;
+  outcome: 'migrated' | 'requested' | 'failed';
+  status?: string;
+  error?: string;
+}
+
+/**
+ * Through runledger.migrate_run (one run) or runledger.migrate_runs (--all-of: every
+ * PENDING, WAITING and DEAD_LETTER run of a version, or the oldest --limit of them for a
+ * canary). Then waits for the workers to apply each migration and reports each outcome;
+ * exit 1 when one failed (its run is left as it was).
+ */
+export const migrateRun: Command = {
+  summary: 'move a run (or the runs of a version) to another version of its workflow, through its registered migration',
+  usage:
+    'runledger migrate-run RUN_ID --to V [--no-wait] [--timeout SECONDS] [--json]\n' +
+    '       runledger migrate-run --workflow W --all-of V --to V [--limit N] [--no-wait] [--timeout SECONDS] [--json]',
+  async run(args) {
+    const parsed = parse(
+      migrateRun,
+      args,
+      {
+        to: { type: 'string' },
+        'all-of': { type: 'string' },
+        workflow: { type: 'string' },
+        limit: { type: 'string' },
+        'no-wait': { type: 'boolean' },
+        timeout: { type: 'string' },
+        json: { type: 'boolean' },
+      },
+      { min: 0, max: 1 },
+    );
+    if (!parsed) return;
+    const to = requiredOption(migrateRun, parsed.values, 'to');
+    const allOf = parsed.values['all-of'] as string | undefined;
+    const runId = parsed.positionals[0];
+    if ((runId === undefined) === (allOf === undefined)) {
+      throw new CliError(
+        'USAGE',
+        `give a RUN_ID or --all-of VERSION (with --workflow), not ${runId ? 'both' : 'neither'}\nusage: ${migrateRun.usage}`,
+      );
+    }
+    const limit = intOption(parsed.values, 'limit', 1);
+    if (limit !== undefined && allOf === undefined) throw new CliError('USAGE', `--limit goes with --all-of\nusage: ${migrateRun.usage}`);
+    const timeoutMs = (intOption(parsed.values, 'timeout', 0) ?? 30) * 1000;
+    const wait = parsed.values['no-wait'] !== true;
+    const json = parsed.values.json === true;
+    const say = (text: string) => {
+      if (!json) print(text);
+    };
+
+    const results = await withPool(parsed.values, async (pool) => {
+      if (runId !== undefined) {
+        const outcome = await settle(() => migrateOne(pool, runId, to, { wait, timeoutMs }), runId);
+        return [outcome];
+      }
+      const workflow = requiredOption(migrateRun, parsed.values, 'workflow');
+      const marked = await migrateRuns(pool, { workflow, fromVersion: allOf!, toVersion: to, ...(limit ? { limit } : {}) });
+      say(`marked ${marked.length} run(s) of ${workflow}@${allOf} for version ${to}${limit ? ` (at most ${limit}: a canary)` : ''}`);
+      const out: Result[] = [];
+      const deadline = Date.now() + timeoutMs;
+      for (const [i, id] of marked.entries()) {
+        const left = wait ? Math.max(0, deadline - Date.now()) : 0;
+        out.push(await settle(() => awaitMigration(pool, id, allOf!, to, left), id));
+        if (wait && ((i + 1) % 50 === 0 || i + 1 === marked.length)) say(`  ${i + 1} of ${marked.length} settled`);
+      }
+      return out;
+    });
+
+    if (json) {
+      print(JSON.stringify(results, null, 2));
+    } else {
+      for (const r of results) {
+        const what =
+          r.outcome === 'migrated'
+            ? `migrated to version ${to}, now ${r.status}`
+            : r.outcome === 'requested'
+              ? `marked for version ${to}; a worker with the migration applies it`
+              : `not migrated: ${r.error}`;
+        print(`${r.runId}  ${what}`);
+      }
+      const failed = results.filter((r) => r.outcome === 'failed').length;
+      if (results.length > 1) {
+        const migrated = results.filter((r) => r.outcome === 'migrated').length;
+        print(`${migrated} migrated, ${failed} failed, ${results.length - migrated - failed} still marked`);
+      }
+    }
+    const failures = results.filter((r) => r.outcome === 'failed').length;
+    if (failures > 0)
+      throw new CliError('MIGRATION_FAILED', `${failures} migration(s) failed; those runs were left as they were`, EXIT_FAILED);
+  },
+};
+
+/** A failed migration (MIGRATION_FAILED) is a result to report; other errors stop the command. */
+async function settle(attempt: () => Promise<MigrationOutcome>, runId: string): Promise<Result> {
+  try {
+    const outcome = await attempt();
+    return { runId, outcome: outcome.outcome, status: outcome.status };
+  } catch (error) {
+    if (error instanceof RunledgerError && error.code === 'MIGRATION_FAILED') return { runId, outcome: 'failed', error: error.message };
+    throw error;
+  }
+}

@@ -1,0 +1,186 @@
+import type pg from 'pg';
+import { serializeError } from '../core/errors.js';
+import type { LogFunction } from '../core/log.js';
+import { planToWrite, unwrapOutput, type MigrateFunction, type MigrationArgs, type RecordedCheckpoint } from '../core/migration.js';
+import { MigrationFailedError } from '../core/errors.js';
+import { workflowKey, type Workflow } from '../core/workflow.js';
+
+/** Most migrations one pass applies, so a pass (run with the sweep) stays short. */
+const MIGRATIONS_PER_PASS = 100;
+
+/** What a worker registers for each migration it has: workflow@from>to. */
+export function migrationKey(workflow: string, from: string, to: string): string {
+  return `${workflowKey(workflow, from)}>${to}`;
+}
+
+interface Migration {
+  workflow: Workflow<any, any>;
+  migrate: MigrateFunction;
+}
+
+/** The migrations the workflows served define, by migrationKey. */
+export function migrationsOf(workflows: ReadonlyArray<Workflow<any, any>>): Map<string, Migration> {
+  const out = new Map<string, Migration>();
+  for (const workflow of workflows) {
+    for (const [from, migrate] of workflow.migrations) out.set(migrationKey(workflow.name, from, workflow.version), { workflow, migrate });
+  }
+  return out;
+}
+
+interface TakenRun {
+  run_id: string;
+  workflow_name: string;
+  from_version: string;
+  to_version: string;
+  status: string;
+  input: unknown;
+  version_manifest: Record<string, unknown>;
+  checkpoints: Array<{ seq: number; name: string; kind: string; status: string; output: unknown; error: unknown }>;
+}
+
+/**
+ * A worker's migrator: applies the migrations it has to the runs migrate_run marked. Each
+ * run is locked (_take_migration), the user's migrate runs, and its result is written
+ * (_apply_migration) in that one transaction; a migrate that throws, or returns what
+ * cannot be written, is rolled back and recorded (_migration_failed): the run is unchanged.
+ * run() returns how many runs it migrated; a run() called while one is on its way makes
+ * that one look again before it returns (a notification never falls between two passes).
+ */
+export function createMigrator(options: {
+  pool: pg.Pool;
+  workerId: string;
+  migrations: Map<string, Migration>;
+  maxPayloadBytes: number;
+  log: LogFunction;
+}): { run: () => Promise<number>; settled: () => Promise<void> } {
+  const { pool, workerId, migrations, log } = options;
+  const pairs = [...migrations.keys()];
+  let current: Promise<number> | undefined;
+  let again = false;
+  const run = (): Promise<number> => {
+    if (pairs.length === 0) return Promise.resolve(0);
+    if (current) {
+      again = true;
+      return current;
+    }
+    current = (async () => {
+      let migrated = 0;
+      do {
+        again = false;
+        migrated += await pass();
+      } while (again);
+      return migrated;
+    })().finally(() => {
+      current = undefined;
+    });
+    return current;
+  };
+  return {
+    run,
+    settled: async () => {
+      await current?.catch(() => undefined);
+    },
+  };
+
+  async function pass(): Promise<number> {
+    let migrated = 0;
+    for (let i = 0; i < MIGRATIONS_PER_PASS; i++) {
+      const outcome = await migrateOne().catch((error) => {
+        log('warn', 'migration pass failed; marked runs are tried again at the next sweep', { error: serializeError(error) });
+        return 'none' as const;
+      });
+      if (outcome === 'none') break;
+      if (outcome === 'migrated') migrated++;
+    }
+    return migrated;
+  }
+
+  async function migrateOne(): Promise<'none' | 'migrated' | 'failed'> {
+    const client = await pool.connect();
+    let broken = false;
+    let failure: { run: TakenRun; error: unknown } | undefined;
+    try {
+      await client.query('begin');
+      const taken = await client.query<TakenRun>(
+        'select run_id, workflow_name, from_version, to_version, status, input, version_manifest, checkpoints from runledger._take_migration(p_pairs => $1)',
+        [pairs],
+      );
+      const run = taken.rows[0];
+      if (!run) {
+        await client.query('commit');
+        return 'none';
+      }
+      const migration = migrations.get(migrationKey(run.workflow_name, run.from_version, run.to_version))!;
+      try {
+        const write = await plan(run, migration);
+        const applied = await client.query(
+          'select runledger._apply_migration(p_run_id => $1, p_to_version => $2, p_input => $3::jsonb, p_checkpoints => $4::jsonb, p_manifest => $5::jsonb, p_worker_id => $6) as status',
+          [run.run_id, run.to_version, write.input, write.checkpoints, JSON.stringify(migration.workflow.versionManifest), workerId],
+        );
+        await client.query('commit');
+        log(
+          'info',
+          `run ${run.run_id}: migrated from ${run.workflow_name}@${run.from_version} to ${run.to_version} (${applied.rows[0].status})`,
+        );
+        return 'migrated';
+      } catch (error) {
+        failure = { run, error };
+      }
+    } catch (error) {
+      await client.query('rollback').catch(() => (broken = true));
+      throw error;
+    } finally {
+      if (failure) await client.query('rollback').catch(() => (broken = true));
+      client.release(broken || undefined);
+    }
+    const { run, error } = failure;
+    log('warn', `run ${run.run_id}: migration to version ${run.to_version} failed; the run is left as it was`, {
+      error: serializeError(error),
+    });
+    await pool.query('select runledger._migration_failed(p_run_id => $1, p_to_version => $2, p_error => $3::jsonb, p_worker_id => $4)', [
+      run.run_id,
+      run.to_version,
+      JSON.stringify(serializeError(error)),
+      workerId,
+    ]);
+    return 'failed';
+  }
+
+  async function plan(run: TakenRun, migration: Migration) {
+    const args: MigrationArgs = {
+      runId: run.run_id,
+      fromVersion: run.from_version,
+      input: run.input,
+      checkpoints: run.checkpoints.map((c): RecordedCheckpoint => ({
+        seq: c.seq,
+        name: c.name,
+        kind: c.kind,
+        status: c.status,
+        output: unwrapOutput(c.output),
+        error: c.error ?? null,
+      })),
+      manifest: run.version_manifest,
+    };
+    let result: unknown;
+    try {
+      result = await migration.migrate(args);
+    } catch (error) {
+      throw new MigrationFailedError(
+        `migration of run ${run.run_id} from version ${run.from_version} to ${run.to_version} threw: ${(error as Error)?.message ?? String(error)}`,
+        { cause: error },
+      );
+    }
+    const write = planToWrite(result, args, options.maxPayloadBytes);
+    const schema = migration.workflow.inputSchema;
+    if (schema) {
+      const checked = schema.safeParse(write.input === null ? run.input : JSON.parse(write.input));
+      if (!checked.success) {
+        throw new MigrationFailedError(
+          `migration of run ${run.run_id}: the input does not match version ${run.to_version}'s schema: ${checked.error.message}`,
+          { details: { issues: checked.error.issues } },
+        );
+      }
+    }
+    return write;
+  }
+}
