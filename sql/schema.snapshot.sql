@@ -959,7 +959,7 @@ begin
     delete from runledger.steps s where s.run_id = p_run_id;
     insert into runledger.steps (run_id, seq, name, kind, status, output, error, attempts, started_at, finished_at, fencing_token)
     select p_run_id, (c.ord - 1)::int, c.item->>'name', coalesce(c.item->>'kind', 'step'), coalesce(c.item->>'status', 'SUCCEEDED'),
-           c.item->'output', case when c.item->'error' = 'null'::jsonb then null else c.item->'error' end,
+           case when jsonb_typeof(c.item->'output') = 'array' then c.item->'output'->0 end, case when c.item->'error' = 'null'::jsonb then null else c.item->'error' end,
            1, runledger.now(), runledger.now(), v_run.fencing_token
       from jsonb_array_elements(p_checkpoints) with ordinality as c(item, ord);
     -- Heartbeat progress of positions that hold no checkpoint now belonged to the old code.
@@ -998,7 +998,7 @@ begin
   return v_status;
 end;
 $function$;
-COMMENT ON FUNCTION runledger._apply_migration(text,text,jsonb,jsonb,jsonb,text) IS 'A worker''s migrator, in the transaction of _take_migration: moves the run to to_version with the input (null: unchanged), the checkpoints (null: unchanged; else they replace the history, positions 0..n-1) and the new version''s manifest the workflow''s migrate produced; records the event migrated with both manifests. A DEAD_LETTER run becomes PENDING; a WAITING one must keep its wait as its last checkpoint.';
+COMMENT ON FUNCTION runledger._apply_migration(text,text,jsonb,jsonb,jsonb,text) IS 'A worker''s migrator, in the transaction of _take_migration: moves the run to to_version with the input (null: unchanged), the checkpoints (null: unchanged; else they replace the history, positions 0..n-1, each {name, kind, status, output: [value] or null, error}) and the new version''s manifest the workflow''s migrate produced; records the event migrated with both manifests. A DEAD_LETTER run becomes PENDING; a WAITING one must keep its wait as its last checkpoint.';
 
 CREATE OR REPLACE FUNCTION runledger._artifact_blob_held(p_sha256 text)
  RETURNS boolean
@@ -3424,8 +3424,10 @@ begin
     from dropped d;
   return query
   select r.run_id, r.workflow_name, r.workflow_version, r.migrate_to, r.status, r.input, r.version_manifest,
+         -- output wrapped in a one-element array, as claims return it: JSON null and "no value" stay distinct.
          coalesce((select jsonb_agg(jsonb_build_object('seq', s.seq, 'name', s.name, 'kind', s.kind, 'status', s.status,
-                                                       'output', s.output, 'error', s.error) order by s.seq)
+                                                       'output', case when s.output is null then null else jsonb_build_array(s.output) end,
+                                                       'error', s.error) order by s.seq)
                      from runledger.steps s where s.run_id = r.run_id), '[]')
     from (select m.run_id from runledger.runs m
            where m.migrate_to is not null and runledger._migratable(m.status)

@@ -1,0 +1,190 @@
+import { beforeAll, describe, expect, it } from 'vitest';
+import { z } from 'zod';
+import type { MigrateFunction, Workflow } from '../src/index.js';
+import { waitFor } from './helpers/database.js';
+import { useTestEngine } from './helpers/test-engine.js';
+import { queueWorkers } from './helpers/cleanup.js';
+
+/**
+ * Run migrations in one process: what migrate_run refuses (and leaves unchanged), what a
+ * migrate may return and what is refused as a failed migration, and the canary form.
+ * (Migrations across real worker processes: test/versions.test.ts.)
+ */
+const t = useTestEngine();
+const { db } = t;
+const startWorker = queueWorkers(() => t.engine, 'moving');
+
+let plan: MigrateFunction = () => undefined;
+let v1: Workflow<any, any>;
+let other1: Workflow<any, any>;
+beforeAll(() => {
+  // Version 1: a run waits for the signal 'go' between two steps.
+  v1 = t.engine.workflow({ name: 'moving', version: '1', queue: 'moving' }, async (ctx, input: { n: number }) => {
+    const a = await ctx.step('a', () => input.n);
+    await ctx.waitForSignal('go');
+    return ctx.step('b', () => `v1:${a}`);
+  });
+  t.engine.workflow(
+    {
+      name: 'moving',
+      version: '2',
+      queue: 'moving',
+      input: z.object({ n: z.number() }),
+      manifest: { prompt: 'p2' },
+      migrations: { '1': (args) => plan(args) },
+    },
+    async (ctx, input) => {
+      const a = await ctx.step('a', () => input.n);
+      await ctx.waitForSignal('go');
+      return ctx.step('b2', () => `v2:${a}`);
+    },
+  );
+  // Two versions served, and no migration between them.
+  other1 = t.engine.workflow({ name: 'other', version: '1', queue: 'moving' }, async (ctx) => ctx.waitForSignal('go'));
+  t.engine.workflow({ name: 'other', version: '2', queue: 'moving' }, async (ctx) => ctx.waitForSignal('go'));
+});
+
+const runRow = async (runId: string) =>
+  (
+    await db.pool.query('select workflow_version, status, migrate_to, input, version_manifest from runledger.runs where run_id = $1', [
+      runId,
+    ])
+  ).rows[0];
+const steps = async (runId: string) =>
+  (await db.pool.query('select seq, name, kind, status, output from runledger.steps where run_id = $1 order by seq', [runId])).rows;
+
+async function waitingRun(n: number): Promise<string> {
+  const handle = await t.engine.start(v1, { n });
+  await waitFor('waiting for go', async () => ((await runRow(handle.runId)).status === 'WAITING' ? true : undefined));
+  return handle.runId;
+}
+
+describe('migrate_run refuses', () => {
+  it('an unknown run, a bad version, its own version, a version or migration no live worker has, and a finished run; nothing changes', async () => {
+    await startWorker();
+    const runId = await waitingRun(1);
+    const before = [await runRow(runId), await steps(runId)];
+    await expect(t.engine.migrateRun('no-such-run', '2')).rejects.toMatchObject({ code: 'NOT_FOUND' });
+    await expect(t.engine.migrateRun(runId, 'not a version!')).rejects.toMatchObject({ code: 'INVALID_INPUT' });
+    await expect(t.engine.migrateRun(runId, '1')).rejects.toMatchObject({
+      code: 'INVALID_STATE',
+      message: expect.stringContaining('already on version 1'),
+    });
+    await expect(t.engine.migrateRun(runId, '3')).rejects.toMatchObject({
+      code: 'UNKNOWN_WORKFLOW',
+      message: expect.stringContaining('no live worker serves moving@3'),
+    });
+    const otherRun = (await t.engine.start(other1, undefined)).runId;
+    await waitFor('other waits', async () => ((await runRow(otherRun)).status === 'WAITING' ? true : undefined));
+    await expect(t.engine.migrateRun(otherRun, '2')).rejects.toMatchObject({
+      code: 'UNKNOWN_WORKFLOW',
+      message: expect.stringContaining('no live worker has a migration of other from version 1 to 2'),
+    });
+    await expect(t.engine.migrateRuns({ workflow: 'moving', fromVersion: '1', toVersion: '2', limit: 0 })).rejects.toMatchObject({
+      code: 'INVALID_INPUT',
+    });
+    expect([await runRow(runId), await steps(runId)]).toEqual(before);
+
+    await t.engine.signal(runId, 'go');
+    await waitFor('finished', async () => ((await runRow(runId)).status === 'SUCCEEDED' ? true : undefined));
+    await expect(t.engine.migrateRun(runId, '2')).rejects.toMatchObject({
+      code: 'INVALID_STATE',
+      message: expect.stringContaining('a finished run stays on the version it finished on'),
+    });
+    const events = await db.pool.query(`select kind from runledger.events where run_id = $1 and kind like 'migrat%'`, [runId]);
+    expect(events.rows).toEqual([]);
+  });
+
+  it('bad migrations at definition', () => {
+    const define = (migrations: unknown) =>
+      t.engine.workflow({ name: 'bad-migrations', version: '2', migrations: migrations as never }, async () => 1);
+    expect(() => define([])).toThrow(expect.objectContaining({ code: 'CONFIG', message: expect.stringContaining('must be an object') }));
+    expect(() => define({ '2': () => undefined })).toThrow(
+      expect.objectContaining({ code: 'CONFIG', message: expect.stringContaining('to itself') }),
+    );
+    expect(() => define({ '1': 'not a function' })).toThrow(
+      expect.objectContaining({ code: 'CONFIG', message: expect.stringContaining('must be a function') }),
+    );
+    expect(() => define({ 'bad version': () => undefined })).toThrow(expect.objectContaining({ code: 'CONFIG' }));
+  });
+});
+
+describe('a migration', () => {
+  it('that returns what cannot be written fails, is recorded, and leaves the run as it was', async () => {
+    await startWorker();
+    const runId = await waitingRun(2);
+    const before = [await runRow(runId), await steps(runId)];
+    const cases: Array<[string, MigrateFunction, string]> = [
+      ['both forms', ({ checkpoints }) => ({ checkpoints, continueFrom: 1 }), 'both checkpoints and continueFrom'],
+      ['a position past the history', () => ({ continueFrom: 9 }), 'continueFrom must be a whole number between 0 and 2'],
+      ['the wait of a waiting run dropped', () => ({ continueFrom: 1 }), 'keeps that wait as its last checkpoint'],
+      ['an input version 2 refuses', () => ({ input: { n: 'two' } }), "does not match version 2's schema"],
+      ['a checkpoint without a name', () => ({ checkpoints: [{ output: 1 } as never] }), 'checkpoint 0 needs a name'],
+      ['an unknown field', () => ({ inputs: {} }) as never, 'unknown field(s) inputs'],
+      [
+        'a throw',
+        () => {
+          throw new Error('no way');
+        },
+        'threw: no way',
+      ],
+    ];
+    for (const [what, migrate, message] of cases) {
+      plan = migrate;
+      await expect(t.engine.migrateRun(runId, '2'), what).rejects.toMatchObject({
+        code: 'MIGRATION_FAILED',
+        message: expect.stringContaining(message),
+      });
+      expect([await runRow(runId), await steps(runId)], what).toEqual(before);
+    }
+    const failed = await db.pool.query(`select count(*)::int as n from runledger.events where run_id = $1 and kind = 'migration_failed'`, [
+      runId,
+    ]);
+    expect(failed.rows[0].n).toBe(cases.length);
+
+    // The run still works on version 1.
+    await t.engine.signal(runId, 'go');
+    await waitFor('finished', async () => ((await runRow(runId)).status === 'SUCCEEDED' ? true : undefined));
+    expect((await t.engine.getRun(runId))?.output).toBe('v1:2');
+  });
+
+  it('moves the oldest runs first with a limit (a canary), then the rest; each finishes on version 2 with transformed checkpoints', async () => {
+    await startWorker();
+    const runs: string[] = [];
+    for (let n = 10; n < 14; n++) runs.push(await waitingRun(n));
+    plan = ({ checkpoints }) => ({
+      checkpoints: checkpoints.map((c) => (c.name === 'a' ? { ...c, output: (c.output as number) * 100 } : c)),
+    });
+
+    const canary = await t.engine.migrateRuns({ workflow: 'moving', fromVersion: '1', toVersion: '2', limit: 2 });
+    expect(canary).toEqual(runs.slice(0, 2));
+    await waitFor('canary migrated', async () =>
+      (await Promise.all(canary.map(runRow))).every((r) => r.workflow_version === '2' && r.migrate_to === null) ? true : undefined,
+    );
+    expect((await Promise.all(runs.slice(2).map(runRow))).map((r) => r.workflow_version)).toEqual(['1', '1']);
+    // The canary is watched: signalled, it finishes on version 2's code.
+    for (const runId of canary) await t.engine.signal(runId, 'go');
+    await waitFor('canary finished', async () =>
+      (await Promise.all(canary.map(runRow))).every((r) => r.status === 'SUCCEEDED') ? true : undefined,
+    );
+    expect(await Promise.all(canary.map(async (id) => (await t.engine.getRun(id))?.output))).toEqual(['v2:1000', 'v2:1100']);
+
+    const rest = await t.engine.migrateRuns({ workflow: 'moving', fromVersion: '1', toVersion: '2' });
+    expect(rest).toEqual(runs.slice(2));
+    await waitFor('rest migrated', async () =>
+      (await Promise.all(rest.map(runRow))).every((r) => r.workflow_version === '2') ? true : undefined,
+    );
+    for (const runId of rest) await t.engine.signal(runId, 'go');
+    await waitFor('all finished', async () =>
+      (await Promise.all(rest.map(runRow))).every((r) => r.status === 'SUCCEEDED') ? true : undefined,
+    );
+    const finished = await steps(rest[0]!);
+    expect(finished.map((s) => [s.seq, s.name, s.status, s.output])).toEqual([
+      [0, 'a', 'SUCCEEDED', 1200],
+      [1, 'go', 'SUCCEEDED', finished[1]!.output],
+      [2, 'b2', 'SUCCEEDED', 'v2:1200'],
+    ]);
+    const row = await runRow(rest[0]!);
+    expect(row.version_manifest).toMatchObject({ workflow: 'moving@2', manifest: { prompt: 'p2' }, migrated_from: '1' });
+  });
+});
