@@ -82,7 +82,8 @@ comment on function runledger.migrate_run(text, text) is
 
 create function runledger.migrate_runs(p_workflow text, p_from_version text, p_to_version text, p_limit int default null)
 returns setof text
-language plpgsql volatile as $$
+language plpgsql volatile
+set enable_seqscan = off set jit = off as $$
 declare
   v_id text;
 begin
@@ -222,7 +223,8 @@ comment on function runledger._apply_migration(text, text, jsonb, jsonb, jsonb, 
   'A worker''s migrator, in the transaction of _take_migration: moves the run to to_version with the input (null: unchanged), the checkpoints (null: unchanged; else they replace the history, positions 0..n-1, each {name, kind, status, output: [value] or null, error}) and the new version''s manifest the workflow''s migrate produced; records the event migrated with both manifests. A DEAD_LETTER run becomes PENDING; a WAITING one must keep its wait as its last checkpoint.';
 
 create function runledger._migration_failed(p_run_id text, p_to_version text, p_error jsonb, p_worker_id text) returns void
-language sql volatile as $$
+language sql volatile
+set enable_seqscan = off set jit = off as $$
   with cleared as (
     update runledger.runs r set migrate_to = null
      where r.run_id = p_run_id and r.migrate_to = p_to_version

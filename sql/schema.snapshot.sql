@@ -2248,6 +2248,8 @@ COMMENT ON FUNCTION runledger._migratable(runledger.run_status) IS 'True for the
 CREATE OR REPLACE FUNCTION runledger._migration_failed(p_run_id text, p_to_version text, p_error jsonb, p_worker_id text)
  RETURNS void
  LANGUAGE sql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
 AS $function$
   with cleared as (
     update runledger.runs r set migrate_to = null
@@ -3922,6 +3924,8 @@ COMMENT ON FUNCTION runledger.migrate_run(text,text) IS 'Operator action: marks 
 CREATE OR REPLACE FUNCTION runledger.migrate_runs(p_workflow text, p_from_version text, p_to_version text, p_limit integer DEFAULT NULL::integer)
  RETURNS SETOF text
  LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
 AS $function$
 declare
   v_id text;

@@ -29,7 +29,7 @@ describe('runledger.fork_run', () => {
     const forkOrders = await db.pool.query('select item from orders where run_id = $1 order by item', [forkId]);
     expect(forkOrders.rows).toEqual([{ item: 'lamp:shipped' }]); // the reused transaction step did not write again
     const events = await db.pool.query(`select kind, detail from runledger.events where run_id = $1 and kind = 'forked'`, [source.runId]);
-    expect(events.rows).toEqual([{ kind: 'forked', detail: { fork: forkId, from_step: 2 } }]);
+    expect(events.rows).toEqual([{ kind: 'forked', detail: { fork: forkId, from_step: 2, version: '1' } }]);
   });
 
   it('engine.fork from step 0 starts over; a from_step past the checkpoints is RL003', async () => {
