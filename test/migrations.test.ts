@@ -187,4 +187,39 @@ describe('a migration', () => {
     const row = await runRow(rest[0]!);
     expect(row.version_manifest).toMatchObject({ workflow: 'moving@2', manifest: { prompt: 'p2' }, migrated_from: '1' });
   });
+
+  it('a batch of marked runs is applied at once on the notification, not a pass per sweep', async () => {
+    // The sweep is 10 minutes away: only migrate_runs' notification can start the migrations.
+    const worker = await t.engine.runWorker({
+      queues: ['moving'],
+      concurrency: 8,
+      leaseMs: 2_000,
+      pollIntervalMs: 100,
+      sweepIntervalMs: 600_000,
+    });
+    try {
+      const runs = 250;
+      await db.pool.query(
+        `select runledger.start_runs('moving', (select jsonb_agg(jsonb_build_object('n', i)) from generate_series(1, $1) i), '{"version": "1"}')`,
+        [runs],
+      );
+      const count = async (where: string) =>
+        (await db.pool.query(`select count(*)::int as n from runledger.runs where workflow_name = 'moving' and ${where}`)).rows[0]
+          .n as number;
+      await waitFor('all waiting', async () =>
+        (await count(`workflow_version = '1' and status = 'WAITING'`)) === runs ? true : undefined,
+      );
+      plan = () => undefined;
+      const marked = await t.engine.migrateRuns({ workflow: 'moving', fromVersion: '1', toVersion: '2' });
+      expect(marked).toHaveLength(runs);
+      await waitFor(
+        'all migrated',
+        async () => ((await count(`workflow_version = '2' and migrate_to is null and status = 'WAITING'`)) >= runs ? true : undefined),
+        20_000,
+      );
+      expect(await count(`migrate_to is not null`)).toBe(0);
+    } finally {
+      await worker.stop();
+    }
+  });
 });

@@ -76,12 +76,26 @@ describe('a run that outlives its version', () => {
     expect(workers.stdout).toContain('warning: 1 run(s) of deploy@1 wait for a worker');
     const versions = await cli(['versions']);
     expect(versions.stdout).toMatch(/deploy@1 .*0 \(stranded\)/);
+    const doctor = await cli(['doctor']);
+    expect(doctor.code).toBe(1);
+    expect(doctor.stdout).toContain('warning  stranded runs: 1 of deploy@1 (live workers serve 2)');
+    expect(doctor.stdout).toMatch(/ok +workers: 1 live/);
 
     // Version 1 comes back (a rollback, or a drain worker): it finishes the run on its own code.
     await versionWorker('1');
     await waitFor('finished', async () => ((await runRow(runId)).status === 'SUCCEEDED' ? true : undefined));
     expect((await runRow(runId)).output).toBe('shipped on v1');
     expect(await stranded()).toEqual([]);
+    const healthy = await cli(['doctor', '--json']);
+    expect(healthy.code).toBe(0);
+    expect(JSON.parse(healthy.stdout).map((f: { check: string; ok: boolean }) => [f.check, f.ok])).toEqual([
+      ['schema', true],
+      ['workers', true],
+      ['stranded runs', true],
+      ['migrations', true],
+      ['dead letter', true],
+      ['unknown operations', true],
+    ]);
   });
 });
 

@@ -13,6 +13,7 @@ import { approve } from './commands/approve.js';
 import { cancel } from './commands/cancel.js';
 import { compensate } from './commands/compensate.js';
 import { deadLetter } from './commands/dead-letter.js';
+import { doctor } from './commands/doctor.js';
 import { fork } from './commands/fork.js';
 import { migrate } from './commands/migrate.js';
 import { migrateRun } from './commands/migrate-run.js';
@@ -51,6 +52,7 @@ const COMMANDS: Record<string, Command> = {
   queues,
   workers,
   versions,
+  doctor,
   signal,
   approve,
   resolve,

@@ -5,9 +5,6 @@ import { planToWrite, unwrapOutput, type MigrateFunction, type MigrationArgs, ty
 import { MigrationFailedError } from '../core/errors.js';
 import { workflowKey, type Workflow } from '../core/workflow.js';
 
-/** Most migrations one pass applies, so a pass (run with the sweep) stays short. */
-const MIGRATIONS_PER_PASS = 100;
-
 /** What a worker registers for each migration it has: workflow@from>to. */
 export function migrationKey(workflow: string, from: string, to: string): string {
   return `${workflowKey(workflow, from)}>${to}`;
@@ -52,13 +49,14 @@ export function createMigrator(options: {
   migrations: Map<string, Migration>;
   maxPayloadBytes: number;
   log: LogFunction;
-}): { run: () => Promise<number>; settled: () => Promise<void> } {
+}): { run: () => Promise<number>; stop: () => Promise<void> } {
   const { pool, workerId, migrations, log } = options;
   const pairs = [...migrations.keys()];
   let current: Promise<number> | undefined;
   let again = false;
+  let stopped = false;
   const run = (): Promise<number> => {
-    if (pairs.length === 0) return Promise.resolve(0);
+    if (pairs.length === 0 || stopped) return Promise.resolve(0);
     if (current) {
       again = true;
       return current;
@@ -77,14 +75,17 @@ export function createMigrator(options: {
   };
   return {
     run,
-    settled: async () => {
+    // The run on its way ends after the migration it is applying.
+    stop: async () => {
+      stopped = true;
       await current?.catch(() => undefined);
     },
   };
 
+  /** Migrates marked runs until none is left (or the worker stops). */
   async function pass(): Promise<number> {
     let migrated = 0;
-    for (let i = 0; i < MIGRATIONS_PER_PASS; i++) {
+    while (!stopped) {
       const outcome = await migrateOne().catch((error) => {
         log('warn', 'migration pass failed; marked runs are tried again at the next sweep', { error: serializeError(error) });
         return 'none' as const;

@@ -202,7 +202,10 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
   const migrator = createMigrator({ pool: deps.pool, workerId, migrations, maxPayloadBytes: deps.maxPayloadBytes, log: deps.log });
   const sweep = oneAtATime(async () => {
     await sweeper();
-    await migrator.run();
+    // A manual worker's runOnce() includes the migrations; a running worker's sweep only
+    // starts them, so a long batch of migrations never delays lease recovery.
+    if (manual) await migrator.run();
+    else void migrator.run();
   });
   const listener = await listen(
     host.poolConfig,
@@ -318,7 +321,7 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
         clearInterval(heartbeatTimer);
         // A sweep or heartbeat still on its way finishes first: none may query the pool after
         // stop() returned (engine.close() ends the pool next).
-        await Promise.all([sweep.settled(), heartbeat.settled(), migrator.settled()]);
+        await Promise.all([sweep.settled(), heartbeat.settled(), migrator.stop()]);
         await deps.pool.query('select runledger._stop_worker(p_worker_id => $1)', [workerId]).catch((error) => {
           deps.log('warn', 'could not release runs on stop; their leases will expire', { error: serializeError(error) });
         });
