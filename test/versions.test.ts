@@ -28,15 +28,31 @@ const stranded = async () =>
 
 const cli = (args: string[]) => runCli(db.url, args);
 
+/** Starts a version-1 run from SQL and waits for its approval request. */
+async function startWaitingRun(): Promise<{ runId: string; request: string }> {
+  const { rows } = await db.pool.query(`select runledger.start_run('deploy', '{}', '{"version": "1"}') as run_id`);
+  const runId = rows[0].run_id as string;
+  const request = await waitFor('the approval request', async () => {
+    const r = await db.pool.query(`select request_id from runledger.approvals where run_id = $1 and decision is null`, [runId]);
+    return r.rows[0]?.request_id as string | undefined;
+  });
+  return { runId, request };
+}
+
+/** A version-1 run waiting for its approval, with version 1's worker stopped gracefully afterwards. */
+async function waitingRunOfStoppedVersion1(): Promise<{ runId: string; request: string }> {
+  const v1 = await versionWorker('1');
+  const waiting = await startWaitingRun();
+  v1.kill('SIGTERM');
+  expect((await v1.exited).code).toBe(0);
+  processes.splice(processes.indexOf(v1), 1);
+  return waiting;
+}
+
 describe('a run that outlives its version', () => {
   it('is stranded while only version 2 is served, moves to PENDING on approval without failing, and finishes on version 1 code', async () => {
     const v1 = await versionWorker('1');
-    const { rows } = await db.pool.query(`select runledger.start_run('deploy', '{}', '{"version": "1"}') as run_id`);
-    const runId = rows[0].run_id as string;
-    const request = await waitFor('the approval request', async () => {
-      const r = await db.pool.query(`select request_id from runledger.approvals where run_id = $1 and decision is null`, [runId]);
-      return r.rows[0]?.request_id as string | undefined;
-    });
+    const { runId, request } = await startWaitingRun();
     // The manifest the version registered is recorded on the run (started from SQL).
     expect((await runRow(runId)).version_manifest).toMatchObject({
       runtime: expect.stringMatching(/^runledger@/),
@@ -98,21 +114,6 @@ describe('a run that outlives its version', () => {
     ]);
   });
 });
-
-/** A version-1 run waiting for its approval, with version 1's worker stopped gracefully afterwards. */
-async function waitingRunOfStoppedVersion1(): Promise<{ runId: string; request: string }> {
-  const v1 = await versionWorker('1');
-  const { rows } = await db.pool.query(`select runledger.start_run('deploy', '{}', '{"version": "1"}') as run_id`);
-  const runId = rows[0].run_id as string;
-  const request = await waitFor('the approval request', async () => {
-    const r = await db.pool.query(`select request_id from runledger.approvals where run_id = $1 and decision is null`, [runId]);
-    return r.rows[0]?.request_id as string | undefined;
-  });
-  v1.kill('SIGTERM');
-  expect((await v1.exited).code).toBe(0);
-  processes.splice(processes.indexOf(v1), 1);
-  return { runId, request };
-}
 
 const events = async (runId: string, kind: string) =>
   (await db.pool.query('select detail from runledger.events where run_id = $1 and kind = $2 order by event_id', [runId, kind])).rows.map(
