@@ -154,6 +154,9 @@ declare
   v_wait    runledger.steps;
   v_kept    int;
   v_status  runledger.run_status;
+  v_old_len int;
+  v_bound   int;
+  v_prefix  int;
 begin
   select * into v_run from runledger.runs where run_id = p_run_id for update;
   if not found or v_run.migrate_to is distinct from p_to_version or not runledger._migratable(v_run.status) then
@@ -175,6 +178,31 @@ begin
         raise exception using errcode = 'RL003',
           message = format('_apply_migration: run %s waits at step %s (%s %s); a migration of a waiting run keeps that wait as its last checkpoint, at the same position',
                            p_run_id, v_wait.seq, v_wait.kind, v_wait.name);
+      end if;
+    end if;
+    -- Other records name step positions: the operation ledger, approvals, consumed signals,
+    -- stream chunks, session entries, artifacts. Their positions keep their checkpoints (names
+    -- and kinds; outputs may change), so the new code meets them where they were made.
+    select count(*) into v_old_len from runledger.steps s where s.run_id = p_run_id;
+    select greatest((select max(o.seq) from runledger.operations o where o.run_id = p_run_id),
+                    (select max(a.seq) from runledger.approvals a where a.run_id = p_run_id),
+                    (select max(g.consumed_seq) from runledger.signals g where g.run_id = p_run_id),
+                    (select max(c.seq) from runledger.stream_chunks c where c.run_id = p_run_id),
+                    (select max(e.step_position) from runledger.session_entries e where e.run_id = p_run_id),
+                    (select max(f.step_position) from runledger.artifacts f where f.run_id = p_run_id))
+      into v_bound;
+    if v_bound is not null then
+      v_prefix := least(v_bound + 1, v_old_len);
+      if jsonb_array_length(p_checkpoints) < v_prefix
+         or (v_bound >= v_old_len and jsonb_array_length(p_checkpoints) <> v_old_len)
+         or exists (select 1 from runledger.steps s
+                     where s.run_id = p_run_id and s.seq < v_prefix
+                       and ((p_checkpoints->s.seq->>'name') is distinct from s.name
+                            or coalesce(p_checkpoints->s.seq->>'kind', 'step') is distinct from s.kind)) then
+        raise exception using errcode = 'RL003',
+          message = format('_apply_migration: run %s has records tied to step positions up to %s (operations, approvals, signals, streams, session entries or artifacts); a migration keeps its checkpoints 0..%s with their names and kinds (their outputs may change)%s',
+                           p_run_id, v_bound, v_prefix - 1,
+                           case when v_bound >= v_old_len then ', and adds none after them' else '' end);
       end if;
     end if;
     delete from runledger.steps s where s.run_id = p_run_id;

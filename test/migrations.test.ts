@@ -20,7 +20,10 @@ let other1: Workflow<any, any>;
 beforeAll(() => {
   // Version 1: a run waits for the signal 'go' between two steps.
   v1 = t.engine.workflow({ name: 'moving', version: '1', queue: 'moving' }, async (ctx, input: { n: number }) => {
-    const a = await ctx.step('a', () => input.n);
+    const a = await ctx.step('a', () => {
+      void ctx.stream('log').write(`a=${input.n}`); // a record tied to step position 0 (stored before the checkpoint)
+      return input.n;
+    });
     await ctx.waitForSignal('go');
     return ctx.step('b', () => `v1:${a}`);
   });
@@ -121,6 +124,11 @@ describe('a migration', () => {
       ['an input version 2 refuses', () => ({ input: { n: 'two' } }), "does not match version 2's schema"],
       ['a checkpoint without a name', () => ({ checkpoints: [{ output: 1 } as never] }), 'checkpoint 0 needs a name'],
       ['an unknown field', () => ({ inputs: {} }) as never, 'unknown field(s) inputs'],
+      [
+        'a renamed checkpoint that a stream chunk is tied to',
+        ({ checkpoints }) => ({ checkpoints: [{ ...checkpoints[0]!, name: 'a-renamed' }, checkpoints[1]!] }),
+        'has records tied to step positions up to 0',
+      ],
       [
         'a throw',
         () => {
