@@ -175,7 +175,7 @@ $$;
 comment on function runledger._recover_expired(int) is
   'Sweeper, run by every live worker: each RUNNING run whose lease expired goes back to PENDING counting one recovery attempt and is re-dispatched, or, past max_recovery_attempts, to DEAD_LETTER with its termination record (through _finish_run: parent woken, queue slot freed). Attempts count expiries since the last progress: an expired execution that committed a checkpoint under its fencing token (_made_progress) starts the count again at 1. A CANCELLING one with compensations due is left without an owner for the next claim (counting an attempt; past max_recovery_attempts they are given up on, event compensations_abandoned); without, or given up on, it ends CANCELLED (or with its stop_record). Marks silent workers stopped. Returns how many runs it handled.';
 
-create function runledger.retry_run(p_run_id text) returns text
+create function runledger._retry_run(p_run_id text) returns text
 language plpgsql volatile
 set enable_seqscan = off set jit = off as $$
 declare
@@ -223,7 +223,7 @@ begin
   return 'PENDING';
 end;
 $$;
-comment on function runledger.retry_run(text) is
-  'Operator action: a DEAD_LETTER or FAILED run goes back to PENDING with its successful checkpoints intact (the last failed step runs again; a FAILED operation at that step goes back to PLANNED, called again with the same idempotency key) and recovery attempts reset; the old termination record and the operation''s failure stay in events. Returns the new status.';
+comment on function runledger._retry_run(text) is
+  'The action behind runledger.retry_run (which records it in audit_log): Operator action: a DEAD_LETTER or FAILED run goes back to PENDING with its successful checkpoints intact (the last failed step runs again; a FAILED operation at that step goes back to PLANNED, called again with the same idempotency key) and recovery attempts reset; the old termination record and the operation''s failure stay in events. Returns the new status.';
 
 insert into runledger.migrations (version, name) values (3, '0003_recovery');

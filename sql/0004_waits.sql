@@ -40,13 +40,16 @@ create table runledger.approvals (
   expires_at   timestamptz,
   decision     boolean,
   decided_by   text,
+  -- Who decided, as the database knows it: the login (session_user) and the role it acted as (current_user).
+  decided_db_user text,
+  decided_db_role text,
   decided_at   timestamptz,
   note         text,
   unique (run_id, seq),
   constraint approvals_decision_complete check ((decision is null) = (decided_at is null and decided_by is null))
 );
 comment on table runledger.approvals is
-  'Human approval requests: what is asked (action, evidence), who may decide (approvers; null = anyone), until when, and the decision kept as audit evidence (who, when, note).';
+  'Human approval requests: what is asked (action, evidence), who may decide (approvers; null = anyone), until when, and the decision kept as audit evidence (who by the name given, decided_db_user and decided_db_role as the database knows them, when, note).';
 
 create function runledger._wake(p_run_id text, p_kind text, p_key text) returns boolean
 language plpgsql volatile as $$
@@ -190,7 +193,7 @@ $$;
 comment on function runledger._wait(text, bigint, int, text, text, jsonb) is
   'A durable wait at step p_seq (sleep, signal, approval, child), in one round trip: fences, records the wait once (its wake time is a checkpoint), ends it when it can (consuming a signal, reading a decision or a child''s end, or timing out) in the same transaction, else parks the run WAITING without a lease and schedules its timer.';
 
-create function runledger.send_signal(p_run_id text, p_topic text, p_payload jsonb, p_signal_id text default null)
+create function runledger._send_signal(p_run_id text, p_topic text, p_payload jsonb, p_signal_id text default null)
 returns boolean
 language plpgsql volatile
 set enable_seqscan = off set jit = off as $$
@@ -227,10 +230,10 @@ begin
   return true;
 end;
 $$;
-comment on function runledger.send_signal(text, text, jsonb, text) is
-  'Delivers a signal to a run''s durable inbox; returns false (changing nothing) when signal_id was already accepted. Wakes the run if it waits on this topic; otherwise the signal waits for a later wait. Unknown run: RL002; finished run: RL005.';
+comment on function runledger._send_signal(text, text, jsonb, text) is
+  'The action behind runledger.send_signal (which records it in audit_log): Delivers a signal to a run''s durable inbox; returns false (changing nothing) when signal_id was already accepted. Wakes the run if it waits on this topic; otherwise the signal waits for a later wait. Unknown run: RL002; finished run: RL005.';
 
-create function runledger.decide_approval(p_request_id text, p_approved boolean, p_decided_by text, p_note text default null)
+create function runledger._decide_approval(p_request_id text, p_approved boolean, p_decided_by text, p_note text default null)
 returns jsonb
 language plpgsql volatile
 set enable_seqscan = off set jit = off as $$
@@ -258,13 +261,15 @@ begin
       raise exception using errcode = 'RL005', message = format('decide_approval: request %s expired at %s', p_request_id, v_approval.expires_at);
     end if;
     update runledger.approvals
-       set decision = p_approved, decided_by = p_decided_by, decided_at = runledger.now(), note = p_note
+       set decision = p_approved, decided_by = p_decided_by, decided_at = runledger.now(), note = p_note,
+           decided_db_user = session_user, decided_db_role = current_user
      where request_id = p_request_id
     returning * into v_approval;
     v_recorded := true;
     insert into runledger.events (run_id, kind, detail)
     values (v_approval.run_id, 'approval_decided',
-            jsonb_build_object('request_id', p_request_id, 'approved', p_approved, 'decided_by', p_decided_by, 'note', p_note));
+            jsonb_build_object('request_id', p_request_id, 'approved', p_approved, 'decided_by', p_decided_by, 'note', p_note,
+                               'db_user', session_user, 'db_role', current_user));
     perform runledger._wake(v_approval.run_id, 'approval', p_request_id);
   end if;
   -- The first decision wins; a repeated call answers with the standing decision.
@@ -272,8 +277,8 @@ begin
                             'decided_by', v_approval.decided_by, 'decided_at', v_approval.decided_at, 'note', v_approval.note);
 end;
 $$;
-comment on function runledger.decide_approval(text, boolean, text, text) is
-  'Decides a pending approval request. The first decision wins and stays as audit evidence; later calls return it with recorded = false. An approver outside the request''s list: RL007; expired request: RL005. Wakes the waiting run.';
+comment on function runledger._decide_approval(text, boolean, text, text) is
+  'The action behind runledger.decide_approval (which records it in audit_log): Decides a pending approval request. The first decision wins and stays as audit evidence; later calls return it with recorded = false. An approver outside the request''s list: RL007; expired request: RL005. Wakes the waiting run.';
 
 create function runledger._start_child(
   p_run_id text, p_token bigint, p_seq int, p_name text, p_workflow text, p_input jsonb, p_options jsonb)

@@ -28,7 +28,7 @@ begin
     select r.run_id from runledger.runs r
      where r.parent_run_id = p_run_id and not runledger.is_terminal(r.status)
   loop
-    perform runledger.cancel_run(v_child, p_reason);
+    perform runledger._cancel_run(v_child, p_reason);
     v_count := v_count + 1;
   end loop;
   return v_count;
@@ -115,7 +115,7 @@ $$;
 comment on function runledger._stop_for_compensations(runledger.runs, runledger.run_status, text, jsonb, jsonb, boolean) is
   'A run with compensations due stops as CANCELLING with its final record (status, reason, evidence, error) in stop_record: kept by its owner (p_keep_owner, the owner runs them), or without an owner and dispatched (a worker claims it). _finish_run ends it with that record.';
 
-create function runledger.cancel_run(p_run_id text, p_reason text default null) returns text
+create function runledger._cancel_run(p_run_id text, p_reason text default null) returns text
 language plpgsql volatile
 set enable_seqscan = off set jit = off as $$
 declare
@@ -159,8 +159,8 @@ begin
   return 'CANCELLING';
 end;
 $$;
-comment on function runledger.cancel_run(text, text) is
-  'Cancels a run: PENDING or WAITING -> CANCELLED at once (timers, dispatches revoked), or CANCELLING when it has compensations to run (a worker runs them); RUNNING -> CANCELLING, its worker is notified and ends it CANCELLED after the step in flight. Children are cancelled too. A finished run is left as it is. Returns the run''s new status.';
+comment on function runledger._cancel_run(text, text) is
+  'The action behind runledger.cancel_run (which records it in audit_log): Cancels a run: PENDING or WAITING -> CANCELLED at once (timers, dispatches revoked), or CANCELLING when it has compensations to run (a worker runs them); RUNNING -> CANCELLING, its worker is notified and ends it CANCELLED after the step in flight. Children are cancelled too. A finished run is left as it is. Returns the run''s new status.';
 
 create function runledger._finish_cancel(p_run_id text, p_token bigint) returns void
 language plpgsql volatile

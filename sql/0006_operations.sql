@@ -180,7 +180,7 @@ $$;
 comment on function runledger._operation_park(text, bigint, int, text, int) is
   'Fenced: an UNKNOWN operation that cannot be settled automatically parks the run WAITING (wait_kind reconcile) until resolve_operation, or until p_retry_in_ms for the next reconcile.';
 
-create function runledger.resolve_operation(p_operation_id text, p_status text, p_result jsonb default null, p_resolved_by text default null)
+create function runledger._resolve_operation(p_operation_id text, p_status text, p_result jsonb default null, p_resolved_by text default null)
 returns text
 language plpgsql volatile
 set enable_seqscan = off set jit = off as $$
@@ -208,8 +208,8 @@ begin
   return p_status;
 end;
 $$;
-comment on function runledger.resolve_operation(text, text, jsonb, text) is
-  'Operator action: settles an UNKNOWN operation as SUCCEEDED (p_result is its result) or FAILED (p_result is the error), and wakes the run waiting on it. Returns the status set.';
+comment on function runledger._resolve_operation(text, text, jsonb, text) is
+  'The action behind runledger.resolve_operation (which records it in audit_log): Operator action: settles an UNKNOWN operation as SUCCEEDED (p_result is its result) or FAILED (p_result is the error), and wakes the run waiting on it. Returns the status set.';
 
 create function runledger._record_retry(p_run_id text, p_token bigint, p_seq int, p_name text, p_attempt int, p_error jsonb, p_delay_ms int)
 returns boolean
@@ -368,7 +368,7 @@ comment on function runledger._compensation_finish(text, bigint, text, boolean, 
 -- again: the run is stopping again (CANCELLING, with its own terminal record set aside),
 -- a worker serving its workflow version claims it, replays its history without running a
 -- new step, runs the compensations not DONE, and the run ends with the record it had.
-create function runledger.compensate_run(p_run_id text, p_reason text default null) returns text
+create function runledger._compensate_run(p_run_id text, p_reason text default null) returns text
 language plpgsql volatile
 set enable_seqscan = off set jit = off as $$
 declare
@@ -409,8 +409,8 @@ begin
   return 'CANCELLING';
 end;
 $$;
-comment on function runledger.compensate_run(text, text) is
-  'Operator action: runs the compensations of a FAILED, CANCELLED, TERMINATED or DEAD_LETTER run that are not DONE (a FAILED one is tried again). The run becomes CANCELLING without an owner; a worker serving its workflow version claims it, replays its checkpoints (no new step runs), runs them newest first, and the run ends with the status and termination record it had (evidence.compensations says which ran). Returns CANCELLING, or the run''s status when nothing is left to compensate. RL005 for a run that is SUCCEEDED or not finished (use cancel_run).';
+comment on function runledger._compensate_run(text, text) is
+  'The action behind runledger.compensate_run (which records it in audit_log): Operator action: runs the compensations of a FAILED, CANCELLED, TERMINATED or DEAD_LETTER run that are not DONE (a FAILED one is tried again). The run becomes CANCELLING without an owner; a worker serving its workflow version claims it, replays its checkpoints (no new step runs), runs them newest first, and the run ends with the status and termination record it had (evidence.compensations says which ran). Returns CANCELLING, or the run''s status when nothing is left to compensate. RL005 for a run that is SUCCEEDED or not finished (use cancel_run).';
 
 create function runledger._operation_checkpoint(
   p_run_id text, p_token bigint, p_seq int, p_name text, p_operation_id text, p_status text,

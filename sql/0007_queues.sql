@@ -251,7 +251,7 @@ $$;
 comment on function runledger._admit_all(int) is
   'Sweeper: runs admission for every queue with runs waiting for it (a rate-limit window that opened, a raised limit). Returns how many runs it admitted.';
 
-create function runledger.set_queue(p_name text, p_options jsonb) returns runledger.queues
+create function runledger._set_queue(p_name text, p_options jsonb) returns runledger.queues
 language plpgsql volatile
 set enable_seqscan = off set jit = off as $$
 declare
@@ -303,7 +303,7 @@ begin
   return v_q;
 end;
 $$;
-comment on function runledger.set_queue(text, jsonb) is
-  'Creates or changes a queue. Options: concurrency, per_key_concurrency, rate_limit_max with rate_limit_period_ms, paused; a key set to null clears that limit, keys left out are kept. Admits what the new limits allow at once.';
+comment on function runledger._set_queue(text, jsonb) is
+  'The action behind runledger.set_queue (which records it in audit_log): Creates or changes a queue. Options: concurrency, per_key_concurrency, rate_limit_max with rate_limit_period_ms, paused; a key set to null clears that limit, keys left out are kept. Admits what the new limits allow at once.';
 
 insert into runledger.migrations (version, name) values (7, '0007_queues');

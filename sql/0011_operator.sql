@@ -5,7 +5,7 @@
 --   runledger.fork_run(run_id, from_step, version)  a new run that reuses the source's checkpoints before from_step
 --   runledger.prune(older_than)            deletes finished runs (and everything they own) older than that
 
-create function runledger.fork_run(p_run_id text, p_from_step int, p_version text default null) returns text
+create function runledger._fork_run(p_run_id text, p_from_step int, p_version text default null) returns text
 language plpgsql volatile
 set enable_seqscan = off set jit = off as $$
 declare
@@ -59,10 +59,10 @@ begin
   return v_id;
 end;
 $$;
-comment on function runledger.fork_run(text, int, text) is
-  'Operator action: starts a new run of the same workflow and input that reuses the source run''s checkpoints before step from_step (0 = start over) and runs the rest, on the source''s version or on version (a registered version of the workflow, with its manifest). Returns the new run_id. Operations copied this way are not compensated by the fork.';
+comment on function runledger._fork_run(text, int, text) is
+  'The action behind runledger.fork_run (which records it in audit_log): Operator action: starts a new run of the same workflow and input that reuses the source run''s checkpoints before step from_step (0 = start over) and runs the rest, on the source''s version or on version (a registered version of the workflow, with its manifest). Returns the new run_id. Operations copied this way are not compensated by the fork.';
 
-create function runledger.prune(p_older_than interval) returns bigint
+create function runledger._prune(p_older_than interval) returns bigint
 language plpgsql volatile
 set enable_seqscan = off set jit = off as $$
 declare
@@ -82,7 +82,7 @@ begin
   return v_count;
 end;
 $$;
-comment on function runledger.prune(interval) is
-  'Deletes finished runs (terminal, finished before now - older_than) with their steps, events, operations, signals and approvals, and workers stopped before then. Returns how many runs it removed.';
+comment on function runledger._prune(interval) is
+  'The action behind runledger.prune (which records it in audit_log): Deletes finished runs (terminal, finished before now - older_than) with their steps, events, operations, signals and approvals, and workers stopped before then. Returns how many runs it removed.';
 
 insert into runledger.migrations (version, name) values (11, '0011_operator');

@@ -126,7 +126,7 @@ begin
       update runledger.sessions
          set holder_run_id = v_next, held_at = runledger.now(), updated_at = runledger.now()
        where session_id = p_session_id;
-      perform runledger.send_signal(v_next, 'session:' || p_session_id, jsonb_build_object('session_id', p_session_id));
+      perform runledger._send_signal(v_next, 'session:' || p_session_id, jsonb_build_object('session_id', p_session_id));
       return v_next;
     end if;
   end loop;
@@ -323,7 +323,7 @@ $$;
 comment on function runledger.session_history(text) is
   'A session''s history in order: seq, role, content, and the run and step position that appended each entry. Unknown session: RL002; invalid id: RL003.';
 
-create function runledger.release_session(p_session_id text) returns text
+create function runledger._release_session(p_session_id text) returns text
 language plpgsql volatile
 set enable_seqscan = off set jit = off as $$
 declare
@@ -343,10 +343,10 @@ begin
   return runledger._session_free(p_session_id, 'operator');
 end;
 $$;
-comment on function runledger.release_session(text) is
-  'Operator repair: takes a session from its holder (a run stuck while holding it) and hands it to the next waiter, which is woken. Returns the new holder (null: nobody waited, or it was free). The former holder''s next append fails with RL005 (SESSION_NOT_HELD); its history records a session_released event. Unknown session: RL002.';
+comment on function runledger._release_session(text) is
+  'The action behind runledger.release_session (which records it in audit_log): Operator repair: takes a session from its holder (a run stuck while holding it) and hands it to the next waiter, which is woken. Returns the new holder (null: nobody waited, or it was free). The former holder''s next append fails with RL005 (SESSION_NOT_HELD); its history records a session_released event. Unknown session: RL002.';
 
-create function runledger.delete_session(p_session_id text) returns int
+create function runledger._delete_session(p_session_id text) returns int
 language plpgsql volatile
 set enable_seqscan = off set jit = off as $$
 declare
@@ -366,8 +366,8 @@ begin
   return v_session.entry_count;
 end;
 $$;
-comment on function runledger.delete_session(text) is
-  'Operator action: deletes a session nobody holds or waits for, with its history (entries are kept until then, whatever prune() removes). Returns how many entries went. Held or queued for: RL005; unknown: RL002.';
+comment on function runledger._delete_session(text) is
+  'The action behind runledger.delete_session (which records it in audit_log): Operator action: deletes a session nobody holds or waits for, with its history (entries are kept until then, whatever prune() removes). Returns how many entries went. Held or queued for: RL005; unknown: RL002.';
 
 create view runledger.session_list as
 select s.session_id,

@@ -102,7 +102,7 @@ $$;
 comment on function runledger._record_artifact(text, int, text, text, text, bigint, bytea, text) is
   'Records an artifact row of a run (kind artifact or value) and stores its content as a blob unless it is already stored (p_content null: the caller holds it, _artifact_blob_held) or it is a reference (p_ref). A value already recorded for the run and content is returned as it is. Content that does not hash to p_sha256: RL003.';
 
-create function runledger.prune_artifact_blobs() returns bigint
+create function runledger._prune_artifact_blobs() returns bigint
 language plpgsql volatile
 set enable_seqscan = off set jit = off as $$
 declare
@@ -120,8 +120,8 @@ begin
   return v_count;
 end;
 $$;
-comment on function runledger.prune_artifact_blobs() is
-  'Operator action: deletes the blobs no artifact row refers to any more (their runs were pruned); returns how many. A blob being recorded right now is skipped.';
+comment on function runledger._prune_artifact_blobs() is
+  'The action behind runledger.prune_artifact_blobs (which records it in audit_log): Operator action: deletes the blobs no artifact row refers to any more (their runs were pruned); returns how many. A blob being recorded right now is skipped.';
 
 create view runledger.artifact_list as
 select a.artifact_id, a.run_id, r.workflow_name, a.name, a.kind, a.sha256, a.size, a.ref,

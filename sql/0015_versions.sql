@@ -40,7 +40,7 @@ $$;
 comment on function runledger._check_migration_served(text, text, text, text) is
   'Raises RL006 (UNKNOWN_WORKFLOW) unless a live worker serves workflow@to and has registered the migration workflow@from>to.';
 
-create function runledger.migrate_run(p_run_id text, p_to_version text) returns boolean
+create function runledger._migrate_run(p_run_id text, p_to_version text) returns boolean
 language plpgsql volatile
 set enable_seqscan = off set jit = off as $$
 declare
@@ -77,10 +77,10 @@ begin
   return true;
 end;
 $$;
-comment on function runledger.migrate_run(text, text) is
-  'Operator action: marks a PENDING, WAITING or DEAD_LETTER run to continue on version to_version of its workflow. A live worker that serves that version and has a migration from the run''s version applies it (the workflow''s migrate, in the run''s transaction) and records the event migrated with both manifests; a migrate that fails is recorded as migration_failed and the run is left as it was. Returns false when the run was already marked for that version. Refused (and nothing changed): an unknown run (RL002), a finished or executing run (RL005), no live worker with the version and the migration (RL006).';
+comment on function runledger._migrate_run(text, text) is
+  'The action behind runledger.migrate_run (which records it in audit_log): Operator action: marks a PENDING, WAITING or DEAD_LETTER run to continue on version to_version of its workflow. A live worker that serves that version and has a migration from the run''s version applies it (the workflow''s migrate, in the run''s transaction) and records the event migrated with both manifests; a migrate that fails is recorded as migration_failed and the run is left as it was. Returns false when the run was already marked for that version. Refused (and nothing changed): an unknown run (RL002), a finished or executing run (RL005), no live worker with the version and the migration (RL006).';
 
-create function runledger.migrate_runs(p_workflow text, p_from_version text, p_to_version text, p_limit int default null)
+create function runledger._migrate_runs(p_workflow text, p_from_version text, p_to_version text, p_limit int default null)
 returns setof text
 language plpgsql volatile
 set enable_seqscan = off set jit = off as $$
@@ -102,13 +102,13 @@ begin
      limit p_limit
      for update skip locked
   loop
-    perform runledger.migrate_run(v_id, p_to_version);
+    perform runledger._migrate_run(v_id, p_to_version);
     return next v_id;
   end loop;
 end;
 $$;
-comment on function runledger.migrate_runs(text, text, text, int) is
-  'Operator action: migrate_run for the PENDING, WAITING and DEAD_LETTER runs of workflow@from_version, oldest first, at most limit of them (the canary form: migrate a few, watch them, then the rest with limit null). Returns the run ids it marked.';
+comment on function runledger._migrate_runs(text, text, text, int) is
+  'The action behind runledger.migrate_runs (which records it in audit_log): Operator action: migrate_run for the PENDING, WAITING and DEAD_LETTER runs of workflow@from_version, oldest first, at most limit of them (the canary form: migrate a few, watch them, then the rest with limit null). Returns the run ids it marked.';
 
 create function runledger._take_migration(p_pairs text[])
 returns table (run_id text, workflow_name text, from_version text, to_version text, status runledger.run_status,

@@ -14,6 +14,8 @@ COMMENT ON TYPE runledger.run_status IS 'Run state machine. Terminal: SUCCEEDED,
 
 -- sequences
 
+CREATE SEQUENCE runledger.audit_log_audit_id_seq AS bigint START 1 INCREMENT 1 MINVALUE 1 MAXVALUE 9223372036854775807 CACHE 1 OWNED BY runledger.audit_log.audit_id (identity);
+
 CREATE SEQUENCE runledger.events_event_id_seq AS bigint START 1 INCREMENT 1 MINVALUE 1 MAXVALUE 9223372036854775807 CACHE 1 OWNED BY runledger.events.event_id (identity);
 
 CREATE SEQUENCE runledger.session_waiters_ticket_seq AS bigint START 1 INCREMENT 1 MINVALUE 1 MAXVALUE 9223372036854775807 CACHE 1 OWNED BY runledger.session_waiters.ticket (identity);
@@ -39,10 +41,12 @@ CREATE TABLE runledger.approvals (
   expires_at timestamp with time zone,
   decision boolean,
   decided_by text,
+  decided_db_user text,
+  decided_db_role text,
   decided_at timestamp with time zone,
   note text
 );
-COMMENT ON TABLE runledger.approvals IS 'Human approval requests: what is asked (action, evidence), who may decide (approvers; null = anyone), until when, and the decision kept as audit evidence (who, when, note).';
+COMMENT ON TABLE runledger.approvals IS 'Human approval requests: what is asked (action, evidence), who may decide (approvers; null = anyone), until when, and the decision kept as audit evidence (who by the name given, decided_db_user and decided_db_role as the database knows them, when, note).';
 ALTER TABLE runledger.approvals ADD CONSTRAINT approvals_decision_complete CHECK (((decision IS NULL) = ((decided_at IS NULL) AND (decided_by IS NULL))));
 ALTER TABLE runledger.approvals ADD CONSTRAINT approvals_pkey PRIMARY KEY (request_id);
 ALTER TABLE runledger.approvals ADD CONSTRAINT approvals_run_id_fkey FOREIGN KEY (run_id) REFERENCES runledger.runs(run_id) ON DELETE CASCADE;
@@ -88,6 +92,23 @@ CREATE INDEX artifacts_blob ON runledger.artifacts USING btree (blob) WHERE (blo
 CREATE UNIQUE INDEX artifacts_pkey ON runledger.artifacts USING btree (artifact_id);
 CREATE UNIQUE INDEX artifacts_step ON runledger.artifacts USING btree (run_id, step_position) WHERE (kind = 'artifact'::text);
 CREATE UNIQUE INDEX artifacts_value ON runledger.artifacts USING btree (run_id, blob) WHERE (kind = 'value'::text);
+
+CREATE TABLE runledger.audit_log (
+  audit_id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
+  at timestamp with time zone DEFAULT runledger.now() NOT NULL,
+  db_user text DEFAULT SESSION_USER NOT NULL,
+  db_role text DEFAULT CURRENT_USER NOT NULL,
+  asserted_by text,
+  action text NOT NULL,
+  run_id text,
+  target text,
+  arguments jsonb DEFAULT '{}'::jsonb NOT NULL,
+  result jsonb
+);
+COMMENT ON TABLE runledger.audit_log IS 'One row per operator action (send_signal, decide_approval, cancel_run, compensate_run, retry_run, resolve_operation, fork_run, migrate_run, migrate_runs, set_queue, prune, release_session, delete_session, prune_artifact_blobs), written in the same transaction as the action: who (db_user = session_user, db_role = current_user, asserted_by = the name the caller gave), what, on which run and target, with which arguments, and what it returned. Kept when runs are pruned.';
+ALTER TABLE runledger.audit_log ADD CONSTRAINT audit_log_pkey PRIMARY KEY (audit_id);
+CREATE UNIQUE INDEX audit_log_pkey ON runledger.audit_log USING btree (audit_id);
+CREATE INDEX audit_log_run ON runledger.audit_log USING btree (run_id, audit_id) WHERE (run_id IS NOT NULL);
 
 CREATE TABLE runledger.events (
   event_id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
@@ -1053,6 +1074,15 @@ AS $function$
 $function$;
 COMMENT ON FUNCTION runledger._as_charge(jsonb) IS 'A charge as an object of dimensions: a bare number is {"units": n}.';
 
+CREATE OR REPLACE FUNCTION runledger._audit(p_action text, p_run_id text, p_target text, p_arguments jsonb, p_result jsonb, p_asserted_by text DEFAULT NULL::text)
+ RETURNS void
+ LANGUAGE sql
+AS $function$
+  insert into runledger.audit_log (action, run_id, target, arguments, result, asserted_by)
+  values (p_action, p_run_id, p_target, jsonb_strip_nulls(coalesce(p_arguments, '{}')), p_result, p_asserted_by)
+$function$;
+COMMENT ON FUNCTION runledger._audit(text,text,text,jsonb,jsonb,text) IS 'Records one operator action in runledger.audit_log (the caller''s login and role are taken from session_user and current_user).';
+
 CREATE OR REPLACE FUNCTION runledger._base32_10(p bigint)
  RETURNS text
  LANGUAGE sql
@@ -1083,13 +1113,62 @@ begin
     select r.run_id from runledger.runs r
      where r.parent_run_id = p_run_id and not runledger.is_terminal(r.status)
   loop
-    perform runledger.cancel_run(v_child, p_reason);
+    perform runledger._cancel_run(v_child, p_reason);
     v_count := v_count + 1;
   end loop;
   return v_count;
 end;
 $function$;
 COMMENT ON FUNCTION runledger._cancel_children(text,text) IS 'Cancels every unfinished child run of p_run_id (and, through cancel_run, theirs). Returns how many.';
+
+CREATE OR REPLACE FUNCTION runledger._cancel_run(p_run_id text, p_reason text DEFAULT NULL::text)
+ RETURNS text
+ LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+AS $function$
+declare
+  v_run runledger.runs;
+  v_now timestamptz := runledger.now();
+begin
+  select * into v_run from runledger.runs where run_id = p_run_id for update;
+  if not found then
+    raise exception using errcode = 'RL002', message = format('cancel_run: run %L not found', p_run_id);
+  end if;
+  if runledger.is_terminal(v_run.status) or v_run.status = 'CANCELLING' then
+    return v_run.status; -- nothing to do: the answer is where the run stands
+  end if;
+  if v_run.status in ('PENDING', 'WAITING') and not runledger._compensations_due(p_run_id) then
+    perform runledger._stop_unowned(p_run_id, 'CANCELLED', 'CANCELLED',
+      jsonb_build_object('reason', p_reason, 'requested_at', v_now, 'was', v_run.status));
+    return 'CANCELLED';
+  end if;
+  if v_run.status in ('PENDING', 'WAITING') then
+    -- It did things that must be undone: a worker takes it (still CANCELLING) to run the
+    -- compensations, then ends it CANCELLED. No step of its own runs again.
+    update runledger.runs
+       set status = 'CANCELLING', cancel_requested_at = v_now, cancel_reason = p_reason, updated_at = v_now,
+           wait_kind = null, wait_key = null, wake_at = null
+     where run_id = p_run_id;
+    insert into runledger.events (run_id, kind, detail, at)
+    values (p_run_id, 'cancel_requested', jsonb_build_object('reason', p_reason, 'compensations', true, 'was', v_run.status), v_now);
+    perform runledger._cancel_children(p_run_id, format('parent %s cancelled', p_run_id));
+    perform runledger._dispatch(p_run_id, v_run.queue_name);
+    return 'CANCELLING';
+  end if;
+  -- RUNNING: the owner is told now (NOTIFY) and at its next checkpoint at the latest; it
+  -- stops starting steps, lets the step in flight record its result, and ends the run.
+  update runledger.runs
+     set status = 'CANCELLING', cancel_requested_at = v_now, cancel_reason = p_reason, updated_at = v_now
+   where run_id = p_run_id;
+  insert into runledger.events (run_id, kind, detail, fencing_token, at)
+  values (p_run_id, 'cancel_requested', jsonb_build_object('reason', p_reason, 'owner', v_run.lease_owner), v_run.fencing_token, v_now);
+  perform runledger._cancel_children(p_run_id, format('parent %s cancelled', p_run_id));
+  perform pg_notify('runledger_cancel', p_run_id);
+  return 'CANCELLING';
+end;
+$function$;
+COMMENT ON FUNCTION runledger._cancel_run(text,text) IS 'The action behind runledger.cancel_run (which records it in audit_log): Cancels a run: PENDING or WAITING -> CANCELLED at once (timers, dispatches revoked), or CANCELLING when it has compensations to run (a worker runs them); RUNNING -> CANCELLING, its worker is notified and ends it CANCELLED after the step in flight. Children are cancelled too. A finished run is left as it is. Returns the run''s new status.';
 
 CREATE OR REPLACE FUNCTION runledger._charge(p_run runledger.runs, p_charge jsonb, p_step text, p_seq integer)
  RETURNS runledger.runs
@@ -1779,6 +1858,52 @@ end;
 $function$;
 COMMENT ON FUNCTION runledger._commit_fast(jsonb) IS 'The fast part of _commit_batch: locks every run of the batch in run_id order, then writes together the items that are plain checkpoints or completions with their last step of RUNNING runs under their token, before the deadline, with no charge or one within every limit (_charge_fits; it is added to the run''s budgets), without a no-progress limit (the checks _checkpoint and _complete_with_checkpoint make). Returns the indexes it wrote; raises (and is undone as a whole) when one of them cannot be written.';
 
+CREATE OR REPLACE FUNCTION runledger._compensate_run(p_run_id text, p_reason text DEFAULT NULL::text)
+ RETURNS text
+ LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+AS $function$
+declare
+  v_run   runledger.runs;
+  v_reset jsonb;
+begin
+  select * into v_run from runledger.runs where run_id = p_run_id for update;
+  if not found then
+    raise exception using errcode = 'RL002', message = format('compensate_run: run %L not found', p_run_id);
+  end if;
+  if v_run.status = 'CANCELLING' then
+    return 'CANCELLING'; -- its compensations are already being run
+  end if;
+  if v_run.status not in ('FAILED', 'CANCELLED', 'TERMINATED', 'DEAD_LETTER') then
+    raise exception using errcode = 'RL005',
+      message = format('compensate_run: run %s is %s; only FAILED, CANCELLED, TERMINATED and DEAD_LETTER runs are compensated this way%s',
+                       p_run_id, v_run.status,
+                       case when v_run.status = 'SUCCEEDED' then ' (a run that succeeded did its work: its effects are not undone)'
+                            else ' (cancel_run stops a run that has not finished and runs its compensations)' end);
+  end if;
+  -- A compensation recorded FAILED is tried again (with the same key, <key>:compensate);
+  -- the failure it held is kept in the event.
+  select jsonb_agg(jsonb_build_object('operation_id', o.operation_id, 'name', o.name, 'error', o.compensation_error) order by o.seq)
+    into v_reset
+    from runledger.operations o
+   where o.run_id = p_run_id and o.compensable and o.status = 'SUCCEEDED' and o.compensation_status = 'FAILED';
+  update runledger.operations o
+     set compensation_status = null, compensation_error = null, updated_at = runledger.now()
+   where o.run_id = p_run_id and o.compensable and o.status = 'SUCCEEDED' and o.compensation_status = 'FAILED';
+  if not runledger._compensations_due(p_run_id) then
+    return v_run.status; -- nothing to undo: every compensation is DONE, or the run has none
+  end if;
+  insert into runledger.events (run_id, kind, detail, fencing_token)
+  values (p_run_id, 'compensation_requested',
+          jsonb_strip_nulls(jsonb_build_object('reason', p_reason, 'status', v_run.status, 'retried', v_reset)), v_run.fencing_token);
+  perform runledger._stop_for_compensations(v_run, v_run.status, v_run.termination_reason, v_run.termination_evidence,
+                                            v_run.error, false);
+  return 'CANCELLING';
+end;
+$function$;
+COMMENT ON FUNCTION runledger._compensate_run(text,text) IS 'The action behind runledger.compensate_run (which records it in audit_log): Operator action: runs the compensations of a FAILED, CANCELLED, TERMINATED or DEAD_LETTER run that are not DONE (a FAILED one is tried again). The run becomes CANCELLING without an owner; a worker serving its workflow version claims it, replays its checkpoints (no new step runs), runs them newest first, and the run ends with the status and termination record it had (evidence.compensations says which ran). Returns CANCELLING, or the run''s status when nothing is left to compensate. RL005 for a run that is SUCCEEDED or not finished (use cancel_run).';
+
 CREATE OR REPLACE FUNCTION runledger._compensation_begin(p_run_id text, p_token bigint, p_operation_id text)
  RETURNS text
  LANGUAGE plpgsql
@@ -1979,6 +2104,79 @@ AS $function$
 $function$;
 COMMENT ON FUNCTION runledger._deadline_evidence(runledger.runs,timestamp with time zone) IS 'The evidence of a DEADLINE stop of a run that holds no worker, the same wherever it is found (the deadline sweep, a claim): deadline_at, noticed_at, was (PENDING or WAITING), wait_kind (null unless WAITING).';
 
+CREATE OR REPLACE FUNCTION runledger._decide_approval(p_request_id text, p_approved boolean, p_decided_by text, p_note text DEFAULT NULL::text)
+ RETURNS jsonb
+ LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+AS $function$
+declare
+  v_approval runledger.approvals;
+  v_recorded boolean := false;
+begin
+  if p_approved is null or p_decided_by is null or length(p_decided_by) = 0 then
+    raise exception using errcode = 'RL003', message = 'decide_approval: approved and decided_by are required';
+  end if;
+  select * into v_approval from runledger.approvals where request_id = p_request_id for update;
+  if not found then
+    raise exception using errcode = 'RL002', message = format('decide_approval: request %L not found', p_request_id);
+  end if;
+  if v_approval.decision is null and exists (
+       select 1 from runledger.runs r where r.run_id = v_approval.run_id and runledger.is_terminal(r.status)) then
+    raise exception using errcode = 'RL005', message = format('decide_approval: the run of request %s already finished', p_request_id);
+  end if;
+  if v_approval.decision is null then
+    if v_approval.approvers is not null and not (p_decided_by = any (v_approval.approvers)) then
+      raise exception using errcode = 'RL007',
+        message = format('decide_approval: %L may not decide request %s (allowed: %s)', p_decided_by, p_request_id, array_to_string(v_approval.approvers, ', '));
+    end if;
+    if v_approval.expires_at is not null and v_approval.expires_at <= runledger.now() then
+      raise exception using errcode = 'RL005', message = format('decide_approval: request %s expired at %s', p_request_id, v_approval.expires_at);
+    end if;
+    update runledger.approvals
+       set decision = p_approved, decided_by = p_decided_by, decided_at = runledger.now(), note = p_note,
+           decided_db_user = session_user, decided_db_role = current_user
+     where request_id = p_request_id
+    returning * into v_approval;
+    v_recorded := true;
+    insert into runledger.events (run_id, kind, detail)
+    values (v_approval.run_id, 'approval_decided',
+            jsonb_build_object('request_id', p_request_id, 'approved', p_approved, 'decided_by', p_decided_by, 'note', p_note,
+                               'db_user', session_user, 'db_role', current_user));
+    perform runledger._wake(v_approval.run_id, 'approval', p_request_id);
+  end if;
+  -- The first decision wins; a repeated call answers with the standing decision.
+  return jsonb_build_object('recorded', v_recorded, 'request_id', p_request_id, 'approved', v_approval.decision,
+                            'decided_by', v_approval.decided_by, 'decided_at', v_approval.decided_at, 'note', v_approval.note);
+end;
+$function$;
+COMMENT ON FUNCTION runledger._decide_approval(text,boolean,text,text) IS 'The action behind runledger.decide_approval (which records it in audit_log): Decides a pending approval request. The first decision wins and stays as audit evidence; later calls return it with recorded = false. An approver outside the request''s list: RL007; expired request: RL005. Wakes the waiting run.';
+
+CREATE OR REPLACE FUNCTION runledger._delete_session(p_session_id text)
+ RETURNS integer
+ LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+AS $function$
+declare
+  v_session runledger.sessions;
+begin
+  perform runledger._session_check_id(p_session_id);
+  select * into v_session from runledger.sessions where session_id = p_session_id for update;
+  if not found then
+    raise exception using errcode = 'RL002', message = format('delete_session: session %L not found', p_session_id);
+  end if;
+  if v_session.holder_run_id is not null or exists (select 1 from runledger.session_waiters w where w.session_id = p_session_id) then
+    raise exception using errcode = 'RL005',
+      message = format('delete_session: session %s is held by run %s or has runs queued; release it first (release_session)', p_session_id,
+                       coalesce(v_session.holder_run_id, '-'));
+  end if;
+  delete from runledger.sessions where session_id = p_session_id;
+  return v_session.entry_count;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._delete_session(text) IS 'The action behind runledger.delete_session (which records it in audit_log): Operator action: deletes a session nobody holds or waits for, with its history (entries are kept until then, whatever prune() removes). Returns how many entries went. Held or queued for: RL005; unknown: RL002.';
+
 CREATE OR REPLACE FUNCTION runledger._dispatch(p_run_id text, p_queue text, p_delay_ms integer DEFAULT 0)
  RETURNS void
  LANGUAGE plpgsql
@@ -2148,6 +2346,65 @@ end;
 $function$;
 COMMENT ON FUNCTION runledger._finished(text,bigint,runledger.run_status,text,jsonb,jsonb,text,text,timestamp with time zone) IS 'After a run''s row moved to a terminal status: writes its event, notifies runledger_finished with its id, wakes its parent (p_parent) and admits the next run of its queue if the queue has limits.';
 
+CREATE OR REPLACE FUNCTION runledger._fork_run(p_run_id text, p_from_step integer, p_version text DEFAULT NULL::text)
+ RETURNS text
+ LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+AS $function$
+declare
+  v_src  runledger.runs;
+  v_id   text := runledger._new_id();
+  v_done int;
+  v_now  timestamptz := runledger.now();
+  v_manifest jsonb;
+begin
+  select * into v_src from runledger.runs where run_id = p_run_id;
+  if not found then
+    raise exception using errcode = 'RL002', message = format('fork_run: run %L not found', p_run_id);
+  end if;
+  select count(*) into v_done from runledger.steps where run_id = p_run_id and status <> 'WAITING';
+  if p_from_step is null or p_from_step < 0 or p_from_step > v_done then
+    raise exception using errcode = 'RL003',
+      message = format('fork_run: from_step must be between 0 and %s (the checkpoints of run %s), not %s', v_done, p_run_id, p_from_step);
+  end if;
+  v_manifest := v_src.version_manifest;
+  if p_version is not null and p_version <> v_src.workflow_version then
+    -- The fork runs on another version's code (after a fix, or past a non-determinism):
+    -- it takes that version's manifest, as a run started on it would.
+    select w.manifest into v_manifest from runledger.workflows w
+     where w.workflow_name = v_src.workflow_name and w.workflow_version = p_version;
+    if not found then
+      raise exception using errcode = 'RL006',
+        message = format('fork_run: workflow %s has no version %L registered (a worker or engine that defines it registers it)', v_src.workflow_name, p_version);
+    end if;
+    v_manifest := coalesce(v_manifest, '{}');
+  end if;
+  insert into runledger.runs (
+    run_id, workflow_name, workflow_version, queue_name, input, priority, concurrency_key,
+    deadline_at, max_recovery_attempts, version_manifest, max_steps, budget, no_progress, retry_budget,
+    policy_version, created_at, updated_at)
+  values (
+    v_id, v_src.workflow_name, coalesce(p_version, v_src.workflow_version), v_src.queue_name, v_src.input, v_src.priority, v_src.concurrency_key,
+    -- The fork gets the same lifetime the source had, counted from now.
+    v_now + (v_src.deadline_at - v_src.created_at), v_src.max_recovery_attempts,
+    v_manifest || jsonb_build_object('forked_from', p_run_id, 'from_step', p_from_step),
+    v_src.max_steps, v_src.budget, v_src.no_progress, v_src.retry_budget, v_src.policy_version, v_now, v_now);
+  -- Finished checkpoints before from_step are reused: those steps do not run again in the fork.
+  insert into runledger.steps (run_id, seq, name, kind, status, output, error, attempts, started_at, finished_at, fencing_token, output_hash)
+  select v_id, s.seq, s.name, s.kind, s.status, s.output, s.error, s.attempts, s.started_at, s.finished_at, 0, s.output_hash
+    from runledger.steps s
+   where s.run_id = p_run_id and s.seq < p_from_step and s.status <> 'WAITING';
+  insert into runledger.events (run_id, kind, detail, at) values
+    (v_id, 'created', jsonb_build_object('forked_from', p_run_id, 'from_step', p_from_step,
+                                          'from_version', v_src.workflow_version, 'version', coalesce(p_version, v_src.workflow_version)), v_now),
+    (p_run_id, 'forked', jsonb_build_object('fork', v_id, 'from_step', p_from_step, 'version', coalesce(p_version, v_src.workflow_version)), v_now);
+  perform runledger._make_runnable(v_id, 0);
+  return v_id;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._fork_run(text,integer,text) IS 'The action behind runledger.fork_run (which records it in audit_log): Operator action: starts a new run of the same workflow and input that reuses the source run''s checkpoints before step from_step (0 = start over) and runs the rest, on the source''s version or on version (a registered version of the workflow, with its manifest). Returns the new run_id. Operations copied this way are not compensated by the fork.';
+
 CREATE OR REPLACE FUNCTION runledger._heartbeat(p_worker_id text, p_lease_ms integer, p_except text[] DEFAULT '{}'::text[])
  RETURNS text[]
  LANGUAGE plpgsql
@@ -2272,6 +2529,79 @@ AS $function$
   select p_status in ('PENDING', 'WAITING', 'DEAD_LETTER')
 $function$;
 COMMENT ON FUNCTION runledger._migratable(runledger.run_status) IS 'True for the statuses migrate_run takes: PENDING, WAITING and DEAD_LETTER (no worker executes the run, and it is not finished).';
+
+CREATE OR REPLACE FUNCTION runledger._migrate_run(p_run_id text, p_to_version text)
+ RETURNS boolean
+ LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+AS $function$
+declare
+  v_run runledger.runs;
+begin
+  if p_to_version is null or p_to_version !~ '^[A-Za-z0-9][A-Za-z0-9_.-]{0,19}$' then
+    raise exception using errcode = 'RL003', message = format('migrate_run: to_version %L is not a version name', p_to_version);
+  end if;
+  select * into v_run from runledger.runs where run_id = p_run_id for update;
+  if not found then
+    raise exception using errcode = 'RL002', message = format('migrate_run: run %L not found', p_run_id);
+  end if;
+  if v_run.workflow_version = p_to_version then
+    raise exception using errcode = 'RL005',
+      message = format('migrate_run: run %s is already on version %s of %s', p_run_id, p_to_version, v_run.workflow_name);
+  end if;
+  if not runledger._migratable(v_run.status) then
+    raise exception using errcode = 'RL005',
+      message = format('migrate_run: run %s is %s; only PENDING, WAITING and DEAD_LETTER runs are migrated (%s)', p_run_id, v_run.status,
+                       case when runledger.is_terminal(v_run.status) then 'a finished run stays on the version it finished on'
+                            else 'a worker executes it now: migrate it once it waits or is released' end);
+  end if;
+  perform runledger._check_migration_served(v_run.workflow_name, v_run.workflow_version, p_to_version, 'migrate_run');
+  if v_run.migrate_to = p_to_version then
+    return false; -- already marked: the worker applies it once
+  end if;
+  update runledger.runs set migrate_to = p_to_version, updated_at = runledger.now() where run_id = p_run_id;
+  insert into runledger.events (run_id, kind, detail, fencing_token)
+  values (p_run_id, 'migration_requested',
+          jsonb_build_object('from_version', v_run.workflow_version, 'to_version', p_to_version,
+                             'status', v_run.status, 'manifest', v_run.version_manifest), v_run.fencing_token);
+  -- Workers with the migration apply it at once instead of at their next sweep.
+  perform pg_notify('runledger_migrate', v_run.workflow_name || '@' || v_run.workflow_version || '>' || p_to_version);
+  return true;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._migrate_run(text,text) IS 'The action behind runledger.migrate_run (which records it in audit_log): Operator action: marks a PENDING, WAITING or DEAD_LETTER run to continue on version to_version of its workflow. A live worker that serves that version and has a migration from the run''s version applies it (the workflow''s migrate, in the run''s transaction) and records the event migrated with both manifests; a migrate that fails is recorded as migration_failed and the run is left as it was. Returns false when the run was already marked for that version. Refused (and nothing changed): an unknown run (RL002), a finished or executing run (RL005), no live worker with the version and the migration (RL006).';
+
+CREATE OR REPLACE FUNCTION runledger._migrate_runs(p_workflow text, p_from_version text, p_to_version text, p_limit integer DEFAULT NULL::integer)
+ RETURNS SETOF text
+ LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+AS $function$
+declare
+  v_id text;
+begin
+  if p_limit is not null and p_limit < 1 then
+    raise exception using errcode = 'RL003', message = format('migrate_runs: limit must be >= 1 (or null for all), not %s', p_limit);
+  end if;
+  if p_from_version = p_to_version then
+    raise exception using errcode = 'RL003', message = 'migrate_runs: from_version and to_version are the same';
+  end if;
+  perform runledger._check_migration_served(p_workflow, p_from_version, p_to_version, 'migrate_runs');
+  for v_id in
+    select r.run_id from runledger.runs r
+     where r.workflow_name = p_workflow and r.workflow_version = p_from_version
+       and runledger._migratable(r.status) and r.migrate_to is distinct from p_to_version
+     order by r.created_at, r.run_id
+     limit p_limit
+     for update skip locked
+  loop
+    perform runledger._migrate_run(v_id, p_to_version);
+    return next v_id;
+  end loop;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._migrate_runs(text,text,text,integer) IS 'The action behind runledger.migrate_runs (which records it in audit_log): Operator action: migrate_run for the PENDING, WAITING and DEAD_LETTER runs of workflow@from_version, oldest first, at most limit of them (the canary form: migrate a few, watch them, then the rest with limit null). Returns the run ids it marked.';
 
 CREATE OR REPLACE FUNCTION runledger._migration_failed(p_run_id text, p_to_version text, p_error jsonb, p_worker_id text)
  RETURNS void
@@ -2452,6 +2782,54 @@ begin
 end;
 $function$;
 COMMENT ON FUNCTION runledger._operation_park(text,bigint,integer,text,integer) IS 'Fenced: an UNKNOWN operation that cannot be settled automatically parks the run WAITING (wait_kind reconcile) until resolve_operation, or until p_retry_in_ms for the next reconcile.';
+
+CREATE OR REPLACE FUNCTION runledger._prune(p_older_than interval)
+ RETURNS bigint
+ LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+AS $function$
+declare
+  v_cutoff timestamptz := runledger.now() - p_older_than;
+  v_count  bigint;
+begin
+  if p_older_than is null or p_older_than < interval '0' then
+    raise exception using errcode = 'RL003', message = 'prune: older_than must be an interval >= 0';
+  end if;
+  -- Steps, events, operations, signals, approvals and progress go with their run (on delete cascade).
+  with gone as (
+    delete from runledger.runs r
+     where runledger.is_terminal(r.status) and r.finished_at < v_cutoff
+    returning 1)
+  select count(*) into v_count from gone;
+  delete from runledger.workers w where w.stopped_at < v_cutoff;
+  return v_count;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._prune(interval) IS 'The action behind runledger.prune (which records it in audit_log): Deletes finished runs (terminal, finished before now - older_than) with their steps, events, operations, signals and approvals, and workers stopped before then. Returns how many runs it removed.';
+
+CREATE OR REPLACE FUNCTION runledger._prune_artifact_blobs()
+ RETURNS bigint
+ LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+AS $function$
+declare
+  v_count bigint;
+begin
+  -- A blob being referred to right now (FOR KEY SHARE, by a transaction recording a row) is skipped.
+  with gone as (
+    delete from runledger.artifact_blobs b
+     where b.sha256 in (
+       select o.sha256 from runledger.artifact_blobs o
+        where not exists (select 1 from runledger.artifacts a where a.blob = o.sha256)
+        for update skip locked)
+    returning 1)
+  select count(*) into v_count from gone;
+  return v_count;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._prune_artifact_blobs() IS 'The action behind runledger.prune_artifact_blobs (which records it in audit_log): Operator action: deletes the blobs no artifact row refers to any more (their runs were pruned); returns how many. A blob being recorded right now is skipped.';
 
 CREATE OR REPLACE FUNCTION runledger._queue_limited(p_queue text)
  RETURNS boolean
@@ -2679,6 +3057,116 @@ end;
 $function$;
 COMMENT ON FUNCTION runledger._release_run(text,bigint,integer,text,boolean) IS 'A worker gives a run back: RUNNING -> PENDING, re-dispatched after p_delay_ms. A graceful stop does not count a recovery attempt; an infrastructure failure does (p_counts_attempt; counting again from 1 when this execution committed a checkpoint, _made_progress), and past max_recovery_attempts the run is dead-lettered instead.';
 
+CREATE OR REPLACE FUNCTION runledger._release_session(p_session_id text)
+ RETURNS text
+ LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+AS $function$
+declare
+  v_session runledger.sessions;
+begin
+  perform runledger._session_check_id(p_session_id);
+  select * into v_session from runledger.sessions where session_id = p_session_id for update;
+  if not found then
+    raise exception using errcode = 'RL002', message = format('release_session: session %L not found', p_session_id);
+  end if;
+  if v_session.holder_run_id is null then
+    return null;
+  end if;
+  insert into runledger.events (run_id, kind, detail)
+  select r.run_id, 'session_released', jsonb_build_object('session_id', p_session_id, 'by', 'operator')
+    from runledger.runs r where r.run_id = v_session.holder_run_id;
+  return runledger._session_free(p_session_id, 'operator');
+end;
+$function$;
+COMMENT ON FUNCTION runledger._release_session(text) IS 'The action behind runledger.release_session (which records it in audit_log): Operator repair: takes a session from its holder (a run stuck while holding it) and hands it to the next waiter, which is woken. Returns the new holder (null: nobody waited, or it was free). The former holder''s next append fails with RL005 (SESSION_NOT_HELD); its history records a session_released event. Unknown session: RL002.';
+
+CREATE OR REPLACE FUNCTION runledger._resolve_operation(p_operation_id text, p_status text, p_result jsonb DEFAULT NULL::jsonb, p_resolved_by text DEFAULT NULL::text)
+ RETURNS text
+ LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+AS $function$
+declare
+  v_op runledger.operations;
+begin
+  if p_status not in ('SUCCEEDED', 'FAILED') then
+    raise exception using errcode = 'RL003', message = format('resolve_operation: status must be SUCCEEDED or FAILED, not %L', p_status);
+  end if;
+  select * into v_op from runledger.operations where operation_id = p_operation_id for update;
+  if not found then
+    raise exception using errcode = 'RL002', message = format('resolve_operation: operation %L not found', p_operation_id);
+  end if;
+  if v_op.status not in ('UNKNOWN', 'STARTED') then
+    raise exception using errcode = 'RL005', message = format('resolve_operation: operation %s is %s, not UNKNOWN', p_operation_id, v_op.status);
+  end if;
+  update runledger.operations
+     set status = p_status, result = case when p_status = 'SUCCEEDED' then p_result end,
+         error = case when p_status = 'FAILED' then coalesce(p_result, jsonb_build_object('message', 'resolved as failed by an operator')) end,
+         resolved_by = coalesce(p_resolved_by, current_user), updated_at = runledger.now(), finished_at = runledger.now()
+   where operation_id = p_operation_id;
+  insert into runledger.events (run_id, kind, detail)
+  values (v_op.run_id, 'operation_resolved', jsonb_build_object('operation_id', p_operation_id, 'status', p_status, 'by', coalesce(p_resolved_by, current_user)));
+  perform runledger._wake(v_op.run_id, 'reconcile', p_operation_id);
+  return p_status;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._resolve_operation(text,text,jsonb,text) IS 'The action behind runledger.resolve_operation (which records it in audit_log): Operator action: settles an UNKNOWN operation as SUCCEEDED (p_result is its result) or FAILED (p_result is the error), and wakes the run waiting on it. Returns the status set.';
+
+CREATE OR REPLACE FUNCTION runledger._retry_run(p_run_id text)
+ RETURNS text
+ LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+AS $function$
+declare
+  v_run     runledger.runs;
+  v_dropped jsonb;
+  v_reset   jsonb;
+begin
+  select * into v_run from runledger.runs where run_id = p_run_id for update;
+  if not found then
+    raise exception using errcode = 'RL002', message = format('retry_run: run %L not found', p_run_id);
+  end if;
+  if v_run.status not in ('DEAD_LETTER', 'FAILED') then
+    raise exception using errcode = 'RL005',
+      message = format('retry_run: run %s is %s; only DEAD_LETTER and FAILED runs can be retried', p_run_id, v_run.status);
+  end if;
+  -- The failed step that ended the run is run again; every successful checkpoint stays.
+  delete from runledger.steps s
+   where s.run_id = p_run_id and s.status = 'FAILED'
+     and s.seq = (select max(seq) from runledger.steps where run_id = p_run_id)
+  returning jsonb_build_object('seq', s.seq, 'name', s.name, 'error', s.error) into v_dropped;
+  -- A failed operation at that step is callable again: the ledger row goes back to PLANNED
+  -- (same operation_id and idempotency key, no attempt made yet); the failure it held is
+  -- kept in the 'retried' event. An UNKNOWN one stays UNKNOWN (reconcile or an operator settles it).
+  update runledger.operations o
+     set status = 'PLANNED', attempts = 0, error = null, result = null, finished_at = null, resolved_by = null,
+         updated_at = runledger.now()
+    from (select * from runledger.operations
+           where run_id = p_run_id and seq = (v_dropped->>'seq')::int and status = 'FAILED' for update) old
+   where o.operation_id = old.operation_id
+  returning jsonb_build_object('operation_id', old.operation_id, 'name', old.name, 'idempotency_key', old.idempotency_key,
+                               'attempts', old.attempts, 'error', old.error, 'resolved_by', old.resolved_by) into v_reset;
+
+  update runledger.runs
+     set status = 'PENDING', error = null, output = null, finished_at = null, updated_at = runledger.now(),
+         recovery_attempts = 0, termination_reason = null, termination_evidence = null,
+         terminated_at = null
+   where run_id = p_run_id;
+  -- The old termination record is kept in the history.
+  insert into runledger.events (run_id, kind, detail, fencing_token)
+  values (p_run_id, 'retried', jsonb_strip_nulls(jsonb_build_object(
+            'previous_status', v_run.status, 'termination_reason', v_run.termination_reason,
+            'termination_evidence', v_run.termination_evidence, 'error', v_run.error,
+            'dropped_failed_step', v_dropped, 'reset_operation', v_reset)), v_run.fencing_token);
+  perform runledger._make_runnable(p_run_id, 0);
+  return 'PENDING';
+end;
+$function$;
+COMMENT ON FUNCTION runledger._retry_run(text) IS 'The action behind runledger.retry_run (which records it in audit_log): Operator action: a DEAD_LETTER or FAILED run goes back to PENDING with its successful checkpoints intact (the last failed step runs again; a FAILED operation at that step goes back to PLANNED, called again with the same idempotency key) and recovery attempts reset; the old termination record and the operation''s failure stay in events. Returns the new status.';
+
 CREATE OR REPLACE FUNCTION runledger._retry_wait(p_run_id text, p_token bigint, p_seq integer, p_name text, p_kind text, p_attempt integer, p_delay_ms integer)
  RETURNS void
  LANGUAGE plpgsql
@@ -2706,6 +3194,47 @@ begin
 end;
 $function$;
 COMMENT ON FUNCTION runledger._retry_wait(text,bigint,integer,text,text,integer,integer) IS 'Fenced: a backoff too long to sleep in memory becomes a durable wait (wait_kind retry): the step keeps a WAITING row with the attempt reached and the run waits, holding no worker, until the next attempt is due.';
+
+CREATE OR REPLACE FUNCTION runledger._send_signal(p_run_id text, p_topic text, p_payload jsonb, p_signal_id text DEFAULT NULL::text)
+ RETURNS boolean
+ LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+AS $function$
+declare
+  v_run runledger.runs;
+  v_id  text := coalesce(p_signal_id, runledger._new_id());
+begin
+  if p_topic is null or p_topic !~ '^[A-Za-z0-9][A-Za-z0-9_.:/-]*$' or length(p_topic) > 100 then
+    raise exception using errcode = 'RL003', message = format('send_signal: invalid topic %L', p_topic);
+  end if;
+  if pg_column_size(p_payload) > runledger._max_payload_bytes() then
+    raise exception using errcode = 'RL004', message = format('send_signal: payload over the limit of %s bytes', runledger._max_payload_bytes());
+  end if;
+  -- Lock the run: a wait being recorded right now either sees this signal or is woken by it.
+  select * into v_run from runledger.runs where run_id = p_run_id for update;
+  if not found then
+    raise exception using errcode = 'RL002', message = format('send_signal: run %L not found', p_run_id);
+  end if;
+  -- A retry of a signal already accepted is answered the same way whatever happened since.
+  if exists (select 1 from runledger.signals s where s.signal_id = v_id) then
+    return false;
+  end if;
+  if runledger.is_terminal(v_run.status) then
+    raise exception using errcode = 'RL005', message = format('send_signal: run %s already finished (%s)', p_run_id, v_run.status);
+  end if;
+  insert into runledger.signals (signal_id, run_id, topic, payload) values (v_id, p_run_id, p_topic, p_payload)
+  on conflict (signal_id) do nothing;
+  if not found then
+    return false; -- the same signal_id was accepted before: nothing changes
+  end if;
+  insert into runledger.events (run_id, kind, detail)
+  values (p_run_id, 'signal_received', jsonb_build_object('topic', p_topic, 'signal_id', v_id));
+  perform runledger._wake(p_run_id, 'signal', p_topic);
+  return true;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._send_signal(text,text,jsonb,text) IS 'The action behind runledger.send_signal (which records it in audit_log): Delivers a signal to a run''s durable inbox; returns false (changing nothing) when signal_id was already accepted. Wakes the run if it waits on this topic; otherwise the signal waits for a later wait. Unknown run: RL002; finished run: RL005.';
 
 CREATE OR REPLACE FUNCTION runledger._session_acquire(p_session_id text, p_run_id text)
  RETURNS jsonb
@@ -2862,7 +3391,7 @@ begin
       update runledger.sessions
          set holder_run_id = v_next, held_at = runledger.now(), updated_at = runledger.now()
        where session_id = p_session_id;
-      perform runledger.send_signal(v_next, 'session:' || p_session_id, jsonb_build_object('session_id', p_session_id));
+      perform runledger._send_signal(v_next, 'session:' || p_session_id, jsonb_build_object('session_id', p_session_id));
       return v_next;
     end if;
   end loop;
@@ -2932,6 +3461,63 @@ begin
 end;
 $function$;
 COMMENT ON FUNCTION runledger._session_release(text,text) IS 'The holder lets go of the session (session.release()); the next waiter gets it and is woken. False when p_run_id does not hold it.';
+
+CREATE OR REPLACE FUNCTION runledger._set_queue(p_name text, p_options jsonb)
+ RETURNS runledger.queues
+ LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+AS $function$
+declare
+  v_opts jsonb := coalesce(p_options, '{}');
+  v_key  text;
+  v_q    runledger.queues;
+begin
+  if p_name is null or p_name !~ '^[A-Za-z0-9][A-Za-z0-9_.-]{0,39}$' then
+    raise exception using errcode = 'RL003', message = format('set_queue: invalid queue name %L', p_name);
+  end if;
+  if jsonb_typeof(v_opts) <> 'object' then
+    raise exception using errcode = 'RL003', message = 'set_queue: options must be a JSON object';
+  end if;
+  for v_key in select jsonb_object_keys(v_opts) loop
+    if v_key not in ('concurrency', 'per_key_concurrency', 'rate_limit_max', 'rate_limit_period_ms', 'paused') then
+      raise exception using errcode = 'RL003', message = format('set_queue: unknown option %L', v_key);
+    end if;
+  end loop;
+  perform runledger._check_whole_number(v_opts, 'concurrency', 1);
+  perform runledger._check_whole_number(v_opts, 'per_key_concurrency', 1);
+  perform runledger._check_whole_number(v_opts, 'rate_limit_max', 1);
+  perform runledger._check_whole_number(v_opts, 'rate_limit_period_ms', 1);
+  if v_opts ? 'paused' and jsonb_typeof(v_opts->'paused') <> 'boolean' then
+    raise exception using errcode = 'RL003', message = 'set_queue: paused must be true or false';
+  end if;
+  insert into runledger.queues (name) values (p_name) on conflict (name) do nothing;
+  -- Keys given replace the current values (null clears a limit); keys not given are kept.
+  begin
+    update runledger.queues q
+       set concurrency = case when v_opts ? 'concurrency' then (v_opts->>'concurrency')::int else q.concurrency end,
+           per_key_concurrency = case when v_opts ? 'per_key_concurrency' then (v_opts->>'per_key_concurrency')::int else q.per_key_concurrency end,
+           rate_limit_max = case when v_opts ? 'rate_limit_max' then (v_opts->>'rate_limit_max')::int else q.rate_limit_max end,
+           rate_limit_period_ms = case when v_opts ? 'rate_limit_period_ms' then (v_opts->>'rate_limit_period_ms')::int else q.rate_limit_period_ms end,
+           paused = case when v_opts ? 'paused' then (v_opts->>'paused')::boolean else q.paused end,
+           updated_at = runledger.now()
+     where q.name = p_name
+    returning * into v_q;
+  exception when check_violation then
+    raise exception using errcode = 'RL003', message = 'set_queue: rate_limit_max and rate_limit_period_ms go together';
+  end;
+  if runledger._queue_limited(p_name) then
+    -- Runs that were dispatched freely before the queue got limits count against them now.
+    perform runledger._admit(p_name);
+  else
+    -- Limits lifted: everything pending goes now.
+    perform runledger._make_runnable(r.run_id, 0)
+       from runledger.runs r where r.queue_name = p_name and r.status = 'PENDING' and not r.admitted;
+  end if;
+  return v_q;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._set_queue(text,jsonb) IS 'The action behind runledger.set_queue (which records it in audit_log): Creates or changes a queue. Options: concurrency, per_key_concurrency, rate_limit_max with rate_limit_period_ms, paused; a key set to null clears that limit, keys left out are kept. Admits what the new limits allow at once.';
 
 CREATE OR REPLACE FUNCTION runledger._slot_freed(p_run_id text)
  RETURNS void
@@ -3680,47 +4266,13 @@ CREATE OR REPLACE FUNCTION runledger.cancel_run(p_run_id text, p_reason text DEF
  SET jit TO 'off'
 AS $function$
 declare
-  v_run runledger.runs;
-  v_now timestamptz := runledger.now();
+  v_status text := runledger._cancel_run(p_run_id, p_reason);
 begin
-  select * into v_run from runledger.runs where run_id = p_run_id for update;
-  if not found then
-    raise exception using errcode = 'RL002', message = format('cancel_run: run %L not found', p_run_id);
-  end if;
-  if runledger.is_terminal(v_run.status) or v_run.status = 'CANCELLING' then
-    return v_run.status; -- nothing to do: the answer is where the run stands
-  end if;
-  if v_run.status in ('PENDING', 'WAITING') and not runledger._compensations_due(p_run_id) then
-    perform runledger._stop_unowned(p_run_id, 'CANCELLED', 'CANCELLED',
-      jsonb_build_object('reason', p_reason, 'requested_at', v_now, 'was', v_run.status));
-    return 'CANCELLED';
-  end if;
-  if v_run.status in ('PENDING', 'WAITING') then
-    -- It did things that must be undone: a worker takes it (still CANCELLING) to run the
-    -- compensations, then ends it CANCELLED. No step of its own runs again.
-    update runledger.runs
-       set status = 'CANCELLING', cancel_requested_at = v_now, cancel_reason = p_reason, updated_at = v_now,
-           wait_kind = null, wait_key = null, wake_at = null
-     where run_id = p_run_id;
-    insert into runledger.events (run_id, kind, detail, at)
-    values (p_run_id, 'cancel_requested', jsonb_build_object('reason', p_reason, 'compensations', true, 'was', v_run.status), v_now);
-    perform runledger._cancel_children(p_run_id, format('parent %s cancelled', p_run_id));
-    perform runledger._dispatch(p_run_id, v_run.queue_name);
-    return 'CANCELLING';
-  end if;
-  -- RUNNING: the owner is told now (NOTIFY) and at its next checkpoint at the latest; it
-  -- stops starting steps, lets the step in flight record its result, and ends the run.
-  update runledger.runs
-     set status = 'CANCELLING', cancel_requested_at = v_now, cancel_reason = p_reason, updated_at = v_now
-   where run_id = p_run_id;
-  insert into runledger.events (run_id, kind, detail, fencing_token, at)
-  values (p_run_id, 'cancel_requested', jsonb_build_object('reason', p_reason, 'owner', v_run.lease_owner), v_run.fencing_token, v_now);
-  perform runledger._cancel_children(p_run_id, format('parent %s cancelled', p_run_id));
-  perform pg_notify('runledger_cancel', p_run_id);
-  return 'CANCELLING';
+  perform runledger._audit('cancel_run', p_run_id, null, jsonb_build_object('reason', p_reason), to_jsonb(v_status));
+  return v_status;
 end;
 $function$;
-COMMENT ON FUNCTION runledger.cancel_run(text,text) IS 'Cancels a run: PENDING or WAITING -> CANCELLED at once (timers, dispatches revoked), or CANCELLING when it has compensations to run (a worker runs them); RUNNING -> CANCELLING, its worker is notified and ends it CANCELLED after the step in flight. Children are cancelled too. A finished run is left as it is. Returns the run''s new status.';
+COMMENT ON FUNCTION runledger.cancel_run(text,text) IS 'Operator action: cancels a run (and its unfinished child runs). PENDING and WAITING runs end at once (CANCELLED, or CANCELLING when compensations are due); a RUNNING run is stopped by its worker. Returns the run''s new status; a finished run is left as it is. Recorded in audit_log.';
 
 CREATE OR REPLACE FUNCTION runledger.compensate_run(p_run_id text, p_reason text DEFAULT NULL::text)
  RETURNS text
@@ -3729,44 +4281,13 @@ CREATE OR REPLACE FUNCTION runledger.compensate_run(p_run_id text, p_reason text
  SET jit TO 'off'
 AS $function$
 declare
-  v_run   runledger.runs;
-  v_reset jsonb;
+  v_status text := runledger._compensate_run(p_run_id, p_reason);
 begin
-  select * into v_run from runledger.runs where run_id = p_run_id for update;
-  if not found then
-    raise exception using errcode = 'RL002', message = format('compensate_run: run %L not found', p_run_id);
-  end if;
-  if v_run.status = 'CANCELLING' then
-    return 'CANCELLING'; -- its compensations are already being run
-  end if;
-  if v_run.status not in ('FAILED', 'CANCELLED', 'TERMINATED', 'DEAD_LETTER') then
-    raise exception using errcode = 'RL005',
-      message = format('compensate_run: run %s is %s; only FAILED, CANCELLED, TERMINATED and DEAD_LETTER runs are compensated this way%s',
-                       p_run_id, v_run.status,
-                       case when v_run.status = 'SUCCEEDED' then ' (a run that succeeded did its work: its effects are not undone)'
-                            else ' (cancel_run stops a run that has not finished and runs its compensations)' end);
-  end if;
-  -- A compensation recorded FAILED is tried again (with the same key, <key>:compensate);
-  -- the failure it held is kept in the event.
-  select jsonb_agg(jsonb_build_object('operation_id', o.operation_id, 'name', o.name, 'error', o.compensation_error) order by o.seq)
-    into v_reset
-    from runledger.operations o
-   where o.run_id = p_run_id and o.compensable and o.status = 'SUCCEEDED' and o.compensation_status = 'FAILED';
-  update runledger.operations o
-     set compensation_status = null, compensation_error = null, updated_at = runledger.now()
-   where o.run_id = p_run_id and o.compensable and o.status = 'SUCCEEDED' and o.compensation_status = 'FAILED';
-  if not runledger._compensations_due(p_run_id) then
-    return v_run.status; -- nothing to undo: every compensation is DONE, or the run has none
-  end if;
-  insert into runledger.events (run_id, kind, detail, fencing_token)
-  values (p_run_id, 'compensation_requested',
-          jsonb_strip_nulls(jsonb_build_object('reason', p_reason, 'status', v_run.status, 'retried', v_reset)), v_run.fencing_token);
-  perform runledger._stop_for_compensations(v_run, v_run.status, v_run.termination_reason, v_run.termination_evidence,
-                                            v_run.error, false);
-  return 'CANCELLING';
+  perform runledger._audit('compensate_run', p_run_id, null, jsonb_build_object('reason', p_reason), to_jsonb(v_status));
+  return v_status;
 end;
 $function$;
-COMMENT ON FUNCTION runledger.compensate_run(text,text) IS 'Operator action: runs the compensations of a FAILED, CANCELLED, TERMINATED or DEAD_LETTER run that are not DONE (a FAILED one is tried again). The run becomes CANCELLING without an owner; a worker serving its workflow version claims it, replays its checkpoints (no new step runs), runs them newest first, and the run ends with the status and termination record it had (evidence.compensations says which ran). Returns CANCELLING, or the run''s status when nothing is left to compensate. RL005 for a run that is SUCCEEDED or not finished (use cancel_run).';
+COMMENT ON FUNCTION runledger.compensate_run(text,text) IS 'Operator action: runs the compensations of a finished run (FAILED, CANCELLED, TERMINATED, DEAD_LETTER) that are not DONE, on a worker serving its version; the run keeps its status. Returns CANCELLING while they run, or the run''s status when none is left. Recorded in audit_log.';
 
 CREATE OR REPLACE FUNCTION runledger.decide_approval(p_request_id text, p_approved boolean, p_decided_by text, p_note text DEFAULT NULL::text)
  RETURNS jsonb
@@ -3775,44 +4296,14 @@ CREATE OR REPLACE FUNCTION runledger.decide_approval(p_request_id text, p_approv
  SET jit TO 'off'
 AS $function$
 declare
-  v_approval runledger.approvals;
-  v_recorded boolean := false;
+  v_decision jsonb := runledger._decide_approval(p_request_id, p_approved, p_decided_by, p_note);
 begin
-  if p_approved is null or p_decided_by is null or length(p_decided_by) = 0 then
-    raise exception using errcode = 'RL003', message = 'decide_approval: approved and decided_by are required';
-  end if;
-  select * into v_approval from runledger.approvals where request_id = p_request_id for update;
-  if not found then
-    raise exception using errcode = 'RL002', message = format('decide_approval: request %L not found', p_request_id);
-  end if;
-  if v_approval.decision is null and exists (
-       select 1 from runledger.runs r where r.run_id = v_approval.run_id and runledger.is_terminal(r.status)) then
-    raise exception using errcode = 'RL005', message = format('decide_approval: the run of request %s already finished', p_request_id);
-  end if;
-  if v_approval.decision is null then
-    if v_approval.approvers is not null and not (p_decided_by = any (v_approval.approvers)) then
-      raise exception using errcode = 'RL007',
-        message = format('decide_approval: %L may not decide request %s (allowed: %s)', p_decided_by, p_request_id, array_to_string(v_approval.approvers, ', '));
-    end if;
-    if v_approval.expires_at is not null and v_approval.expires_at <= runledger.now() then
-      raise exception using errcode = 'RL005', message = format('decide_approval: request %s expired at %s', p_request_id, v_approval.expires_at);
-    end if;
-    update runledger.approvals
-       set decision = p_approved, decided_by = p_decided_by, decided_at = runledger.now(), note = p_note
-     where request_id = p_request_id
-    returning * into v_approval;
-    v_recorded := true;
-    insert into runledger.events (run_id, kind, detail)
-    values (v_approval.run_id, 'approval_decided',
-            jsonb_build_object('request_id', p_request_id, 'approved', p_approved, 'decided_by', p_decided_by, 'note', p_note));
-    perform runledger._wake(v_approval.run_id, 'approval', p_request_id);
-  end if;
-  -- The first decision wins; a repeated call answers with the standing decision.
-  return jsonb_build_object('recorded', v_recorded, 'request_id', p_request_id, 'approved', v_approval.decision,
-                            'decided_by', v_approval.decided_by, 'decided_at', v_approval.decided_at, 'note', v_approval.note);
+  perform runledger._audit('decide_approval', (select a.run_id from runledger.approvals a where a.request_id = p_request_id),
+                           p_request_id, jsonb_build_object('approved', p_approved, 'note', p_note), v_decision, p_decided_by);
+  return v_decision;
 end;
 $function$;
-COMMENT ON FUNCTION runledger.decide_approval(text,boolean,text,text) IS 'Decides a pending approval request. The first decision wins and stays as audit evidence; later calls return it with recorded = false. An approver outside the request''s list: RL007; expired request: RL005. Wakes the waiting run.';
+COMMENT ON FUNCTION runledger.decide_approval(text,boolean,text,text) IS 'Decides a pending approval request. The first decision wins and stays as audit evidence (with the deciding login and role); later calls return it with recorded = false. An approver outside the request''s list: RL007; expired request: RL005. Wakes the waiting run. Recorded in audit_log.';
 
 CREATE OR REPLACE FUNCTION runledger.delete_session(p_session_id text)
  RETURNS integer
@@ -3821,23 +4312,13 @@ CREATE OR REPLACE FUNCTION runledger.delete_session(p_session_id text)
  SET jit TO 'off'
 AS $function$
 declare
-  v_session runledger.sessions;
+  v_removed int := runledger._delete_session(p_session_id);
 begin
-  perform runledger._session_check_id(p_session_id);
-  select * into v_session from runledger.sessions where session_id = p_session_id for update;
-  if not found then
-    raise exception using errcode = 'RL002', message = format('delete_session: session %L not found', p_session_id);
-  end if;
-  if v_session.holder_run_id is not null or exists (select 1 from runledger.session_waiters w where w.session_id = p_session_id) then
-    raise exception using errcode = 'RL005',
-      message = format('delete_session: session %s is held by run %s or has runs queued; release it first (release_session)', p_session_id,
-                       coalesce(v_session.holder_run_id, '-'));
-  end if;
-  delete from runledger.sessions where session_id = p_session_id;
-  return v_session.entry_count;
+  perform runledger._audit('delete_session', null, p_session_id, '{}', to_jsonb(v_removed));
+  return v_removed;
 end;
 $function$;
-COMMENT ON FUNCTION runledger.delete_session(text) IS 'Operator action: deletes a session nobody holds or waits for, with its history (entries are kept until then, whatever prune() removes). Returns how many entries went. Held or queued for: RL005; unknown: RL002.';
+COMMENT ON FUNCTION runledger.delete_session(text) IS 'Operator action: deletes a session that no run holds or waits for, with its entries; returns how many entries it removed. Recorded in audit_log.';
 
 CREATE OR REPLACE FUNCTION runledger.fork_run(p_run_id text, p_from_step integer, p_version text DEFAULT NULL::text)
  RETURNS text
@@ -3846,57 +4327,13 @@ CREATE OR REPLACE FUNCTION runledger.fork_run(p_run_id text, p_from_step integer
  SET jit TO 'off'
 AS $function$
 declare
-  v_src  runledger.runs;
-  v_id   text := runledger._new_id();
-  v_done int;
-  v_now  timestamptz := runledger.now();
-  v_manifest jsonb;
+  v_fork text := runledger._fork_run(p_run_id, p_from_step, p_version);
 begin
-  select * into v_src from runledger.runs where run_id = p_run_id;
-  if not found then
-    raise exception using errcode = 'RL002', message = format('fork_run: run %L not found', p_run_id);
-  end if;
-  select count(*) into v_done from runledger.steps where run_id = p_run_id and status <> 'WAITING';
-  if p_from_step is null or p_from_step < 0 or p_from_step > v_done then
-    raise exception using errcode = 'RL003',
-      message = format('fork_run: from_step must be between 0 and %s (the checkpoints of run %s), not %s', v_done, p_run_id, p_from_step);
-  end if;
-  v_manifest := v_src.version_manifest;
-  if p_version is not null and p_version <> v_src.workflow_version then
-    -- The fork runs on another version's code (after a fix, or past a non-determinism):
-    -- it takes that version's manifest, as a run started on it would.
-    select w.manifest into v_manifest from runledger.workflows w
-     where w.workflow_name = v_src.workflow_name and w.workflow_version = p_version;
-    if not found then
-      raise exception using errcode = 'RL006',
-        message = format('fork_run: workflow %s has no version %L registered (a worker or engine that defines it registers it)', v_src.workflow_name, p_version);
-    end if;
-    v_manifest := coalesce(v_manifest, '{}');
-  end if;
-  insert into runledger.runs (
-    run_id, workflow_name, workflow_version, queue_name, input, priority, concurrency_key,
-    deadline_at, max_recovery_attempts, version_manifest, max_steps, budget, no_progress, retry_budget,
-    policy_version, created_at, updated_at)
-  values (
-    v_id, v_src.workflow_name, coalesce(p_version, v_src.workflow_version), v_src.queue_name, v_src.input, v_src.priority, v_src.concurrency_key,
-    -- The fork gets the same lifetime the source had, counted from now.
-    v_now + (v_src.deadline_at - v_src.created_at), v_src.max_recovery_attempts,
-    v_manifest || jsonb_build_object('forked_from', p_run_id, 'from_step', p_from_step),
-    v_src.max_steps, v_src.budget, v_src.no_progress, v_src.retry_budget, v_src.policy_version, v_now, v_now);
-  -- Finished checkpoints before from_step are reused: those steps do not run again in the fork.
-  insert into runledger.steps (run_id, seq, name, kind, status, output, error, attempts, started_at, finished_at, fencing_token, output_hash)
-  select v_id, s.seq, s.name, s.kind, s.status, s.output, s.error, s.attempts, s.started_at, s.finished_at, 0, s.output_hash
-    from runledger.steps s
-   where s.run_id = p_run_id and s.seq < p_from_step and s.status <> 'WAITING';
-  insert into runledger.events (run_id, kind, detail, at) values
-    (v_id, 'created', jsonb_build_object('forked_from', p_run_id, 'from_step', p_from_step,
-                                          'from_version', v_src.workflow_version, 'version', coalesce(p_version, v_src.workflow_version)), v_now),
-    (p_run_id, 'forked', jsonb_build_object('fork', v_id, 'from_step', p_from_step, 'version', coalesce(p_version, v_src.workflow_version)), v_now);
-  perform runledger._make_runnable(v_id, 0);
-  return v_id;
+  perform runledger._audit('fork_run', p_run_id, v_fork, jsonb_build_object('from_step', p_from_step, 'version', p_version), to_jsonb(v_fork));
+  return v_fork;
 end;
 $function$;
-COMMENT ON FUNCTION runledger.fork_run(text,integer,text) IS 'Operator action: starts a new run of the same workflow and input that reuses the source run''s checkpoints before step from_step (0 = start over) and runs the rest, on the source''s version or on version (a registered version of the workflow, with its manifest). Returns the new run_id. Operations copied this way are not compensated by the fork.';
+COMMENT ON FUNCTION runledger.fork_run(text,integer,text) IS 'Operator action: starts a new run of the same workflow and input that reuses the source run''s checkpoints before step from_step (0 = start over) and runs the rest, on the source''s version or on version (a registered version of the workflow, with its manifest). Returns the new run_id. Operations copied this way are not compensated by the fork. Recorded in audit_log.';
 
 CREATE OR REPLACE FUNCTION runledger.is_terminal(p_status runledger.run_status)
  RETURNS boolean
@@ -3914,40 +4351,13 @@ CREATE OR REPLACE FUNCTION runledger.migrate_run(p_run_id text, p_to_version tex
  SET jit TO 'off'
 AS $function$
 declare
-  v_run runledger.runs;
+  v_marked boolean := runledger._migrate_run(p_run_id, p_to_version);
 begin
-  if p_to_version is null or p_to_version !~ '^[A-Za-z0-9][A-Za-z0-9_.-]{0,19}$' then
-    raise exception using errcode = 'RL003', message = format('migrate_run: to_version %L is not a version name', p_to_version);
-  end if;
-  select * into v_run from runledger.runs where run_id = p_run_id for update;
-  if not found then
-    raise exception using errcode = 'RL002', message = format('migrate_run: run %L not found', p_run_id);
-  end if;
-  if v_run.workflow_version = p_to_version then
-    raise exception using errcode = 'RL005',
-      message = format('migrate_run: run %s is already on version %s of %s', p_run_id, p_to_version, v_run.workflow_name);
-  end if;
-  if not runledger._migratable(v_run.status) then
-    raise exception using errcode = 'RL005',
-      message = format('migrate_run: run %s is %s; only PENDING, WAITING and DEAD_LETTER runs are migrated (%s)', p_run_id, v_run.status,
-                       case when runledger.is_terminal(v_run.status) then 'a finished run stays on the version it finished on'
-                            else 'a worker executes it now: migrate it once it waits or is released' end);
-  end if;
-  perform runledger._check_migration_served(v_run.workflow_name, v_run.workflow_version, p_to_version, 'migrate_run');
-  if v_run.migrate_to = p_to_version then
-    return false; -- already marked: the worker applies it once
-  end if;
-  update runledger.runs set migrate_to = p_to_version, updated_at = runledger.now() where run_id = p_run_id;
-  insert into runledger.events (run_id, kind, detail, fencing_token)
-  values (p_run_id, 'migration_requested',
-          jsonb_build_object('from_version', v_run.workflow_version, 'to_version', p_to_version,
-                             'status', v_run.status, 'manifest', v_run.version_manifest), v_run.fencing_token);
-  -- Workers with the migration apply it at once instead of at their next sweep.
-  perform pg_notify('runledger_migrate', v_run.workflow_name || '@' || v_run.workflow_version || '>' || p_to_version);
-  return true;
+  perform runledger._audit('migrate_run', p_run_id, null, jsonb_build_object('to_version', p_to_version), to_jsonb(v_marked));
+  return v_marked;
 end;
 $function$;
-COMMENT ON FUNCTION runledger.migrate_run(text,text) IS 'Operator action: marks a PENDING, WAITING or DEAD_LETTER run to continue on version to_version of its workflow. A live worker that serves that version and has a migration from the run''s version applies it (the workflow''s migrate, in the run''s transaction) and records the event migrated with both manifests; a migrate that fails is recorded as migration_failed and the run is left as it was. Returns false when the run was already marked for that version. Refused (and nothing changed): an unknown run (RL002), a finished or executing run (RL005), no live worker with the version and the migration (RL006).';
+COMMENT ON FUNCTION runledger.migrate_run(text,text) IS 'Operator action: marks a PENDING, WAITING or DEAD_LETTER run to continue on version to_version of its workflow; a live worker with the migration applies it (event migrated, or migration_failed with the run left as it was). Returns false when the run was already marked for that version. Refused (nothing changed): an unknown run (RL002), a finished or executing run (RL005), no live worker with the version and the migration (RL006). Recorded in audit_log.';
 
 CREATE OR REPLACE FUNCTION runledger.migrate_runs(p_workflow text, p_from_version text, p_to_version text, p_limit integer DEFAULT NULL::integer)
  RETURNS SETOF text
@@ -3956,29 +4366,15 @@ CREATE OR REPLACE FUNCTION runledger.migrate_runs(p_workflow text, p_from_versio
  SET jit TO 'off'
 AS $function$
 declare
-  v_id text;
+  v_ids text[] := array(select runledger._migrate_runs(p_workflow, p_from_version, p_to_version, p_limit));
 begin
-  if p_limit is not null and p_limit < 1 then
-    raise exception using errcode = 'RL003', message = format('migrate_runs: limit must be >= 1 (or null for all), not %s', p_limit);
-  end if;
-  if p_from_version = p_to_version then
-    raise exception using errcode = 'RL003', message = 'migrate_runs: from_version and to_version are the same';
-  end if;
-  perform runledger._check_migration_served(p_workflow, p_from_version, p_to_version, 'migrate_runs');
-  for v_id in
-    select r.run_id from runledger.runs r
-     where r.workflow_name = p_workflow and r.workflow_version = p_from_version
-       and runledger._migratable(r.status) and r.migrate_to is distinct from p_to_version
-     order by r.created_at, r.run_id
-     limit p_limit
-     for update skip locked
-  loop
-    perform runledger.migrate_run(v_id, p_to_version);
-    return next v_id;
-  end loop;
+  perform runledger._audit('migrate_runs', null, p_workflow,
+                           jsonb_build_object('from_version', p_from_version, 'to_version', p_to_version, 'limit', p_limit),
+                           jsonb_build_object('marked', cardinality(v_ids), 'run_ids', to_jsonb(v_ids)));
+  return query select unnest(v_ids);
 end;
 $function$;
-COMMENT ON FUNCTION runledger.migrate_runs(text,text,text,integer) IS 'Operator action: migrate_run for the PENDING, WAITING and DEAD_LETTER runs of workflow@from_version, oldest first, at most limit of them (the canary form: migrate a few, watch them, then the rest with limit null). Returns the run ids it marked.';
+COMMENT ON FUNCTION runledger.migrate_runs(text,text,text,integer) IS 'Operator action: migrate_run for the PENDING, WAITING and DEAD_LETTER runs of workflow@from_version, oldest first, at most limit of them (the canary form). Returns the run ids it marked. Recorded in audit_log as one action.';
 
 CREATE OR REPLACE FUNCTION runledger.now()
  RETURNS timestamp with time zone
@@ -3997,23 +4393,13 @@ CREATE OR REPLACE FUNCTION runledger.prune(p_older_than interval)
  SET jit TO 'off'
 AS $function$
 declare
-  v_cutoff timestamptz := runledger.now() - p_older_than;
-  v_count  bigint;
+  v_count bigint := runledger._prune(p_older_than);
 begin
-  if p_older_than is null or p_older_than < interval '0' then
-    raise exception using errcode = 'RL003', message = 'prune: older_than must be an interval >= 0';
-  end if;
-  -- Steps, events, operations, signals, approvals and progress go with their run (on delete cascade).
-  with gone as (
-    delete from runledger.runs r
-     where runledger.is_terminal(r.status) and r.finished_at < v_cutoff
-    returning 1)
-  select count(*) into v_count from gone;
-  delete from runledger.workers w where w.stopped_at < v_cutoff;
+  perform runledger._audit('prune', null, null, jsonb_build_object('older_than', p_older_than::text), to_jsonb(v_count));
   return v_count;
 end;
 $function$;
-COMMENT ON FUNCTION runledger.prune(interval) IS 'Deletes finished runs (terminal, finished before now - older_than) with their steps, events, operations, signals and approvals, and workers stopped before then. Returns how many runs it removed.';
+COMMENT ON FUNCTION runledger.prune(interval) IS 'Operator action: deletes finished runs (terminal, finished before now - older_than) with their steps, events, operations, signals and approvals, and workers stopped before then. Returns how many runs it removed. The audit log is kept. Recorded in audit_log.';
 
 CREATE OR REPLACE FUNCTION runledger.prune_artifact_blobs()
  RETURNS bigint
@@ -4022,21 +4408,13 @@ CREATE OR REPLACE FUNCTION runledger.prune_artifact_blobs()
  SET jit TO 'off'
 AS $function$
 declare
-  v_count bigint;
+  v_removed bigint := runledger._prune_artifact_blobs();
 begin
-  -- A blob being referred to right now (FOR KEY SHARE, by a transaction recording a row) is skipped.
-  with gone as (
-    delete from runledger.artifact_blobs b
-     where b.sha256 in (
-       select o.sha256 from runledger.artifact_blobs o
-        where not exists (select 1 from runledger.artifacts a where a.blob = o.sha256)
-        for update skip locked)
-    returning 1)
-  select count(*) into v_count from gone;
-  return v_count;
+  perform runledger._audit('prune_artifact_blobs', null, null, '{}', to_jsonb(v_removed));
+  return v_removed;
 end;
 $function$;
-COMMENT ON FUNCTION runledger.prune_artifact_blobs() IS 'Operator action: deletes the blobs no artifact row refers to any more (their runs were pruned); returns how many. A blob being recorded right now is skipped.';
+COMMENT ON FUNCTION runledger.prune_artifact_blobs() IS 'Operator action: deletes artifact contents no artifact refers to any more; returns how many it removed. Recorded in audit_log.';
 
 CREATE OR REPLACE FUNCTION runledger.read_stream(p_run_id text, p_topic text, p_from_offset bigint DEFAULT 0, p_limit integer DEFAULT 1000)
  RETURNS TABLE("offset" bigint, chunk jsonb, seq integer, attempt integer, created_at timestamp with time zone)
@@ -4073,23 +4451,13 @@ CREATE OR REPLACE FUNCTION runledger.release_session(p_session_id text)
  SET jit TO 'off'
 AS $function$
 declare
-  v_session runledger.sessions;
+  v_next text := runledger._release_session(p_session_id);
 begin
-  perform runledger._session_check_id(p_session_id);
-  select * into v_session from runledger.sessions where session_id = p_session_id for update;
-  if not found then
-    raise exception using errcode = 'RL002', message = format('release_session: session %L not found', p_session_id);
-  end if;
-  if v_session.holder_run_id is null then
-    return null;
-  end if;
-  insert into runledger.events (run_id, kind, detail)
-  select r.run_id, 'session_released', jsonb_build_object('session_id', p_session_id, 'by', 'operator')
-    from runledger.runs r where r.run_id = v_session.holder_run_id;
-  return runledger._session_free(p_session_id, 'operator');
+  perform runledger._audit('release_session', null, p_session_id, '{}', to_jsonb(v_next));
+  return v_next;
 end;
 $function$;
-COMMENT ON FUNCTION runledger.release_session(text) IS 'Operator repair: takes a session from its holder (a run stuck while holding it) and hands it to the next waiter, which is woken. Returns the new holder (null: nobody waited, or it was free). The former holder''s next append fails with RL005 (SESSION_NOT_HELD); its history records a session_released event. Unknown session: RL002.';
+COMMENT ON FUNCTION runledger.release_session(text) IS 'Operator repair: takes a session from the run holding it and hands it to the next waiting run; returns that run (null: nobody waited). Recorded in audit_log.';
 
 CREATE OR REPLACE FUNCTION runledger.resolve_operation(p_operation_id text, p_status text, p_result jsonb DEFAULT NULL::jsonb, p_resolved_by text DEFAULT NULL::text)
  RETURNS text
@@ -4098,30 +4466,16 @@ CREATE OR REPLACE FUNCTION runledger.resolve_operation(p_operation_id text, p_st
  SET jit TO 'off'
 AS $function$
 declare
-  v_op runledger.operations;
+  v_status text := runledger._resolve_operation(p_operation_id, p_status, p_result, p_resolved_by);
 begin
-  if p_status not in ('SUCCEEDED', 'FAILED') then
-    raise exception using errcode = 'RL003', message = format('resolve_operation: status must be SUCCEEDED or FAILED, not %L', p_status);
-  end if;
-  select * into v_op from runledger.operations where operation_id = p_operation_id for update;
-  if not found then
-    raise exception using errcode = 'RL002', message = format('resolve_operation: operation %L not found', p_operation_id);
-  end if;
-  if v_op.status not in ('UNKNOWN', 'STARTED') then
-    raise exception using errcode = 'RL005', message = format('resolve_operation: operation %s is %s, not UNKNOWN', p_operation_id, v_op.status);
-  end if;
-  update runledger.operations
-     set status = p_status, result = case when p_status = 'SUCCEEDED' then p_result end,
-         error = case when p_status = 'FAILED' then coalesce(p_result, jsonb_build_object('message', 'resolved as failed by an operator')) end,
-         resolved_by = coalesce(p_resolved_by, current_user), updated_at = runledger.now(), finished_at = runledger.now()
-   where operation_id = p_operation_id;
-  insert into runledger.events (run_id, kind, detail)
-  values (v_op.run_id, 'operation_resolved', jsonb_build_object('operation_id', p_operation_id, 'status', p_status, 'by', coalesce(p_resolved_by, current_user)));
-  perform runledger._wake(v_op.run_id, 'reconcile', p_operation_id);
-  return p_status;
+  -- The result is the caller's data: recorded is that one was given, not its content.
+  perform runledger._audit('resolve_operation', (select o.run_id from runledger.operations o where o.operation_id = p_operation_id),
+                           p_operation_id, jsonb_build_object('status', p_status, 'with_result', p_result is not null),
+                           to_jsonb(v_status), p_resolved_by);
+  return v_status;
 end;
 $function$;
-COMMENT ON FUNCTION runledger.resolve_operation(text,text,jsonb,text) IS 'Operator action: settles an UNKNOWN operation as SUCCEEDED (p_result is its result) or FAILED (p_result is the error), and wakes the run waiting on it. Returns the status set.';
+COMMENT ON FUNCTION runledger.resolve_operation(text,text,jsonb,text) IS 'Operator action: settles an UNKNOWN operation as SUCCEEDED (with its result) or FAILED, and wakes the run waiting on it. Returns the status set. Recorded in audit_log.';
 
 CREATE OR REPLACE FUNCTION runledger.retry_run(p_run_id text)
  RETURNS text
@@ -4130,51 +4484,13 @@ CREATE OR REPLACE FUNCTION runledger.retry_run(p_run_id text)
  SET jit TO 'off'
 AS $function$
 declare
-  v_run     runledger.runs;
-  v_dropped jsonb;
-  v_reset   jsonb;
+  v_status text := runledger._retry_run(p_run_id);
 begin
-  select * into v_run from runledger.runs where run_id = p_run_id for update;
-  if not found then
-    raise exception using errcode = 'RL002', message = format('retry_run: run %L not found', p_run_id);
-  end if;
-  if v_run.status not in ('DEAD_LETTER', 'FAILED') then
-    raise exception using errcode = 'RL005',
-      message = format('retry_run: run %s is %s; only DEAD_LETTER and FAILED runs can be retried', p_run_id, v_run.status);
-  end if;
-  -- The failed step that ended the run is run again; every successful checkpoint stays.
-  delete from runledger.steps s
-   where s.run_id = p_run_id and s.status = 'FAILED'
-     and s.seq = (select max(seq) from runledger.steps where run_id = p_run_id)
-  returning jsonb_build_object('seq', s.seq, 'name', s.name, 'error', s.error) into v_dropped;
-  -- A failed operation at that step is callable again: the ledger row goes back to PLANNED
-  -- (same operation_id and idempotency key, no attempt made yet); the failure it held is
-  -- kept in the 'retried' event. An UNKNOWN one stays UNKNOWN (reconcile or an operator settles it).
-  update runledger.operations o
-     set status = 'PLANNED', attempts = 0, error = null, result = null, finished_at = null, resolved_by = null,
-         updated_at = runledger.now()
-    from (select * from runledger.operations
-           where run_id = p_run_id and seq = (v_dropped->>'seq')::int and status = 'FAILED' for update) old
-   where o.operation_id = old.operation_id
-  returning jsonb_build_object('operation_id', old.operation_id, 'name', old.name, 'idempotency_key', old.idempotency_key,
-                               'attempts', old.attempts, 'error', old.error, 'resolved_by', old.resolved_by) into v_reset;
-
-  update runledger.runs
-     set status = 'PENDING', error = null, output = null, finished_at = null, updated_at = runledger.now(),
-         recovery_attempts = 0, termination_reason = null, termination_evidence = null,
-         terminated_at = null
-   where run_id = p_run_id;
-  -- The old termination record is kept in the history.
-  insert into runledger.events (run_id, kind, detail, fencing_token)
-  values (p_run_id, 'retried', jsonb_strip_nulls(jsonb_build_object(
-            'previous_status', v_run.status, 'termination_reason', v_run.termination_reason,
-            'termination_evidence', v_run.termination_evidence, 'error', v_run.error,
-            'dropped_failed_step', v_dropped, 'reset_operation', v_reset)), v_run.fencing_token);
-  perform runledger._make_runnable(p_run_id, 0);
-  return 'PENDING';
+  perform runledger._audit('retry_run', p_run_id, null, '{}', to_jsonb(v_status));
+  return v_status;
 end;
 $function$;
-COMMENT ON FUNCTION runledger.retry_run(text) IS 'Operator action: a DEAD_LETTER or FAILED run goes back to PENDING with its successful checkpoints intact (the last failed step runs again; a FAILED operation at that step goes back to PLANNED, called again with the same idempotency key) and recovery attempts reset; the old termination record and the operation''s failure stay in events. Returns the new status.';
+COMMENT ON FUNCTION runledger.retry_run(text) IS 'Operator action: brings a DEAD_LETTER or FAILED run back to PENDING; its successful checkpoints stay and the failed step runs again. Returns PENDING. Recorded in audit_log.';
 
 CREATE OR REPLACE FUNCTION runledger.run_transitions()
  RETURNS TABLE(from_status runledger.run_status, to_status runledger.run_status, by_whom text)
@@ -4219,39 +4535,14 @@ CREATE OR REPLACE FUNCTION runledger.send_signal(p_run_id text, p_topic text, p_
  SET jit TO 'off'
 AS $function$
 declare
-  v_run runledger.runs;
-  v_id  text := coalesce(p_signal_id, runledger._new_id());
+  v_accepted boolean := runledger._send_signal(p_run_id, p_topic, p_payload, p_signal_id);
 begin
-  if p_topic is null or p_topic !~ '^[A-Za-z0-9][A-Za-z0-9_.:/-]*$' or length(p_topic) > 100 then
-    raise exception using errcode = 'RL003', message = format('send_signal: invalid topic %L', p_topic);
-  end if;
-  if pg_column_size(p_payload) > runledger._max_payload_bytes() then
-    raise exception using errcode = 'RL004', message = format('send_signal: payload over the limit of %s bytes', runledger._max_payload_bytes());
-  end if;
-  -- Lock the run: a wait being recorded right now either sees this signal or is woken by it.
-  select * into v_run from runledger.runs where run_id = p_run_id for update;
-  if not found then
-    raise exception using errcode = 'RL002', message = format('send_signal: run %L not found', p_run_id);
-  end if;
-  -- A retry of a signal already accepted is answered the same way whatever happened since.
-  if exists (select 1 from runledger.signals s where s.signal_id = v_id) then
-    return false;
-  end if;
-  if runledger.is_terminal(v_run.status) then
-    raise exception using errcode = 'RL005', message = format('send_signal: run %s already finished (%s)', p_run_id, v_run.status);
-  end if;
-  insert into runledger.signals (signal_id, run_id, topic, payload) values (v_id, p_run_id, p_topic, p_payload)
-  on conflict (signal_id) do nothing;
-  if not found then
-    return false; -- the same signal_id was accepted before: nothing changes
-  end if;
-  insert into runledger.events (run_id, kind, detail)
-  values (p_run_id, 'signal_received', jsonb_build_object('topic', p_topic, 'signal_id', v_id));
-  perform runledger._wake(p_run_id, 'signal', p_topic);
-  return true;
+  -- The payload is the caller's data: the record names the topic and signal, not what it carried.
+  perform runledger._audit('send_signal', p_run_id, p_topic, jsonb_build_object('signal_id', p_signal_id), to_jsonb(v_accepted));
+  return v_accepted;
 end;
 $function$;
-COMMENT ON FUNCTION runledger.send_signal(text,text,jsonb,text) IS 'Delivers a signal to a run''s durable inbox; returns false (changing nothing) when signal_id was already accepted. Wakes the run if it waits on this topic; otherwise the signal waits for a later wait. Unknown run: RL002; finished run: RL005.';
+COMMENT ON FUNCTION runledger.send_signal(text,text,jsonb,text) IS 'Delivers a signal to a run''s durable inbox; returns false (changing nothing) when signal_id was already accepted. Wakes the run if it waits on this topic; otherwise the signal waits for a later wait. Unknown run: RL002; finished run: RL005. Recorded in audit_log.';
 
 CREATE OR REPLACE FUNCTION runledger.session_history(p_session_id text)
  RETURNS TABLE(seq integer, role text, content jsonb, run_id text, step_position integer, created_at timestamp with time zone)
@@ -4281,55 +4572,13 @@ CREATE OR REPLACE FUNCTION runledger.set_queue(p_name text, p_options jsonb)
  SET jit TO 'off'
 AS $function$
 declare
-  v_opts jsonb := coalesce(p_options, '{}');
-  v_key  text;
-  v_q    runledger.queues;
+  v_queue runledger.queues := runledger._set_queue(p_name, p_options);
 begin
-  if p_name is null or p_name !~ '^[A-Za-z0-9][A-Za-z0-9_.-]{0,39}$' then
-    raise exception using errcode = 'RL003', message = format('set_queue: invalid queue name %L', p_name);
-  end if;
-  if jsonb_typeof(v_opts) <> 'object' then
-    raise exception using errcode = 'RL003', message = 'set_queue: options must be a JSON object';
-  end if;
-  for v_key in select jsonb_object_keys(v_opts) loop
-    if v_key not in ('concurrency', 'per_key_concurrency', 'rate_limit_max', 'rate_limit_period_ms', 'paused') then
-      raise exception using errcode = 'RL003', message = format('set_queue: unknown option %L', v_key);
-    end if;
-  end loop;
-  perform runledger._check_whole_number(v_opts, 'concurrency', 1);
-  perform runledger._check_whole_number(v_opts, 'per_key_concurrency', 1);
-  perform runledger._check_whole_number(v_opts, 'rate_limit_max', 1);
-  perform runledger._check_whole_number(v_opts, 'rate_limit_period_ms', 1);
-  if v_opts ? 'paused' and jsonb_typeof(v_opts->'paused') <> 'boolean' then
-    raise exception using errcode = 'RL003', message = 'set_queue: paused must be true or false';
-  end if;
-  insert into runledger.queues (name) values (p_name) on conflict (name) do nothing;
-  -- Keys given replace the current values (null clears a limit); keys not given are kept.
-  begin
-    update runledger.queues q
-       set concurrency = case when v_opts ? 'concurrency' then (v_opts->>'concurrency')::int else q.concurrency end,
-           per_key_concurrency = case when v_opts ? 'per_key_concurrency' then (v_opts->>'per_key_concurrency')::int else q.per_key_concurrency end,
-           rate_limit_max = case when v_opts ? 'rate_limit_max' then (v_opts->>'rate_limit_max')::int else q.rate_limit_max end,
-           rate_limit_period_ms = case when v_opts ? 'rate_limit_period_ms' then (v_opts->>'rate_limit_period_ms')::int else q.rate_limit_period_ms end,
-           paused = case when v_opts ? 'paused' then (v_opts->>'paused')::boolean else q.paused end,
-           updated_at = runledger.now()
-     where q.name = p_name
-    returning * into v_q;
-  exception when check_violation then
-    raise exception using errcode = 'RL003', message = 'set_queue: rate_limit_max and rate_limit_period_ms go together';
-  end;
-  if runledger._queue_limited(p_name) then
-    -- Runs that were dispatched freely before the queue got limits count against them now.
-    perform runledger._admit(p_name);
-  else
-    -- Limits lifted: everything pending goes now.
-    perform runledger._make_runnable(r.run_id, 0)
-       from runledger.runs r where r.queue_name = p_name and r.status = 'PENDING' and not r.admitted;
-  end if;
-  return v_q;
+  perform runledger._audit('set_queue', null, p_name, p_options, to_jsonb(v_queue));
+  return v_queue;
 end;
 $function$;
-COMMENT ON FUNCTION runledger.set_queue(text,jsonb) IS 'Creates or changes a queue. Options: concurrency, per_key_concurrency, rate_limit_max with rate_limit_period_ms, paused; a key set to null clears that limit, keys left out are kept. Admits what the new limits allow at once.';
+COMMENT ON FUNCTION runledger.set_queue(text,jsonb) IS 'Operator action: creates or changes a queue''s limits (concurrency, per_key_concurrency, rate_limit_max, rate_limit_period_ms) and pause; returns its row. Recorded in audit_log.';
 
 CREATE OR REPLACE FUNCTION runledger.start_run(p_workflow text, p_input jsonb, p_options jsonb DEFAULT '{}'::jsonb)
  RETURNS text

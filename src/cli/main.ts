@@ -10,6 +10,7 @@
 import { RUNTIME_VERSION } from '../engine/core/version.js';
 import { approvals } from './commands/approvals.js';
 import { approve } from './commands/approve.js';
+import { audit } from './commands/audit.js';
 import { cancel } from './commands/cancel.js';
 import { compensate } from './commands/compensate.js';
 import { deadLetter } from './commands/dead-letter.js';
@@ -53,6 +54,7 @@ const COMMANDS: Record<string, Command> = {
   workers,
   versions,
   doctor,
+  audit,
   signal,
   approve,
   resolve,
