@@ -35,7 +35,10 @@ create table runledger.approvals (
   name         text not null,
   action       text not null,
   evidence     jsonb,
+  -- Names given by deciders, or database roles (checked by the deciding role's membership).
   approvers    text[],
+  -- How many approving decisions end the wait (requires: { count, of }); one rejection ends it at once.
+  required     int not null default 1 check (required >= 1),
   requested_at timestamptz not null default runledger.now(),
   expires_at   timestamptz,
   decision     boolean,
@@ -50,6 +53,21 @@ create table runledger.approvals (
 );
 comment on table runledger.approvals is
   'Human approval requests: what is asked (action, evidence), who may decide (approvers; null = anyone), until when, and the decision kept as audit evidence (who by the name given, decided_db_user and decided_db_role as the database knows them, when, note).';
+
+-- The decisions on a request that needs more than one (requires: { count, of }).
+create table runledger.approval_votes (
+  request_id text not null references runledger.approvals (request_id) on delete cascade,
+  -- Who: the name given, or for a role approver the login that decided.
+  voter      text not null,
+  approved   boolean not null,
+  note       text,
+  db_user    text not null default session_user,
+  db_role    text not null default current_user,
+  decided_at timestamptz not null default runledger.now(),
+  primary key (request_id, voter)
+);
+comment on table runledger.approval_votes is
+  'Each decision on an approval request that needs more than one (approvals.required > 1): who (voter: the name given, or the login for a role approver), approve or reject, note, login and role, when. The request is decided when required approvals are in, or at the first rejection.';
 
 create function runledger._wake(p_run_id text, p_kind text, p_key text) returns boolean
 language plpgsql volatile as $$
@@ -121,9 +139,9 @@ begin
             jsonb_strip_nulls(jsonb_build_object('wake_at', v_wake_at, 'spec', p_spec)), v_now, v_now, p_token)
     returning * into v_step;
     if p_kind = 'approval' then
-      insert into runledger.approvals (request_id, run_id, seq, name, action, evidence, approvers, expires_at)
+      insert into runledger.approvals (request_id, run_id, seq, name, action, evidence, approvers, required, expires_at)
       values (coalesce(p_spec->>'request_id', runledger._new_id()), p_run_id, p_seq, p_name, p_spec->>'action', p_spec->'evidence',
-              (select array_agg(a) from jsonb_array_elements_text(p_spec->'approvers') a), v_wake_at);
+              (select array_agg(a) from jsonb_array_elements_text(p_spec->'approvers') a), coalesce((p_spec->>'required')::int, 1), v_wake_at);
     end if;
     insert into runledger.events (run_id, kind, detail, fencing_token, at)
     values (p_run_id, 'wait_started', jsonb_build_object('seq', p_seq, 'name', p_name, 'kind', p_kind, 'wake_at', v_wake_at), p_token, v_now);
@@ -149,7 +167,8 @@ begin
     if v_approval.decision is not null then
       perform runledger._end_wait(p_run_id, p_seq, jsonb_build_object(
         'approved', v_approval.decision, 'decidedBy', v_approval.decided_by, 'decidedAt', v_approval.decided_at,
-        'note', v_approval.note, 'requestId', v_approval.request_id));
+        'note', v_approval.note, 'requestId', v_approval.request_id)
+        || case when v_approval.required > 1 then jsonb_build_object('votes', runledger._approval_votes(v_approval.request_id)) else '{}' end);
       return query select s.status = 'SUCCEEDED', s.output from runledger.steps s where s.run_id = p_run_id and s.seq = p_seq;
       return;
     end if;
@@ -233,6 +252,15 @@ $$;
 comment on function runledger._send_signal(text, text, jsonb, text) is
   'The action behind runledger.send_signal (which records it in audit_log): Delivers a signal to a run''s durable inbox; returns false (changing nothing) when signal_id was already accepted. Wakes the run if it waits on this topic; otherwise the signal waits for a later wait. Unknown run: RL002; finished run: RL005.';
 
+create function runledger._approval_votes(p_request_id text) returns jsonb
+language sql stable as $$
+  select coalesce(jsonb_agg(jsonb_build_object('decidedBy', v.voter, 'approved', v.approved, 'note', v.note, 'decidedAt', v.decided_at)
+                            order by v.decided_at, v.voter), '[]')
+    from runledger.approval_votes v where v.request_id = p_request_id
+$$;
+comment on function runledger._approval_votes(text) is
+  'The decisions on a request, in order, as the waiting run receives them (decidedBy, approved, note, decidedAt).';
+
 create function runledger._decide_approval(p_request_id text, p_approved boolean, p_decided_by text, p_note text default null)
 returns jsonb
 language plpgsql volatile
@@ -240,6 +268,9 @@ set enable_seqscan = off set jit = off as $$
 declare
   v_approval runledger.approvals;
   v_recorded boolean := false;
+  v_by_role  boolean := false;
+  v_voter    text;
+  v_yes      int;
 begin
   if p_approved is null or p_decided_by is null or length(p_decided_by) = 0 then
     raise exception using errcode = 'RL003', message = 'decide_approval: approved and decided_by are required';
@@ -253,12 +284,40 @@ begin
     raise exception using errcode = 'RL005', message = format('decide_approval: the run of request %s already finished', p_request_id);
   end if;
   if v_approval.decision is null then
-    if v_approval.approvers is not null and not (p_decided_by = any (v_approval.approvers)) then
-      raise exception using errcode = 'RL007',
-        message = format('decide_approval: %L may not decide request %s (allowed: %s)', p_decided_by, p_request_id, array_to_string(v_approval.approvers, ', '));
+    if v_approval.approvers is not null then
+      -- An approver that is a database role is met by the deciding role's membership, never by
+      -- the name given; any other approver by the name given.
+      v_by_role := exists (select 1 from unnest(v_approval.approvers) a join pg_roles g on g.rolname = a
+                            where pg_has_role(current_user, g.oid, 'MEMBER'));
+      if not v_by_role and not exists (select 1 from unnest(v_approval.approvers) a
+                                        where a = p_decided_by and not exists (select 1 from pg_roles g where g.rolname = a)) then
+        raise exception using errcode = 'RL007',
+          message = format('decide_approval: %L may not decide request %s (allowed: %s; decided as login %s, role %s)',
+                           p_decided_by, p_request_id, array_to_string(v_approval.approvers, ', '), session_user, current_user);
+      end if;
     end if;
     if v_approval.expires_at is not null and v_approval.expires_at <= runledger.now() then
       raise exception using errcode = 'RL005', message = format('decide_approval: request %s expired at %s', p_request_id, v_approval.expires_at);
+    end if;
+    if v_approval.required > 1 then
+      -- One vote per person: the name given, or the login for a role approver (one login is one vote whatever name it gives).
+      v_voter := case when v_by_role then session_user::text else p_decided_by end;
+      insert into runledger.approval_votes (request_id, voter, approved, note) values (p_request_id, v_voter, p_approved, p_note)
+      on conflict (request_id, voter) do nothing;
+      if not found then
+        return jsonb_build_object('recorded', false, 'request_id', p_request_id, 'approved', null, 'required', v_approval.required,
+                                  'votes', runledger._approval_votes(p_request_id));
+      end if;
+      insert into runledger.events (run_id, kind, detail)
+      values (v_approval.run_id, 'approval_vote',
+              jsonb_build_object('request_id', p_request_id, 'approved', p_approved, 'voter', v_voter, 'note', p_note,
+                                 'db_user', session_user, 'db_role', current_user));
+      select count(*) into v_yes from runledger.approval_votes v where v.request_id = p_request_id and v.approved;
+      if p_approved and v_yes < v_approval.required then
+        -- Recorded; the request waits for more approvals.
+        return jsonb_build_object('recorded', true, 'request_id', p_request_id, 'approved', null, 'required', v_approval.required,
+                                  'votes', runledger._approval_votes(p_request_id));
+      end if;
     end if;
     update runledger.approvals
        set decision = p_approved, decided_by = p_decided_by, decided_at = runledger.now(), note = p_note,
@@ -274,11 +333,14 @@ begin
   end if;
   -- The first decision wins; a repeated call answers with the standing decision.
   return jsonb_build_object('recorded', v_recorded, 'request_id', p_request_id, 'approved', v_approval.decision,
-                            'decided_by', v_approval.decided_by, 'decided_at', v_approval.decided_at, 'note', v_approval.note);
+                            'decided_by', v_approval.decided_by, 'decided_at', v_approval.decided_at, 'note', v_approval.note)
+         || case when v_approval.required > 1
+                 then jsonb_build_object('required', v_approval.required, 'votes', runledger._approval_votes(p_request_id))
+                 else '{}' end;
 end;
 $$;
 comment on function runledger._decide_approval(text, boolean, text, text) is
-  'The action behind runledger.decide_approval (which records it in audit_log): Decides a pending approval request. The first decision wins and stays as audit evidence; later calls return it with recorded = false. An approver outside the request''s list: RL007; expired request: RL005. Wakes the waiting run.';
+  'The action behind runledger.decide_approval (which records it in audit_log): Decides a pending approval request (approvers that are database roles are checked by the deciding role''s membership; a request with required > 1 records a vote per person and is decided at the required approvals or the first rejection). The first decision wins and stays as audit evidence; later calls return it with recorded = false. An approver outside the request''s list: RL007; expired request: RL005. Wakes the waiting run.';
 
 create function runledger._start_child(
   p_run_id text, p_token bigint, p_seq int, p_name text, p_workflow text, p_input jsonb, p_options jsonb)

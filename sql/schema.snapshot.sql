@@ -29,6 +29,20 @@ CREATE TABLE runledger.admissions (
 COMMENT ON TABLE runledger.admissions IS 'Admission times of rate-limited queues, kept for one rate-limit period: the sliding window the limit is counted over.';
 CREATE INDEX admissions_window ON runledger.admissions USING btree (queue_name, admitted_at);
 
+CREATE TABLE runledger.approval_votes (
+  request_id text NOT NULL,
+  voter text NOT NULL,
+  approved boolean NOT NULL,
+  note text,
+  db_user text DEFAULT SESSION_USER NOT NULL,
+  db_role text DEFAULT CURRENT_USER NOT NULL,
+  decided_at timestamp with time zone DEFAULT runledger.now() NOT NULL
+);
+COMMENT ON TABLE runledger.approval_votes IS 'Each decision on an approval request that needs more than one (approvals.required > 1): who (voter: the name given, or the login for a role approver), approve or reject, note, login and role, when. The request is decided when required approvals are in, or at the first rejection.';
+ALTER TABLE runledger.approval_votes ADD CONSTRAINT approval_votes_pkey PRIMARY KEY (request_id, voter);
+ALTER TABLE runledger.approval_votes ADD CONSTRAINT approval_votes_request_id_fkey FOREIGN KEY (request_id) REFERENCES runledger.approvals(request_id) ON DELETE CASCADE;
+CREATE UNIQUE INDEX approval_votes_pkey ON runledger.approval_votes USING btree (request_id, voter);
+
 CREATE TABLE runledger.approvals (
   request_id text NOT NULL,
   run_id text NOT NULL,
@@ -37,6 +51,7 @@ CREATE TABLE runledger.approvals (
   action text NOT NULL,
   evidence jsonb,
   approvers text[],
+  required integer DEFAULT 1 NOT NULL,
   requested_at timestamp with time zone DEFAULT runledger.now() NOT NULL,
   expires_at timestamp with time zone,
   decision boolean,
@@ -49,6 +64,7 @@ CREATE TABLE runledger.approvals (
 COMMENT ON TABLE runledger.approvals IS 'Human approval requests: what is asked (action, evidence), who may decide (approvers; null = anyone), until when, and the decision kept as audit evidence (who by the name given, decided_db_user and decided_db_role as the database knows them, when, note).';
 ALTER TABLE runledger.approvals ADD CONSTRAINT approvals_decision_complete CHECK (((decision IS NULL) = ((decided_at IS NULL) AND (decided_by IS NULL))));
 ALTER TABLE runledger.approvals ADD CONSTRAINT approvals_pkey PRIMARY KEY (request_id);
+ALTER TABLE runledger.approvals ADD CONSTRAINT approvals_required_check CHECK ((required >= 1));
 ALTER TABLE runledger.approvals ADD CONSTRAINT approvals_run_id_fkey FOREIGN KEY (run_id) REFERENCES runledger.runs(run_id) ON DELETE CASCADE;
 ALTER TABLE runledger.approvals ADD CONSTRAINT approvals_run_id_seq_key UNIQUE (run_id, seq);
 CREATE UNIQUE INDEX approvals_pkey ON runledger.approvals USING btree (request_id);
@@ -1048,6 +1064,17 @@ begin
 end;
 $function$;
 COMMENT ON FUNCTION runledger._apply_migration(text,text,jsonb,jsonb,jsonb,text) IS 'A worker''s migrator, in the transaction of _take_migration: moves the run to to_version with the input (null: unchanged), the checkpoints (null: unchanged; else they replace the history, positions 0..n-1, each {name, kind, status, output: [value] or null, error}) and the new version''s manifest the workflow''s migrate produced; records the event migrated with both manifests. A DEAD_LETTER run becomes PENDING; a WAITING one must keep its wait as its last checkpoint.';
+
+CREATE OR REPLACE FUNCTION runledger._approval_votes(p_request_id text)
+ RETURNS jsonb
+ LANGUAGE sql
+ STABLE
+AS $function$
+  select coalesce(jsonb_agg(jsonb_build_object('decidedBy', v.voter, 'approved', v.approved, 'note', v.note, 'decidedAt', v.decided_at)
+                            order by v.decided_at, v.voter), '[]')
+    from runledger.approval_votes v where v.request_id = p_request_id
+$function$;
+COMMENT ON FUNCTION runledger._approval_votes(text) IS 'The decisions on a request, in order, as the waiting run receives them (decidedBy, approved, note, decidedAt).';
 
 CREATE OR REPLACE FUNCTION runledger._artifact_blob_held(p_sha256 text)
  RETURNS boolean
@@ -2113,6 +2140,9 @@ AS $function$
 declare
   v_approval runledger.approvals;
   v_recorded boolean := false;
+  v_by_role  boolean := false;
+  v_voter    text;
+  v_yes      int;
 begin
   if p_approved is null or p_decided_by is null or length(p_decided_by) = 0 then
     raise exception using errcode = 'RL003', message = 'decide_approval: approved and decided_by are required';
@@ -2126,12 +2156,40 @@ begin
     raise exception using errcode = 'RL005', message = format('decide_approval: the run of request %s already finished', p_request_id);
   end if;
   if v_approval.decision is null then
-    if v_approval.approvers is not null and not (p_decided_by = any (v_approval.approvers)) then
-      raise exception using errcode = 'RL007',
-        message = format('decide_approval: %L may not decide request %s (allowed: %s)', p_decided_by, p_request_id, array_to_string(v_approval.approvers, ', '));
+    if v_approval.approvers is not null then
+      -- An approver that is a database role is met by the deciding role's membership, never by
+      -- the name given; any other approver by the name given.
+      v_by_role := exists (select 1 from unnest(v_approval.approvers) a join pg_roles g on g.rolname = a
+                            where pg_has_role(current_user, g.oid, 'MEMBER'));
+      if not v_by_role and not exists (select 1 from unnest(v_approval.approvers) a
+                                        where a = p_decided_by and not exists (select 1 from pg_roles g where g.rolname = a)) then
+        raise exception using errcode = 'RL007',
+          message = format('decide_approval: %L may not decide request %s (allowed: %s; decided as login %s, role %s)',
+                           p_decided_by, p_request_id, array_to_string(v_approval.approvers, ', '), session_user, current_user);
+      end if;
     end if;
     if v_approval.expires_at is not null and v_approval.expires_at <= runledger.now() then
       raise exception using errcode = 'RL005', message = format('decide_approval: request %s expired at %s', p_request_id, v_approval.expires_at);
+    end if;
+    if v_approval.required > 1 then
+      -- One vote per person: the name given, or the login for a role approver (one login is one vote whatever name it gives).
+      v_voter := case when v_by_role then session_user::text else p_decided_by end;
+      insert into runledger.approval_votes (request_id, voter, approved, note) values (p_request_id, v_voter, p_approved, p_note)
+      on conflict (request_id, voter) do nothing;
+      if not found then
+        return jsonb_build_object('recorded', false, 'request_id', p_request_id, 'approved', null, 'required', v_approval.required,
+                                  'votes', runledger._approval_votes(p_request_id));
+      end if;
+      insert into runledger.events (run_id, kind, detail)
+      values (v_approval.run_id, 'approval_vote',
+              jsonb_build_object('request_id', p_request_id, 'approved', p_approved, 'voter', v_voter, 'note', p_note,
+                                 'db_user', session_user, 'db_role', current_user));
+      select count(*) into v_yes from runledger.approval_votes v where v.request_id = p_request_id and v.approved;
+      if p_approved and v_yes < v_approval.required then
+        -- Recorded; the request waits for more approvals.
+        return jsonb_build_object('recorded', true, 'request_id', p_request_id, 'approved', null, 'required', v_approval.required,
+                                  'votes', runledger._approval_votes(p_request_id));
+      end if;
     end if;
     update runledger.approvals
        set decision = p_approved, decided_by = p_decided_by, decided_at = runledger.now(), note = p_note,
@@ -2147,10 +2205,13 @@ begin
   end if;
   -- The first decision wins; a repeated call answers with the standing decision.
   return jsonb_build_object('recorded', v_recorded, 'request_id', p_request_id, 'approved', v_approval.decision,
-                            'decided_by', v_approval.decided_by, 'decided_at', v_approval.decided_at, 'note', v_approval.note);
+                            'decided_by', v_approval.decided_by, 'decided_at', v_approval.decided_at, 'note', v_approval.note)
+         || case when v_approval.required > 1
+                 then jsonb_build_object('required', v_approval.required, 'votes', runledger._approval_votes(p_request_id))
+                 else '{}' end;
 end;
 $function$;
-COMMENT ON FUNCTION runledger._decide_approval(text,boolean,text,text) IS 'The action behind runledger.decide_approval (which records it in audit_log): Decides a pending approval request. The first decision wins and stays as audit evidence; later calls return it with recorded = false. An approver outside the request''s list: RL007; expired request: RL005. Wakes the waiting run.';
+COMMENT ON FUNCTION runledger._decide_approval(text,boolean,text,text) IS 'The action behind runledger.decide_approval (which records it in audit_log): Decides a pending approval request (approvers that are database roles are checked by the deciding role''s membership; a request with required > 1 records a vote per person and is decided at the required approvals or the first rejection). The first decision wins and stays as audit evidence; later calls return it with recorded = false. An approver outside the request''s list: RL007; expired request: RL005. Wakes the waiting run.';
 
 CREATE OR REPLACE FUNCTION runledger._delete_session(p_session_id text)
  RETURNS integer
@@ -4116,9 +4177,9 @@ begin
             jsonb_strip_nulls(jsonb_build_object('wake_at', v_wake_at, 'spec', p_spec)), v_now, v_now, p_token)
     returning * into v_step;
     if p_kind = 'approval' then
-      insert into runledger.approvals (request_id, run_id, seq, name, action, evidence, approvers, expires_at)
+      insert into runledger.approvals (request_id, run_id, seq, name, action, evidence, approvers, required, expires_at)
       values (coalesce(p_spec->>'request_id', runledger._new_id()), p_run_id, p_seq, p_name, p_spec->>'action', p_spec->'evidence',
-              (select array_agg(a) from jsonb_array_elements_text(p_spec->'approvers') a), v_wake_at);
+              (select array_agg(a) from jsonb_array_elements_text(p_spec->'approvers') a), coalesce((p_spec->>'required')::int, 1), v_wake_at);
     end if;
     insert into runledger.events (run_id, kind, detail, fencing_token, at)
     values (p_run_id, 'wait_started', jsonb_build_object('seq', p_seq, 'name', p_name, 'kind', p_kind, 'wake_at', v_wake_at), p_token, v_now);
@@ -4144,7 +4205,8 @@ begin
     if v_approval.decision is not null then
       perform runledger._end_wait(p_run_id, p_seq, jsonb_build_object(
         'approved', v_approval.decision, 'decidedBy', v_approval.decided_by, 'decidedAt', v_approval.decided_at,
-        'note', v_approval.note, 'requestId', v_approval.request_id));
+        'note', v_approval.note, 'requestId', v_approval.request_id)
+        || case when v_approval.required > 1 then jsonb_build_object('votes', runledger._approval_votes(v_approval.request_id)) else '{}' end);
       return query select s.status = 'SUCCEEDED', s.output from runledger.steps s where s.run_id = p_run_id and s.seq = p_seq;
       return;
     end if;

@@ -46,9 +46,21 @@ export interface ApprovalRequest {
   action: string;
   /** What the approver sees (JSON). */
   evidence?: unknown;
-  /** Who may decide; default anyone. */
+  /**
+   * Who may decide; default anyone. A name that is a database role is met by the deciding
+   * connection's role being a member of it (never by the name a decider gives).
+   */
   approvers?: string[];
+  /** Several decisions: `count` approvals from `of` (approvers as above) decide it; one rejection ends it at once. */
+  requires?: { count: number; of: string[] };
   timeout?: Duration | Date;
+}
+
+export interface ApprovalVote {
+  decidedBy: string;
+  approved: boolean;
+  note: string | null;
+  decidedAt: string;
 }
 
 export interface ApprovalDecision {
@@ -57,6 +69,8 @@ export interface ApprovalDecision {
   decidedAt: string;
   note: string | null;
   requestId: string;
+  /** With `requires`: every decision, in order (the last one decided it). */
+  votes?: ApprovalVote[];
 }
 
 /** `ctx.requestApproval(name, request)`: the decision, or null when the request expires undecided. */
@@ -65,11 +79,24 @@ export async function requestApproval(exec: Execution, name: string, request: Ap
   if (request.approvers !== undefined && (!Array.isArray(request.approvers) || request.approvers.some((a) => typeof a !== 'string'))) {
     throw new ConfigError('requestApproval: approvers must be a list of names');
   }
+  const requires = request.requires;
+  if (requires !== undefined) {
+    if (request.approvers !== undefined)
+      throw new ConfigError('requestApproval: give approvers or requires, not both (requires.of are the approvers)');
+    const of = requires?.of;
+    if (!Array.isArray(of) || of.length === 0 || of.some((a) => typeof a !== 'string' || a.length === 0)) {
+      throw new ConfigError('requestApproval: requires.of must be a non-empty list of names');
+    }
+    if (!Number.isInteger(requires.count) || requires.count < 1 || requires.count > of.length) {
+      throw new ConfigError(`requestApproval: requires.count must be a whole number from 1 to ${of.length} (the size of requires.of)`);
+    }
+  }
   toJsonText(request.evidence, `approval ${name} evidence`);
   const output = await runWait(exec, name, 'approval', {
     action: request.action,
     evidence: request.evidence ?? null,
     ...(request.approvers ? { approvers: request.approvers } : {}),
+    ...(requires ? { approvers: requires.of, required: requires.count } : {}),
     ...timeoutSpec(request.timeout, `requestApproval ${name}`),
   });
   return output.timed_out ? null : (output as unknown as ApprovalDecision);

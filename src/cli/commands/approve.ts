@@ -25,7 +25,17 @@ export const approve: Command = {
     const decision = await withPool(parsed.values, (pool) =>
       decideApproval(pool, requestId, { approved, decidedBy, ...(note === undefined ? {} : { note }) }),
     );
-    const verdict = `${decision.approved ? 'approved' : 'rejected'} by ${decision.decidedBy} at ${timestamp(new Date(decision.decidedAt))}`;
+    if (decision.approved === null) {
+      // A request that needs several approvals, not decided yet.
+      const yes = (decision.votes ?? []).filter((v) => v.approved).length;
+      print(
+        decision.recorded
+          ? `request ${requestId}: ${decidedBy}'s approval recorded, ${yes} of ${decision.required} approvals in; the run waits for the rest`
+          : `request ${requestId}: ${decidedBy} already decided; ${yes} of ${decision.required} approvals in, nothing changed`,
+      );
+      return;
+    }
+    const verdict = `${decision.approved ? 'approved' : 'rejected'} by ${decision.decidedBy} at ${timestamp(new Date(decision.decidedAt!))}`;
     if (decision.recorded) {
       print(`request ${requestId} ${verdict}`);
       print('the waiting run is woken and continues with this decision');

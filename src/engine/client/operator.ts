@@ -32,13 +32,17 @@ export interface DecisionInput {
 }
 
 export interface DecisionRecord {
-  /** False when an earlier decision stands (the first decision wins). */
+  /** False when an earlier decision stands (the first decision wins), or this decider already voted. */
   recorded: boolean;
   requestId: string;
-  approved: boolean;
-  decidedBy: string;
-  decidedAt: string;
+  /** null while a request that needs several approvals waits for more. */
+  approved: boolean | null;
+  decidedBy: string | null;
+  decidedAt: string | null;
   note: string | null;
+  /** With requires: the approvals needed, and every decision so far. */
+  required?: number;
+  votes?: Array<{ decidedBy: string; approved: boolean; note: string | null; decidedAt: string }>;
 }
 
 export async function decideApproval(pool: pg.Pool, requestId: string, decision: DecisionInput): Promise<DecisionRecord> {
@@ -52,9 +56,10 @@ export async function decideApproval(pool: pg.Pool, requestId: string, decision:
       recorded: d.recorded,
       requestId: d.request_id,
       approved: d.approved,
-      decidedBy: d.decided_by,
-      decidedAt: d.decided_at,
-      note: d.note,
+      decidedBy: d.decided_by ?? null,
+      decidedAt: d.decided_at ?? null,
+      note: d.note ?? null,
+      ...(d.required === undefined ? {} : { required: d.required, votes: d.votes }),
     };
   } catch (error) {
     throw fromPgError(error);

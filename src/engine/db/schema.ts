@@ -139,6 +139,7 @@ export const RUNLEDGER_TABLES = {
     action: 'text',
     evidence: 'jsonb null',
     approvers: '_text null',
+    required: 'int4 default',
     requested_at: 'timestamptz default',
     expires_at: 'timestamptz null',
     decision: 'bool null',
@@ -147,6 +148,15 @@ export const RUNLEDGER_TABLES = {
     decided_db_role: 'text null',
     decided_at: 'timestamptz null',
     note: 'text null',
+  },
+  'runledger.approval_votes': {
+    request_id: 'text',
+    voter: 'text',
+    approved: 'bool',
+    note: 'text null',
+    db_user: 'text default',
+    db_role: 'text default',
+    decided_at: 'timestamptz default',
   },
   'runledger.audit_log': {
     audit_id: 'int8 default',
