@@ -1056,9 +1056,13 @@ begin
             'checkpoints_before', v_before, 'checkpoints_kept', v_kept,
             'termination_reason', v_run.termination_reason, 'termination_evidence', v_run.termination_evidence)),
           v_run.fencing_token);
-  if v_status = 'PENDING' then
-    -- Runnable on the new version now: its workers claim it.
+  if v_run.status = 'DEAD_LETTER' then
+    -- Back in the automatic path, through admission like any run that becomes PENDING.
     perform runledger._make_runnable(p_run_id, 0);
+  elsif v_run.status = 'PENDING' and v_run.admitted then
+    -- Already admitted (its queue slot and rate admission stay as they were): only the
+    -- new version's workers are told, so they claim it at once.
+    perform runledger._dispatch(p_run_id, v_run.queue_name);
   end if;
   return v_status;
 end;

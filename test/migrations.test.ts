@@ -230,4 +230,31 @@ describe('a migration', () => {
       await worker.stop();
     }
   });
+
+  it('moves an admitted PENDING run without a second admission in a rate-limited queue', async () => {
+    await t.engine.setQueue('moving-limited', { rateLimit: { max: 100, periodMs: 3_600_000 } });
+    // Version 1 is defined by another engine that runs no worker: its run stays PENDING (stranded).
+    const elsewhere = t.newEngine();
+    const oldCode = elsewhere.workflow({ name: 'limited-mover', version: '1', queue: 'moving-limited' }, async () => 'v1');
+    t.engine.workflow(
+      { name: 'limited-mover', version: '2', queue: 'moving-limited', migrations: { '1': () => undefined } },
+      async () => 'v2',
+    );
+    const worker = await t.engine.runWorker({ queues: ['moving-limited'], concurrency: 2, leaseMs: 2_000, pollIntervalMs: 100 });
+    try {
+      const { runId } = await elsewhere.start(oldCode, undefined);
+      const admitted = async () =>
+        (await db.pool.query(`select count(*)::int as n from runledger.admissions where queue_name = 'moving-limited'`)).rows[0].n;
+      await waitFor('admitted', async () =>
+        (await db.pool.query('select admitted from runledger.runs where run_id = $1', [runId])).rows[0].admitted ? true : undefined,
+      );
+      expect(await admitted()).toBe(1);
+      expect(await t.engine.migrateRun(runId, '2')).toMatchObject({ outcome: 'migrated' });
+      await waitFor('finished on v2', async () => ((await t.engine.getRun(runId))?.status === 'SUCCEEDED' ? true : undefined));
+      expect((await t.engine.getRun(runId))?.output).toBe('v2');
+      expect(await admitted()).toBe(1);
+    } finally {
+      await worker.stop();
+    }
+  });
 });
