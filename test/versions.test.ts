@@ -16,8 +16,16 @@ const { db } = t;
 const { processes } = stoppedAfterEach();
 const SCRIPT = fileURLToPath(new URL('./fixtures/version-worker.ts', import.meta.url));
 
-async function versionWorker(version: string, migration?: 'keep' | 'throw'): Promise<WorkerProcess> {
-  const w = await spawnWorker({ DATABASE_URL: db.url, VERSION: version, ...(migration ? { MIGRATION: migration } : {}) }, SCRIPT);
+async function versionWorker(version: string, migration?: 'keep' | 'throw', failpoint?: string): Promise<WorkerProcess> {
+  const w = await spawnWorker(
+    {
+      DATABASE_URL: db.url,
+      VERSION: version,
+      ...(migration ? { MIGRATION: migration } : {}),
+      ...(failpoint ? { FAILPOINT: failpoint } : {}),
+    },
+    SCRIPT,
+  );
   processes.push(w);
   onTestFailed(() => console.error(`--- worker v${version} ${w.pid} ---\n${w.output().slice(-3000)}`));
   return w;
@@ -165,6 +173,26 @@ describe('migrating a run to the new version', () => {
     expect(steps.rows[0].output).toBe('prepared on v1 (migrated)');
     const shown = await cli(['show', runId]);
     expect(shown.stdout).toMatch(/migrated +.*"from_version":"1"/);
+  });
+
+  it('a worker killed between the migration write and its COMMIT leaves the run on version 1, still marked; the next worker migrates it once', async () => {
+    const { runId, request } = await waitingRunOfStoppedVersion1();
+    const before = (await db.pool.query('select * from runledger.steps where run_id = $1 order by seq', [runId])).rows;
+    const doomed = await versionWorker('2', 'keep', 'before-migration-commit');
+    const marked = await cli(['migrate-run', runId, '--to', '2', '--no-wait']);
+    expect(marked.code).toBe(0);
+    expect((await doomed.exited).signal).toBe('SIGKILL');
+    processes.splice(processes.indexOf(doomed), 1);
+    expect(await runRow(runId)).toMatchObject({ workflow_version: '1', migrate_to: '2', status: 'WAITING', input: {} });
+    expect((await db.pool.query('select * from runledger.steps where run_id = $1 order by seq', [runId])).rows).toEqual(before);
+    expect(await events(runId, 'migrated')).toEqual([]);
+
+    await versionWorker('2', 'keep');
+    await waitFor('migrated', async () => ((await runRow(runId)).workflow_version === '2' ? true : undefined));
+    expect(await events(runId, 'migrated')).toHaveLength(1);
+    await db.pool.query(`select runledger.decide_approval($1, true, 'ops', 'go')`, [request]);
+    await waitFor('finished', async () => ((await runRow(runId)).status === 'SUCCEEDED' ? true : undefined));
+    expect((await runRow(runId)).output).toBe('shipped on v2 after a migration');
   });
 
   it('records a migrate that throws as a failed migration and leaves the run as it was', async () => {

@@ -26,6 +26,8 @@ export const CRASH_WHEN = [
   'after-group-commit',
   /** engine.start committed a run claimed for this process's worker, before the worker runs it (matched by the workflow's name). */
   'after-start-claimed',
+  /** A run migration is written in its transaction, before the COMMIT (matched by the workflow's name). */
+  'before-migration-commit',
 ] as const;
 
 export type CrashWhen = (typeof CRASH_WHEN)[number];

@@ -4,6 +4,7 @@ import type { LogFunction } from '../core/log.js';
 import { planToWrite, unwrapOutput, type MigrateFunction, type MigrationArgs, type RecordedCheckpoint } from '../core/migration.js';
 import { MigrationFailedError } from '../core/errors.js';
 import { workflowKey, type Workflow } from '../core/workflow.js';
+import type { CrashHook } from '../core/crash-points.js';
 
 /** What a worker registers for each migration it has: workflow@from>to. */
 export function migrationKey(workflow: string, from: string, to: string): string {
@@ -49,6 +50,8 @@ export function createMigrator(options: {
   migrations: Map<string, Migration>;
   maxPayloadBytes: number;
   log: LogFunction;
+  /** Tests: a crash point between the migration's write and its COMMIT. */
+  crash?: CrashHook;
 }): { run: () => Promise<number>; stop: () => Promise<void> } {
   const { pool, workerId, migrations, log } = options;
   const pairs = [...migrations.keys()];
@@ -118,6 +121,10 @@ export function createMigrator(options: {
           'select runledger._apply_migration(p_run_id => $1, p_to_version => $2, p_input => $3::jsonb, p_checkpoints => $4::jsonb, p_manifest => $5::jsonb, p_worker_id => $6) as status',
           [run.run_id, run.to_version, write.input, write.checkpoints, JSON.stringify(migration.workflow.versionManifest), workerId],
         );
+        if (options.crash?.hit('before-migration-commit', run.workflow_name)) {
+          broken = true; // the connection is dropped with the transaction open: nothing of it commits
+          return 'none';
+        }
         await client.query('commit');
         log(
           'info',

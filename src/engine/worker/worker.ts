@@ -199,7 +199,14 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
   const sweeper = createSweeper(deps.pool, deps.log);
   let stopRequested = false;
   // Runs an operator marked with migrate_run are migrated by the sweep (and at once on its notification).
-  const migrator = createMigrator({ pool: deps.pool, workerId, migrations, maxPayloadBytes: deps.maxPayloadBytes, log: deps.log });
+  const migrator = createMigrator({
+    pool: deps.pool,
+    workerId,
+    migrations,
+    maxPayloadBytes: deps.maxPayloadBytes,
+    log: deps.log,
+    ...(crash ? { crash } : {}),
+  });
   const sweep = oneAtATime(async () => {
     await sweeper();
     // A manual worker's runOnce() includes the migrations; a running worker's sweep only
