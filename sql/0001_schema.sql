@@ -4,6 +4,7 @@
 --   runledger.migrations       which of these files are applied, and the checksum of each
 --   runledger.run_status       the run state machine (kept equal to RUN_STATES in TS)
 --   runledger.now()            the one clock; honours `set runledger.fake_now` and `runledger.clock_offset`
+--   runledger._caller()        the role the caller acts as, also inside SECURITY DEFINER functions
 --   runledger.is_terminal()    the statuses a run never leaves on its own
 --   runledger.run_transitions()      every status change a run may make, and who makes it
 --   runledger.termination_reasons()  why a terminal run stopped
@@ -62,6 +63,16 @@ language sql volatile parallel safe as $$
 $$;
 comment on function runledger.now() is
   'Current time for every runledger function: the setting runledger.fake_now when set (tests: a frozen instant), else clock_timestamp() moved by the setting runledger.clock_offset (tests: an interval, a clock running ahead or behind).';
+
+create function runledger._caller() returns text
+language sql stable parallel safe as $$
+  -- The role the caller acts as. current_user is the function's owner inside a SECURITY
+  -- DEFINER function (every public action is one, 0017_roles.sql); the setting `role`
+  -- keeps what SET ROLE chose, and is 'none' when the login acts as itself.
+  select case when current_setting('role') = 'none' then session_user::text else current_setting('role') end
+$$;
+comment on function runledger._caller() is
+  'The role the calling session acts as (SET ROLE''s role, else the login), also inside SECURITY DEFINER functions where current_user is the owner. Recorded as db_role in audit_log, approvals and approval_votes, and checked against role approvers.';
 
 create function runledger.is_terminal(p_status runledger.run_status) returns boolean
 language sql immutable parallel safe as $$

@@ -43,7 +43,7 @@ create table runledger.approvals (
   expires_at   timestamptz,
   decision     boolean,
   decided_by   text,
-  -- Who decided, as the database knows it: the login (session_user) and the role it acted as (current_user).
+  -- Who decided, as the database knows it: the login (session_user) and the role it acted as (runledger._caller(): SET ROLE's role, else the login).
   decided_db_user text,
   decided_db_role text,
   decided_at   timestamptz,
@@ -62,7 +62,7 @@ create table runledger.approval_votes (
   approved   boolean not null,
   note       text,
   db_user    text not null default session_user,
-  db_role    text not null default current_user,
+  db_role    text not null default runledger._caller(),
   decided_at timestamptz not null default runledger.now(),
   primary key (request_id, voter)
 );
@@ -288,12 +288,12 @@ begin
       -- An approver that is a database role is met by the deciding role's membership, never by
       -- the name given; any other approver by the name given.
       v_by_role := exists (select 1 from unnest(v_approval.approvers) a join pg_roles g on g.rolname = a
-                            where pg_has_role(current_user, g.oid, 'MEMBER'));
+                            where pg_has_role(runledger._caller(), g.oid, 'MEMBER'));
       if not v_by_role and not exists (select 1 from unnest(v_approval.approvers) a
                                         where a = p_decided_by and not exists (select 1 from pg_roles g where g.rolname = a)) then
         raise exception using errcode = 'RL007',
           message = format('decide_approval: %L may not decide request %s (allowed: %s; decided as login %s, role %s)',
-                           p_decided_by, p_request_id, array_to_string(v_approval.approvers, ', '), session_user, current_user);
+                           p_decided_by, p_request_id, array_to_string(v_approval.approvers, ', '), session_user, runledger._caller());
       end if;
     end if;
     if v_approval.expires_at is not null and v_approval.expires_at <= runledger.now() then
@@ -311,7 +311,7 @@ begin
       insert into runledger.events (run_id, kind, detail)
       values (v_approval.run_id, 'approval_vote',
               jsonb_build_object('request_id', p_request_id, 'approved', p_approved, 'voter', v_voter, 'note', p_note,
-                                 'db_user', session_user, 'db_role', current_user));
+                                 'db_user', session_user, 'db_role', runledger._caller()));
       select count(*) into v_yes from runledger.approval_votes v where v.request_id = p_request_id and v.approved;
       if p_approved and v_yes < v_approval.required then
         -- Recorded; the request waits for more approvals.
@@ -321,14 +321,14 @@ begin
     end if;
     update runledger.approvals
        set decision = p_approved, decided_by = p_decided_by, decided_at = runledger.now(), note = p_note,
-           decided_db_user = session_user, decided_db_role = current_user
+           decided_db_user = session_user, decided_db_role = runledger._caller()
      where request_id = p_request_id
     returning * into v_approval;
     v_recorded := true;
     insert into runledger.events (run_id, kind, detail)
     values (v_approval.run_id, 'approval_decided',
             jsonb_build_object('request_id', p_request_id, 'approved', p_approved, 'decided_by', p_decided_by, 'note', p_note,
-                               'db_user', session_user, 'db_role', current_user));
+                               'db_user', session_user, 'db_role', runledger._caller()));
     perform runledger._wake(v_approval.run_id, 'approval', p_request_id);
   end if;
   -- The first decision wins; a repeated call answers with the standing decision.

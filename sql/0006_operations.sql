@@ -200,10 +200,10 @@ begin
   update runledger.operations
      set status = p_status, result = case when p_status = 'SUCCEEDED' then p_result end,
          error = case when p_status = 'FAILED' then coalesce(p_result, jsonb_build_object('message', 'resolved as failed by an operator')) end,
-         resolved_by = coalesce(p_resolved_by, current_user), updated_at = runledger.now(), finished_at = runledger.now()
+         resolved_by = coalesce(p_resolved_by, runledger._caller()), updated_at = runledger.now(), finished_at = runledger.now()
    where operation_id = p_operation_id;
   insert into runledger.events (run_id, kind, detail)
-  values (v_op.run_id, 'operation_resolved', jsonb_build_object('operation_id', p_operation_id, 'status', p_status, 'by', coalesce(p_resolved_by, current_user)));
+  values (v_op.run_id, 'operation_resolved', jsonb_build_object('operation_id', p_operation_id, 'status', p_status, 'by', coalesce(p_resolved_by, runledger._caller())));
   perform runledger._wake(v_op.run_id, 'reconcile', p_operation_id);
   return p_status;
 end;

@@ -17,7 +17,7 @@ create table runledger.audit_log (
   at          timestamptz not null default runledger.now(),
   -- Who, as the database knows it: the login and the role it acted as.
   db_user     text not null default session_user,
-  db_role     text not null default current_user,
+  db_role     text not null default runledger._caller(),
   -- Who, as the caller says (decide_approval's decided_by, resolve_operation's resolved_by).
   asserted_by text,
   action      text not null,
@@ -30,7 +30,7 @@ create table runledger.audit_log (
 );
 create index audit_log_run on runledger.audit_log (run_id, audit_id) where run_id is not null;
 comment on table runledger.audit_log is
-  'One row per operator action (send_signal, decide_approval, cancel_run, compensate_run, retry_run, resolve_operation, fork_run, migrate_run, migrate_runs, set_queue, prune, release_session, delete_session, prune_artifact_blobs), written in the same transaction as the action: who (db_user = session_user, db_role = current_user, asserted_by = the name the caller gave), what, on which run and target, with which arguments, and what it returned. Kept when runs are pruned.';
+  'One row per operator action (send_signal, decide_approval, cancel_run, compensate_run, retry_run, resolve_operation, fork_run, migrate_run, migrate_runs, set_queue, prune, release_session, delete_session, prune_artifact_blobs), written in the same transaction as the action: who (db_user = session_user, db_role = runledger._caller(), asserted_by = the name the caller gave), what, on which run and target, with which arguments, and what it returned. Kept when runs are pruned.';
 
 create function runledger._audit(
   p_action text, p_run_id text, p_target text, p_arguments jsonb, p_result jsonb, p_asserted_by text default null)
@@ -39,7 +39,7 @@ returns void language sql volatile as $$
   values (p_action, p_run_id, p_target, jsonb_strip_nulls(coalesce(p_arguments, '{}')), p_result, p_asserted_by)
 $$;
 comment on function runledger._audit(text, text, text, jsonb, jsonb, text) is
-  'Records one operator action in runledger.audit_log (the caller''s login and role are taken from session_user and current_user).';
+  'Records one operator action in runledger.audit_log (the caller''s login and role are taken from session_user and runledger._caller()).';
 
 create function runledger.send_signal(p_run_id text, p_topic text, p_payload jsonb, p_signal_id text default null)
 returns boolean

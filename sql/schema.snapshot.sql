@@ -35,7 +35,7 @@ CREATE TABLE runledger.approval_votes (
   approved boolean NOT NULL,
   note text,
   db_user text DEFAULT SESSION_USER NOT NULL,
-  db_role text DEFAULT CURRENT_USER NOT NULL,
+  db_role text DEFAULT runledger._caller() NOT NULL,
   decided_at timestamp with time zone DEFAULT runledger.now() NOT NULL
 );
 COMMENT ON TABLE runledger.approval_votes IS 'Each decision on an approval request that needs more than one (approvals.required > 1): who (voter: the name given, or the login for a role approver), approve or reject, note, login and role, when. The request is decided when required approvals are in, or at the first rejection.';
@@ -113,7 +113,7 @@ CREATE TABLE runledger.audit_log (
   audit_id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
   at timestamp with time zone DEFAULT runledger.now() NOT NULL,
   db_user text DEFAULT SESSION_USER NOT NULL,
-  db_role text DEFAULT CURRENT_USER NOT NULL,
+  db_role text DEFAULT runledger._caller() NOT NULL,
   asserted_by text,
   action text NOT NULL,
   run_id text,
@@ -121,7 +121,7 @@ CREATE TABLE runledger.audit_log (
   arguments jsonb DEFAULT '{}'::jsonb NOT NULL,
   result jsonb
 );
-COMMENT ON TABLE runledger.audit_log IS 'One row per operator action (send_signal, decide_approval, cancel_run, compensate_run, retry_run, resolve_operation, fork_run, migrate_run, migrate_runs, set_queue, prune, release_session, delete_session, prune_artifact_blobs), written in the same transaction as the action: who (db_user = session_user, db_role = current_user, asserted_by = the name the caller gave), what, on which run and target, with which arguments, and what it returned. Kept when runs are pruned.';
+COMMENT ON TABLE runledger.audit_log IS 'One row per operator action (send_signal, decide_approval, cancel_run, compensate_run, retry_run, resolve_operation, fork_run, migrate_run, migrate_runs, set_queue, prune, release_session, delete_session, prune_artifact_blobs), written in the same transaction as the action: who (db_user = session_user, db_role = runledger._caller(), asserted_by = the name the caller gave), what, on which run and target, with which arguments, and what it returned. Kept when runs are pruned.';
 ALTER TABLE runledger.audit_log ADD CONSTRAINT audit_log_pkey PRIMARY KEY (audit_id);
 CREATE UNIQUE INDEX audit_log_pkey ON runledger.audit_log USING btree (audit_id);
 CREATE INDEX audit_log_run ON runledger.audit_log USING btree (run_id, audit_id) WHERE (run_id IS NOT NULL);
@@ -202,6 +202,15 @@ ALTER TABLE runledger.queues ADD CONSTRAINT queues_rate_limit_complete CHECK (((
 ALTER TABLE runledger.queues ADD CONSTRAINT queues_rate_limit_max_check CHECK ((rate_limit_max > 0));
 ALTER TABLE runledger.queues ADD CONSTRAINT queues_rate_limit_period_ms_check CHECK ((rate_limit_period_ms > 0));
 CREATE UNIQUE INDEX queues_pkey ON runledger.queues USING btree (name);
+
+CREATE TABLE runledger.role_functions (
+  role_name text NOT NULL,
+  function_name text NOT NULL
+);
+COMMENT ON TABLE runledger.role_functions IS 'Which runledger functions (every overload of the name) each role may execute. runledger.grant_roles() grants exactly these; a function listed here is SECURITY DEFINER with a fixed search_path. Reads of tables (worker, operator) and views (all three) are granted by grant_roles() too.';
+ALTER TABLE runledger.role_functions ADD CONSTRAINT role_functions_pkey PRIMARY KEY (role_name, function_name);
+ALTER TABLE runledger.role_functions ADD CONSTRAINT role_functions_role_name_check CHECK ((role_name = ANY (ARRAY['runledger_worker'::text, 'runledger_operator'::text, 'runledger_reader'::text])));
+CREATE UNIQUE INDEX role_functions_pkey ON runledger.role_functions USING btree (role_name, function_name);
 
 CREATE TABLE runledger.runs (
   run_id text NOT NULL,
@@ -889,8 +898,10 @@ COMMENT ON FUNCTION runledger._admit(text,integer) IS 'Admission for one queue, 
 CREATE OR REPLACE FUNCTION runledger._admit_all(p_limit integer DEFAULT 1000)
  RETURNS integer
  LANGUAGE sql
+ SECURITY DEFINER
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
   -- Sweeper: rate-limit windows that opened, and queues whose limits were raised.
   select coalesce(sum(runledger._admit(q.name, p_limit)), 0)::int
@@ -961,8 +972,10 @@ COMMENT ON FUNCTION runledger._announce_finished(text[]) IS 'NOTIFY runledger_fi
 CREATE OR REPLACE FUNCTION runledger._apply_migration(p_run_id text, p_to_version text, p_input jsonb, p_checkpoints jsonb, p_manifest jsonb, p_worker_id text)
  RETURNS runledger.run_status
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 declare
   v_run     runledger.runs;
@@ -1083,8 +1096,10 @@ COMMENT ON FUNCTION runledger._approval_votes(text) IS 'The decisions on a reque
 CREATE OR REPLACE FUNCTION runledger._artifact_blob_held(p_sha256 text)
  RETURNS boolean
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 begin
   -- FOR KEY SHARE keeps the blob from prune_artifact_blobs until this transaction ends,
@@ -1112,7 +1127,7 @@ AS $function$
   insert into runledger.audit_log (action, run_id, target, arguments, result, asserted_by)
   values (p_action, p_run_id, p_target, jsonb_strip_nulls(coalesce(p_arguments, '{}')), p_result, p_asserted_by)
 $function$;
-COMMENT ON FUNCTION runledger._audit(text,text,text,jsonb,jsonb,text) IS 'Records one operator action in runledger.audit_log (the caller''s login and role are taken from session_user and current_user).';
+COMMENT ON FUNCTION runledger._audit(text,text,text,jsonb,jsonb,text) IS 'Records one operator action in runledger.audit_log (the caller''s login and role are taken from session_user and runledger._caller()).';
 
 CREATE OR REPLACE FUNCTION runledger._base32_10(p bigint)
  RETURNS text
@@ -1131,6 +1146,18 @@ AS $function$
       || substr('0123456789ABCDEFGHJKMNPQRSTVWXYZ', (p & 31)::int + 1, 1)
 $function$;
 COMMENT ON FUNCTION runledger._base32_10(bigint) IS 'The low 50 bits of p as 10 Crockford base32 characters (inlined into its caller: a ULID''s time part, or with right(..., 8) 40 of its random bits).';
+
+CREATE OR REPLACE FUNCTION runledger._caller()
+ RETURNS text
+ LANGUAGE sql
+ STABLE PARALLEL SAFE
+AS $function$
+  -- The role the caller acts as. current_user is the function's owner inside a SECURITY
+  -- DEFINER function (every public action is one, 0017_roles.sql); the setting `role`
+  -- keeps what SET ROLE chose, and is 'none' when the login acts as itself.
+  select case when current_setting('role') = 'none' then session_user::text else current_setting('role') end
+$function$;
+COMMENT ON FUNCTION runledger._caller() IS 'The role the calling session acts as (SET ROLE''s role, else the login), also inside SECURITY DEFINER functions where current_user is the owner. Recorded as db_role in audit_log, approvals and approval_votes, and checked against role approvers.';
 
 CREATE OR REPLACE FUNCTION runledger._cancel_children(p_run_id text, p_reason text)
  RETURNS integer
@@ -1262,8 +1289,10 @@ COMMENT ON FUNCTION runledger._charge_fits(numeric,numeric,jsonb,jsonb,jsonb) IS
 CREATE OR REPLACE FUNCTION runledger._charge_now(p_run_id text, p_token bigint, p_charge jsonb, p_step text, p_seq integer)
  RETURNS TABLE(run_status text, budget numeric, budget_spent numeric, budget_limits jsonb, budget_used jsonb)
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 declare
   v_run runledger.runs := runledger._fence(p_run_id, p_token);
@@ -1467,8 +1496,10 @@ COMMENT ON FUNCTION runledger._check_whole_number(jsonb,text,integer) IS 'Raises
 CREATE OR REPLACE FUNCTION runledger._checkpoint(p_run_id text, p_token bigint, p_seq integer, p_name text, p_kind text, p_status text, p_output jsonb, p_error jsonb, p_attempts integer, p_started_ms_ago bigint, p_charge jsonb DEFAULT NULL::jsonb)
  RETURNS TABLE(pid integer, run_status text)
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 begin
   run_status := (runledger._checkpoint_row(p_run_id, p_token, p_seq, p_name, p_kind, p_status, p_output, p_error,
@@ -1482,8 +1513,10 @@ COMMENT ON FUNCTION runledger._checkpoint(text,bigint,integer,text,text,text,jso
 CREATE OR REPLACE FUNCTION runledger._checkpoint_outcome(p_run_id text, p_seq integer, p_token bigint)
  RETURNS TABLE(committed boolean, status text, output jsonb, error jsonb, still_owner boolean)
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 declare
   v_token bigint;
@@ -1547,8 +1580,10 @@ COMMENT ON FUNCTION runledger._checkpoint_row(text,bigint,integer,text,text,text
 CREATE OR REPLACE FUNCTION runledger._claim_batch(p_worker_id text, p_queues text[], p_workflows text[], p_limit integer, p_lease_ms integer, p_reclaim_except text[] DEFAULT NULL::text[])
  RETURNS TABLE(run_id text, workflow_name text, workflow_version text, input jsonb, fencing_token bigint, recovery_attempts integer, max_steps integer, budget numeric, budget_spent numeric, budget_limits jsonb, budget_used jsonb, cancel_requested boolean, checkpoints jsonb, progress jsonb, next_due_in_ms bigint)
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 declare
   v_now   timestamptz := runledger.now();
@@ -1687,8 +1722,10 @@ COMMENT ON FUNCTION runledger._claim_batch(text,text[],text[],integer,integer,te
 CREATE OR REPLACE FUNCTION runledger._commit_and_claim(p_items jsonb, p_worker_id text, p_queues text[], p_workflows text[], p_limit integer, p_lease_ms integer)
  RETURNS TABLE(item integer, code text, message text, run_status text, claimed jsonb)
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 begin
   return query select b.item, b.code, b.message, b.run_status, null::jsonb from runledger._commit_batch(p_items) b;
@@ -1708,8 +1745,10 @@ COMMENT ON FUNCTION runledger._commit_and_claim(jsonb,text,text[],text[],integer
 CREATE OR REPLACE FUNCTION runledger._commit_batch(p_items jsonb)
  RETURNS TABLE(item integer, code text, message text, run_status text)
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 declare
   v_item jsonb;
@@ -1938,8 +1977,10 @@ COMMENT ON FUNCTION runledger._compensate_run(text,text) IS 'The action behind r
 CREATE OR REPLACE FUNCTION runledger._compensation_begin(p_run_id text, p_token bigint, p_operation_id text)
  RETURNS text
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 declare
   v_status text;
@@ -1983,8 +2024,10 @@ COMMENT ON FUNCTION runledger._compensation_fence(text,bigint) IS 'The fence of 
 CREATE OR REPLACE FUNCTION runledger._compensation_finish(p_run_id text, p_token bigint, p_operation_id text, p_ok boolean, p_error jsonb)
  RETURNS void
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 begin
   perform runledger._compensation_fence(p_run_id, p_token);
@@ -2016,7 +2059,8 @@ COMMENT ON FUNCTION runledger._compensation_summary(text) IS 'The compensations 
 CREATE OR REPLACE FUNCTION runledger._compensations_due(p_run_id text)
  RETURNS boolean
  LANGUAGE sql
- STABLE
+ STABLE SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
   select exists (select 1 from runledger.operations o
                   where o.run_id = p_run_id and o.compensable and o.status = 'SUCCEEDED'
@@ -2027,8 +2071,10 @@ COMMENT ON FUNCTION runledger._compensations_due(text) IS 'True when the run has
 CREATE OR REPLACE FUNCTION runledger._complete_run(p_run_id text, p_token bigint, p_output jsonb, p_policy_version text, p_charge jsonb DEFAULT NULL::jsonb, p_verification jsonb DEFAULT NULL::jsonb)
  RETURNS void
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 declare
   v_run runledger.runs := runledger._fence(p_run_id, p_token);
@@ -2049,8 +2095,10 @@ COMMENT ON FUNCTION runledger._complete_run(text,bigint,jsonb,text,jsonb,jsonb) 
 CREATE OR REPLACE FUNCTION runledger._complete_with_checkpoint(p_run_id text, p_token bigint, p_seq integer, p_name text, p_kind text, p_status text, p_step_output jsonb, p_error jsonb, p_attempts integer, p_started_ms_ago bigint, p_charge jsonb, p_output jsonb, p_policy_version text, p_verification jsonb DEFAULT NULL::jsonb)
  RETURNS void
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 declare
   v_now      timestamptz := runledger.now();
@@ -2116,8 +2164,10 @@ COMMENT ON FUNCTION runledger._completed_evidence(bigint,runledger.runs,jsonb) I
 CREATE OR REPLACE FUNCTION runledger._dead_letter_run(p_run_id text, p_token bigint, p_reason text, p_evidence jsonb, p_policy_version text)
  RETURNS void
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 begin
   perform runledger._finish_run(p_run_id, p_token, 'DEAD_LETTER', p_reason, null, null, p_evidence, p_policy_version);
@@ -2164,12 +2214,12 @@ begin
       -- An approver that is a database role is met by the deciding role's membership, never by
       -- the name given; any other approver by the name given.
       v_by_role := exists (select 1 from unnest(v_approval.approvers) a join pg_roles g on g.rolname = a
-                            where pg_has_role(current_user, g.oid, 'MEMBER'));
+                            where pg_has_role(runledger._caller(), g.oid, 'MEMBER'));
       if not v_by_role and not exists (select 1 from unnest(v_approval.approvers) a
                                         where a = p_decided_by and not exists (select 1 from pg_roles g where g.rolname = a)) then
         raise exception using errcode = 'RL007',
           message = format('decide_approval: %L may not decide request %s (allowed: %s; decided as login %s, role %s)',
-                           p_decided_by, p_request_id, array_to_string(v_approval.approvers, ', '), session_user, current_user);
+                           p_decided_by, p_request_id, array_to_string(v_approval.approvers, ', '), session_user, runledger._caller());
       end if;
     end if;
     if v_approval.expires_at is not null and v_approval.expires_at <= runledger.now() then
@@ -2187,7 +2237,7 @@ begin
       insert into runledger.events (run_id, kind, detail)
       values (v_approval.run_id, 'approval_vote',
               jsonb_build_object('request_id', p_request_id, 'approved', p_approved, 'voter', v_voter, 'note', p_note,
-                                 'db_user', session_user, 'db_role', current_user));
+                                 'db_user', session_user, 'db_role', runledger._caller()));
       select count(*) into v_yes from runledger.approval_votes v where v.request_id = p_request_id and v.approved;
       if p_approved and v_yes < v_approval.required then
         -- Recorded; the request waits for more approvals.
@@ -2197,14 +2247,14 @@ begin
     end if;
     update runledger.approvals
        set decision = p_approved, decided_by = p_decided_by, decided_at = runledger.now(), note = p_note,
-           decided_db_user = session_user, decided_db_role = current_user
+           decided_db_user = session_user, decided_db_role = runledger._caller()
      where request_id = p_request_id
     returning * into v_approval;
     v_recorded := true;
     insert into runledger.events (run_id, kind, detail)
     values (v_approval.run_id, 'approval_decided',
             jsonb_build_object('request_id', p_request_id, 'approved', p_approved, 'decided_by', p_decided_by, 'note', p_note,
-                               'db_user', session_user, 'db_role', current_user));
+                               'db_user', session_user, 'db_role', runledger._caller()));
     perform runledger._wake(v_approval.run_id, 'approval', p_request_id);
   end if;
   -- The first decision wins; a repeated call answers with the standing decision.
@@ -2277,8 +2327,10 @@ COMMENT ON FUNCTION runledger._end_wait(text,integer,jsonb) IS 'Marks the wait s
 CREATE OR REPLACE FUNCTION runledger._enforce_deadlines(p_limit integer DEFAULT 1000)
  RETURNS integer
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 declare
   v_run   runledger.runs;
@@ -2306,8 +2358,10 @@ COMMENT ON FUNCTION runledger._enforce_deadlines(integer) IS 'Sweeper: PENDING a
 CREATE OR REPLACE FUNCTION runledger._fail_run(p_run_id text, p_token bigint, p_error jsonb, p_policy_version text, p_reason text DEFAULT 'FAILED'::text, p_evidence jsonb DEFAULT NULL::jsonb)
  RETURNS void
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 begin
   if p_reason not in ('FAILED', 'UNVERIFIED') then
@@ -2338,8 +2392,10 @@ COMMENT ON FUNCTION runledger._fence(text,bigint,timestamp with time zone) IS 'R
 CREATE OR REPLACE FUNCTION runledger._finish_cancel(p_run_id text, p_token bigint)
  RETURNS void
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 declare
   v_run runledger.runs;
@@ -2473,8 +2529,10 @@ COMMENT ON FUNCTION runledger._fork_run(text,integer,text) IS 'The action behind
 CREATE OR REPLACE FUNCTION runledger._heartbeat(p_worker_id text, p_lease_ms integer, p_except text[] DEFAULT '{}'::text[])
  RETURNS text[]
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 declare
   v_now  timestamptz := runledger.now();
@@ -2505,8 +2563,10 @@ COMMENT ON FUNCTION runledger._heartbeat(text,integer,text[]) IS 'Worker heartbe
 CREATE OR REPLACE FUNCTION runledger._heartbeat_step(p_run_id text, p_token bigint, p_seq integer, p_progress jsonb, p_lease_ms integer)
  RETURNS text
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 declare
   v_run runledger.runs;
@@ -2671,8 +2731,10 @@ COMMENT ON FUNCTION runledger._migrate_runs(text,text,text,integer) IS 'The acti
 CREATE OR REPLACE FUNCTION runledger._migration_failed(p_run_id text, p_to_version text, p_error jsonb, p_worker_id text)
  RETURNS void
  LANGUAGE sql
+ SECURITY DEFINER
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
   with cleared as (
     update runledger.runs r set migrate_to = null
@@ -2712,8 +2774,10 @@ COMMENT ON FUNCTION runledger._no_charge(jsonb) IS 'True when a charge charges n
 CREATE OR REPLACE FUNCTION runledger._operation_begin(p_run_id text, p_token bigint, p_seq integer, p_name text, p_key text, p_compensable boolean, p_again boolean)
  RETURNS TABLE(operation_id text, status text, attempts integer, idempotency_key text, result jsonb, error jsonb)
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 declare
   v_run   runledger.runs := runledger._fence(p_run_id, p_token);
@@ -2785,8 +2849,10 @@ COMMENT ON FUNCTION runledger._operation_begin(text,bigint,integer,text,text,boo
 CREATE OR REPLACE FUNCTION runledger._operation_checkpoint(p_run_id text, p_token bigint, p_seq integer, p_name text, p_operation_id text, p_status text, p_output jsonb, p_error jsonb, p_external_resource_id text, p_attempts integer, p_started_ms_ago bigint, p_charge jsonb)
  RETURNS TABLE(pid integer, run_status text)
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 begin
   -- The outcome in the ledger and the step checkpoint commit together. UNKNOWN: the step fails
@@ -2824,8 +2890,10 @@ COMMENT ON FUNCTION runledger._operation_finish(text,bigint,text,text,jsonb,json
 CREATE OR REPLACE FUNCTION runledger._operation_park(p_run_id text, p_token bigint, p_seq integer, p_operation_id text, p_retry_in_ms integer)
  RETURNS void
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 declare
   v_run runledger.runs := runledger._fence(p_run_id, p_token);
@@ -2921,8 +2989,10 @@ COMMENT ON FUNCTION runledger._random_40(boolean) IS 'A random whole number belo
 CREATE OR REPLACE FUNCTION runledger._record_artifact(p_run_id text, p_position integer, p_name text, p_kind text, p_sha256 text, p_size bigint, p_content bytea, p_ref text)
  RETURNS jsonb
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 declare
   v_row runledger.artifacts;
@@ -2952,8 +3022,10 @@ COMMENT ON FUNCTION runledger._record_artifact(text,integer,text,text,text,bigin
 CREATE OR REPLACE FUNCTION runledger._record_retry(p_run_id text, p_token bigint, p_seq integer, p_name text, p_attempt integer, p_error jsonb, p_delay_ms integer)
  RETURNS boolean
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 declare
   v_run runledger.runs := runledger._fence(p_run_id, p_token);
@@ -2976,8 +3048,10 @@ COMMENT ON FUNCTION runledger._record_retry(text,bigint,integer,text,integer,jso
 CREATE OR REPLACE FUNCTION runledger._recover_expired(p_limit integer DEFAULT 1000)
  RETURNS integer
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 declare
   v_now   timestamptz := runledger.now();
@@ -3062,6 +3136,8 @@ COMMENT ON FUNCTION runledger._recover_expired(integer) IS 'Sweeper, run by ever
 CREATE OR REPLACE FUNCTION runledger._register_worker(p_worker_id text, p_host text, p_pid integer, p_workflows text[], p_queues text[], p_concurrency integer, p_lease_ms integer, p_migrations text[] DEFAULT '{}'::text[])
  RETURNS void
  LANGUAGE sql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
   insert into runledger.workers (worker_id, host, pid, workflows, queues, concurrency, lease_ms, migrations)
   values (p_worker_id, p_host, p_pid, p_workflows, p_queues, p_concurrency, p_lease_ms, coalesce(p_migrations, '{}'))
@@ -3073,6 +3149,8 @@ COMMENT ON FUNCTION runledger._register_worker(text,text,integer,text[],text[],i
 CREATE OR REPLACE FUNCTION runledger._register_workflow(p_name text, p_version text, p_queue text, p_max_recovery_attempts integer, p_limits jsonb DEFAULT '{}'::jsonb, p_manifest jsonb DEFAULT NULL::jsonb)
  RETURNS void
  LANGUAGE sql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
   insert into runledger.workflows (workflow_name, workflow_version, queue_name, max_recovery_attempts, limits, manifest)
   values (p_name, p_version, p_queue, p_max_recovery_attempts, coalesce(p_limits, '{}'), p_manifest)
@@ -3086,8 +3164,10 @@ COMMENT ON FUNCTION runledger._register_workflow(text,text,text,integer,jsonb,js
 CREATE OR REPLACE FUNCTION runledger._release_run(p_run_id text, p_token bigint, p_delay_ms integer, p_reason text, p_counts_attempt boolean DEFAULT false)
  RETURNS boolean
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 declare
   v_run runledger.runs;
@@ -3169,10 +3249,10 @@ begin
   update runledger.operations
      set status = p_status, result = case when p_status = 'SUCCEEDED' then p_result end,
          error = case when p_status = 'FAILED' then coalesce(p_result, jsonb_build_object('message', 'resolved as failed by an operator')) end,
-         resolved_by = coalesce(p_resolved_by, current_user), updated_at = runledger.now(), finished_at = runledger.now()
+         resolved_by = coalesce(p_resolved_by, runledger._caller()), updated_at = runledger.now(), finished_at = runledger.now()
    where operation_id = p_operation_id;
   insert into runledger.events (run_id, kind, detail)
-  values (v_op.run_id, 'operation_resolved', jsonb_build_object('operation_id', p_operation_id, 'status', p_status, 'by', coalesce(p_resolved_by, current_user)));
+  values (v_op.run_id, 'operation_resolved', jsonb_build_object('operation_id', p_operation_id, 'status', p_status, 'by', coalesce(p_resolved_by, runledger._caller())));
   perform runledger._wake(v_op.run_id, 'reconcile', p_operation_id);
   return p_status;
 end;
@@ -3235,8 +3315,10 @@ COMMENT ON FUNCTION runledger._retry_run(text) IS 'The action behind runledger.r
 CREATE OR REPLACE FUNCTION runledger._retry_wait(p_run_id text, p_token bigint, p_seq integer, p_name text, p_kind text, p_attempt integer, p_delay_ms integer)
  RETURNS void
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 declare
   v_run  runledger.runs := runledger._fence(p_run_id, p_token);
@@ -3259,6 +3341,32 @@ begin
 end;
 $function$;
 COMMENT ON FUNCTION runledger._retry_wait(text,bigint,integer,text,text,integer,integer) IS 'Fenced: a backoff too long to sleep in memory becomes a durable wait (wait_kind retry): the step keeps a WAITING row with the attempt reached and the run waits, holding no worker, until the next attempt is due.';
+
+CREATE OR REPLACE FUNCTION runledger._secure_functions()
+ RETURNS void
+ LANGUAGE plpgsql
+AS $function$
+declare
+  v_fn regprocedure;
+begin
+  -- PostgreSQL lets PUBLIC execute every new function; in this schema nobody but the owner
+  -- may call anything that is not granted.
+  for v_fn in select p.oid::regprocedure from pg_proc p where p.pronamespace = 'runledger'::regnamespace loop
+    execute format('revoke all on function %s from public', v_fn);
+  end loop;
+  -- A granted function runs as the owner, so it must not resolve names through the caller's
+  -- search_path: pg_catalog first (no user object shadows a built-in or an operator),
+  -- pg_temp last (no temporary table stands in for a runledger table).
+  for v_fn in
+    select p.oid::regprocedure from pg_proc p
+     where p.pronamespace = 'runledger'::regnamespace
+       and p.proname in (select function_name from runledger.role_functions)
+  loop
+    execute format('alter function %s security definer set search_path = pg_catalog, runledger, pg_temp', v_fn);
+  end loop;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._secure_functions() IS 'Revokes PUBLIC''s execute on every runledger function and makes each function in role_functions SECURITY DEFINER with search_path pg_catalog, runledger, pg_temp. Run by the migrations that add functions; needs the schema''s owner.';
 
 CREATE OR REPLACE FUNCTION runledger._send_signal(p_run_id text, p_topic text, p_payload jsonb, p_signal_id text DEFAULT NULL::text)
  RETURNS boolean
@@ -3304,8 +3412,10 @@ COMMENT ON FUNCTION runledger._send_signal(text,text,jsonb,text) IS 'The action 
 CREATE OR REPLACE FUNCTION runledger._session_acquire(p_session_id text, p_run_id text)
  RETURNS jsonb
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 declare
   v_session runledger.sessions;
@@ -3356,8 +3466,10 @@ COMMENT ON FUNCTION runledger._session_acquire(text,text) IS 'Inside a run''s tr
 CREATE OR REPLACE FUNCTION runledger._session_append(p_session_id text, p_run_id text, p_position integer, p_entries jsonb)
  RETURNS jsonb
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 declare
   v_session runledger.sessions;
@@ -3467,8 +3579,10 @@ COMMENT ON FUNCTION runledger._session_handoff(text) IS 'The session (locked by 
 CREATE OR REPLACE FUNCTION runledger._session_leave(p_session_id text, p_run_id text)
  RETURNS jsonb
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 declare
   v_session runledger.sessions;
@@ -3513,8 +3627,10 @@ COMMENT ON FUNCTION runledger._session_on_terminal() IS 'Trigger function of run
 CREATE OR REPLACE FUNCTION runledger._session_release(p_session_id text, p_run_id text)
  RETURNS boolean
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 begin
   perform 1 from runledger.sessions where session_id = p_session_id and holder_run_id = p_run_id for update;
@@ -3684,8 +3800,10 @@ COMMENT ON FUNCTION runledger._start(text,jsonb,jsonb,text,integer) IS 'One run 
 CREATE OR REPLACE FUNCTION runledger._start_child(p_run_id text, p_token bigint, p_seq integer, p_name text, p_workflow text, p_input jsonb, p_options jsonb)
  RETURNS text
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 declare
   v_parent  runledger.runs;
@@ -3711,8 +3829,10 @@ COMMENT ON FUNCTION runledger._start_child(text,bigint,integer,text,text,jsonb,j
 CREATE OR REPLACE FUNCTION runledger._start_claimed(p_workflow text, p_input jsonb, p_options jsonb, p_worker_id text, p_lease_ms integer)
  RETURNS TABLE(run_id text, claimed boolean, workflow_name text, workflow_version text, input jsonb, fencing_token bigint, recovery_attempts integer, max_steps integer, budget numeric, budget_spent numeric, budget_limits jsonb, budget_used jsonb)
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 declare
   v_run      runledger.runs;
@@ -3974,8 +4094,10 @@ COMMENT ON FUNCTION runledger._stop_unowned(text,runledger.run_status,text,jsonb
 CREATE OR REPLACE FUNCTION runledger._stop_worker(p_worker_id text)
  RETURNS integer
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 declare
   v_run   record;
@@ -4000,9 +4122,10 @@ COMMENT ON FUNCTION runledger._stop_worker(text) IS 'Graceful worker stop: every
 CREATE OR REPLACE FUNCTION runledger._stream_poll(p_run_id text, p_topic text, p_from_offset bigint, p_limit integer)
  RETURNS TABLE("offset" bigint, chunk jsonb, attempt integer, end_offset bigint, run_status text)
  LANGUAGE plpgsql
- STABLE
+ STABLE SECURITY DEFINER
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 declare
   v_status text;
@@ -4029,8 +4152,10 @@ COMMENT ON FUNCTION runledger._stream_poll(text,text,bigint,integer) IS 'A reade
 CREATE OR REPLACE FUNCTION runledger._stream_write(p_run_id text, p_token bigint, p_topic text, p_attempt integer, p_first_offset bigint, p_base_seq integer, p_after_earlier boolean, p_seqs integer[], p_chunks jsonb, p_close boolean DEFAULT false)
  RETURNS bigint
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 declare
   v_token  bigint;
@@ -4091,8 +4216,10 @@ COMMENT ON FUNCTION runledger._stream_write(text,bigint,text,integer,bigint,inte
 CREATE OR REPLACE FUNCTION runledger._take_migration(p_pairs text[])
  RETURNS TABLE(run_id text, workflow_name text, from_version text, to_version text, status runledger.run_status, input jsonb, version_manifest jsonb, checkpoints jsonb)
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 begin
   -- A marked run that finished on its old version meanwhile is not migrated.
@@ -4124,8 +4251,10 @@ COMMENT ON FUNCTION runledger._take_migration(text[]) IS 'A worker''s migrator: 
 CREATE OR REPLACE FUNCTION runledger._terminate_run(p_run_id text, p_token bigint, p_reason text, p_evidence jsonb)
  RETURNS text
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 declare
   v_run runledger.runs;
@@ -4149,8 +4278,10 @@ COMMENT ON FUNCTION runledger._terminate_run(text,bigint,text,jsonb) IS 'Fenced 
 CREATE OR REPLACE FUNCTION runledger._wait(p_run_id text, p_token bigint, p_seq integer, p_name text, p_kind text, p_spec jsonb)
  RETURNS TABLE(done boolean, output jsonb)
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 declare
   v_now      timestamptz := runledger.now();
@@ -4284,8 +4415,10 @@ COMMENT ON FUNCTION runledger._wake(text,text,text) IS 'Moves a run WAITING for 
 CREATE OR REPLACE FUNCTION runledger._wake_due(p_limit integer DEFAULT 1000, p_grace_ms integer DEFAULT 0)
  RETURNS integer
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 declare
   v_run   runledger.runs;
@@ -4328,8 +4461,10 @@ COMMENT ON FUNCTION runledger._wake_parent(text) IS 'Called when a run reaches a
 CREATE OR REPLACE FUNCTION runledger.cancel_run(p_run_id text, p_reason text DEFAULT NULL::text)
  RETURNS text
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 declare
   v_status text := runledger._cancel_run(p_run_id, p_reason);
@@ -4343,8 +4478,10 @@ COMMENT ON FUNCTION runledger.cancel_run(text,text) IS 'Operator action: cancels
 CREATE OR REPLACE FUNCTION runledger.compensate_run(p_run_id text, p_reason text DEFAULT NULL::text)
  RETURNS text
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 declare
   v_status text := runledger._compensate_run(p_run_id, p_reason);
@@ -4358,8 +4495,10 @@ COMMENT ON FUNCTION runledger.compensate_run(text,text) IS 'Operator action: run
 CREATE OR REPLACE FUNCTION runledger.decide_approval(p_request_id text, p_approved boolean, p_decided_by text, p_note text DEFAULT NULL::text)
  RETURNS jsonb
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 declare
   v_decision jsonb := runledger._decide_approval(p_request_id, p_approved, p_decided_by, p_note);
@@ -4374,8 +4513,10 @@ COMMENT ON FUNCTION runledger.decide_approval(text,boolean,text,text) IS 'Decide
 CREATE OR REPLACE FUNCTION runledger.delete_session(p_session_id text)
  RETURNS integer
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 declare
   v_removed int := runledger._delete_session(p_session_id);
@@ -4389,8 +4530,10 @@ COMMENT ON FUNCTION runledger.delete_session(text) IS 'Operator action: deletes 
 CREATE OR REPLACE FUNCTION runledger.fork_run(p_run_id text, p_from_step integer, p_version text DEFAULT NULL::text)
  RETURNS text
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 declare
   v_fork text := runledger._fork_run(p_run_id, p_from_step, p_version);
@@ -4401,10 +4544,76 @@ end;
 $function$;
 COMMENT ON FUNCTION runledger.fork_run(text,integer,text) IS 'Operator action: starts a new run of the same workflow and input that reuses the source run''s checkpoints before step from_step (0 = start over) and runs the rest, on the source''s version or on version (a registered version of the workflow, with its manifest). Returns the new run_id. Operations copied this way are not compensated by the fork. Recorded in audit_log.';
 
+CREATE OR REPLACE FUNCTION runledger.grant_roles()
+ RETURNS TABLE(role_name text, functions integer, relations integer)
+ LANGUAGE plpgsql
+AS $function$
+declare
+  v_role text;
+  v_fn regprocedure;
+  v_rel regclass;
+begin
+  foreach v_role in array array['runledger_worker', 'runledger_operator', 'runledger_reader'] loop
+    if not exists (select from pg_roles where rolname = v_role) then
+      begin
+        execute format('create role %I nologin', v_role);
+      exception
+        when duplicate_object or unique_violation then null;  -- created meanwhile by a migration of another database
+        when insufficient_privilege then
+          raise exception 'runledger.grant_roles: role % does not exist and % may not create roles', v_role, session_user
+            using errcode = '42501',
+                  hint = 'Run select runledger.grant_roles() as a role with CREATEROLE (a DBA), or create the roles runledger_worker, runledger_operator and runledger_reader first.';
+      end;
+    end if;
+    execute format('grant usage on schema runledger to %I', v_role);
+    -- Start from nothing, so a function taken off a list loses its grant.
+    for v_fn in select p.oid::regprocedure from pg_proc p where p.pronamespace = 'runledger'::regnamespace loop
+      execute format('revoke all on function %s from %I', v_fn, v_role);
+    end loop;
+    for v_rel in select c.oid::regclass from pg_class c
+                  where c.relnamespace = 'runledger'::regnamespace and c.relkind in ('r', 'v', 'p', 'm', 'S') loop
+      execute format('revoke all on %s from %I', v_rel, v_role);
+    end loop;
+    for v_fn in
+      select p.oid::regprocedure from pg_proc p
+       where p.pronamespace = 'runledger'::regnamespace
+         and p.proname in (select f.function_name from runledger.role_functions f where f.role_name = v_role)
+    loop
+      execute format('grant execute on function %s to %I', v_fn, v_role);
+    end loop;
+    -- Reads: the reader sees the views only; workers and operators read tables and views.
+    for v_rel in
+      select c.oid::regclass from pg_class c
+       where c.relnamespace = 'runledger'::regnamespace
+         and (c.relkind = 'v' or (c.relkind in ('r', 'p') and v_role <> 'runledger_reader'))
+    loop
+      execute format('grant select on %s to %I', v_rel, v_role);
+    end loop;
+    -- Scheduled workflows: graphile-worker fires cron ticks from its own schema (installed by
+    -- migrate before these files), with its own functions and tables.
+    if v_role = 'runledger_worker' and exists (select from pg_namespace where nspname = 'graphile_worker') then
+      execute 'grant usage on schema graphile_worker to runledger_worker';
+      execute 'grant select, insert, update, delete on all tables in schema graphile_worker to runledger_worker';
+      execute 'grant usage, select on all sequences in schema graphile_worker to runledger_worker';
+      execute 'grant execute on all functions in schema graphile_worker to runledger_worker';
+    end if;
+    role_name := v_role;
+    select count(*) into functions from pg_proc p
+     where p.pronamespace = 'runledger'::regnamespace and has_function_privilege(v_role, p.oid, 'execute');
+    select count(*) into relations from pg_class c
+     where c.relnamespace = 'runledger'::regnamespace and c.relkind in ('r', 'v', 'p')
+       and has_table_privilege(v_role, c.oid, 'select');
+    return next;
+  end loop;
+end;
+$function$;
+COMMENT ON FUNCTION runledger.grant_roles() IS 'Creates the roles runledger_worker, runledger_operator and runledger_reader where missing (needs CREATEROLE) and grants each exactly its functions (runledger.role_functions) and reads (worker and operator: tables and views; reader: views), and the worker graphile-worker''s schema for cron. Idempotent; migrate runs it when the migrating role may create roles, otherwise a DBA runs it. Returns what each role may now execute and read.';
+
 CREATE OR REPLACE FUNCTION runledger.is_terminal(p_status runledger.run_status)
  RETURNS boolean
  LANGUAGE sql
- IMMUTABLE PARALLEL SAFE
+ IMMUTABLE PARALLEL SAFE SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
   select p_status in ('SUCCEEDED', 'FAILED', 'CANCELLED', 'TERMINATED', 'DEAD_LETTER')
 $function$;
@@ -4413,8 +4622,10 @@ COMMENT ON FUNCTION runledger.is_terminal(runledger.run_status) IS 'True for the
 CREATE OR REPLACE FUNCTION runledger.migrate_run(p_run_id text, p_to_version text)
  RETURNS boolean
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 declare
   v_marked boolean := runledger._migrate_run(p_run_id, p_to_version);
@@ -4428,8 +4639,10 @@ COMMENT ON FUNCTION runledger.migrate_run(text,text) IS 'Operator action: marks 
 CREATE OR REPLACE FUNCTION runledger.migrate_runs(p_workflow text, p_from_version text, p_to_version text, p_limit integer DEFAULT NULL::integer)
  RETURNS SETOF text
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 declare
   v_ids text[] := array(select runledger._migrate_runs(p_workflow, p_from_version, p_to_version, p_limit));
@@ -4445,7 +4658,8 @@ COMMENT ON FUNCTION runledger.migrate_runs(text,text,text,integer) IS 'Operator 
 CREATE OR REPLACE FUNCTION runledger.now()
  RETURNS timestamp with time zone
  LANGUAGE sql
- PARALLEL SAFE
+ PARALLEL SAFE SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
   select coalesce(nullif(current_setting('runledger.fake_now', true), '')::timestamptz,
                   clock_timestamp() + coalesce(nullif(current_setting('runledger.clock_offset', true), '')::interval, interval '0'))
@@ -4455,8 +4669,10 @@ COMMENT ON FUNCTION runledger.now() IS 'Current time for every runledger functio
 CREATE OR REPLACE FUNCTION runledger.prune(p_older_than interval)
  RETURNS bigint
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 declare
   v_count bigint := runledger._prune(p_older_than);
@@ -4470,8 +4686,10 @@ COMMENT ON FUNCTION runledger.prune(interval) IS 'Operator action: deletes finis
 CREATE OR REPLACE FUNCTION runledger.prune_artifact_blobs()
  RETURNS bigint
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 declare
   v_removed bigint := runledger._prune_artifact_blobs();
@@ -4485,9 +4703,10 @@ COMMENT ON FUNCTION runledger.prune_artifact_blobs() IS 'Operator action: delete
 CREATE OR REPLACE FUNCTION runledger.read_stream(p_run_id text, p_topic text, p_from_offset bigint DEFAULT 0, p_limit integer DEFAULT 1000)
  RETURNS TABLE("offset" bigint, chunk jsonb, seq integer, attempt integer, created_at timestamp with time zone)
  LANGUAGE plpgsql
- STABLE
+ STABLE SECURITY DEFINER
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 begin
   if p_topic is null or p_topic !~ '^[A-Za-z0-9][A-Za-z0-9_.:/-]*$' or length(p_topic) > 100 then
@@ -4513,8 +4732,10 @@ COMMENT ON FUNCTION runledger.read_stream(text,text,bigint,integer) IS 'A run''s
 CREATE OR REPLACE FUNCTION runledger.release_session(p_session_id text)
  RETURNS text
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 declare
   v_next text := runledger._release_session(p_session_id);
@@ -4528,8 +4749,10 @@ COMMENT ON FUNCTION runledger.release_session(text) IS 'Operator repair: takes a
 CREATE OR REPLACE FUNCTION runledger.resolve_operation(p_operation_id text, p_status text, p_result jsonb DEFAULT NULL::jsonb, p_resolved_by text DEFAULT NULL::text)
  RETURNS text
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 declare
   v_status text := runledger._resolve_operation(p_operation_id, p_status, p_result, p_resolved_by);
@@ -4546,8 +4769,10 @@ COMMENT ON FUNCTION runledger.resolve_operation(text,text,jsonb,text) IS 'Operat
 CREATE OR REPLACE FUNCTION runledger.retry_run(p_run_id text)
  RETURNS text
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 declare
   v_status text := runledger._retry_run(p_run_id);
@@ -4561,7 +4786,8 @@ COMMENT ON FUNCTION runledger.retry_run(text) IS 'Operator action: brings a DEAD
 CREATE OR REPLACE FUNCTION runledger.run_transitions()
  RETURNS TABLE(from_status runledger.run_status, to_status runledger.run_status, by_whom text)
  LANGUAGE sql
- IMMUTABLE
+ IMMUTABLE SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
   values
     ('PENDING'::runledger.run_status, 'RUNNING'::runledger.run_status, 'a claim (_claim_batch, fencing_token + 1), once admitted'),
@@ -4597,8 +4823,10 @@ COMMENT ON FUNCTION runledger.run_transitions() IS 'The run state machine: every
 CREATE OR REPLACE FUNCTION runledger.send_signal(p_run_id text, p_topic text, p_payload jsonb, p_signal_id text DEFAULT NULL::text)
  RETURNS boolean
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 declare
   v_accepted boolean := runledger._send_signal(p_run_id, p_topic, p_payload, p_signal_id);
@@ -4613,9 +4841,10 @@ COMMENT ON FUNCTION runledger.send_signal(text,text,jsonb,text) IS 'Delivers a s
 CREATE OR REPLACE FUNCTION runledger.session_history(p_session_id text)
  RETURNS TABLE(seq integer, role text, content jsonb, run_id text, step_position integer, created_at timestamp with time zone)
  LANGUAGE plpgsql
- STABLE
+ STABLE SECURITY DEFINER
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 begin
   perform runledger._session_check_id(p_session_id);
@@ -4634,8 +4863,10 @@ COMMENT ON FUNCTION runledger.session_history(text) IS 'A session''s history in 
 CREATE OR REPLACE FUNCTION runledger.set_queue(p_name text, p_options jsonb)
  RETURNS runledger.queues
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 declare
   v_queue runledger.queues := runledger._set_queue(p_name, p_options);
@@ -4649,8 +4880,10 @@ COMMENT ON FUNCTION runledger.set_queue(text,jsonb) IS 'Operator action: creates
 CREATE OR REPLACE FUNCTION runledger.start_run(p_workflow text, p_input jsonb, p_options jsonb DEFAULT '{}'::jsonb)
  RETURNS text
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 begin
   return (runledger._start(p_workflow, p_input, p_options)).run.run_id;
@@ -4661,8 +4894,10 @@ COMMENT ON FUNCTION runledger.start_run(text,jsonb,jsonb) IS 'Starts a run of a 
 CREATE OR REPLACE FUNCTION runledger.start_runs(p_workflow text, p_inputs jsonb, p_options jsonb DEFAULT '{}'::jsonb)
  RETURNS text[]
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 declare
   v_t      runledger.runs;
@@ -4788,7 +5023,8 @@ COMMENT ON FUNCTION runledger.start_runs(text,jsonb,jsonb) IS 'Starts one run of
 CREATE OR REPLACE FUNCTION runledger.step_kinds()
  RETURNS text[]
  LANGUAGE sql
- IMMUTABLE
+ IMMUTABLE SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
   select array['step', 'transaction', 'operation', 'sleep', 'signal', 'approval', 'child_start', 'child']
 $function$;
@@ -4797,7 +5033,8 @@ COMMENT ON FUNCTION runledger.step_kinds() IS 'What a checkpoint records (steps.
 CREATE OR REPLACE FUNCTION runledger.termination_reasons()
  RETURNS text[]
  LANGUAGE sql
- IMMUTABLE
+ IMMUTABLE SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
   select array['COMPLETED', 'FAILED', 'CANCELLED', 'DEADLINE', 'MAX_STEPS', 'BUDGET', 'NO_PROGRESS',
                'MAX_RECOVERY_ATTEMPTS', 'NON_DETERMINISM', 'UNVERIFIED']
@@ -4807,7 +5044,8 @@ COMMENT ON FUNCTION runledger.termination_reasons() IS 'Why a terminal run stopp
 CREATE OR REPLACE FUNCTION runledger.wait_kinds()
  RETURNS text[]
  LANGUAGE sql
- IMMUTABLE
+ IMMUTABLE SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
   select array['timer', 'signal', 'approval', 'child', 'retry', 'reconcile']
 $function$;

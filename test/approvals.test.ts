@@ -19,9 +19,8 @@ const ROLES = [SENIOR, MEMBER, OUTSIDER];
 beforeAll(async () => {
   for (const role of ROLES) {
     await db.pool.query(`create role ${role} nologin`);
-    await db.pool.query(`grant usage on schema runledger to ${role}`);
-    await db.pool.query(`grant all on all tables in schema runledger to ${role}`);
-    await db.pool.query(`grant all on all sequences in schema runledger to ${role}`);
+    // What an operator's login is given (0017_roles.sql): the operator actions and reads.
+    await db.pool.query(`grant runledger_operator to ${role}`);
   }
   await db.pool.query(`grant ${SENIOR} to ${MEMBER}`);
 });

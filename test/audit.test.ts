@@ -25,9 +25,8 @@ let parent: Workflow<any, any>;
 let failing: Workflow<any, any>;
 beforeAll(async () => {
   await db.pool.query(`create role ${ROLE} nologin`);
-  await db.pool.query(`grant usage on schema runledger to ${ROLE}`);
-  await db.pool.query(`grant all on all tables in schema runledger to ${ROLE}`);
-  await db.pool.query(`grant all on all sequences in schema runledger to ${ROLE}`);
+  // What an operator's login is given (0017_roles.sql): the operator actions and reads.
+  await db.pool.query(`grant runledger_operator to ${ROLE}`);
   operator = new pg.Client({ connectionString: db.url });
   await operator.connect();
   await operator.query(`set role ${ROLE}`);

@@ -196,6 +196,10 @@ export const RUNLEDGER_TABLES = {
     progress: 'jsonb null',
     updated_at: 'timestamptz default',
   },
+  'runledger.role_functions': {
+    role_name: 'text',
+    function_name: 'text',
+  },
   'runledger.queues': {
     name: 'text',
     concurrency: 'int4 null',
