@@ -253,6 +253,8 @@ create table runledger.runs (
   priority              int not null default 0,
   concurrency_key       text,
   idempotency_key       text,
+  -- Whose run this is (0018_tenants.sql): set at start, inherited by child runs and forks.
+  tenant_id             text,
   parent_run_id         text references runledger.runs (run_id) on delete set null,
   created_at            timestamptz not null default runledger.now(),
   updated_at            timestamptz not null default runledger.now(),

@@ -193,6 +193,10 @@ begin
       message = format('%s: max_recovery_attempts must be a whole number >= 0, not %s', p_caller, v_opts->'max_recovery_attempts');
   end if;
 
+  if v_opts ? 'tenant_id' and (jsonb_typeof(v_opts->'tenant_id') <> 'string' or v_opts->>'tenant_id' !~ '^[A-Za-z0-9][A-Za-z0-9_.:@-]*$'
+                               or length(v_opts->>'tenant_id') > 200) then
+    raise exception using errcode = 'RL003', message = format('%s: invalid tenant_id %s', p_caller, v_opts->'tenant_id');
+  end if;
   if v_opts ? 'notify' and jsonb_typeof(v_opts->'notify') <> 'boolean' then
     raise exception using errcode = 'RL003', message = format('%s: notify must be true or false, not %s', p_caller, v_opts->'notify');
   end if;
@@ -223,6 +227,9 @@ begin
   v_t.concurrency_key := v_opts->>'concurrency_key';
   v_t.idempotency_key := v_opts->>'idempotency_key';
   v_t.parent_run_id := v_opts->>'parent_run_id';
+  -- A child belongs to its parent's tenant; otherwise the option, else the session's tenant.
+  v_t.tenant_id := coalesce((select p.tenant_id from runledger.runs p where p.run_id = v_t.parent_run_id),
+                            v_opts->>'tenant_id', nullif(current_setting('runledger.tenant', true), ''));
   v_t.deadline_at := v_deadline;
   v_t.max_recovery_attempts := coalesce((v_opts->>'max_recovery_attempts')::int, v_wf.max_recovery_attempts);
   -- A run started from SQL records the manifest its version's engines registered.
@@ -292,12 +299,12 @@ begin
   v_t.budget_spent := 0;
   insert into runledger.runs (
     run_id, workflow_name, workflow_version, queue_name, status, input, admitted, not_before, priority, concurrency_key,
-    idempotency_key, parent_run_id, deadline_at, max_recovery_attempts, version_manifest, max_steps, budget,
+    idempotency_key, tenant_id, parent_run_id, deadline_at, max_recovery_attempts, version_manifest, max_steps, budget,
     budget_limits, no_progress, retry_budget, policy_version, fencing_token, lease_owner, lease_expires_at, started_at,
     created_at, updated_at)
   values (
     v_t.run_id, v_t.workflow_name, v_t.workflow_version, v_t.queue_name, v_t.status, p_input, v_t.admitted, v_t.not_before,
-    v_t.priority, v_t.concurrency_key, v_t.idempotency_key, v_t.parent_run_id, v_t.deadline_at,
+    v_t.priority, v_t.concurrency_key, v_t.idempotency_key, v_t.tenant_id, v_t.parent_run_id, v_t.deadline_at,
     v_t.max_recovery_attempts, v_t.version_manifest, v_t.max_steps, v_t.budget, v_t.budget_limits, v_t.no_progress, v_t.retry_budget,
     v_t.policy_version, v_t.fencing_token, v_t.lease_owner, v_t.lease_expires_at, v_t.started_at,
     v_t.created_at, v_t.updated_at)
@@ -424,10 +431,10 @@ begin
   ), inserted as (
     insert into runledger.runs (
       run_id, workflow_name, workflow_version, queue_name, input, admitted, not_before, priority, concurrency_key,
-      idempotency_key, deadline_at, max_recovery_attempts, version_manifest, max_steps, budget, no_progress,
+      idempotency_key, tenant_id, deadline_at, max_recovery_attempts, version_manifest, max_steps, budget, no_progress,
       retry_budget, policy_version, created_at, updated_at)
     select w.run_id, v_t.workflow_name, v_t.workflow_version, v_t.queue_name, w.input, v_t.admitted, v_t.not_before,
-           v_t.priority, w.concurrency_key, w.idempotency_key, v_t.deadline_at, v_t.max_recovery_attempts,
+           v_t.priority, w.concurrency_key, w.idempotency_key, v_t.tenant_id, v_t.deadline_at, v_t.max_recovery_attempts,
            v_t.version_manifest, v_t.max_steps, v_t.budget, v_t.no_progress, v_t.retry_budget, v_t.policy_version,
            v_t.created_at, v_t.updated_at
       from wanted w

@@ -37,11 +37,12 @@ begin
     v_manifest := coalesce(v_manifest, '{}');
   end if;
   insert into runledger.runs (
-    run_id, workflow_name, workflow_version, queue_name, input, priority, concurrency_key,
+    run_id, workflow_name, workflow_version, queue_name, input, priority, concurrency_key, tenant_id,
     deadline_at, max_recovery_attempts, version_manifest, max_steps, budget, no_progress, retry_budget,
     policy_version, created_at, updated_at)
   values (
     v_id, v_src.workflow_name, coalesce(p_version, v_src.workflow_version), v_src.queue_name, v_src.input, v_src.priority, v_src.concurrency_key,
+    v_src.tenant_id,
     -- The fork gets the same lifetime the source had, counted from now.
     v_now + (v_src.deadline_at - v_src.created_at), v_src.max_recovery_attempts,
     v_manifest || jsonb_build_object('forked_from', p_run_id, 'from_step', p_from_step),

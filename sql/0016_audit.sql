@@ -173,8 +173,11 @@ create function runledger.set_queue(p_name text, p_options jsonb) returns runled
 language plpgsql volatile
 set enable_seqscan = off set jit = off as $$
 declare
-  v_queue runledger.queues := runledger._set_queue(p_name, p_options);
+  v_queue runledger.queues;
 begin
+  -- Queues are shared by every tenant (0018_tenants.sql).
+  perform runledger._check_not_tenant_bound('set_queue');
+  v_queue := runledger._set_queue(p_name, p_options);
   perform runledger._audit('set_queue', null, p_name, p_options, to_jsonb(v_queue));
   return v_queue;
 end;

@@ -224,6 +224,7 @@ CREATE TABLE runledger.runs (
   priority integer DEFAULT 0 NOT NULL,
   concurrency_key text,
   idempotency_key text,
+  tenant_id text,
   parent_run_id text,
   created_at timestamp with time zone DEFAULT runledger.now() NOT NULL,
   updated_at timestamp with time zone DEFAULT runledger.now() NOT NULL,
@@ -285,6 +286,7 @@ CREATE INDEX runs_parent ON runledger.runs USING btree (parent_run_id) WHERE (pa
 CREATE UNIQUE INDEX runs_pkey ON runledger.runs USING btree (run_id);
 CREATE INDEX runs_queue_active ON runledger.runs USING btree (queue_name, concurrency_key) WHERE ((status = ANY (ARRAY['RUNNING'::runledger.run_status, 'CANCELLING'::runledger.run_status])) OR ((status = 'PENDING'::runledger.run_status) AND admitted));
 CREATE INDEX runs_ready ON runledger.runs USING btree (queue_name, priority, created_at) WHERE ((status = 'PENDING'::runledger.run_status) AND admitted);
+CREATE INDEX runs_tenant ON runledger.runs USING btree (tenant_id, created_at) WHERE (tenant_id IS NOT NULL);
 CREATE INDEX runs_timer ON runledger.runs USING btree (queue_name, wake_at) WHERE ((status = 'WAITING'::runledger.run_status) AND (wake_at IS NOT NULL));
 CREATE TRIGGER runs_run_id_insert BEFORE INSERT ON runledger.runs FOR EACH ROW WHEN (((new.run_id !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]*$'::text) OR (length(new.run_id) > 200))) EXECUTE FUNCTION runledger._check_run_id();
 CREATE TRIGGER runs_run_id_update BEFORE UPDATE OF run_id ON runledger.runs FOR EACH ROW WHEN (((new.run_id !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]*$'::text) OR (length(new.run_id) > 200))) EXECUTE FUNCTION runledger._check_run_id();
@@ -427,6 +429,14 @@ ALTER TABLE runledger.stream_ends ADD CONSTRAINT stream_ends_pkey PRIMARY KEY (r
 ALTER TABLE runledger.stream_ends ADD CONSTRAINT stream_ends_run_id_fkey FOREIGN KEY (run_id) REFERENCES runledger.runs(run_id) ON DELETE CASCADE;
 ALTER TABLE runledger.stream_ends ADD CONSTRAINT stream_ends_topic_check CHECK (((topic ~ '^[A-Za-z0-9][A-Za-z0-9_.:/-]*$'::text) AND (length(topic) <= 100)));
 CREATE UNIQUE INDEX stream_ends_pkey ON runledger.stream_ends USING btree (run_id, topic);
+
+CREATE TABLE runledger.tenant_members (
+  role_name text NOT NULL,
+  tenant_id text NOT NULL
+);
+COMMENT ON TABLE runledger.tenant_members IS 'Which tenants a role (or any member of it) may act for when tenant isolation is on. A role with rows here sees only those tenants, whatever runledger.tenant it sets; a role with none may name any tenant (the application that connects it chooses). Written by the schema''s owner.';
+ALTER TABLE runledger.tenant_members ADD CONSTRAINT tenant_members_pkey PRIMARY KEY (role_name, tenant_id);
+CREATE UNIQUE INDEX tenant_members_pkey ON runledger.tenant_members USING btree (role_name, tenant_id);
 
 CREATE TABLE runledger.workers (
   worker_id text NOT NULL,
@@ -1363,6 +1373,20 @@ begin
 end;
 $function$;
 COMMENT ON FUNCTION runledger._check_migration_served(text,text,text,text) IS 'Raises RL006 (UNKNOWN_WORKFLOW) unless a live worker serves workflow@to and has registered the migration workflow@from>to.';
+
+CREATE OR REPLACE FUNCTION runledger._check_not_tenant_bound(p_action text)
+ RETURNS void
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+begin
+  if (select c.relrowsecurity from pg_class c where c.oid = 'runledger.runs'::regclass) and not runledger._tenant_unbound() then
+    raise exception using errcode = '42501',
+      message = format('%s: acts on every tenant; with tenant isolation on it needs an operator that is not bound to a tenant (the schema''s owner, or a BYPASSRLS role)', p_action);
+  end if;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._check_not_tenant_bound(text) IS 'Refuses (42501) an action on what all tenants share (set_queue) when tenant isolation is on and the caller is bound to a tenant.';
 
 CREATE OR REPLACE FUNCTION runledger._check_progress(p_run runledger.runs, p_step text, p_seq integer, p_hash text)
  RETURNS boolean
@@ -2502,11 +2526,12 @@ begin
     v_manifest := coalesce(v_manifest, '{}');
   end if;
   insert into runledger.runs (
-    run_id, workflow_name, workflow_version, queue_name, input, priority, concurrency_key,
+    run_id, workflow_name, workflow_version, queue_name, input, priority, concurrency_key, tenant_id,
     deadline_at, max_recovery_attempts, version_manifest, max_steps, budget, no_progress, retry_budget,
     policy_version, created_at, updated_at)
   values (
     v_id, v_src.workflow_name, coalesce(p_version, v_src.workflow_version), v_src.queue_name, v_src.input, v_src.priority, v_src.concurrency_key,
+    v_src.tenant_id,
     -- The fork gets the same lifetime the source had, counted from now.
     v_now + (v_src.deadline_at - v_src.created_at), v_src.max_recovery_attempts,
     v_manifest || jsonb_build_object('forked_from', p_run_id, 'from_step', p_from_step),
@@ -2583,6 +2608,16 @@ begin
 end;
 $function$;
 COMMENT ON FUNCTION runledger._heartbeat_step(text,bigint,integer,jsonb,integer) IS 'Fenced: a long step proves it is alive: renews its run''s lease and stores its progress. Returns the run status (CANCELLING tells the step to stop).';
+
+CREATE OR REPLACE FUNCTION runledger._isolated_tables()
+ RETURNS text[]
+ LANGUAGE sql
+ IMMUTABLE
+AS $function$
+  select array['runs', 'steps', 'events', 'signals', 'approvals', 'approval_votes', 'operations', 'step_progress', 'stream_chunks',
+               'stream_ends', 'artifacts', 'artifact_blobs', 'session_entries', 'session_waiters', 'sessions', 'audit_log']
+$function$;
+COMMENT ON FUNCTION runledger._isolated_tables() IS 'The tables that hold a run''s data and carry the tenant_isolation policy.';
 
 CREATE OR REPLACE FUNCTION runledger._lock_executing(p_run_id text, p_token bigint)
  RETURNS runledger.runs
@@ -3643,6 +3678,21 @@ end;
 $function$;
 COMMENT ON FUNCTION runledger._session_release(text,text) IS 'The holder lets go of the session (session.release()); the next waiter gets it and is woken. False when p_run_id does not hold it.';
 
+CREATE OR REPLACE FUNCTION runledger._session_tenant()
+ RETURNS text
+ LANGUAGE sql
+ STABLE SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
+AS $function$
+  select t.tenant
+    from (select nullif(current_setting('runledger.tenant', true), '') as tenant) t
+   where not exists (select from runledger.tenant_members m join pg_roles r on r.rolname = m.role_name
+                      where pg_has_role(runledger._caller(), r.oid, 'MEMBER'))
+      or exists (select from runledger.tenant_members m join pg_roles r on r.rolname = m.role_name
+                  where m.tenant_id = t.tenant and pg_has_role(runledger._caller(), r.oid, 'MEMBER'))
+$function$;
+COMMENT ON FUNCTION runledger._session_tenant() IS 'The tenant this session acts for: the setting runledger.tenant, when the caller''s roles in tenant_members allow it (or it has none there); else null, which matches no run.';
+
 CREATE OR REPLACE FUNCTION runledger._set_queue(p_name text, p_options jsonb)
  RETURNS runledger.queues
  LANGUAGE plpgsql
@@ -3749,12 +3799,12 @@ begin
   v_t.budget_spent := 0;
   insert into runledger.runs (
     run_id, workflow_name, workflow_version, queue_name, status, input, admitted, not_before, priority, concurrency_key,
-    idempotency_key, parent_run_id, deadline_at, max_recovery_attempts, version_manifest, max_steps, budget,
+    idempotency_key, tenant_id, parent_run_id, deadline_at, max_recovery_attempts, version_manifest, max_steps, budget,
     budget_limits, no_progress, retry_budget, policy_version, fencing_token, lease_owner, lease_expires_at, started_at,
     created_at, updated_at)
   values (
     v_t.run_id, v_t.workflow_name, v_t.workflow_version, v_t.queue_name, v_t.status, p_input, v_t.admitted, v_t.not_before,
-    v_t.priority, v_t.concurrency_key, v_t.idempotency_key, v_t.parent_run_id, v_t.deadline_at,
+    v_t.priority, v_t.concurrency_key, v_t.idempotency_key, v_t.tenant_id, v_t.parent_run_id, v_t.deadline_at,
     v_t.max_recovery_attempts, v_t.version_manifest, v_t.max_steps, v_t.budget, v_t.budget_limits, v_t.no_progress, v_t.retry_budget,
     v_t.policy_version, v_t.fencing_token, v_t.lease_owner, v_t.lease_expires_at, v_t.started_at,
     v_t.created_at, v_t.updated_at)
@@ -3952,6 +4002,10 @@ begin
       message = format('%s: max_recovery_attempts must be a whole number >= 0, not %s', p_caller, v_opts->'max_recovery_attempts');
   end if;
 
+  if v_opts ? 'tenant_id' and (jsonb_typeof(v_opts->'tenant_id') <> 'string' or v_opts->>'tenant_id' !~ '^[A-Za-z0-9][A-Za-z0-9_.:@-]*$'
+                               or length(v_opts->>'tenant_id') > 200) then
+    raise exception using errcode = 'RL003', message = format('%s: invalid tenant_id %s', p_caller, v_opts->'tenant_id');
+  end if;
   if v_opts ? 'notify' and jsonb_typeof(v_opts->'notify') <> 'boolean' then
     raise exception using errcode = 'RL003', message = format('%s: notify must be true or false, not %s', p_caller, v_opts->'notify');
   end if;
@@ -3982,6 +4036,9 @@ begin
   v_t.concurrency_key := v_opts->>'concurrency_key';
   v_t.idempotency_key := v_opts->>'idempotency_key';
   v_t.parent_run_id := v_opts->>'parent_run_id';
+  -- A child belongs to its parent's tenant; otherwise the option, else the session's tenant.
+  v_t.tenant_id := coalesce((select p.tenant_id from runledger.runs p where p.run_id = v_t.parent_run_id),
+                            v_opts->>'tenant_id', nullif(current_setting('runledger.tenant', true), ''));
   v_t.deadline_at := v_deadline;
   v_t.max_recovery_attempts := coalesce((v_opts->>'max_recovery_attempts')::int, v_wf.max_recovery_attempts);
   -- A run started from SQL records the manifest its version's engines registered.
@@ -4247,6 +4304,19 @@ begin
 end;
 $function$;
 COMMENT ON FUNCTION runledger._take_migration(text[]) IS 'A worker''s migrator: locks one run marked for a migration it has (pairs: workflow@from>to) and returns its input, manifest and checkpoints; the worker then calls _apply_migration or, after rolling back, _migration_failed. Also clears the mark of runs that finished meanwhile (event migration_dropped).';
+
+CREATE OR REPLACE FUNCTION runledger._tenant_unbound()
+ RETURNS boolean
+ LANGUAGE sql
+ STABLE SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
+AS $function$
+  select coalesce((select r.rolsuper or r.rolbypassrls from pg_roles r where r.rolname = runledger._caller()), false)
+      or pg_has_role(runledger._caller(), (select n.nspowner from pg_namespace n where n.nspname = 'runledger'), 'MEMBER')
+      or (exists (select from pg_roles r where r.rolname = 'runledger_worker')
+          and pg_has_role(runledger._caller(), 'runledger_worker', 'MEMBER'))
+$function$;
+COMMENT ON FUNCTION runledger._tenant_unbound() IS 'True when tenant isolation does not restrict the caller: a superuser or BYPASSRLS role, the schema''s owner (or a member), or a member of runledger_worker. The policies call it once per statement.';
 
 CREATE OR REPLACE FUNCTION runledger._terminate_run(p_run_id text, p_token bigint, p_reason text, p_evidence jsonb)
  RETURNS text
@@ -4526,6 +4596,56 @@ begin
 end;
 $function$;
 COMMENT ON FUNCTION runledger.delete_session(text) IS 'Operator action: deletes a session that no run holds or waits for, with its entries; returns how many entries it removed. Recorded in audit_log.';
+
+CREATE OR REPLACE FUNCTION runledger.disable_tenant_isolation()
+ RETURNS text[]
+ LANGUAGE plpgsql
+AS $function$
+declare
+  v_table text;
+begin
+  foreach v_table in array runledger._isolated_tables() loop
+    execute format('alter table runledger.%I no force row level security, disable row level security', v_table);
+  end loop;
+  return runledger._isolated_tables();
+end;
+$function$;
+COMMENT ON FUNCTION runledger.disable_tenant_isolation() IS 'Switches tenant isolation off (row-level security off on the tables enable_tenant_isolation() names). Run by the schema''s owner.';
+
+CREATE OR REPLACE FUNCTION runledger.enable_tenant_isolation()
+ RETURNS text[]
+ LANGUAGE plpgsql
+AS $function$
+declare
+  v_table text;
+  v_exempt text;
+begin
+  if not exists (select from pg_roles where rolname = 'runledger_worker') then
+    raise exception using errcode = '42704',
+      message = 'enable_tenant_isolation: the role runledger_worker does not exist (run select runledger.grant_roles() first): without it every worker would be bound to a tenant';
+  end if;
+  -- PostgreSQL exempts superusers and BYPASSRLS roles from row-level security, forced or
+  -- not, and the views and the SECURITY DEFINER functions run as their owner.
+  select string_agg(distinct format('%s (owned by %s)', o.what, r.rolname), ', ') into v_exempt
+    from (select c.oid::regclass::text as what, c.relowner as owner from pg_class c
+           where c.relnamespace = 'runledger'::regnamespace and c.relkind in ('r', 'v')
+          union all
+          select p.oid::regprocedure::text, p.proowner from pg_proc p
+           where p.pronamespace = 'runledger'::regnamespace and p.prosecdef) o
+    join pg_roles r on r.oid = o.owner
+   where r.rolsuper or r.rolbypassrls;
+  if v_exempt is not null then
+    raise exception using errcode = '55000',
+      message = 'enable_tenant_isolation: the runledger schema is owned by a superuser or BYPASSRLS role, which row-level security never restricts, so its views and functions would show every tenant: ' || left(v_exempt, 300),
+      hint = 'Migrate as a role that is neither superuser nor BYPASSRLS (docs/security.md, tenant isolation), or hand the schema''s objects to one: REASSIGN OWNED BY old_owner TO new_owner.';
+  end if;
+  foreach v_table in array runledger._isolated_tables() loop
+    execute format('alter table runledger.%I enable row level security, force row level security', v_table);
+  end loop;
+  return runledger._isolated_tables();
+end;
+$function$;
+COMMENT ON FUNCTION runledger.enable_tenant_isolation() IS 'Switches tenant isolation on: row-level security, forced, on every table that holds a run''s data. Readers and operators then see and act on only the runs of the tenant their session names (set runledger.tenant = ''...''; see tenant_members); workers, the owner and BYPASSRLS roles see all. Refused (55000) while the schema''s objects belong to a superuser or BYPASSRLS role, which row-level security cannot restrict. Returns the tables. Run by the schema''s owner.';
 
 CREATE OR REPLACE FUNCTION runledger.fork_run(p_run_id text, p_from_step integer, p_version text DEFAULT NULL::text)
  RETURNS text
@@ -4869,8 +4989,11 @@ CREATE OR REPLACE FUNCTION runledger.set_queue(p_name text, p_options jsonb)
  SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 declare
-  v_queue runledger.queues := runledger._set_queue(p_name, p_options);
+  v_queue runledger.queues;
 begin
+  -- Queues are shared by every tenant (0018_tenants.sql).
+  perform runledger._check_not_tenant_bound('set_queue');
+  v_queue := runledger._set_queue(p_name, p_options);
   perform runledger._audit('set_queue', null, p_name, p_options, to_jsonb(v_queue));
   return v_queue;
 end;
@@ -4965,10 +5088,10 @@ begin
   ), inserted as (
     insert into runledger.runs (
       run_id, workflow_name, workflow_version, queue_name, input, admitted, not_before, priority, concurrency_key,
-      idempotency_key, deadline_at, max_recovery_attempts, version_manifest, max_steps, budget, no_progress,
+      idempotency_key, tenant_id, deadline_at, max_recovery_attempts, version_manifest, max_steps, budget, no_progress,
       retry_budget, policy_version, created_at, updated_at)
     select w.run_id, v_t.workflow_name, v_t.workflow_version, v_t.queue_name, w.input, v_t.admitted, v_t.not_before,
-           v_t.priority, w.concurrency_key, w.idempotency_key, v_t.deadline_at, v_t.max_recovery_attempts,
+           v_t.priority, w.concurrency_key, w.idempotency_key, v_t.tenant_id, v_t.deadline_at, v_t.max_recovery_attempts,
            v_t.version_manifest, v_t.max_steps, v_t.budget, v_t.no_progress, v_t.retry_budget, v_t.policy_version,
            v_t.created_at, v_t.updated_at
       from wanted w

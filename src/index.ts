@@ -76,6 +76,7 @@ export {
   RunFailedError,
   StepFailedError,
   NotAllowedError,
+  PermissionDeniedError,
   ChildFailedError,
   NonRetryableError,
   MigrationMismatchError,

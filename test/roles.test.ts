@@ -17,7 +17,17 @@ const { db } = t;
 
 // The lists this test holds the schema to, written out here rather than read from
 // runledger.role_functions, so a function added to or dropped from a role shows up here.
-const READS = ['now', 'is_terminal', 'run_transitions', 'termination_reasons', 'step_kinds', 'wait_kinds', '_compensations_due'];
+const READS = [
+  'now',
+  'is_terminal',
+  'run_transitions',
+  'termination_reasons',
+  'step_kinds',
+  'wait_kinds',
+  '_compensations_due',
+  '_tenant_unbound',
+  '_session_tenant',
+];
 const EXPECTED: Record<string, string[]> = {
   runledger_reader: READS,
   runledger_operator: [

@@ -69,6 +69,8 @@ export interface RunRecord {
   priority: number;
   concurrencyKey: string | null;
   idempotencyKey: string | null;
+  /** The tenant the run belongs to (set at start, inherited by children and forks); null: none. */
+  tenantId: string | null;
   parentRunId: string | null;
   createdAt: Date;
   updatedAt: Date;

@@ -18,6 +18,11 @@ export interface StartOptions {
   queue?: string;
   priority?: number;
   concurrencyKey?: string;
+  /**
+   * The tenant the run belongs to (docs/security.md, tenant isolation); default: the
+   * session's `runledger.tenant` setting, if any. A child run always takes its parent's.
+   */
+  tenantId?: string;
   /** Wall-clock lifetime ('2d', ms) or an absolute Date; overrides the workflow's limit. */
   deadline?: Duration | Date;
   /**
@@ -231,6 +236,7 @@ function startOptionsToSql(
     max_recovery_attempts: workflow.maxRecoveryAttempts,
     version_manifest: workflow.versionManifest,
   };
+  if (options.tenantId !== undefined) sqlOptions.tenant_id = options.tenantId;
   if (options.priority !== undefined) {
     if (!Number.isInteger(options.priority)) throw new InvalidInputError(`${caller}: priority must be a whole number (lower runs first)`);
     sqlOptions.priority = options.priority;

@@ -18,6 +18,7 @@ export type ErrorCode =
   | 'STEP_FAILED'
   | 'NOT_IN_WORKFLOW'
   | 'NOT_ALLOWED'
+  | 'PERMISSION_DENIED'
   | 'CHILD_FAILED'
   | 'NON_RETRYABLE'
   | 'NOT_IN_STEP'
@@ -133,6 +134,17 @@ export class StepNotAwaitedError extends RunledgerError {
 export class NotAllowedError extends RunledgerError {
   constructor(message: string, options?: { cause?: unknown }) {
     super('NOT_ALLOWED', message, options);
+  }
+}
+
+/**
+ * The database refused the connection's role (SQLSTATE 42501): a function or table its
+ * runledger role is not granted (docs/security.md), or, with tenant isolation on, an
+ * action on what every tenant shares.
+ */
+export class PermissionDeniedError extends RunledgerError {
+  constructor(message: string, options?: { cause?: unknown }) {
+    super('PERMISSION_DENIED', message, options);
   }
 }
 
@@ -269,9 +281,13 @@ const CLASS_OF_CODE: Partial<Record<ErrorCode, new (message: string, options?: {
   NOT_ALLOWED: NotAllowedError,
 };
 
+/** PostgreSQL's own SQLSTATE for a role refused a function or table (runledger's roles, sql/0017_roles.sql). */
+const INSUFFICIENT_PRIVILEGE = '42501';
+
 /** Maps a pg error raised by a runledger SQL function to its RunledgerError; other errors pass through. */
 export function fromPgError(error: unknown): unknown {
   const code = (error as { code?: unknown } | null)?.code;
+  if (code === INSUFFICIENT_PRIVILEGE) return new PermissionDeniedError((error as Error).message, { cause: error });
   if (typeof code === 'string' && code in SQLSTATES) {
     const Class = CLASS_OF_CODE[SQLSTATES[code as Sqlstate].code ?? ('' as ErrorCode)];
     if (Class) return new Class((error as Error).message, { cause: error });

@@ -52,6 +52,7 @@ export const RUNLEDGER_TABLES = {
     priority: 'int4 default',
     concurrency_key: 'text null',
     idempotency_key: 'text null',
+    tenant_id: 'text null',
     parent_run_id: 'text null',
     created_at: 'timestamptz default',
     updated_at: 'timestamptz default',
@@ -199,6 +200,10 @@ export const RUNLEDGER_TABLES = {
   'runledger.role_functions': {
     role_name: 'text',
     function_name: 'text',
+  },
+  'runledger.tenant_members': {
+    role_name: 'text',
+    tenant_id: 'text',
   },
   'runledger.queues': {
     name: 'text',

@@ -1,0 +1,292 @@
+import pg from 'pg';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { createEngine, type Engine, type Workflow } from '../src/index.js';
+import { waitFor } from './helpers/database.js';
+import { sqlState } from './helpers/sql-errors.js';
+import { useTestEngine } from './helpers/test-engine.js';
+
+/**
+ * Tenant isolation (sql/0018_tenants.sql): once runledger.enable_tenant_isolation() has
+ * run, a reader or operator whose session names a tenant sees and acts on that tenant's
+ * runs only (runs, steps, events, signals, approvals, operations, streams, sessions,
+ * audit rows, and every view), a session naming none sees nothing, workers see all, and
+ * a child run or a fork keeps its tenant.
+ */
+const t = useTestEngine({ engine: false });
+const { db } = t;
+
+const suffix = process.pid;
+const APP = `rl_tenant_app_${suffix}`;
+const READER = `rl_tenant_reader_${suffix}`;
+const OPERATOR = `rl_tenant_ops_${suffix}`;
+const ACME_ONLY = `rl_tenant_acme_ops_${suffix}`;
+// The schema's owner: row-level security never restricts a superuser, so isolation needs
+// runledger's objects (its views and SECURITY DEFINER functions run as their owner) to
+// belong to an ordinary role, as they do where a deployment migrates as one.
+const OWNER = `rl_tenant_owner_${suffix}`;
+const PASSWORD = 'tenants-test';
+const urlAs = (login: string) => {
+  const url = new URL(db.url);
+  url.username = login;
+  url.password = PASSWORD;
+  return url.toString();
+};
+
+let app: Engine;
+const runs: Record<'acme' | 'globex', { parent: string; child: string; approval: string; fork?: string }> = {} as never;
+let waitsWithInbox: Workflow<any, any>;
+
+beforeAll(async () => {
+  for (const [login, role] of [
+    [APP, 'runledger_worker'],
+    [READER, 'runledger_reader'],
+    [OPERATOR, 'runledger_operator'],
+    [ACME_ONLY, 'runledger_operator'],
+  ]) {
+    await db.pool.query(`drop role if exists ${login}`);
+    await db.pool.query(`create role ${login} login password '${PASSWORD}' in role ${role}`);
+  }
+  await db.pool.query(`insert into runledger.tenant_members (role_name, tenant_id) values ($1, 'acme')`, [ACME_ONLY]);
+
+  // Owned by the superuser that migrated the template, isolation is refused: it would not hold.
+  const refused = await db.pool
+    .query('select runledger.enable_tenant_isolation()')
+    .catch((error: { code?: string; message: string }) => error);
+  expect(refused).toMatchObject({ code: '55000', message: expect.stringContaining('superuser') });
+  await db.pool.query(`drop role if exists ${OWNER}`);
+  await db.pool.query(`create role ${OWNER} nologin`);
+  await db.pool.query(`do $$
+    declare o record;
+    begin
+      execute format('alter schema runledger owner to %I', '${OWNER}');
+      for o in select c.oid::regclass::text as name, c.relkind from pg_class c
+                where c.relnamespace = 'runledger'::regnamespace and c.relkind in ('r', 'v') loop
+        execute format('alter %s %s owner to %I', case o.relkind when 'v' then 'view' else 'table' end, o.name, '${OWNER}');
+      end loop;
+      for o in select p.oid::regprocedure::text as name from pg_proc p where p.pronamespace = 'runledger'::regnamespace loop
+        execute format('alter function %s owner to %I', o.name, '${OWNER}');
+      end loop;
+      for o in select t.oid::regtype::text as name from pg_type t
+                where t.typnamespace = 'runledger'::regnamespace and t.typtype = 'e' loop
+        execute format('alter type %s owner to %I', o.name, '${OWNER}');
+      end loop;
+    end $$`);
+  expect((await db.pool.query('select runledger.enable_tenant_isolation() as tables')).rows[0].tables).toContain('runs');
+
+  app = createEngine({ connectionString: urlAs(APP), log: () => {} });
+  const child = app.workflow({ name: 'tenant-child', queue: 'tenants' }, async (ctx, n: number) => ctx.step('double', () => n * 2));
+  waitsWithInbox = app.workflow({ name: 'tenant-parent', queue: 'tenants' }, async (ctx, input: { tenant: string }) => {
+    await ctx.step('hello', () => `hello ${input.tenant}`);
+    const doubled = await ctx.runChild(child, 21);
+    const out = ctx.stream('log');
+    await out.write({ line: `${input.tenant} working` });
+    await out.close();
+    // A signal sent before its wait stays in the inbox: the run waits on another topic.
+    return { doubled, go: await ctx.waitForSignal('go') };
+  });
+  const approving = app.workflow({ name: 'tenant-approval', queue: 'tenants' }, async (ctx) =>
+    ctx.requestApproval('ship', { action: 'ship the order', evidence: { order: 7 } }),
+  );
+  await app.runWorker({ queues: ['tenants'], concurrency: 4 });
+
+  for (const tenant of ['acme', 'globex'] as const) {
+    const parent = await app.start(waitsWithInbox, { tenant }, { tenantId: tenant });
+    const approval = await app.start(approving, undefined, { tenantId: tenant });
+    await db.pool.query(`select runledger.send_signal($1, 'early', $2)`, [parent.runId, { pending: tenant }]);
+    await waitFor(`${tenant}'s runs wait`, async () => {
+      const { rows } = await db.pool.query(`select count(*)::int as n from runledger.runs where run_id = any($1) and status = 'WAITING'`, [
+        [parent.runId, approval.runId],
+      ]);
+      return rows[0].n === 2 ? true : undefined;
+    });
+    const childRow = await db.pool.query(`select run_id from runledger.runs where parent_run_id = $1`, [parent.runId]);
+    runs[tenant] = { parent: parent.runId, approval: approval.runId, child: childRow.rows[0].run_id };
+  }
+});
+afterAll(async () => {
+  await app?.close();
+  for (const login of [APP, READER, OPERATOR, ACME_ONLY]) {
+    await db.pool.query(`drop owned by ${login}`);
+    await db.pool.query(`drop role if exists ${login}`);
+  }
+  // The database is dropped after this file; its objects go with it, then the role can.
+  await db.pool.query(`reassign owned by ${OWNER} to current_user`);
+  await db.pool.query(`drop owned by ${OWNER}`);
+  await db.pool.query(`drop role if exists ${OWNER}`);
+});
+
+async function as<T>(login: string, tenant: string | null, fn: (client: pg.Client) => Promise<T>): Promise<T> {
+  const client = new pg.Client({ connectionString: urlAs(login) });
+  await client.connect();
+  try {
+    if (tenant !== null) await client.query(`select set_config('runledger.tenant', $1, false)`, [tenant]);
+    return await fn(client);
+  } finally {
+    await client.end();
+  }
+}
+const acmeIds = () => Object.values(runs.acme).filter(Boolean) as string[];
+const globexIds = () => Object.values(runs.globex).filter(Boolean) as string[];
+
+/** The run ids a relation shows this session, through its run_id column. */
+async function runIdsIn(client: pg.Client, relation: string): Promise<string[]> {
+  const { rows } = await client.query(`select distinct run_id from ${relation} where run_id is not null`);
+  return rows.map((r) => r.run_id as string);
+}
+
+describe('a child run and a fork keep the tenant', () => {
+  it('the child of an acme run is acme, and so is a fork of it', async () => {
+    const { rows } = await db.pool.query(`select run_id, tenant_id from runledger.runs where run_id = any($1)`, [
+      [runs.acme.parent, runs.acme.child, runs.globex.child],
+    ]);
+    expect(Object.fromEntries(rows.map((r) => [r.run_id, r.tenant_id]))).toEqual({
+      [runs.acme.parent]: 'acme',
+      [runs.acme.child]: 'acme',
+      [runs.globex.child]: 'globex',
+    });
+    // Forked by the acme-bound operator: the fork is acme's too.
+    const forked = await as(ACME_ONLY, 'acme', (c) => c.query(`select runledger.fork_run($1, 0) as id`, [runs.acme.parent]));
+    runs.acme.fork = forked.rows[0].id;
+    // The fork runs again from its first step, to the same wait.
+    await waitFor(
+      'the fork waits',
+      async () => (await db.pool.query(`select 1 from runledger.runs where run_id = $1 and status = 'WAITING'`, [runs.acme.fork])).rows[0],
+    );
+    const tenant = await db.pool.query(`select tenant_id from runledger.runs where run_id = $1`, [runs.acme.fork]);
+    expect(tenant.rows[0].tenant_id).toBe('acme');
+    expect((await app.getRun(runs.acme.fork!))?.tenantId).toBe('acme');
+  });
+});
+
+describe("one tenant's reader", () => {
+  it("sees its runs, steps, signals, approvals and streams in the views, and none of the other tenant's", async () => {
+    await as(READER, 'acme', async (client) => {
+      const { rows: views } = await client.query<{ view: string }>(
+        `select c.oid::regclass::text as view from pg_class c join pg_attribute a on a.attrelid = c.oid
+          where c.relnamespace = 'runledger'::regnamespace and c.relkind = 'v' and a.attname = 'run_id'`,
+      );
+      expect(views.length).toBeGreaterThan(8);
+      const seenAnywhere = new Set<string>();
+      for (const { view } of views) {
+        const ids = await runIdsIn(client, view);
+        for (const id of ids) seenAnywhere.add(id);
+        expect({ view, other: ids.filter((id) => globexIds().includes(id)) }).toEqual({ view, other: [] });
+      }
+      // Not vacuous: the reader does see acme's data, in the views that hold each kind.
+      expect(await runIdsIn(client, 'runledger.run_timeline')).toEqual(expect.arrayContaining([runs.acme.parent, runs.acme.child]));
+      expect(await runIdsIn(client, 'runledger.waiting')).toEqual(expect.arrayContaining([runs.acme.parent, runs.acme.approval]));
+      expect(await runIdsIn(client, 'runledger.approval_inbox')).toEqual([runs.acme.approval]);
+      // The fork (from step 0) runs again and writes its own stream.
+      expect((await runIdsIn(client, 'runledger.streams')).sort()).toEqual([runs.acme.parent, runs.acme.fork].sort());
+      for (const id of acmeIds().filter((id) => id !== runs.acme.fork)) expect(seenAnywhere).toContain(id);
+    });
+  });
+
+  it('sees no run at all when its session names no tenant, or a tenant with no runs', async () => {
+    for (const tenant of [null, 'initech']) {
+      await as(READER, tenant, async (client) => {
+        for (const view of ['runledger.run_timeline', 'runledger.waiting', 'runledger.approval_inbox', 'runledger.streams']) {
+          expect({ tenant, view, ids: await runIdsIn(client, view) }).toEqual({ tenant, view, ids: [] });
+        }
+      });
+    }
+  });
+});
+
+describe("one tenant's operator", () => {
+  const tables = [
+    'runledger.runs',
+    'runledger.steps',
+    'runledger.events',
+    'runledger.signals',
+    'runledger.approvals',
+    'runledger.stream_chunks',
+    'runledger.stream_ends',
+  ];
+
+  it.each(tables)("reads its tenant's rows of %s and none of the other's", async (table) => {
+    await as(OPERATOR, 'globex', async (client) => {
+      const ids = await runIdsIn(client, table);
+      expect(ids.length).toBeGreaterThan(0);
+      expect(ids.filter((id) => !globexIds().includes(id))).toEqual([]);
+    });
+  });
+
+  it('sees the signal waiting in its own run inbox, not the other tenant’s', async () => {
+    const payloads = await as(OPERATOR, 'globex', (c) => c.query(`select payload from runledger.signals where topic = 'early'`));
+    expect(payloads.rows.map((r) => r.payload)).toEqual([{ pending: 'globex' }]);
+  });
+
+  it("cannot act on the other tenant's runs: they are not found", async () => {
+    await as(OPERATOR, 'globex', async (client) => {
+      expect(await sqlState(client.query(`select runledger.cancel_run($1)`, [runs.acme.parent]))).toBe('RL002');
+      expect(await sqlState(client.query(`select runledger.send_signal($1, 'go', '{}')`, [runs.acme.parent]))).toBe('RL002');
+      const request = await db.pool.query(`select request_id from runledger.approvals where run_id = $1`, [runs.acme.approval]);
+      expect(await sqlState(client.query(`select runledger.decide_approval($1, true, 'mallory')`, [request.rows[0].request_id]))).toBe(
+        'RL002',
+      );
+      expect(await sqlState(client.query(`select runledger.fork_run($1, 0)`, [runs.acme.parent]))).toBe('RL002');
+      // What all tenants share is not a tenant's to change.
+      expect(await sqlState(client.query(`select runledger.set_queue('tenants', '{"paused": true}')`))).toBe('42501');
+    });
+    const statuses = await db.pool.query(`select status from runledger.runs where run_id = any($1)`, [
+      [runs.acme.parent, runs.acme.approval],
+    ]);
+    expect(statuses.rows.map((r) => r.status)).toEqual(['WAITING', 'WAITING']);
+  });
+
+  it('acts on its own runs, and its audit rows are its tenant’s only', async () => {
+    await as(OPERATOR, 'globex', async (client) => {
+      expect((await client.query(`select runledger.send_signal($1, 'go', '"ship"')`, [runs.globex.parent])).rows[0].send_signal).toBe(true);
+      const request = await client.query(`select request_id from runledger.approvals where run_id = $1`, [runs.globex.approval]);
+      await client.query(`select runledger.decide_approval($1, true, 'gloria')`, [request.rows[0].request_id]);
+    });
+    await waitFor('globex runs finish', async () => {
+      const { rows } = await db.pool.query(
+        `select count(*)::int as n from runledger.runs where run_id = any($1) and status = 'SUCCEEDED'`,
+        [[runs.globex.parent, runs.globex.approval]],
+      );
+      return rows[0].n === 2 ? true : undefined;
+    });
+    await as(OPERATOR, 'acme', async (client) => {
+      expect(await runIdsIn(client, 'runledger.audit_log')).toEqual(expect.arrayContaining([runs.acme.parent]));
+      expect((await runIdsIn(client, 'runledger.audit_log')).filter((id) => globexIds().includes(id))).toEqual([]);
+    });
+  });
+
+  it('a role bound to acme in tenant_members sees nothing when its session names globex', async () => {
+    await as(ACME_ONLY, 'globex', async (client) => {
+      expect(await runIdsIn(client, 'runledger.runs')).toEqual([]);
+      expect(await sqlState(client.query(`select runledger.cancel_run($1)`, [runs.globex.child]))).toBe('RL002');
+    });
+    await as(ACME_ONLY, 'acme', async (client) => {
+      expect(await runIdsIn(client, 'runledger.runs')).toEqual(expect.arrayContaining([runs.acme.parent]));
+    });
+  });
+});
+
+describe('workers and the owner', () => {
+  it('a worker login sees every tenant, whatever its session names', async () => {
+    await as(APP, 'acme', async (client) => {
+      const ids = await runIdsIn(client, 'runledger.runs');
+      expect(ids).toEqual(expect.arrayContaining([...acmeIds(), ...globexIds()]));
+    });
+  });
+
+  it('isolation off: the reader sees every tenant again; on again: only its own', async () => {
+    await db.pool.query('select runledger.disable_tenant_isolation()');
+    const all = await as(READER, 'acme', (c) => runIdsIn(c, 'runledger.run_timeline'));
+    expect(all).toEqual(expect.arrayContaining([runs.acme.parent, runs.globex.parent]));
+    await db.pool.query('select runledger.enable_tenant_isolation()');
+    const own = await as(READER, 'acme', (c) => runIdsIn(c, 'runledger.run_timeline'));
+    expect(own).not.toContain(runs.globex.parent);
+  });
+
+  it('a bad tenant id is refused at start with INVALID_INPUT, and nothing is started', async () => {
+    const before = (await db.pool.query('select count(*)::int as n from runledger.runs')).rows[0].n;
+    await expect(app.start(waitsWithInbox, { tenant: 'x' }, { tenantId: 'no spaces allowed' })).rejects.toMatchObject({
+      code: 'INVALID_INPUT',
+    });
+    expect((await db.pool.query('select count(*)::int as n from runledger.runs')).rows[0].n).toBe(before);
+  });
+});
