@@ -197,6 +197,8 @@ export class Masker {
   /** A text with every secret replaced by [secret:name] and every redacted value by [redacted]. */
   maskText(text: string): string {
     if (this.empty) return text;
+    const secret = this.#secrets.get(text);
+    if (secret !== undefined) return secretMark(secret);
     if (this.#redacted.has(text)) return REDACTED;
     let masked = text;
     for (const replacement of this.#ordered()) {
