@@ -190,6 +190,38 @@ describe('redact paths', () => {
     expect(holds(await copies(handle.runId), EMAIL)).toBe(false);
   });
 
+  it("keep the run's values out of a failed migration's error, as recorded in its event and logged", async () => {
+    const v1 = engine.workflow({ name: 'redacted-moving', version: '1' }, async (ctx, input: Card) => {
+      await ctx.waitForSignal('go');
+      return input.amount;
+    });
+    engine.workflow(
+      {
+        name: 'redacted-moving',
+        version: '2',
+        redact: ['input.card.number'],
+        migrations: {
+          '1': ({ input }) => {
+            throw new Error(`cannot move card ${(input as Card).card.number}`);
+          },
+        },
+      },
+      async () => 0,
+    );
+    const handle = await engine.start(v1, { card: { number: CARD, holder: 'Ada' }, amount: 5 });
+    const worker = await engine.runWorker({ manual: true });
+    await worker.drain();
+    expect(await engine.migrateRun(handle.runId, '2', { wait: false })).toMatchObject({ outcome: 'requested' });
+    await worker.runOnce();
+    await worker.stop();
+
+    const { events } = await copies(handle.runId);
+    expect(events.find((e) => e.kind === 'migration_failed')?.detail.error.message).toContain(`cannot move card ${REDACTED}`);
+    expect(holds(events, CARD)).toBe(false);
+    expect(logged.lines.filter((line) => line.includes(CARD))).toEqual([]);
+    expect((await engine.getRun(handle.runId))?.input).toEqual({ card: { number: CARD, holder: 'Ada' }, amount: 5 });
+  });
+
   it('are checked at definition: a bad path is a CONFIG error naming it', () => {
     const define = (redact: unknown) => () =>
       engine.workflow({ name: `bad-${Math.random().toString(36).slice(2, 8)}`, redact } as never, async () => 1);
