@@ -1,5 +1,6 @@
 export { createEngine, MAX_PAYLOAD_BYTES_DEFAULT } from './engine/index.js';
-export type { Engine, EngineOptions, LogFunction, LogLevel } from './engine/index.js';
+export type { Engine, EngineOptions, LogFunction, LogLevel, SecretResolver } from './engine/index.js';
+export { REDACTED } from './engine/core/redaction.js';
 export { defineWorkflow } from './engine/core/workflow.js';
 export type {
   Workflow,
@@ -85,6 +86,8 @@ export {
   UnverifiedError,
   InvalidVerdictError,
   MigrationFailedError,
+  SecretInPayloadError,
+  SecretNotFoundError,
 } from './engine/core/errors.js';
 export type { MigrateFunction, MigrationArgs, MigrationPlan, MigratedCheckpoint, RecordedCheckpoint } from './engine/core/migration.js';
 export type { MigrateRunOptions, MigrationOutcome } from './engine/client/migrations.js';

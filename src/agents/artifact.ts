@@ -123,6 +123,7 @@ export async function recordArtifact(ctx: StepContext, exec: Execution, name: st
   checkName(name);
   const prepared = prepare(name, content);
   if (prepared.kind === 'content') checkSize(`artifact ${name}`, prepared.bytes.byteLength);
+  exec.checkPayload(prepared.kind === 'content' ? prepared.bytes : prepared.ref, `the content of artifact ${JSON.stringify(name)}`);
   // The position the transaction below takes (taken synchronously, before any await).
   const position = exec.stepsTaken;
   const runId = exec.runId;
@@ -168,6 +169,7 @@ export async function storeLarge(ctx: StepContext | Execution, name: string, val
   const exec = executionOf(ctx);
   const text = toJsonText(value, `value ${name}`);
   if (text === undefined) return value;
+  exec.checkPayload(text, `the stored value ${JSON.stringify(name)}`);
   const bytes = Buffer.from(text, 'utf8');
   if (bytes.byteLength <= LARGE_VALUE_THRESHOLD_BYTES) return value;
   checkSize(`value ${name}`, bytes.byteLength);

@@ -183,6 +183,7 @@ class HeldSession implements Session {
   async append(entries: SessionEntry[]): Promise<void> {
     this.assertHeld('append');
     const text = entriesText(this.id, entries, this.exec.deps.maxPayloadBytes);
+    this.exec.checkPayload(text, `the entries appended to session ${this.id}`);
     if (text === undefined) return; // nothing to append: no step
     // The position the transaction below takes (taken synchronously, before any await).
     const position = this.exec.stepsTaken;

@@ -43,7 +43,9 @@ export const MAX_PAYLOAD_BYTES_DEFAULT = 4 * 1024 * 1024;
 export const POOL_MAX_DEFAULT = 20;
 
 import type { LogFunction } from './core/log.js';
+import type { SecretResolver } from './core/secrets.js';
 export type { LogFunction, LogLevel } from './core/log.js';
+export type { SecretResolver } from './core/secrets.js';
 
 export interface EngineOptions {
   /** PostgreSQL URL; default process.env.DATABASE_URL. */
@@ -59,6 +61,13 @@ export interface EngineOptions {
   /** Where warnings and errors go; default: console.warn/error for 'warn'/'error', silent for 'info'. */
   log?: LogFunction;
   /**
+   * Resolves ctx.secret(name) at run time: `(name, { runId, workflow, version, signal }) => value`
+   * (undefined or null: no such secret). Called at most once per name and execution; the value
+   * is never stored, logged or put in an error, and a payload holding it is refused
+   * (docs/security.md#secret-references).
+   */
+  secrets?: SecretResolver;
+  /**
    * Tests only: a worker of this engine dies at these points (see core/crash-points.ts
    * and docs/testing.md), e.g. `{ step: 'charge', when: 'after-call' }`.
    */
@@ -72,6 +81,7 @@ const optionsSchema = z.object({
   maxPayloadBytes: z.number().int().positive().optional(),
   poolMax: z.number().int().min(2).optional(),
   log: z.function().optional(),
+  secrets: z.function().optional(),
   crashAt: z.union([z.object({}).passthrough(), z.array(z.object({}).passthrough())]).optional(),
 });
 
@@ -222,6 +232,7 @@ export function createEngine<DB = any>(options: EngineOptions = {}): Engine<DB> 
     db,
     maxPayloadBytes: options.maxPayloadBytes ?? MAX_PAYLOAD_BYTES_DEFAULT,
     log,
+    ...(options.secrets ? { secrets: options.secrets } : {}),
     registerWorkflow,
     resultSchemas,
   };

@@ -14,6 +14,7 @@ import { recordProgress, type ProgressResult, type ProgressSignals } from './pro
 import { chargeNow, remainingBudget } from './charge.js';
 import { deprecatePatch, patched } from './patch.js';
 import { toBudgetAmounts, type BudgetAmounts, type BudgetRemaining } from '../engine/core/budget.js';
+import type { RedactSource } from '../engine/core/redaction.js';
 
 /**
  * The step API of a workflow's context (the agent API is added on top of it by
@@ -57,9 +58,22 @@ export class StepContext<DB = any> {
     return this.#exec.abortController.signal;
   }
 
+  /**
+   * The value of secret `name`, from the engine's `secrets` resolver. Not a step: resolved
+   * afresh by each execution (once per name; a recovered run resolves it again), never
+   * checkpointed, logged or put in an error. A payload the run would write that holds it
+   * is refused with SECRET_IN_PAYLOAD. See docs/security.md#secret-references.
+   */
+  secret(name: string): Promise<string> {
+    return this.#exec.secret(name);
+  }
+
   /** Runs `fn` at least once until its result is checkpointed, never again after; `retry` re-runs it on failure with backoff. */
   step<T>(name: string, fn: StepFunction<T>, options?: StepOptions): Promise<Jsonify<T>> {
-    return this.#exec.track('step', name, () => runStep(this.#exec, name, fn, options)) as Promise<Jsonify<T>>;
+    return this.#observed(
+      { root: 'step', name },
+      this.#exec.track('step', name, () => runStep(this.#exec, name, fn, options)),
+    ) as Promise<Jsonify<T>>;
   }
 
   /**
@@ -69,7 +83,10 @@ export class StepContext<DB = any> {
    * `idempotent` operation again with the same key, or by an operator.
    */
   operation<T>(name: string, options: OperationOptions<T>, fn: OperationFunction<T>): Promise<Jsonify<T>> {
-    return this.#exec.track('operation', name, () => runOperation(this.#exec, name, options, fn));
+    return this.#observed(
+      { root: 'step', name },
+      this.#exec.track('operation', name, () => runOperation(this.#exec, name, options, fn)),
+    );
   }
 
   /** Inside a long step: renews the run's lease and records progress for an attempt that takes over. */
@@ -84,8 +101,9 @@ export class StepContext<DB = any> {
    * `trx` is a `Transaction<DB>` of the engine's `DB` (or of `D`, when given).
    */
   transaction<T, D = DB>(name: string, fn: TransactionFunction<T, D>): Promise<Jsonify<T>> {
-    return this.#exec.track('transaction', name, () =>
-      runTransaction<T, D>(this.#exec, name, fn as (trx: Transaction<D>) => Promise<T>),
+    return this.#observed(
+      { root: 'step', name },
+      this.#exec.track('transaction', name, () => runTransaction<T, D>(this.#exec, name, fn as (trx: Transaction<D>) => Promise<T>)),
     ) as Promise<Jsonify<T>>;
   }
 
@@ -99,7 +117,10 @@ export class StepContext<DB = any> {
    * `T` is what senders pass; the payload arrives in its JSON form, `Jsonify<T>`.
    */
   waitForSignal<T = unknown>(topic: string, options?: waits.WaitForSignalOptions): Promise<Jsonify<T> | null> {
-    return this.#exec.track('waitForSignal', options?.name ?? topic, () => waits.waitForSignal<Jsonify<T>>(this.#exec, topic, options));
+    return this.#observed(
+      { root: 'signal', topic },
+      this.#exec.track('waitForSignal', options?.name ?? topic, () => waits.waitForSignal<Jsonify<T>>(this.#exec, topic, options)),
+    );
   }
 
   /** Asks a person to approve `action`; the decision, or null when the request expires undecided. */
@@ -186,6 +207,20 @@ export class StepContext<DB = any> {
   /** Once no run from before the patch can replay (runledger.patches): keeps the new code only, and replays runs that took the patch. */
   deprecatePatch(id: string): Promise<void> {
     return this.#exec.track('deprecatePatch', id, () => deprecatePatch(this.#exec, id));
+  }
+
+  /**
+   * The values the workflow's redact paths select in a ctx call's result, noted before the
+   * workflow's code sees it (the handler is attached before the promise is handed back).
+   */
+  #observed<T>(source: RedactSource, promise: Promise<T>): Promise<T> {
+    const exec = this.#exec;
+    if (exec.redaction)
+      promise.then(
+        (value) => exec.observe(source, value),
+        () => undefined,
+      );
+    return promise;
   }
 
   /** The current time, recorded once and replayed: deterministic across recoveries. */

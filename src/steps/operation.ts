@@ -1,6 +1,6 @@
 import { flushPending } from '../engine/run/checkpoint.js';
 import type { ZodType } from 'zod';
-import { InvalidInputError, InvalidReconcileAnswerError, serializeError, type SerializedError } from '../engine/core/errors.js';
+import { InvalidInputError, InvalidReconcileAnswerError, type SerializedError } from '../engine/core/errors.js';
 import { monotonicMark, msSince } from '../engine/core/duration.js';
 import { committed } from '../engine/run/checkpoint.js';
 import { haltOnDbError } from '../engine/run/halts.js';
@@ -88,6 +88,7 @@ export async function runOperation<T>(
   if (!(await flushPending(exec))) return exec.suspend();
   if (exec.stopping) return exec.noNewStep();
   const key = options.idempotencyKey ?? `${exec.runId}:${seq}:${name}`;
+  exec.checkPayload(key, `idempotency key of operation ${JSON.stringify(name)}`);
   const retryPending = recorded?.[2] === 'WAITING';
 
   return exec.inStep(async (): Promise<Jsonify<T>> => {
@@ -141,7 +142,7 @@ export async function runOperation<T>(
         if (!isReconcileAnswer<T>(answer)) {
           // A bug in reconcile, not an outcome of the call: the ledger stays UNKNOWN, the step fails, no retry.
           const error = invalidAnswer(name, row, answer);
-          exec.deps.log('error', `run ${exec.runId}: ${error.message}`);
+          exec.log('error', `run ${exec.runId}: ${error.message}`);
           outcome = { ok: false, error, keepUnknown: true };
         } else if (answer.status === 'succeeded') {
           outcome = { ok: true, value: answer.result };
@@ -263,6 +264,7 @@ async function record<T>(
   let stored: Stored<T> | undefined;
   let failure = outcome.ok ? undefined : outcome.error;
   let recordedError = outcome.ok ? undefined : outcome.recorded;
+  let externalResourceId: string | null = at.reconciledResourceId ?? null;
   if (outcome.ok) {
     try {
       const encoded = encodeOutput(exec, at.name, outcome.value);
@@ -272,12 +274,30 @@ async function record<T>(
       failure = error;
     }
   }
+  // A throwing externalResourceId is handled as before: by the write's catch below (the execution halts).
+  let resourceIdError: unknown;
+  if (stored && at.reconciledResourceId === undefined && options.externalResourceId) {
+    try {
+      externalResourceId = options.externalResourceId(stored.value) ?? null;
+    } catch (error) {
+      resourceIdError = error;
+    }
+  }
+  try {
+    exec.checkPayload(externalResourceId, `the external resource id of operation ${JSON.stringify(at.name)}`);
+  } catch (error) {
+    failure = error;
+    stored = undefined;
+    outputText = null;
+    externalResourceId = null;
+  }
   if (failure !== undefined) {
-    recordedError ??= serializeError(failure);
+    recordedError = exec.mask(recordedError ?? exec.serializeError(failure));
     errorJson = JSON.stringify(recordedError);
   }
   const charge = exec.takeCharge();
   try {
+    if (resourceIdError !== undefined) throw resourceIdError;
     const result = await exec.deps.pool.query(
       'select run_status from runledger._operation_checkpoint(p_run_id => $1, p_token => $2, p_seq => $3, p_name => $4, p_operation_id => $5, p_status => $6, p_output => $7::jsonb, p_error => $8::jsonb, p_external_resource_id => $9, p_attempts => $10, p_started_ms_ago => $11, p_charge => $12)',
       [
@@ -289,7 +309,7 @@ async function record<T>(
         failure === undefined ? 'SUCCEEDED' : !outcome.ok && outcome.keepUnknown ? 'UNKNOWN' : 'FAILED',
         outputText,
         errorJson,
-        at.reconciledResourceId ?? (stored && options.externalResourceId ? (options.externalResourceId(stored.value) ?? null) : null),
+        externalResourceId,
         at.attempt,
         msSince(at.startedAt),
         charge.json,

@@ -23,6 +23,7 @@ export function stepFailure(name: string, recorded: SerializedError, cause?: unk
  */
 export function encodeOutput(exec: Execution, name: string, value: unknown): { text: string | undefined; value: unknown } {
   const text = toJsonText(value, `output of step ${JSON.stringify(name)}`);
+  exec.checkPayload(text, `output of step ${JSON.stringify(name)}`);
   if (text !== undefined && Buffer.byteLength(text) > exec.deps.maxPayloadBytes) {
     throw new PayloadTooLargeError(
       `output of step ${JSON.stringify(name)} is ${Buffer.byteLength(text)} bytes, over the limit of ${exec.deps.maxPayloadBytes}`,

@@ -1,4 +1,4 @@
-import { ConfigError, serializeError } from '../engine/core/errors.js';
+import { ConfigError } from '../engine/core/errors.js';
 import { haltOnDbError } from '../engine/run/halts.js';
 import type { Execution } from '../engine/run/execution.js';
 import { streamsFlushed } from './stream.js';
@@ -87,7 +87,7 @@ async function recordAndWait(
 ): Promise<RetryDecision> {
   const allowed = await exec.deps.pool.query(
     'select runledger._record_retry(p_run_id => $1, p_token => $2, p_seq => $3, p_name => $4, p_attempt => $5, p_error => $6::jsonb, p_delay_ms => $7) as ok',
-    [exec.runId, exec.fencingToken.toString(), position.seq, position.name, attempt, JSON.stringify(serializeError(error)), delay],
+    [exec.runId, exec.fencingToken.toString(), position.seq, position.name, attempt, JSON.stringify(exec.serializeError(error)), delay],
   );
   if (!allowed.rows[0].ok) return { kind: 'fail' };
   if (delay <= policy.durableAfterMs) {

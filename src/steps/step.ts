@@ -1,4 +1,3 @@
-import { serializeError } from '../engine/core/errors.js';
 import { monotonicMark } from '../engine/core/duration.js';
 import { flushPending, writeCheckpoint } from '../engine/run/checkpoint.js';
 import type { Execution } from '../engine/run/execution.js';
@@ -90,7 +89,7 @@ export async function runStep<T>(exec: Execution, name: string, fn: StepFunction
       }
       const written = await writeCheckpoint(exec, record);
       if (!written.ok) return exec.suspend<T>();
-      if (!outcome.ok) throw stepFailure(name, serializeError(outcome.error), outcome.error);
+      if (!outcome.ok) throw stepFailure(name, exec.serializeError(outcome.error), outcome.error);
       return outcome.value as T;
     }
   }, seq);

@@ -77,6 +77,7 @@ class StreamWriter implements DurableStream {
     if (this.#closed) throw new InvalidStateError(`${what}: stream ${JSON.stringify(this.topic)} of run ${this.#exec.runId} is closed`);
     const text = toJsonText(chunk, `chunk of stream ${JSON.stringify(this.topic)}`);
     if (text === undefined) throw new InvalidInputError(`${what}: a chunk is a JSON value; undefined is not one (write null instead)`);
+    this.#exec.checkPayload(text, `a chunk of stream ${JSON.stringify(this.topic)}`);
     const bytes = Buffer.byteLength(text);
     if (bytes > this.#exec.deps.maxPayloadBytes) {
       throw new PayloadTooLargeError(
@@ -202,10 +203,7 @@ class StreamWriter implements DurableStream {
           await backoff(attempt);
           continue;
         }
-        exec.deps.log(
-          'warn',
-          `run ${exec.runId}: stream ${this.topic}: ${batch.texts.length} chunk(s) not stored: ${(error as Error).message}`,
-        );
+        exec.log('warn', `run ${exec.runId}: stream ${this.topic}: ${batch.texts.length} chunk(s) not stored: ${(error as Error).message}`);
         haltOnDbError(exec, error);
         return false;
       }

@@ -1,5 +1,4 @@
 import type { Transaction } from 'kysely';
-import { serializeError } from '../engine/core/errors.js';
 import { monotonicMark } from '../engine/core/duration.js';
 import {
   backoff,
@@ -106,7 +105,7 @@ async function transactionAttempts<T, DB>(exec: Execution, name: string, seq: nu
           startedAt,
         });
         if (!written.ok) return exec.suspend();
-        throw stepFailure(name, serializeError(error.error), error.error);
+        throw stepFailure(name, exec.serializeError(error.error), error.error);
       }
       // RL codes, and a constraint broken at COMMIT (a deferred constraint): a replay would do the same.
       if (/^RL\d{3}$/.test(pgCode(error) ?? '') || isConstraintViolation(error)) {

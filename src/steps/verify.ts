@@ -21,7 +21,8 @@ export async function verifyOutput(
   const stored = output === undefined ? undefined : JSON.parse(JSON.stringify(output));
   const verdict = await verify(stored, ctx as never, input);
   checkVerdict(verdict);
-  return runStep<Verdict>(exec, '@verify', () => verdict);
+  // The verdict is evidence, kept in the termination record: the redact paths apply to it.
+  return runStep<Verdict>(exec, '@verify', () => exec.mask(verdict));
 }
 
 function checkVerdict(verdict: unknown): asserts verdict is Verdict {

@@ -91,10 +91,12 @@ export async function requestApproval(exec: Execution, name: string, request: Ap
       throw new ConfigError(`requestApproval: requires.count must be a whole number from 1 to ${of.length} (the size of requires.of)`);
     }
   }
-  toJsonText(request.evidence, `approval ${name} evidence`);
+  exec.checkPayload(toJsonText(request.evidence, `approval ${name} evidence`), `the evidence of approval ${JSON.stringify(name)}`);
+  exec.checkPayload(request.action, `the action of approval ${JSON.stringify(name)}`);
   const output = await runWait(exec, name, 'approval', {
     action: request.action,
-    evidence: request.evidence ?? null,
+    // What the approvers see is a copy: the workflow's redact paths apply to it.
+    evidence: exec.mask(request.evidence ?? null),
     ...(request.approvers ? { approvers: request.approvers } : {}),
     ...(requires ? { approvers: requires.of, required: requires.count } : {}),
     ...timeoutSpec(request.timeout, `requestApproval ${name}`),
@@ -126,6 +128,7 @@ export async function startChild<In>(
   let stored: unknown = input;
   if (workflow.inputSchema) stored = workflow.inputSchema.parse(input);
   const inputText = toJsonText(stored, `input of child ${workflow.name}`);
+  exec.checkPayload(inputText, `the input of child ${workflow.name}`);
   await register(workflow);
   try {
     const result = await exec.deps.pool.query(

@@ -32,7 +32,9 @@ export type ErrorCode =
   | 'MODEL_ERROR'
   | 'SESSION_NOT_HELD'
   | 'SESSION_TIMEOUT'
-  | 'MIGRATION_FAILED';
+  | 'MIGRATION_FAILED'
+  | 'SECRET_IN_PAYLOAD'
+  | 'SECRET_NOT_FOUND';
 
 export class RunledgerError extends Error {
   readonly code: ErrorCode;
@@ -209,6 +211,31 @@ export class SessionNotHeldError extends RunledgerError {
 export class SessionTimeoutError extends RunledgerError {
   constructor(message: string, details: Record<string, unknown>) {
     super('SESSION_TIMEOUT', message, { details });
+  }
+}
+
+/**
+ * A payload the run was about to write (a step, transaction or operation result, the run's
+ * output, a stream chunk, a session entry, approval evidence, a child's input, heartbeat
+ * progress, an artifact, an idempotency key) contains the value of a secret this execution
+ * resolved with ctx.secret. Nothing of it was stored. `details.secret` names the secret
+ * (never its value), `details.payload` the write. Not retried: the same code returns the
+ * same value again.
+ */
+export class SecretInPayloadError extends RunledgerError {
+  readonly nonRetryable = true;
+  constructor(message: string, details: { secret: string; payload: string }) {
+    super('SECRET_IN_PAYLOAD', message, { details });
+  }
+}
+
+/**
+ * ctx.secret(name): the engine's `secrets` resolver has no secret of that name (it
+ * answered undefined or null), or it threw (the cause). `details.secret` names it.
+ */
+export class SecretNotFoundError extends RunledgerError {
+  constructor(message: string, options: { cause?: unknown; details: { secret: string } }) {
+    super('SECRET_NOT_FOUND', message, options);
   }
 }
 

@@ -5,6 +5,7 @@ import { toBudgetAmounts, toSqlLimits, type BudgetAmounts } from './budget.js';
 import { RUNTIME_MANIFEST } from './version.js';
 import { toJsonText } from './json.js';
 import { checkMigrations, type MigrateFunction } from './migration.js';
+import { Redaction } from './redaction.js';
 import type { WorkflowContext } from '../../agents/context.js';
 
 /** Workflow, queue and version names: safe in task identifiers and never spliced into SQL. */
@@ -104,6 +105,15 @@ export interface WorkflowOptions<I, In = I> {
    * `noProgress` rounds bring nothing new either. Without it, the run ends at the limit.
    */
   onNoProgress?: (ctx: WorkflowContext, evidence: NoProgressEvidence) => Promise<void> | void;
+  /**
+   * Paths of values kept out of what the engine copies from the run's data: log lines,
+   * stored errors, termination and approval evidence, events (replaced with "[redacted]").
+   * Rooted where the data comes from: `input.card.number`, `output.token`,
+   * `steps.charge.result.card`, `signals.reply.payload.email`; `*` is any one key or array
+   * element. The run's own input, checkpoints and output are stored as they are. See
+   * docs/security.md#redaction.
+   */
+  redact?: string[];
 }
 
 export type Verdict = { ok: true; evidence?: unknown } | { ok: false; reason: string; evidence?: unknown };
@@ -140,6 +150,8 @@ export interface Workflow<I = unknown, O = unknown, In = I> {
   /** Migrations into this version, by the version a run comes from. */
   readonly migrations: ReadonlyMap<string, MigrateFunction>;
   readonly onNoProgress: WorkflowOptions<I, In>['onNoProgress'];
+  /** The redact paths, compiled; undefined for none. */
+  readonly redaction: Redaction | undefined;
 }
 
 export function defineWorkflow<I, O, In = I, DB = any>(
@@ -173,6 +185,7 @@ export function defineWorkflow<I, O, In = I, DB = any>(
   if (options.onNoProgress !== undefined && typeof options.onNoProgress !== 'function')
     throw new ConfigError(`workflow ${options.name}: onNoProgress must be a function`);
   limitsToSql(options.limits ?? {}, `workflow ${options.name}`);
+  const redaction = Redaction.compile(options.redact, `workflow ${options.name}`);
   return Object.freeze({
     name: options.name,
     version,
@@ -183,6 +196,7 @@ export function defineWorkflow<I, O, In = I, DB = any>(
     fn,
     verify: options.verify,
     onNoProgress: options.onNoProgress,
+    redaction,
     migrations,
     versionManifest: Object.freeze({
       ...RUNTIME_MANIFEST,

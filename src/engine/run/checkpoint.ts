@@ -1,4 +1,3 @@
-import { serializeError } from '../core/errors.js';
 import type { ChargeToSend, CheckpointRecord, Execution } from './execution.js';
 import { haltOnDbError, observeRunStatus } from './halts.js';
 import { isConnectionError } from '../db/pg-errors.js';
@@ -36,7 +35,7 @@ export function checkpointValues(exec: Execution, record: CheckpointRecord, char
     record.kind,
     record.status,
     record.outputText ?? null,
-    record.status === 'FAILED' ? JSON.stringify(serializeError(record.error)) : null,
+    record.status === 'FAILED' ? JSON.stringify(exec.serializeError(record.error)) : null,
     record.attempts,
     msSince(record.startedAt),
     charge.json,
@@ -53,7 +52,7 @@ export function stepItemValues(exec: Execution, record: CheckpointRecord, charge
     kind: record.kind,
     status: record.status,
     outputText: record.outputText,
-    errorJson: record.status === 'FAILED' ? JSON.stringify(serializeError(record.error)) : null,
+    errorJson: record.status === 'FAILED' ? JSON.stringify(exec.serializeError(record.error)) : null,
     attempts: record.attempts,
     startedMsAgo: msSince(record.startedAt),
     charge: charge.json,

@@ -1,4 +1,3 @@
-import { serializeError } from '../core/errors.js';
 import type { Execution } from './execution.js';
 
 /** How often a compensation is tried before it is recorded FAILED, and the backoff before each retry. */
@@ -35,12 +34,12 @@ export async function runCompensations(exec: Execution): Promise<Array<{ operati
         error = caught;
       }
       if (attempt >= COMPENSATION_ATTEMPTS) break;
-      exec.deps.log('warn', `run ${exec.runId}: compensation of ${compensation.name} failed (attempt ${attempt}), trying again`, {
-        error: serializeError(error),
+      exec.log('warn', `run ${exec.runId}: compensation of ${compensation.name} failed (attempt ${attempt}), trying again`, {
+        error: exec.serializeError(error),
       });
       await new Promise((resolve) => setTimeout(resolve, COMPENSATION_BACKOFF_MS[attempt - 1] ?? COMPENSATION_BACKOFF_MS.at(-1)));
     }
-    const recorded = error === undefined ? null : { ...serializeError(error), attempts: attempt };
+    const recorded = error === undefined ? null : { ...exec.serializeError(error), attempts: attempt };
     if (recorded) failures.push({ operation: compensation.name, error: recorded });
     await exec.deps.pool.query(
       'select runledger._compensation_finish(p_run_id => $1, p_token => $2, p_operation_id => $3, p_ok => $4, p_error => $5::jsonb)',

@@ -1,7 +1,20 @@
 import type pg from 'pg';
 import type { ZodType } from 'zod';
 import type { Kysely } from 'kysely';
-import { NonDeterminismError, NotInWorkflowError, type ConstraintViolationError, type StepNotAwaitedError } from '../core/errors.js';
+import {
+  ConfigError,
+  NonDeterminismError,
+  NotInWorkflowError,
+  SecretInPayloadError,
+  SecretNotFoundError,
+  serializeError,
+  type ConstraintViolationError,
+  type SerializedError,
+  type StepNotAwaitedError,
+} from '../core/errors.js';
+import type { LogFunction } from '../core/log.js';
+import { Masker, type Redaction, type RedactSource } from '../core/redaction.js';
+import { checkSecretName, type SecretResolver } from '../core/secrets.js';
 import type { Workflow } from '../core/workflow.js';
 import type { CrashHook } from '../core/crash-points.js';
 import type { RunledgerDatabase } from '../db/schema.js';
@@ -102,7 +115,9 @@ export interface ExecutionDeps {
   pool: pg.Pool;
   db: Kysely<RunledgerDatabase>;
   maxPayloadBytes: number;
-  log: (level: 'info' | 'warn' | 'error', message: string, meta?: Record<string, unknown>) => void;
+  log: LogFunction;
+  /** The engine option `secrets`: what ctx.secret resolves names with. */
+  secrets?: SecretResolver;
   /** The worker's group commit for plain checkpoints and completions; without it each is its own transaction. */
   commits?: CommitQueue;
   /** Crash points (tests only, engine option crashAt), bound to the worker that dies at one. */
@@ -174,6 +189,105 @@ export class Execution {
   codeManifest: Readonly<Record<string, unknown>> | undefined;
   /** ctx.patched's answer per patch id, so every call in one execution gets the same. */
   readonly patches = new Map<string, boolean>();
+  /** The run's workflow name and version (for the secrets resolver). */
+  workflowName = '';
+  workflowVersion = '';
+  /** The workflow's redact paths (set by the worker at claim). */
+  redaction: Redaction | undefined;
+  /**
+   * The values this execution keeps out of what it writes: the secrets it resolved, and
+   * the values its redact paths selected in the input, the step results, the signals and
+   * the output it has seen so far.
+   */
+  readonly masks = new Masker();
+  /** ctx.secret's values, by name, resolved once per execution (never stored). */
+  readonly #secrets = new Map<string, Promise<string>>();
+
+  /** Notes the values the workflow's redact paths select in data the run saw (its input, a step's result...). */
+  observe<T>(source: RedactSource, value: T): T {
+    if (this.redaction) this.masks.addRedacted(this.redaction.select(source, value));
+    return value;
+  }
+
+  /** A copy with this execution's secrets and redacted values masked: for errors, evidence and log meta. */
+  mask<T>(value: T): T {
+    return this.masks.mask(value);
+  }
+
+  /** An error as stored (step, operation, retry, compensation and run errors), masked. */
+  serializeError(thrown: unknown): SerializedError {
+    return this.masks.mask(serializeError(thrown));
+  }
+
+  /** The engine's log for this run: the message and meta masked. */
+  log(level: 'info' | 'warn' | 'error', message: string, meta?: Record<string, unknown>): void {
+    this.deps.log(level, this.masks.maskText(message), meta === undefined ? undefined : this.masks.mask(meta));
+  }
+
+  /**
+   * Refuses a payload about to be written that holds a secret this execution resolved
+   * (SECRET_IN_PAYLOAD, naming the secret and `what`, never the value).
+   */
+  checkPayload(payload: string | Uint8Array | undefined | null, what: string): void {
+    if (!this.masks.hasSecrets) return;
+    const secret = this.masks.secretIn(payload);
+    if (secret === undefined) return;
+    throw new SecretInPayloadError(
+      `${what} contains the value of secret ${JSON.stringify(secret)} (ctx.secret): it is not stored. ` +
+        'Use a secret inside the step that needs it, and return what the call produced, never the secret.',
+      { secret, payload: what },
+    );
+  }
+
+  /** ctx.secret: the value of secret `name`, from the engine's resolver, once per execution. */
+  secret(name: string): Promise<string> {
+    const what = `ctx.secret(${JSON.stringify(name)})`;
+    try {
+      this.assertLive(what);
+      checkSecretName(name);
+    } catch (error) {
+      return Promise.reject(error);
+    }
+    let value = this.#secrets.get(name);
+    if (!value) {
+      value = this.#resolveSecret(name, what);
+      this.#secrets.set(name, value);
+      value.catch(() => this.#secrets.delete(name)); // a failed resolution is tried again by the next call
+    }
+    return value;
+  }
+
+  async #resolveSecret(name: string, what: string): Promise<string> {
+    const resolver = this.deps.secrets;
+    if (!resolver) {
+      throw new ConfigError(
+        `${what}: no secrets resolver is configured; pass createEngine({ secrets: (name, { runId, workflow }) => value })`,
+      );
+    }
+    let value: unknown;
+    try {
+      value = await resolver(name, {
+        runId: this.runId,
+        workflow: this.workflowName,
+        version: this.workflowVersion,
+        signal: this.abortController.signal,
+      });
+    } catch (error) {
+      const message = this.masks.maskText(error instanceof Error ? error.message : String(error));
+      throw new SecretNotFoundError(`${what}: the secrets resolver failed: ${message}`, { cause: error, details: { secret: name } });
+    }
+    if (value === undefined || value === null) {
+      throw new SecretNotFoundError(`${what}: the secrets resolver has no secret ${JSON.stringify(name)}`, { details: { secret: name } });
+    }
+    if (typeof value !== 'string' || value.length === 0) {
+      throw new ConfigError(
+        `${what}: the secrets resolver returned ${typeof value === 'string' ? 'an empty string' : `a ${typeof value}`}, not the secret's value as a non-empty string`,
+      );
+    }
+    // Known before the value reaches the workflow: from here on no write of this execution may hold it.
+    this.masks.addSecret(name, value);
+    return value;
+  }
 
   /** Adds a charge to the pending one (validated by the caller). */
   addPendingCharge(amount: BudgetAmounts): void {

@@ -52,6 +52,8 @@ export async function executeClaimed(run: ClaimedRun, options: ExecuteOptions): 
   exec.budgetState = budgetStateOf(run);
   exec.leaseMs = options.leaseMs;
   exec.workflowKey = workflowKey(run.workflow_name, run.workflow_version);
+  exec.workflowName = run.workflow_name;
+  exec.workflowVersion = run.workflow_version;
   exec.progress = run.progress ?? {};
   if (run.cancel_requested) exec.startCancelled();
   options.track(exec);
@@ -59,7 +61,7 @@ export async function executeClaimed(run: ClaimedRun, options: ExecuteOptions): 
     await replay(exec, run, options);
   } catch (error) {
     // Our own bookkeeping failed (database unreachable...): give the run back, or let its lease expire.
-    deps.log('error', `run ${runId}: execution failed`, { error: serializeError(error) });
+    exec.log('error', `run ${runId}: execution failed`, { error: serializeError(error) });
     await release(exec, RELEASE_DELAY_MS, 'infrastructure').catch(() => undefined);
   } finally {
     exec.end(exec.haltReason ? `this execution stopped: ${exec.haltReason.kind}` : 'this execution stopped');
@@ -80,18 +82,20 @@ async function replay(exec: Execution, run: ClaimedRun, options: ExecuteOptions)
   }
   const policyVersion = `${workflow.name}@${workflow.version}`;
   exec.codeManifest = workflow.versionManifest;
+  exec.redaction = workflow.redaction;
+  exec.observe({ root: 'input' }, run.input);
   let input: unknown = run.input;
   if (workflow.inputSchema) {
     const parsed = workflow.inputSchema.safeParse(run.input);
     if (!parsed.success) {
       const error = new InvalidInputError(`input of run ${runId} does not match workflow ${workflow.name}: ${parsed.error.message}`);
       await finish(exec, 'runledger._fail_run(p_run_id => $1, p_token => $2, p_error => $3::jsonb, p_policy_version => $4)', [
-        JSON.stringify(serializeError(error)),
+        JSON.stringify(exec.serializeError(error)),
         policyVersion,
       ]);
       return;
     }
-    input = parsed.data;
+    input = exec.observe({ root: 'input' }, parsed.data);
   }
 
   const ctx = new WorkflowContext(exec);
@@ -117,13 +121,11 @@ async function replay(exec: Execution, run: ClaimedRun, options: ExecuteOptions)
     return { kind: 'returned' as const, value, verdict };
   };
   const verify = workflow.verify;
-  const settled = workflow
-    .fn(ctx, input)
-    .then(
-      (value) =>
-        verify ? verifyOutput(exec, ctx, verify, value, input).then((verdict) => returned(value, verdict), threw) : returned(value),
-      threw,
-    );
+  const settled = workflow.fn(ctx, input).then((value) => {
+    // The output's redacted values are known before verify builds its evidence from it.
+    exec.observe({ root: 'output' }, storedForm(value));
+    return verify ? verifyOutput(exec, ctx, verify, value, input).then((verdict) => returned(value, verdict), threw) : returned(value);
+  }, threw);
   const outcome = await Promise.race([settled, exec.halted]);
   if (run.cancel_requested) {
     // Claimed CANCELLING (a cancel, a policy stop or compensate_run while no worker held
@@ -149,6 +151,7 @@ async function replay(exec: Execution, run: ClaimedRun, options: ExecuteOptions)
     let outputText: string | undefined;
     try {
       outputText = toJsonText(outcome.value, `output of run ${runId}`);
+      exec.checkPayload(outputText, `output of run ${runId}`);
       if (outputText !== undefined && Buffer.byteLength(outputText) > deps.maxPayloadBytes) {
         throw new PayloadTooLargeError(
           `output of run ${runId} is ${Buffer.byteLength(outputText)} bytes, over the limit of ${deps.maxPayloadBytes}`,
@@ -156,7 +159,7 @@ async function replay(exec: Execution, run: ClaimedRun, options: ExecuteOptions)
       }
     } catch (error) {
       await finish(exec, 'runledger._fail_run(p_run_id => $1, p_token => $2, p_error => $3::jsonb, p_policy_version => $4)', [
-        JSON.stringify(serializeError(error)),
+        JSON.stringify(exec.serializeError(error)),
         policyVersion,
       ]);
       return;
@@ -171,10 +174,10 @@ async function replay(exec: Execution, run: ClaimedRun, options: ExecuteOptions)
         exec,
         'runledger._fail_run(p_run_id => $1, p_token => $2, p_error => $3::jsonb, p_policy_version => $4, p_reason => $5, p_evidence => $6::jsonb)',
         [
-          JSON.stringify({ ...serializeError(error), ...(failures.length > 0 ? { compensationFailures: failures } : {}) }),
+          JSON.stringify(exec.mask({ ...serializeError(error), ...(failures.length > 0 ? { compensationFailures: failures } : {}) })),
           policyVersion,
           'UNVERIFIED',
-          JSON.stringify({ reason, ...(evidence === undefined ? {} : { evidence }) }),
+          JSON.stringify(exec.mask({ reason, ...(evidence === undefined ? {} : { evidence }) })),
         ],
       );
       return;
@@ -182,12 +185,12 @@ async function replay(exec: Execution, run: ClaimedRun, options: ExecuteOptions)
     if (deps.crash?.hit('before-complete', workflow.name)) return;
     const last = exec.pendingCheckpoint;
     exec.pendingCheckpoint = undefined;
-    const verificationJson = outcome.verdict?.ok ? JSON.stringify(outcome.verdict.evidence ?? null) : undefined;
+    const verificationJson = outcome.verdict?.ok ? JSON.stringify(exec.mask(outcome.verdict.evidence ?? null)) : undefined;
     await complete(exec, outputText, policyVersion, last, verificationJson);
   } else if ('kind' in outcome && outcome.kind === 'threw') {
     if (exec.haltReason) return handleHalt(exec, exec.haltReason, policyVersion);
     if (!(await flushPending(exec))) return handleHalt(exec, exec.haltReason!, policyVersion);
-    await failRun(exec, serializeError(outcome.error), policyVersion);
+    await failRun(exec, exec.serializeError(outcome.error), policyVersion);
   } else {
     await handleHalt(exec, outcome as Halt, policyVersion);
   }
@@ -227,9 +230,9 @@ async function finishStopping(exec: Execution, outcome: unknown): Promise<void> 
   const halt = exec.haltReason;
   if (halt && LETTING_GO.has(halt.kind)) return handleHalt(exec, halt, '');
   if (halt?.kind === 'non_determinism') {
-    exec.deps.log('warn', `run ${exec.runId}: the replay of a stopping run diverged; compensating what it reached: ${halt.error.message}`);
+    exec.log('warn', `run ${exec.runId}: the replay of a stopping run diverged; compensating what it reached: ${halt.error.message}`);
   } else if (outcome && typeof outcome === 'object' && 'kind' in outcome && outcome.kind === 'threw') {
-    exec.deps.log('info', `run ${exec.runId}: the replay of a stopping run threw; compensating`);
+    exec.log('info', `run ${exec.runId}: the replay of a stopping run threw; compensating`);
   }
   await compensateAndFinish(exec);
 }
@@ -244,10 +247,10 @@ async function compensateAndFinish(exec: Execution): Promise<void> {
 async function handleHalt(exec: Execution, halt: Halt, policyVersion: string): Promise<void> {
   switch (halt.kind) {
     case 'lease_lost':
-      exec.deps.log('warn', `run ${exec.runId}: ${halt.message}; another worker owns it now`);
+      exec.log('warn', `run ${exec.runId}: ${halt.message}; another worker owns it now`);
       return;
     case 'non_determinism': {
-      exec.deps.log('error', halt.error.message);
+      exec.log('error', halt.error.message);
       await flushPending(exec); // the previous step finished in this execution: keep its result
       // The evidence names both sides: the version the run recorded its history with and the code that differs.
       const recorded = await exec.deps.pool.query('select version_manifest from runledger.runs where run_id = $1', [exec.runId]);
@@ -260,18 +263,18 @@ async function handleHalt(exec: Execution, halt: Halt, policyVersion: string): P
       await finish(
         exec,
         'runledger._dead_letter_run(p_run_id => $1, p_token => $2, p_reason => $3, p_evidence => $4::jsonb, p_policy_version => $5)',
-        ['NON_DETERMINISM', JSON.stringify(evidence), policyVersion],
+        ['NON_DETERMINISM', JSON.stringify(exec.mask(evidence)), policyVersion],
       );
       return;
     }
     case 'infrastructure':
-      exec.deps.log('warn', `run ${exec.runId}: released after an infrastructure error`, { error: serializeError(halt.error) });
+      exec.log('warn', `run ${exec.runId}: released after an infrastructure error`, { error: serializeError(halt.error) });
       await flushPending(exec).catch(() => false);
       await release(exec, RELEASE_DELAY_MS, 'infrastructure');
       return;
     case 'fail':
       // A write broke a constraint: not retried as infrastructure, the run fails with the coded error.
-      exec.deps.log('error', `run ${exec.runId}: ${halt.error.message}`);
+      exec.log('error', `run ${exec.runId}: ${halt.error.message}`);
       await flushPending(exec).catch(() => false);
       await failRun(exec, { ...serializeError(halt.error), ...halt.error.details }, policyVersion);
       return;
@@ -291,7 +294,7 @@ async function handleHalt(exec: Execution, halt: Halt, policyVersion: string): P
     case 'not_awaited': {
       // The user's bug: the calls left in flight record nothing (the halt stops them at their
       // next checkpoint); the step that finished before keeps its result; the run fails.
-      exec.deps.log('error', halt.error.message);
+      exec.log('error', halt.error.message);
       if (!(await flushPending(exec))) return;
       const failures = await runCompensations(exec);
       const cause = halt.error.cause === undefined ? {} : { cause: serializeError(halt.error.cause) };
@@ -302,7 +305,7 @@ async function handleHalt(exec: Execution, halt: Halt, policyVersion: string): P
         ...(failures.length > 0 ? { compensationFailures: failures } : {}),
       };
       await finish(exec, 'runledger._fail_run(p_run_id => $1, p_token => $2, p_error => $3::jsonb, p_policy_version => $4)', [
-        JSON.stringify(error),
+        JSON.stringify(exec.mask(error)),
         policyVersion,
       ]);
       return;
@@ -319,7 +322,7 @@ async function failRun(exec: Execution, serialized: object, policyVersion: strin
   const failures = await runCompensations(exec);
   const error = { ...serialized, ...(failures.length > 0 ? { compensationFailures: failures } : {}) };
   await finish(exec, 'runledger._fail_run(p_run_id => $1, p_token => $2, p_error => $3::jsonb, p_policy_version => $4)', [
-    JSON.stringify(error),
+    JSON.stringify(exec.mask(error)),
     policyVersion,
   ]);
 }
@@ -391,7 +394,7 @@ async function fencedWriteOnce(exec: Execution, write: () => Promise<unknown>): 
     } catch (error) {
       if (pgCode(error) === SQLSTATE.LEASE_LOST) {
         // Either another worker took over, or our previous try committed before its reply was lost.
-        exec.deps.log('warn', `run ${exec.runId}: not finished by this worker: ${(error as Error).message}`);
+        exec.log('warn', `run ${exec.runId}: not finished by this worker: ${(error as Error).message}`);
         return;
       }
       if (pgCode(error) === SQLSTATE.PAST_DEADLINE) {
@@ -416,11 +419,20 @@ async function terminate(exec: Execution, reason: string, evidence: Record<strin
   await fencedWrite(exec, async () => {
     const { rows } = await exec.deps.pool.query(
       'select runledger._terminate_run(p_run_id => $1, p_token => $2, p_reason => $3, p_evidence => $4::jsonb) as status',
-      [exec.runId, exec.fencingToken.toString(), reason, JSON.stringify(evidence)],
+      [exec.runId, exec.fencingToken.toString(), reason, JSON.stringify(exec.mask(evidence))],
     );
     status = rows[0].status;
   });
   if (status === 'CANCELLING') await compensateAndFinish(exec);
+}
+
+/** The value as it will be stored (a Date as its ISO string...), for the redact paths; the value itself if it cannot be stored. */
+function storedForm(value: unknown): unknown {
+  try {
+    return value === undefined ? undefined : JSON.parse(JSON.stringify(value));
+  } catch {
+    return value;
+  }
 }
 
 async function release(exec: Execution, delayMs: number, reason: string): Promise<void> {

@@ -5,6 +5,7 @@ import { planToWrite, unwrapOutput, type MigrateFunction, type MigrationArgs, ty
 import { MigrationFailedError } from '../core/errors.js';
 import { workflowKey, type Workflow } from '../core/workflow.js';
 import type { CrashHook } from '../core/crash-points.js';
+import { Masker } from '../core/redaction.js';
 
 /** What a worker registers for each migration it has: workflow@from>to. */
 export function migrationKey(workflow: string, from: string, to: string): string {
@@ -142,13 +143,15 @@ export function createMigrator(options: {
       client.release(broken || undefined);
     }
     const { run, error } = failure;
-    log('warn', `run ${run.run_id}: migration to version ${run.to_version} failed; the run is left as it was`, {
-      error: serializeError(error),
-    });
+    // The error of the user's migrate may quote the run's data: the workflow's redact paths apply to it.
+    const recorded = redactionOf(migrations.get(migrationKey(run.workflow_name, run.from_version, run.to_version))!, run).mask(
+      serializeError(error),
+    );
+    log('warn', `run ${run.run_id}: migration to version ${run.to_version} failed; the run is left as it was`, { error: recorded });
     await pool.query('select runledger._migration_failed(p_run_id => $1, p_to_version => $2, p_error => $3::jsonb, p_worker_id => $4)', [
       run.run_id,
       run.to_version,
-      JSON.stringify(serializeError(error)),
+      JSON.stringify(recorded),
       workerId,
     ]);
     return 'failed';
@@ -191,4 +194,18 @@ export function createMigrator(options: {
     }
     return write;
   }
+}
+
+/** The values the migrated workflow's redact paths select in the run's input and checkpoints (step results). */
+function redactionOf(migration: Migration, run: TakenRun): Masker {
+  const masker = new Masker();
+  const redaction = migration.workflow.redaction;
+  if (!redaction) return masker;
+  masker.addRedacted(redaction.select({ root: 'input' }, run.input));
+  for (const checkpoint of run.checkpoints) {
+    const output = unwrapOutput(checkpoint.output);
+    const value = checkpoint.kind === 'operation' ? (output as { value?: unknown } | undefined)?.value : output;
+    masker.addRedacted(redaction.select({ root: 'step', name: checkpoint.name }, value));
+  }
+  return masker;
 }
