@@ -366,7 +366,7 @@ async function earlierUse(
     [exec.runId, key],
   );
   const row = found.rows[0];
-  return row ? { operationId: row.operation_id, seq: row.seq, status: row.status, result: row.result } : null;
+  return row ? { operationId: row.operation_id, seq: row.seq, status: row.status, result: exec.payloads.decode(row.result) } : null;
 }
 
 /**

@@ -12,7 +12,7 @@ import { toJsonText } from '../engine/core/json.js';
  */
 export async function heartbeatStep(exec: Execution, seq: number, progress?: unknown): Promise<void> {
   if (exec.haltReason) return;
-  const progressText = progress === undefined ? null : (toJsonText(progress, 'heartbeat progress') ?? null);
+  const progressText = progress === undefined ? null : (exec.payloads.optionalText(toJsonText(progress, 'heartbeat progress')) ?? null);
   exec.selfHeartbeat = true;
   try {
     const result = await exec.deps.pool.query(

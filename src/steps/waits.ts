@@ -94,7 +94,7 @@ export async function requestApproval(exec: Execution, name: string, request: Ap
   toJsonText(request.evidence, `approval ${name} evidence`);
   const output = await runWait(exec, name, 'approval', {
     action: request.action,
-    evidence: request.evidence ?? null,
+    evidence: request.evidence === undefined ? null : exec.payloads.value(request.evidence),
     ...(request.approvers ? { approvers: request.approvers } : {}),
     ...(requires ? { approvers: requires.of, required: requires.count } : {}),
     ...timeoutSpec(request.timeout, `requestApproval ${name}`),
@@ -125,7 +125,7 @@ export async function startChild<In>(
   if (exec.stopping) return exec.noNewStep();
   let stored: unknown = input;
   if (workflow.inputSchema) stored = workflow.inputSchema.parse(input);
-  const inputText = toJsonText(stored, `input of child ${workflow.name}`);
+  const inputText = exec.payloads.optionalText(toJsonText(stored, `input of child ${workflow.name}`));
   await register(workflow);
   try {
     const result = await exec.deps.pool.query(
