@@ -3,6 +3,8 @@ import { afterAll, describe, expect, it } from 'vitest';
 import {
   aesGcmCodec,
   createEngine,
+  defineTool,
+  scriptedModel,
   isAesGcmEnvelope,
   loadLarge,
   storeLarge,
@@ -72,6 +74,24 @@ async function whereStored(text: string): Promise<string[]> {
   return hits;
 }
 
+const model = scriptedModel('codec-model', (messages) => ({ content: `answer: ${String(messages.at(-1)?.content)}` }), {
+  streamChunkSize: 1_000,
+});
+const echo = defineTool({
+  name: 'echo',
+  description: 'echoes',
+  input: z.object({ text: z.string() }),
+  sideEffect: 'none',
+  run: async (args) => ({ echoed: args.text }),
+});
+const file = defineTool({
+  name: 'file',
+  description: 'files a ticket',
+  input: z.object({ text: z.string() }),
+  sideEffect: 'external',
+  run: async (args) => ({ filed: args.text }),
+});
+
 function markerWorkflows(engine: Engine) {
   const child = engine.workflow({ name: 'codec-child' }, async (ctx, input: { secret: string }) => {
     return ctx.step('child-step', () => ({ child: input.secret }));
@@ -101,6 +121,10 @@ function markerWorkflows(engine: Engine) {
       const fromChild = await ctx.runChild(child, { secret: input.secret });
       const decision = await ctx.requestApproval('ship-it', { action: 'ship', evidence: { secret: input.secret }, approvers: ['ops'] });
       const reply = await ctx.waitForSignal<{ reply: string }>('reply');
+      // The agent layer: a model call streaming its reply (topic model), a tool, a tool through the ledger.
+      const generated = await ctx.generate(model, { messages: [{ role: 'user', content: input.secret }] });
+      const echoed = await ctx.callTool(echo, { text: input.secret });
+      const filed = await ctx.callTool(file, { text: input.secret });
       return {
         echo: input.secret,
         stepped: stepped.secret,
@@ -112,6 +136,9 @@ function markerWorkflows(engine: Engine) {
         child: fromChild.child,
         note: decision?.note,
         reply: reply?.reply,
+        generated: generated.message.content,
+        echoed: echoed.ok ? echoed.result.echoed : null,
+        filed: filed.ok ? filed.result.filed : null,
       };
     },
   );
@@ -157,6 +184,9 @@ describe('with aesGcmCodec on', () => {
       child: MARKER,
       note: `note ${MARKER}`,
       reply: MARKER,
+      generated: `answer: ${MARKER}`,
+      echoed: MARKER,
+      filed: MARKER,
     });
 
     // Read back through the engine: the run, its checkpoints and ledger, its stream, its artifact.
@@ -173,6 +203,9 @@ describe('with aesGcmCodec on', () => {
     const chunks = [];
     for await (const chunk of engine.readStream(handle.runId, 'out')) chunks.push(chunk.chunk);
     expect(chunks).toEqual([{ text: MARKER }]);
+    const modelChunks = [];
+    for await (const chunk of engine.readStream(handle.runId, 'model')) modelChunks.push(chunk.chunk);
+    expect(modelChunks).toEqual([{ delta: `answer: ${MARKER}`, model: 'codec-model', step: 'generate:codec-model' }]);
     const artifact = await engine.readArtifact(output.artifactId);
     expect(artifact?.content?.toString('utf8')).toBe(`report ${MARKER}`);
     const children = await engine.listRuns({ workflow: 'codec-child' });
@@ -207,10 +240,10 @@ describe('with aesGcmCodec on', () => {
       `select r.input, r.output, r.termination_evidence->'verification' as verification,
               (select output from runledger.steps where run_id = r.run_id and name = 'load') as load,
               (select output->'value' from runledger.steps where run_id = r.run_id and name = 'charge') as charge,
-              (select result from runledger.operations where run_id = r.run_id) as result,
+              (select result from runledger.operations where run_id = r.run_id and name = 'charge') as result,
               (select payload from runledger.signals where run_id = r.run_id) as payload,
               (select evidence from runledger.approvals where run_id = r.run_id) as evidence,
-              (select chunk from runledger.stream_chunks where run_id = r.run_id) as chunk,
+              (select chunk from runledger.stream_chunks where run_id = r.run_id and topic = 'out') as chunk,
               (select content from runledger.session_entries where run_id = r.run_id) as content,
               (select progress from runledger.step_progress where run_id = r.run_id limit 1) as progress,
               (select c.input from runledger.runs c where c.parent_run_id = r.run_id) as child_input
@@ -261,6 +294,27 @@ describe('with aesGcmCodec on', () => {
         'audit_log.arguments', // and in decide_approval's record
       ]),
     );
+  });
+});
+
+describe('a run its own process executes', () => {
+  it("engine.start's handle gets the clear output from the execution that committed it", async () => {
+    const engine = createTestEngine({ connectionString: db.url, codec: k1Only() });
+    engines.push(engine);
+    const flow = engine.workflow({ name: 'codec-local', queue: 'codec-local' }, async (ctx, input: { secret: string }) => {
+      const step = await ctx.step('s', () => ({ inStep: input.secret }));
+      return { ...step, out: input.secret };
+    });
+    const worker = await engine.runWorker({ queues: ['codec-local'], leaseMs: 5_000 });
+    try {
+      const handles = await Promise.all([1, 2, 3].map((n) => engine.start(flow, { secret: `local ${n}` })));
+      for (const [i, handle] of handles.entries()) {
+        expect(await handle.result({ timeoutMs: 10_000 })).toEqual({ inStep: `local ${i + 1}`, out: `local ${i + 1}` });
+        expect(await one(`select output->>'$enc' as key from runledger.runs where run_id = $1`, [handle.runId])).toEqual({ key: 'k1' });
+      }
+    } finally {
+      await worker.stop();
+    }
   });
 });
 
