@@ -20,12 +20,24 @@ import { PayloadUnreadableError, RunledgerError } from './errors.js';
  */
 export class Payloads {
   readonly #codec: PayloadCodec | undefined;
+  /** A payload's JSON text to the stored JSON text. */
+  readonly #text: ((jsonText: string) => string) | undefined;
+  /** A payload's JSON text to the stored value. */
   readonly #fromText: ((jsonText: string) => JsonValue) | undefined;
 
   constructor(codec?: PayloadCodec) {
     this.#codec = codec;
-    const fast = (codec as Partial<JsonTextEncoder> | undefined)?.[ENCODE_JSON_TEXT];
-    this.#fromText = codec && (fast ? (text) => fast.call(codec, text) : (text) => codec.encode(JSON.parse(text) as JsonValue));
+    if (!codec) return;
+    // The codec sees each payload's JSON form (parsed from the text the engine checked), never a Date or a class.
+    this.#fromText = (text) => codec.encode(JSON.parse(text) as JsonValue);
+    const fast = (codec as Partial<JsonTextEncoder>)[ENCODE_JSON_TEXT];
+    this.#text = fast
+      ? (text) => fast.call(codec, text)
+      : (text) => {
+          const stored = JSON.stringify(codec.encode(JSON.parse(text) as JsonValue));
+          if (stored === undefined) throw new PayloadUnreadableError('the codec encoded a payload as undefined, which cannot be stored');
+          return stored;
+        };
   }
 
   /** True when payloads are encoded. */
@@ -35,10 +47,7 @@ export class Payloads {
 
   /** The stored JSON text of a payload given as its (checked) JSON text. */
   text(jsonText: string): string {
-    if (!this.#fromText) return jsonText;
-    const stored = JSON.stringify(this.#fromText(jsonText));
-    if (stored === undefined) throw new PayloadUnreadableError('the codec encoded a payload as undefined, which cannot be stored');
-    return stored;
+    return this.#text ? this.#text(jsonText) : jsonText;
   }
 
   /** text() for an optional payload: undefined (nothing stored) stays undefined. */
@@ -68,7 +77,7 @@ export class Payloads {
   /** A decision note (a text column): the JSON text of its encoded form. */
   note(note: string | null | undefined): string | null {
     if (note === undefined || note === null) return null;
-    return this.#fromText ? this.text(JSON.stringify(note)) : note;
+    return this.#text ? this.#text(JSON.stringify(note)) : note;
   }
 
   /** A note as given, or the text an encoded one stands for. */
@@ -86,7 +95,7 @@ export class Payloads {
 
   /** Artifact content: its encoded form as bytes (the JSON text of the codec's value for the content as base64). */
   bytes(content: Buffer): Buffer {
-    if (!this.#fromText) return content;
+    if (!this.#text) return content;
     return Buffer.from(this.text(JSON.stringify(content.toString('base64'))), 'utf8');
   }
 
