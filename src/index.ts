@@ -2,6 +2,8 @@ export { createEngine, MAX_PAYLOAD_BYTES_DEFAULT } from './engine/index.js';
 export type { Engine, EngineOptions, LogFunction, LogLevel, SecretResolver } from './engine/index.js';
 export { REDACTED } from './engine/core/redaction.js';
 export { defineWorkflow } from './engine/core/workflow.js';
+export { aesGcmCodec, isAesGcmEnvelope } from './engine/core/codec.js';
+export type { AesGcmCodecOptions, AesGcmEnvelope, JsonValue, PayloadCodec } from './engine/core/codec.js';
 export type {
   Workflow,
   WorkflowFunction,
@@ -88,6 +90,8 @@ export {
   MigrationFailedError,
   SecretInPayloadError,
   SecretNotFoundError,
+  PayloadKeyMissingError,
+  PayloadUnreadableError,
 } from './engine/core/errors.js';
 export type { MigrateFunction, MigrationArgs, MigrationPlan, MigratedCheckpoint, RecordedCheckpoint } from './engine/core/migration.js';
 export type { MigrateRunOptions, MigrationOutcome } from './engine/client/migrations.js';

@@ -2,7 +2,8 @@ import { createHash } from 'node:crypto';
 import { sql } from 'kysely';
 import type pg from 'pg';
 import type { StepContext } from '../steps/context.js';
-import type { Execution } from '../engine/run/execution.js';
+import { UNREADABLE, type Execution } from '../engine/run/execution.js';
+import { NO_CODEC, type Payloads } from '../engine/core/payloads.js';
 import { InvalidInputError, PayloadTooLargeError } from '../engine/core/errors.js';
 import { toJsonText } from '../engine/core/json.js';
 import { executionOf } from './execution-of.js';
@@ -136,13 +137,16 @@ export async function recordArtifact(ctx: StepContext, exec: Execution, name: st
           p_sha256 => ${prepared.sha256}, p_size => ${prepared.size}, p_content => null, p_ref => ${prepared.ref}) as record`.execute(trx);
       row = result.rows[0]!.record;
     } else {
-      const sha = sha256Of(prepared.bytes);
+      // With a codec the blob is the content's envelope: its sha256 and size are those of the stored bytes.
+      const content = exec.payloads.bytes(prepared.bytes);
+      checkSize(`artifact ${name} (encoded)`, content.byteLength);
+      const sha = sha256Of(content);
       const held = await sql<{ held: boolean }>`select runledger._artifact_blob_held(p_sha256 => ${sha}) as held`.execute(trx);
-      const bytes = held.rows[0]!.held ? null : prepared.bytes;
+      const bytes = held.rows[0]!.held ? null : content;
       const result = await sql<{
         record: ArtifactRow;
       }>`select runledger._record_artifact(p_run_id => ${runId}, p_position => ${position}, p_name => ${name}, p_kind => 'artifact',
-          p_sha256 => ${sha}, p_size => ${prepared.bytes.byteLength}, p_content => ${bytes}, p_ref => null) as record`.execute(trx);
+          p_sha256 => ${sha}, p_size => ${content.byteLength}, p_content => ${bytes}, p_ref => null) as record`.execute(trx);
       row = result.rows[0]!.record;
     }
     return toRecord(row);
@@ -170,8 +174,9 @@ export async function storeLarge(ctx: StepContext | Execution, name: string, val
   const text = toJsonText(value, `value ${name}`);
   if (text === undefined) return value;
   exec.checkPayload(text, `the stored value ${JSON.stringify(name)}`);
-  const bytes = Buffer.from(text, 'utf8');
-  if (bytes.byteLength <= LARGE_VALUE_THRESHOLD_BYTES) return value;
+  if (Buffer.byteLength(text) <= LARGE_VALUE_THRESHOLD_BYTES) return value;
+  // Stored as the codec has it (its envelope's JSON text), and addressed by the sha256 of that.
+  const bytes = Buffer.from(exec.payloads.text(text), 'utf8');
   checkSize(`value ${name}`, bytes.byteLength);
   const sha = sha256Of(bytes);
   const position = exec.activeSteps.at(-1) ?? null;
@@ -212,20 +217,21 @@ export async function loadLarge(ctx: StepContext | Execution, value: unknown): P
   if (!isLargeValueRef(value)) return value;
   const exec = executionOf(ctx);
   const texts = stored.get(exec);
-  let text = texts?.get(value.$artifact);
+  const text = texts?.get(value.$artifact);
   if (text !== undefined) {
     texts!.delete(value.$artifact); // read back once in memory; a later load reads the blob
-  } else {
-    // As text, not bytea: node-postgres would receive bytea as hex, twice the bytes to read and decode.
-    const result = await exec.deps.pool.query<{ text: string }>(
-      "select convert_from(content, 'UTF8') as text from runledger.artifact_blobs where sha256 = $1",
-      [value.$artifact],
-    );
-    const row = result.rows[0];
-    if (!row) throw new InvalidInputError(`stored value ${value.$artifact} not found in runledger.artifact_blobs`);
-    text = row.text;
+    return JSON.parse(text) as unknown;
   }
-  return JSON.parse(text) as unknown;
+  // As text, not bytea: node-postgres would receive bytea as hex, twice the bytes to read and decode.
+  const result = await exec.deps.pool.query<{ text: string }>(
+    "select convert_from(content, 'UTF8') as text from runledger.artifact_blobs where sha256 = $1",
+    [value.$artifact],
+  );
+  const row = result.rows[0];
+  if (!row) throw new InvalidInputError(`stored value ${value.$artifact} not found in runledger.artifact_blobs`);
+  // The blob holds the value as the codec stored it (a value written before the codec: as it is).
+  const decoded = exec.readable(() => exec.payloads.decode(JSON.parse(row.text)));
+  return decoded === UNREADABLE ? exec.suspend() : decoded;
 }
 
 export interface ArtifactContentRead {
@@ -234,8 +240,12 @@ export interface ArtifactContentRead {
   content: Buffer | null;
 }
 
-/** engine.readArtifact: an artifact's record and content, or undefined for an unknown id. */
-export async function readArtifact(pool: pg.Pool, artifactId: string): Promise<ArtifactContentRead | undefined> {
+/** engine.readArtifact: an artifact's record and content (decoded by the engine's codec), or undefined for an unknown id. */
+export async function readArtifact(
+  pool: pg.Pool,
+  artifactId: string,
+  payloads: Payloads = NO_CODEC,
+): Promise<ArtifactContentRead | undefined> {
   const result = await pool.query<ArtifactRow & { content: Buffer | null }>(
     `select a.artifact_id, a.run_id, a.name, a.kind, a.sha256, a.size, a.ref, a.step_position, a.created_at, b.content
        from runledger.artifacts a left join runledger.artifact_blobs b on b.sha256 = a.blob
@@ -244,5 +254,5 @@ export async function readArtifact(pool: pg.Pool, artifactId: string): Promise<A
   );
   const row = result.rows[0];
   if (!row) return undefined;
-  return { record: toRecord(row), content: row.content };
+  return { record: toRecord(row), content: row.content === null ? null : payloads.decodeBytes(row.content) };
 }

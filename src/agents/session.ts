@@ -1,6 +1,7 @@
 import { sql } from 'kysely';
 import type { StepContext } from '../steps/context.js';
-import type { Execution } from '../engine/run/execution.js';
+import { UNREADABLE, type Execution } from '../engine/run/execution.js';
+import type { Payloads } from '../engine/core/payloads.js';
 import { toMs, type Duration } from '../engine/core/duration.js';
 import { toJsonText } from '../engine/core/json.js';
 import { pgCode } from '../engine/db/pg-errors.js';
@@ -170,20 +171,25 @@ class HeldSession implements Session {
         order by seq`,
       [this.id, this.hold.entryCount, this.exec.runId, position],
     );
-    return result.rows.map((row) => ({
-      seq: row.seq,
-      role: row.role,
-      content: row.content,
-      runId: row.run_id,
-      stepPosition: row.step_position,
-      createdAt: row.created_at.toISOString(),
-    }));
+    const payloads = this.exec.payloads;
+    const entries = this.exec.readable(() =>
+      result.rows.map((row) => ({
+        seq: row.seq,
+        role: row.role,
+        content: payloads.decode(row.content),
+        runId: row.run_id,
+        stepPosition: row.step_position,
+        createdAt: row.created_at.toISOString(),
+      })),
+    );
+    return entries === UNREADABLE ? this.exec.suspend() : entries;
   }
 
   async append(entries: SessionEntry[]): Promise<void> {
     this.assertHeld('append');
-    const text = entriesText(this.id, entries, this.exec.deps.maxPayloadBytes);
-    this.exec.checkPayload(text, `the entries appended to session ${this.id}`);
+    const text = entriesText(this.id, entries, this.exec.deps.maxPayloadBytes, this.exec.payloads);
+    // Checked in clear (entriesText has checked they are JSON): with a codec, text is the envelope.
+    this.exec.checkPayload(JSON.stringify(entries), `the entries appended to session ${this.id}`);
     if (text === undefined) return; // nothing to append: no step
     // The position the transaction below takes (taken synchronously, before any await).
     const position = this.exec.stepsTaken;
@@ -233,8 +239,11 @@ class HeldSession implements Session {
   }
 }
 
-/** The entries as the JSON text of one append, checked: roles, JSON content, the payload limit. undefined for none. */
-function entriesText(sessionId: string, entries: unknown, maxBytes: number): string | undefined {
+/**
+ * The entries as the JSON text of one append, checked: roles, JSON content, the payload
+ * limit (on what is stored: with a codec, each content is its envelope). undefined for none.
+ */
+function entriesText(sessionId: string, entries: unknown, maxBytes: number, payloads: Payloads): string | undefined {
   if (!Array.isArray(entries)) {
     throw new InvalidInputError(`session ${sessionId}: append takes an array of entries {role, content}`, { details: { sessionId } });
   }
@@ -259,7 +268,7 @@ function entriesText(sessionId: string, entries: unknown, maxBytes: number): str
       }
       throw error;
     }
-    return { role: e.role, content: e.content };
+    return { role: e.role, content: payloads.value(e.content) };
   });
   const text = JSON.stringify(normalized);
   const bytes = Buffer.byteLength(text);

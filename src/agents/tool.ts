@@ -2,7 +2,7 @@ import { z, type ZodType } from 'zod';
 import { ConfigError, StepFailedError } from '../engine/core/errors.js';
 import { toMs, type Duration } from '../engine/core/duration.js';
 import type { Jsonify } from '../engine/core/jsonify.js';
-import type { Execution } from '../engine/run/execution.js';
+import { UNREADABLE, type Execution } from '../engine/run/execution.js';
 import type { StepContext } from '../steps/context.js';
 import type { ReconcileAnswer } from '../steps/operation.js';
 import type { RetryPolicy } from '../steps/retry.js';
@@ -366,7 +366,11 @@ async function earlierUse(
     [exec.runId, key],
   );
   const row = found.rows[0];
-  return row ? { operationId: row.operation_id, seq: row.seq, status: row.status, result: row.result } : null;
+  if (!row) return null;
+  // A result this worker cannot decode halts the execution (the run is given back), like every payload read.
+  const result = exec.readable(() => exec.payloads.decode(row.result));
+  if (result === UNREADABLE) return exec.suspend();
+  return { operationId: row.operation_id, seq: row.seq, status: row.status, result };
 }
 
 /**

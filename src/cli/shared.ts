@@ -4,6 +4,8 @@ import pg from 'pg';
 import type { Engine } from '../engine/index.js';
 import type { LogFunction } from '../engine/core/log.js';
 import { fromPgError } from '../engine/core/errors.js';
+import { aesGcmCodec, type PayloadCodec } from '../engine/core/codec.js';
+import { NO_CODEC, Payloads } from '../engine/core/payloads.js';
 
 /** Exit codes: 0 done, 1 the command failed, 2 the command could not be attempted (usage, no database, not available). */
 export const EXIT_FAILED = 1;
@@ -118,8 +120,38 @@ export function cliLog(verbose = false): LogFunction {
  */
 export async function openEngine(values: Parsed['values'], options: { verbose?: boolean; poolMax?: number } = {}): Promise<Engine> {
   const url = databaseUrl(values);
+  const codec = cliCodec();
   const { createEngine } = await import('../engine/index.js');
-  return createEngine({ connectionString: url, log: cliLog(options.verbose), poolMax: options.poolMax ?? 3 });
+  return createEngine({ connectionString: url, log: cliLog(options.verbose), poolMax: options.poolMax ?? 3, ...(codec ? { codec } : {}) });
+}
+
+/**
+ * The payload codec of the environment: RUNLEDGER_KEYS="k1:BASE64,k2:BASE64" (32-byte
+ * keys, base64) and RUNLEDGER_ACTIVE_KEY (default: the last key listed) give every command
+ * an aesGcmCodec, so `worker` encrypts what it stores and `show`, `tail`, `session`,
+ * `approvals` decode what they print (docs/security.md). Unset: none, payloads in clear.
+ */
+export function cliCodec(env: NodeJS.ProcessEnv = process.env): PayloadCodec | undefined {
+  const spec = env.RUNLEDGER_KEYS?.trim();
+  if (!spec) {
+    if (env.RUNLEDGER_ACTIVE_KEY) throw new CliError('CONFIG', 'RUNLEDGER_ACTIVE_KEY is set but RUNLEDGER_KEYS is not', EXIT_USAGE);
+    return undefined;
+  }
+  const keys: Record<string, string> = {};
+  let last: string | undefined;
+  for (const part of spec.split(',')) {
+    const colon = part.indexOf(':');
+    if (colon <= 0) throw new CliError('CONFIG', 'RUNLEDGER_KEYS must be keyId:base64key[,keyId:base64key...]', EXIT_USAGE);
+    last = part.slice(0, colon).trim();
+    keys[last] = part.slice(colon + 1).trim();
+  }
+  return aesGcmCodec({ keys, activeKey: env.RUNLEDGER_ACTIVE_KEY?.trim() || last! });
+}
+
+/** cliCodec() as the engine's payload layer, for commands that call the SQL functions without an engine. */
+export function cliPayloads(): Payloads {
+  const codec = cliCodec();
+  return codec ? new Payloads(codec) : NO_CODEC;
 }
 
 /** Runs `fn` with an engine and always closes it, so a one-shot command's process can end. */

@@ -44,6 +44,8 @@ export const POOL_MAX_DEFAULT = 20;
 
 import type { LogFunction } from './core/log.js';
 import type { SecretResolver } from './core/secrets.js';
+import type { PayloadCodec } from './core/codec.js';
+import { NO_CODEC, Payloads } from './core/payloads.js';
 export type { LogFunction, LogLevel } from './core/log.js';
 export type { SecretResolver } from './core/secrets.js';
 
@@ -68,6 +70,14 @@ export interface EngineOptions {
    */
   secrets?: SecretResolver;
   /**
+   * Encodes every user payload before it is stored and decodes it when read (run input and
+   * output, step results, operation results, signal payloads, approval evidence and notes,
+   * stream chunks, session entries, artifacts), e.g. `aesGcmCodec({ keys: { k1: key }, activeKey: 'k1' })`.
+   * Every worker and client of one database needs the same keys. Default: none, stored in
+   * clear. See docs/security.md.
+   */
+  codec?: PayloadCodec;
+  /**
    * Tests only: a worker of this engine dies at these points (see core/crash-points.ts
    * and docs/testing.md), e.g. `{ step: 'charge', when: 'after-call' }`.
    */
@@ -82,6 +92,16 @@ const optionsSchema = z.object({
   poolMax: z.number().int().min(2).optional(),
   log: z.function().optional(),
   secrets: z.function().optional(),
+  codec: z
+    .custom<PayloadCodec>(
+      (value) =>
+        typeof value === 'object' &&
+        value !== null &&
+        typeof (value as PayloadCodec).encode === 'function' &&
+        typeof (value as PayloadCodec).decode === 'function',
+      { message: 'codec must be an object with encode(value) and decode(stored), e.g. aesGcmCodec(...)' },
+    )
+    .optional(),
   crashAt: z.union([z.object({}).passthrough(), z.array(z.object({}).passthrough())]).optional(),
 });
 
@@ -227,6 +247,7 @@ export function createEngine<DB = any>(options: EngineOptions = {}): Engine<DB> 
     return done;
   };
   const resultSchemas = new Map<string, z.ZodType<unknown>>();
+  const payloads = options.codec ? new Payloads(options.codec) : NO_CODEC;
   const deps: ExecutionDeps = {
     pool,
     db,
@@ -235,8 +256,9 @@ export function createEngine<DB = any>(options: EngineOptions = {}): Engine<DB> 
     ...(options.secrets ? { secrets: options.secrets } : {}),
     registerWorkflow,
     resultSchemas,
+    payloads,
   };
-  const fetchRun = (runId: string, opts?: { withSteps?: boolean }) => getRun(db, runId, opts);
+  const fetchRun = (runId: string, opts?: { withSteps?: boolean }) => getRun(db, runId, opts, payloads);
   // Callers awaiting results hear of completions by LISTEN, or from this engine's workers directly.
   const results = new ResultWatch(poolConfig, log);
   deps.finished = (runId) => results.wake(runId);
@@ -296,7 +318,7 @@ export function createEngine<DB = any>(options: EngineOptions = {}): Engine<DB> 
     getRun: (runId) => fetchRun(runId),
     migrateRun: (runId, toVersion, migrateOptions) => migrateRun(pool, runId, toVersion, migrateOptions),
     migrateRuns: (selection) => migrateRuns(pool, selection),
-    listRuns: (listOptions) => listRuns(db, listOptions),
+    listRuns: (listOptions) => listRuns(db, listOptions, payloads),
     retry: (runId) => retryRun(pool, runId),
     fork: async (runId, forkOptions) => {
       if (forkOptions.workflow !== undefined) {
@@ -322,14 +344,14 @@ export function createEngine<DB = any>(options: EngineOptions = {}): Engine<DB> 
           operation && resultSchemas.get(resultSchemaKey(workflowKey(operation.workflow_name, operation.workflow_version), operation.name));
         if (operation && schema) checkResolvedResult(operation.name, operationId, schema, resolution.result ?? null);
       }
-      return resolveOperation(pool, operationId, resolution);
+      return resolveOperation(pool, operationId, resolution, payloads);
     },
     cancel: (runId, cancelOptions) => cancelRun(pool, runId, cancelOptions?.reason),
     compensate: (runId, compensateOptions) => compensateRun(pool, runId, compensateOptions?.reason),
-    signal: (runId, topic, payload, signalOptions) => sendSignal(pool, runId, topic, payload, signalOptions?.signalId),
-    decideApproval: (requestId, decision) => decideApproval(pool, requestId, decision),
-    readArtifact: (artifactId) => readArtifact(pool, artifactId),
-    readStream: (runId, topic, readOptions) => readStream(pool, streams, runId, topic, readOptions),
+    signal: (runId, topic, payload, signalOptions) => sendSignal(pool, runId, topic, payload, signalOptions?.signalId, payloads),
+    decideApproval: (requestId, decision) => decideApproval(pool, requestId, decision, payloads),
+    readArtifact: (artifactId) => readArtifact(pool, artifactId, payloads),
+    readStream: (runId, topic, readOptions) => readStream(pool, streams, runId, topic, readOptions, payloads),
     async runWorker(workerOptions) {
       const startScheduled: StartScheduled = async (workflow, input, idempotencyKey) => {
         await startRun(startHost, workflow, input, { idempotencyKey });

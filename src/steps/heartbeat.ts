@@ -12,8 +12,9 @@ import { toJsonText } from '../engine/core/json.js';
  */
 export async function heartbeatStep(exec: Execution, seq: number, progress?: unknown): Promise<void> {
   if (exec.haltReason) return;
-  const progressText = progress === undefined ? null : (toJsonText(progress, 'heartbeat progress') ?? null);
-  exec.checkPayload(progressText, 'heartbeat progress');
+  const clearProgress = progress === undefined ? null : (toJsonText(progress, 'heartbeat progress') ?? null);
+  exec.checkPayload(clearProgress, 'heartbeat progress');
+  const progressText = clearProgress === null ? null : (exec.payloads.optionalText(clearProgress) ?? null);
   exec.selfHeartbeat = true;
   try {
     const result = await exec.deps.pool.query(

@@ -4,7 +4,7 @@ import { InvalidInputError, InvalidReconcileAnswerError, type SerializedError } 
 import { monotonicMark, msSince } from '../engine/core/duration.js';
 import { committed } from '../engine/run/checkpoint.js';
 import { haltOnDbError } from '../engine/run/halts.js';
-import { resultSchemaKey, type CompensationFunction, type Execution } from '../engine/run/execution.js';
+import { resultSchemaKey, UNREADABLE, type CompensationFunction, type Execution } from '../engine/run/execution.js';
 import { heartbeatStep } from './heartbeat.js';
 import { streamsFlushed } from './stream.js';
 import type { Jsonify } from '../engine/core/jsonify.js';
@@ -126,7 +126,9 @@ export async function runOperation<T>(
         }
       } else if (row.status === 'SUCCEEDED') {
         // Settled by an operator or a reconciler: an operator's JSON is checked against the schema.
-        const value = options.result ? checkResolvedResult(name, row.operation_id, options.result, row.result) : (row.result as T);
+        const settled = exec.readable(() => exec.payloads.decode<T>(row!.result));
+        if (settled === UNREADABLE) return exec.suspend();
+        const value = options.result ? checkResolvedResult(name, row.operation_id, options.result, settled) : settled;
         outcome = { ok: true, value };
       } else if (row.status === 'FAILED') {
         // Settled FAILED in the ledger (resolve_operation): thrown as a step failure carrying the recorded error.
@@ -269,7 +271,9 @@ async function record<T>(
     try {
       const encoded = encodeOutput(exec, at.name, outcome.value);
       stored = { value: encoded.value as Jsonify<T>, operationId: at.operationId, idempotencyKey: at.key };
-      outputText = JSON.stringify(stored);
+      // The checkpoint holds the value as stored (its codec's form; SQL copies it to operations.result).
+      const value = encoded.text === undefined ? '' : `"value":${encoded.text},`;
+      outputText = `{${value}"operationId":${JSON.stringify(at.operationId)},"idempotencyKey":${JSON.stringify(at.key)}}`;
     } catch (error) {
       failure = error;
     }

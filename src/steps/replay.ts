@@ -1,6 +1,6 @@
-import { PayloadTooLargeError, StepFailedError, type SerializedError } from '../engine/core/errors.js';
+import { StepFailedError, type SerializedError } from '../engine/core/errors.js';
 import type { CheckpointRow, Execution } from '../engine/run/execution.js';
-import { toJsonText } from '../engine/core/json.js';
+import { checkPayloadSize, toJsonText } from '../engine/core/json.js';
 
 /** The value a recorded checkpoint stands for: its output, or its failure rethrown. */
 export function replayCheckpoint<T>(recorded: CheckpointRow): T {
@@ -18,16 +18,18 @@ export function stepFailure(name: string, recorded: SerializedError, cause?: unk
 
 /**
  * Encodes a step's result for its checkpoint, or throws the error that fails the
- * step (not serialisable, too large). Returns the text and the value a replay
- * would return, so the first execution and every replay see the same value.
+ * step (not serialisable, too large). Returns the text to store (through the engine's
+ * codec, when it has one) and the value a replay would return, so the first execution
+ * and every replay see the same value.
  */
 export function encodeOutput(exec: Execution, name: string, value: unknown): { text: string | undefined; value: unknown } {
-  const text = toJsonText(value, `output of step ${JSON.stringify(name)}`);
-  exec.checkPayload(text, `output of step ${JSON.stringify(name)}`);
-  if (text !== undefined && Buffer.byteLength(text) > exec.deps.maxPayloadBytes) {
-    throw new PayloadTooLargeError(
-      `output of step ${JSON.stringify(name)} is ${Buffer.byteLength(text)} bytes, over the limit of ${exec.deps.maxPayloadBytes}`,
-    );
-  }
-  return { text, value: text === undefined ? undefined : JSON.parse(text) };
+  const what = `output of step ${JSON.stringify(name)}`;
+  const clear = toJsonText(value, what);
+  exec.checkPayload(clear, what);
+  if (clear === undefined) return { text: undefined, value: undefined };
+  checkPayloadSize(clear, what, exec.deps.maxPayloadBytes);
+  // The limit is on what is stored: with a codec, the envelope.
+  const text = exec.payloads.text(clear);
+  if (text !== clear) checkPayloadSize(text, `${what} (encoded)`, exec.deps.maxPayloadBytes);
+  return { text, value: JSON.parse(clear) };
 }

@@ -75,9 +75,11 @@ class StreamWriter implements DurableStream {
     const what = `ctx.stream(${JSON.stringify(this.topic)}).write()`;
     this.#exec.assertLive(what);
     if (this.#closed) throw new InvalidStateError(`${what}: stream ${JSON.stringify(this.topic)} of run ${this.#exec.runId} is closed`);
-    const text = toJsonText(chunk, `chunk of stream ${JSON.stringify(this.topic)}`);
-    if (text === undefined) throw new InvalidInputError(`${what}: a chunk is a JSON value; undefined is not one (write null instead)`);
-    this.#exec.checkPayload(text, `a chunk of stream ${JSON.stringify(this.topic)}`);
+    const clear = toJsonText(chunk, `chunk of stream ${JSON.stringify(this.topic)}`);
+    if (clear === undefined) throw new InvalidInputError(`${what}: a chunk is a JSON value; undefined is not one (write null instead)`);
+    this.#exec.checkPayload(clear, `a chunk of stream ${JSON.stringify(this.topic)}`);
+    // As stored (the codec's envelope, when there is one): the limit and the batches count these bytes.
+    const text = this.#exec.payloads.text(clear);
     const bytes = Buffer.byteLength(text);
     if (bytes > this.#exec.deps.maxPayloadBytes) {
       throw new PayloadTooLargeError(

@@ -10,7 +10,8 @@ import {
   writeCheckpoint,
 } from '../engine/run/checkpoint.js';
 import { haltOnDbError, isConstraintViolation } from '../engine/run/halts.js';
-import type { Execution } from '../engine/run/execution.js';
+import { UNREADABLE, type Execution } from '../engine/run/execution.js';
+import { unwrapOutput } from '../engine/core/migration.js';
 import { isConnectionError, isRetryableTransactionError, pgCode } from '../engine/db/pg-errors.js';
 import { encodeOutput, replayCheckpoint, stepFailure } from './replay.js';
 import { inOwnTransaction } from '../engine/db/own-transaction.js';
@@ -117,7 +118,16 @@ async function transactionAttempts<T, DB>(exec: Execution, name: string, seq: nu
         const outcome = await readCheckpointOutcome(exec, seq).catch(() => undefined);
         if (outcome?.committed) {
           committed(exec, undefined, charge);
-          return replayCheckpoint<T>([seq, name, outcome.status ?? 'SUCCEEDED', outcome.output, outcome.error, 'transaction']);
+          const output = exec.readable(() => exec.payloads.decodeStepOutput('transaction', unwrapOutput(outcome.output)));
+          if (output === UNREADABLE) return exec.suspend();
+          return replayCheckpoint<T>([
+            seq,
+            name,
+            outcome.status ?? 'SUCCEEDED',
+            outcome.output === null ? null : [output],
+            outcome.error,
+            'transaction',
+          ]);
         }
         if (outcome && !outcome.stillOwner) {
           exec.halt({ kind: 'lease_lost', message: `run ${exec.runId}: taken over while a commit was in doubt` });

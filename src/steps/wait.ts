@@ -1,5 +1,5 @@
 import { flushPending } from '../engine/run/checkpoint.js';
-import type { Execution, StepKind } from '../engine/run/execution.js';
+import { UNREADABLE, type Execution, type StepKind } from '../engine/run/execution.js';
 import { haltOnDbError } from '../engine/run/halts.js';
 import { streamsFlushed } from './stream.js';
 
@@ -43,7 +43,11 @@ export async function runWait(
     return exec.suspend();
   }
   const row = result.rows[0];
-  if (row.done) return row.output;
+  if (row.done) {
+    // Ended at once (a signal was waiting, the child had ended...): its payload as the codec stored it.
+    const output = exec.readable(() => exec.payloads.decodeStepOutput(kind, row.output) as Record<string, unknown>);
+    return output === UNREADABLE ? exec.suspend() : output;
+  }
   exec.halt({ kind: 'suspended' });
   return exec.suspend();
 }

@@ -95,8 +95,8 @@ export async function requestApproval(exec: Execution, name: string, request: Ap
   exec.checkPayload(request.action, `the action of approval ${JSON.stringify(name)}`);
   const output = await runWait(exec, name, 'approval', {
     action: request.action,
-    // What the approvers see is a copy: the workflow's redact paths apply to it.
-    evidence: exec.mask(request.evidence ?? null),
+    // What the approvers see is a copy: the workflow's redact paths apply to it, then the codec.
+    evidence: request.evidence === undefined ? null : exec.payloads.value(exec.mask(request.evidence)),
     ...(request.approvers ? { approvers: request.approvers } : {}),
     ...(requires ? { approvers: requires.of, required: requires.count } : {}),
     ...timeoutSpec(request.timeout, `requestApproval ${name}`),
@@ -127,8 +127,9 @@ export async function startChild<In>(
   if (exec.stopping) return exec.noNewStep();
   let stored: unknown = input;
   if (workflow.inputSchema) stored = workflow.inputSchema.parse(input);
-  const inputText = toJsonText(stored, `input of child ${workflow.name}`);
-  exec.checkPayload(inputText, `the input of child ${workflow.name}`);
+  const clearInput = toJsonText(stored, `input of child ${workflow.name}`);
+  exec.checkPayload(clearInput, `the input of child ${workflow.name}`);
+  const inputText = exec.payloads.optionalText(clearInput);
   await register(workflow);
   try {
     const result = await exec.deps.pool.query(

@@ -1,5 +1,5 @@
 import { ago, print, screenWidth, shortJson, timestamp, wrap } from '../format.js';
-import { intOption, parse, withPool, type Command } from '../shared.js';
+import { cliPayloads, intOption, parse, withPool, type Command } from '../shared.js';
 
 interface InboxRow {
   request_id: string;
@@ -24,11 +24,13 @@ export const approvals: Command = {
     const parsed = parse(approvals, args, { limit: { type: 'string' } });
     if (!parsed) return;
     const limit = intOption(parsed.values, 'limit', 1) ?? 50;
+    const payloads = cliPayloads();
     const rows = await withPool(parsed.values, async (pool) => {
       const result = await pool.query<InboxRow>('select * from runledger.approval_inbox order by requested_at, request_id limit $1', [
         limit,
       ]);
-      return result.rows;
+      // Evidence stored encrypted is shown decrypted with RUNLEDGER_KEYS, as the envelope without.
+      return result.rows.map((row) => ({ ...row, evidence: payloads.decode(row.evidence) }));
     });
     if (rows.length === 0) {
       print('no pending approval requests');

@@ -1,6 +1,6 @@
 import { timestamp, print } from '../format.js';
 import { decideApproval } from '../../engine/client/operator.js';
-import { CliError, EXIT_FAILED, parse, requiredOption, withPool, type Command } from '../shared.js';
+import { CliError, cliPayloads, EXIT_FAILED, parse, requiredOption, withPool, type Command } from '../shared.js';
 
 /**
  * Through runledger.decide_approval: the first decision wins and stays as audit
@@ -22,8 +22,9 @@ export const approve: Command = {
     const decidedBy = requiredOption(approve, parsed.values, 'by');
     const approved = !parsed.values.reject;
     const note = parsed.values.note as string | undefined;
+    const payloads = cliPayloads();
     const decision = await withPool(parsed.values, (pool) =>
-      decideApproval(pool, requestId, { approved, decidedBy, ...(note === undefined ? {} : { note }) }),
+      decideApproval(pool, requestId, { approved, decidedBy, ...(note === undefined ? {} : { note }) }, payloads),
     );
     if (decision.approved === null) {
       // A request that needs several approvals, not decided yet.

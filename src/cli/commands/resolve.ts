@@ -1,6 +1,6 @@
 import { print } from '../format.js';
 import { resolveOperation } from '../../engine/client/operator.js';
-import { CliError, jsonArgument, parse, requiredOption, withPool, type Command } from '../shared.js';
+import { CliError, cliPayloads, jsonArgument, parse, requiredOption, withPool, type Command } from '../shared.js';
 
 /**
  * Through runledger.resolve_operation: an operator settles an external operation
@@ -25,8 +25,9 @@ export const resolve: Command = {
     }
     const result = jsonArgument(parsed.values.result as string | undefined, '--result');
     const by = parsed.values.by as string | undefined;
+    const payloads = cliPayloads();
     const settled = await withPool(parsed.values, (pool) =>
-      resolveOperation(pool, operationId, { status, result, ...(by === undefined ? {} : { resolvedBy: by }) }),
+      resolveOperation(pool, operationId, { status, result, ...(by === undefined ? {} : { resolvedBy: by }) }, payloads),
     );
     print(`operation ${operationId} resolved as ${settled}`);
     print('the run waiting on it is woken; its workflow continues with this outcome');

@@ -1,5 +1,5 @@
 import { ago, print, renderTable, shortJson, timestamp } from '../format.js';
-import { CliError, intOption, parse, withPool, type Command } from '../shared.js';
+import { CliError, cliPayloads, intOption, parse, withPool, type Command } from '../shared.js';
 
 interface SessionRow {
   session_id: string;
@@ -37,6 +37,7 @@ export const session: Command = {
     if (!parsed) return;
     const sessionId = parsed.positionals[0]!;
     const width = intOption(parsed.values, 'width', 10) ?? 100;
+    const payloads = cliPayloads();
     const { row, entries } = await withPool(parsed.values, async (pool) => {
       // session_history checks the id (RL003) and refuses an unknown session (RL002).
       const history = await pool.query<EntryRow>(
@@ -45,7 +46,7 @@ export const session: Command = {
       );
       const found = await pool.query<SessionRow>('select * from runledger.session_list where session_id = $1', [sessionId]);
       if (!found.rows[0]) throw new CliError('NOT_FOUND', `session ${sessionId} not found`, 1);
-      return { row: found.rows[0], entries: history.rows };
+      return { row: found.rows[0], entries: history.rows.map((e) => ({ ...e, content: payloads.decode(e.content) })) };
     });
     if (parsed.values.json) {
       print(

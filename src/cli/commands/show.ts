@@ -1,6 +1,6 @@
 import type { RunRecord } from '../../engine/client/runs.js';
 import { duration, offset, print, renderTable, screenWidth, shortJson, timestamp, wrap } from '../format.js';
-import { CliError, parse, withEngine, type Command } from '../shared.js';
+import { CliError, cliPayloads, parse, withEngine, type Command } from '../shared.js';
 
 interface EventRow {
   at: Date;
@@ -70,7 +70,10 @@ export const show: Command = {
         ),
         query<ChildRow>('select run_id, workflow_name, status from runledger.runs where parent_run_id = $1 order by created_at, run_id'),
       ]);
-      return { run: found, events: history, related: { wait: wait[0], approvals: approvalRows, signals, children } };
+      // The engine decoded the run's payloads (RUNLEDGER_KEYS); a decision's note is read here, so decoded here.
+      const payloads = cliPayloads();
+      const approvals = approvalRows.map((a) => ({ ...a, note: payloads.decodeNote(a.note) }));
+      return { run: found, events: history, related: { wait: wait[0], approvals, signals, children } };
     });
     printSummary(run, related);
     printSteps(run);

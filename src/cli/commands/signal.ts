@@ -1,7 +1,7 @@
 import { newId } from '../../engine/core/ids.js';
 import { print } from '../format.js';
 import { sendSignal } from '../../engine/client/operator.js';
-import { jsonArgument, parse, withPool, type Command } from '../shared.js';
+import { cliPayloads, jsonArgument, parse, withPool, type Command } from '../shared.js';
 
 /**
  * Through runledger.send_signal. The signal id deduplicates: sending the same id
@@ -17,7 +17,8 @@ export const signal: Command = {
     const [runId, topic, json] = parsed.positionals as [string, string, string | undefined];
     const payload = jsonArgument(json, 'JSON_PAYLOAD');
     const signalId = (parsed.values.id as string | undefined) ?? newId();
-    const accepted = await withPool(parsed.values, (pool) => sendSignal(pool, runId, topic, payload, signalId));
+    const payloads = cliPayloads();
+    const accepted = await withPool(parsed.values, (pool) => sendSignal(pool, runId, topic, payload, signalId, payloads));
     if (accepted) {
       print(`signal ${signalId} (${topic}) accepted by run ${runId}`);
       print('a wait on that topic consumes it; if none is waiting yet, it stays in the inbox until one does');

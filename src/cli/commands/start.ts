@@ -1,6 +1,6 @@
 import { toMs } from '../../engine/core/duration.js';
 import { print } from '../format.js';
-import { CliError, jsonArgument, parse, withPool, type Command } from '../shared.js';
+import { CliError, cliPayloads, jsonArgument, parse, withPool, type Command } from '../shared.js';
 
 /**
  * Through runledger.start_run, exactly as from psql: the workflow must have been
@@ -29,7 +29,7 @@ export const start: Command = {
     );
     if (!parsed) return;
     const [workflow, json] = parsed.positionals as [string, string | undefined];
-    jsonArgument(json, 'JSON_INPUT');
+    const input = jsonArgument(json, 'JSON_INPUT');
     const { values } = parsed;
     const options: Record<string, unknown> = {};
     if (values['idempotency-key'] !== undefined) options.idempotency_key = values['idempotency-key'];
@@ -44,10 +44,13 @@ export const start: Command = {
       if (!Number.isInteger(options.priority))
         throw new CliError('USAGE', `--priority must be a whole number, got ${JSON.stringify(values.priority)}`);
     }
+    // With RUNLEDGER_KEYS set the input is stored encrypted, as engine.start stores it.
+    const payloads = cliPayloads();
+    const inputText = json === undefined ? null : payloads.enabled ? payloads.text(JSON.stringify(input)) : json;
     const runId = await withPool(values, async (pool) => {
       const result = await pool.query(
         'select runledger.start_run(p_workflow => $1, p_input => $2::jsonb, p_options => $3::jsonb) as run_id',
-        [workflow, json ?? null, JSON.stringify(options)],
+        [workflow, inputText, JSON.stringify(options)],
       );
       return result.rows[0].run_id as string;
     });

@@ -3,8 +3,13 @@ import { newId } from '../core/ids.js';
 import { fromPgError } from '../core/errors.js';
 import { toJsonText } from '../core/json.js';
 import type { RunStatus } from '../core/states.js';
+import { NO_CODEC, type Payloads } from '../core/payloads.js';
 
-/** Operator actions: each is one SQL function call, the same one psql users call. */
+/**
+ * Operator actions: each is one SQL function call, the same one psql users call. A payload
+ * they carry (a signal's, a decision's note, a resolution's result) goes through the
+ * engine's codec first, so the SQL function receives, and stores, what the codec made of it.
+ */
 
 export async function sendSignal(
   pool: pg.Pool,
@@ -12,8 +17,9 @@ export async function sendSignal(
   topic: string,
   payload: unknown,
   signalId: string = newId(),
+  payloads: Payloads = NO_CODEC,
 ): Promise<boolean> {
-  const payloadText = toJsonText(payload, `signal ${topic} payload`);
+  const payloadText = payloads.optionalText(toJsonText(payload, `signal ${topic} payload`));
   try {
     const result = await pool.query(
       'select runledger.send_signal(p_run_id => $1, p_topic => $2, p_payload => $3::jsonb, p_signal_id => $4) as accepted',
@@ -45,21 +51,29 @@ export interface DecisionRecord {
   votes?: Array<{ decidedBy: string; approved: boolean; note: string | null; decidedAt: string }>;
 }
 
-export async function decideApproval(pool: pg.Pool, requestId: string, decision: DecisionInput): Promise<DecisionRecord> {
+export async function decideApproval(
+  pool: pg.Pool,
+  requestId: string,
+  decision: DecisionInput,
+  payloads: Payloads = NO_CODEC,
+): Promise<DecisionRecord> {
   try {
     const result = await pool.query(
       'select runledger.decide_approval(p_request_id => $1, p_approved => $2, p_decided_by => $3, p_note => $4) as decision',
-      [requestId, decision.approved, decision.decidedBy, decision.note ?? null],
+      [requestId, decision.approved, decision.decidedBy, payloads.note(decision.note)],
     );
     const d = result.rows[0].decision;
+    const votes = d.votes as DecisionRecord['votes'];
     return {
       recorded: d.recorded,
       requestId: d.request_id,
       approved: d.approved,
       decidedBy: d.decided_by ?? null,
       decidedAt: d.decided_at ?? null,
-      note: d.note ?? null,
-      ...(d.required === undefined ? {} : { required: d.required, votes: d.votes }),
+      note: payloads.decodeNote(d.note ?? null),
+      ...(d.required === undefined
+        ? {}
+        : { required: d.required, votes: votes?.map((vote) => ({ ...vote, note: payloads.decodeNote(vote.note) })) }),
     };
   } catch (error) {
     throw fromPgError(error);
@@ -93,8 +107,11 @@ export async function resolveOperation(
   pool: pg.Pool,
   operationId: string,
   resolution: { status: 'SUCCEEDED' | 'FAILED'; result?: unknown; resolvedBy?: string },
+  payloads: Payloads = NO_CODEC,
 ): Promise<'SUCCEEDED' | 'FAILED'> {
-  const resultText = toJsonText(resolution.result, 'resolveOperation result');
+  // A SUCCEEDED operation's result is a payload; a FAILED one's is its error, which stays clear like every error.
+  const text = toJsonText(resolution.result, 'resolveOperation result');
+  const resultText = resolution.status === 'SUCCEEDED' ? payloads.optionalText(text) : text;
   try {
     const result = await pool.query(
       'select runledger.resolve_operation(p_operation_id => $1, p_status => $2, p_result => $3::jsonb, p_resolved_by => $4) as status',

@@ -13,6 +13,7 @@ import {
   type WaitKind,
 } from '../core/states.js';
 import type { RunledgerDatabase } from '../db/schema.js';
+import { NO_CODEC, type Payloads } from '../core/payloads.js';
 
 export type { CompensationStatus, OperationStatus, StepKind, StepStatus, WaitKind } from '../core/states.js';
 
@@ -131,22 +132,45 @@ function toRecord<T>(row: object): T {
   return out as T;
 }
 
+/**
+ * The run row, with its checkpoints and ledger rows unless `withSteps: false`; its payloads
+ * (input, output, a verify's evidence, step outputs, operation results) decoded by the
+ * engine's codec: one it cannot decode throws (PAYLOAD_KEY_MISSING naming the key...).
+ */
 export async function getRun(
   db: Kysely<RunledgerDatabase>,
   runId: string,
   options: { withSteps?: boolean } = {},
+  payloads: Payloads = NO_CODEC,
 ): Promise<RunRecord | undefined> {
   const row = await db.selectFrom('runledger.runs').selectAll().where('run_id', '=', runId).executeTakeFirst();
   if (!row) return undefined;
-  const run = toRecord<RunRecord>(row);
+  const run = decodeRun(toRecord<RunRecord>(row), payloads);
   if (options.withSteps !== false) {
     const steps = await db.selectFrom('runledger.steps').selectAll().where('run_id', '=', runId).orderBy('seq').execute();
     run.steps = steps.map((step) => {
       const { runId: _ignored, ...rest } = toRecord<StepRecord & { runId: string }>(step);
-      return rest;
+      return payloads.enabled ? { ...rest, output: payloads.decodeStepOutput(rest.kind, rest.output) } : rest;
     });
     const operations = await db.selectFrom('runledger.operations').selectAll().where('run_id', '=', runId).orderBy('seq').execute();
-    run.operations = operations.map((op) => toRecord<OperationRecord>(op));
+    run.operations = operations.map((op) => {
+      const record = toRecord<OperationRecord>(op);
+      return payloads.enabled ? { ...record, result: payloads.decode(record.result) } : record;
+    });
+  }
+  return run;
+}
+
+/** A run record's payloads in clear: input, output, and a verify's evidence in the termination record. */
+function decodeRun(run: RunRecord, payloads: Payloads): RunRecord {
+  if (!payloads.enabled) return run;
+  run.input = payloads.decode(run.input);
+  run.output = payloads.decode(run.output);
+  const evidence = run.terminationEvidence as Record<string, unknown> | null;
+  if (evidence && typeof evidence === 'object') {
+    // COMPLETED: { verification } (verify's evidence); UNVERIFIED: { reason, evidence }.
+    const key = run.terminationReason === 'UNVERIFIED' ? 'evidence' : run.terminationReason === 'COMPLETED' ? 'verification' : undefined;
+    if (key && key in evidence) run.terminationEvidence = { ...evidence, [key]: payloads.decode(evidence[key]) };
   }
   return run;
 }
@@ -158,7 +182,11 @@ export interface ListRunsOptions {
   limit?: number;
 }
 
-export async function listRuns(db: Kysely<RunledgerDatabase>, options: ListRunsOptions = {}): Promise<RunRecord[]> {
+export async function listRuns(
+  db: Kysely<RunledgerDatabase>,
+  options: ListRunsOptions = {},
+  payloads: Payloads = NO_CODEC,
+): Promise<RunRecord[]> {
   const limit = options.limit ?? 100;
   if (!Number.isInteger(limit) || limit < 1 || limit > 10_000)
     throw new ConfigError('listRuns: limit must be a whole number from 1 to 10000');
@@ -170,7 +198,7 @@ export async function listRuns(db: Kysely<RunledgerDatabase>, options: ListRunsO
   if (statuses.length > 0) query = query.where('status', 'in', statuses);
   if (options.workflow !== undefined) query = query.where('workflow_name', '=', options.workflow);
   const rows = await query.execute();
-  return rows.map((row) => toRecord<RunRecord>(row));
+  return rows.map((row) => decodeRun(toRecord<RunRecord>(row), payloads));
 }
 
 export async function retryRun(pool: pg.Pool, runId: string): Promise<RunStatus> {

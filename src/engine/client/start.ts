@@ -9,6 +9,7 @@ import { TERMINAL_STATES } from '../core/states.js';
 import { limitsToSql, type Workflow } from '../core/workflow.js';
 import type { BudgetAmounts } from '../core/budget.js';
 import { withinMs, type ResultWatch } from './results.js';
+import type { Payloads } from '../core/payloads.js';
 
 export interface StartOptions {
   /** Explicit run id; starting again with the same id returns the same run. */
@@ -45,7 +46,7 @@ export interface RunHandle<O> {
 }
 
 export interface StartHost {
-  deps: { pool: pg.Pool; maxPayloadBytes: number };
+  deps: { pool: pg.Pool; maxPayloadBytes: number; payloads?: Payloads };
   registerWorkflow: (workflow: Workflow<any, any>) => Promise<void>;
   getRun: (runId: string, options?: { withSteps?: boolean }) => Promise<RunRecord | undefined>;
   /** How a caller hears that a run ended (LISTEN, or its own worker); without it, result() reads the row on a backoff. */
@@ -199,7 +200,10 @@ export function handleFor<O>(host: StartHost, runId: string, ranHere?: Promise<L
   return { runId, result: (opts) => awaitResult<O>(host, runId, opts?.timeoutMs, ranHere) };
 }
 
-/** The input as stored (the schema's output), as JSON text, within the size limit; coded errors otherwise. */
+/**
+ * The input as stored (the schema's output, through the engine's codec when it has one),
+ * as JSON text, within the size limit (of the clear JSON and of what is stored); coded errors otherwise.
+ */
 function checkedInput<In>(host: StartHost, workflow: Workflow<any, any, In>, input: In, what: string): string | undefined {
   let stored: unknown = input;
   if (workflow.inputSchema) {
@@ -215,13 +219,21 @@ function checkedInput<In>(host: StartHost, workflow: Workflow<any, any, In>, inp
   } catch (error) {
     throw new InvalidInputError((error as Error).message, { cause: error });
   }
-  const size = inputText === undefined ? 0 : Buffer.byteLength(inputText);
+  checkInputSize(host, inputText, what);
+  const payloads = host.deps.payloads;
+  if (inputText === undefined || !payloads?.enabled) return inputText;
+  const storedText = payloads.text(inputText);
+  checkInputSize(host, storedText, `${what} (encoded)`);
+  return storedText;
+}
+
+function checkInputSize(host: StartHost, text: string | undefined, what: string): void {
+  const size = text === undefined ? 0 : Buffer.byteLength(text);
   if (size > host.deps.maxPayloadBytes) {
     throw new PayloadTooLargeError(`${what} is ${size} bytes, over the limit of ${host.deps.maxPayloadBytes}`, {
       details: { bytes: size, limit: host.deps.maxPayloadBytes },
     });
   }
-  return inputText;
 }
 
 /** The options every run gets, as start_run's (and start_runs') JSON options. */

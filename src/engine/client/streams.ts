@@ -7,6 +7,7 @@ import { checkStreamTopic } from '../core/stream-topic.js';
 import { isConnectionError } from '../db/pg-errors.js';
 import { FINISHED_CHANNEL, listen, STREAM_CHANNEL, type Listener } from '../db/listen.js';
 import { FALLBACK_POLL_MS } from './results.js';
+import { NO_CODEC, type Payloads } from '../core/payloads.js';
 
 /** One chunk of a durable stream, as a reader receives it. */
 export interface StreamChunk<T = unknown> {
@@ -121,6 +122,7 @@ export function readStream<T = unknown>(
   runId: string,
   topic: string,
   options: ReadStreamOptions = {},
+  payloads: Payloads = NO_CODEC,
 ): AsyncIterable<StreamChunk<T>> {
   if (typeof runId !== 'string' || runId === '')
     throw new InvalidInputError(`readStream: a run id is required, got ${JSON.stringify(runId)}`);
@@ -131,7 +133,7 @@ export function readStream<T = unknown>(
   const batchSize = options.batchSize ?? BATCH_DEFAULT;
   if (!Number.isSafeInteger(batchSize) || batchSize < 1)
     throw new InvalidInputError(`readStream: batchSize must be a whole number >= 1, got ${JSON.stringify(options.batchSize)}`);
-  return chunks<T>(pool, watch, runId, topic, fromOffset, batchSize, options.signal);
+  return chunks<T>(pool, watch, runId, topic, fromOffset, batchSize, options.signal, payloads);
 }
 
 async function* chunks<T>(
@@ -142,6 +144,7 @@ async function* chunks<T>(
   fromOffset: number,
   batchSize: number,
   signal: AbortSignal | undefined,
+  payloads: Payloads,
 ): AsyncGenerator<StreamChunk<T>> {
   const listener = await watch.listen();
   let next = fromOffset;
@@ -178,8 +181,10 @@ async function* chunks<T>(
           gap = true;
           break;
         }
+        // Decoded before the offset moves: a chunk this reader cannot decode (PAYLOAD_KEY_MISSING) ends the iteration at it.
+        const chunk = payloads.decode<T>(row.chunk);
         next = offset + 1;
-        yield { offset, chunk: row.chunk as T, attempt: row.attempt! };
+        yield { offset, chunk, attempt: row.attempt! };
         if (signal?.aborted) return;
       }
       if (end !== null && next >= end) return;

@@ -34,7 +34,9 @@ export type ErrorCode =
   | 'SESSION_TIMEOUT'
   | 'MIGRATION_FAILED'
   | 'SECRET_IN_PAYLOAD'
-  | 'SECRET_NOT_FOUND';
+  | 'SECRET_NOT_FOUND'
+  | 'PAYLOAD_KEY_MISSING'
+  | 'PAYLOAD_UNREADABLE';
 
 export class RunledgerError extends Error {
   readonly code: ErrorCode;
@@ -87,6 +89,21 @@ export class NonDeterminismError extends RunledgerError {
 export class MigrationFailedError extends RunledgerError {
   constructor(message: string, options?: { cause?: unknown; details?: Record<string, unknown> }) {
     super('MIGRATION_FAILED', message, options);
+  }
+}
+/**
+ * A stored payload is encrypted with a key the engine's codec does not have (createEngine's
+ * `codec`): `details.keyId` names it. Nothing was changed: configure the key and read again.
+ */
+export class PayloadKeyMissingError extends RunledgerError {
+  constructor(message: string, options?: { cause?: unknown; details?: Record<string, unknown> }) {
+    super('PAYLOAD_KEY_MISSING', message, options);
+  }
+}
+/** A stored payload could not be decoded: its envelope does not authenticate (changed, or another key under its id), or the codec threw. */
+export class PayloadUnreadableError extends RunledgerError {
+  constructor(message: string, options?: { cause?: unknown; details?: Record<string, unknown> }) {
+    super('PAYLOAD_UNREADABLE', message, options);
   }
 }
 /** The workflow's verify refused its output: the run ends FAILED, termination reason UNVERIFIED. */

@@ -1,4 +1,10 @@
-import { NotSerializableError } from './errors.js';
+import { NotSerializableError, PayloadTooLargeError } from './errors.js';
+
+/** PAYLOAD_TOO_LARGE for a payload's text over the limit (maxPayloadBytes). */
+export function checkPayloadSize(text: string, what: string, limit: number): void {
+  const bytes = Buffer.byteLength(text);
+  if (bytes > limit) throw new PayloadTooLargeError(`${what} is ${bytes} bytes, over the limit of ${limit}`);
+}
 
 /**
  * Checks that a value survives JSON unchanged in meaning and returns its JSON

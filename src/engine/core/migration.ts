@@ -1,5 +1,6 @@
 import { ConfigError, MigrationFailedError } from './errors.js';
 import { toJsonText } from './json.js';
+import { NO_CODEC, type Payloads } from './payloads.js';
 
 /** A checkpoint of the run being migrated, as the old version recorded it. */
 export interface RecordedCheckpoint {
@@ -43,10 +44,12 @@ export interface MigrationPlan {
 
 export type MigrateFunction = (args: MigrationArgs) => MigrationPlan | void | Promise<MigrationPlan | void>;
 
-/** What _apply_migration takes: JSON texts, or null for "unchanged". */
+/** What _apply_migration takes: JSON texts (as stored: through the codec), or null for "unchanged". */
 export interface MigrationWrite {
   input: string | null;
   checkpoints: string | null;
+  /** The new input in clear (its JSON form), for the new version's schema; undefined when unchanged. */
+  clearInput?: unknown;
 }
 
 /** `migrations: { '1': migrate }` checked at definition: known version names, functions, not the workflow's own version. */
@@ -79,7 +82,7 @@ export function unwrapOutput(stored: unknown): unknown {
  * Turns what migrate returned into the write, or throws MIGRATION_FAILED naming what is wrong
  * (the run is then left as it was).
  */
-export function planToWrite(plan: unknown, args: MigrationArgs, maxPayloadBytes: number): MigrationWrite {
+export function planToWrite(plan: unknown, args: MigrationArgs, maxPayloadBytes: number, payloads: Payloads = NO_CODEC): MigrationWrite {
   const what = `migration of run ${args.runId} from version ${args.fromVersion}`;
   if (plan === undefined || plan === null) return { input: null, checkpoints: null };
   if (typeof plan !== 'object' || Array.isArray(plan)) {
@@ -107,20 +110,30 @@ export function planToWrite(plan: unknown, args: MigrationArgs, maxPayloadBytes:
       if (c === null || typeof c !== 'object' || typeof c.name !== 'string' || c.name.length === 0) {
         throw new MigrationFailedError(`${what}: checkpoint ${i} needs a name`);
       }
+      const kind = c.kind ?? 'step';
       return {
         name: c.name,
-        kind: c.kind ?? 'step',
+        kind,
         status: c.status ?? 'SUCCEEDED',
         output: c.output === undefined ? null : [c.output],
         error: c.error ?? null,
       };
     });
     checkpointsText = jsonOrFail(rows, `${what}: checkpoints`);
+    if (payloads.enabled) {
+      // Checked as JSON in clear above; stored as the codec has them (their payload fields, by kind).
+      const stored = (JSON.parse(checkpointsText) as typeof rows).map((row) => ({
+        ...row,
+        output: row.output === null ? null : [payloads.encodeStepOutput(row.kind, row.output[0])],
+      }));
+      checkpointsText = JSON.stringify(stored);
+    }
   }
   const inputText = input === undefined ? null : jsonOrFail(input, `${what}: input`);
   if (inputText !== null) checkSize(inputText, `${what}: input`, maxPayloadBytes);
   kept?.forEach((c, i) => checkSize(jsonOrFail(c.output, `${what}: checkpoint ${i}`), `${what}: checkpoint ${i}`, maxPayloadBytes));
-  return { input: inputText, checkpoints: checkpointsText };
+  if (inputText === null) return { input: null, checkpoints: checkpointsText };
+  return { input: payloads.text(inputText), checkpoints: checkpointsText, clearInput: JSON.parse(inputText) };
 }
 
 /** The same limit a step's output and a run's input meet. */

@@ -5,6 +5,8 @@ import {
   ConfigError,
   NonDeterminismError,
   NotInWorkflowError,
+  PayloadUnreadableError,
+  RunledgerError,
   SecretInPayloadError,
   SecretNotFoundError,
   serializeError,
@@ -13,6 +15,7 @@ import {
   type StepNotAwaitedError,
 } from '../core/errors.js';
 import type { LogFunction } from '../core/log.js';
+import { NO_CODEC, type Payloads } from '../core/payloads.js';
 import { Masker, type Redaction, type RedactSource } from '../core/redaction.js';
 import { checkSecretName, type SecretResolver } from '../core/secrets.js';
 import type { Workflow } from '../core/workflow.js';
@@ -75,7 +78,12 @@ export type Halt =
   /** The run already ended in the database (a checkpoint tripped its budget or no-progress limit). */
   | { kind: 'stopped'; status: string }
   /** The workflow returned or threw with a ctx call still in flight: the run fails with this error. */
-  | { kind: 'not_awaited'; error: StepNotAwaitedError };
+  | { kind: 'not_awaited'; error: StepNotAwaitedError }
+  /**
+   * A stored payload this worker's codec cannot decode (a key it lacks: PAYLOAD_KEY_MISSING):
+   * the worker is at fault, not the run, so the run is given back unchanged for a worker that can.
+   */
+  | { kind: 'unreadable'; error: RunledgerError };
 
 /** A ctx call that has not settled yet: what it is, its name and the step position it took. */
 export interface PendingCall {
@@ -132,7 +140,12 @@ export interface ExecutionDeps {
   resultSchemas?: Map<string, ZodType<unknown>>;
   /** A terminal write of this run committed (or may have): the engine's callers awaiting it read it now. */
   finished?: (runId: string) => void;
+  /** The engine's payload codec (createEngine's `codec`); none: payloads are stored in clear. */
+  payloads?: Payloads;
 }
+
+/** What Execution.readable returns when the payload could not be decoded (the execution halted). */
+export const UNREADABLE: unique symbol = Symbol('unreadable');
 
 export function resultSchemaKey(workflowKey: string, operation: string): string {
   return `${workflowKey}\u0000${operation}`;
@@ -406,6 +419,32 @@ export class Execution {
     this.abortController.abort('cancelled');
     if (this.inFlight === 0) this.halt({ kind: 'cancelled' });
     else setTimeout(() => this.halt({ kind: 'cancelled' }), graceMs).unref();
+  }
+
+  /** The engine's payload codec, or none. */
+  get payloads(): Payloads {
+    return this.deps.payloads ?? NO_CODEC;
+  }
+
+  /**
+   * Decodes what this execution read back from the database (a signal's payload, a
+   * child's output, a session's entries...). A payload this worker cannot decode halts the
+   * execution ('unreadable': the run is given back unchanged) and gives UNREADABLE, so that
+   * the ctx call suspends instead of throwing the codec's error into the workflow.
+   */
+  readable<T>(decode: () => T): T | typeof UNREADABLE {
+    try {
+      return decode();
+    } catch (error) {
+      this.halt({
+        kind: 'unreadable',
+        error:
+          error instanceof RunledgerError
+            ? error
+            : new PayloadUnreadableError(`run ${this.runId}: a stored payload cannot be decoded: ${String(error)}`, { cause: error }),
+      });
+      return UNREADABLE;
+    }
   }
 
   get inFlightCount(): number {

@@ -1,21 +1,14 @@
-import {
-  InvalidInputError,
-  NonDeterminismError,
-  PayloadTooLargeError,
-  serializeError,
-  SQLSTATE,
-  StepNotAwaitedError,
-  UnverifiedError,
-} from '../core/errors.js';
+import { InvalidInputError, NonDeterminismError, serializeError, SQLSTATE, StepNotAwaitedError, UnverifiedError } from '../core/errors.js';
 import { WorkflowContext } from '../../agents/context.js';
 import { verifyOutput } from '../../steps/verify.js';
-import { Execution, type ExecutionDeps, type Halt } from '../run/execution.js';
+import { Execution, type CheckpointRow, type ExecutionDeps, type Halt } from '../run/execution.js';
+import { NO_CODEC, type Payloads } from '../core/payloads.js';
 import { checkpointValues, flushPending, stepItemValues, type CheckpointRecord } from '../run/checkpoint.js';
 import { completeItem } from '../run/commit-items.js';
 import type { ClaimedRun } from './dispatcher.js';
 import { runCompensations } from '../run/compensate.js';
 import { streamsFlushed } from '../../steps/stream.js';
-import { toJsonText } from '../core/json.js';
+import { checkPayloadSize, toJsonText } from '../core/json.js';
 import { isConnectionError, pgCode } from '../db/pg-errors.js';
 import { workflowKey, type Verdict, type Workflow } from '../core/workflow.js';
 import { budgetStateOf } from '../run/budget-state.js';
@@ -44,21 +37,38 @@ export type ExecutionEnd = Execution['succeeded'];
 export async function executeClaimed(run: ClaimedRun, options: ExecuteOptions): Promise<ExecutionEnd> {
   const { deps } = options;
   const runId = run.run_id;
-  const exec = new Execution(run.run_id, BigInt(run.fencing_token), run.recovery_attempts + 1, run.checkpoints, deps, Date.now(), {
-    maxSteps: run.max_steps,
-    budget: run.budget === null ? null : Number(run.budget),
-    budgetSpent: Number(run.budget_spent),
-  });
+  // The run's payloads in clear, once, before any workflow code runs: input, checkpoints, step progress.
+  let decoded: ClaimedRun | undefined;
+  let unreadable: unknown;
+  try {
+    decoded = decodeClaimed(run, deps.payloads ?? NO_CODEC);
+  } catch (error) {
+    unreadable = error;
+  }
+  const exec = new Execution(
+    run.run_id,
+    BigInt(run.fencing_token),
+    run.recovery_attempts + 1,
+    (decoded ?? run).checkpoints,
+    deps,
+    Date.now(),
+    {
+      maxSteps: run.max_steps,
+      budget: run.budget === null ? null : Number(run.budget),
+      budgetSpent: Number(run.budget_spent),
+    },
+  );
   exec.budgetState = budgetStateOf(run);
   exec.leaseMs = options.leaseMs;
   exec.workflowKey = workflowKey(run.workflow_name, run.workflow_version);
   exec.workflowName = run.workflow_name;
   exec.workflowVersion = run.workflow_version;
-  exec.progress = run.progress ?? {};
+  exec.progress = (decoded ?? run).progress ?? {};
   if (run.cancel_requested) exec.startCancelled();
   options.track(exec);
   try {
-    await replay(exec, run, options);
+    if (decoded) await replay(exec, decoded, options);
+    else await releaseUnreadable(exec, unreadable);
   } catch (error) {
     // Our own bookkeeping failed (database unreachable...): give the run back, or let its lease expire.
     exec.log('error', `run ${runId}: execution failed`, { error: serializeError(error) });
@@ -68,6 +78,39 @@ export async function executeClaimed(run: ClaimedRun, options: ExecuteOptions): 
     options.untrack(exec);
   }
   return exec.succeeded;
+}
+
+/**
+ * The claimed run with its payloads decoded (a checkpoint's by its kind, see Payloads);
+ * throws the codec's error (PAYLOAD_KEY_MISSING...) for one this worker cannot read.
+ */
+function decodeClaimed(run: ClaimedRun, payloads: Payloads): ClaimedRun {
+  if (!payloads.enabled) return run;
+  const checkpoints = run.checkpoints.map((row): CheckpointRow => {
+    const [seq, name, status, output, error, kind] = row;
+    return Array.isArray(output) ? [seq, name, status, [payloads.decodeStepOutput(kind, output[0])], error, kind] : row;
+  });
+  let progress = run.progress;
+  if (progress) {
+    progress = {};
+    for (const [seq, value] of Object.entries(run.progress!)) progress[seq] = payloads.decode(value);
+  }
+  return { ...run, input: payloads.decode(run.input), checkpoints, progress };
+}
+
+/**
+ * A payload this worker cannot decode: the fault is the worker's (a key it lacks), so the
+ * run is given back unchanged, its input and checkpoints as they were, for a worker that
+ * can, with the coded error as the reason (in the released event, and in the evidence of
+ * the dead letter the run becomes after max_recovery_attempts such releases).
+ */
+async function releaseUnreadable(exec: Execution, error: unknown): Promise<void> {
+  const coded = error as { code?: unknown; message?: unknown };
+  const reason = `${typeof coded?.code === 'string' ? coded.code : 'PAYLOAD_UNREADABLE'}: ${String(coded?.message ?? error)}`;
+  exec.deps.log('error', `run ${exec.runId}: released, a stored payload cannot be decoded here: ${reason}`, {
+    error: serializeError(error),
+  });
+  await release(exec, RELEASE_DELAY_MS, reason);
 }
 
 /** The workflow replayed from its checkpoints and run on, and how it ended recorded. */
@@ -149,13 +192,14 @@ async function replay(exec: Execution, run: ClaimedRun, options: ExecuteOptions)
       return handleHalt(exec, { kind: 'non_determinism', error }, policyVersion);
     }
     let outputText: string | undefined;
+    let storedText: string | undefined;
     try {
       outputText = toJsonText(outcome.value, `output of run ${runId}`);
       exec.checkPayload(outputText, `output of run ${runId}`);
-      if (outputText !== undefined && Buffer.byteLength(outputText) > deps.maxPayloadBytes) {
-        throw new PayloadTooLargeError(
-          `output of run ${runId} is ${Buffer.byteLength(outputText)} bytes, over the limit of ${deps.maxPayloadBytes}`,
-        );
+      if (outputText !== undefined) {
+        checkPayloadSize(outputText, `output of run ${runId}`, deps.maxPayloadBytes);
+        storedText = exec.payloads.text(outputText);
+        if (storedText !== outputText) checkPayloadSize(storedText, `output of run ${runId} (encoded)`, deps.maxPayloadBytes);
       }
     } catch (error) {
       await finish(exec, 'runledger._fail_run(p_run_id => $1, p_token => $2, p_error => $3::jsonb, p_policy_version => $4)', [
@@ -177,7 +221,8 @@ async function replay(exec: Execution, run: ClaimedRun, options: ExecuteOptions)
           JSON.stringify(exec.mask({ ...serializeError(error), ...(failures.length > 0 ? { compensationFailures: failures } : {}) })),
           policyVersion,
           'UNVERIFIED',
-          JSON.stringify(exec.mask({ reason, ...(evidence === undefined ? {} : { evidence }) })),
+          // verify's evidence is the user's (it is about the output): redacted, then stored as the codec has it.
+          JSON.stringify(exec.mask({ reason, ...(evidence === undefined ? {} : { evidence: exec.payloads.value(exec.mask(evidence)) }) })),
         ],
       );
       return;
@@ -185,8 +230,11 @@ async function replay(exec: Execution, run: ClaimedRun, options: ExecuteOptions)
     if (deps.crash?.hit('before-complete', workflow.name)) return;
     const last = exec.pendingCheckpoint;
     exec.pendingCheckpoint = undefined;
-    const verificationJson = outcome.verdict?.ok ? JSON.stringify(exec.mask(outcome.verdict.evidence ?? null)) : undefined;
-    await complete(exec, outputText, policyVersion, last, verificationJson);
+    const verified = outcome.verdict?.ok ? outcome.verdict.evidence : undefined;
+    const verificationJson = outcome.verdict?.ok
+      ? JSON.stringify(verified === undefined ? null : exec.payloads.value(exec.mask(verified)))
+      : undefined;
+    await complete(exec, { clear: outputText, stored: storedText }, policyVersion, last, verificationJson);
   } else if ('kind' in outcome && outcome.kind === 'threw') {
     if (exec.haltReason) return handleHalt(exec, exec.haltReason, policyVersion);
     if (!(await flushPending(exec))) return handleHalt(exec, exec.haltReason!, policyVersion);
@@ -217,7 +265,7 @@ function notAwaited(
 }
 
 /** Halts that mean this execution no longer holds the run, or must give it back: it writes nothing more. */
-const LETTING_GO = new Set<Halt['kind']>(['lease_lost', 'infrastructure', 'shutdown', 'crashed', 'stopped', 'suspended']);
+const LETTING_GO = new Set<Halt['kind']>(['lease_lost', 'infrastructure', 'shutdown', 'crashed', 'stopped', 'suspended', 'unreadable']);
 
 /**
  * A run claimed CANCELLING: whatever the replay ended with (it stopped at the first step
@@ -282,6 +330,10 @@ async function handleHalt(exec: Execution, halt: Halt, policyVersion: string): P
       await flushPending(exec);
       await release(exec, 0, 'worker_stopping');
       return;
+    case 'unreadable':
+      await flushPending(exec).catch(() => false); // the step this execution finished keeps its result
+      await releaseUnreadable(exec, halt.error);
+      return;
     case 'suspended':
     case 'stopped':
     case 'crashed':
@@ -327,10 +379,14 @@ async function failRun(exec: Execution, serialized: object, policyVersion: strin
   ]);
 }
 
-/** Success: the output (and the last step's deferred checkpoint) in one transaction, through the group commit when there is one. */
+/**
+ * Success: the output (and the last step's deferred checkpoint) in one transaction, through
+ * the group commit when there is one. `output.stored` is written; `output.clear` is what a
+ * caller of this process awaiting the run is handed (engine.start's handle).
+ */
 async function complete(
   exec: Execution,
-  outputText: string | undefined,
+  output: { clear: string | undefined; stored: string | undefined },
   policyVersion: string,
   last: CheckpointRecord | undefined,
   verificationJson: string | undefined,
@@ -338,6 +394,7 @@ async function complete(
   const { commits } = exec.deps;
   // The run ends with this write: whatever is pending goes with it, once (with the last step when there is one).
   const charge = exec.takeCharge();
+  const outputText = output.stored;
   if (commits) {
     const item = completeItem({
       runId: exec.runId,
@@ -350,7 +407,7 @@ async function complete(
     });
     await fencedWrite(exec, async () => {
       const result = await commits.submit(item, true);
-      if (result.runStatus === 'SUCCEEDED') exec.succeeded = { outputText };
+      if (result.runStatus === 'SUCCEEDED') exec.succeeded = { outputText: output.clear };
     });
   } else if (last) {
     const [, , ...stepValues] = checkpointValues(exec, last, charge);

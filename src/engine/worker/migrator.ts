@@ -4,6 +4,7 @@ import type { LogFunction } from '../core/log.js';
 import { planToWrite, unwrapOutput, type MigrateFunction, type MigrationArgs, type RecordedCheckpoint } from '../core/migration.js';
 import { MigrationFailedError } from '../core/errors.js';
 import { workflowKey, type Workflow } from '../core/workflow.js';
+import { NO_CODEC, type Payloads } from '../core/payloads.js';
 import type { CrashHook } from '../core/crash-points.js';
 import { Masker } from '../core/redaction.js';
 
@@ -51,10 +52,13 @@ export function createMigrator(options: {
   migrations: Map<string, Migration>;
   maxPayloadBytes: number;
   log: LogFunction;
+  /** The engine's codec: migrate sees the run in clear, and what it returns is stored encoded. */
+  payloads?: Payloads;
   /** Tests: a crash point between the migration's write and its COMMIT. */
   crash?: CrashHook;
 }): { run: () => Promise<number>; stop: () => Promise<void> } {
   const { pool, workerId, migrations, log } = options;
+  const payloads = options.payloads ?? NO_CODEC;
   const pairs = [...migrations.keys()];
   let current: Promise<number> | undefined;
   let again = false;
@@ -158,16 +162,18 @@ export function createMigrator(options: {
   }
 
   async function plan(run: TakenRun, migration: Migration) {
+    // A payload this worker cannot decode fails the migration (recorded, the run left as it was).
+    const input = payloads.decode(run.input);
     const args: MigrationArgs = {
       runId: run.run_id,
       fromVersion: run.from_version,
-      input: run.input,
+      input,
       checkpoints: run.checkpoints.map((c): RecordedCheckpoint => ({
         seq: c.seq,
         name: c.name,
         kind: c.kind,
         status: c.status,
-        output: unwrapOutput(c.output),
+        output: payloads.decodeStepOutput(c.kind, unwrapOutput(c.output)),
         error: c.error ?? null,
       })),
       manifest: run.version_manifest,
@@ -181,10 +187,10 @@ export function createMigrator(options: {
         { cause: error },
       );
     }
-    const write = planToWrite(result, args, options.maxPayloadBytes);
+    const write = planToWrite(result, args, options.maxPayloadBytes, payloads);
     const schema = migration.workflow.inputSchema;
     if (schema) {
-      const checked = schema.safeParse(write.input === null ? run.input : JSON.parse(write.input));
+      const checked = schema.safeParse(write.input === null ? input : write.clearInput);
       if (!checked.success) {
         throw new MigrationFailedError(
           `migration of run ${run.run_id}: the input does not match version ${run.to_version}'s schema: ${checked.error.message}`,

@@ -205,6 +205,7 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
     migrations,
     maxPayloadBytes: deps.maxPayloadBytes,
     log: deps.log,
+    ...(deps.payloads ? { payloads: deps.payloads } : {}),
     ...(crash ? { crash } : {}),
   });
   const sweep = oneAtATime(async () => {
