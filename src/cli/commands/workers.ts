@@ -41,7 +41,7 @@ export const workers: Command = {
   details:
     'live: heard from within its lease. lost: silent for longer than its lease and never stopped (killed, crashed, cut off);\n' +
     'other workers recover its runs. stopped: stopped gracefully (Ctrl-C, SIGTERM, running.stop()). Without --all,\n' +
-    'stopped workers are left out. `runledger prune` deletes stopped and lost rows along with old runs.',
+    'stopped workers are left out. `runledger prune` deletes the rows of workers stopped (or marked stopped by the sweep) before its cutoff.',
   examples: [
     'runledger workers',
     'runledger workers --all',
