@@ -2,14 +2,14 @@
 import Table from 'cli-table3';
 
 /**
- * The COLUMNS environment variable when it is exported (`COLUMNS=200 runledger waiting | grep ...`
- * keeps long cells whole); else the terminal's width when stdout is one; else 80, so piped
- * output stays readable too.
+ * The width tables and wrapped values fit: the terminal's width when stdout is one
+ * (COLUMNS when the terminal does not say), and no limit at all when stdout is a pipe
+ * or a file, so `runledger runs | grep ...` never sees a cell cut with '…'.
  */
 export function screenWidth(): number {
-  const columns = Number(process.env.COLUMNS);
-  if (Number.isInteger(columns) && columns > 0) return Math.max(60, columns);
-  return Math.max(60, process.stdout.isTTY ? (process.stdout.columns ?? 80) : 80);
+  if (!process.stdout.isTTY) return Infinity;
+  const columns = process.stdout.columns || Number(process.env.COLUMNS) || 80;
+  return Math.max(60, columns);
 }
 
 const GAP = 2;
@@ -138,4 +138,13 @@ export function wrap(text: string, width: number, maxLines = 3): string[] {
 
 export function print(line = ''): void {
   process.stdout.write(`${line}\n`);
+}
+
+/**
+ * The `--json` output of a command: one JSON document on stdout. Rows keep the column
+ * names of the view or table they come from (snake_case, as psql and `audit --json` show
+ * them); counts PostgreSQL returns as text (bigint) are numbers.
+ */
+export function printJson(value: unknown): void {
+  print(JSON.stringify(value, null, 2));
 }

@@ -4,8 +4,9 @@
  * the engine or a documented SQL function, so what it shows and does is what
  * psql shows and does.
  *
- * Exit codes: 0 done, 1 the command failed, 2 it could not be attempted (usage,
- * no database, not available yet).
+ * Exit codes: 0 done, 1 refused or failed (`error [CODE]: message` on stderr, CODE the
+ * runledger error code: NOT_FOUND, INVALID_STATE, PERMISSION_DENIED ...), 2 it could not be
+ * attempted (usage, no database, not available yet).
  */
 import { RUNTIME_VERSION } from '../engine/core/version.js';
 import { approvals } from './commands/approvals.js';
@@ -72,11 +73,13 @@ function usage(): string {
   const width = Math.max(...Object.keys(COMMANDS).map((name) => name.length));
   const lines = Object.entries(COMMANDS).map(([name, command]) => `  ${name.padEnd(width)}  ${command.summary}`);
   return [
-    'usage: runledger COMMAND [options]     (runledger COMMAND --help for its options)',
+    'usage: runledger COMMAND [options]     (runledger COMMAND --help: its options and examples)',
     '',
     ...lines,
     '',
     'Connection: --database-url URL, or the DATABASE_URL environment variable.',
+    'Read commands take --json: one JSON document on stdout, keys as the SQL columns.',
+    'Exit codes: 0 done, 1 refused or failed (error [CODE]: message on stderr), 2 usage error or no database.',
   ].join('\n');
 }
 
@@ -95,6 +98,11 @@ function splitCommand(args: string[]): { name: string | undefined; rest: string[
 
 async function main(args: string[]): Promise<number> {
   const { name, rest } = splitCommand(args);
+  if (name === 'help' && rest[0] !== undefined && COMMANDS[rest[0]]) {
+    // `runledger help runs` is `runledger runs --help`.
+    await COMMANDS[rest[0]]!.run(['--help']);
+    return 0;
+  }
   if (name === undefined || name === 'help') {
     const asked = name === 'help' || rest.includes('--help') || rest.includes('-h');
     (asked ? process.stdout : process.stderr).write(`${usage()}\n`);

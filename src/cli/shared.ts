@@ -1,4 +1,5 @@
 /** What every command shares: argument parsing, the connection, errors and exit codes. */
+import { readFile } from 'node:fs/promises';
 import { parseArgs, type ParseArgsConfig } from 'node:util';
 import pg from 'pg';
 import type { Engine } from '../engine/index.js';
@@ -27,24 +28,78 @@ export interface Command {
   summary: string;
   /** The synopsis, printed by `runledger CMD --help` and after a usage error. */
   usage: string;
+  /** The positional arguments, for `--help`: [name, what it is]. */
+  args?: Array<[string, string]>;
+  /** A few command lines that show it in use, for `--help`. */
+  examples: string[];
+  /** More about the command, a paragraph or two, for `--help`. */
+  details?: string;
   run(args: string[]): Promise<void>;
 }
 
-type Options = NonNullable<ParseArgsConfig['options']>;
+/** A util.parseArgs option, with what `--help` says about it. */
+export interface Option {
+  type: 'string' | 'boolean';
+  short?: string;
+  multiple?: boolean;
+  /** The value's placeholder in `--help` (`--limit N`). */
+  value?: string;
+  help: string;
+}
+
+export type Options = Record<string, Option>;
 
 const COMMON: Options = {
-  'database-url': { type: 'string' },
-  help: { type: 'boolean', short: 'h' },
+  'database-url': { type: 'string', value: 'URL', help: 'the database (default: the DATABASE_URL environment variable)' },
+  help: { type: 'boolean', short: 'h', help: 'this help' },
 };
+
+/** `--json` for read commands: the same rows as the table, as one JSON document on stdout. */
+export const JSON_OPTION: Option = {
+  type: 'boolean',
+  help: 'print one JSON document on stdout instead of the table (keys: the SQL column names)',
+};
+
+/** `--limit N` with its default. */
+export const limitOption = (defaultLimit: number, what = 'rows'): Option => ({
+  type: 'string',
+  value: 'N',
+  help: `at most N ${what} (default ${defaultLimit})`,
+});
 
 export interface Parsed {
   values: Record<string, string | boolean | string[] | boolean[] | undefined>;
   positionals: string[];
 }
 
+/** What `runledger CMD --help` prints: synopsis, description, arguments, every option, examples. */
+export function helpText(command: Command, options: Options): string {
+  const all = { ...options, ...COMMON };
+  const flag = (name: string, o: Option) => `${o.short ? `-${o.short}, ` : ''}--${name}${o.value ? ` ${o.value}` : ''}`;
+  const optionRows = Object.entries(all).map(([name, o]) => [flag(name, o), o.multiple ? `${o.help} (may be repeated)` : o.help]);
+  const argRows = command.args ?? [];
+  const width = Math.max(...[...optionRows, ...argRows].map(([left]) => left!.length));
+  const rows = (list: string[][]) => list.map(([left, right]) => `  ${left!.padEnd(width)}  ${right}`);
+  return [
+    `usage: ${command.usage}`,
+    '',
+    command.summary,
+    ...(command.details ? ['', command.details] : []),
+    ...(argRows.length > 0 ? ['', 'arguments:', ...rows(argRows)] : []),
+    '',
+    'options:',
+    ...rows(optionRows),
+    '',
+    'examples:',
+    ...command.examples.map((example) => `  ${example}`),
+    '',
+    'exit codes: 0 done, 1 refused or failed (error [CODE]: ... on stderr), 2 usage error or no database',
+  ].join('\n');
+}
+
 /**
  * util.parseArgs with the options every command takes. Its own errors (unknown
- * option, missing value) become usage errors, and `--help` prints the synopsis.
+ * option, missing value) become usage errors, and `--help` prints the command's help.
  */
 export function parse(
   command: Command,
@@ -53,14 +108,20 @@ export function parse(
   positionals: { min?: number; max?: number } = {},
 ): Parsed | undefined {
   let parsed: Parsed;
+  const config = Object.fromEntries(
+    Object.entries({ ...COMMON, ...options }).map(([name, o]) => [
+      name,
+      { type: o.type, ...(o.short ? { short: o.short } : {}), ...(o.multiple ? { multiple: true } : {}) },
+    ]),
+  ) as NonNullable<ParseArgsConfig['options']>;
   try {
-    parsed = parseArgs({ args, options: { ...COMMON, ...options }, allowPositionals: true, strict: true }) as Parsed;
+    parsed = parseArgs({ args, options: config, allowPositionals: true, strict: true }) as Parsed;
   } catch (error) {
     // parseArgs appends a long hint about '--' to unknown options; the first sentence says it all.
     throw new CliError('USAGE', `${(error as Error).message.split('. To specify')[0]}\nusage: ${command.usage}`);
   }
   if (parsed.values.help) {
-    process.stdout.write(`usage: ${command.usage}\n`);
+    process.stdout.write(`${helpText(command, options)}\n`);
     return undefined;
   }
   const { min = 0, max = 0 } = positionals;
@@ -81,14 +142,37 @@ export function intOption(values: Parsed['values'], name: string, min: number): 
   return n;
 }
 
-/** A JSON argument (input, payload, result), parsed here so that a typo reads as a usage error. */
-export function jsonArgument(raw: string | undefined, what: string): unknown {
+/**
+ * A JSON argument (input, payload, result), parsed here so that a typo reads as a usage
+ * error. `-` reads the JSON from stdin and `@FILE` from that file, for values too large
+ * for a command line (the kernel refuses arguments of a few hundred KB or more: "Argument
+ * list too long"). Neither can be JSON, so a literal value is never mistaken for one.
+ */
+export async function jsonArgument(raw: string | undefined, what: string): Promise<{ value: unknown; text: string } | undefined> {
   if (raw === undefined) return undefined;
-  try {
-    return JSON.parse(raw);
-  } catch (error) {
-    throw new CliError('USAGE', `${what} is not valid JSON: ${(error as Error).message}`);
+  let text = raw;
+  if (raw === '-') {
+    if (process.stdin.isTTY) process.stderr.write(`reading ${what} from stdin (end with Ctrl-D) ...\n`);
+    text = await readStdin();
+  } else if (raw.startsWith('@')) {
+    try {
+      text = await readFile(raw.slice(1), 'utf8');
+    } catch (error) {
+      throw new CliError('USAGE', `cannot read ${what} from ${raw.slice(1)}: ${(error as Error).message}`);
+    }
   }
+  try {
+    return { value: JSON.parse(text), text };
+  } catch (error) {
+    const from = raw === '-' ? ' (from stdin)' : raw.startsWith('@') ? ` (from ${raw.slice(1)})` : '';
+    throw new CliError('USAGE', `${what}${from} is not valid JSON: ${(error as Error).message}`);
+  }
+}
+
+async function readStdin(): Promise<string> {
+  const chunks: Buffer[] = [];
+  for await (const chunk of process.stdin) chunks.push(chunk as Buffer);
+  return Buffer.concat(chunks).toString('utf8');
 }
 
 /** A required string option: its absence is a usage error that shows the synopsis. */

@@ -11,20 +11,21 @@ export interface CliResult {
 
 /**
  * Runs the `runledger` command as a user does (`node --import tsx src/cli/main.ts ...`)
- * against a database, wide enough that no table cell is cut (piped output is otherwise
- * 80 columns).
+ * against a database, its output piped (so never cut to a width), with `stdin` written
+ * to its standard input when given (otherwise it has none).
  */
-export function runCli(databaseUrl: string, args: string[], env: Record<string, string> = {}): Promise<CliResult> {
+export function runCli(databaseUrl: string, args: string[], env: Record<string, string> = {}, stdin?: string): Promise<CliResult> {
   return new Promise((resolve, reject) => {
     const child = spawn(process.execPath, ['--import', 'tsx', 'src/cli/main.ts', ...args], {
       cwd: ROOT,
       env: { ...process.env, DATABASE_URL: databaseUrl, COLUMNS: '200', ...env },
-      stdio: ['ignore', 'pipe', 'pipe'],
+      stdio: [stdin === undefined ? 'ignore' : 'pipe', 'pipe', 'pipe'],
     });
+    if (stdin !== undefined) child.stdin!.end(stdin);
     let stdout = '';
     let stderr = '';
-    child.stdout.on('data', (chunk) => (stdout += chunk));
-    child.stderr.on('data', (chunk) => (stderr += chunk));
+    child.stdout!.on('data', (chunk) => (stdout += chunk));
+    child.stderr!.on('data', (chunk) => (stderr += chunk));
     child.on('error', reject);
     child.on('close', (code) => resolve({ code, stdout, stderr }));
   });

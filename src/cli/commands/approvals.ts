@@ -1,5 +1,5 @@
-import { ago, print, screenWidth, shortJson, timestamp, wrap } from '../format.js';
-import { cliPayloads, intOption, parse, withPool, type Command } from '../shared.js';
+import { ago, print, printJson, screenWidth, shortJson, timestamp, wrap } from '../format.js';
+import { JSON_OPTION, cliPayloads, intOption, limitOption, parse, withPool, type Command } from '../shared.js';
 
 interface InboxRow {
   request_id: string;
@@ -19,19 +19,34 @@ interface InboxRow {
  */
 export const approvals: Command = {
   summary: 'pending approval requests: action, evidence, who may decide, until when',
-  usage: 'runledger approvals [--limit N (default 50)]',
+  usage: 'runledger approvals [--run RUN_ID] [--limit N (default 50)] [--json]',
+  examples: [
+    'runledger approvals',
+    'runledger approvals --run 01J9Z3K4X8Q2W5E7R1T6Y0U3IO',
+    "runledger approvals --json | jq -r '.[].request_id'",
+  ],
   async run(args) {
-    const parsed = parse(approvals, args, { limit: { type: 'string' } });
+    const parsed = parse(approvals, args, {
+      run: { type: 'string', value: 'RUN_ID', help: "only this run's pending requests" },
+      limit: limitOption(50, 'requests, the oldest first'),
+      json: JSON_OPTION,
+    });
     if (!parsed) return;
     const limit = intOption(parsed.values, 'limit', 1) ?? 50;
     const payloads = cliPayloads();
     const rows = await withPool(parsed.values, async (pool) => {
-      const result = await pool.query<InboxRow>('select * from runledger.approval_inbox order by requested_at, request_id limit $1', [
-        limit,
-      ]);
+      const result = await pool.query<InboxRow>(
+        `select * from runledger.approval_inbox where $1::text is null or run_id = $1
+          order by requested_at, request_id limit $2`,
+        [parsed.values.run ?? null, limit],
+      );
       // Evidence stored encrypted is shown decrypted with RUNLEDGER_KEYS, as the envelope without.
       return result.rows.map((row) => ({ ...row, evidence: payloads.decode(row.evidence) }));
     });
+    if (parsed.values.json) {
+      printJson(rows);
+      return;
+    }
     if (rows.length === 0) {
       print('no pending approval requests');
       return;
@@ -46,6 +61,6 @@ export const approvals: Command = {
       );
       print();
     }
-    print('decide: runledger approve REQUEST_ID --by NAME [--reject] [--note TEXT]');
+    print('decide: runledger approve REQUEST_ID --by NAME [--reject] [--note TEXT]   (or --run RUN_ID for a run with one request)');
   },
 };

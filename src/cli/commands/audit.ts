@@ -1,5 +1,5 @@
-import { print, renderTable, shortJson, timestamp } from '../format.js';
-import { intOption, parse, withPool, type Command } from '../shared.js';
+import { print, printJson, renderTable, shortJson, timestamp } from '../format.js';
+import { JSON_OPTION, intOption, limitOption, parse, withPool, type Command } from '../shared.js';
 
 interface AuditRow {
   audit_id: string;
@@ -18,12 +18,13 @@ interface AuditRow {
 export const audit: Command = {
   summary: 'the audit log: every operator action, who did it (login, role, the name given), on what, and its result',
   usage: 'runledger audit [--run RUN_ID] [--action ACTION] [--limit N (default 50)] [--json]',
+  examples: ['runledger audit --run 01J9Z3K4X8Q2W5E7R1T6Y0U3IO', 'runledger audit --action cancel_run --limit 200 --json'],
   async run(args) {
     const parsed = parse(audit, args, {
-      run: { type: 'string' },
-      action: { type: 'string' },
-      limit: { type: 'string' },
-      json: { type: 'boolean' },
+      run: { type: 'string', value: 'RUN_ID', help: "only this run's actions" },
+      action: { type: 'string', value: 'ACTION', help: 'only this action (the SQL function: cancel_run, decide_approval, ...)' },
+      limit: limitOption(50, 'actions, the newest'),
+      json: JSON_OPTION,
     });
     if (!parsed) return;
     const limit = intOption(parsed.values, 'limit', 1) ?? 50;
@@ -39,7 +40,7 @@ export const audit: Command = {
       return result.rows;
     });
     if (parsed.values.json) {
-      print(JSON.stringify(rows, null, 2));
+      printJson(rows);
       return;
     }
     if (rows.length === 0) {

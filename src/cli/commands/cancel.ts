@@ -7,8 +7,17 @@ import { parse, withPool, type Command } from '../shared.js';
 export const cancel: Command = {
   summary: 'cancel a run (its children too); a finished run is left as it is',
   usage: 'runledger cancel RUN_ID [--reason TEXT]',
+  args: [['RUN_ID', 'the run to cancel']],
+  details:
+    'A WAITING or PENDING run ends CANCELLED at once; a RUNNING one is CANCELLING until its worker runs the compensations of what it did.',
+  examples: ['runledger cancel 01J9Z3K4X8Q2W5E7R1T6Y0U3IO --reason "customer withdrew the order"'],
   async run(args) {
-    const parsed = parse(cancel, args, { reason: { type: 'string' } }, { min: 1, max: 1 });
+    const parsed = parse(
+      cancel,
+      args,
+      { reason: { type: 'string', value: 'TEXT', help: "why, kept in the run's termination evidence and the audit log" } },
+      { min: 1, max: 1 },
+    );
     if (!parsed) return;
     const runId = parsed.positionals[0]!;
     const reason = parsed.values.reason as string | undefined;

@@ -7,8 +7,15 @@ import { parse, withPool, type Command } from '../shared.js';
 export const compensate: Command = {
   summary: "run a finished run's compensations that are not done (a failed one again)",
   usage: 'runledger compensate RUN_ID [--reason TEXT]',
+  args: [['RUN_ID', 'a finished run (FAILED, DEAD_LETTER, TERMINATED ...) whose compensations are not all done']],
+  examples: ['runledger compensate 01J9Z3K4X8Q2W5E7R1T6Y0U3IO --reason "order withdrawn"'],
   async run(args) {
-    const parsed = parse(compensate, args, { reason: { type: 'string' } }, { min: 1, max: 1 });
+    const parsed = parse(
+      compensate,
+      args,
+      { reason: { type: 'string', value: 'TEXT', help: 'why, kept in the audit log' } },
+      { min: 1, max: 1 },
+    );
     if (!parsed) return;
     const runId = parsed.positionals[0]!;
     const reason = parsed.values.reason as string | undefined;

@@ -1,5 +1,5 @@
-import { ago, print, renderTable } from '../format.js';
-import { intOption, parse, withPool, type Command } from '../shared.js';
+import { ago, print, printJson, renderTable } from '../format.js';
+import { JSON_OPTION, intOption, limitOption, parse, withPool, type Command } from '../shared.js';
 
 interface DeadRow {
   run_id: string;
@@ -15,9 +15,13 @@ interface DeadRow {
 /** Reads the runledger.dead_letter view, the same rows an operator sees in psql. */
 export const deadLetter: Command = {
   summary: 'runs parked out of the automatic path, with why',
-  usage: 'runledger dead-letter [--limit N (default 50)]',
+  usage: 'runledger dead-letter [--limit N (default 50)] [--json]',
+  examples: [
+    'runledger dead-letter',
+    'runledger dead-letter --json | jq -r \'.[] | select(.termination_reason == "NON_DETERMINISM") | .run_id\'',
+  ],
   async run(args) {
-    const parsed = parse(deadLetter, args, { limit: { type: 'string' } });
+    const parsed = parse(deadLetter, args, { limit: limitOption(50, 'runs, the most recent first'), json: JSON_OPTION });
     if (!parsed) return;
     const limit = intOption(parsed.values, 'limit', 1) ?? 50;
     const rows = await withPool(parsed.values, async (pool) => {
@@ -27,6 +31,10 @@ export const deadLetter: Command = {
       );
       return result.rows;
     });
+    if (parsed.values.json) {
+      printJson(rows);
+      return;
+    }
     if (rows.length === 0) {
       print('no dead-lettered runs');
       return;

@@ -20,8 +20,11 @@ interface Finding {
 export const doctor: Command = {
   summary: 'check the schema, workers, stranded runs, pending migrations, dead letters and unknown operations; exit 1 on a warning',
   usage: 'runledger doctor [--json]',
+  examples: ['runledger doctor', "runledger doctor --json | jq '.[] | select(.ok | not)'", 'runledger doctor && ./deploy.sh'],
   async run(args) {
-    const parsed = parse(doctor, args, { json: { type: 'boolean' } });
+    const parsed = parse(doctor, args, {
+      json: { type: 'boolean', help: 'print one JSON document: an array of {check, ok, detail, hint}' },
+    });
     if (!parsed) return;
     const findings = await withPool(parsed.values, (pool) => examine(pool));
     if (parsed.values.json) {

@@ -10,8 +10,22 @@ export const fork: Command = {
   summary: "start a new run that reuses a run's checkpoints before step --from; prints its run id",
   usage:
     'runledger fork RUN_ID --from STEP [--version V]   (STEP: the position in `runledger show`; 0 starts over; V: run the fork on that version)',
+  args: [['RUN_ID', 'the source run']],
+  examples: ['NEW=$(runledger fork 01J9Z3K4X8Q2W5E7R1T6Y0U3IO --from 3)', 'runledger fork 01J9Z3K4X8Q2W5E7R1T6Y0U3IO --from 0 --version 2'],
   async run(args) {
-    const parsed = parse(fork, args, { from: { type: 'string' }, version: { type: 'string' } }, { min: 1, max: 1 });
+    const parsed = parse(
+      fork,
+      args,
+      {
+        from: {
+          type: 'string',
+          value: 'STEP',
+          help: 'the first step position to run again (the # column of `runledger show`); 0 starts over (required)',
+        },
+        version: { type: 'string', value: 'V', help: "run the fork on this version of the workflow (default: the source's)" },
+      },
+      { min: 1, max: 1 },
+    );
     if (!parsed) return;
     const runId = parsed.positionals[0]!;
     requiredOption(fork, parsed.values, 'from');

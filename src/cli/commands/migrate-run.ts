@@ -21,18 +21,24 @@ export const migrateRun: Command = {
   usage:
     'runledger migrate-run RUN_ID --to V [--no-wait] [--timeout SECONDS] [--json]\n' +
     '       runledger migrate-run --workflow W --all-of V --to V [--limit N] [--no-wait] [--timeout SECONDS] [--json]',
+  args: [['RUN_ID', 'one PENDING, WAITING or DEAD_LETTER run to move (or --all-of)']],
+  examples: [
+    'runledger migrate-run 01J9Z3K4X8Q2W5E7R1T6Y0U3IO --to 2',
+    'runledger migrate-run --workflow order --all-of 1 --to 2 --limit 10   # a canary',
+    'runledger migrate-run --workflow order --all-of 1 --to 2 --json',
+  ],
   async run(args) {
     const parsed = parse(
       migrateRun,
       args,
       {
-        to: { type: 'string' },
-        'all-of': { type: 'string' },
-        workflow: { type: 'string' },
-        limit: { type: 'string' },
-        'no-wait': { type: 'boolean' },
-        timeout: { type: 'string' },
-        json: { type: 'boolean' },
+        to: { type: 'string', value: 'V', help: 'the version to move to; a live worker of it must have the migration (required)' },
+        'all-of': { type: 'string', value: 'V', help: 'every PENDING, WAITING and DEAD_LETTER run of this version (with --workflow)' },
+        workflow: { type: 'string', value: 'W', help: 'the workflow, with --all-of' },
+        limit: { type: 'string', value: 'N', help: 'with --all-of, only the N oldest runs (a canary)' },
+        'no-wait': { type: 'boolean', help: 'mark the runs and return; workers apply the migrations' },
+        timeout: { type: 'string', value: 'SECONDS', help: 'how long to wait for the workers to apply them (default 30)' },
+        json: { type: 'boolean', help: 'print one JSON document: an array of {runId, outcome, status, error}' },
       },
       { min: 0, max: 1 },
     );

@@ -5,6 +5,8 @@ import { parse, withEngine, type Command } from '../shared.js';
 export const migrate: Command = {
   summary: 'create or upgrade the runledger schema',
   usage: 'runledger migrate [--database-url URL]',
+  details: 'Idempotent; safe to run from several deploy jobs at once (an advisory lock serialises them).',
+  examples: ['runledger migrate', 'runledger migrate --database-url postgres://admin@db/app'],
   async run(args) {
     const parsed = parse(migrate, args);
     if (!parsed) return;

@@ -9,8 +9,15 @@ const BAD_INTERVAL = ['22007', '22008', '22P02', '22015'];
 export const prune: Command = {
   summary: 'delete finished runs (and their steps, events, ...) that finished longer ago than INTERVAL',
   usage: "runledger prune --older-than INTERVAL   (a PostgreSQL interval: '30 days', '12h', '1 week')",
+  examples: ["runledger prune --older-than '30 days'", 'runledger prune --older-than 12h'],
   async run(args) {
-    const parsed = parse(prune, args, { 'older-than': { type: 'string' } });
+    const parsed = parse(prune, args, {
+      'older-than': {
+        type: 'string',
+        value: 'INTERVAL',
+        help: 'delete runs that finished longer ago than this PostgreSQL interval (required)',
+      },
+    });
     if (!parsed) return;
     const olderThan = requiredOption(prune, parsed.values, 'older-than');
     const removed = await withPool(parsed.values, async (pool) => {

@@ -1,5 +1,5 @@
-import { ago, print, renderTable } from '../format.js';
-import { parse, withPool, type Command } from '../shared.js';
+import { ago, print, printJson, renderTable } from '../format.js';
+import { JSON_OPTION, parse, withPool, type Command } from '../shared.js';
 
 interface QueueRow {
   queue_name: string;
@@ -37,9 +37,15 @@ const KEYS_SQL = `
 /** Reads runledger.queue_stats: what each queue holds right now, and its limits. */
 export const queues: Command = {
   summary: 'queues: runs queued, ready, running and waiting, and their limits',
-  usage: 'runledger queues [--keys (one row per concurrency key too)]',
+  usage: 'runledger queues [--keys] [--json]',
+  details:
+    'QUEUED: not admitted yet (limits, pause); READY: admitted, waiting for a worker; RUNNING; WAITING: durable waits; OLDEST: the oldest pending run.',
+  examples: ['runledger queues', 'runledger queues --keys', "runledger queues --json | jq '.[] | select(.paused)'"],
   async run(args) {
-    const parsed = parse(queues, args, { keys: { type: 'boolean' } });
+    const parsed = parse(queues, args, {
+      keys: { type: 'boolean', help: 'one row per concurrency key too (concurrency_key null: the queue total)' },
+      json: JSON_OPTION,
+    });
     if (!parsed) return;
     const byKey = Boolean(parsed.values.keys);
     const rows = await withPool(parsed.values, async (pool) => {
@@ -48,6 +54,10 @@ export const queues: Command = {
       const keys = (await pool.query<QueueRow>(KEYS_SQL)).rows;
       return totals.flatMap((total) => [total, ...keys.filter((k) => k.queue_name === total.queue_name)]);
     });
+    if (parsed.values.json) {
+      printJson(rows);
+      return;
+    }
     if (rows.length === 0) {
       print('no queues: no unfinished runs and no queue configured (runledger set-queue NAME ...)');
       return;

@@ -9,12 +9,25 @@ import { CliError, cliPayloads, jsonArgument, parse, requiredOption, withPool, t
  */
 export const resolve: Command = {
   summary: 'settle an UNKNOWN operation as SUCCEEDED or FAILED; wakes its run',
-  usage: 'runledger resolve OPERATION_ID --status SUCCEEDED|FAILED [--result JSON] [--by NAME]',
+  usage: 'runledger resolve OPERATION_ID --status SUCCEEDED|FAILED [--result JSON|@FILE|-] [--by NAME]',
+  args: [['OPERATION_ID', 'an operation listed by `runledger unknown`']],
+  examples: [
+    'runledger resolve 01J9Z3M0AB12CD34EF56GH78JK --status succeeded --result \'{"id":"T-1"}\' --by oncall',
+    'runledger resolve 01J9Z3M0AB12CD34EF56GH78JK --status failed --by oncall',
+  ],
   async run(args) {
     const parsed = parse(
       resolve,
       args,
-      { status: { type: 'string' }, result: { type: 'string' }, by: { type: 'string' } },
+      {
+        status: { type: 'string', value: 'S', help: 'SUCCEEDED (it happened) or FAILED (it did not), case-insensitive (required)' },
+        result: {
+          type: 'string',
+          value: 'JSON',
+          help: "with SUCCEEDED, the operation's result (the workflow receives it); @FILE reads a file, - reads stdin",
+        },
+        by: { type: 'string', value: 'NAME', help: 'who settled it, kept on the operation and in the audit log' },
+      },
       { min: 1, max: 1 },
     );
     if (!parsed) return;
@@ -23,7 +36,7 @@ export const resolve: Command = {
     if (status !== 'SUCCEEDED' && status !== 'FAILED') {
       throw new CliError('USAGE', `--status must be SUCCEEDED or FAILED, got ${JSON.stringify(parsed.values.status)}`);
     }
-    const result = jsonArgument(parsed.values.result as string | undefined, '--result');
+    const result = (await jsonArgument(parsed.values.result as string | undefined, '--result'))?.value;
     const by = parsed.values.by as string | undefined;
     const payloads = cliPayloads();
     const settled = await withPool(parsed.values, (pool) =>

@@ -32,8 +32,18 @@ interface EntryRow {
 export const session: Command = {
   summary: 'an agent session: its holder, the runs queued for it, its history in order',
   usage: 'runledger session SESSION_ID [--json] [--width N (content characters per entry, default 100)]',
+  args: [['SESSION_ID', 'the id the workflows gave ctx.session']],
+  examples: ['runledger session support-7', 'runledger session support-7 --json | jq .entries'],
   async run(args) {
-    const parsed = parse(session, args, { json: { type: 'boolean' }, width: { type: 'string' } }, { min: 1, max: 1 });
+    const parsed = parse(
+      session,
+      args,
+      {
+        json: { type: 'boolean', help: 'print one JSON document: the session and all its entries, whole' },
+        width: { type: 'string', value: 'N', help: "characters of each entry's content in the table (default 100)" },
+      },
+      { min: 1, max: 1 },
+    );
     if (!parsed) return;
     const sessionId = parsed.positionals[0]!;
     const width = intOption(parsed.values, 'width', 10) ?? 100;

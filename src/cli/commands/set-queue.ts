@@ -14,16 +14,24 @@ export const setQueue: Command = {
   usage:
     'runledger set-queue NAME [--concurrency N|none] [--per-key N|none] [--rate MAX/PERIOD_MS|none] [--pause|--resume]\n' +
     '       (PERIOD_MS may also be a duration: --rate 100/1m)',
+  args: [['NAME', 'the queue (created if it does not exist)']],
+  details: 'Options given replace the current value, options left out are kept. The new limits act at once, on every worker.',
+  examples: [
+    'runledger set-queue emails --concurrency 5 --rate 100/1m',
+    'runledger set-queue tenants --per-key 1',
+    'runledger set-queue emails --pause',
+    'runledger set-queue emails --resume --concurrency none',
+  ],
   async run(args) {
     const parsed = parse(
       setQueue,
       args,
       {
-        concurrency: { type: 'string' },
-        'per-key': { type: 'string' },
-        rate: { type: 'string' },
-        pause: { type: 'boolean' },
-        resume: { type: 'boolean' },
+        concurrency: { type: 'string', value: 'N|none', help: 'runs of the queue running at once, across workers' },
+        'per-key': { type: 'string', value: 'N|none', help: 'runs with the same concurrency key running at once' },
+        rate: { type: 'string', value: 'MAX/PERIOD|none', help: 'at most MAX runs started per PERIOD (ms, or a duration: 100/1m)' },
+        pause: { type: 'boolean', help: 'admit no more runs (running ones go on)' },
+        resume: { type: 'boolean', help: 'admit runs again' },
       },
       { min: 1, max: 1 },
     );

@@ -1,6 +1,7 @@
 import type { RunRecord } from '../../engine/client/runs.js';
-import { duration, offset, print, renderTable, screenWidth, shortJson, timestamp, wrap } from '../format.js';
-import { CliError, cliPayloads, parse, withEngine, type Command } from '../shared.js';
+import { duration, offset, print, printJson, renderTable, screenWidth, shortJson, timestamp, wrap } from '../format.js';
+import type pg from 'pg';
+import { CliError, EXIT_FAILED, JSON_OPTION, cliPayloads, parse, withEngine, withPool, type Command } from '../shared.js';
 
 interface EventRow {
   at: Date;
@@ -50,11 +51,20 @@ interface Related {
 /** One screen about one run: the row, what it waits for, its checkpoints, operations, approvals, signals, history. */
 export const show: Command = {
   summary: 'one run: summary, wait, steps with durations, operations, approvals, signals, events',
-  usage: 'runledger show RUN_ID',
+  usage: 'runledger show RUN_ID [--json]',
+  args: [['RUN_ID', 'the run']],
+  details:
+    "--json prints one object: the run's row of runledger.runs with, under their table's name, its rows of steps,\n" +
+    'operations, approvals, signals, events and its child runs, and `wait` (its runledger.waiting row, or null).',
+  examples: ['runledger show 01J9Z3K4X8Q2W5E7R1T6Y0U3IO', 'runledger show 01J9Z3K4X8Q2W5E7R1T6Y0U3IO --json | jq .output'],
   async run(args) {
-    const parsed = parse(show, args, {}, { min: 1, max: 1 });
+    const parsed = parse(show, args, { json: JSON_OPTION }, { min: 1, max: 1 });
     if (!parsed) return;
     const runId = parsed.positionals[0]!;
+    if (parsed.values.json) {
+      printJson(await withPool(parsed.values, (pool) => runDocument(pool, runId)));
+      return;
+    }
     const { run, events, related } = await withEngine(parsed.values, async (engine) => {
       const found = await engine.getRun(runId);
       if (!found) throw new CliError('NOT_FOUND', `run ${runId} not found`, 1);
@@ -85,6 +95,25 @@ export const show: Command = {
     print(renderTable(['AT', 'EVENT', 'TOKEN', 'DETAIL'], rows, { shrink: [3], indent: 2 }));
   },
 };
+
+/** `show --json`: the run's rows, as psql shows them. */
+async function runDocument(pool: pg.Pool, runId: string): Promise<Record<string, unknown>> {
+  const query = async (text: string) => (await pool.query(text, [runId])).rows;
+  const [run] = await query('select * from runledger.runs where run_id = $1');
+  if (!run) throw new CliError('NOT_FOUND', `run ${runId} not found`, EXIT_FAILED);
+  const [steps, operations, wait, approvals, signals, children, events] = await Promise.all([
+    query('select * from runledger.steps where run_id = $1 order by seq'),
+    query('select * from runledger.operations where run_id = $1 order by seq'),
+    query('select * from runledger.waiting where run_id = $1'),
+    query('select * from runledger.approvals where run_id = $1 order by seq'),
+    query('select * from runledger.signals where run_id = $1 order by received_at, signal_id'),
+    query(
+      'select run_id, workflow_name, workflow_version, status, created_at from runledger.runs where parent_run_id = $1 order by created_at, run_id',
+    ),
+    query('select * from runledger.events where run_id = $1 order by event_id'),
+  ]);
+  return { ...run, wait: wait[0] ?? null, steps, operations, approvals, signals, children, events };
+}
 
 const LABEL = 12;
 

@@ -11,8 +11,21 @@ import { CliError, intOption, parse, withEngine, type Command } from '../shared.
 export const tail: Command = {
   summary: `a run's durable stream, live, until it is closed or the run ends (default topic '${DEFAULT_STREAM_TOPIC}')`,
   usage: `runledger tail RUN_ID [TOPIC (default ${DEFAULT_STREAM_TOPIC})] [--from OFFSET (default 0)] [--json]`,
+  args: [
+    ['RUN_ID', 'the run whose stream to follow'],
+    ['TOPIC', `the stream's topic (default ${DEFAULT_STREAM_TOPIC}, where ctx.generate writes a model's output)`],
+  ],
+  examples: ['runledger tail 01J9Z3K4X8Q2W5E7R1T6Y0U3IO', 'runledger tail 01J9Z3K4X8Q2W5E7R1T6Y0U3IO progress --from 120 --json'],
   async run(args) {
-    const parsed = parse(tail, args, { from: { type: 'string' }, json: { type: 'boolean' } }, { min: 1, max: 2 });
+    const parsed = parse(
+      tail,
+      args,
+      {
+        from: { type: 'string', value: 'OFFSET', help: 'start at this chunk offset (default 0: from the beginning)' },
+        json: { type: 'boolean', help: 'print one {"offset", "chunk", "attempt"} JSON line per chunk' },
+      },
+      { min: 1, max: 2 },
+    );
     if (!parsed) return;
     const { values, positionals } = parsed;
     const runId = positionals[0]!;

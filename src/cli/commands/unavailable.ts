@@ -9,6 +9,7 @@ function unavailable(name: string, usage: string, summary: string, missing: stri
   return {
     summary: `${summary} (not available yet)`,
     usage,
+    examples: [usage],
     async run() {
       throw new CliError('NOT_AVAILABLE', `runledger ${name} is not available yet: this version has no ${missing}`);
     },

@@ -1,5 +1,5 @@
-import { ago, print, timestamp } from '../format.js';
-import { intOption, parse, withPool, type Command } from '../shared.js';
+import { ago, print, printJson, timestamp } from '../format.js';
+import { JSON_OPTION, intOption, limitOption, parse, withPool, type Command } from '../shared.js';
 
 interface UnknownRow {
   operation_id: string;
@@ -21,9 +21,10 @@ interface UnknownRow {
  */
 export const unknown: Command = {
   summary: 'external operations whose outcome is UNKNOWN, waiting for reconcile or an operator',
-  usage: 'runledger unknown [--limit N (default 50)]',
+  usage: 'runledger unknown [--limit N (default 50)] [--json]',
+  examples: ['runledger unknown', "runledger unknown --json | jq -r '.[] | [.operation_id, .idempotency_key] | @tsv'"],
   async run(args) {
-    const parsed = parse(unknown, args, { limit: { type: 'string' } });
+    const parsed = parse(unknown, args, { limit: limitOption(50, 'operations, the oldest first'), json: JSON_OPTION });
     if (!parsed) return;
     const limit = intOption(parsed.values, 'limit', 1) ?? 50;
     const rows = await withPool(parsed.values, async (pool) => {
@@ -33,6 +34,10 @@ export const unknown: Command = {
       );
       return result.rows;
     });
+    if (parsed.values.json) {
+      printJson(rows);
+      return;
+    }
     if (rows.length === 0) {
       print('no operations with an unknown outcome');
       return;

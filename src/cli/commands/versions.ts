@@ -1,5 +1,5 @@
-import { ago, print, renderTable } from '../format.js';
-import { parse, withPool, type Command } from '../shared.js';
+import { ago, print, printJson, renderTable } from '../format.js';
+import { JSON_OPTION, parse, withPool, type Command } from '../shared.js';
 
 interface VersionRow {
   workflow_name: string;
@@ -15,9 +15,13 @@ interface VersionRow {
 /** runledger.version_stats: which versions still have runs, and whether a live worker serves them. */
 export const versions: Command = {
   summary: 'runs per workflow version and runtime: active, per status, oldest waiting, live workers',
-  usage: 'runledger versions [--workflow W]',
+  usage: 'runledger versions [--workflow W] [--json]',
+  examples: ['runledger versions', 'runledger versions --workflow order --json'],
   async run(args) {
-    const parsed = parse(versions, args, { workflow: { type: 'string' } });
+    const parsed = parse(versions, args, {
+      workflow: { type: 'string', value: 'W', help: 'only the versions of this workflow' },
+      json: JSON_OPTION,
+    });
     if (!parsed) return;
     const rows = await withPool(parsed.values, async (pool) => {
       const result = await pool.query<VersionRow>(
@@ -27,6 +31,10 @@ export const versions: Command = {
       );
       return result.rows;
     });
+    if (parsed.values.json) {
+      printJson(rows.map((r) => ({ ...r, runs: Number(r.runs), active: Number(r.active), live_workers: Number(r.live_workers) })));
+      return;
+    }
     if (rows.length === 0) {
       print('no runs yet');
       return;

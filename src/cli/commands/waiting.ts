@@ -1,5 +1,5 @@
-import { ago, print, renderTable } from '../format.js';
-import { CliError, intOption, parse, withPool, type Command } from '../shared.js';
+import { ago, print, printJson, renderTable } from '../format.js';
+import { CliError, JSON_OPTION, intOption, limitOption, parse, withPool, type Command } from '../shared.js';
 import { WAIT_KINDS } from '../../engine/core/states.js';
 
 interface WaitingRow {
@@ -15,9 +15,18 @@ interface WaitingRow {
 /** Reads the runledger.waiting view: runs that wait holding no worker, and what would wake them. */
 export const waiting: Command = {
   summary: 'runs waiting (timer, signal, approval, child, retry, reconcile), holding no worker',
-  usage: `runledger waiting [--kind ${WAIT_KINDS.join('|')}] [--limit N (default 50)]`,
+  usage: `runledger waiting [--kind ${WAIT_KINDS.join('|')}] [--limit N (default 50)] [--json]`,
+  examples: [
+    'runledger waiting',
+    'runledger waiting --kind approval',
+    "runledger waiting --json | jq 'group_by(.wait_kind) | map({(.[0].wait_kind): length}) | add'",
+  ],
   async run(args) {
-    const parsed = parse(waiting, args, { kind: { type: 'string' }, limit: { type: 'string' } });
+    const parsed = parse(waiting, args, {
+      kind: { type: 'string', value: 'K', help: `only runs waiting for this: ${WAIT_KINDS.join(', ')}` },
+      limit: limitOption(50, 'runs, the longest waiting first'),
+      json: JSON_OPTION,
+    });
     if (!parsed) return;
     const limit = intOption(parsed.values, 'limit', 1) ?? 50;
     const kind = parsed.values.kind as string | undefined;
@@ -32,6 +41,10 @@ export const waiting: Command = {
       );
       return result.rows;
     });
+    if (parsed.values.json) {
+      printJson(rows);
+      return;
+    }
     if (rows.length === 0) {
       print(kind ? `no runs waiting for ${kind}` : 'no runs waiting');
       return;

@@ -1,10 +1,6 @@
-import { resolve } from 'node:path';
-import { pathToFileURL } from 'node:url';
-import type { Engine } from '../../engine/index.js';
 import { print } from '../format.js';
+import { loadRegister } from '../module.js';
 import { CliError, intOption, openEngine, parse, type Command } from '../shared.js';
-
-type Register = (engine: Engine) => unknown;
 
 /**
  * Runs workflows from the user's module until SIGINT/SIGTERM. The module defines
@@ -14,12 +10,23 @@ type Register = (engine: Engine) => unknown;
 export const worker: Command = {
   summary: 'run a worker for the workflows a module defines, until Ctrl-C',
   usage: 'runledger worker --module ./dist/workflows.js [--concurrency 16] [--queue Q ...] [--lease-ms N]',
+  details:
+    'The module exports register(engine) (or a default function) that defines workflows on the engine it is given.\n' +
+    'The first SIGINT or SIGTERM stops it gracefully (runs in flight finish or are released); a second one exits at once.',
+  examples: [
+    'runledger worker --module ./dist/workflows.js',
+    'runledger worker -m ./dist/workflows.js --queue emails --queue default --concurrency 4',
+  ],
   async run(args) {
     const parsed = parse(worker, args, {
-      module: { type: 'string', short: 'm' },
-      concurrency: { type: 'string' },
-      queue: { type: 'string', multiple: true },
-      'lease-ms': { type: 'string' },
+      module: { type: 'string', short: 'm', value: 'FILE', help: 'the JavaScript module that defines the workflows (required)' },
+      concurrency: { type: 'string', value: 'N', help: 'runs executed at once (default 16)' },
+      queue: { type: 'string', multiple: true, value: 'Q', help: "serve this queue only (default: the queues of the module's workflows)" },
+      'lease-ms': {
+        type: 'string',
+        value: 'N',
+        help: 'how long a claimed run is held without a heartbeat before others recover it (>= 500)',
+      },
     });
     if (!parsed) return;
     const { values } = parsed;
@@ -58,20 +65,6 @@ export const worker: Command = {
     }
   },
 };
-
-async function loadRegister(path: string): Promise<Register> {
-  let mod: { default?: unknown; register?: unknown };
-  try {
-    mod = await import(pathToFileURL(resolve(path)).href);
-  } catch (error) {
-    throw new CliError('MODULE', `cannot load --module ${path}: ${(error as Error).message}`, 1);
-  }
-  const fn = typeof mod.register === 'function' ? mod.register : mod.default;
-  if (typeof fn !== 'function') {
-    throw new CliError('MODULE', `${path} must export register(engine) or a default function that defines workflows on the engine`, 1);
-  }
-  return fn as Register;
-}
 
 function untilSignal(): Promise<NodeJS.Signals> {
   return new Promise((done) => {
