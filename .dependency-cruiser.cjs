@@ -1,6 +1,6 @@
 /**
  * The layering rule of src/ (docs/architecture.md): imports run one way,
- * core → db → client and run → steps → agents → worker → the engine entry → cli, dev, testing.
+ * core → db → client and run → steps → agents → worker → the engine entry → console → cli, dev, testing.
  * `npm run lint:deps` checks it, in `npm test`'s CI job; a violation fails the build.
  */
 const layer = (name) => `^src/engine/${name}/`;
@@ -69,6 +69,22 @@ module.exports = {
         'outside src/engine, src/steps and src/agents, code uses the engine entry (src/engine/index.ts) or core, never worker or run internals',
       from: { path: '^src/', pathNot: ['^src/engine/', '^src/steps/', '^src/agents/', '^src/testing/', '^src/index\\.ts$'] },
       to: { path: [layer('worker'), layer('run'), '^src/steps/'] },
+    },
+    {
+      name: 'layer-console',
+      severity: 'error',
+      comment:
+        'the web console (src/console) is a front end like the CLI: it uses the engine entry, client, core and db, ' +
+        'and only cli and dev import it',
+      from: { path: '^src/console/' },
+      to: { path: '^src/', pathNot: ['^src/console/', layer('core'), layer('db'), layer('client'), '^src/engine/index\\.ts$'] },
+    },
+    {
+      name: 'console-used-by-cli-and-dev',
+      severity: 'error',
+      comment: 'only the CLI (runledger ui) and dev (runledger dev) import the console',
+      from: { path: '^src/', pathNot: ['^src/console/', '^src/cli/', '^src/dev/'] },
+      to: { path: '^src/console/' },
     },
     {
       name: 'no-unresolvable',

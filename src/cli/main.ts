@@ -30,6 +30,7 @@ import { show } from './commands/show.js';
 import { signal } from './commands/signal.js';
 import { start } from './commands/start.js';
 import { tail } from './commands/tail.js';
+import { ui } from './commands/ui.js';
 import { dev } from './commands/unavailable.js';
 import { unknown } from './commands/unknown.js';
 import { waiting } from './commands/waiting.js';
@@ -66,6 +67,7 @@ const COMMANDS: Record<string, Command> = {
   'migrate-run': migrateRun,
   'set-queue': setQueue,
   prune,
+  ui,
   dev,
 };
 

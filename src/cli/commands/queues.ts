@@ -1,3 +1,4 @@
+import { QUEUE_KEYS_SQL, QUEUE_TOTALS_SQL } from '../../engine/client/reads.js';
 import { ago, print, printJson, renderTable } from '../format.js';
 import { JSON_OPTION, parse, withPool, type Command } from '../shared.js';
 
@@ -16,24 +17,6 @@ interface QueueRow {
   paused: boolean;
 }
 
-// Queues with unfinished runs (runledger.queue_stats) and configured queues that have none.
-const TOTALS_SQL = `
-  select coalesce(s.queue_name, q.name) as queue_name, null::text as concurrency_key,
-         coalesce(s.waiting_admission, 0)::int as waiting_admission, coalesce(s.dispatched, 0)::int as dispatched,
-         coalesce(s.running, 0)::int as running, coalesce(s.waiting, 0)::int as waiting,
-         extract(epoch from s.oldest_pending_age)::float8 as oldest_pending_s,
-         q.concurrency, q.per_key_concurrency, q.rate_limit_max, q.rate_limit_period_ms, coalesce(q.paused, false) as paused
-    from (select * from runledger.queue_stats where queue_total) s
-    full join runledger.queues q on q.name = s.queue_name
-   order by 1`;
-
-const KEYS_SQL = `
-  select queue_name, concurrency_key, waiting_admission::int, dispatched::int, running::int, waiting::int,
-         extract(epoch from oldest_pending_age)::float8 as oldest_pending_s,
-         concurrency, per_key_concurrency, rate_limit_max, rate_limit_period_ms, coalesce(paused, false) as paused
-    from runledger.queue_stats where not queue_total
-   order by 1, 2`;
-
 /** Reads runledger.queue_stats: what each queue holds right now, and its limits. */
 export const queues: Command = {
   summary: 'queues: runs queued, ready, running and waiting, and their limits',
@@ -49,9 +32,9 @@ export const queues: Command = {
     if (!parsed) return;
     const byKey = Boolean(parsed.values.keys);
     const rows = await withPool(parsed.values, async (pool) => {
-      const totals = (await pool.query<QueueRow>(TOTALS_SQL)).rows;
+      const totals = (await pool.query<QueueRow>(QUEUE_TOTALS_SQL)).rows;
       if (!byKey) return totals;
-      const keys = (await pool.query<QueueRow>(KEYS_SQL)).rows;
+      const keys = (await pool.query<QueueRow>(QUEUE_KEYS_SQL)).rows;
       return totals.flatMap((total) => [total, ...keys.filter((k) => k.queue_name === total.queue_name)]);
     });
     if (parsed.values.json) {

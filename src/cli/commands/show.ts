@@ -1,6 +1,6 @@
 import type { RunRecord } from '../../engine/client/runs.js';
 import { duration, offset, print, printJson, renderTable, screenWidth, shortJson, timestamp, wrap } from '../format.js';
-import type pg from 'pg';
+import { runDocument } from '../../engine/client/reads.js';
 import { CliError, EXIT_FAILED, JSON_OPTION, cliPayloads, parse, withEngine, withPool, type Command } from '../shared.js';
 
 interface EventRow {
@@ -62,7 +62,9 @@ export const show: Command = {
     if (!parsed) return;
     const runId = parsed.positionals[0]!;
     if (parsed.values.json) {
-      printJson(await withPool(parsed.values, (pool) => runDocument(pool, runId)));
+      const document = await withPool(parsed.values, (pool) => runDocument(pool, runId));
+      if (!document) throw new CliError('NOT_FOUND', `run ${runId} not found`, EXIT_FAILED);
+      printJson(document);
       return;
     }
     const { run, events, related } = await withEngine(parsed.values, async (engine) => {
@@ -95,25 +97,6 @@ export const show: Command = {
     print(renderTable(['AT', 'EVENT', 'TOKEN', 'DETAIL'], rows, { shrink: [3], indent: 2 }));
   },
 };
-
-/** `show --json`: the run's rows, as psql shows them. */
-async function runDocument(pool: pg.Pool, runId: string): Promise<Record<string, unknown>> {
-  const query = async (text: string) => (await pool.query(text, [runId])).rows;
-  const [run] = await query('select * from runledger.runs where run_id = $1');
-  if (!run) throw new CliError('NOT_FOUND', `run ${runId} not found`, EXIT_FAILED);
-  const [steps, operations, wait, approvals, signals, children, events] = await Promise.all([
-    query('select * from runledger.steps where run_id = $1 order by seq'),
-    query('select * from runledger.operations where run_id = $1 order by seq'),
-    query('select * from runledger.waiting where run_id = $1'),
-    query('select * from runledger.approvals where run_id = $1 order by seq'),
-    query('select * from runledger.signals where run_id = $1 order by received_at, signal_id'),
-    query(
-      'select run_id, workflow_name, workflow_version, status, created_at from runledger.runs where parent_run_id = $1 order by created_at, run_id',
-    ),
-    query('select * from runledger.events where run_id = $1 order by event_id'),
-  ]);
-  return { ...run, wait: wait[0] ?? null, steps, operations, approvals, signals, children, events };
-}
 
 const LABEL = 12;
 

@@ -1,3 +1,4 @@
+import { WORKER_STATE_SQL } from '../../engine/client/reads.js';
 import { ago, print, printJson, renderTable } from '../format.js';
 import { JSON_OPTION, parse, withPool, type Command } from '../shared.js';
 
@@ -17,22 +18,6 @@ interface WorkerRow {
   stopped_at: Date | null;
   state: WorkerState;
 }
-
-/**
- * A worker's state from its row (runledger.workers), on the database's clock:
- *
- * - `live`: not stopped, heard from within its lease (what runledger.live_workers lists);
- * - `stopped`: stopped gracefully (`_stop_worker` set stopped_at while it was heartbeating);
- * - `lost`: silent for longer than its lease without stopping: killed, crashed or cut off.
- *   Its runs are recovered by the others. The sweep (`_recover_expired`) later sets its
- *   stopped_at too, two lease lengths after its last heartbeat; such a row is still `lost`,
- *   because its last heartbeat is more than a lease older than its stopped_at, which a
- *   graceful stop never leaves.
- */
-const STATE_SQL = `case
-    when w.stopped_at is null and w.last_heartbeat_at > runledger.now() - make_interval(secs => w.lease_ms / 1000.0) then 'live'
-    when w.stopped_at is null or w.stopped_at - w.last_heartbeat_at > make_interval(secs => w.lease_ms / 1000.0) then 'lost'
-    else 'stopped' end`;
 
 /** Worker rows with a state a person can act on: live, lost (dead without stopping) or stopped. */
 export const workers: Command = {
@@ -58,7 +43,7 @@ export const workers: Command = {
       const result = await pool.query<WorkerRow>(
         `select * from (
            select w.worker_id, w.host, w.pid, w.queues, w.workflows, w.migrations, w.concurrency, w.lease_ms,
-                  w.started_at, w.last_heartbeat_at, w.stopped_at, ${STATE_SQL} as state
+                  w.started_at, w.last_heartbeat_at, w.stopped_at, ${WORKER_STATE_SQL} as state
              from runledger.workers w) w
           where $1 or w.state <> 'stopped'
           order by case w.state when 'live' then 0 when 'lost' then 1 else 2 end, w.last_heartbeat_at desc, w.worker_id

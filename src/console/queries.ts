@@ -1,0 +1,228 @@
+/**
+ * What the console reads: the views and tables psql users read (sql/0010_views.sql), and
+ * the queries the CLI shares (src/engine/client/reads.ts). Every list is bounded.
+ */
+import type pg from 'pg';
+import { RUN_STATES } from '../engine/core/states.js';
+import { QUEUE_KEYS_SQL, QUEUE_TOTALS_SQL, WORKER_STATE_SQL, runDocument } from '../engine/client/reads.js';
+
+export { runDocument };
+
+export const PAGE_SIZE = 50;
+
+export interface RunFilters {
+  status: string[];
+  workflow?: string;
+  queue?: string;
+  concurrencyKey?: string;
+  /** A part of a run id (any case), or a whole one. */
+  search?: string;
+}
+
+export interface RunListRow {
+  run_id: string;
+  workflow_name: string;
+  workflow_version: string;
+  status: string;
+  termination_reason: string | null;
+  wait_kind: string | null;
+  queue_name: string;
+  concurrency_key: string | null;
+  parent_run_id: string | null;
+  created_at: Date;
+  finished_at: Date | null;
+}
+
+/** The WHERE clause of the filters, with only the conditions given, so each plan can use its index. */
+function where(filters: RunFilters, params: unknown[], withStatus = true): string[] {
+  const parts: string[] = [];
+  const add = (sql: (p: string) => string, value: unknown) => {
+    params.push(value);
+    parts.push(sql(`$${params.length}`));
+  };
+  const statuses = filters.status.filter((s) => (RUN_STATES as readonly string[]).includes(s));
+  if (withStatus && statuses.length > 0) add((p) => `status = any(${p}::runledger.run_status[])`, statuses);
+  if (filters.workflow) add((p) => `workflow_name = ${p}`, filters.workflow);
+  if (filters.queue) add((p) => `queue_name = ${p}`, filters.queue);
+  if (filters.concurrencyKey) add((p) => `concurrency_key = ${p}`, filters.concurrencyKey);
+  if (filters.search) {
+    const search = filters.search.trim();
+    // A whole id goes by the primary key; a part of one is looked for in every id, newest first.
+    if (/^[0-9A-Za-z]{26}$/.test(search)) add((p) => `run_id = ${p}`, search.toUpperCase());
+    else add((p) => `strpos(upper(run_id), ${p}) > 0`, search.toUpperCase());
+  }
+  return parts;
+}
+
+/**
+ * One page of runs, newest first (run ids are ULIDs), by keyset: `before` (older than that
+ * run id) or `after` (newer than it, read in ascending order and turned around). Never OFFSET:
+ * the millionth run's page costs what the first one does. One more row than the page tells
+ * whether an older page exists.
+ */
+export async function listRuns(
+  pool: pg.Pool,
+  filters: RunFilters,
+  cursor: { before?: string; after?: string },
+  limit = PAGE_SIZE,
+): Promise<{ rows: RunListRow[]; older: boolean; newer: boolean }> {
+  const params: unknown[] = [];
+  const parts = where(filters, params);
+  const ascending = cursor.after !== undefined && cursor.before === undefined;
+  if (cursor.before !== undefined) {
+    params.push(cursor.before);
+    parts.push(`run_id < $${params.length}`);
+  } else if (cursor.after !== undefined) {
+    params.push(cursor.after);
+    parts.push(`run_id > $${params.length}`);
+  }
+  params.push(limit + 1);
+  const result = await pool.query<RunListRow>(
+    `select run_id, workflow_name, workflow_version, status, termination_reason, wait_kind, queue_name, concurrency_key,
+            parent_run_id, created_at, finished_at
+       from runledger.runs ${parts.length > 0 ? `where ${parts.join(' and ')}` : ''}
+      order by run_id ${ascending ? 'asc' : 'desc'} limit $${params.length}`,
+    params,
+  );
+  const more = result.rows.length > limit;
+  const rows = result.rows.slice(0, limit);
+  if (ascending) rows.reverse();
+  return {
+    rows,
+    older: ascending ? true : more,
+    newer: ascending ? more : cursor.before !== undefined,
+  };
+}
+
+/**
+ * Runs per status under the same filters but the status itself (so the counts say what each
+ * status link would list). Exact counts: without a filter, an index-only scan of
+ * runs_console_status (sql/0021_console.sql); docs/console.md has its cost at 1,000,000 runs.
+ */
+export async function statusCounts(pool: pg.Pool, filters: RunFilters): Promise<Map<string, number>> {
+  const params: unknown[] = [];
+  const parts = where(filters, params, false);
+  const result = await pool.query<{ status: string; n: number }>(
+    `select status::text as status, count(*)::int as n from runledger.runs
+      ${parts.length > 0 ? `where ${parts.join(' and ')}` : ''} group by status`,
+    params,
+  );
+  return new Map(result.rows.map((r) => [r.status, r.n]));
+}
+
+export interface StreamRow {
+  topic: string;
+  chunks: number;
+  next_offset: number;
+  closed: boolean;
+  tail: Array<{ offset: number; chunk: unknown }>;
+}
+
+/** The run's durable streams, each with its last chunks (the page follows new ones live). */
+export async function runStreams(pool: pg.Pool, runId: string, tail = 50): Promise<StreamRow[]> {
+  const streams = await pool.query<{ topic: string; chunks: string; next_offset: string; closed: boolean }>(
+    'select topic, chunks, next_offset, closed from runledger.streams where run_id = $1 order by topic',
+    [runId],
+  );
+  return Promise.all(
+    streams.rows.map(async (s) => ({
+      topic: s.topic,
+      chunks: Number(s.chunks),
+      next_offset: Number(s.next_offset),
+      closed: s.closed,
+      tail: await streamChunks(pool, runId, s.topic, Math.max(0, Number(s.next_offset) - tail)),
+    })),
+  );
+}
+
+/** Chunks of one stream from an offset on, at most 500 (what the live view polls). */
+export async function streamChunks(
+  pool: pg.Pool,
+  runId: string,
+  topic: string,
+  fromOffset: number,
+): Promise<Array<{ offset: number; chunk: unknown }>> {
+  const result = await pool.query<{ offset: string; chunk: unknown }>(
+    `select "offset", chunk from runledger.stream_chunks where run_id = $1 and topic = $2 and "offset" >= $3 order by "offset" limit 500`,
+    [runId, topic, fromOffset],
+  );
+  return result.rows.map((r) => ({ offset: Number(r.offset), chunk: r.chunk }));
+}
+
+export interface SessionEntryRow {
+  session_id: string;
+  seq: number;
+  role: string;
+  content: unknown;
+  step_position: number;
+  created_at: Date;
+}
+
+/** The session entries this run appended (its conversation turns), at most 200. */
+export async function runSessionEntries(pool: pg.Pool, runId: string): Promise<SessionEntryRow[]> {
+  const result = await pool.query<SessionEntryRow>(
+    `select session_id, seq, role, content, step_position, created_at from runledger.session_entries
+      where run_id = $1 order by step_position, entry_index limit 200`,
+    [runId],
+  );
+  return result.rows;
+}
+
+export async function approvalInbox(pool: pg.Pool): Promise<Array<Record<string, unknown>>> {
+  return (await pool.query('select * from runledger.approval_inbox order by requested_at, request_id limit 200')).rows;
+}
+
+export async function deadLetters(pool: pg.Pool): Promise<Array<Record<string, unknown>>> {
+  return (await pool.query('select * from runledger.dead_letter order by terminated_at desc nulls last, run_id desc limit 200')).rows;
+}
+
+export async function unknownOperations(pool: pg.Pool): Promise<Array<Record<string, unknown>>> {
+  return (await pool.query('select * from runledger.unknown_operations order by unknown_since, operation_id limit 200')).rows;
+}
+
+export interface QueueRow {
+  queue_name: string;
+  concurrency_key: string | null;
+  waiting_admission: number;
+  dispatched: number;
+  running: number;
+  waiting: number;
+  oldest_pending_s: number | null;
+  concurrency: number | null;
+  per_key_concurrency: number | null;
+  rate_limit_max: number | null;
+  rate_limit_period_ms: number | null;
+  paused: boolean;
+}
+
+export async function queueRows(pool: pg.Pool): Promise<{ totals: QueueRow[]; keys: QueueRow[] }> {
+  const [totals, keys] = await Promise.all([pool.query<QueueRow>(QUEUE_TOTALS_SQL), pool.query<QueueRow>(QUEUE_KEYS_SQL)]);
+  return { totals: totals.rows, keys: keys.rows };
+}
+
+export interface WorkerRow {
+  worker_id: string;
+  state: string;
+  queues: string[];
+  workflows: string[];
+  concurrency: number;
+  heartbeat_age_s: number;
+  runs_held: number;
+  started_at: Date;
+}
+
+/** Workers not stopped (and those stopped in the last hour), with heartbeat age and the runs they hold a lease on. */
+export async function workerRows(pool: pg.Pool): Promise<WorkerRow[]> {
+  const result = await pool.query<WorkerRow>(
+    `select * from (
+       select w.worker_id, ${WORKER_STATE_SQL} as state, w.queues, w.workflows, w.concurrency, w.started_at,
+              extract(epoch from runledger.now() - w.last_heartbeat_at)::float8 as heartbeat_age_s,
+              (select count(*)::int from runledger.runs r where r.lease_owner = w.worker_id and r.lease_expires_at is not null) as runs_held,
+              w.stopped_at
+         from runledger.workers w
+        where w.stopped_at is null or w.stopped_at > runledger.now() - interval '1 hour') w
+      order by case w.state when 'live' then 0 when 'lost' then 1 else 2 end, w.heartbeat_age_s, w.worker_id
+      limit 100`,
+  );
+  return result.rows;
+}
