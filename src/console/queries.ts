@@ -9,14 +9,17 @@ import { QUEUE_KEYS_SQL, QUEUE_TOTALS_SQL, WORKER_STATE_SQL, runDocument } from 
 export { runDocument };
 
 export const PAGE_SIZE = 50;
+export const MAX_PAGE_SIZE = 500;
 
 export interface RunFilters {
   status: string[];
   workflow?: string;
   queue?: string;
   concurrencyKey?: string;
-  /** A part of a run id (any case), or a whole one. */
+  /** The start of a run id (any case), or a whole one; with searchInside, any part of one. */
   search?: string;
+  /** Look for `search` anywhere in the ids (a scan of every id: the console does it only when no id starts with it). */
+  searchInside?: boolean;
 }
 
 export interface RunListRow {
@@ -47,9 +50,16 @@ function where(filters: RunFilters, params: unknown[], withStatus = true): strin
   if (filters.concurrencyKey) add((p) => `concurrency_key = ${p}`, filters.concurrencyKey);
   if (filters.search) {
     const search = filters.search.trim();
-    // A whole id goes by the primary key; a part of one is looked for in every id, newest first.
-    if (/^[0-9A-Za-z]{26}$/.test(search)) add((p) => `run_id = ${p}`, search.toUpperCase());
-    else add((p) => `strpos(upper(run_id), ${p}) > 0`, search.toUpperCase());
+    // A whole id and the start of one go by the primary key (a range of it); a part inside ids scans them.
+    const upper = search.toUpperCase();
+    if (/^[0-9A-Z]{26}$/.test(upper)) add((p) => `run_id = ${p}`, upper);
+    else if (filters.searchInside) add((p) => `strpos(upper(run_id), ${p}) > 0`, upper);
+    else {
+      // [prefix, prefix + '\u{10FFFF}') holds the ids that start with it; left() keeps the answer exact in any collation.
+      add((p) => `run_id >= ${p}`, upper);
+      add((p) => `run_id < ${p}`, `${upper}\u{10FFFF}`);
+      add((p) => `left(upper(run_id), ${search.length}) = ${p}`, upper);
+    }
   }
   return parts;
 }
@@ -94,20 +104,36 @@ export async function listRuns(
   };
 }
 
+/** How far the counts per status count: past it a status shows "10,000+", so a page costs the same at a million runs as at ten thousand. */
+export const COUNT_CAP = 10_000;
+
 /**
  * Runs per status under the same filters but the status itself (so the counts say what each
- * status link would list). Exact counts: without a filter, an index-only scan of
- * runs_console_status (sql/0021_console.sql); docs/console.md has its cost at 1,000,000 runs.
+ * status link would list), each counted up to COUNT_CAP + 1 rows: COUNT_CAP + 1 means
+ * "more than COUNT_CAP". Each status is an index-only range of runs_console_status
+ * (sql/0021_console.sql) that stops at the cap; an exact count of every status read the
+ * whole index (about 100 ms at 1,000,000 runs, and growing with the table: docs/console.md).
  */
 export async function statusCounts(pool: pg.Pool, filters: RunFilters): Promise<Map<string, number>> {
   const params: unknown[] = [];
   const parts = where(filters, params, false);
+  params.push(COUNT_CAP + 1);
   const result = await pool.query<{ status: string; n: number }>(
-    `select status::text as status, count(*)::int as n from runledger.runs
-      ${parts.length > 0 ? `where ${parts.join(' and ')}` : ''} group by status`,
+    `select s.status::text as status,
+            (select count(*)::int from (select 1 from runledger.runs r where r.status = s.status
+                                         ${parts.map((p) => `and ${p}`).join(' ')} limit $${params.length}) x) as n
+       from unnest(enum_range(null::runledger.run_status)) s(status)`,
     params,
   );
-  return new Map(result.rows.map((r) => [r.status, r.n]));
+  return new Map(result.rows.filter((r) => r.n > 0).map((r) => [r.status, r.n]));
+}
+
+/** The planner's estimate of the runs in the table (pg_class.reltuples), for the list's "about N runs". */
+export async function estimatedRuns(pool: pg.Pool): Promise<number> {
+  const result = await pool.query<{ n: number }>(
+    "select greatest(reltuples, 0)::float8 as n from pg_class where oid = 'runledger.runs'::regclass",
+  );
+  return Math.round(result.rows[0]?.n ?? 0);
 }
 
 export interface StreamRow {

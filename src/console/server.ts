@@ -140,8 +140,15 @@ export async function startConsole(options: ConsoleOptions = {}): Promise<Runnin
       ...(query.q ? { search: query.q } : {}),
     };
     const cursor = { ...(query.before ? { before: query.before } : {}), ...(query.after ? { after: query.after } : {}) };
-    const [page, counts] = await Promise.all([q.listRuns(pool, filters, cursor), q.statusCounts(pool, filters)]);
-    return render(c, runsPage(context(c), { filters, counts, ...page }));
+    const limit = Math.min(Math.max(Math.trunc(Number(query.limit)) || q.PAGE_SIZE, 1), q.MAX_PAGE_SIZE);
+    let [page, counts] = await Promise.all([q.listRuns(pool, filters, cursor, limit), q.statusCounts(pool, filters)]);
+    if (page.rows.length === 0 && filters.search && !cursor.before && !cursor.after) {
+      // No id starts with it: look for it inside the ids (a scan, so only then).
+      filters.searchInside = true;
+      [page, counts] = await Promise.all([q.listRuns(pool, filters, cursor, limit), q.statusCounts(pool, filters)]);
+    }
+    const estimate = Object.keys(query).length === 0 ? await q.estimatedRuns(pool) : undefined;
+    return render(c, runsPage(context(c), { filters, counts, limit, estimate, ...page }));
   });
 
   app.get('/runs/:id', async (c) => {

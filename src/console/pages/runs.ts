@@ -1,7 +1,7 @@
 /** The run list: filters, counts per status, and keyset pages of 50, newest first. */
 import { html } from 'hono/html';
 import { RUN_STATES } from '../../engine/core/states.js';
-import type { RunFilters, RunListRow } from '../queries.js';
+import { COUNT_CAP, PAGE_SIZE, type RunFilters, type RunListRow } from '../queries.js';
 import { layout, runLink, since, status, type Html, type PageContext } from './layout.js';
 
 export interface RunsPage {
@@ -10,11 +10,15 @@ export interface RunsPage {
   counts: Map<string, number>;
   older: boolean;
   newer: boolean;
+  limit: number;
+  /** The planner's estimate of all runs, on the unfiltered list. */
+  estimate?: number | undefined;
 }
 
 /** The query string of these filters (and a cursor), for links that keep them. */
-export function filterQuery(filters: RunFilters, extra: Record<string, string> = {}): string {
+export function filterQuery(filters: RunFilters, extra: Record<string, string> = {}, limit?: number): string {
   const params = new URLSearchParams();
+  if (limit !== undefined && limit !== PAGE_SIZE) params.set('limit', String(limit));
   if (filters.status.length > 0) params.set('status', filters.status.join(','));
   if (filters.workflow) params.set('workflow', filters.workflow);
   if (filters.queue) params.set('queue', filters.queue);
@@ -27,12 +31,13 @@ export function filterQuery(filters: RunFilters, extra: Record<string, string> =
 
 export function runsPage(ctx: PageContext, page: RunsPage): Html {
   const { filters, rows, counts } = page;
-  const total = [...counts.values()].reduce((a, b) => a + b, 0);
+  const capped = [...counts.values()].some((n) => n > COUNT_CAP);
+  const count = (n: number) => (n > COUNT_CAP ? `${COUNT_CAP.toLocaleString('en')}+` : n.toLocaleString('en'));
+  const sum = [...counts.values()].reduce((a, b) => a + Math.min(b, COUNT_CAP), 0);
+  const total = capped ? `${sum.toLocaleString('en')}+` : sum.toLocaleString('en');
   const countLinks = RUN_STATES.filter((s) => counts.has(s)).map(
     (s) =>
-      html`<a href="/runs${filterQuery({ ...filters, status: [s] })}" data-testid="count-${s}"
-        >${status(s)} ${counts.get(s)!.toLocaleString('en')}</a
-      >`,
+      html`<a href="/runs${filterQuery({ ...filters, status: [s] })}" data-testid="count-${s}">${status(s)} ${count(counts.get(s)!)}</a>`,
   );
   const input = (name: string, label: string, value: string | undefined, placeholder = '') =>
     html`<label>${label}<input name="${name}" value="${value ?? ''}" placeholder="${placeholder}" /></label>`;
@@ -49,11 +54,12 @@ export function runsPage(ctx: PageContext, page: RunsPage): Html {
         </select></label
       >
       ${input('workflow', 'workflow', filters.workflow)} ${input('queue', 'queue', filters.queue)}
-      ${input('key', 'concurrency key', filters.concurrencyKey)} ${input('q', 'run id contains', filters.search, '01J9…')}
+      ${input('key', 'concurrency key', filters.concurrencyKey)} ${input('q', 'run id (start or part)', filters.search, '01J9…')}
       <button type="submit">filter</button> <a href="/runs">clear</a>
     </form>
     <p class="counts">
-      <a href="/runs${filterQuery({ ...filters, status: [] })}" data-testid="count-all">all ${total.toLocaleString('en')}</a>
+      <a href="/runs${filterQuery({ ...filters, status: [] })}" data-testid="count-all">all ${total}</a>
+      ${page.estimate !== undefined && capped ? html`<span class="muted">(about ${page.estimate.toLocaleString('en')} runs in all)</span>` : ''}
       ${countLinks}
     </p>
     ${
@@ -88,8 +94,8 @@ export function runsPage(ctx: PageContext, page: RunsPage): Html {
           </table>`
     }
     <nav class="pager">
-      ${page.newer && rows.length > 0 ? html`<a href="/runs${filterQuery(filters, { after: rows[0]!.run_id })}" rel="prev">← newer</a>` : ''}
-      ${page.older && rows.length > 0 ? html`<a href="/runs${filterQuery(filters, { before: rows.at(-1)!.run_id })}" rel="next">older →</a>` : ''}
+      ${page.newer && rows.length > 0 ? html`<a href="/runs${filterQuery(filters, { after: rows[0]!.run_id }, page.limit)}" rel="prev">← newer</a>` : ''}
+      ${page.older && rows.length > 0 ? html`<a href="/runs${filterQuery(filters, { before: rows.at(-1)!.run_id }, page.limit)}" rel="next">older →</a>` : ''}
     </nav>
   `;
   return layout(ctx, 'Runs', body);
