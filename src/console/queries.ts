@@ -44,7 +44,8 @@ function where(filters: RunFilters, params: unknown[], withStatus = true): strin
     parts.push(sql(`$${params.length}`));
   };
   const statuses = filters.status.filter((s) => (RUN_STATES as readonly string[]).includes(s));
-  if (withStatus && statuses.length > 0) add((p) => `status = any(${p}::runledger.run_status[])`, statuses);
+  // created_at > '-infinity': the predicate of runs_console_status (sql/0021_console.sql), always true.
+  if (withStatus && statuses.length > 0) add((p) => `status = any(${p}::runledger.run_status[]) and created_at > '-infinity'`, statuses);
   if (filters.workflow) add((p) => `workflow_name = ${p}`, filters.workflow);
   if (filters.queue) add((p) => `queue_name = ${p}`, filters.queue);
   if (filters.concurrencyKey) add((p) => `concurrency_key = ${p}`, filters.concurrencyKey);
@@ -132,7 +133,7 @@ export async function statusCounts(pool: pg.Pool, filters: RunFilters): Promise<
   }
   const result = await pool.query<{ status: string; n: number }>(
     `select s.status::text as status,
-            (select count(*)::int from (select 1 from runledger.runs r where r.status = s.status limit $1) x) as n
+            (select count(*)::int from (select 1 from runledger.runs r where r.status = s.status and r.created_at > '-infinity' limit $1) x) as n
        from unnest(enum_range(null::runledger.run_status)) s(status)`,
     [COUNT_CAP + 1],
   );
