@@ -86,18 +86,19 @@ describe('runledger dev', () => {
 
     // The module created its tables; the demo's two outcomes: a refund paid, one rejected.
     await db.pool.query(`insert into shop.orders (order_id, customer_email, total_cents) values ('ord-dev', 'ana@example.com', 9000)`);
-    const paid = (await db.pool.query(`select runledger.start_run('refund', '{"orderId":"ord-dev","amountCents":1200,"reason":"late"}') as id`))
-      .rows[0].id as string;
+    const paid = (
+      await db.pool.query(`select runledger.start_run('refund', '{"orderId":"ord-dev","amountCents":1200,"reason":"late"}') as id`)
+    ).rows[0].id as string;
     const rejected = (
       await db.pool.query(`select runledger.start_run('refund', '{"orderId":"ord-none","amountCents":100,"reason":"late"}') as id`)
     ).rows[0].id as string;
     const statuses = await waitFor('both refunds to end', async () => {
       const rows = (await db.pool.query('select run_id, status from runledger.runs where run_id = any($1)', [[paid, rejected]])).rows;
-      return rows.length === 2 && rows.every((r) => ['COMPLETED', 'FAILED'].includes(r.status))
+      return rows.length === 2 && rows.every((r) => ['SUCCEEDED', 'FAILED'].includes(r.status))
         ? Object.fromEntries(rows.map((r) => [r.run_id, r.status]))
         : undefined;
     });
-    expect(statuses).toEqual({ [paid]: 'COMPLETED', [rejected]: 'FAILED' });
+    expect(statuses).toEqual({ [paid]: 'SUCCEEDED', [rejected]: 'FAILED' });
 
     const page = await fetch(consoleUrl);
     expect(page.status).toBe(200);
