@@ -11,6 +11,7 @@
  *   `Date.now() + 2 s`: with the database ahead the run started at once, behind 5 min late);
  * - a 1 s sleep wakes after about 1 s (the worker used to arm its timer for the database's
  *   due time read on its own clock: with the database ahead, 5 minutes late);
+ * - a deadline of 2 s ends a sleeping run 2 s after its start, by the database's clock;
  * - leases stay held by a worker that heartbeats, judged on the database's clock.
  *
  * The worker's poll and sweep are slowed to a minute, so a run starts or wakes on time only
@@ -41,6 +42,7 @@ describe.each([
   let delayed: Workflow<unknown, string, unknown>;
   let sleeper: Workflow<unknown, string, unknown>;
   let long: Workflow<unknown, string, unknown>;
+  let overdue: Workflow<unknown, string, unknown>;
 
   beforeAll(async () => {
     // Every connection of the engine (its pool, the worker's LISTEN and cron connections) moves its clock.
@@ -65,6 +67,10 @@ describe.each([
     long = engine.workflow({ name: `skew-lease-${name}`, queue }, async (ctx) => {
       await ctx.step('three-leases', () => new Promise<string>((resolve) => setTimeout(() => resolve('done'), 3 * LEASE_MS)));
       return 'done';
+    });
+    overdue = engine.workflow({ name: `skew-deadline-${name}`, queue }, async (ctx) => {
+      await ctx.sleep('past-the-deadline', 60_000);
+      return 'too late';
     });
     worker = await engine.runWorker({ queues: [queue], leaseMs: LEASE_MS, pollIntervalMs: 60_000, sweepIntervalMs: 60_000 });
   });
@@ -118,6 +124,19 @@ describe.each([
     expect(startedAfter).toBeLessThan(3_000);
     expect(waited).toBeGreaterThanOrEqual(1_900);
     expect(waited).toBeLessThan(4_000);
+  });
+
+  it("a deadline of 2 s ends a sleeping run 2 s after its start by the database's clock", async () => {
+    const startedAt = performance.now();
+    const handle = await engine.start(overdue, undefined, { deadline: '2s' });
+    await expect(handle.result({ timeoutMs: 15_000 })).rejects.toMatchObject({
+      details: { status: 'TERMINATED', terminationReason: 'DEADLINE' },
+    });
+    const waited = performance.now() - startedAt;
+    const ended = await between('r.finished_at - r.created_at', handle.runId);
+    expect(ended).toBeGreaterThanOrEqual(2_000);
+    expect(ended).toBeLessThan(3_500);
+    expect(waited).toBeLessThan(5_000);
   });
 
   it('a sleep of 1 s wakes after about 1 s', async () => {

@@ -276,3 +276,14 @@ export function describeError(thrown: unknown): { line: string; exitCode: number
     message += ' (has `runledger migrate` been run on this database?)';
   return { line: `error [${code}]: ${message}`, exitCode: EXIT_FAILED };
 }
+
+/** Resolves on the first SIGINT or SIGTERM (and stops listening), for commands that run until Ctrl-C. */
+export function untilSignal(): Promise<NodeJS.Signals> {
+  return new Promise((done) => {
+    const on = (sig: NodeJS.Signals) => {
+      process.off('SIGINT', on).off('SIGTERM', on);
+      done(sig);
+    };
+    process.on('SIGINT', on).on('SIGTERM', on);
+  });
+}

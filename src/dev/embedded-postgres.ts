@@ -28,6 +28,13 @@ export interface EmbeddedPostgresOptions {
   /** Delete the data folder on stop. */
   ephemeral?: boolean;
   onLog?: (message: string) => void;
+  /**
+   * Default true: a SIGINT, SIGTERM or SIGHUP to this process stops the server (see below).
+   * false: the caller stops it, in its own order (`runledger dev` stops its worker first,
+   * which needs the database to release its runs), and the server runs in its own process
+   * group, so a terminal's Ctrl-C does not reach it either.
+   */
+  stopOnSignal?: boolean;
 }
 
 const USER = 'postgres';
@@ -78,9 +85,10 @@ export async function startEmbeddedPostgres(options: EmbeddedPostgresOptions = {
     if (existsSync(dataDir)) rmSync(dataDir, { recursive: true, force: true }); // half-initialised by a killed run
     await initdb(binaries, dataDir, user, onLog);
   }
-  const child = await startServer(binaries, dataDir, port, user, onLog);
+  const ownGroup = options.stopOnSignal === false;
+  const child = await startServer(binaries, dataDir, port, user, onLog, ownGroup);
   const server = { stop: () => stopServer(child, dataDir, options.ephemeral === true) };
-  track(server);
+  if (!ownGroup) track(server);
   const urlFor = (database: string) => `postgres://${USER}:${PASSWORD}@127.0.0.1:${port}/${database}`;
   return {
     connectionString: urlFor('postgres'),
@@ -160,8 +168,9 @@ function startServer(
   port: number,
   user: PostgresUser | undefined,
   onLog: (message: string) => void,
+  ownGroup = false,
 ): Promise<ChildProcess> {
-  const child = spawnAs(binaries.postgres, ['-D', dataDir, '-p', String(port), ...SERVER_FLAGS], user);
+  const child = spawnAs(binaries.postgres, ['-D', dataDir, '-p', String(port), ...SERVER_FLAGS], user, ownGroup);
   return new Promise((resolveStart, reject) => {
     let output = '';
     let settled = false;
@@ -196,10 +205,15 @@ function startServer(
   });
 }
 
-function spawnAs(file: string, args: string[], user: PostgresUser | undefined): ChildProcess {
+function spawnAs(file: string, args: string[], user: PostgresUser | undefined, ownGroup = false): ChildProcess {
   // The server's messages are parsed (the ready line), so they must be in English.
   const env = { ...process.env, LC_MESSAGES: 'C' };
-  return spawn(file, args, { ...(user ? { uid: user.uid, gid: user.gid } : {}), env, stdio: ['ignore', 'pipe', 'pipe'] });
+  return spawn(file, args, {
+    ...(user ? { uid: user.uid, gid: user.gid } : {}),
+    env,
+    stdio: ['ignore', 'pipe', 'pipe'],
+    detached: ownGroup,
+  });
 }
 
 function runToEnd(child: ChildProcess, onLog: (message: string) => void): Promise<{ code: number | null; output: string; error?: Error }> {

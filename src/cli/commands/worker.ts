@@ -1,6 +1,6 @@
 import { print } from '../format.js';
 import { loadRegister } from '../module.js';
-import { CliError, intOption, openEngine, parse, type Command } from '../shared.js';
+import { CliError, intOption, openEngine, parse, type Command, untilSignal } from '../shared.js';
 
 /**
  * Runs workflows from the user's module until SIGINT/SIGTERM. The module defines
@@ -65,13 +65,3 @@ export const worker: Command = {
     }
   },
 };
-
-function untilSignal(): Promise<NodeJS.Signals> {
-  return new Promise((done) => {
-    const on = (sig: NodeJS.Signals) => {
-      process.off('SIGINT', on).off('SIGTERM', on);
-      done(sig);
-    };
-    process.on('SIGINT', on).on('SIGTERM', on);
-  });
-}
