@@ -62,8 +62,10 @@ export const dev: Command = {
         await running.stop();
       });
       const { startConsole } = await import('../../console/server.js');
+      const codec = cliCodec();
       const ui = await startConsole({
         pool: engine.pool,
+        ...(codec ? { codec } : {}),
         host: values.host as string | undefined,
         port,
         token,

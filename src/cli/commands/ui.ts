@@ -1,5 +1,5 @@
 import { print } from '../format.js';
-import { CliError, cliCodec, cliLog, databaseUrl, intOption, parse, type Command } from '../shared.js';
+import { CliError, cliCodec, cliLog, databaseUrl, intOption, parse, type Command, untilSignal } from '../shared.js';
 
 /** The web console until SIGINT/SIGTERM (src/console/server.ts, docs/console.md). */
 export const ui: Command = {
@@ -40,13 +40,7 @@ export const ui: Command = {
     print(`runledger console on ${running.url}`);
     print(token ? 'actions need the token: sign in on the page' : 'read-only: no token (--token or RUNLEDGER_UI_TOKEN) to act from it');
     print('Ctrl-C (SIGINT) or SIGTERM stops it');
-    await new Promise<void>((done) => {
-      const on = () => {
-        process.off('SIGINT', on).off('SIGTERM', on);
-        done();
-      };
-      process.on('SIGINT', on).on('SIGTERM', on);
-    });
+    await untilSignal();
     await running.close();
     print('stopped');
   },
