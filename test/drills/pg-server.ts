@@ -21,7 +21,7 @@ export interface BinDir {
 }
 
 export function debianBinaries(): BinDir | undefined {
-  if (!existsSync(join(DEBIAN_BIN, 'pg_basebackup'))) return undefined;
+  if (!['pg_basebackup', 'pg_ctl', 'initdb'].every((file) => existsSync(join(DEBIAN_BIN, file)))) return undefined;
   return { initdb: join(DEBIAN_BIN, 'initdb'), pgCtl: join(DEBIAN_BIN, 'pg_ctl'), pgBasebackup: join(DEBIAN_BIN, 'pg_basebackup') };
 }
 
@@ -76,7 +76,6 @@ const SERVER_OPTIONS = '-c max_connections=200 -c listen_addresses=127.0.0.1 -c 
 
 export class PgServer {
   readonly dataDir: string;
-  /** Moments this server was (re)started, stopped or killed: the drill's fault log. */
   constructor(
     readonly bin: BinDir,
     readonly port: number,

@@ -62,8 +62,8 @@ describe('PostgreSQL restarted under load (pg_ctl stop -m immediate)', () => {
       Array.from({ length: RUNS }, () => ({ service: service.url, napMs: 300 })),
     );
     const runIds = handles.map((h) => h.runId);
-    // 20 signals a second: the last runs can finish only after about 50 s, so every fault falls under load.
-    const sender = signalSender(engine, runIds, 20);
+    // 15 signals a second: the last runs can finish only after about 67 s, so every fault falls under load.
+    const sender = signalSender(engine, runIds, 15);
     let sending = true;
     void sender.done.finally(() => (sending = false));
 
