@@ -7,6 +7,7 @@ import { checkResolvedResult } from '../steps/operation.js';
 import { guardPool } from './db/pools.js';
 import { CrashPoints, validateCrashPoints, type CrashPoint } from './core/crash-points.js';
 import { migrate } from './db/migrate.js';
+import { multiHostClient, parseMultiHost } from './db/multi-host.js';
 import { setQueue, type QueueOptions, type QueueRecord } from './client/queues.js';
 import { defineSchedule, type Schedule, type ScheduleOptions, type StartScheduled } from './client/schedules.js';
 import {
@@ -201,6 +202,13 @@ export interface Engine<DB = any> {
   readonly pool: pg.Pool;
 }
 
+/** One host: node-postgres reads the string. Several (or target_session_attrs): a client class that picks the host (db/multi-host.ts). */
+function connectionConfig(connectionString: string): pg.PoolConfig {
+  const target = parseMultiHost(connectionString);
+  if (!target) return { connectionString };
+  return { ...target.config, Client: multiHostClient(target) as unknown as pg.PoolConfig['Client'] };
+}
+
 export function createEngine<DB = any>(options: EngineOptions = {}): Engine<DB> {
   const parsed = optionsSchema.safeParse(options);
   if (!parsed.success)
@@ -214,7 +222,7 @@ export function createEngine<DB = any>(options: EngineOptions = {}): Engine<DB> 
   const ownsPool = !options.pool;
   const poolConfig: pg.PoolConfig = options.pool
     ? { ...(options.pool as unknown as { options: pg.PoolConfig }).options }
-    : { connectionString, max: options.poolMax ?? POOL_MAX_DEFAULT, keepAlive: true };
+    : { ...connectionConfig(connectionString!), max: options.poolMax ?? POOL_MAX_DEFAULT, keepAlive: true };
   const pool = options.pool ?? new pg.Pool(poolConfig);
   guardPool(pool, 'pool', log);
   const db = new Kysely<RunledgerDatabase>({ dialect: new PostgresDialect({ pool }) });

@@ -46,7 +46,9 @@ export async function listen(
   };
   const connect = async (): Promise<void> => {
     if (closed) return;
-    const next = new pg.Client(config);
+    // A multi-host connection string brings its own client class (db/multi-host.ts), which picks the host.
+    const Client = (config.Client as typeof pg.Client | undefined) ?? pg.Client;
+    const next = new Client(config);
     next.on('notification', (message) => {
       const handler = handlers[message.channel];
       if (handler && message.payload !== undefined) handler(message.payload);
