@@ -21,7 +21,10 @@ export interface HeartbeatOptions {
  * (runledger._heartbeat). A run missing from the answer was lost (recovered by another
  * worker after a pause): its execution halts at once. A heartbeat failing for longer
  * than the lease means ownership can no longer be proved, so user code stops early
- * (its writes would be fenced anyway).
+ * (its writes would be fenced anyway). A heartbeat that gets no answer counts as failed
+ * after a third of the lease: on a half-open connection (the peer gone without FIN or
+ * RST) a query waits for a reply that never comes, and a heartbeat waiting with it
+ * would never notice the lease running out.
  */
 export function createHeartbeat(options: HeartbeatOptions): () => Promise<void> {
   const { pool, workerId, leaseMs, executions, log } = options;
@@ -33,11 +36,14 @@ export function createHeartbeat(options: HeartbeatOptions): () => Promise<void> 
     const sentAt = Date.now();
     try {
       const selfBeating = [...executions].filter((exec) => exec.selfHeartbeat).map((exec) => exec.runId);
-      const result = await pool.query('select runledger._heartbeat(p_worker_id => $1, p_lease_ms => $2, p_except => $3) as runs', [
-        workerId,
-        leaseMs,
-        selfBeating,
-      ]);
+      const result = await answeredWithin(
+        pool.query('select runledger._heartbeat(p_worker_id => $1, p_lease_ms => $2, p_except => $3) as runs', [
+          workerId,
+          leaseMs,
+          selfBeating,
+        ]),
+        Math.max(100, Math.floor(leaseMs / 3)),
+      );
       lastHeartbeatOk = Date.now();
       const renewed = new Set<string>(result.rows[0].runs);
       for (const exec of executions) {
@@ -60,4 +66,21 @@ export function createHeartbeat(options: HeartbeatOptions): () => Promise<void> 
       }
     }
   };
+}
+
+/**
+ * The query's answer, or an error after timeoutMs. The query itself goes on: the pool's
+ * query_timeout (createEngine's queryTimeoutMs) ends it and discards its connection.
+ */
+async function answeredWithin<T>(query: Promise<T>, timeoutMs: number): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  const late = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`heartbeat: no answer within ${timeoutMs} ms`)), timeoutMs);
+  });
+  query.catch(() => undefined); // answered after the deadline: nobody waits for it any more
+  try {
+    return await Promise.race([query, late]);
+  } finally {
+    clearTimeout(timer);
+  }
 }
