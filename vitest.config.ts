@@ -1,8 +1,10 @@
-import { defineConfig } from 'vitest/config';
+import { configDefaults, defineConfig } from 'vitest/config';
 
 export default defineConfig({
   test: {
     include: ['test/**/*.test.ts'],
+    // The fault drills start and kill PostgreSQL servers of their own for minutes: `npm run test:drills` (vitest.drills.config.ts).
+    exclude: [...configDefaults.exclude, 'test/drills/**'],
     globalSetup: ['test/setup/global-setup.ts'],
     // Each file gets its own database cloned from a migrated template, so files run in parallel.
     pool: 'forks',

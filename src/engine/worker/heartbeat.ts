@@ -16,34 +16,45 @@ export interface HeartbeatOptions {
   isStarting: (runId: string) => boolean;
 }
 
+export interface Heartbeat {
+  /** Sends one heartbeat and acts on its answer. */
+  beat(): Promise<void>;
+  /**
+   * Halts every execution once no heartbeat was answered for longer than the lease, even
+   * while one is still waiting for its answer: on a half-open connection (the peer gone
+   * without FIN or RST) a query gets neither an answer nor an error, and a check made
+   * only when a heartbeat fails would never come.
+   */
+  checkLapse(): void;
+}
+
 /**
  * One heartbeat renews the leases of all runs the worker owns in one statement
  * (runledger._heartbeat). A run missing from the answer was lost (recovered by another
  * worker after a pause): its execution halts at once. A heartbeat failing for longer
  * than the lease means ownership can no longer be proved, so user code stops early
- * (its writes would be fenced anyway). A heartbeat that gets no answer counts as failed
- * after a third of the lease: on a half-open connection (the peer gone without FIN or
- * RST) a query waits for a reply that never comes, and a heartbeat waiting with it
- * would never notice the lease running out.
+ * (its writes would be fenced anyway).
  */
-export function createHeartbeat(options: HeartbeatOptions): () => Promise<void> {
+export function createHeartbeat(options: HeartbeatOptions): Heartbeat {
   const { pool, workerId, leaseMs, executions, log } = options;
   // The lease itself is stamped in SQL (runledger.now() + lease). The times here are this
   // worker's own, only compared with each other (and exec.claimedAt, also Date.now()) as
   // durations: how long heartbeats have failed. They never meet the database's clock.
   let lastHeartbeatOk = Date.now();
-  return async () => {
+  const checkLapse = () => {
+    if (Date.now() - lastHeartbeatOk <= leaseMs) return;
+    for (const exec of executions)
+      exec.halt({ kind: 'lease_lost', message: `run ${exec.runId}: heartbeat failing for longer than the lease` });
+  };
+  const beat = async () => {
     const sentAt = Date.now();
     try {
       const selfBeating = [...executions].filter((exec) => exec.selfHeartbeat).map((exec) => exec.runId);
-      const result = await answeredWithin(
-        pool.query('select runledger._heartbeat(p_worker_id => $1, p_lease_ms => $2, p_except => $3) as runs', [
-          workerId,
-          leaseMs,
-          selfBeating,
-        ]),
-        Math.max(100, Math.floor(leaseMs / 3)),
-      );
+      const result = await pool.query('select runledger._heartbeat(p_worker_id => $1, p_lease_ms => $2, p_except => $3) as runs', [
+        workerId,
+        leaseMs,
+        selfBeating,
+      ]);
       lastHeartbeatOk = Date.now();
       const renewed = new Set<string>(result.rows[0].runs);
       for (const exec of executions) {
@@ -60,27 +71,8 @@ export function createHeartbeat(options: HeartbeatOptions): () => Promise<void> 
       if ([...renewed].some((runId) => !executingIds.has(runId) && !options.isStarting(runId))) options.reclaimUnexecuted();
     } catch (error) {
       log('warn', 'heartbeat failed', { error: serializeError(error) });
-      if (Date.now() - lastHeartbeatOk > leaseMs) {
-        for (const exec of executions)
-          exec.halt({ kind: 'lease_lost', message: `run ${exec.runId}: heartbeat failing for longer than the lease` });
-      }
+      checkLapse();
     }
   };
-}
-
-/**
- * The query's answer, or an error after timeoutMs. The query itself goes on: the pool's
- * query_timeout (createEngine's queryTimeoutMs) ends it and discards its connection.
- */
-async function answeredWithin<T>(query: Promise<T>, timeoutMs: number): Promise<T> {
-  let timer: NodeJS.Timeout | undefined;
-  const late = new Promise<never>((_, reject) => {
-    timer = setTimeout(() => reject(new Error(`heartbeat: no answer within ${timeoutMs} ms`)), timeoutMs);
-  });
-  query.catch(() => undefined); // answered after the deadline: nobody waits for it any more
-  try {
-    return await Promise.race([query, late]);
-  } finally {
-    clearTimeout(timer);
-  }
+  return { beat, checkLapse };
 }
