@@ -1,12 +1,14 @@
 import { defineConfig } from 'vitest/config';
 
 /**
- * `npm run test:drills`: the slow fault drills (test/drills/), each against PostgreSQL
- * servers it starts, restarts and kills itself, so no global setup and one file at a time.
+ * `npm run test:drills`: the slow fault drills (test/drills/), one file at a time. The restart
+ * and failover drills start, restart and kill PostgreSQL servers of their own; the resume
+ * storm uses a database cloned from the suite's migrated template (the global setup).
  */
 export default defineConfig({
   test: {
     include: ['test/drills/*.test.ts'],
+    globalSetup: ['test/setup/global-setup.ts'],
     pool: 'forks',
     maxWorkers: 1,
     minWorkers: 1,

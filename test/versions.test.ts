@@ -119,6 +119,7 @@ describe('a run that outlives its version', () => {
       ['migrations', true],
       ['dead letter', true],
       ['unknown operations', true],
+      ['held transactions', true],
     ]);
   });
 });

@@ -4,7 +4,7 @@ import { z } from 'zod';
 import { ConfigError } from './core/errors.js';
 import { resultSchemaKey, type ExecutionDeps } from './run/execution.js';
 import { checkResolvedResult } from '../steps/operation.js';
-import { guardPool } from './db/pools.js';
+import { connectionTimeouts, guardPool, QUERY_TIMEOUT_MS_DEFAULT } from './db/pools.js';
 import { CrashPoints, validateCrashPoints, type CrashPoint } from './core/crash-points.js';
 import { migrate } from './db/migrate.js';
 import { multiHostClient, parseMultiHost } from './db/multi-host.js';
@@ -61,6 +61,13 @@ export interface EngineOptions {
   maxPayloadBytes?: number;
   /** Connections in the engine's own pool; default 20 (size it to worker concurrency + a few). */
   poolMax?: number;
+  /**
+   * Longest wait for the answer of any query on the engine's own connections (pg's
+   * query_timeout), and for a connection; default 60 s. A query without an answer by then
+   * fails and its connection is discarded: a half-open connection never hangs a worker.
+   * Keep it above your longest statement in ctx.transaction. Not applied to a pool you pass.
+   */
+  queryTimeoutMs?: number;
   /** Where warnings and errors go; default: console.warn/error for 'warn'/'error', silent for 'info'. */
   log?: LogFunction;
   /**
@@ -91,6 +98,7 @@ const optionsSchema = z.object({
   schema: z.literal('runledger', { message: "schema: only 'runledger' is supported" }).optional(),
   maxPayloadBytes: z.number().int().positive().optional(),
   poolMax: z.number().int().min(2).optional(),
+  queryTimeoutMs: z.number().int().min(100).optional(),
   log: z.function().optional(),
   secrets: z.function().optional(),
   codec: z
@@ -222,7 +230,11 @@ export function createEngine<DB = any>(options: EngineOptions = {}): Engine<DB> 
   const ownsPool = !options.pool;
   const poolConfig: pg.PoolConfig = options.pool
     ? { ...(options.pool as unknown as { options: pg.PoolConfig }).options }
-    : { ...connectionConfig(connectionString!), max: options.poolMax ?? POOL_MAX_DEFAULT, keepAlive: true };
+    : {
+        ...connectionConfig(connectionString!),
+        max: options.poolMax ?? POOL_MAX_DEFAULT,
+        ...connectionTimeouts(options.queryTimeoutMs ?? QUERY_TIMEOUT_MS_DEFAULT),
+      };
   const pool = options.pool ?? new pg.Pool(poolConfig);
   guardPool(pool, 'pool', log);
   const db = new Kysely<RunledgerDatabase>({ dialect: new PostgresDialect({ pool }) });

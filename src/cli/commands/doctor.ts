@@ -14,19 +14,29 @@ interface Finding {
 /**
  * One pass over what an operator should know about: the schema against this build, live
  * workers, stranded runs (a version no live worker serves), migrations nobody can apply,
- * dead letters and operations whose outcome is unknown. Exit 0 when all is well, 1 when a
+ * dead letters, operations whose outcome is unknown, and a transaction held open long
+ * enough to stop vacuum (with the dead tuples of runledger's tables). Exit 0 when all is well, 1 when a
  * check warns, so it can gate a deploy step.
  */
 export const doctor: Command = {
-  summary: 'check the schema, workers, stranded runs, pending migrations, dead letters and unknown operations; exit 1 on a warning',
-  usage: 'runledger doctor [--json]',
+  summary:
+    'check the schema, workers, stranded runs, pending migrations, dead letters, unknown operations and held transactions; exit 1 on a warning',
+  usage: 'runledger doctor [--json] [--xmin-age-max SECONDS]',
   examples: ['runledger doctor', "runledger doctor --json | jq '.[] | select(.ok | not)'", 'runledger doctor && ./deploy.sh'],
   async run(args) {
     const parsed = parse(doctor, args, {
       json: { type: 'boolean', help: 'print one JSON document: an array of {check, ok, detail, hint}' },
+      'xmin-age-max': {
+        type: 'string',
+        value: 'SECONDS',
+        help: `warn about a session whose snapshot (backend_xmin) is older than this; default ${XMIN_AGE_MAX_DEFAULT_S}`,
+      },
     });
     if (!parsed) return;
-    const findings = await withPool(parsed.values, (pool) => examine(pool));
+    const raw = parsed.values['xmin-age-max'];
+    const xminAgeMax = raw === undefined ? XMIN_AGE_MAX_DEFAULT_S : Number(raw);
+    if (!Number.isFinite(xminAgeMax) || xminAgeMax < 0) throw new CliError('USAGE', '--xmin-age-max must be a number of seconds >= 0');
+    const findings = await withPool(parsed.values, (pool) => examine(pool, xminAgeMax));
     if (parsed.values.json) {
       print(JSON.stringify(findings, null, 2));
     } else {
@@ -40,7 +50,10 @@ export const doctor: Command = {
   },
 };
 
-async function examine(pool: pg.Pool): Promise<Finding[]> {
+/** A snapshot held this long (an idle-in-transaction session, a long report) already costs vacuum a lot on a busy queue. */
+const XMIN_AGE_MAX_DEFAULT_S = 300;
+
+async function examine(pool: pg.Pool, xminAgeMax: number): Promise<Finding[]> {
   const findings: Finding[] = [];
   const one = async <T extends object>(text: string) => (await pool.query<T>(text)).rows;
 
@@ -124,5 +137,42 @@ async function examine(pool: pg.Pool): Promise<Finding[]> {
     detail: unknownCount === 0 ? 'no operation with an unknown outcome' : `${unknownCount} operation(s) with an unknown outcome`,
     hint: 'runledger unknown; runledger resolve OPERATION_ID --status SUCCEEDED|FAILED',
   });
+
+  findings.push(await heldTransactions(pool, xminAgeMax));
   return findings;
+}
+
+/**
+ * A session holding an old snapshot (backend_xmin) keeps vacuum from removing the row
+ * versions every claim, heartbeat and checkpoint leaves behind in runs and steps: claims
+ * then scan more and more dead tuples. The oldest holder of this database is named
+ * (pid, state, since when) with the dead tuples of runledger's tables. Without
+ * pg_read_all_stats, other roles' sessions show no xmin and go unseen.
+ */
+async function heldTransactions(pool: pg.Pool, xminAgeMax: number): Promise<Finding> {
+  const holders = await pool.query<{ pid: number; state: string; xact_age_s: number; xmin_age: number; application: string }>(
+    `select pid, coalesce(state, '?') as state, extract(epoch from clock_timestamp() - xact_start)::float8 as xact_age_s,
+            age(backend_xmin) as xmin_age, coalesce(application_name, '') as application
+       from pg_stat_activity
+      where datname = current_database() and backend_xmin is not null and pid <> pg_backend_pid()
+        and xact_start < clock_timestamp() - make_interval(secs => $1)
+      order by xact_start limit 1`,
+    [xminAgeMax],
+  );
+  const dead = await pool.query<{ relname: string; n_dead_tup: string }>(
+    `select relname, n_dead_tup from pg_stat_user_tables where schemaname = 'runledger' and n_dead_tup > 0
+      order by n_dead_tup desc limit 3`,
+  );
+  const deadTuples =
+    dead.rows.length === 0 ? 'no dead tuples' : `dead tuples: ${dead.rows.map((d) => `${d.relname} ${d.n_dead_tup}`).join(', ')}`;
+  const oldest = holders.rows[0];
+  return {
+    check: 'held transactions',
+    ok: oldest === undefined,
+    detail: oldest
+      ? `pid ${oldest.pid} (${oldest.state}${oldest.application ? `, ${oldest.application}` : ''}) has held a snapshot for ` +
+        `${Math.round(oldest.xact_age_s)} s (${oldest.xmin_age} transactions): vacuum cannot remove dead rows meanwhile; ${deadTuples}`
+      : `no snapshot older than ${xminAgeMax} s; ${deadTuples}`,
+    hint: `end that transaction, or pg_terminate_backend(${oldest?.pid ?? 'PID'}); set idle_in_transaction_session_timeout`,
+  };
 }

@@ -16,6 +16,18 @@ export interface HeartbeatOptions {
   isStarting: (runId: string) => boolean;
 }
 
+export interface Heartbeat {
+  /** Sends one heartbeat and acts on its answer. */
+  beat(): Promise<void>;
+  /**
+   * Halts every execution once no heartbeat was answered for longer than the lease, even
+   * while one is still waiting for its answer: on a half-open connection (the peer gone
+   * without FIN or RST) a query gets neither an answer nor an error, and a check made
+   * only when a heartbeat fails would never come.
+   */
+  checkLapse(): void;
+}
+
 /**
  * One heartbeat renews the leases of all runs the worker owns in one statement
  * (runledger._heartbeat). A run missing from the answer was lost (recovered by another
@@ -23,13 +35,18 @@ export interface HeartbeatOptions {
  * than the lease means ownership can no longer be proved, so user code stops early
  * (its writes would be fenced anyway).
  */
-export function createHeartbeat(options: HeartbeatOptions): () => Promise<void> {
+export function createHeartbeat(options: HeartbeatOptions): Heartbeat {
   const { pool, workerId, leaseMs, executions, log } = options;
   // The lease itself is stamped in SQL (runledger.now() + lease). The times here are this
   // worker's own, only compared with each other (and exec.claimedAt, also Date.now()) as
   // durations: how long heartbeats have failed. They never meet the database's clock.
   let lastHeartbeatOk = Date.now();
-  return async () => {
+  const checkLapse = () => {
+    if (Date.now() - lastHeartbeatOk <= leaseMs) return;
+    for (const exec of executions)
+      exec.halt({ kind: 'lease_lost', message: `run ${exec.runId}: heartbeat failing for longer than the lease` });
+  };
+  const beat = async () => {
     const sentAt = Date.now();
     try {
       const selfBeating = [...executions].filter((exec) => exec.selfHeartbeat).map((exec) => exec.runId);
@@ -54,10 +71,8 @@ export function createHeartbeat(options: HeartbeatOptions): () => Promise<void> 
       if ([...renewed].some((runId) => !executingIds.has(runId) && !options.isStarting(runId))) options.reclaimUnexecuted();
     } catch (error) {
       log('warn', 'heartbeat failed', { error: serializeError(error) });
-      if (Date.now() - lastHeartbeatOk > leaseMs) {
-        for (const exec of executions)
-          exec.halt({ kind: 'lease_lost', message: `run ${exec.runId}: heartbeat failing for longer than the lease` });
-      }
+      checkLapse();
     }
   };
+  return { beat, checkLapse };
 }

@@ -185,17 +185,16 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
   }
 
   let dispatcher: Dispatcher | undefined;
-  const heartbeat = oneAtATime(
-    createHeartbeat({
-      pool: deps.pool,
-      workerId,
-      leaseMs,
-      executions,
-      log: deps.log,
-      reclaimUnexecuted: () => dispatcher?.reclaimUnexecuted(),
-      isStarting: (runId) => dispatcher?.isStarting(runId) ?? false,
-    }),
-  );
+  const heartbeats = createHeartbeat({
+    pool: deps.pool,
+    workerId,
+    leaseMs,
+    executions,
+    log: deps.log,
+    reclaimUnexecuted: () => dispatcher?.reclaimUnexecuted(),
+    isStarting: (runId) => dispatcher?.isStarting(runId) ?? false,
+  });
+  const heartbeat = oneAtATime(heartbeats.beat);
   const sweeper = createSweeper(deps.pool, deps.log);
   let stopRequested = false;
   // Runs an operator marked with migrate_run are migrated by the sweep (and at once on its notification).
@@ -229,7 +228,14 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
     },
     () => dispatcher?.hint(),
   );
-  const heartbeatTimer = setInterval(() => void heartbeat.run(), Math.max(100, Math.floor(leaseMs / 3)));
+  // Each tick checks the lapse first: a heartbeat still waiting for its answer makes run() a no-op.
+  const heartbeatTimer = setInterval(
+    () => {
+      heartbeats.checkLapse();
+      void heartbeat.run();
+    },
+    Math.max(100, Math.floor(leaseMs / 3)),
+  );
   const sweepEvery = options.sweepIntervalMs ?? Math.max(250, Math.floor(leaseMs / 2));
   const sweepTimer = manual ? undefined : setInterval(() => void sweep.run(), sweepEvery);
   if (!manual) void sweep.run();
