@@ -4,7 +4,9 @@
  */
 import type pg from 'pg';
 import { RUN_STATES } from '../engine/core/states.js';
-import { QUEUE_KEYS_SQL, QUEUE_TOTALS_SQL, WORKER_STATE_SQL, runDocument } from '../engine/client/reads.js';
+import { QUEUE_KEYS_SQL, QUEUE_TOTALS_SQL, WORKER_STATE_SQL, runDocument, type QueueRow } from '../engine/client/reads.js';
+
+export type { QueueRow };
 
 export { runDocument };
 
@@ -216,21 +218,6 @@ export async function deadLetters(pool: pg.Pool): Promise<Array<Record<string, u
 
 export async function unknownOperations(pool: pg.Pool): Promise<Array<Record<string, unknown>>> {
   return (await pool.query('select * from runledger.unknown_operations order by unknown_since, operation_id limit 200')).rows;
-}
-
-export interface QueueRow {
-  queue_name: string;
-  concurrency_key: string | null;
-  waiting_admission: number;
-  dispatched: number;
-  running: number;
-  waiting: number;
-  oldest_pending_s: number | null;
-  concurrency: number | null;
-  per_key_concurrency: number | null;
-  rate_limit_max: number | null;
-  rate_limit_period_ms: number | null;
-  paused: boolean;
 }
 
 export async function queueRows(pool: pg.Pool): Promise<{ totals: QueueRow[]; keys: QueueRow[] }> {

@@ -1,21 +1,6 @@
-import { QUEUE_KEYS_SQL, QUEUE_TOTALS_SQL } from '../../engine/client/reads.js';
+import { QUEUE_KEYS_SQL, QUEUE_TOTALS_SQL, type QueueRow } from '../../engine/client/reads.js';
 import { ago, print, printJson, renderTable } from '../format.js';
 import { JSON_OPTION, parse, withPool, type Command } from '../shared.js';
-
-interface QueueRow {
-  queue_name: string;
-  concurrency_key: string | null;
-  waiting_admission: number;
-  dispatched: number;
-  running: number;
-  waiting: number;
-  oldest_pending_s: number | null;
-  concurrency: number | null;
-  per_key_concurrency: number | null;
-  rate_limit_max: number | null;
-  rate_limit_period_ms: number | null;
-  paused: boolean;
-}
 
 /** Reads runledger.queue_stats: what each queue holds right now, and its limits. */
 export const queues: Command = {

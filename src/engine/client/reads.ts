@@ -61,3 +61,19 @@ export async function runDocument(pool: pg.Pool, runId: string): Promise<Record<
   ]);
   return { ...run, wait: wait[0] ?? null, steps, operations, approvals, signals, children, events };
 }
+
+/** A row of QUEUE_TOTALS_SQL or QUEUE_KEYS_SQL (runledger.queue_stats with the queue's limits). */
+export interface QueueRow {
+  queue_name: string;
+  concurrency_key: string | null;
+  waiting_admission: number;
+  dispatched: number;
+  running: number;
+  waiting: number;
+  oldest_pending_s: number | null;
+  concurrency: number | null;
+  per_key_concurrency: number | null;
+  rate_limit_max: number | null;
+  rate_limit_period_ms: number | null;
+  paused: boolean;
+}
