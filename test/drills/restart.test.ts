@@ -50,7 +50,8 @@ afterAll(async () => {
 describe('PostgreSQL restarted under load (pg_ctl stop -m immediate)', () => {
   it('1,000 runs end SUCCEEDED, every effect once, while the server restarts every few seconds and during a recovery sweep', async () => {
     const url = server.url();
-    workers.push(await drillWorker(url), await drillWorker(url));
+    // Each worker's sessions carry its name, so the drill can tell when a killed worker's last backend has gone.
+    workers.push(await drillWorker(url, { PGAPPNAME: 'drill-worker-1' }), await drillWorker(url, { PGAPPNAME: 'drill-worker-2' }));
     onTestFailed(() => {
       mkdirSync('.runledger', { recursive: true });
       for (const w of workers) writeFileSync(`.runledger/drill-restart-worker-${w.pid}.log`, w.output());
@@ -71,7 +72,7 @@ describe('PostgreSQL restarted under load (pg_ctl stop -m immediate)', () => {
     const downtimes: number[] = [];
     let faults = 0;
     let sweepFault = false;
-    let sweepRun: string | undefined;
+    let sweptRuns: string[] = [];
     const started = Date.now();
     while (sending && faults < MAX_FAULTS) {
       await sleep(2000 + Math.random() * 2000);
@@ -84,20 +85,29 @@ describe('PostgreSQL restarted under load (pg_ctl stop -m immediate)', () => {
         const probe = new pg.Client({ connectionString: url });
         await probe.connect();
         try {
-          await waitFor('the worker to be killed to hold a lease', async () => {
-            const held = await probe.query(`select count(*)::int as n from runledger.runs where lease_owner = $1`, [doomedId]);
-            return held.rows[0].n > 0;
+          await waitFor('the worker to be killed to hold leases', async () => {
+            const held = await probe.query(`select count(*)::int as n from runledger.runs where lease_owner = $1 and status = 'RUNNING'`, [
+              doomedId,
+            ]);
+            return held.rows[0].n >= 2;
           });
           doomed.kill('SIGKILL');
           await doomed.exited;
+          // A transaction the worker had sent whole before it died still commits (a run may leave RUNNING
+          // for WAITING or SUCCEEDED that way): read what it holds only once its last backend has gone.
+          await waitFor("the killed worker's backends to end", async () => {
+            const left = await probe.query(`select count(*)::int as n from pg_stat_activity where application_name = 'drill-worker-1'`);
+            return left.rows[0].n === 0;
+          });
           const held = await probe.query(
-            `select run_id, lease_expires_at from runledger.runs where lease_owner = $1 order by lease_expires_at limit 1`,
+            `select run_id, lease_expires_at from runledger.runs where lease_owner = $1 and status = 'RUNNING' order by lease_expires_at`,
             [doomedId],
           );
-          sweepRun = held.rows[0]?.run_id;
-          // Its lease has run out: the survivor's next sweep takes the run over, and the server goes down now.
+          sweptRuns = held.rows.map((row) => row.run_id);
+          expect(sweptRuns.length, 'runs the killed worker still held').toBeGreaterThanOrEqual(1);
+          // Its first lease has run out: the survivor's next sweep takes the run over, and the server goes down now.
           await waitFor('a lease of the killed worker to expire', async () => {
-            const result = await probe.query(`select now() >= $1::timestamptz as expired`, [held.rows[0]?.lease_expires_at ?? new Date()]);
+            const result = await probe.query(`select now() >= $1::timestamptz as expired`, [held.rows[0].lease_expires_at]);
             return result.rows[0].expired;
           });
         } finally {
@@ -112,7 +122,7 @@ describe('PostgreSQL restarted under load (pg_ctl stop -m immediate)', () => {
       server.start();
       downtimes.push(downMs);
       recoveries.push(await timeToRecover(url, await progress(url)));
-      if (faults === 4 && sweepFault) workers.push(await drillWorker(url));
+      if (faults === 4 && sweepFault) workers.push(await drillWorker(url, { PGAPPNAME: 'drill-worker-3' }));
     }
     await sender.done;
     expect(faults).toBeGreaterThanOrEqual(MIN_FAULTS);
@@ -124,9 +134,12 @@ describe('PostgreSQL restarted under load (pg_ctl stop -m immediate)', () => {
       `select count(*)::int as n from runledger.events where run_id = any($1) and kind = 'lease_expired'`,
       [runIds],
     );
-    // The run the killed worker held was recovered (lease_expired) and finished like the others.
-    const swept = await engine.pool.query(`select kind from runledger.events where run_id = $1 and kind = 'lease_expired'`, [sweepRun]);
-    expect(swept.rowCount).toBeGreaterThanOrEqual(1);
+    // Every run the killed worker held was recovered from it (lease_expired) and finished like the others.
+    const swept = await engine.pool.query(
+      `select count(distinct run_id)::int as n from runledger.events where run_id = any($1) and kind = 'lease_expired' and detail->>'last_owner' = $2`,
+      [sweptRuns, /ready (\S+)/.exec(workers[0]!.output())![1]],
+    );
+    expect(swept.rows[0].n).toBe(sweptRuns.length);
     await engine.close();
 
     // The workers that were not killed are alive and stop cleanly; their log stays bounded per outage.
