@@ -1,9 +1,10 @@
 /** What every command shares: argument parsing, the connection, errors and exit codes. */
 import { readFile } from 'node:fs/promises';
+import { createRequire } from 'node:module';
 import { parseArgs, type ParseArgsConfig } from 'node:util';
 import pg from 'pg';
 import type { Engine } from '../engine/index.js';
-import type { LogFunction } from '../engine/core/log.js';
+import { engineLog, type Logger, type LogFunction } from '../engine/core/log.js';
 import { fromPgError } from '../engine/core/errors.js';
 import { aesGcmCodec, type PayloadCodec } from '../engine/core/codec.js';
 import { NO_CODEC, Payloads } from '../engine/core/payloads.js';
@@ -182,14 +183,29 @@ export function requiredOption(command: Command, values: Parsed['values'], name:
   return value;
 }
 
+/** pino, loaded only when JSON logs are asked for: synchronous writes to stderr, so a line is out before the process exits. */
+function jsonLogger(verbose: boolean): Logger {
+  const pino = createRequire(import.meta.url)('pino') as typeof import('pino').default;
+  return pino({ level: verbose ? 'info' : 'warn' }, pino.destination({ fd: 2, sync: true }));
+}
+
 export function databaseUrl(values: Parsed['values']): string {
   const url = (values['database-url'] as string | undefined) ?? process.env.DATABASE_URL;
   if (!url) throw new CliError('NO_DATABASE', 'no database: pass --database-url postgres://... or set DATABASE_URL');
   return url;
 }
 
-/** Warnings go to stderr on one line; `verbose` adds the engine's info messages (the worker wants them). */
-export function cliLog(verbose = false): LogFunction {
+/**
+ * Warnings go to stderr on one line; `verbose` adds the engine's info messages (the worker wants them).
+ * RUNLEDGER_LOG_FORMAT=json writes them as pino's JSON lines instead (for a log collector):
+ * `{"level":40,"time":...,"component":"runledger","runId":...,"workflow":...,"msg":...}`.
+ */
+export function cliLog(verbose = false, env: NodeJS.ProcessEnv = process.env): LogFunction {
+  const format = env.RUNLEDGER_LOG_FORMAT?.trim().toLowerCase();
+  if (format === 'json') return engineLog(jsonLogger(verbose)).log;
+  if (format && format !== 'text') {
+    throw new CliError('CONFIG', `RUNLEDGER_LOG_FORMAT must be text or json, not ${JSON.stringify(env.RUNLEDGER_LOG_FORMAT)}`, EXIT_USAGE);
+  }
   return (level, message, meta) => {
     if (level === 'info' && !verbose) return;
     const detail = meta ? ` ${JSON.stringify(meta, (key, value) => (key === 'stack' ? undefined : value))}` : '';

@@ -43,11 +43,11 @@ import { defineWorkflow, limitsToSql, workflowKey, type Workflow, type WorkflowF
 export const MAX_PAYLOAD_BYTES_DEFAULT = 4 * 1024 * 1024;
 export const POOL_MAX_DEFAULT = 20;
 
-import type { LogFunction } from './core/log.js';
+import { engineLog, isLogger, type LogFunction, type LogOption } from './core/log.js';
 import type { SecretResolver } from './core/secrets.js';
 import type { PayloadCodec } from './core/codec.js';
 import { NO_CODEC, Payloads } from './core/payloads.js';
-export type { LogFunction, LogLevel } from './core/log.js';
+export type { LogFunction, LogLevel, LogOption, Logger, RunLogFields } from './core/log.js';
 export type { SecretResolver } from './core/secrets.js';
 
 export interface EngineOptions {
@@ -68,8 +68,14 @@ export interface EngineOptions {
    * Keep it above your longest statement in ctx.transaction. Not applied to a pool you pass.
    */
   queryTimeoutMs?: number;
-  /** Where warnings and errors go; default: console.warn/error for 'warn'/'error', silent for 'info'. */
-  log?: LogFunction;
+  /**
+   * Where the engine's log lines go: a function `(level, message, meta)`, or a pino-compatible
+   * logger (`info`/`warn`/`error` taking `(fields, message)`, and `child`), which gets a child
+   * `{ component: 'runledger' }` and, per run, a child of that with `runId`, `workflow` and
+   * `version`. Every line about a run carries those fields (in `meta` for a function).
+   * Default: console.warn/error for 'warn'/'error', silent for 'info'.
+   */
+  log?: LogOption;
   /**
    * Resolves ctx.secret(name) at run time: `(name, { runId, workflow, version, signal }) => value`
    * (undefined or null: no such secret). Called at most once per name and execution; the value
@@ -99,7 +105,11 @@ const optionsSchema = z.object({
   maxPayloadBytes: z.number().int().positive().optional(),
   poolMax: z.number().int().min(2).optional(),
   queryTimeoutMs: z.number().int().min(100).optional(),
-  log: z.function().optional(),
+  log: z
+    .custom<LogOption>((value) => typeof value === 'function' || isLogger(value), {
+      message: 'log must be a function (level, message, meta) or a pino-compatible logger with info, warn and error',
+    })
+    .optional(),
   secrets: z.function().optional(),
   codec: z
     .custom<PayloadCodec>(
@@ -221,7 +231,8 @@ export function createEngine<DB = any>(options: EngineOptions = {}): Engine<DB> 
   const parsed = optionsSchema.safeParse(options);
   if (!parsed.success)
     throw new ConfigError(`createEngine: ${parsed.error.issues.map((i) => `${i.path.join('.')}: ${i.message}`).join('; ')}`);
-  const log: LogFunction = options.log ?? defaultLog;
+  const logs = engineLog(options.log ?? defaultLog);
+  const log: LogFunction = logs.log;
   const connectionString = options.connectionString ?? (options.pool ? undefined : process.env.DATABASE_URL);
   if (!options.pool && !connectionString) {
     throw new ConfigError('createEngine: pass connectionString or pool, or set DATABASE_URL');
@@ -273,6 +284,7 @@ export function createEngine<DB = any>(options: EngineOptions = {}): Engine<DB> 
     db,
     maxPayloadBytes: options.maxPayloadBytes ?? MAX_PAYLOAD_BYTES_DEFAULT,
     log,
+    logFor: logs.forRun,
     ...(options.secrets ? { secrets: options.secrets } : {}),
     registerWorkflow,
     resultSchemas,

@@ -14,7 +14,7 @@ import {
   type SerializedError,
   type StepNotAwaitedError,
 } from '../core/errors.js';
-import type { LogFunction } from '../core/log.js';
+import type { LogFunction, RunLogFields } from '../core/log.js';
 import { NO_CODEC, type Payloads } from '../core/payloads.js';
 import { Masker, type Redaction, type RedactSource } from '../core/redaction.js';
 import { checkSecretName, type SecretResolver } from '../core/secrets.js';
@@ -124,6 +124,8 @@ export interface ExecutionDeps {
   db: Kysely<RunledgerDatabase>;
   maxPayloadBytes: number;
   log: LogFunction;
+  /** A log bound to one run's fields (core/log.ts engineLog); without it the fields go into each line's meta. */
+  logFor?: (fields: RunLogFields) => LogFunction;
   /** The engine option `secrets`: what ctx.secret resolves names with. */
   secrets?: SecretResolver;
   /** The worker's group commit for plain checkpoints and completions; without it each is its own transaction. */
@@ -232,9 +234,20 @@ export class Execution {
     return this.masks.mask(serializeError(thrown));
   }
 
-  /** The engine's log for this run: the message and meta masked. */
+  /** The engine's log for this run: every line with the run's id and workflow, the message and meta masked. */
   log(level: 'info' | 'warn' | 'error', message: string, meta?: Record<string, unknown>): void {
-    this.deps.log(level, this.masks.maskText(message), meta === undefined ? undefined : this.masks.mask(meta));
+    this.runLog()(level, this.masks.maskText(message), meta === undefined ? undefined : this.masks.mask(meta));
+  }
+
+  #runLog: LogFunction | undefined;
+  /** Bound once the worker has set the workflow (at claim); a line before that carries the run id alone. */
+  private runLog(): LogFunction {
+    if (this.#runLog) return this.#runLog;
+    const fields: RunLogFields = { runId: this.runId, workflow: this.workflowName, version: this.workflowVersion || undefined };
+    const { logFor, log } = this.deps;
+    const bound: LogFunction = logFor ? logFor(fields) : (level, message, meta) => log(level, message, { ...fields, ...meta });
+    if (this.workflowName) this.#runLog = bound;
+    return bound;
   }
 
   /**

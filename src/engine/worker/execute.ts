@@ -107,7 +107,7 @@ function decodeClaimed(run: ClaimedRun, payloads: Payloads): ClaimedRun {
 async function releaseUnreadable(exec: Execution, error: unknown): Promise<void> {
   const coded = error as { code?: unknown; message?: unknown };
   const reason = `${typeof coded?.code === 'string' ? coded.code : 'PAYLOAD_UNREADABLE'}: ${String(coded?.message ?? error)}`;
-  exec.deps.log('error', `run ${exec.runId}: released, a stored payload cannot be decoded here: ${reason}`, {
+  exec.log('error', `run ${exec.runId}: released, a stored payload cannot be decoded here: ${reason}`, {
     error: serializeError(error),
   });
   await release(exec, RELEASE_DELAY_MS, reason);

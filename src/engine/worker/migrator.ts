@@ -134,6 +134,7 @@ export function createMigrator(options: {
         log(
           'info',
           `run ${run.run_id}: migrated from ${run.workflow_name}@${run.from_version} to ${run.to_version} (${applied.rows[0].status})`,
+          { runId: run.run_id, workflow: run.workflow_name, version: run.to_version },
         );
         return 'migrated';
       } catch (error) {
@@ -151,7 +152,12 @@ export function createMigrator(options: {
     const recorded = redactionOf(migrations.get(migrationKey(run.workflow_name, run.from_version, run.to_version))!, run).mask(
       serializeError(error),
     );
-    log('warn', `run ${run.run_id}: migration to version ${run.to_version} failed; the run is left as it was`, { error: recorded });
+    log('warn', `run ${run.run_id}: migration to version ${run.to_version} failed; the run is left as it was`, {
+      runId: run.run_id,
+      workflow: run.workflow_name,
+      version: run.from_version,
+      error: recorded,
+    });
     await pool.query('select runledger._migration_failed(p_run_id => $1, p_to_version => $2, p_error => $3::jsonb, p_worker_id => $4)', [
       run.run_id,
       run.to_version,
