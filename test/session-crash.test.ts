@@ -35,9 +35,14 @@ afterEach(() => {
 
 const SCRIPT = new URL('./fixtures/session-worker.ts', import.meta.url).pathname;
 
-async function worker(failpoint?: string): Promise<WorkerProcess> {
+async function worker(failpoint?: string, leaseMs = 1000): Promise<WorkerProcess> {
   const w = await spawnWorker(
-    { DATABASE_URL: db.url, SERVICE_URL: service.url, LEASE_MS: '1000', ...(failpoint ? { RUNLEDGER_FAILPOINTS: failpoint } : {}) },
+    {
+      DATABASE_URL: db.url,
+      SERVICE_URL: service.url,
+      LEASE_MS: String(leaseMs),
+      ...(failpoint ? { RUNLEDGER_FAILPOINTS: failpoint } : {}),
+    },
     SCRIPT,
   );
   spawned.push(w);
@@ -77,7 +82,9 @@ describe('fault scenario 9: SIGKILL between a tool call and the append of its re
     const sessionId = 'crash-call';
     const key = 'ticket-crash-call';
     const run = await t.engine.start(flows.ticketAgent, { sessionId, key });
-    const doomed = await worker('after-call:open-ticket');
+    // A lease long enough that the next worker claims the follower (which finds the session held
+    // and waits) before its sweep can recover the crashed run, however slow the machine.
+    const doomed = await worker('after-call:open-ticket', 8000);
     expect((await doomed.exited).signal).toBe('SIGKILL');
     // The service acted; nothing of it is recorded; the session is still the crashed run's.
     expect(service.calls.get(key)).toBe(1);
