@@ -34,7 +34,7 @@ const flow = engine.workflow({ name: 'mh-order', queue: 'mh' }, async (ctx, inpu
   return ctx.step('confirm', () => ({ total: b }));
 });
 void flow;
-const worker = await engine.runWorker({ concurrency, workerId: `${host}-${process.pid}` });
+const worker = await engine.runWorker({ concurrency, host });
 console.log(`READY ${worker.workerId}`);
 process.once('SIGTERM', async () => {
   await worker.stop();

@@ -45,6 +45,13 @@ export interface WorkerOptions {
   shutdownTimeoutMs?: number;
   workerId?: string;
   /**
+   * The host this worker reports (runledger.workers.host, the worker id's prefix, `runledger
+   * workers`, the console): default RUNLEDGER_HOST from the environment, else the machine's
+   * hostname. Give each pod or VM its own when several share a hostname (containers, a host
+   * that runs several workers standing for separate machines).
+   */
+  host?: string;
+  /**
    * A manual worker claims only when told, through runOnce() and drain(), and runs no
    * timers of its own (no poll, no sweep): a deterministic driver for tests (see runledger/testing).
    */
@@ -89,6 +96,17 @@ export interface LocalWorker extends Worker {
   wake(runId: string): void;
 }
 
+/** The worker's host identity: the option, else RUNLEDGER_HOST, else the hostname; a usable name or CONFIG. */
+export function workerHost(option: string | undefined, env: NodeJS.ProcessEnv = process.env): string {
+  const chosen = option ?? (env.RUNLEDGER_HOST?.trim() || hostname());
+  if (typeof chosen !== 'string' || !/^[\w.:@-]{1,200}$/.test(chosen)) {
+    throw new ConfigError(
+      `runWorker: host must be 1-200 letters, digits or . _ : @ - (from the option or RUNLEDGER_HOST), not ${JSON.stringify(chosen)}`,
+    );
+  }
+  return chosen;
+}
+
 /** Rounds after which drain() gives up: a run that keeps coming back at once would loop forever. */
 export const DRAIN_ROUNDS_MAX = 1_000;
 
@@ -129,7 +147,8 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
   // every workflow it knows on every queue it was given.
   const served = host.workflows;
   const byKey = new Map(served.map((w) => [workflowKey(w.name, w.version), w]));
-  const workerId = options.workerId ?? `${hostname()}-${process.pid}-${newId()}`;
+  const hostName = workerHost(options.host);
+  const workerId = options.workerId ?? `${hostName}-${process.pid}-${newId()}`;
   const executions = new Set<Execution>();
   const manual = options.manual ?? false;
   if (typeof manual !== 'boolean') throw new ConfigError('runWorker: manual must be true or false');
@@ -148,7 +167,7 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
   for (const workflow of served) await host.registerWorkflow(workflow);
   await deps.pool.query(
     'select runledger._register_worker(p_worker_id => $1, p_host => $2, p_pid => $3, p_workflows => $4, p_queues => $5, p_concurrency => $6, p_lease_ms => $7, p_migrations => $8)',
-    [workerId, hostname(), process.pid, [...byKey.keys()], queues, concurrency, leaseMs, [...migrations.keys()]],
+    [workerId, hostName, process.pid, [...byKey.keys()], queues, concurrency, leaseMs, [...migrations.keys()]],
   );
 
   const done = new Set<Promise<unknown>>();
