@@ -12,6 +12,9 @@ export class BlackholeProxy {
   readonly #server: Server;
   readonly #sockets = new Set<Socket>();
   #blackholed = false;
+  /** blackhole({ hold: true }): what arrives is kept, in order, and delivered by heal() (a network partition that heals: TCP retransmits). */
+  #hold = false;
+  readonly #held: Array<() => void> = [];
   /** Connections accepted so far, and those accepted after blackhole() (never forwarded). */
   connections = 0;
   bytesDropped = 0;
@@ -32,35 +35,63 @@ export class BlackholeProxy {
     return proxy;
   }
 
-  /** From now on nothing passes, and nothing is closed. */
-  blackhole(): void {
+  /**
+   * From now on nothing passes, and nothing is closed. With `hold`, what arrives is kept
+   * for heal() instead of dropped: a partition rather than a lost peer.
+   */
+  blackhole(options: { hold?: boolean } = {}): void {
     this.#blackholed = true;
+    this.#hold = options.hold ?? false;
+  }
+
+  /**
+   * The partition heals: what was held reaches the other side, late and in order (a write
+   * the client sent before the cut arrives now), connections made during the cut reach the
+   * server, closes pass again.
+   */
+  heal(): void {
+    this.#blackholed = false;
+    for (const deliver of this.#held.splice(0)) deliver();
   }
 
   #pipe(client: Socket, target: { host: string; port: number }): void {
     this.connections++;
     this.#sockets.add(client);
     client.on('error', () => undefined);
-    if (this.#blackholed) {
+    if (this.#blackholed && !this.#hold) {
       client.on('data', (chunk: Buffer) => (this.bytesDropped += chunk.length));
       return;
     }
-    const upstream = connect(target.port, target.host);
-    this.#sockets.add(upstream);
-    const forward = (to: Socket) => (chunk: Buffer) => {
-      if (this.#blackholed) this.bytesDropped += chunk.length;
-      else to.write(chunk);
+    const opened: { upstream?: Socket } = {};
+    const open = () => {
+      const upstream = connect(target.port, target.host);
+      opened.upstream = upstream;
+      this.#sockets.add(upstream);
+      upstream.on('data', forward(client));
+      upstream.on('error', () => undefined).on('close', kill);
+      return upstream;
     };
-    client.on('data', forward(upstream));
-    upstream.on('data', forward(client));
-    // Before the blackhole a closed side closes the other; after it, nothing is passed on, not even a close.
+    const forward = (to: Socket | (() => Socket)) => (chunk: Buffer) => {
+      const send = () => (typeof to === 'function' ? to() : to).write(chunk);
+      if (!this.#blackholed) send();
+      else if (this.#hold) this.#held.push(send);
+      else this.bytesDropped += chunk.length;
+    };
+    // Before the blackhole a closed side closes the other; after it, nothing is passed on, not even a close (held for heal()).
     const kill = () => {
-      if (this.#blackholed) return;
-      client.destroy();
-      upstream.destroy();
+      const close = () => {
+        client.destroy();
+        opened.upstream?.destroy();
+      };
+      if (!this.#blackholed) close();
+      else if (this.#hold) this.#held.push(close);
     };
+    // A connection made during a held cut reaches the server when it heals.
+    const upstreamOf = () => opened.upstream ?? open();
+    if (this.#blackholed) this.#held.push(() => void upstreamOf());
+    else open();
+    client.on('data', forward(upstreamOf));
     client.on('close', kill);
-    upstream.on('error', () => undefined).on('close', kill);
   }
 
   async stop(): Promise<void> {
