@@ -7,6 +7,7 @@ import { BasicTracerProvider, InMemorySpanExporter, SimpleSpanProcessor, type Re
 import { afterAll, beforeAll, beforeEach, describe, expect, it, onTestFailed } from 'vitest';
 import type { Engine } from '../src/index.js';
 import { waitFor } from './helpers/database.js';
+import { runCli } from './helpers/cli.js';
 import { useTestEngine } from './helpers/test-engine.js';
 import { stoppedAfterEach } from './helpers/cleanup.js';
 import { spawnWorker, type WorkerProcess } from './helpers/worker-process.js';
@@ -132,7 +133,11 @@ describe('in one process', () => {
     const row = await runRow(runId);
     expect(row.traceparent).toBe(`00-${started.traceId}-${started.spanId}-01`);
     expect(row.execution_traceparent).toBe(`00-${started.traceId}-${second!.spanContext().spanId}-01`);
-    expect((await engine.getRun(runId))?.traceparent).toBe(row.traceparent);
+    expect(await engine.getRun(runId)).toMatchObject({ traceparent: row.traceparent, executionTraceparent: row.execution_traceparent });
+    const shown = await runCli(db.url, ['show', runId]);
+    expect(shown.code).toBe(0);
+    expect(shown.stdout).toMatch(new RegExp(`\\ntrace\\s+${row.traceparent} \\(started under\\)\\n`));
+    expect(shown.stdout).toMatch(new RegExp(`\\nlast span\\s+${row.execution_traceparent} \\(latest traced execution\\)\\n`));
   });
 
   it('marks a failed step and a failed run ERROR, with the error recorded', async () => {
@@ -149,6 +154,7 @@ describe('in one process', () => {
     );
     expect(run!.status).toMatchObject({ code: SpanStatusCode.ERROR, message: expect.stringContaining('the step broke') });
     expect(run!.events.map((e) => e.name)).toContain('exception');
+    expect(run!.attributes['runledger.outcome']).toBe('failed');
     const [step] = childrenOf(run!);
     expect([step!.name, step!.status.code, step!.status.message]).toEqual([
       'runledger.step breaks',

@@ -241,11 +241,11 @@ export class ExecutionTrace {
     recordError(this.api, this.span, error);
   }
 
-  /** The execution is over (completed, failed, parked, released, lost its lease): `outcome` says how. */
+  /** The execution is over (completed, parked, released, lost its lease): `outcome` says how; 'failed' once fail() was called. */
   end(outcome: string): void {
     if (this.ended) return;
     this.ended = true;
-    this.span.setAttribute('runledger.outcome', outcome);
+    this.span.setAttribute('runledger.outcome', this.failed ? 'failed' : outcome);
     this.span.end();
   }
 }
