@@ -1,3 +1,4 @@
+import { spawn } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -23,6 +24,8 @@ const t = useTestEngine();
 const { db } = t;
 const { processes: spawned, workers } = stoppedAfterEach();
 const TRACING_WORKER = new URL('./fixtures/tracing-worker.ts', import.meta.url).pathname;
+const NO_OTEL = new URL('./fixtures/no-otel.mjs', import.meta.url).pathname;
+const UNTRACED_RUN = new URL('./fixtures/untraced-run.ts', import.meta.url).pathname;
 
 // The application's side: a context manager, so a span started with startActiveSpan is the
 // active one when it calls engine.start (runledger registers nothing itself).
@@ -197,6 +200,26 @@ describe('without a tracer provider', () => {
     const started = await underSpan(() => plain.start(wf, {}));
     expect(await started.value.result({ timeoutMs: 20_000 })).toBe(1);
     expect((await runRow(started.value.runId)).traceparent).toBe(`00-${started.traceId}-${started.spanId}-01`);
+  });
+
+  it('works in a process where @opentelemetry/api is not installed', async () => {
+    const traceparent = '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01';
+    const child = spawn(process.execPath, ['--import', NO_OTEL, '--import', 'tsx', UNTRACED_RUN], {
+      cwd: new URL('..', import.meta.url).pathname,
+      env: { ...process.env, DATABASE_URL: db.url, TRACEPARENT: traceparent },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    let output = '';
+    child.stdout.on('data', (chunk) => (output += chunk));
+    child.stderr.on('data', (chunk) => (output += chunk));
+    const code = await new Promise<number | null>((resolve) => child.on('close', resolve));
+    expect({ code, output }).toMatchObject({ code: 0 });
+    expect(JSON.parse(output.trim().split('\n').pop()!)).toEqual({
+      apiLoadable: false,
+      output: 21,
+      traceparent,
+      executionTraceparent: null,
+    });
   });
 
   it('refuses a traceparent that is not W3C, from engine.start and from SQL', async () => {

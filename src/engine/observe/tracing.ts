@@ -95,6 +95,33 @@ function recordError(api: Api, span: OtelApi.Span, error: unknown): void {
   span.setStatus({ code: api.SpanStatusCode.ERROR, message });
 }
 
+/** The span of one execution of a run, and the spans of its steps (declared without the api's types: it is optional). */
+export interface ExecutionTrace {
+  /** This execution's span, as a link target (group commits link to it). */
+  readonly ref: SpanRef;
+  /** This execution's span as a traceparent (stored in runs.execution_traceparent, and given to child runs). */
+  readonly traceparent: string;
+  /** Runs fn with this execution's span active (the workflow function: the application's own spans nest under it). */
+  within<T>(fn: () => T): T;
+  /**
+   * One attempt of a step or operation in a child span `runledger.<kind> <name>`, active
+   * while fn runs (the application's spans inside the step nest under it); ERROR if fn throws.
+   */
+  child<T>(kind: 'step' | 'operation' | 'transaction', name: string, seq: number, attempt: number, fn: () => Promise<T> | T): Promise<T>;
+  /** A point in the execution, as an event on its span (a wait that parks the run, a wait that ended at once...). */
+  event(name: string, attributes: Record<string, string | number | boolean>): void;
+  /** The run fails (or is dead-lettered) in this execution: ERROR, with the error recorded. */
+  fail(error: unknown): void;
+  /** The execution is over (completed, parked, released, lost its lease): `outcome` says how; 'failed' once fail() was called. */
+  end(outcome: string): void;
+}
+
+/** The span of one batch (group commit). */
+export interface BatchTrace {
+  /** The batch's transaction answered: with the error that failed it, or how many runs a claim riding on it took. */
+  end(error?: unknown, claimed?: number): void;
+}
+
 /** An engine's tracing: its tracer, from the given provider or the global one. */
 export class Tracing {
   private constructor(
@@ -142,7 +169,7 @@ export class Tracing {
       parentContext,
     );
     if (!span.isRecording()) return undefined;
-    return new ExecutionTrace(api, tracer, span, api.trace.setSpan(parentContext, span));
+    return new ExecutionSpan(api, tracer, span, api.trace.setSpan(parentContext, span));
   }
 
   /** The span of one group commit of `size` items, linked to the execution spans it wrote for; undefined while nothing records. */
@@ -158,12 +185,11 @@ export class Tracing {
       api.ROOT_CONTEXT,
     );
     if (!span.isRecording()) return undefined;
-    return new BatchTrace(api, span);
+    return new BatchSpan(api, span);
   }
 }
 
-/** The span of one batch (group commit). */
-export class BatchTrace {
+class BatchSpan implements BatchTrace {
   constructor(
     private readonly api: Api,
     private readonly span: OtelApi.Span,
@@ -176,8 +202,7 @@ export class BatchTrace {
   }
 }
 
-/** The span of one execution of a run, and the spans of its steps. */
-export class ExecutionTrace {
+class ExecutionSpan implements ExecutionTrace {
   private failed = false;
   private ended = false;
 

@@ -3,7 +3,7 @@ import type { ClaimRow, PiggybackClaim } from './dispatcher.js';
 import type { CrashHook } from '../core/crash-points.js';
 import type { CommitItem, CommitResult } from '../run/commit-items.js';
 import type { CommitQueue } from '../run/execution.js';
-import type { SpanRef, Tracing } from '../observe/tracing.js';
+import type { BatchTrace, SpanRef, Tracing } from '../observe/tracing.js';
 
 /** An item's own failure inside the batch, carrying its SQLSTATE like a pg error. */
 export class BatchItemError extends Error {
@@ -100,7 +100,7 @@ export class GroupCommit implements CommitQueue {
   }
 
   /** The batch's span, linked to the traced executions it writes for; none when none of them is traced. */
-  private traceBatch(batch: Waiting[], claims: boolean): ReturnType<Tracing['startGroupCommit']> {
+  private traceBatch(batch: Waiting[], claims: boolean): BatchTrace | undefined {
     if (!this.tracing) return undefined;
     const links = batch.flatMap((waiting) => (waiting.trace ? [waiting.trace] : []));
     return links.length > 0 ? this.tracing.startGroupCommit(batch.length, links, claims) : undefined;
