@@ -294,10 +294,6 @@ create table runledger.runs (
   policy_version        text,
   -- A CANCELLING run that stops for another reason once its compensations have run.
   stop_record           jsonb,
-  -- Tracing (docs/observability.md): the W3C traceparent of the caller that started the run,
-  -- and that of the span of the run's latest execution (set by the worker executing it).
-  traceparent           text,
-  execution_traceparent text,
   constraint runs_invariants check (runledger._check_run(
     status, finished_at, termination_reason, lease_owner, lease_expires_at, wait_kind,
     budget, max_steps, no_progress, retry_budget, max_recovery_attempts))
@@ -322,10 +318,6 @@ comment on column runledger.runs.stop_record is
   'Only on a CANCELLING run: the terminal record it ends with once its compensations have run, {status, reason, evidence, error} (a policy stop such as DEADLINE or BUDGET, or the record compensate_run set aside); null for a plain cancel, which ends CANCELLED.';
 comment on column runledger.runs.migrate_to is
   'Set by migrate_run: the version of its workflow this run is to continue on. A live worker with a migration for the pair applies it (runledger._apply_migration) and clears it; a failed migration clears it and leaves the run as it was (events migrated, migration_failed).';
-comment on column runledger.runs.traceparent is
-  'The W3C traceparent (00-<trace id>-<span id>-<flags>) of the context the run was started in (engine.start, or the traceparent option of start_run / start_runs); null when it was started outside a trace. Every execution of the run opens its span under it, so all of them, after crashes and on other workers, belong to one trace.';
-comment on column runledger.runs.execution_traceparent is
-  'The W3C traceparent of the span of the run''s latest execution, written by the worker that claimed it (runledger._trace_execution) when it records traces: the next execution links its span to it. Null when no execution was traced.';
 comment on column runledger.runs.termination_reason is
   'Why a terminal run stopped: COMPLETED, FAILED, CANCELLED, DEADLINE, MAX_STEPS, BUDGET, NO_PROGRESS, MAX_RECOVERY_ATTEMPTS, NON_DETERMINISM, UNVERIFIED (the workflow''s verify refused its output).';
 

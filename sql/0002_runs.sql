@@ -5,7 +5,6 @@
 --   runledger._start(...)                          one run's row, its events, admission or announcement (optionally claimed)
 --   runledger._start_template(...)                 the option checks and the new row's columns both share
 --   runledger._max_payload_bytes()                 the largest input/output accepted
---   runledger._is_traceparent(text)                a W3C traceparent (the traceparent option, runs.traceparent)
 --   runledger._check_whole_number(...)             option validation shared by start_run and set_queue
 --   runledger._check_budget_option(...)            a budget option: a number (units) or an object of dimensions
 --   runledger._completed_evidence(...)             the evidence of a COMPLETED termination record
@@ -125,16 +124,6 @@ end;
 $$;
 comment on function runledger._new_id() is 'A new ULID (26 characters, Crockford base32) for ids created in SQL.';
 
--- W3C Trace Context, version 00: 00-<trace id: 32 hex>-<parent span id: 16 hex>-<flags: 2 hex>,
--- lower case, neither id all zeros.
-create function runledger._is_traceparent(p text) returns boolean
-language sql immutable parallel safe as $$
-  select p ~ '^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$'
-     and substr(p, 4, 32) <> repeat('0', 32) and substr(p, 37, 16) <> repeat('0', 16)
-$$;
-comment on function runledger._is_traceparent(text) is
-  'True when p is a W3C traceparent of version 00 (00-<32 hex trace id>-<16 hex span id>-<2 hex flags>, lower case, neither id all zeros): the form runs.traceparent and runs.execution_traceparent hold.';
-
 -- What every run started with these options gets, worked out once: the start_run and
 -- start_runs options checked (RL003), the workflow version resolved (RL006), limits
 -- merged, and the columns a new run row takes from them, as a runs row without an id or
@@ -208,12 +197,6 @@ begin
                                or length(v_opts->>'tenant_id') > 200) then
     raise exception using errcode = 'RL003', message = format('%s: invalid tenant_id %s', p_caller, v_opts->'tenant_id');
   end if;
-  if v_opts ? 'traceparent' and jsonb_typeof(v_opts->'traceparent') <> 'null'
-     and (jsonb_typeof(v_opts->'traceparent') <> 'string' or not runledger._is_traceparent(v_opts->>'traceparent')) then
-    raise exception using errcode = 'RL003',
-      message = format('%s: traceparent must be a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>, ids not all zeros), not %s',
-                       p_caller, v_opts->'traceparent');
-  end if;
   if v_opts ? 'notify' and jsonb_typeof(v_opts->'notify') <> 'boolean' then
     raise exception using errcode = 'RL003', message = format('%s: notify must be true or false, not %s', p_caller, v_opts->'notify');
   end if;
@@ -248,7 +231,6 @@ begin
   v_t.tenant_id := coalesce((select p.tenant_id from runledger.runs p where p.run_id = v_t.parent_run_id),
                             v_opts->>'tenant_id', nullif(current_setting('runledger.tenant', true), ''));
   v_t.deadline_at := v_deadline;
-  v_t.traceparent := v_opts->>'traceparent';
   v_t.max_recovery_attempts := coalesce((v_opts->>'max_recovery_attempts')::int, v_wf.max_recovery_attempts);
   -- A run started from SQL records the manifest its version's engines registered.
   v_t.version_manifest := coalesce(v_opts->'version_manifest', v_wf.manifest || jsonb_build_object('started_from', 'sql'),
@@ -319,13 +301,13 @@ begin
     run_id, workflow_name, workflow_version, queue_name, status, input, admitted, not_before, priority, concurrency_key,
     idempotency_key, tenant_id, parent_run_id, deadline_at, max_recovery_attempts, version_manifest, max_steps, budget,
     budget_limits, no_progress, retry_budget, policy_version, fencing_token, lease_owner, lease_expires_at, started_at,
-    traceparent, created_at, updated_at)
+    created_at, updated_at)
   values (
     v_t.run_id, v_t.workflow_name, v_t.workflow_version, v_t.queue_name, v_t.status, p_input, v_t.admitted, v_t.not_before,
     v_t.priority, v_t.concurrency_key, v_t.idempotency_key, v_t.tenant_id, v_t.parent_run_id, v_t.deadline_at,
     v_t.max_recovery_attempts, v_t.version_manifest, v_t.max_steps, v_t.budget, v_t.budget_limits, v_t.no_progress, v_t.retry_budget,
     v_t.policy_version, v_t.fencing_token, v_t.lease_owner, v_t.lease_expires_at, v_t.started_at,
-    v_t.traceparent, v_t.created_at, v_t.updated_at)
+    v_t.created_at, v_t.updated_at)
   on conflict do nothing;
   if not found then
     -- Idempotent start: the same run_id or idempotency key returns the existing run.
@@ -375,7 +357,7 @@ begin
 end;
 $$;
 comment on function runledger.start_run(text, jsonb, jsonb) is
-  'Starts a run of a registered workflow and dispatches it (or leaves it to its queue''s admission); returns run_id. Options: run_at (delayed start at a timestamp, compared with runledger.now()) or run_in_ms (delayed start this many ms after now on the database clock), run_id, idempotency_key (same key or run_id returns the existing run), queue, priority, concurrency_key, version, max_recovery_attempts, limits overriding the workflow''s: deadline (interval or timestamp), max_steps, budget, no_progress; traceparent (a W3C traceparent the run''s executions are traced under, see runs.traceparent); and notify (default true): false starts an immediately runnable run without waking the queue''s workers by NOTIFY, for a caller whose own worker claims it (engine.start does so when its process''s worker has a free slot; other workers find the run at their next poll).';
+  'Starts a run of a registered workflow and dispatches it (or leaves it to its queue''s admission); returns run_id. Options: run_at (delayed start at a timestamp, compared with runledger.now()) or run_in_ms (delayed start this many ms after now on the database clock), run_id, idempotency_key (same key or run_id returns the existing run), queue, priority, concurrency_key, version, max_recovery_attempts, limits overriding the workflow''s: deadline (interval or timestamp), max_steps, budget, no_progress; and notify (default true): false starts an immediately runnable run without waking the queue''s workers by NOTIFY, for a caller whose own worker claims it (engine.start does so when its process''s worker has a free slot; other workers find the run at their next poll).';
 
 -- Many runs of one workflow in one statement: the options are checked once, the rows
 -- are inserted together, and the queue is announced once.
@@ -450,11 +432,11 @@ begin
     insert into runledger.runs (
       run_id, workflow_name, workflow_version, queue_name, input, admitted, not_before, priority, concurrency_key,
       idempotency_key, tenant_id, deadline_at, max_recovery_attempts, version_manifest, max_steps, budget, no_progress,
-      retry_budget, policy_version, traceparent, created_at, updated_at)
+      retry_budget, policy_version, created_at, updated_at)
     select w.run_id, v_t.workflow_name, v_t.workflow_version, v_t.queue_name, w.input, v_t.admitted, v_t.not_before,
            v_t.priority, w.concurrency_key, w.idempotency_key, v_t.tenant_id, v_t.deadline_at, v_t.max_recovery_attempts,
            v_t.version_manifest, v_t.max_steps, v_t.budget, v_t.no_progress, v_t.retry_budget, v_t.policy_version,
-           v_t.traceparent, v_t.created_at, v_t.updated_at
+           v_t.created_at, v_t.updated_at
       from wanted w
      order by w.i
     on conflict do nothing

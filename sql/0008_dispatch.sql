@@ -4,7 +4,6 @@
 --   runledger._dispatch(...)      announces that a run is (or will be) runnable: NOTIFY runledger_runnable
 --   runledger._claim_batch(...)   claims up to N runnable runs in one statement (SKIP LOCKED)
 --   runledger._start_claimed(...) starts a run and claims it for the caller's own worker, in one transaction
---   runledger._trace_execution(...) records the span of a run's execution (tracing), for the next one to link to
 --
 -- The runs table says which runs can execute (PENDING and admitted, a WAITING run whose
 -- timer is due, a CANCELLING run without an owner), so a worker takes them from there:
@@ -50,8 +49,7 @@ create function runledger._claim_batch(
 returns table (
   run_id text, workflow_name text, workflow_version text, input jsonb, fencing_token bigint,
   recovery_attempts int, max_steps int, budget numeric, budget_spent numeric, budget_limits jsonb, budget_used jsonb,
-  cancel_requested boolean, checkpoints jsonb, progress jsonb, next_due_in_ms bigint,
-  traceparent text, execution_traceparent text)
+  cancel_requested boolean, checkpoints jsonb, progress jsonb, next_due_in_ms bigint)
 language plpgsql volatile
 set enable_seqscan = off set jit = off as $$
 declare
@@ -166,7 +164,7 @@ begin
                                           s.error, s.kind) order by s.seq)
                          from runledger.steps s where s.run_id = c.run_id), '[]'::jsonb),
              (select jsonb_object_agg(p.seq::text, p.progress) from runledger.step_progress p where p.run_id = c.run_id),
-             null::bigint, c.traceparent, c.execution_traceparent
+             null::bigint
         from claimed c;
   end if;
 
@@ -182,12 +180,12 @@ begin
     end loop;
     return query select null::text, null::text, null::text, null::jsonb, null::bigint, null::int, null::int,
                         null::numeric, null::numeric, null::jsonb, null::jsonb, null::boolean, null::jsonb, null::jsonb,
-                        ceil(extract(epoch from v_next - v_now) * 1000)::bigint, null::text, null::text;
+                        ceil(extract(epoch from v_next - v_now) * 1000)::bigint;
   end if;
 end;
 $$;
 comment on function runledger._claim_batch(text, text[], text[], int, int, text[]) is
-  'Worker claim of up to p_limit runnable runs of the given queues and workflow@version keys, in one statement: CANCELLING runs without an owner, then due timers, then admitted PENDING runs by priority and age (FOR UPDATE SKIP LOCKED, so workers never wait on each other). Each becomes RUNNING with fencing_token + 1 and a lease, and is returned with its checkpoints (and its traceparent and the previous execution''s, for tracing). Runs past their deadline are TERMINATED on the way; a due timer in a queue with limits is woken into admission. When fewer than p_limit were claimed, a last row with run_id null gives next_due_in_ms, the milliseconds until the next delayed start or timer on the database clock (null if none). p_reclaim_except (the runs the worker is executing) also takes back this worker''s other runs: a claim whose reply was lost.';
+  'Worker claim of up to p_limit runnable runs of the given queues and workflow@version keys, in one statement: CANCELLING runs without an owner, then due timers, then admitted PENDING runs by priority and age (FOR UPDATE SKIP LOCKED, so workers never wait on each other). Each becomes RUNNING with fencing_token + 1 and a lease, and is returned with its checkpoints. Runs past their deadline are TERMINATED on the way; a due timer in a queue with limits is woken into admission. When fewer than p_limit were claimed, a last row with run_id null gives next_due_in_ms, the milliseconds until the next delayed start or timer on the database clock (null if none). p_reclaim_except (the runs the worker is executing) also takes back this worker''s other runs: a claim whose reply was lost.';
 
 -- engine.start in a process whose own worker has a free slot: the start and the claim in
 -- one transaction. The worker is spared a claim, and the run the wait for it (a claim
@@ -200,8 +198,7 @@ create function runledger._start_claimed(
   p_workflow text, p_input jsonb, p_options jsonb, p_worker_id text, p_lease_ms int)
 returns table (
   run_id text, claimed boolean, workflow_name text, workflow_version text, input jsonb, fencing_token bigint,
-  recovery_attempts int, max_steps int, budget numeric, budget_spent numeric, budget_limits jsonb, budget_used jsonb,
-  traceparent text)
+  recovery_attempts int, max_steps int, budget numeric, budget_spent numeric, budget_limits jsonb, budget_used jsonb)
 language plpgsql volatile
 set enable_seqscan = off set jit = off as $$
 declare
@@ -247,34 +244,14 @@ begin
   end if;
   if v_claimed then
     return query select v_run.run_id, true, v_run.workflow_name, v_run.workflow_version, v_run.input, v_run.fencing_token,
-                        v_run.recovery_attempts, v_run.max_steps, v_run.budget, v_run.budget_spent, v_run.budget_limits, v_run.budget_used,
-                        v_run.traceparent;
+                        v_run.recovery_attempts, v_run.max_steps, v_run.budget, v_run.budget_spent, v_run.budget_limits, v_run.budget_used;
   else
     return query select v_run.run_id, false, null::text, null::text, null::jsonb, null::bigint, null::int, null::int,
-                        null::numeric, null::numeric, null::jsonb, null::jsonb, null::text;
+                        null::numeric, null::numeric, null::jsonb, null::jsonb;
   end if;
 end;
 $$;
 comment on function runledger._start_claimed(text, jsonb, jsonb, text, int) is
   'engine.start for a run its own process''s worker takes: the run is started as start_run starts it (without NOTIFY) and claimed for p_worker_id with a lease of p_lease_ms in the same transaction, as _claim_batch would claim it: a new run that is runnable at once is inserted claimed (runledger._start), an existing never-claimed runnable one (an idempotent start, or one its queue''s admission just let in) is claimed by an update. Returns one row: claimed true with the claimed run''s fields, or claimed false (a run already claimed or of another version, a delayed start, a run admission held back, a deadline already past), in which case the run is announced as start_run announces it.';
-
--- Tracing: the worker that claimed a run records the span of this execution, so the next
--- execution (after a crash, on another worker) can link to it. Fenced by the token: a worker
--- that lost the run writes nothing. Not an event: it changes nothing about the run.
-create function runledger._trace_execution(p_run_id text, p_token bigint, p_traceparent text) returns boolean
-language plpgsql volatile
-set enable_seqscan = off set jit = off as $$
-begin
-  if p_traceparent is null or not runledger._is_traceparent(p_traceparent) then
-    raise exception using errcode = 'RL003',
-      message = format('_trace_execution: %L is not a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>)', p_traceparent);
-  end if;
-  update runledger.runs r set execution_traceparent = p_traceparent
-   where r.run_id = p_run_id and r.fencing_token = p_token and r.lease_owner is not null;
-  return found;
-end;
-$$;
-comment on function runledger._trace_execution(text, bigint, text) is
-  'Records p_traceparent, the span of the execution that holds the run with fencing token p_token, in runs.execution_traceparent (the next execution''s span links to it). Returns false, writing nothing, when that execution no longer holds the run. RL003 for a value that is not a W3C traceparent.';
 
 insert into runledger.migrations (version, name) values (8, '0008_dispatch');

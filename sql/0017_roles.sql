@@ -43,7 +43,7 @@ select 'runledger_worker', f
   from unnest(array[
     'start_run', 'start_runs', '_start_claimed', '_start_child', '_register_workflow',
     '_register_worker', '_heartbeat', '_stop_worker', '_recover_expired', '_enforce_deadlines', '_wake_due', '_admit_all',
-    '_claim_batch', '_trace_execution', '_commit_batch', '_commit_and_claim', '_checkpoint', '_checkpoint_outcome', '_charge_now',
+    '_claim_batch', '_commit_batch', '_commit_and_claim', '_checkpoint', '_checkpoint_outcome', '_charge_now',
     '_complete_run', '_complete_with_checkpoint', '_fail_run', '_release_run', '_terminate_run', '_dead_letter_run', '_finish_cancel',
     '_wait', '_retry_wait', '_record_retry', '_heartbeat_step',
     '_operation_begin', '_operation_checkpoint', '_operation_park',
