@@ -1,6 +1,6 @@
 /**
  * The layering rule of src/ (docs/architecture.md): imports run one way,
- * core → db → client and run → steps → agents → worker → the engine entry → console → cli, dev, testing.
+ * core (and observe beside it) → db → client and run → steps → agents → worker → the engine entry → console → cli, dev, testing.
  * `npm run lint:deps` checks it, in `npm test`'s CI job; a violation fails the build.
  */
 const layer = (name) => `^src/engine/${name}/`;
@@ -8,12 +8,14 @@ const layer = (name) => `^src/engine/${name}/`;
 /** Each layer may import only the layers below it (and itself). */
 const allowedBelow = {
   core: [layer('core')],
+  // Traces (and other signals about the engine): beside core, usable from every layer above it.
+  observe: [layer('core'), layer('observe')],
   db: [layer('core'), layer('db')],
-  client: [layer('core'), layer('db'), layer('client')],
-  run: [layer('core'), layer('db'), layer('run')],
-  steps: [layer('core'), layer('db'), layer('run'), '^src/steps/'],
-  agents: [layer('core'), layer('db'), layer('run'), '^src/steps/', '^src/agents/'],
-  worker: [layer('core'), layer('db'), layer('client'), layer('run'), '^src/steps/', '^src/agents/', layer('worker')],
+  client: [layer('core'), layer('observe'), layer('db'), layer('client')],
+  run: [layer('core'), layer('observe'), layer('db'), layer('run')],
+  steps: [layer('core'), layer('observe'), layer('db'), layer('run'), '^src/steps/'],
+  agents: [layer('core'), layer('observe'), layer('db'), layer('run'), '^src/steps/', '^src/agents/'],
+  worker: [layer('core'), layer('observe'), layer('db'), layer('client'), layer('run'), '^src/steps/', '^src/agents/', layer('worker')],
 };
 
 const layerRule = (name, from) => ({
@@ -56,6 +58,7 @@ module.exports = {
       from: { path: '^src/engine/core/workflow\\.ts$' },
       to: { path: '^src/agents/context\\.ts$', dependencyTypesNot: ['type-only'] },
     },
+    layerRule('observe', layer('observe')),
     layerRule('db', layer('db')),
     layerRule('client', layer('client')),
     layerRule('run', layer('run')),

@@ -258,7 +258,9 @@ CREATE TABLE runledger.runs (
   termination_evidence jsonb,
   terminated_at timestamp with time zone,
   policy_version text,
-  stop_record jsonb
+  stop_record jsonb,
+  traceparent text,
+  execution_traceparent text
 );
 COMMENT ON TABLE runledger.runs IS 'One row per workflow run: status, lease (owner, expiry, fencing token), recovery attempts and the termination record (reason, evidence, time, policy version).';
 COMMENT ON COLUMN runledger.runs.wait_key IS 'What a WAITING run waits for: the signal topic, the approval request id or the child run id (null for timers).';
@@ -270,6 +272,8 @@ COMMENT ON COLUMN runledger.runs.budget_limits IS 'Budgets besides units, as {"t
 COMMENT ON COLUMN runledger.runs.no_progress IS 'N: the same step name returning the same result (hash) N times in a row ends the run TERMINATED with reason NO_PROGRESS.';
 COMMENT ON COLUMN runledger.runs.termination_reason IS 'Why a terminal run stopped: COMPLETED, FAILED, CANCELLED, DEADLINE, MAX_STEPS, BUDGET, NO_PROGRESS, MAX_RECOVERY_ATTEMPTS, NON_DETERMINISM, UNVERIFIED (the workflow''s verify refused its output).';
 COMMENT ON COLUMN runledger.runs.stop_record IS 'Only on a CANCELLING run: the terminal record it ends with once its compensations have run, {status, reason, evidence, error} (a policy stop such as DEADLINE or BUDGET, or the record compensate_run set aside); null for a plain cancel, which ends CANCELLED.';
+COMMENT ON COLUMN runledger.runs.traceparent IS 'The W3C traceparent (00-<trace id>-<span id>-<flags>) of the context the run was started in (engine.start, or the traceparent option of start_run / start_runs); null when it was started outside a trace. Every execution of the run opens its span under it, so all of them, after crashes and on other workers, belong to one trace.';
+COMMENT ON COLUMN runledger.runs.execution_traceparent IS 'The W3C traceparent of the span of the run''s latest execution, written by the worker that claimed it (runledger._trace_execution) when it records traces: the next execution links its span to it. Null when no execution was traced.';
 ALTER TABLE runledger.runs ADD CONSTRAINT runs_invariants CHECK (runledger._check_run(status, finished_at, termination_reason, lease_owner, lease_expires_at, wait_kind, budget, max_steps, no_progress, retry_budget, max_recovery_attempts));
 COMMENT ON CONSTRAINT runs_invariants ON runledger.runs IS 'Every rule a runs row obeys, in runledger._check_run (see its comment); a broken rule is reported under its own name.';
 ALTER TABLE runledger.runs ADD CONSTRAINT runs_parent_run_id_fkey FOREIGN KEY (parent_run_id) REFERENCES runledger.runs(run_id) ON DELETE SET NULL;
@@ -1604,7 +1608,7 @@ $function$;
 COMMENT ON FUNCTION runledger._checkpoint_row(text,bigint,integer,text,text,text,jsonb,jsonb,integer,bigint,jsonb) IS 'The body of _checkpoint: fenced checkpoint write (see _checkpoint), returning the run row as it is after the checkpoint (its status says whether a policy ended it).';
 
 CREATE OR REPLACE FUNCTION runledger._claim_batch(p_worker_id text, p_queues text[], p_workflows text[], p_limit integer, p_lease_ms integer, p_reclaim_except text[] DEFAULT NULL::text[])
- RETURNS TABLE(run_id text, workflow_name text, workflow_version text, input jsonb, fencing_token bigint, recovery_attempts integer, max_steps integer, budget numeric, budget_spent numeric, budget_limits jsonb, budget_used jsonb, cancel_requested boolean, checkpoints jsonb, progress jsonb, next_due_in_ms bigint)
+ RETURNS TABLE(run_id text, workflow_name text, workflow_version text, input jsonb, fencing_token bigint, recovery_attempts integer, max_steps integer, budget numeric, budget_spent numeric, budget_limits jsonb, budget_used jsonb, cancel_requested boolean, checkpoints jsonb, progress jsonb, next_due_in_ms bigint, traceparent text, execution_traceparent text)
  LANGUAGE plpgsql
  SECURITY DEFINER
  SET enable_seqscan TO 'off'
@@ -1723,7 +1727,7 @@ begin
                                           s.error, s.kind) order by s.seq)
                          from runledger.steps s where s.run_id = c.run_id), '[]'::jsonb),
              (select jsonb_object_agg(p.seq::text, p.progress) from runledger.step_progress p where p.run_id = c.run_id),
-             null::bigint
+             null::bigint, c.traceparent, c.execution_traceparent
         from claimed c;
   end if;
 
@@ -1739,11 +1743,11 @@ begin
     end loop;
     return query select null::text, null::text, null::text, null::jsonb, null::bigint, null::int, null::int,
                         null::numeric, null::numeric, null::jsonb, null::jsonb, null::boolean, null::jsonb, null::jsonb,
-                        ceil(extract(epoch from v_next - v_now) * 1000)::bigint;
+                        ceil(extract(epoch from v_next - v_now) * 1000)::bigint, null::text, null::text;
   end if;
 end;
 $function$;
-COMMENT ON FUNCTION runledger._claim_batch(text,text[],text[],integer,integer,text[]) IS 'Worker claim of up to p_limit runnable runs of the given queues and workflow@version keys, in one statement: CANCELLING runs without an owner, then due timers, then admitted PENDING runs by priority and age (FOR UPDATE SKIP LOCKED, so workers never wait on each other). Each becomes RUNNING with fencing_token + 1 and a lease, and is returned with its checkpoints. Runs past their deadline are TERMINATED on the way; a due timer in a queue with limits is woken into admission. When fewer than p_limit were claimed, a last row with run_id null gives next_due_in_ms, the milliseconds until the next delayed start or timer on the database clock (null if none). p_reclaim_except (the runs the worker is executing) also takes back this worker''s other runs: a claim whose reply was lost.';
+COMMENT ON FUNCTION runledger._claim_batch(text,text[],text[],integer,integer,text[]) IS 'Worker claim of up to p_limit runnable runs of the given queues and workflow@version keys, in one statement: CANCELLING runs without an owner, then due timers, then admitted PENDING runs by priority and age (FOR UPDATE SKIP LOCKED, so workers never wait on each other). Each becomes RUNNING with fencing_token + 1 and a lease, and is returned with its checkpoints (and its traceparent and the previous execution''s, for tracing). Runs past their deadline are TERMINATED on the way; a due timer in a queue with limits is woken into admission. When fewer than p_limit were claimed, a last row with run_id null gives next_due_in_ms, the milliseconds until the next delayed start or timer on the database clock (null if none). p_reclaim_except (the runs the worker is executing) also takes back this worker''s other runs: a claim whose reply was lost.';
 
 CREATE OR REPLACE FUNCTION runledger._commit_and_claim(p_items jsonb, p_worker_id text, p_queues text[], p_workflows text[], p_limit integer, p_lease_ms integer)
  RETURNS TABLE(item integer, code text, message text, run_status text, claimed jsonb)
@@ -2610,6 +2614,16 @@ begin
 end;
 $function$;
 COMMENT ON FUNCTION runledger._heartbeat_step(text,bigint,integer,jsonb,integer) IS 'Fenced: a long step proves it is alive: renews its run''s lease and stores its progress. Returns the run status (CANCELLING tells the step to stop).';
+
+CREATE OR REPLACE FUNCTION runledger._is_traceparent(p text)
+ RETURNS boolean
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+  select p ~ '^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$'
+     and substr(p, 4, 32) <> repeat('0', 32) and substr(p, 37, 16) <> repeat('0', 16)
+$function$;
+COMMENT ON FUNCTION runledger._is_traceparent(text) IS 'True when p is a W3C traceparent of version 00 (00-<32 hex trace id>-<16 hex span id>-<2 hex flags>, lower case, neither id all zeros): the form runs.traceparent and runs.execution_traceparent hold.';
 
 CREATE OR REPLACE FUNCTION runledger._isolated_tables()
  RETURNS text[]
@@ -3803,13 +3817,13 @@ begin
     run_id, workflow_name, workflow_version, queue_name, status, input, admitted, not_before, priority, concurrency_key,
     idempotency_key, tenant_id, parent_run_id, deadline_at, max_recovery_attempts, version_manifest, max_steps, budget,
     budget_limits, no_progress, retry_budget, policy_version, fencing_token, lease_owner, lease_expires_at, started_at,
-    created_at, updated_at)
+    traceparent, created_at, updated_at)
   values (
     v_t.run_id, v_t.workflow_name, v_t.workflow_version, v_t.queue_name, v_t.status, p_input, v_t.admitted, v_t.not_before,
     v_t.priority, v_t.concurrency_key, v_t.idempotency_key, v_t.tenant_id, v_t.parent_run_id, v_t.deadline_at,
     v_t.max_recovery_attempts, v_t.version_manifest, v_t.max_steps, v_t.budget, v_t.budget_limits, v_t.no_progress, v_t.retry_budget,
     v_t.policy_version, v_t.fencing_token, v_t.lease_owner, v_t.lease_expires_at, v_t.started_at,
-    v_t.created_at, v_t.updated_at)
+    v_t.traceparent, v_t.created_at, v_t.updated_at)
   on conflict do nothing;
   if not found then
     -- Idempotent start: the same run_id or idempotency key returns the existing run.
@@ -3879,7 +3893,7 @@ $function$;
 COMMENT ON FUNCTION runledger._start_child(text,bigint,integer,text,text,jsonb,jsonb) IS 'Starts a child run (id = parent id || ''.'' || seq, parent_run_id set, parent''s deadline inherited) and checkpoints its id, in one transaction.';
 
 CREATE OR REPLACE FUNCTION runledger._start_claimed(p_workflow text, p_input jsonb, p_options jsonb, p_worker_id text, p_lease_ms integer)
- RETURNS TABLE(run_id text, claimed boolean, workflow_name text, workflow_version text, input jsonb, fencing_token bigint, recovery_attempts integer, max_steps integer, budget numeric, budget_spent numeric, budget_limits jsonb, budget_used jsonb)
+ RETURNS TABLE(run_id text, claimed boolean, workflow_name text, workflow_version text, input jsonb, fencing_token bigint, recovery_attempts integer, max_steps integer, budget numeric, budget_spent numeric, budget_limits jsonb, budget_used jsonb, traceparent text)
  LANGUAGE plpgsql
  SECURITY DEFINER
  SET enable_seqscan TO 'off'
@@ -3929,10 +3943,11 @@ begin
   end if;
   if v_claimed then
     return query select v_run.run_id, true, v_run.workflow_name, v_run.workflow_version, v_run.input, v_run.fencing_token,
-                        v_run.recovery_attempts, v_run.max_steps, v_run.budget, v_run.budget_spent, v_run.budget_limits, v_run.budget_used;
+                        v_run.recovery_attempts, v_run.max_steps, v_run.budget, v_run.budget_spent, v_run.budget_limits, v_run.budget_used,
+                        v_run.traceparent;
   else
     return query select v_run.run_id, false, null::text, null::text, null::jsonb, null::bigint, null::int, null::int,
-                        null::numeric, null::numeric, null::jsonb, null::jsonb;
+                        null::numeric, null::numeric, null::jsonb, null::jsonb, null::text;
   end if;
 end;
 $function$;
@@ -4008,6 +4023,12 @@ begin
                                or length(v_opts->>'tenant_id') > 200) then
     raise exception using errcode = 'RL003', message = format('%s: invalid tenant_id %s', p_caller, v_opts->'tenant_id');
   end if;
+  if v_opts ? 'traceparent' and jsonb_typeof(v_opts->'traceparent') <> 'null'
+     and (jsonb_typeof(v_opts->'traceparent') <> 'string' or not runledger._is_traceparent(v_opts->>'traceparent')) then
+    raise exception using errcode = 'RL003',
+      message = format('%s: traceparent must be a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>, ids not all zeros), not %s',
+                       p_caller, v_opts->'traceparent');
+  end if;
   if v_opts ? 'notify' and jsonb_typeof(v_opts->'notify') <> 'boolean' then
     raise exception using errcode = 'RL003', message = format('%s: notify must be true or false, not %s', p_caller, v_opts->'notify');
   end if;
@@ -4042,6 +4063,7 @@ begin
   v_t.tenant_id := coalesce((select p.tenant_id from runledger.runs p where p.run_id = v_t.parent_run_id),
                             v_opts->>'tenant_id', nullif(current_setting('runledger.tenant', true), ''));
   v_t.deadline_at := v_deadline;
+  v_t.traceparent := v_opts->>'traceparent';
   v_t.max_recovery_attempts := coalesce((v_opts->>'max_recovery_attempts')::int, v_wf.max_recovery_attempts);
   -- A run started from SQL records the manifest its version's engines registered.
   v_t.version_manifest := coalesce(v_opts->'version_manifest', v_wf.manifest || jsonb_build_object('started_from', 'sql'),
@@ -4346,6 +4368,26 @@ begin
 end;
 $function$;
 COMMENT ON FUNCTION runledger._terminate_run(text,bigint,text,jsonb) IS 'Fenced policy stop by the run''s owner: TERMINATED with reason (DEADLINE, MAX_STEPS, BUDGET, NO_PROGRESS) and evidence; children are cancelled. A run with compensations due becomes CANCELLING instead, still owned, with that record as its stop_record: it ends TERMINATED once they have run. Returns the new status.';
+
+CREATE OR REPLACE FUNCTION runledger._trace_execution(p_run_id text, p_token bigint, p_traceparent text)
+ RETURNS boolean
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
+AS $function$
+begin
+  if p_traceparent is null or not runledger._is_traceparent(p_traceparent) then
+    raise exception using errcode = 'RL003',
+      message = format('_trace_execution: %L is not a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>)', p_traceparent);
+  end if;
+  update runledger.runs r set execution_traceparent = p_traceparent
+   where r.run_id = p_run_id and r.fencing_token = p_token and r.lease_owner is not null;
+  return found;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._trace_execution(text,bigint,text) IS 'Records p_traceparent, the span of the execution that holds the run with fencing token p_token, in runs.execution_traceparent (the next execution''s span links to it). Returns false, writing nothing, when that execution no longer holds the run. RL003 for a value that is not a W3C traceparent.';
 
 CREATE OR REPLACE FUNCTION runledger._wait(p_run_id text, p_token bigint, p_seq integer, p_name text, p_kind text, p_spec jsonb)
  RETURNS TABLE(done boolean, output jsonb)
@@ -5014,7 +5056,7 @@ begin
   return (runledger._start(p_workflow, p_input, p_options)).run.run_id;
 end;
 $function$;
-COMMENT ON FUNCTION runledger.start_run(text,jsonb,jsonb) IS 'Starts a run of a registered workflow and dispatches it (or leaves it to its queue''s admission); returns run_id. Options: run_at (delayed start at a timestamp, compared with runledger.now()) or run_in_ms (delayed start this many ms after now on the database clock), run_id, idempotency_key (same key or run_id returns the existing run), queue, priority, concurrency_key, version, max_recovery_attempts, limits overriding the workflow''s: deadline (interval or timestamp), max_steps, budget, no_progress; and notify (default true): false starts an immediately runnable run without waking the queue''s workers by NOTIFY, for a caller whose own worker claims it (engine.start does so when its process''s worker has a free slot; other workers find the run at their next poll).';
+COMMENT ON FUNCTION runledger.start_run(text,jsonb,jsonb) IS 'Starts a run of a registered workflow and dispatches it (or leaves it to its queue''s admission); returns run_id. Options: run_at (delayed start at a timestamp, compared with runledger.now()) or run_in_ms (delayed start this many ms after now on the database clock), run_id, idempotency_key (same key or run_id returns the existing run), queue, priority, concurrency_key, version, max_recovery_attempts, limits overriding the workflow''s: deadline (interval or timestamp), max_steps, budget, no_progress; traceparent (a W3C traceparent the run''s executions are traced under, see runs.traceparent); and notify (default true): false starts an immediately runnable run without waking the queue''s workers by NOTIFY, for a caller whose own worker claims it (engine.start does so when its process''s worker has a free slot; other workers find the run at their next poll).';
 
 CREATE OR REPLACE FUNCTION runledger.start_runs(p_workflow text, p_inputs jsonb, p_options jsonb DEFAULT '{}'::jsonb)
  RETURNS text[]
@@ -5091,11 +5133,11 @@ begin
     insert into runledger.runs (
       run_id, workflow_name, workflow_version, queue_name, input, admitted, not_before, priority, concurrency_key,
       idempotency_key, tenant_id, deadline_at, max_recovery_attempts, version_manifest, max_steps, budget, no_progress,
-      retry_budget, policy_version, created_at, updated_at)
+      retry_budget, policy_version, traceparent, created_at, updated_at)
     select w.run_id, v_t.workflow_name, v_t.workflow_version, v_t.queue_name, w.input, v_t.admitted, v_t.not_before,
            v_t.priority, w.concurrency_key, w.idempotency_key, v_t.tenant_id, v_t.deadline_at, v_t.max_recovery_attempts,
            v_t.version_manifest, v_t.max_steps, v_t.budget, v_t.no_progress, v_t.retry_budget, v_t.policy_version,
-           v_t.created_at, v_t.updated_at
+           v_t.traceparent, v_t.created_at, v_t.updated_at
       from wanted w
      order by w.i
     on conflict do nothing

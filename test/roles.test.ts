@@ -66,6 +66,7 @@ const EXPECTED: Record<string, string[]> = {
     '_wake_due',
     '_admit_all',
     '_claim_batch',
+    '_trace_execution',
     '_commit_batch',
     '_commit_and_claim',
     '_checkpoint',

@@ -47,8 +47,10 @@ import { engineLog, isLogger, type LogFunction, type LogOption } from './core/lo
 import type { SecretResolver } from './core/secrets.js';
 import type { PayloadCodec } from './core/codec.js';
 import { NO_CODEC, Payloads } from './core/payloads.js';
+import { Tracing, type TracerProviderLike } from './observe/tracing.js';
 export type { LogFunction, LogLevel, LogOption, Logger, RunLogFields } from './core/log.js';
 export type { SecretResolver } from './core/secrets.js';
+export type { TracerProviderLike } from './observe/tracing.js';
 
 export interface EngineOptions {
   /** PostgreSQL URL; default process.env.DATABASE_URL. */
@@ -96,6 +98,12 @@ export interface EngineOptions {
    * and docs/testing.md), e.g. `{ step: 'charge', when: 'after-call' }`.
    */
   crashAt?: CrashPoint | CrashPoint[];
+  /**
+   * The OpenTelemetry TracerProvider the engine's spans go to (docs/observability.md#traces);
+   * default: the one the application registered globally, if any. Needs `@opentelemetry/api`
+   * installed (an optional peer dependency); runledger never registers anything itself.
+   */
+  tracerProvider?: TracerProviderLike;
 }
 
 const optionsSchema = z.object({
@@ -122,6 +130,12 @@ const optionsSchema = z.object({
     )
     .optional(),
   crashAt: z.union([z.object({}).passthrough(), z.array(z.object({}).passthrough())]).optional(),
+  tracerProvider: z
+    .custom<TracerProviderLike>(
+      (value) => typeof value === 'object' && value !== null && typeof (value as TracerProviderLike).getTracer === 'function',
+      { message: 'tracerProvider must be an OpenTelemetry TracerProvider (an object with getTracer(name, version))' },
+    )
+    .optional(),
 });
 
 const defaultLog: LogFunction = (level, message, meta) => {
@@ -290,6 +304,8 @@ export function createEngine<DB = any>(options: EngineOptions = {}): Engine<DB> 
     resultSchemas,
     payloads,
   };
+  const tracing = Tracing.create(options.tracerProvider);
+  if (tracing) deps.tracing = tracing;
   const fetchRun = (runId: string, opts?: { withSteps?: boolean }) => getRun(db, runId, opts, payloads);
   // Callers awaiting results hear of completions by LISTEN, or from this engine's workers directly.
   const results = new ResultWatch(poolConfig, log);

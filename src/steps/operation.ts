@@ -113,13 +113,14 @@ export async function runOperation<T>(
       let outcome: Outcome<T> | undefined;
       if (row.status === 'STARTED') {
         try {
-          const value = await fn({
+          const info = {
             idempotencyKey: row.idempotency_key,
             operationId: row.operation_id,
             signal: exec.abortController.signal,
             attempt: row.attempts,
-            heartbeat: (progress) => heartbeatStep(exec, seq, progress),
-          });
+            heartbeat: (progress?: unknown) => heartbeatStep(exec, seq, progress),
+          };
+          const value = await (exec.trace ? exec.trace.child('operation', name, seq, row.attempts, () => fn(info)) : fn(info));
           outcome = { ok: true, value };
         } catch (error) {
           outcome = { ok: false, error };

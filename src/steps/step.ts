@@ -49,12 +49,13 @@ export async function runStep<T>(exec: Execution, name: string, fn: StepFunction
       const startedAt = monotonicMark();
       let outcome: { ok: true; text: string | undefined; value: unknown } | { ok: false; error: unknown };
       try {
-        const result = await fn({
+        const info: StepInfo = {
           signal: exec.abortController.signal,
           attempt,
           progress: exec.progress[String(seq)],
           heartbeat: (progress) => heartbeatStep(exec, seq, progress),
-        });
+        };
+        const result = await (exec.trace ? exec.trace.child('step', name, seq, attempt, () => fn(info)) : fn(info));
         outcome = { ok: true, ...encodeOutput(exec, name, result) };
       } catch (error) {
         outcome = { ok: false, error };

@@ -55,7 +55,12 @@ async function transactionAttempts<T, DB>(exec: Execution, name: string, seq: nu
       const value = await inOwnTransaction<DB, unknown>(exec.deps.pool, async (tx) => {
         let encoded: { text: string | undefined; value: unknown };
         try {
-          encoded = encodeOutput(exec, name, await fn(tx.trx));
+          const trx = tx.trx;
+          encoded = encodeOutput(
+            exec,
+            name,
+            await (exec.trace ? exec.trace.child('transaction', name, seq, attempt, () => fn(trx)) : fn(trx)),
+          );
         } catch (error) {
           // A transient database error inside the user's code re-runs the transaction; anything else fails the step.
           if (isRetryableTransactionError(error) || isConnectionError(error)) throw error;

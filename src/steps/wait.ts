@@ -43,6 +43,12 @@ export async function runWait(
     return exec.suspend();
   }
   const row = result.rows[0];
+  exec.trace?.event('runledger.wait', {
+    'runledger.step': name,
+    'runledger.wait_kind': kind,
+    'runledger.seq': position.seq,
+    'runledger.parked': !row.done,
+  });
   if (row.done) {
     // Ended at once (a signal was waiting, the child had ended...): its payload as the codec stored it.
     const output = exec.readable(() => exec.payloads.decodeStepOutput(kind, row.output) as Record<string, unknown>);

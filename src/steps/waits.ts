@@ -146,6 +146,8 @@ export async function startChild<In>(
           queue: options.queue ?? workflow.queue,
           max_recovery_attempts: workflow.maxRecoveryAttempts,
           ...(options.priority === undefined ? {} : { priority: options.priority }),
+          // A child's executions are traced under the span of the execution that started it.
+          ...(exec.trace ? { traceparent: exec.trace.traceparent } : {}),
         }),
       ],
     );

@@ -14,7 +14,7 @@ const SQL_DIR = fileURLToPath(new URL('../../sql/', import.meta.url));
  * released. After it, a change to a function is a new file that redefines it, and only
  * files newer than this one may do so.
  */
-const LAST_RELEASED_MIGRATION: number | null = null;
+const LAST_RELEASED_MIGRATION: number | null = 18;
 
 interface Definition {
   name: string;

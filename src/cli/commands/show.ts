@@ -140,6 +140,8 @@ function printSummary(run: RunRecord, related: Related): void {
   if (run.leaseOwner) line('lease', `${run.leaseOwner} until ${timestamp(run.leaseExpiresAt)}`);
   if (run.idempotencyKey) line('idem. key', run.idempotencyKey);
   if (run.parentRunId) line('parent', run.parentRunId);
+  if (run.traceparent) line('trace', `${run.traceparent} (started under)`);
+  if (run.executionTraceparent) line('last span', `${run.executionTraceparent} (latest traced execution)`);
   // Inputs and outputs can be megabytes: a few lines here, all of it in psql.
   line('input', shortJson(run.input, Infinity), 3);
   if (run.output !== null && run.output !== undefined) line('output', shortJson(run.output, Infinity), 3);

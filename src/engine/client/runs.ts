@@ -110,6 +110,10 @@ export interface RunRecord {
   terminationEvidence: unknown;
   terminatedAt: Date | null;
   policyVersion: string | null;
+  /** The W3C traceparent the run was started under (docs/observability.md); null: started outside a trace. */
+  traceparent: string | null;
+  /** The traceparent of the span of the run's latest traced execution; null: none traced. */
+  executionTraceparent: string | null;
   /** Present from getRun (not from listRuns). */
   steps?: StepRecord[];
   /** The run's external operations (ledger rows); present from getRun. */

@@ -10,6 +10,7 @@ import { limitsToSql, type Workflow } from '../core/workflow.js';
 import type { BudgetAmounts } from '../core/budget.js';
 import { withinMs, type ResultWatch } from './results.js';
 import type { Payloads } from '../core/payloads.js';
+import { activeTraceparent, isTraceparent } from '../observe/tracing.js';
 
 export interface StartOptions {
   /** Explicit run id; starting again with the same id returns the same run. */
@@ -36,6 +37,11 @@ export interface StartOptions {
   maxSteps?: number;
   budget?: number | BudgetAmounts;
   noProgress?: number;
+  /**
+   * The W3C traceparent the run's executions are traced under (docs/observability.md#traces);
+   * default: the caller's active span (OpenTelemetry context), if any. null: none.
+   */
+  traceparent?: string | null;
 }
 
 /** `O` is the output as stored: `engine.start` gives `RunHandle<Jsonify<O>>` for a workflow returning `O`. */
@@ -72,6 +78,9 @@ export interface ClaimedAtStart {
   budget_spent: string;
   budget_limits: Record<string, unknown> | null;
   budget_used: Record<string, unknown> | null;
+  /** The run's traceparent (runs.traceparent) and its previous execution's span (_claim_batch; none at a start). */
+  traceparent?: string | null;
+  execution_traceparent?: string | null;
 }
 
 /** How the run a start handed to this process's worker ended there: committed SUCCEEDED, with this output (JSON text; undefined for none). */
@@ -94,7 +103,7 @@ export interface LocalTaker {
 }
 
 const START_CLAIMED_SQL =
-  'select run_id, claimed, workflow_name, workflow_version, input, fencing_token, recovery_attempts, max_steps, budget, budget_spent, budget_limits, budget_used ' +
+  'select run_id, claimed, workflow_name, workflow_version, input, fencing_token, recovery_attempts, max_steps, budget, budget_spent, budget_limits, budget_used, traceparent ' +
   'from runledger._start_claimed(p_workflow => $1, p_input => $2::jsonb, p_options => $3::jsonb, p_worker_id => $4, p_lease_ms => $5)';
 
 export async function startRun<O, In>(
@@ -249,6 +258,16 @@ function startOptionsToSql(
     version_manifest: workflow.versionManifest,
   };
   if (options.tenantId !== undefined) sqlOptions.tenant_id = options.tenantId;
+  // The caller's trace: every execution of the run continues it (runs.traceparent).
+  const traceparent = options.traceparent === undefined ? activeTraceparent() : options.traceparent;
+  if (traceparent !== undefined && traceparent !== null) {
+    if (!isTraceparent(traceparent)) {
+      throw new InvalidInputError(
+        `${caller}: traceparent must be a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>), not ${JSON.stringify(traceparent)}`,
+      );
+    }
+    sqlOptions.traceparent = traceparent;
+  }
   if (options.priority !== undefined) {
     if (!Number.isInteger(options.priority)) throw new InvalidInputError(`${caller}: priority must be a whole number (lower runs first)`);
     sqlOptions.priority = options.priority;

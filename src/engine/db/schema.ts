@@ -87,6 +87,8 @@ export const RUNLEDGER_TABLES = {
     terminated_at: 'timestamptz null',
     policy_version: 'text null',
     stop_record: 'jsonb null',
+    traceparent: 'text null',
+    execution_traceparent: 'text null',
   },
   'runledger.steps': {
     run_id: 'text',

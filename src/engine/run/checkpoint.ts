@@ -61,7 +61,8 @@ export function stepItemValues(exec: Execution, record: CheckpointRecord, charge
 
 /** One fenced checkpoint write: through the worker's group commit when there is one. Returns the run's status. */
 async function sendCheckpoint(exec: Execution, record: CheckpointRecord, charge: ChargeToSend): Promise<string | undefined> {
-  if (exec.deps.commits) return (await exec.deps.commits.submit(checkpointItem(stepItemValues(exec, record, charge)))).runStatus;
+  if (exec.deps.commits)
+    return (await exec.deps.commits.submit(checkpointItem(stepItemValues(exec, record, charge)), false, exec.trace?.ref)).runStatus;
   const result = await exec.deps.pool.query({
     name: 'runledger_checkpoint',
     text: CHECKPOINT_SQL,

@@ -23,6 +23,7 @@ import type { CrashHook } from '../core/crash-points.js';
 import type { RunledgerDatabase } from '../db/schema.js';
 import type { CommitItem, CommitResult } from './commit-items.js';
 import { addAmounts, subtractAmounts, toSqlAmounts, type BudgetAmounts } from '../core/budget.js';
+import type { ExecutionTrace, SpanRef, Tracing } from '../observe/tracing.js';
 
 /** A charge taken for one write: its amounts, and the JSON the SQL functions take (null: nothing to charge). */
 export interface ChargeToSend {
@@ -116,7 +117,8 @@ export interface CheckpointRecord {
 
 /** What the run layer needs of the worker's group commit: send an item, hear how it went. */
 export interface CommitQueue {
-  submit(item: CommitItem, completes?: boolean): Promise<CommitResult>;
+  /** `trace`: the span of the execution the item is written for (the batch's span links to it). */
+  submit(item: CommitItem, completes?: boolean, trace?: SpanRef): Promise<CommitResult>;
 }
 
 export interface ExecutionDeps {
@@ -144,6 +146,8 @@ export interface ExecutionDeps {
   finished?: (runId: string) => void;
   /** The engine's payload codec (createEngine's `codec`); none: payloads are stored in clear. */
   payloads?: Payloads;
+  /** OpenTelemetry traces (observe/tracing.ts); none without @opentelemetry/api. */
+  tracing?: Tracing;
 }
 
 /** What Execution.readable returns when the payload could not be decoded (the execution halted). */
@@ -204,6 +208,8 @@ export class Execution {
   codeManifest: Readonly<Record<string, unknown>> | undefined;
   /** ctx.patched's answer per patch id, so every call in one execution gets the same. */
   readonly patches = new Map<string, boolean>();
+  /** This execution's span (set by the worker at claim) while a tracer provider records; undefined otherwise. */
+  trace: ExecutionTrace | undefined;
   /** The run's workflow name and version (for the secrets resolver). */
   workflowName = '';
   workflowVersion = '';

@@ -12,6 +12,7 @@ import { checkPayloadSize, toJsonText } from '../core/json.js';
 import { isConnectionError, pgCode } from '../db/pg-errors.js';
 import { workflowKey, type Verdict, type Workflow } from '../core/workflow.js';
 import { budgetStateOf } from '../run/budget-state.js';
+import type { ExecutionTrace } from '../observe/tracing.js';
 
 /** How long an infrastructure failure keeps a released run off the workers. */
 export const RELEASE_DELAY_MS = 1_000;
@@ -64,6 +65,7 @@ export async function executeClaimed(run: ClaimedRun, options: ExecuteOptions): 
   exec.workflowName = run.workflow_name;
   exec.workflowVersion = run.workflow_version;
   exec.progress = (decoded ?? run).progress ?? {};
+  exec.trace = traceExecution(exec, run);
   if (run.cancel_requested) exec.startCancelled();
   options.track(exec);
   try {
@@ -75,9 +77,29 @@ export async function executeClaimed(run: ClaimedRun, options: ExecuteOptions): 
     await release(exec, RELEASE_DELAY_MS, 'infrastructure').catch(() => undefined);
   } finally {
     exec.end(exec.haltReason ? `this execution stopped: ${exec.haltReason.kind}` : 'this execution stopped');
+    exec.trace?.end(exec.succeeded ? 'succeeded' : (exec.haltReason?.kind ?? 'ended'));
     options.untrack(exec);
   }
   return exec.succeeded;
+}
+
+/**
+ * This execution's span, when a tracer provider records (observe/tracing.ts); its
+ * traceparent is recorded on the run (fenced, not awaited) for the next execution to link to.
+ */
+function traceExecution(exec: Execution, run: ClaimedRun): ExecutionTrace | undefined {
+  const trace = exec.deps.tracing?.startExecution(run, exec.attempt);
+  if (!trace) return undefined;
+  exec.deps.pool
+    .query('select runledger._trace_execution(p_run_id => $1, p_token => $2, p_traceparent => $3)', [
+      exec.runId,
+      exec.fencingToken.toString(),
+      trace.traceparent,
+    ])
+    .catch((error: unknown) =>
+      exec.log('warn', `run ${exec.runId}: could not record the execution's span`, { error: serializeError(error) }),
+    );
+  return trace;
 }
 
 /**
@@ -164,7 +186,9 @@ async function replay(exec: Execution, run: ClaimedRun, options: ExecuteOptions)
     return { kind: 'returned' as const, value, verdict };
   };
   const verify = workflow.verify;
-  const settled = workflow.fn(ctx, input).then((value) => {
+  // With a trace, the workflow runs with this execution's span active: the application's own spans nest under it.
+  const started = exec.trace ? exec.trace.within(() => workflow.fn(ctx, input)) : workflow.fn(ctx, input);
+  const settled = started.then((value) => {
     // The output's redacted values are known before verify builds its evidence from it.
     exec.observe({ root: 'output' }, storedForm(value));
     return verify ? verifyOutput(exec, ctx, verify, value, input).then((verdict) => returned(value, verdict), threw) : returned(value);
@@ -406,7 +430,7 @@ async function complete(
       ...(last ? { step: stepItemValues(exec, last, charge) } : {}),
     });
     await fencedWrite(exec, async () => {
-      const result = await commits.submit(item, true);
+      const result = await commits.submit(item, true, exec.trace?.ref);
       if (result.runStatus === 'SUCCEEDED') exec.succeeded = { outputText: output.clear };
     });
   } else if (last) {
@@ -425,8 +449,23 @@ async function complete(
   }
 }
 
+/** The error a _fail_run call stores (JSON text), or a dead letter's reason, for the span. */
+function failureOf(arg: unknown): unknown {
+  if (typeof arg !== 'string' || !arg.startsWith('{')) return String(arg);
+  try {
+    const error = JSON.parse(arg) as { message?: unknown; name?: unknown };
+    return Object.assign(new Error(String(error.message ?? arg)), { name: typeof error.name === 'string' ? error.name : 'Error' });
+  } catch {
+    return arg;
+  }
+}
+
 /** A fenced terminal write, retried across lost connections; a commit already made is recognised by the run's status. */
 async function finish(exec: Execution, call: string, args: unknown[]): Promise<void> {
+  // A failure or a dead letter marks this execution's span ERROR (args[0]: the error as JSON, or the reason).
+  if (exec.trace && (call.startsWith('runledger._fail_run') || call.startsWith('runledger._dead_letter_run'))) {
+    exec.trace.fail(failureOf(args[0]));
+  }
   await fencedWrite(exec, () => exec.deps.pool.query(`select ${call}`, [exec.runId, exec.fencingToken.toString(), ...args]));
 }
 

@@ -3,6 +3,7 @@ import type { ClaimRow, PiggybackClaim } from './dispatcher.js';
 import type { CrashHook } from '../core/crash-points.js';
 import type { CommitItem, CommitResult } from '../run/commit-items.js';
 import type { CommitQueue } from '../run/execution.js';
+import type { BatchTrace, SpanRef, Tracing } from '../observe/tracing.js';
 
 /** An item's own failure inside the batch, carrying its SQLSTATE like a pg error. */
 export class BatchItemError extends Error {
@@ -23,6 +24,8 @@ interface Waiting {
   retries: number;
   /** A completion: it frees its run's slot when the batch commits. */
   completes: boolean;
+  /** The span of the execution the item is written for: the batch's span links to it. */
+  trace: SpanRef | undefined;
   resolve: (result: CommitResult) => void;
   reject: (error: unknown) => void;
 }
@@ -62,6 +65,8 @@ export class GroupCommit implements CommitQueue {
   private inFlight = 0;
   /** Set by the worker once its dispatcher exists. */
   claimer: PiggybackSource | undefined;
+  /** The engine's tracing: a batch whose items come from traced executions gets a span (runledger.group_commit). */
+  tracing: Tracing | undefined;
 
   constructor(
     private readonly pool: pg.Pool,
@@ -70,9 +75,9 @@ export class GroupCommit implements CommitQueue {
     private readonly crash?: CrashHook,
   ) {}
 
-  submit(item: CommitItem, completes = false): Promise<CommitResult> {
+  submit(item: CommitItem, completes = false, trace?: SpanRef): Promise<CommitResult> {
     return new Promise((resolve, reject) => {
-      this.waiting.push({ item, runId: RUN_ID.exec(item)?.[1] ?? '', retries: 0, completes, resolve, reject });
+      this.waiting.push({ item, runId: RUN_ID.exec(item)?.[1] ?? '', retries: 0, completes, trace, resolve, reject });
       this.send();
     });
   }
@@ -94,12 +99,20 @@ export class GroupCommit implements CommitQueue {
     }
   }
 
+  /** The batch's span, linked to the traced executions it writes for; none when none of them is traced. */
+  private traceBatch(batch: Waiting[], claims: boolean): BatchTrace | undefined {
+    if (!this.tracing) return undefined;
+    const links = batch.flatMap((waiting) => (waiting.trace ? [waiting.trace] : []));
+    return links.length > 0 ? this.tracing.startGroupCommit(batch.length, links, claims) : undefined;
+  }
+
   private async commit(batch: Waiting[]): Promise<void> {
     // Locks taken in one order by every multi-run transaction of a worker cannot form a cycle.
     batch.sort((a, b) => (a.runId < b.runId ? -1 : a.runId > b.runId ? 1 : 0));
     const items = `[${batch.map((w) => w.item).join(',')}]`;
     const completions = batch.filter((w) => w.completes).length;
     const claim = this.claimer?.piggyback(completions);
+    const span = this.traceBatch(batch, claim !== undefined);
     let rows: BatchRow[];
     try {
       const result = claim
@@ -113,10 +126,12 @@ export class GroupCommit implements CommitQueue {
       // A crash here leaves every item unsettled, as a dead process would.
       if (this.crash?.hit('after-group-commit', batch.length > 1 ? 'batch' : 'single')) return;
     } catch (error) {
+      span?.end(error);
       claim?.settle(error as Error);
       for (const waiting of batch) waiting.reject(error);
       return;
     }
+    span?.end(undefined, claim ? rows.filter((row) => row.item === null && row.claimed?.run_id).length : undefined);
     if (claim) {
       const claimRows = rows.filter((row) => row.item === null);
       const failure = claimRows.find((row) => row.code);

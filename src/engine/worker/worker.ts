@@ -173,6 +173,7 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
   const done = new Set<Promise<unknown>>();
   // Checkpoints and completions of this worker's concurrent runs share commits.
   const commits = new GroupCommit(deps.pool, 1, 64, crash);
+  commits.tracing = deps.tracing;
   const execOptions = {
     deps: { ...deps, commits },
     workerId,

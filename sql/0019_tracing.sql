@@ -1,0 +1,623 @@
+-- 0019_tracing: OpenTelemetry support (docs/observability.md#traces).
+--
+-- Defines:
+--   runs.traceparent, runs.execution_traceparent   the caller's W3C traceparent at start, and the latest execution's span
+--   runledger._is_traceparent(text)                a W3C traceparent (the traceparent option, runs.traceparent)
+--   runledger._trace_execution(...)                records the span of a run's execution, for the next one to link to
+-- Redefines (released in 0002 and 0008; sql/README.md rule 3):
+--   runledger._start_template, runledger._start, runledger.start_runs   the traceparent start option, stored on the run
+--   runledger._claim_batch, runledger._start_claimed                    return the run's traceparents with the claim
+-- A worker of the previous release keeps working on this schema: the claims return two more
+-- columns, which it does not read, and a start without the option stores null.
+
+alter table runledger.runs add column traceparent text, add column execution_traceparent text;
+comment on column runledger.runs.traceparent is
+  'The W3C traceparent (00-<trace id>-<span id>-<flags>) of the context the run was started in (engine.start, or the traceparent option of start_run / start_runs); null when it was started outside a trace. Every execution of the run opens its span under it, so all of them, after crashes and on other workers, belong to one trace.';
+comment on column runledger.runs.execution_traceparent is
+  'The W3C traceparent of the span of the run''s latest execution, written by the worker that claimed it (runledger._trace_execution) when it records traces: the next execution links its span to it. Null when no execution was traced.';
+
+-- W3C Trace Context, version 00: 00-<trace id: 32 hex>-<parent span id: 16 hex>-<flags: 2 hex>,
+-- lower case, neither id all zeros.
+create function runledger._is_traceparent(p text) returns boolean
+language sql immutable parallel safe as $$
+  select p ~ '^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$'
+     and substr(p, 4, 32) <> repeat('0', 32) and substr(p, 37, 16) <> repeat('0', 16)
+$$;
+comment on function runledger._is_traceparent(text) is
+  'True when p is a W3C traceparent of version 00 (00-<32 hex trace id>-<16 hex span id>-<2 hex flags>, lower case, neither id all zeros): the form runs.traceparent and runs.execution_traceparent hold.';
+
+create or replace function runledger._start_template(p_workflow text, p_options jsonb, p_caller text default 'start_run')
+returns runledger.runs
+language plpgsql volatile as $$
+declare
+  v_now      timestamptz := runledger.now();
+  v_opts     jsonb := coalesce(p_options, '{}');
+  v_version  text := v_opts->>'version';
+  v_run_id   text := v_opts->>'run_id';
+  v_wf       runledger.workflows;
+  v_queue    text;
+  v_deadline timestamptz;
+  v_not_before timestamptz;
+  v_t        runledger.runs;
+begin
+  if p_workflow is null then
+    raise exception using errcode = 'RL003', message = p_caller || ': workflow name is required';
+  end if;
+  if jsonb_typeof(v_opts) <> 'object' then
+    raise exception using errcode = 'RL003', message = p_caller || ': options must be a JSON object';
+  end if;
+
+  select * into v_wf from runledger.workflows w
+   where w.workflow_name = p_workflow and (v_version is null or w.workflow_version = v_version)
+   order by w.registered_at desc limit 1;
+  if not found then
+    raise exception using errcode = 'RL006',
+      message = format('%s: workflow %L%s is not registered (start a worker or engine that defines it)', p_caller,
+                       p_workflow, coalesce(' version ' || quote_literal(v_version), ''));
+  end if;
+
+  v_queue := coalesce(v_opts->>'queue', v_wf.queue_name);
+  if v_queue !~ '^[A-Za-z0-9][A-Za-z0-9_.-]*$' or length(v_queue) > 40 then
+    raise exception using errcode = 'RL003', message = format('%s: invalid queue name %L', p_caller, v_queue);
+  end if;
+  if v_run_id !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]*$' or length(v_run_id) > 200 then
+    raise exception using errcode = 'RL003', message = format('%s: invalid run_id %L', p_caller, v_run_id);
+  end if;
+  -- Per-run limits override the workflow's (registered) defaults.
+  v_opts := coalesce(v_wf.limits, '{}') || v_opts;
+  if v_opts ? 'deadline' and jsonb_typeof(v_opts->'deadline') <> 'null' then
+    begin
+      -- A date-time ('2030-01-31T12:00Z') is a point in time; anything else ('2 days', '36h') a lifetime.
+      if v_opts->>'deadline' ~ '^\d{4}-\d{2}-\d{2}' then
+        v_deadline := (v_opts->>'deadline')::timestamptz;
+      else
+        v_deadline := v_now + (v_opts->>'deadline')::interval;
+      end if;
+    exception when others then
+      raise exception using errcode = 'RL003',
+        message = format('%s: deadline %L is neither an interval nor a timestamp', p_caller, v_opts->>'deadline');
+    end;
+  end if;
+  perform runledger._check_whole_number(v_opts, 'max_steps', 1);
+  perform runledger._check_whole_number(v_opts, 'no_progress', 2);
+  perform runledger._check_whole_number(v_opts, 'retry_budget', 0);
+  perform runledger._check_budget_option(v_opts->'budget', p_caller);
+  if v_opts ? 'priority' and (jsonb_typeof(v_opts->'priority') <> 'number' or (v_opts->>'priority') !~ '^-?\d{1,9}$') then
+    raise exception using errcode = 'RL003', message = format('%s: priority must be a whole number, not %s', p_caller, v_opts->'priority');
+  end if;
+  if v_opts ? 'max_recovery_attempts'
+     and (jsonb_typeof(v_opts->'max_recovery_attempts') <> 'number' or (v_opts->>'max_recovery_attempts') !~ '^\d{1,9}$') then
+    raise exception using errcode = 'RL003',
+      message = format('%s: max_recovery_attempts must be a whole number >= 0, not %s', p_caller, v_opts->'max_recovery_attempts');
+  end if;
+
+  if v_opts ? 'tenant_id' and (jsonb_typeof(v_opts->'tenant_id') <> 'string' or v_opts->>'tenant_id' !~ '^[A-Za-z0-9][A-Za-z0-9_.:@-]*$'
+                               or length(v_opts->>'tenant_id') > 200) then
+    raise exception using errcode = 'RL003', message = format('%s: invalid tenant_id %s', p_caller, v_opts->'tenant_id');
+  end if;
+  if v_opts ? 'traceparent' and jsonb_typeof(v_opts->'traceparent') <> 'null'
+     and (jsonb_typeof(v_opts->'traceparent') <> 'string' or not runledger._is_traceparent(v_opts->>'traceparent')) then
+    raise exception using errcode = 'RL003',
+      message = format('%s: traceparent must be a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>, ids not all zeros), not %s',
+                       p_caller, v_opts->'traceparent');
+  end if;
+  if v_opts ? 'notify' and jsonb_typeof(v_opts->'notify') <> 'boolean' then
+    raise exception using errcode = 'RL003', message = format('%s: notify must be true or false, not %s', p_caller, v_opts->'notify');
+  end if;
+  if v_opts ? 'run_at' and v_opts ? 'run_in_ms' then
+    raise exception using errcode = 'RL003', message = p_caller || ': give run_at or run_in_ms, not both';
+  end if;
+  if v_opts ? 'run_at' then
+    begin
+      v_not_before := (v_opts->>'run_at')::timestamptz;
+    exception when others then
+      raise exception using errcode = 'RL003', message = format('%s: run_at %L is not a timestamp', p_caller, v_opts->>'run_at');
+    end;
+  end if;
+  if v_opts ? 'run_in_ms' then
+    -- A delay, counted on the database clock from now: a caller's clock does not matter.
+    if jsonb_typeof(v_opts->'run_in_ms') <> 'number' or (v_opts->>'run_in_ms') !~ '^\d{1,15}$' then
+      raise exception using errcode = 'RL003',
+        message = format('%s: run_in_ms must be a whole number of milliseconds >= 0, not %s', p_caller, v_opts->'run_in_ms');
+    end if;
+    v_not_before := v_now + make_interval(secs => (v_opts->>'run_in_ms')::bigint / 1000.0);
+  end if;
+  v_t.workflow_name := v_wf.workflow_name;
+  v_t.workflow_version := v_wf.workflow_version;
+  v_t.queue_name := v_queue;
+  v_t.admitted := not runledger._queue_limited(v_queue);
+  v_t.not_before := v_not_before;
+  v_t.priority := coalesce((v_opts->>'priority')::int, 0);
+  v_t.concurrency_key := v_opts->>'concurrency_key';
+  v_t.idempotency_key := v_opts->>'idempotency_key';
+  v_t.parent_run_id := v_opts->>'parent_run_id';
+  -- A child belongs to its parent's tenant; otherwise the option, else the session's tenant.
+  v_t.tenant_id := coalesce((select p.tenant_id from runledger.runs p where p.run_id = v_t.parent_run_id),
+                            v_opts->>'tenant_id', nullif(current_setting('runledger.tenant', true), ''));
+  v_t.deadline_at := v_deadline;
+  v_t.traceparent := v_opts->>'traceparent';
+  v_t.max_recovery_attempts := coalesce((v_opts->>'max_recovery_attempts')::int, v_wf.max_recovery_attempts);
+  -- A run started from SQL records the manifest its version's engines registered.
+  v_t.version_manifest := coalesce(v_opts->'version_manifest', v_wf.manifest || jsonb_build_object('started_from', 'sql'),
+                                   jsonb_build_object('started_from', 'sql'));
+  v_t.max_steps := (v_opts->>'max_steps')::int;
+  -- A number is a budget of units; an object names its dimensions (units stays in budget).
+  if jsonb_typeof(v_opts->'budget') = 'object' then
+    v_t.budget := (v_opts->'budget'->>'units')::numeric;
+    v_t.budget_limits := nullif((v_opts->'budget') - 'units', '{}'::jsonb);
+  else
+    v_t.budget := (v_opts->>'budget')::numeric;
+  end if;
+  v_t.no_progress := (v_opts->>'no_progress')::int;
+  v_t.retry_budget := (v_opts->>'retry_budget')::int;
+  -- The policy a run is held to, named by what it contains: kept in its termination record.
+  v_t.policy_version := 'limits:' || left(md5(jsonb_build_object(
+      'deadline', v_deadline, 'max_steps', v_opts->'max_steps', 'budget', v_opts->'budget',
+      'no_progress', v_opts->'no_progress', 'max_recovery_attempts', coalesce(v_opts->'max_recovery_attempts', to_jsonb(v_wf.max_recovery_attempts)))::text), 12);
+  v_t.created_at := v_now;
+  v_t.updated_at := v_now;
+  return v_t;
+end;
+$$;
+comment on function runledger._start_template(text, jsonb, text) is
+  'The checks and the resolution start_run and start_runs share: validates the options (RL003), resolves the registered workflow version (RL006), merges its limits, and returns the runs row a new run starts from (no run_id or input), with admitted set by whether its queue has limits.';
+
+create or replace function runledger._start(
+  p_workflow text, p_input jsonb, p_options jsonb, p_worker_id text default null, p_lease_ms int default null,
+  out run runledger.runs, out inserted boolean)
+language plpgsql volatile as $$
+declare
+  v_t   runledger.runs;
+  v_now timestamptz;
+  v_claim boolean;
+begin
+  if pg_column_size(p_input) > runledger._max_payload_bytes() then
+    raise exception using errcode = 'RL004',
+      message = format('start_run: input is %s bytes, over the limit of %s', pg_column_size(p_input), runledger._max_payload_bytes());
+  end if;
+  v_t := runledger._start_template(p_workflow, p_options);
+  v_now := v_t.created_at;
+  v_t.run_id := coalesce(p_options->>'run_id', runledger._new_id());
+  v_t.input := p_input;
+  -- What _claim_batch would take now: admitted, not delayed, within its deadline.
+  v_claim := p_worker_id is not null and v_t.admitted and v_t.not_before is null
+             and (v_t.deadline_at is null or v_t.deadline_at > v_now);
+  if v_claim then
+    -- As a claim leaves it: admitted false (admission's count takes RUNNING runs).
+    v_t.status := 'RUNNING';
+    v_t.fencing_token := 1;
+    v_t.lease_owner := p_worker_id;
+    v_t.lease_expires_at := v_now + make_interval(secs => p_lease_ms / 1000.0);
+    v_t.started_at := v_now;
+    v_t.admitted := false;
+  else
+    v_t.status := 'PENDING';
+    v_t.fencing_token := 0;
+  end if;
+  v_t.recovery_attempts := 0;
+  v_t.budget_spent := 0;
+  insert into runledger.runs (
+    run_id, workflow_name, workflow_version, queue_name, status, input, admitted, not_before, priority, concurrency_key,
+    idempotency_key, tenant_id, parent_run_id, deadline_at, max_recovery_attempts, version_manifest, max_steps, budget,
+    budget_limits, no_progress, retry_budget, policy_version, fencing_token, lease_owner, lease_expires_at, started_at,
+    traceparent, created_at, updated_at)
+  values (
+    v_t.run_id, v_t.workflow_name, v_t.workflow_version, v_t.queue_name, v_t.status, p_input, v_t.admitted, v_t.not_before,
+    v_t.priority, v_t.concurrency_key, v_t.idempotency_key, v_t.tenant_id, v_t.parent_run_id, v_t.deadline_at,
+    v_t.max_recovery_attempts, v_t.version_manifest, v_t.max_steps, v_t.budget, v_t.budget_limits, v_t.no_progress, v_t.retry_budget,
+    v_t.policy_version, v_t.fencing_token, v_t.lease_owner, v_t.lease_expires_at, v_t.started_at,
+    v_t.traceparent, v_t.created_at, v_t.updated_at)
+  on conflict do nothing;
+  if not found then
+    -- Idempotent start: the same run_id or idempotency key returns the existing run.
+    select * into run from runledger.runs r
+     where r.run_id = v_t.run_id
+        or (v_t.idempotency_key is not null and r.workflow_name = p_workflow and r.idempotency_key = v_t.idempotency_key)
+     limit 1;
+    if run.workflow_name is distinct from p_workflow then
+      raise exception using errcode = 'RL005',
+        message = format('start_run: run_id %L already belongs to workflow %L', v_t.run_id, run.workflow_name);
+    end if;
+    inserted := false;
+    return;
+  end if;
+  if v_claim then
+    -- Its worker runs it: nobody else is woken.
+    insert into runledger.events (run_id, kind, detail, fencing_token, at)
+    values (v_t.run_id, 'created', jsonb_build_object('workflow', p_workflow, 'version', v_t.workflow_version, 'queue', v_t.queue_name), null, v_now),
+           (v_t.run_id, 'claimed', jsonb_build_object('worker', p_worker_id), 1, v_now);
+    run := v_t;
+    inserted := true;
+    return;
+  end if;
+  insert into runledger.events (run_id, kind, detail, at)
+  values (v_t.run_id, 'created', jsonb_build_object('workflow', p_workflow, 'version', v_t.workflow_version, 'queue', v_t.queue_name), v_now);
+  if not v_t.admitted then
+    perform runledger._admit(v_t.queue_name);
+  elsif v_t.not_before is not null or coalesce((p_options->>'notify')::boolean, true) then
+    -- notify false: the caller's own worker claims the run (engine.start in a process whose
+    -- worker has a free slot), so no other worker is woken for it.
+    perform runledger._dispatch(v_t.run_id, v_t.queue_name,
+      coalesce(greatest(0, ceil(extract(epoch from v_t.not_before - v_t.created_at) * 1000))::int, 0));
+  end if;
+  run := v_t;
+  inserted := true;
+end;
+$$;
+comment on function runledger._start(text, jsonb, jsonb, text, int) is
+  'One run started (start_run, _start_claimed): checks, the row and its created event, then admission or the announcement. Given p_worker_id and p_lease_ms, a run that is runnable at once (admitted, not delayed, within its deadline) is inserted claimed for that worker, with its claimed event. Returns the row (as inserted, or the existing run of an idempotent start) and whether it was inserted.';
+
+comment on function runledger.start_run(text, jsonb, jsonb) is
+  'Starts a run of a registered workflow and dispatches it (or leaves it to its queue''s admission); returns run_id. Options: run_at (delayed start at a timestamp, compared with runledger.now()) or run_in_ms (delayed start this many ms after now on the database clock), run_id, idempotency_key (same key or run_id returns the existing run), queue, priority, concurrency_key, version, max_recovery_attempts, limits overriding the workflow''s: deadline (interval or timestamp), max_steps, budget, no_progress; traceparent (a W3C traceparent the run''s executions are traced under, see runs.traceparent); and notify (default true): false starts an immediately runnable run without waking the queue''s workers by NOTIFY, for a caller whose own worker claims it (engine.start does so when its process''s worker has a free slot; other workers find the run at their next poll).';
+
+create or replace function runledger.start_runs(p_workflow text, p_inputs jsonb, p_options jsonb default '{}')
+returns text[]
+language plpgsql volatile
+set enable_seqscan = off set jit = off as $$
+declare
+  v_t      runledger.runs;
+  v_opts   jsonb := coalesce(p_options, '{}');
+  v_n      int;
+  v_ids    text[];
+  v_keys   text[];
+  v_inserted text[];
+  v_new    int;
+  v_bad    record;
+  v_key    text;
+  -- Ids made here are those of a monotonic ULID factory: this statement's time, then one
+  -- random 80-bit number counted up by the input's position (as two 40-bit halves), so
+  -- they sort in input order and cost a few expressions each.
+  v_id_time text := runledger._base32_10((extract(epoch from clock_timestamp()) * 1000)::bigint);
+  v_id_hi   bigint := runledger._random_40();
+  v_id_lo   bigint := runledger._random_40(true);
+begin
+  if p_inputs is null or jsonb_typeof(p_inputs) <> 'array' then
+    raise exception using errcode = 'RL003', message = 'start_runs: inputs must be a JSON array (one input per run)';
+  end if;
+  v_n := jsonb_array_length(p_inputs);
+  if v_opts ? 'run_id' or v_opts ? 'idempotency_key' then
+    raise exception using errcode = 'RL003',
+      message = 'start_runs: give run_ids and idempotency_keys as arrays, one per input (run_id and idempotency_key are start_run''s)';
+  end if;
+  foreach v_key in array array['run_ids', 'idempotency_keys', 'concurrency_keys'] loop
+    if v_opts ? v_key and (jsonb_typeof(v_opts->v_key) <> 'array' or jsonb_array_length(v_opts->v_key) <> v_n) then
+      raise exception using errcode = 'RL003', message = format('start_runs: %s must be an array of %s entries (one per input, null for none)', v_key, v_n);
+    end if;
+  end loop;
+  select e.ordinality - 1 as i, e.value as id into v_bad
+    from jsonb_array_elements(coalesce(v_opts->'run_ids', '[]')) with ordinality e
+   where jsonb_typeof(e.value) <> 'null'
+     and (jsonb_typeof(e.value) <> 'string' or e.value #>> '{}' !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]*$'
+          or length(e.value #>> '{}') > 200)
+   limit 1;
+  if found then
+    raise exception using errcode = 'RL003', message = format('start_runs: invalid run id %s (input %s)', v_bad.id, v_bad.i);
+  end if;
+  select e.ordinality - 1 as i, pg_column_size(e.value) as bytes into v_bad
+    from jsonb_array_elements(p_inputs) with ordinality e
+   where pg_column_size(e.value) > runledger._max_payload_bytes()
+   limit 1;
+  if found then
+    raise exception using errcode = 'RL004',
+      message = format('start_runs: input %s is %s bytes, over the limit of %s', v_bad.i, v_bad.bytes, runledger._max_payload_bytes());
+  end if;
+  v_t := runledger._start_template(p_workflow, v_opts - 'run_ids' - 'idempotency_keys' - 'concurrency_keys', 'start_runs');
+  if v_n = 0 then
+    return '{}';
+  end if;
+
+  -- One statement: the rows, and the created events of those that are new. Ids made here
+  -- (none given) are ULIDs; a given id or idempotency key that already has a run is kept
+  -- out by ON CONFLICT and resolved below.
+  with wanted as materialized (
+    select (e.ordinality - 1)::int as i, e.value as input,
+           coalesce(v_opts->'run_ids'->>((e.ordinality - 1)::int),
+                    v_id_time || right(runledger._base32_10((v_id_hi + ((v_id_lo + e.ordinality) >> 40)) & 1099511627775), 8)
+                              || right(runledger._base32_10((v_id_lo + e.ordinality) & 1099511627775), 8)) as run_id,
+           v_opts->'idempotency_keys'->>((e.ordinality - 1)::int) as idempotency_key,
+           coalesce(v_opts->'concurrency_keys'->>((e.ordinality - 1)::int), v_t.concurrency_key) as concurrency_key
+      from jsonb_array_elements(p_inputs) with ordinality e
+  ), inserted as (
+    insert into runledger.runs (
+      run_id, workflow_name, workflow_version, queue_name, input, admitted, not_before, priority, concurrency_key,
+      idempotency_key, tenant_id, deadline_at, max_recovery_attempts, version_manifest, max_steps, budget, no_progress,
+      retry_budget, policy_version, traceparent, created_at, updated_at)
+    select w.run_id, v_t.workflow_name, v_t.workflow_version, v_t.queue_name, w.input, v_t.admitted, v_t.not_before,
+           v_t.priority, w.concurrency_key, w.idempotency_key, v_t.tenant_id, v_t.deadline_at, v_t.max_recovery_attempts,
+           v_t.version_manifest, v_t.max_steps, v_t.budget, v_t.no_progress, v_t.retry_budget, v_t.policy_version,
+           v_t.traceparent, v_t.created_at, v_t.updated_at
+      from wanted w
+     order by w.i
+    on conflict do nothing
+    returning run_id
+  ), logged as (
+    insert into runledger.events (run_id, kind, detail, at)
+    select n.run_id, 'created', jsonb_build_object('workflow', p_workflow, 'version', v_t.workflow_version, 'queue', v_t.queue_name),
+           v_t.created_at
+      from inserted n
+  )
+  select array_agg(w.run_id order by w.i), array_agg(w.idempotency_key order by w.i), (select array_agg(n.run_id) from inserted n)
+    into v_ids, v_keys, v_inserted
+    from wanted w;
+  v_new := coalesce(cardinality(v_inserted), 0);
+
+  if v_new < v_n then
+    -- Idempotent start, per input: the same run_id or idempotency key gives the existing
+    -- run (read in a statement of its own, so a run another transaction just committed is seen).
+    select u.i - 1 as i, r.run_id, r.workflow_name into v_bad
+      from unnest(v_ids) with ordinality u(run_id, i)
+      join runledger.runs r on r.run_id = u.run_id
+     where not (u.run_id = any(coalesce(v_inserted, '{}'))) and r.workflow_name <> p_workflow
+     limit 1;
+    if found then
+      raise exception using errcode = 'RL005',
+        message = format('start_runs: run_id %L (input %s) already belongs to workflow %L', v_bad.run_id, v_bad.i, v_bad.workflow_name);
+    end if;
+    select array_agg(coalesce(
+             (select r.run_id from runledger.runs r where r.run_id = u.run_id and r.workflow_name = p_workflow),
+             (select r.run_id from runledger.runs r
+               where u.key is not null and r.workflow_name = p_workflow and r.idempotency_key = u.key)) order by u.i)
+      into v_ids
+      from unnest(v_ids, v_keys) with ordinality u(run_id, key, i);
+  end if;
+
+  if v_new > 0 then
+    if not v_t.admitted then
+      perform runledger._admit(v_t.queue_name);
+    elsif v_t.not_before is not null or coalesce((v_opts->>'notify')::boolean, true) then
+      -- One announcement for all of them (_dispatch's NOTIFY names the queue, not the run).
+      perform runledger._dispatch(null, v_t.queue_name,
+        coalesce(greatest(0, ceil(extract(epoch from v_t.not_before - v_t.created_at) * 1000))::int, 0));
+    end if;
+  end if;
+  return v_ids;
+end;
+$$;
+comment on function runledger.start_runs(text, jsonb, jsonb) is
+  'Starts one run of a registered workflow per element of the JSON array p_inputs, in one statement, and announces its queue once; returns the run ids in input order. Options as start_run''s, for every run, except run_ids, idempotency_keys and concurrency_keys: arrays with one entry per input (null for none). An input whose run_id or idempotency key already has a run gives that run''s id (idempotent, per input); a run_id of another workflow is RL005.';
+
+-- The claims return two more columns: a new return type, so the functions are dropped and
+-- created again (their grants with them, given back below).
+drop function runledger._claim_batch(text, text[], text[], int, int, text[]);
+create function runledger._claim_batch(
+  p_worker_id text, p_queues text[], p_workflows text[], p_limit int, p_lease_ms int,
+  p_reclaim_except text[] default null)
+returns table (
+  run_id text, workflow_name text, workflow_version text, input jsonb, fencing_token bigint,
+  recovery_attempts int, max_steps int, budget numeric, budget_spent numeric, budget_limits jsonb, budget_used jsonb,
+  cancel_requested boolean, checkpoints jsonb, progress jsonb, next_due_in_ms bigint,
+  traceparent text, execution_traceparent text)
+language plpgsql volatile
+set enable_seqscan = off set jit = off as $$
+declare
+  v_now   timestamptz := runledger.now();
+  v_ids   text[] := '{}';
+  v_queue text;
+  v_seen  text[] := '{}';
+  v_limited boolean;
+  v_next  timestamptz;
+begin
+  if p_limit is null or p_limit < 1 then
+    raise exception using errcode = 'RL003', message = format('_claim_batch: limit must be >= 1, not %s', p_limit);
+  end if;
+  if p_queues is null or p_workflows is null then
+    raise exception using errcode = 'RL003', message = '_claim_batch: queues and workflows must be arrays (empty claims nothing)';
+  end if;
+  if p_reclaim_except is not null then
+    -- A claim whose reply was lost may have committed: take back this worker's runs
+    -- that it is not executing (new token), before anything else.
+    v_ids := array(
+      select r.run_id from runledger.runs r
+       where r.lease_owner = p_worker_id and r.status in ('RUNNING', 'CANCELLING')
+         and not (r.run_id = any(p_reclaim_except))
+       limit p_limit
+       for update skip locked);
+  end if;
+
+  foreach v_queue in array p_queues loop
+    exit when cardinality(v_ids) >= p_limit;
+    continue when v_queue = any(v_seen); -- a queue named twice is looked at once
+    v_seen := v_seen || v_queue;
+    -- A run past its deadline is never put back to work: it ends here instead.
+    perform runledger._stop_unowned((d.r).run_id, 'TERMINATED', 'DEADLINE', runledger._deadline_evidence(d.r, v_now))
+       from (select r from runledger.runs r
+              where r.deadline_at <= v_now and r.status in ('PENDING', 'WAITING') and r.queue_name = v_queue
+              limit p_limit
+              for update skip locked) d;
+    -- A cancelled run whose owner died before its compensations finished.
+    v_ids := v_ids || array(
+      select r.run_id from runledger.runs r
+       where r.queue_name = v_queue and r.status = 'CANCELLING' and r.lease_owner is null
+         and (r.workflow_name || '@' || r.workflow_version) = any(p_workflows)
+       limit p_limit - cardinality(v_ids)
+       for update skip locked);
+    v_limited := runledger._queue_limited(v_queue);
+    if v_limited then
+      -- In a queue with limits a due timer wakes the run into admission instead.
+      perform runledger._wake(t.run_id, t.wait_kind, t.wait_key)
+         from (select r.run_id, r.wait_kind, r.wait_key from runledger.runs r
+                where r.queue_name = v_queue and r.status = 'WAITING' and r.wake_at <= v_now
+                  and (r.deadline_at is null or r.deadline_at > v_now)
+                order by r.wake_at
+                limit p_limit
+                for update skip locked) t;
+      -- Admitted runs in the order admission chose (priority, fair turns across keys,
+      -- age), so a claim with fewer free slots than admitted runs keeps that order. At
+      -- most the queue's concurrency is admitted and unclaimed: the sort is small.
+      v_ids := v_ids || array(
+        select r.run_id from runledger.runs r
+         where r.queue_name = v_queue and r.status = 'PENDING' and r.admitted
+           and (r.not_before is null or r.not_before <= v_now)
+           and (r.deadline_at is null or r.deadline_at > v_now)
+           and (r.workflow_name || '@' || r.workflow_version) = any(p_workflows)
+         order by r.admitted_at nulls first, r.priority, r.created_at
+         limit p_limit - cardinality(v_ids)
+         for update skip locked);
+      continue;
+    else
+      -- Runs already under way (a sleep ended, a wait timed out, a retry backoff passed) go first.
+      v_ids := v_ids || array(
+        select r.run_id from runledger.runs r
+         where r.queue_name = v_queue and r.status = 'WAITING' and r.wake_at <= v_now
+           and (r.deadline_at is null or r.deadline_at > v_now)
+           and (r.workflow_name || '@' || r.workflow_version) = any(p_workflows)
+         order by r.wake_at
+         limit p_limit - cardinality(v_ids)
+         for update skip locked);
+    end if;
+    v_ids := v_ids || array(
+      select r.run_id from runledger.runs r
+       where r.queue_name = v_queue and r.status = 'PENDING' and r.admitted
+         and (r.not_before is null or r.not_before <= v_now)
+         -- Past its deadline: ended above, or by the next claim or the deadline sweep; never claimed.
+         and (r.deadline_at is null or r.deadline_at > v_now)
+         and (r.workflow_name || '@' || r.workflow_version) = any(p_workflows)
+       order by r.priority, r.created_at
+       limit p_limit - cardinality(v_ids)
+       for update skip locked);
+  end loop;
+
+  if cardinality(v_ids) > 0 then
+    -- Compare-and-set on the rows locked above: a new fencing token and a lease for each.
+    return query
+      with claimed as (
+        update runledger.runs r
+           set status = case when r.status = 'CANCELLING' then 'CANCELLING'::runledger.run_status else 'RUNNING' end,
+               fencing_token = r.fencing_token + 1, lease_owner = p_worker_id,
+               wait_kind = null, wait_key = null, wake_at = null, admitted = false,
+               lease_expires_at = v_now + make_interval(secs => p_lease_ms / 1000.0),
+               started_at = coalesce(r.started_at, v_now), updated_at = v_now
+         where r.run_id = any(v_ids)
+        returning r.*
+      ), logged as (
+        insert into runledger.events (run_id, kind, detail, fencing_token, at)
+        select c.run_id, 'claimed', jsonb_build_object('worker', p_worker_id), c.fencing_token, v_now from claimed c
+      )
+      select c.run_id, c.workflow_name, c.workflow_version, c.input, c.fencing_token,
+             c.recovery_attempts, c.max_steps, c.budget, c.budget_spent, c.budget_limits, c.budget_used, c.status = 'CANCELLING',
+             -- output wrapped in a one-element array so JSON null and "no value" (SQL NULL) stay distinct.
+             coalesce((select jsonb_agg(jsonb_build_array(s.seq, s.name, s.status,
+                                          case when s.output is null then null else jsonb_build_array(s.output) end,
+                                          s.error, s.kind) order by s.seq)
+                         from runledger.steps s where s.run_id = c.run_id), '[]'::jsonb),
+             (select jsonb_object_agg(p.seq::text, p.progress) from runledger.step_progress p where p.run_id = c.run_id),
+             null::bigint, c.traceparent, c.execution_traceparent
+        from claimed c;
+  end if;
+
+  if cardinality(v_ids) < p_limit then
+    -- Nothing more is runnable now: say in how long something next will be (a delay on
+    -- the database clock, so the worker's clock plays no part in when it claims again).
+    foreach v_queue in array v_seen loop
+      v_next := least(v_next,
+        (select min(r.not_before) from runledger.runs r
+          where r.queue_name = v_queue and r.status = 'PENDING' and r.admitted and r.not_before > v_now),
+        (select min(r.wake_at) from runledger.runs r
+          where r.queue_name = v_queue and r.status = 'WAITING' and r.wake_at > v_now));
+    end loop;
+    return query select null::text, null::text, null::text, null::jsonb, null::bigint, null::int, null::int,
+                        null::numeric, null::numeric, null::jsonb, null::jsonb, null::boolean, null::jsonb, null::jsonb,
+                        ceil(extract(epoch from v_next - v_now) * 1000)::bigint, null::text, null::text;
+  end if;
+end;
+$$;
+comment on function runledger._claim_batch(text, text[], text[], int, int, text[]) is
+  'Worker claim of up to p_limit runnable runs of the given queues and workflow@version keys, in one statement: CANCELLING runs without an owner, then due timers, then admitted PENDING runs by priority and age (FOR UPDATE SKIP LOCKED, so workers never wait on each other). Each becomes RUNNING with fencing_token + 1 and a lease, and is returned with its checkpoints (and its traceparent and the previous execution''s, for tracing). Runs past their deadline are TERMINATED on the way; a due timer in a queue with limits is woken into admission. When fewer than p_limit were claimed, a last row with run_id null gives next_due_in_ms, the milliseconds until the next delayed start or timer on the database clock (null if none). p_reclaim_except (the runs the worker is executing) also takes back this worker''s other runs: a claim whose reply was lost.';
+
+drop function runledger._start_claimed(text, jsonb, jsonb, text, int);
+create function runledger._start_claimed(
+  p_workflow text, p_input jsonb, p_options jsonb, p_worker_id text, p_lease_ms int)
+returns table (
+  run_id text, claimed boolean, workflow_name text, workflow_version text, input jsonb, fencing_token bigint,
+  recovery_attempts int, max_steps int, budget numeric, budget_spent numeric, budget_limits jsonb, budget_used jsonb,
+  traceparent text)
+language plpgsql volatile
+set enable_seqscan = off set jit = off as $$
+declare
+  v_run      runledger.runs;
+  v_started  record;
+  v_claimed  boolean;
+  v_now      timestamptz;
+begin
+  if p_worker_id is null or p_lease_ms is null or p_lease_ms < 1 then
+    raise exception using errcode = 'RL003', message = '_start_claimed: a worker id and a lease of at least 1 ms are required';
+  end if;
+  -- A new run that is runnable at once is inserted already claimed (runledger._start).
+  v_started := runledger._start(p_workflow, p_input, coalesce(p_options, '{}') || '{"notify": false}', p_worker_id, p_lease_ms);
+  v_run := v_started.run;
+  v_claimed := v_started.inserted and v_run.status = 'RUNNING';
+  if not v_claimed then
+    -- A run already there (an idempotent start), or one its queue's admission just let in:
+    -- claimed here only if it was never claimed and is runnable now, as _claim_batch would
+    -- claim it, and only under the run id the start asked for: the worker knows a start in
+    -- flight by that id, and would otherwise take back (and run again) a run leased to it
+    -- before the start's answer arrives. Found by its key and checked after (sql/README.md,
+    -- "Plans that cannot go stale").
+    v_now := runledger.now();
+    select * into v_run from runledger.runs r where r.run_id = v_run.run_id for update;
+    v_claimed := v_run.run_id = coalesce(p_options->>'run_id', v_run.run_id)
+       and v_run.status = 'PENDING' and v_run.admitted and v_run.fencing_token = 0
+       and v_run.workflow_version = coalesce(p_options->>'version', v_run.workflow_version)
+       and (v_run.not_before is null or v_run.not_before <= v_now)
+       and (v_run.deadline_at is null or v_run.deadline_at > v_now);
+    if v_claimed then
+      update runledger.runs r
+         set status = 'RUNNING', fencing_token = 1, lease_owner = p_worker_id,
+             lease_expires_at = v_now + make_interval(secs => p_lease_ms / 1000.0), admitted = false,
+             started_at = coalesce(r.started_at, v_now), updated_at = v_now
+       where r.run_id = v_run.run_id
+      returning r.* into v_run;
+      insert into runledger.events (run_id, kind, detail, fencing_token, at)
+      values (v_run.run_id, 'claimed', jsonb_build_object('worker', p_worker_id), v_run.fencing_token, v_now);
+    elsif v_run.status = 'PENDING' and v_run.admitted then
+      -- Not claimed here: announced as start_run announces, so a worker of the queue takes it.
+      perform runledger._dispatch(null, v_run.queue_name);
+    end if;
+  end if;
+  if v_claimed then
+    return query select v_run.run_id, true, v_run.workflow_name, v_run.workflow_version, v_run.input, v_run.fencing_token,
+                        v_run.recovery_attempts, v_run.max_steps, v_run.budget, v_run.budget_spent, v_run.budget_limits, v_run.budget_used,
+                        v_run.traceparent;
+  else
+    return query select v_run.run_id, false, null::text, null::text, null::jsonb, null::bigint, null::int, null::int,
+                        null::numeric, null::numeric, null::jsonb, null::jsonb, null::text;
+  end if;
+end;
+$$;
+comment on function runledger._start_claimed(text, jsonb, jsonb, text, int) is
+  'engine.start for a run its own process''s worker takes: the run is started as start_run starts it (without NOTIFY) and claimed for p_worker_id with a lease of p_lease_ms in the same transaction, as _claim_batch would claim it: a new run that is runnable at once is inserted claimed (runledger._start), an existing never-claimed runnable one (an idempotent start, or one its queue''s admission just let in) is claimed by an update. Returns one row: claimed true with the claimed run''s fields, or claimed false (a run already claimed or of another version, a delayed start, a run admission held back, a deadline already past), in which case the run is announced as start_run announces it.';
+
+-- Tracing: the worker that claimed a run records the span of this execution, so the next
+-- execution (after a crash, on another worker) can link to it. Fenced by the token: a worker
+-- that lost the run writes nothing. Not an event: it changes nothing about the run.
+create function runledger._trace_execution(p_run_id text, p_token bigint, p_traceparent text) returns boolean
+language plpgsql volatile
+set enable_seqscan = off set jit = off as $$
+begin
+  if p_traceparent is null or not runledger._is_traceparent(p_traceparent) then
+    raise exception using errcode = 'RL003',
+      message = format('_trace_execution: %L is not a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>)', p_traceparent);
+  end if;
+  update runledger.runs r set execution_traceparent = p_traceparent
+   where r.run_id = p_run_id and r.fencing_token = p_token and r.lease_owner is not null;
+  return found;
+end;
+$$;
+comment on function runledger._trace_execution(text, bigint, text) is
+  'Records p_traceparent, the span of the execution that holds the run with fencing token p_token, in runs.execution_traceparent (the next execution''s span links to it). Returns false, writing nothing, when that execution no longer holds the run. RL003 for a value that is not a W3C traceparent.';
+
+insert into runledger.role_functions (role_name, function_name) values ('runledger_worker', '_trace_execution');
+select runledger._secure_functions();
+-- The dropped functions lost their grants: give the worker role back what it had, and the
+-- new function (grant_roles() does the same for every role, when the migrating role may run it).
+do $$
+begin
+  if exists (select from pg_roles where rolname = 'runledger_worker') then
+    grant execute on function runledger._claim_batch(text, text[], text[], int, int, text[]) to runledger_worker;
+    grant execute on function runledger._start_claimed(text, jsonb, jsonb, text, int) to runledger_worker;
+    grant execute on function runledger._trace_execution(text, bigint, text) to runledger_worker;
+  end if;
+end;
+$$;
+
+insert into runledger.migrations (version, name) values (19, '0019_tracing');
