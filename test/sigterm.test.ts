@@ -4,6 +4,7 @@ import { useTestEngine } from './helpers/test-engine.js';
 import { TicketService } from './helpers/ticket-service.js';
 import { CLI_SCRIPT, spawnWorker, type WorkerProcess } from './helpers/worker-process.js';
 import { stoppedAfterEach } from './helpers/cleanup.js';
+import { BlackholeProxy } from './helpers/blackhole-proxy.js';
 import { createSigtermTables, register } from './fixtures/sigterm-workflows.js';
 
 /**
@@ -42,10 +43,10 @@ interface CliWorker extends WorkerProcess {
   workerId: string;
 }
 
-async function cliWorker(options: { leaseMs: number; graceMs?: number; concurrency?: number; env?: Record<string, string> }) {
+async function cliWorker(options: { leaseMs: number; graceMs?: number; concurrency?: number; env?: Record<string, string>; url?: string }) {
   const args = ['worker', '--module', MODULE, '--concurrency', String(options.concurrency ?? 16), '--lease-ms', String(options.leaseMs)];
   if (options.graceMs !== undefined) args.push('--grace-ms', String(options.graceMs));
-  const w = await spawnWorker({ DATABASE_URL: db.url, ...options.env }, CLI_SCRIPT, { args, ready: 'stops it gracefully' });
+  const w = await spawnWorker({ DATABASE_URL: options.url ?? db.url, ...options.env }, CLI_SCRIPT, { args, ready: 'stops it gracefully' });
   spawned.push(w);
   onTestFailed(() => console.error(`--- worker ${w.pid} output ---\n${w.output().slice(-4000)}`));
   const workerId = /^worker (\S+)$/m.exec(w.output())?.[1];
@@ -205,7 +206,7 @@ describe('SIGTERM drain drill', () => {
       forced.kill(signal);
       await waitFor('the drain to begin', async () => forced.output().includes('stopping ('));
       forced.kill(signal);
-      const exit = await exitWithin(forced, 3_000);
+      const exit = await exitWithin(forced, 5_000);
       expect(exit).toMatchObject({ code, signal: null });
 
       await waitFor('every run to end', () => allTerminal(runIds), 40_000);
@@ -262,5 +263,40 @@ describe('SIGTERM drain drill', () => {
       handle.runId,
     ]);
     expect(undone.rows[0].n).toBe(1);
+  }, 60_000);
+
+  it('with the database unreachable during the stop, the worker still exits after its grace period; the leases expire for the other worker', async () => {
+    const LEASE_MS = 3_000;
+    const GRACE_MS = 1_000;
+    const RUNS = 20;
+    const target = new URL(db.url);
+    const proxy = await BlackholeProxy.start({ host: target.hostname, port: Number(target.port || 5432) });
+    try {
+      const viaProxy = new URL(db.url);
+      viaProxy.hostname = '127.0.0.1';
+      viaProxy.port = String(proxy.port);
+      const [cut] = await Promise.all([
+        cliWorker({ leaseMs: LEASE_MS, graceMs: GRACE_MS, url: viaProxy.toString(), env: { SIGTERM_HANG_MS: '60000' } }),
+        cliWorker({ leaseMs: LEASE_MS }),
+      ]);
+      const { runIds, deaf } = await startRuns(RUNS);
+      await waitFor('the worker to hold a deaf step in flight', async () => (await deafHeldBy(cut.workerId, deaf)) >= 1);
+
+      proxy.blackhole(); // no answer, no error: every query of the stop waits
+      cut.kill('SIGTERM');
+      const exit = await exitWithin(cut, GRACE_MS + 12_000);
+      expect(exit).toMatchObject({ code: 0, signal: null });
+      expect(cut.output()).toContain('their leases will expire');
+
+      await waitFor('every run to end', () => allTerminal(runIds), 40_000);
+      const facts = await checkInvariants(runIds);
+      expect(await leaseExpiries(runIds)).toBeGreaterThanOrEqual(1);
+      console.log(
+        `SIGTERM with the database unreachable: ${RUNS} runs, exit 0 after ${exit.tookMs} ms (grace ${GRACE_MS} ms), ` +
+          `lease expiries ${await leaseExpiries(runIds)}, lost ${facts.lost}, duplicated ${facts.duplicated}`,
+      );
+    } finally {
+      await proxy.stop();
+    }
   }, 60_000);
 });

@@ -30,7 +30,7 @@ export const worker: Command = {
   examples: [
     'runledger worker --module ./dist/workflows.js',
     'runledger worker -m ./dist/workflows.js --queue emails --queue default --concurrency 4',
-    'runledger worker -m ./dist/workflows.js --grace-ms 25000   # under a 30 s kill timeout: 25 s to finish, then release',
+    'runledger worker -m ./dist/workflows.js --grace-ms 20000   # under a 30 s kill timeout: 20 s to finish, then release',
   ],
   async run(args) {
     const parsed = parse(worker, args, {
