@@ -1,4 +1,4 @@
-import { afterEach, describe, expect, it, onTestFailed } from 'vitest';
+import { afterAll, afterEach, beforeAll, describe, expect, it, onTestFailed } from 'vitest';
 import { waitFor } from './helpers/database.js';
 import { useTestEngine } from './helpers/test-engine.js';
 import { TicketService } from './helpers/ticket-service.js';
@@ -35,6 +35,16 @@ afterEach(async () => {
   await db.pool.query('truncate sigterm_effects, fault_switch');
 });
 
+/** The other worker: serves the 'sigterm' runs (queue default) beside each worker a test stops. */
+let other: CliWorker;
+beforeAll(async () => {
+  other = await cliWorker({ leaseMs: 10_000, queues: ['default'], shared: true });
+});
+afterAll(async () => {
+  other?.kill('SIGKILL');
+  await other?.exited;
+});
+
 let flows: ReturnType<typeof register> | undefined;
 /** The module's workflows, defined once on the test's engine (which starts and cancels the runs). */
 const workflows = () => (flows ??= register(t.engine));
@@ -43,12 +53,24 @@ interface CliWorker extends WorkerProcess {
   workerId: string;
 }
 
-async function cliWorker(options: { leaseMs: number; graceMs?: number; concurrency?: number; env?: Record<string, string>; url?: string }) {
+async function cliWorker(options: {
+  leaseMs: number;
+  graceMs?: number;
+  concurrency?: number;
+  env?: Record<string, string>;
+  url?: string;
+  queues?: string[];
+  /** Serves every test of the file (killed after them all) instead of being killed after its test. */
+  shared?: boolean;
+}) {
   const args = ['worker', '--module', MODULE, '--concurrency', String(options.concurrency ?? 16), '--lease-ms', String(options.leaseMs)];
   if (options.graceMs !== undefined) args.push('--grace-ms', String(options.graceMs));
+  for (const queue of options.queues ?? []) args.push('--queue', queue);
   const w = await spawnWorker({ DATABASE_URL: options.url ?? db.url, ...options.env }, CLI_SCRIPT, { args, ready: 'stops it gracefully' });
-  spawned.push(w);
-  onTestFailed(() => console.error(`--- worker ${w.pid} output ---\n${w.output().slice(-4000)}`));
+  if (!options.shared) {
+    spawned.push(w);
+    onTestFailed(() => console.error(`--- worker ${w.pid} output ---\n${w.output().slice(-4000)}`));
+  }
   const workerId = /^worker (\S+)$/m.exec(w.output())?.[1];
   if (!workerId) throw new Error(`no worker id in ${w.output()}`);
   return { ...w, workerId } as CliWorker;
@@ -149,10 +171,7 @@ describe('SIGTERM drain drill', () => {
     const GRACE_MS = 1_500;
     const LEASE_MS = 10_000;
     // In the stopped worker the deaf steps hang far past the grace period.
-    const [stopped, other] = await Promise.all([
-      cliWorker({ leaseMs: LEASE_MS, graceMs: GRACE_MS, env: { SIGTERM_HANG_MS: '60000' } }),
-      cliWorker({ leaseMs: LEASE_MS }),
-    ]);
+    const stopped = await cliWorker({ leaseMs: LEASE_MS, graceMs: GRACE_MS, queues: ['default'], env: { SIGTERM_HANG_MS: '60000' } });
     const { runIds, deaf } = await startRuns(RUNS);
     await waitFor('the worker to hold deaf steps in flight', async () => (await deafHeldBy(stopped.workerId, deaf)) >= 2);
     const held = (await db.pool.query('select count(*)::int as n from runledger.runs where lease_owner = $1', [stopped.workerId])).rows[0]
@@ -225,7 +244,7 @@ describe('SIGTERM drain drill', () => {
     const GRACE_MS = 500;
     const { comp } = workflows();
     await db.pool.query(`insert into fault_switch values ('comp-hang', true)`);
-    const stopping = await cliWorker({ leaseMs: LEASE_MS, graceMs: GRACE_MS, concurrency: 2 });
+    const stopping = await cliWorker({ leaseMs: LEASE_MS, graceMs: GRACE_MS, concurrency: 2, queues: ['sigterm-comp'] });
     const handle = await t.engine.start(comp, undefined);
     await waitFor('the run to wait', async () => (await t.engine.getRun(handle.runId))?.status === 'WAITING');
     expect(await t.engine.cancel(handle.runId)).toBe('CANCELLING');
@@ -237,7 +256,7 @@ describe('SIGTERM drain drill', () => {
     );
     const held = (await db.pool.query('select status, lease_owner from runledger.runs where run_id = $1', [handle.runId])).rows[0];
     expect(held).toEqual({ status: 'CANCELLING', lease_owner: stopping.workerId });
-    const other = await cliWorker({ leaseMs: LEASE_MS, concurrency: 2 });
+    const taker = await cliWorker({ leaseMs: LEASE_MS, concurrency: 2, queues: ['sigterm-comp'] });
 
     stopping.kill('SIGTERM');
     const exit = await exitWithin(stopping, GRACE_MS + EXIT_BOUND_MS);
@@ -257,7 +276,7 @@ describe('SIGTERM drain drill', () => {
       `select detail->>'worker' as worker from runledger.events where run_id = $1 and kind = 'claimed' order by event_id desc limit 1`,
       [handle.runId],
     );
-    expect(claimedBy.rows[0].worker).toBe(other.workerId);
+    expect(claimedBy.rows[0].worker).toBe(taker.workerId);
     expect(await leaseExpiries([handle.runId])).toBe(0);
     const undone = await db.pool.query(`select count(*)::int as n from sigterm_effects where run_id = $1 and step = 'undo'`, [
       handle.runId,
@@ -275,10 +294,13 @@ describe('SIGTERM drain drill', () => {
       const viaProxy = new URL(db.url);
       viaProxy.hostname = '127.0.0.1';
       viaProxy.port = String(proxy.port);
-      const [cut] = await Promise.all([
-        cliWorker({ leaseMs: LEASE_MS, graceMs: GRACE_MS, url: viaProxy.toString(), env: { SIGTERM_HANG_MS: '60000' } }),
-        cliWorker({ leaseMs: LEASE_MS }),
-      ]);
+      const cut = await cliWorker({
+        leaseMs: LEASE_MS,
+        graceMs: GRACE_MS,
+        url: viaProxy.toString(),
+        queues: ['default'],
+        env: { SIGTERM_HANG_MS: '60000' },
+      });
       const { runIds, deaf } = await startRuns(RUNS);
       await waitFor('the worker to hold a deaf step in flight', async () => (await deafHeldBy(cut.workerId, deaf)) >= 1);
 
