@@ -22,7 +22,7 @@ export type { Jsonify } from './engine/core/jsonify.js';
 export { RUNLEDGER_TABLES } from './engine/db/schema.js';
 export type { RunledgerDatabase } from './engine/db/schema.js';
 export type { Worker, WorkerOptions } from './engine/worker/worker.js';
-export { LEASE_MS_DEFAULT, CONCURRENCY_DEFAULT } from './engine/worker/worker.js';
+export { LEASE_MS_DEFAULT, CONCURRENCY_DEFAULT, SHUTDOWN_TIMEOUT_MS_DEFAULT } from './engine/worker/worker.js';
 export {
   RUN_STATES,
   RUN_TRANSITIONS,

@@ -431,6 +431,7 @@ export function createEngine<DB = any>(options: EngineOptions = {}): Engine<DB> 
           await worker.stop();
           workers.delete(worker);
         },
+        forceStop: (timeoutMs) => worker.forceStop(timeoutMs),
       };
     },
     async close() {

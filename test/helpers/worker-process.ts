@@ -13,9 +13,23 @@ export interface WorkerProcess {
   output(): string;
 }
 
-/** Spawns test/fixtures/worker-process.ts (or another fixture `script` that prints "ready") and resolves once it prints "ready". */
-export async function spawnWorker(env: Record<string, string>, script = WORKER_SCRIPT): Promise<WorkerProcess> {
-  const child = spawn(process.execPath, ['--import', 'tsx', script], {
+export interface SpawnOptions {
+  /** Arguments after the script (for src/cli/main.ts: the command and its options). */
+  args?: string[];
+  /** What the process prints once it serves runs; default "ready ". */
+  ready?: string;
+}
+
+/** The `runledger` command line, as spawnWorker's script: `spawnWorker(env, CLI_SCRIPT, { args: ['worker', ...] })`. */
+export const CLI_SCRIPT = fileURLToPath(new URL('../../src/cli/main.ts', import.meta.url));
+
+/**
+ * Spawns test/fixtures/worker-process.ts (or another fixture `script` that prints "ready",
+ * or options.ready) and resolves once it printed it.
+ */
+export async function spawnWorker(env: Record<string, string>, script = WORKER_SCRIPT, options: SpawnOptions = {}): Promise<WorkerProcess> {
+  const ready = options.ready ?? 'ready ';
+  const child = spawn(process.execPath, ['--import', 'tsx', script, ...(options.args ?? [])], {
     cwd: ROOT,
     env: { ...process.env, ...env },
     stdio: ['ignore', 'pipe', 'pipe'],
@@ -28,7 +42,7 @@ export async function spawnWorker(env: Record<string, string>, script = WORKER_S
   );
   await new Promise<void>((resolve, reject) => {
     const onData = () => {
-      if (output.includes('ready ')) {
+      if (output.includes(ready)) {
         child.stdout!.off('data', onData);
         resolve();
       }

@@ -1,6 +1,15 @@
 import { print } from '../format.js';
 import { loadRegister } from '../module.js';
-import { CliError, intOption, openEngine, parse, type Command, untilSignal } from '../shared.js';
+import { constants as osConstants } from 'node:os';
+import { SHUTDOWN_TIMEOUT_MS_DEFAULT } from '../../index.js';
+import { CliError, EXIT_FAILED, intOption, openEngine, parse, type Command, untilSignal } from '../shared.js';
+
+/** On a second signal: the most the release of what is still held may take before the process exits. */
+const FORCE_RELEASE_MS = 1_000;
+/** After the grace period: how long the stop may take in all before the process exits anyway. */
+const STOP_BACKSTOP_MS = 10_000;
+/** After the stop: how long closing the pools may take (a step deaf to its abort may hold a connection). */
+const CLOSE_MS = 1_000;
 
 /**
  * Runs workflows from the user's module until SIGINT/SIGTERM. The module defines
@@ -9,13 +18,19 @@ import { CliError, intOption, openEngine, parse, type Command, untilSignal } fro
  */
 export const worker: Command = {
   summary: 'run a worker for the workflows a module defines, until Ctrl-C',
-  usage: 'runledger worker --module ./dist/workflows.js [--concurrency 16] [--queue Q ...] [--lease-ms N]',
+  usage: 'runledger worker --module ./dist/workflows.js [--concurrency 16] [--queue Q ...] [--lease-ms N] [--grace-ms N]',
   details:
     'The module exports register(engine) (or a default function) that defines workflows on the engine it is given.\n' +
-    'The first SIGINT or SIGTERM stops it gracefully (runs in flight finish or are released); a second one exits at once.',
+    'The first SIGINT or SIGTERM stops it gracefully: it claims nothing more, lets the runs in flight finish for up to\n' +
+    '--grace-ms, then aborts them, releases every run it still holds (another worker takes them at once, without waiting\n' +
+    'for the lease), marks the worker stopped and exits 0: moments after the grace period, at most about 10 s after it\n' +
+    'when the database is unreachable (the leases then expire on their own). A second signal during the stop releases\n' +
+    "what it can within 1 s and exits: 143 after a second SIGTERM, 130 after a second SIGINT. Set the orchestrator's kill timeout\n" +
+    '(terminationGracePeriodSeconds, TimeoutStopSec, stop_grace_period) above --grace-ms + 10 s.',
   examples: [
     'runledger worker --module ./dist/workflows.js',
     'runledger worker -m ./dist/workflows.js --queue emails --queue default --concurrency 4',
+    'runledger worker -m ./dist/workflows.js --grace-ms 20000   # under a 30 s kill timeout: 20 s to finish, then release',
   ],
   async run(args) {
     const parsed = parse(worker, args, {
@@ -27,12 +42,18 @@ export const worker: Command = {
         value: 'N',
         help: 'how long a claimed run is held without a heartbeat before others recover it (>= 500)',
       },
+      'grace-ms': {
+        type: 'string',
+        value: 'N',
+        help: 'on the first SIGINT/SIGTERM, how long runs in flight may take to finish before they are aborted and released (default 10000)',
+      },
     });
     if (!parsed) return;
     const { values } = parsed;
     if (typeof values.module !== 'string') throw new CliError('USAGE', `--module is required\nusage: ${worker.usage}`);
     const concurrency = intOption(values, 'concurrency', 1) ?? 16;
     const leaseMs = intOption(values, 'lease-ms', 500);
+    const graceMs = intOption(values, 'grace-ms', 0);
     const register = await loadRegister(values.module);
 
     // Each in-flight run may hold a connection for a transaction step, plus heartbeats and sweeps.
@@ -43,6 +64,7 @@ export const worker: Command = {
         concurrency,
         queues: values.queue as string[] | undefined,
         ...(leaseMs === undefined ? {} : { leaseMs }),
+        ...(graceMs === undefined ? {} : { shutdownTimeoutMs: graceMs }),
       });
       const served = await engine.pool.query('select workflows, queues, lease_ms from runledger.workers where worker_id = $1', [
         running.workerId,
@@ -53,15 +75,40 @@ export const worker: Command = {
         `serving ${row.workflows.join(', ')} on queue(s) ${row.queues.join(', ')}; concurrency ${concurrency}, lease ${row.lease_ms} ms`,
       );
       print('Ctrl-C (SIGINT) or SIGTERM stops it gracefully');
-      await untilSignal();
-      print(`stopping: letting ${running.inFlight} run(s) in flight finish or releasing them ...`);
-      // A second signal means "now": the runs' leases expire and other workers recover them.
-      const force = () => process.exit(130);
-      process.once('SIGINT', force).once('SIGTERM', force);
-      await running.stop();
+      const first = await untilSignal();
+      print(
+        `stopping (${first}): letting ${running.inFlight} run(s) in flight finish within ${graceMs ?? SHUTDOWN_TIMEOUT_MS_DEFAULT} ms, then releasing the rest ...`,
+      );
+      // A second signal means "now": what can be released quickly is, the rest is left to lease expiry.
+      const forced = new Promise<never>(() => {
+        const force = (signal: NodeJS.Signals) => {
+          print(`${signal} again: releasing what is held and exiting now`);
+          void running.forceStop(FORCE_RELEASE_MS).finally(() => process.exit(signalExitCode(signal)));
+        };
+        process.once('SIGINT', force).once('SIGTERM', force);
+      });
+      // stop() bounds its own waits; this is the backstop for anything it cannot bound.
+      const backstop = setTimeout(
+        () => {
+          process.stderr.write('worker: the stop did not finish in time; exiting (leases still held expire on their own)\n');
+          process.exit(EXIT_FAILED);
+        },
+        (graceMs ?? SHUTDOWN_TIMEOUT_MS_DEFAULT) + STOP_BACKSTOP_MS,
+      );
+      backstop.unref();
+      await Promise.race([running.stop(), forced]);
+      // A step deaf to its abort signal may still hold a pool connection or a timer: the
+      // pools get a moment to close, then the process exits whatever is left.
+      await Promise.race([engine.close(), new Promise((resolve) => setTimeout(resolve, CLOSE_MS).unref())]);
       print('stopped');
+      process.exit(0);
     } finally {
       await engine.close();
     }
   },
 };
+
+/** The exit code of a process ended by `signal`, as a shell reports it: 128 + its number (SIGINT 130, SIGTERM 143). */
+export function signalExitCode(signal: NodeJS.Signals): number {
+  return 128 + (osConstants.signals[signal] ?? 0);
+}

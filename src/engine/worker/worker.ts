@@ -21,6 +21,10 @@ export const LEASE_MS_DEFAULT = 30_000;
 export const LEASE_MS_MIN = 500;
 export const CONCURRENCY_DEFAULT = 16;
 export const SHUTDOWN_TIMEOUT_MS_DEFAULT = 10_000;
+/** On stop(), after the grace period: how long aborted runs may take to give themselves back before stop() goes on without them. */
+export const STOP_RELEASE_MS = 2_000;
+/** On stop(), the most each closing query (the release of what is still held, the listener) may take. */
+export const STOP_QUERY_MS = 2_000;
 export const POLL_INTERVAL_MS_DEFAULT = 2_000;
 /** Shortest poll or sweep interval accepted. */
 export const INTERVAL_MS_MIN = 10;
@@ -62,8 +66,18 @@ export interface Worker {
   readonly workerId: string;
   /** Runs executing right now. */
   readonly inFlight: number;
-  /** Graceful: stops taking runs, lets in-flight ones finish (up to shutdownTimeoutMs), then releases the rest. */
+  /**
+   * Graceful: stops taking runs, lets in-flight ones finish (up to shutdownTimeoutMs), then
+   * aborts and releases the rest and marks the worker stopped. Ends within about
+   * shutdownTimeoutMs + 4 s, even when the database is unreachable (the leases then expire).
+   */
   stop(): Promise<void>;
+  /**
+   * Now (a second signal): abandons the runs in flight and releases every run still held
+   * (runledger._stop_worker), waiting at most timeoutMs (default 2 s). Resolves with how
+   * many runs it released, undefined if it could not (their leases expire).
+   */
+  forceStop(timeoutMs?: number): Promise<number | undefined>;
   /**
    * Manual workers only: one round of what the worker's timers would do (recover expired
    * leases, enforce deadlines, admit, wake due timers), then one claim, and waits until
@@ -337,32 +351,85 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
   const crashedSignal = new Promise<void>((resolve) => (markCrashed = resolve));
 
   let stopping: Promise<void> | undefined;
+  /**
+   * The stop sequence: claim nothing more, let the runs in flight finish for up to the
+   * grace period (shutdownTimeoutMs; heartbeats go on meanwhile), then abort them and give
+   * each back (released), then _stop_worker gives back whatever is still held (a step deaf
+   * to its abort signal, a run held CANCELLING) and marks the worker stopped. Every wait
+   * after the grace period is bounded, so a stop ends by about grace + STOP_RELEASE_MS +
+   * STOP_QUERY_MS even with the database unreachable (the leases then expire on their own).
+   * An execution still stuck in user code is abandoned: its writes are fenced.
+   */
   const stop = () =>
     (stopping ??= (async () => {
       if (crashed) return;
       stopRequested = true;
       clearInterval(sweepTimer);
       const shutdownTimeoutMs = options.shutdownTimeoutMs ?? SHUTDOWN_TIMEOUT_MS_DEFAULT;
-      const releaseTimer = setTimeout(() => {
+      let graceEnded!: () => void;
+      const graceOver = new Promise<void>((resolve) => (graceEnded = resolve));
+      const haltAll = () => {
         for (const exec of executions) exec.halt({ kind: 'shutdown' });
-      }, shutdownTimeoutMs);
+        graceEnded();
+      };
+      const releaseTimer = setTimeout(haltAll, shutdownTimeoutMs);
       try {
-        await claimer.stop();
-        await cronRunner?.stop();
-        while (done.size > 0) await Promise.allSettled([...done]);
+        await Promise.race([claimer.stop(), graceOver]);
+        await Promise.race([cronRunner?.stop(), graceOver]);
+        const drained = (async () => {
+          while (done.size > 0) await Promise.allSettled([...done]);
+        })();
+        await Promise.race([drained, graceOver]);
+        clearTimeout(releaseTimer);
+        if (done.size > 0) {
+          const left = done.size;
+          if ((await within(drained, STOP_RELEASE_MS)) === false) {
+            deps.log(
+              'warn',
+              `stop: ${done.size} of ${left} run(s) still in user code ${STOP_RELEASE_MS} ms after the abort; releasing them`,
+            );
+          }
+        }
       } finally {
         clearTimeout(releaseTimer);
         clearInterval(heartbeatTimer);
         // A sweep or heartbeat still on its way finishes first: none may query the pool after
         // stop() returned (engine.close() ends the pool next).
-        await Promise.all([sweep.settled(), heartbeat.settled(), migrator.stop()]);
-        await deps.pool.query('select runledger._stop_worker(p_worker_id => $1)', [workerId]).catch((error) => {
-          deps.log('warn', 'could not release runs on stop; their leases will expire', { error: serializeError(error) });
-        });
-        await listener.close();
+        await within(Promise.all([sweep.settled(), heartbeat.settled(), migrator.stop()]), STOP_QUERY_MS);
+        await releaseHeld(STOP_QUERY_MS);
+        await within(listener.close(), STOP_QUERY_MS);
         await cronPool?.end().catch(() => undefined);
       }
     })());
+
+  /** runledger._stop_worker: every run still held goes back (RUNNING to PENDING, CANCELLING unowned), the worker is marked stopped. */
+  const releaseHeld = async (timeoutMs: number): Promise<number | undefined> => {
+    const released = deps.pool.query('select runledger._stop_worker(p_worker_id => $1) as n', [workerId]).then(
+      (result) => Number(result.rows[0].n),
+      (error) => {
+        deps.log('warn', 'could not release runs on stop; their leases will expire', { error: serializeError(error) });
+        return undefined;
+      },
+    );
+    const n = await within(released, timeoutMs);
+    if (n === false) deps.log('warn', `could not release runs on stop within ${timeoutMs} ms; their leases will expire`);
+    return n === false ? undefined : n;
+  };
+
+  /**
+   * A second signal: everything still held is given back now (the executions are
+   * abandoned: their writes are fenced), bounded by timeoutMs. Resolves with how many runs
+   * it released, or undefined when it could not.
+   */
+  const forceStop = async (timeoutMs = STOP_QUERY_MS): Promise<number | undefined> => {
+    if (crashed) return undefined;
+    stopRequested = true;
+    void claimer.stop();
+    clearInterval(sweepTimer);
+    clearInterval(heartbeatTimer);
+    for (const exec of executions) exec.halt({ kind: 'shutdown' });
+    return releaseHeld(timeoutMs);
+  };
 
   return {
     workerId,
@@ -373,6 +440,7 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
       return crashed;
     },
     stop,
+    forceStop,
     runOnce,
     leaseMs,
     takeLocal: (key, queue, runId) => !crashed && stopping === undefined && byKey.has(key) && claimer.takeLocal(queue, runId),
@@ -392,6 +460,17 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
       throw new ConfigError(`drain(): runs were still runnable after ${maxRounds} rounds (a run that keeps coming back at once?)`);
     },
   };
+}
+
+/** Waits for `promise` at most `ms`: its value, or false when the time ran out first (a rejection counts as settled). */
+async function within<T>(promise: Promise<T> | undefined, ms: number): Promise<T | false | undefined> {
+  let timer: NodeJS.Timeout | undefined;
+  const timeout = new Promise<false>((resolve) => (timer = setTimeout(() => resolve(false), ms)));
+  try {
+    return await Promise.race([(promise ?? Promise.resolve(undefined)).catch(() => undefined), timeout]);
+  } finally {
+    clearTimeout(timer);
+  }
 }
 
 /**
