@@ -15,7 +15,8 @@ declare
   v_now  timestamptz := runledger.now();
   v_manifest jsonb;
 begin
-  select * into v_src from runledger.runs where run_id = p_run_id;
+  -- FOR KEY SHARE: retention (prune_due) skips the source while the fork is being made.
+  select * into v_src from runledger.runs where run_id = p_run_id for key share;
   if not found then
     raise exception using errcode = 'RL002', message = format('fork_run: run %L not found', p_run_id);
   end if;
