@@ -30,7 +30,7 @@ create table runledger.audit_log (
 );
 create index audit_log_run on runledger.audit_log (run_id, audit_id) where run_id is not null;
 comment on table runledger.audit_log is
-  'One row per operator action (send_signal, decide_approval, cancel_run, compensate_run, retry_run, resolve_operation, fork_run, migrate_run, migrate_runs, set_queue, prune, release_session, delete_session, prune_artifact_blobs), written in the same transaction as the action: who (db_user = session_user, db_role = runledger._caller(), asserted_by = the name the caller gave), what, on which run and target, with which arguments, and what it returned. Kept when runs are pruned.';
+  'One row per operator action (send_signal, decide_approval, cancel_run, compensate_run, retry_run, resolve_operation, fork_run, migrate_run, migrate_runs, set_queue, prune, release_session, delete_session, prune_artifact_blobs; and prune_due, set_retention, clear_retention of 0020_retention.sql), written in the same transaction as the action: who (db_user = session_user, db_role = runledger._caller(), asserted_by = the name the caller gave), what, on which run and target, with which arguments, and what it returned. Kept when runs are pruned.';
 
 create function runledger._audit(
   p_action text, p_run_id text, p_target text, p_arguments jsonb, p_result jsonb, p_asserted_by text default null)

@@ -121,7 +121,7 @@ CREATE TABLE runledger.audit_log (
   arguments jsonb DEFAULT '{}'::jsonb NOT NULL,
   result jsonb
 );
-COMMENT ON TABLE runledger.audit_log IS 'One row per operator action (send_signal, decide_approval, cancel_run, compensate_run, retry_run, resolve_operation, fork_run, migrate_run, migrate_runs, set_queue, prune, release_session, delete_session, prune_artifact_blobs), written in the same transaction as the action: who (db_user = session_user, db_role = runledger._caller(), asserted_by = the name the caller gave), what, on which run and target, with which arguments, and what it returned. Kept when runs are pruned.';
+COMMENT ON TABLE runledger.audit_log IS 'One row per operator action (send_signal, decide_approval, cancel_run, compensate_run, retry_run, resolve_operation, fork_run, migrate_run, migrate_runs, set_queue, prune, release_session, delete_session, prune_artifact_blobs; and prune_due, set_retention, clear_retention of 0020_retention.sql), written in the same transaction as the action: who (db_user = session_user, db_role = runledger._caller(), asserted_by = the name the caller gave), what, on which run and target, with which arguments, and what it returned. Kept when runs are pruned.';
 ALTER TABLE runledger.audit_log ADD CONSTRAINT audit_log_pkey PRIMARY KEY (audit_id);
 CREATE INDEX audit_log_at ON runledger.audit_log USING btree (at);
 CREATE UNIQUE INDEX audit_log_pkey ON runledger.audit_log USING btree (audit_id);
