@@ -10,7 +10,7 @@
 --   runledger.set_retention()         public (operator): the same, recorded in audit_log
 --   runledger._maintenance_begin()    a worker takes a due cluster-wide task (a lease), or is told another has it
 --   runledger._maintenance_end()      the worker lets go of it, with what it did
---   indexes runs_retention, runs_idempotency_retention, runs_forked_from, signals_consumed, sessions_idle, audit_log_at
+--   indexes runs_retention, runs_idempotency_retention, runs_forked_from, signals_run, artifacts_run, sessions_idle, audit_log_at
 --
 -- Kinds (docs/retention.md):
 --   runs             finished runs, with everything they own (steps, events, operations, signals,
@@ -62,8 +62,11 @@ create index runs_idempotency_retention on runledger.runs (finished_at)
   where idempotency_key is not null and status in ('SUCCEEDED', 'FAILED', 'CANCELLED', 'TERMINATED', 'DEAD_LETTER');
 -- The forks of a run (fork_run writes forked_from into the manifest).
 create index runs_forked_from on runledger.runs ((version_manifest->>'forked_from')) where version_manifest ? 'forked_from';
--- Consumed signals by run (signals_unconsumed has the others).
-create index signals_consumed on runledger.signals (run_id) where consumed_seq is not null;
+-- A run's signals and artifacts, whatever their state: for the signals kind, and for the
+-- cascades of a run's delete (signals_unconsumed and the artifacts' partial unique indexes
+-- do not cover every row, so each deleted run read both tables whole before).
+create index signals_run on runledger.signals (run_id);
+create index artifacts_run on runledger.artifacts (run_id);
 -- Free sessions by how long they have been idle.
 create index sessions_idle on runledger.sessions (updated_at) where holder_run_id is null;
 create index audit_log_at on runledger.audit_log (at);
@@ -107,6 +110,9 @@ declare
   v_left   bigint;
   v_n      bigint;
   v_total  bigint;
+  v_id     text;
+  v_run    runledger.runs;
+  v_ids    text[] := '{}';
 begin
   if p_batch is null or p_batch < 1 then
     raise exception using errcode = 'RL003', message = 'prune_due: batch must be a whole number >= 1';
@@ -136,7 +142,6 @@ begin
              where r.idempotency_key is not null and r.status in ('SUCCEEDED', 'FAILED', 'CANCELLED', 'TERMINATED', 'DEAD_LETTER')
                and r.finished_at < v_cutoff
                and (r.workflow_name = v_rule.workflow_name or (v_rule.workflow_name is null and r.workflow_name <> all (v_others)))
-             order by r.finished_at
              limit v_left
                for no key update skip locked),
           cleared as (
@@ -160,21 +165,16 @@ begin
         end if;
       elsif v_kind = 'signals' then
         if p_dry_run then
-          select count(*) into v_n from runledger.runs r
-            join lateral (select s.signal_id from runledger.signals s where s.run_id = r.run_id and s.consumed_seq is not null
-                          union all
-                          select s.signal_id from runledger.signals s where s.run_id = r.run_id and s.consumed_seq is null) s on true
+          select count(*) into v_n from runledger.runs r join runledger.signals s on s.run_id = r.run_id
            where r.status in ('SUCCEEDED', 'FAILED', 'CANCELLED', 'TERMINATED', 'DEAD_LETTER') and r.finished_at < v_cutoff
              and (r.workflow_name = v_rule.workflow_name or (v_rule.workflow_name is null and r.workflow_name <> all (v_others)));
         else
           with due as (
-            select s.signal_id from runledger.runs r
-              join lateral (select s.signal_id from runledger.signals s where s.run_id = r.run_id and s.consumed_seq is not null
-                            union all
-                            select s.signal_id from runledger.signals s where s.run_id = r.run_id and s.consumed_seq is null) s on true
+            select s.signal_id from runledger.runs r join runledger.signals s on s.run_id = r.run_id
              where r.status in ('SUCCEEDED', 'FAILED', 'CANCELLED', 'TERMINATED', 'DEAD_LETTER') and r.finished_at < v_cutoff
                and (r.workflow_name = v_rule.workflow_name or (v_rule.workflow_name is null and r.workflow_name <> all (v_others)))
-             limit v_left),
+             limit v_left
+               for update of s skip locked),
           gone as (delete from runledger.signals g using due where g.signal_id = due.signal_id returning 1)
           select count(*) into v_n from gone;
         end if;
@@ -193,7 +193,8 @@ begin
             select c.run_id, c.topic, c."offset" from runledger.runs r join runledger.stream_chunks c on c.run_id = r.run_id
              where r.status in ('SUCCEEDED', 'FAILED', 'CANCELLED', 'TERMINATED', 'DEAD_LETTER') and r.finished_at < v_cutoff
                and (r.workflow_name = v_rule.workflow_name or (v_rule.workflow_name is null and r.workflow_name <> all (v_others)))
-             limit v_left),
+             limit v_left
+               for update of c skip locked),
           gone as (
             delete from runledger.stream_chunks c using due
              where c.run_id = due.run_id and c.topic = due.topic and c."offset" = due."offset" returning 1)
@@ -204,7 +205,8 @@ begin
                where r.status in ('SUCCEEDED', 'FAILED', 'CANCELLED', 'TERMINATED', 'DEAD_LETTER') and r.finished_at < v_cutoff
                  and (r.workflow_name = v_rule.workflow_name or (v_rule.workflow_name is null and r.workflow_name <> all (v_others)))
                  and not exists (select 1 from runledger.stream_chunks c where c.run_id = e.run_id and c.topic = e.topic)
-               limit v_left - v_n),
+               limit v_left - v_n
+                 for update of e skip locked),
             gone as (delete from runledger.stream_ends e using due where e.run_id = due.run_id and e.topic = due.topic returning 1)
             select v_n + count(*) into v_n from gone;
           end if;
@@ -217,23 +219,36 @@ begin
              and not exists (select 1 from runledger.runs c where c.parent_run_id = r.run_id and not runledger.is_terminal(c.status))
              and not exists (select 1 from runledger.runs p where p.run_id = r.parent_run_id and not runledger.is_terminal(p.status))
              and not (r.idempotency_key is not null and runledger._retention_key_held(r.workflow_name, r.finished_at))
-             and not runledger._retention_fork_live(r.run_id);
+             and not (exists (select 1 from runledger.runs f
+                               where f.version_manifest ? 'forked_from' and f.version_manifest->>'forked_from' = r.run_id)
+                      and runledger._retention_fork_live(r.run_id));
         else
-          -- FOR UPDATE conflicts with the FOR KEY SHARE of a fork_run or a child's start
-          -- reading this run right now: such a run is skipped, and looked at again next time.
-          with due as (
+          -- One run at a time, from a scan without a sort that stops at p_batch runs: the
+          -- protections (a few index probes each) are checked only for the runs it gets to.
+          -- FOR UPDATE SKIP LOCKED conflicts with the FOR KEY SHARE of a fork_run or a
+          -- child's start reading the run right now: that run is skipped, looked at next time.
+          for v_id in
             select r.run_id from runledger.runs r
              where r.status in ('SUCCEEDED', 'FAILED', 'CANCELLED', 'TERMINATED', 'DEAD_LETTER') and r.finished_at < v_cutoff
                and (r.workflow_name = v_rule.workflow_name or (v_rule.workflow_name is null and r.workflow_name <> all (v_others)))
-               and not exists (select 1 from runledger.runs c where c.parent_run_id = r.run_id and not runledger.is_terminal(c.status))
-               and not exists (select 1 from runledger.runs p where p.run_id = r.parent_run_id and not runledger.is_terminal(p.status))
-               and not (r.idempotency_key is not null and runledger._retention_key_held(r.workflow_name, r.finished_at))
-               and not runledger._retention_fork_live(r.run_id)
-             order by r.finished_at
-             limit v_left
-               for update of r skip locked),
-          gone as (delete from runledger.runs r using due where r.run_id = due.run_id returning 1)
-          select count(*) into v_n from gone;
+          loop
+            exit when v_n >= v_left;
+            select r.* into v_run from runledger.runs r
+             where r.run_id = v_id and r.status in ('SUCCEEDED', 'FAILED', 'CANCELLED', 'TERMINATED', 'DEAD_LETTER')
+               for update skip locked;
+            continue when not found;
+            continue when exists (select 1 from runledger.runs c where c.parent_run_id = v_id and not runledger.is_terminal(c.status))
+                       or exists (select 1 from runledger.runs p where p.run_id = v_run.parent_run_id and not runledger.is_terminal(p.status))
+                       or (v_run.idempotency_key is not null and runledger._retention_key_held(v_run.workflow_name, v_run.finished_at))
+                       or (exists (select 1 from runledger.runs f
+                                    where f.version_manifest ? 'forked_from' and f.version_manifest->>'forked_from' = v_id)
+                           and runledger._retention_fork_live(v_id));
+            v_ids := v_ids || v_id;
+            v_n := v_n + 1;
+          end loop;
+          -- The runs are locked: one delete for all of them (and one pass of each cascade).
+          delete from runledger.runs r where r.run_id = any (v_ids);
+          v_ids := '{}';
         end if;
       elsif v_kind = 'session_entries' then
         -- Whole idle sessions (free, nobody queued): a batch takes sessions until their

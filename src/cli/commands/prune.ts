@@ -53,7 +53,8 @@ export const prune: Command = {
           const result = dryRun
             ? await pool.query(
                 `select count(*)::int8 as n from runledger.runs
-                  where runledger.is_terminal(status) and finished_at < runledger.now() - $1::interval`,
+                  where status in ('SUCCEEDED', 'FAILED', 'CANCELLED', 'TERMINATED', 'DEAD_LETTER')
+                    and finished_at < runledger.now() - $1::interval`,
                 [olderThan],
               )
             : await pool.query('select runledger.prune(p_older_than => $1::interval)::int8 as n', [olderThan]);
