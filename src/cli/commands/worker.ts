@@ -9,13 +9,14 @@ import { CliError, intOption, openEngine, parse, type Command, untilSignal } fro
  */
 export const worker: Command = {
   summary: 'run a worker for the workflows a module defines, until Ctrl-C',
-  usage: 'runledger worker --module ./dist/workflows.js [--concurrency 16] [--queue Q ...] [--lease-ms N]',
+  usage: 'runledger worker --module ./dist/workflows.js [--concurrency 16] [--queue Q ...] [--lease-ms N] [--retention-interval-ms N]',
   details:
     'The module exports register(engine) (or a default function) that defines workflows on the engine it is given.\n' +
     'The first SIGINT or SIGTERM stops it gracefully (runs in flight finish or are released); a second one exits at once.',
   examples: [
     'runledger worker --module ./dist/workflows.js',
     'runledger worker -m ./dist/workflows.js --queue emails --queue default --concurrency 4',
+    'runledger worker -m ./dist/workflows.js --retention-interval-ms 0   # never applies runledger.retention',
   ],
   async run(args) {
     const parsed = parse(worker, args, {
@@ -27,12 +28,18 @@ export const worker: Command = {
         value: 'N',
         help: 'how long a claimed run is held without a heartbeat before others recover it (>= 500)',
       },
+      'retention-interval-ms': {
+        type: 'string',
+        value: 'N',
+        help: 'how often the cluster applies runledger.retention, one worker per pass (default 600000 = 10 min; 0: never here)',
+      },
     });
     if (!parsed) return;
     const { values } = parsed;
     if (typeof values.module !== 'string') throw new CliError('USAGE', `--module is required\nusage: ${worker.usage}`);
     const concurrency = intOption(values, 'concurrency', 1) ?? 16;
     const leaseMs = intOption(values, 'lease-ms', 500);
+    const retentionIntervalMs = intOption(values, 'retention-interval-ms', 0);
     const register = await loadRegister(values.module);
 
     // Each in-flight run may hold a connection for a transaction step, plus heartbeats and sweeps.
@@ -43,6 +50,7 @@ export const worker: Command = {
         concurrency,
         queues: values.queue as string[] | undefined,
         ...(leaseMs === undefined ? {} : { leaseMs }),
+        ...(retentionIntervalMs === undefined ? {} : { retentionIntervalMs }),
       });
       const served = await engine.pool.query('select workflows, queues, lease_ms from runledger.workers where worker_id = $1', [
         running.workerId,
