@@ -3223,19 +3223,26 @@ begin
           -- protections (a few index probes each) are checked only for the runs it gets to.
           -- FOR UPDATE SKIP LOCKED conflicts with the FOR KEY SHARE of a fork_run or a
           -- child's start reading the run right now: that run is skipped, looked at next time.
-          for v_id in
-            select r.run_id from runledger.runs r
+          -- A protected run is passed over unlocked; a due one is locked, then checked again.
+          for v_run in
+            select r.* from runledger.runs r
              where r.status in ('SUCCEEDED', 'FAILED', 'CANCELLED', 'TERMINATED', 'DEAD_LETTER') and r.finished_at < v_cutoff
                and (r.workflow_name = v_rule.workflow_name or (v_rule.workflow_name is null and r.workflow_name <> all (v_others)))
           loop
             exit when v_n >= v_left;
-            select r.* into v_run from runledger.runs r
-             where r.run_id = v_id and r.status in ('SUCCEEDED', 'FAILED', 'CANCELLED', 'TERMINATED', 'DEAD_LETTER')
-               for update skip locked;
-            continue when not found;
+            v_id := v_run.run_id;
             continue when exists (select 1 from runledger.runs c where c.parent_run_id = v_id and not runledger.is_terminal(c.status))
                        or exists (select 1 from runledger.runs p where p.run_id = v_run.parent_run_id and not runledger.is_terminal(p.status))
                        or (v_run.idempotency_key is not null and runledger._retention_key_held(v_run.workflow_name, v_run.finished_at))
+                       or (exists (select 1 from runledger.runs f
+                                    where f.version_manifest ? 'forked_from' and f.version_manifest->>'forked_from' = v_id)
+                           and runledger._retention_fork_live(v_id));
+            perform 1 from runledger.runs r
+             where r.run_id = v_id and r.status in ('SUCCEEDED', 'FAILED', 'CANCELLED', 'TERMINATED', 'DEAD_LETTER')
+               for update skip locked;
+            continue when not found;
+            -- Locked: a fork or child made while the scan ran has committed by now, and is seen.
+            continue when exists (select 1 from runledger.runs c where c.parent_run_id = v_id and not runledger.is_terminal(c.status))
                        or (exists (select 1 from runledger.runs f
                                     where f.version_manifest ? 'forked_from' and f.version_manifest->>'forked_from' = v_id)
                            and runledger._retention_fork_live(v_id));
