@@ -375,6 +375,21 @@ describe('the workers', () => {
     await Promise.all(workers.map((w) => w.stop()));
   });
 
+  it('leave it alone with retentionIntervalMs 0', async () => {
+    await q(`delete from runledger.maintenance`);
+    const old = await finished('live', 40);
+    const engine = t.newEngine();
+    const flow = engine.workflow({ name: 'live', queue: 'retention-off' }, async () => 1);
+    const worker = await engine.runWorker({ retentionIntervalMs: 0, queues: ['retention-off'] });
+    // The worker has claimed and finished a run since it started: it ran, and pruned nothing.
+    const handle = await engine.start(flow, undefined);
+    expect(await handle.result()).toBe(1);
+    await worker.stop();
+    expect(await exists(old)).toBe(true);
+    expect(await count('select count(*) as n from runledger.maintenance')).toBe(0);
+    await q('delete from runledger.runs where run_id = $1', [old]);
+  });
+
   it('rejects a bad retentionIntervalMs', async () => {
     const engine = t.newEngine();
     engine.workflow({ name: 'live', queue: 'retention-test' }, async () => 1);
