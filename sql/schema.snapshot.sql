@@ -106,6 +106,7 @@ ALTER TABLE runledger.artifacts ADD CONSTRAINT artifacts_sha256 CHECK (((sha256 
 ALTER TABLE runledger.artifacts ADD CONSTRAINT artifacts_size CHECK (((size IS NULL) OR (size >= 0)));
 CREATE INDEX artifacts_blob ON runledger.artifacts USING btree (blob) WHERE (blob IS NOT NULL);
 CREATE UNIQUE INDEX artifacts_pkey ON runledger.artifacts USING btree (artifact_id);
+CREATE INDEX artifacts_run ON runledger.artifacts USING btree (run_id);
 CREATE UNIQUE INDEX artifacts_step ON runledger.artifacts USING btree (run_id, step_position) WHERE (kind = 'artifact'::text);
 CREATE UNIQUE INDEX artifacts_value ON runledger.artifacts USING btree (run_id, blob) WHERE (kind = 'value'::text);
 
@@ -121,8 +122,9 @@ CREATE TABLE runledger.audit_log (
   arguments jsonb DEFAULT '{}'::jsonb NOT NULL,
   result jsonb
 );
-COMMENT ON TABLE runledger.audit_log IS 'One row per operator action (send_signal, decide_approval, cancel_run, compensate_run, retry_run, resolve_operation, fork_run, migrate_run, migrate_runs, set_queue, prune, release_session, delete_session, prune_artifact_blobs), written in the same transaction as the action: who (db_user = session_user, db_role = runledger._caller(), asserted_by = the name the caller gave), what, on which run and target, with which arguments, and what it returned. Kept when runs are pruned.';
+COMMENT ON TABLE runledger.audit_log IS 'One row per operator action (send_signal, decide_approval, cancel_run, compensate_run, retry_run, resolve_operation, fork_run, migrate_run, migrate_runs, set_queue, prune, release_session, delete_session, prune_artifact_blobs; and prune_due, set_retention, clear_retention of 0020_retention.sql), written in the same transaction as the action: who (db_user = session_user, db_role = runledger._caller(), asserted_by = the name the caller gave), what, on which run and target, with which arguments, and what it returned. Kept when runs are pruned.';
 ALTER TABLE runledger.audit_log ADD CONSTRAINT audit_log_pkey PRIMARY KEY (audit_id);
+CREATE INDEX audit_log_at ON runledger.audit_log USING btree (at);
 CREATE UNIQUE INDEX audit_log_pkey ON runledger.audit_log USING btree (audit_id);
 CREATE INDEX audit_log_run ON runledger.audit_log USING btree (run_id, audit_id) WHERE (run_id IS NOT NULL);
 
@@ -139,6 +141,18 @@ ALTER TABLE runledger.events ADD CONSTRAINT events_pkey PRIMARY KEY (event_id);
 ALTER TABLE runledger.events ADD CONSTRAINT events_run_id_fkey FOREIGN KEY (run_id) REFERENCES runledger.runs(run_id) ON DELETE CASCADE;
 CREATE UNIQUE INDEX events_pkey ON runledger.events USING btree (event_id);
 CREATE INDEX events_run ON runledger.events USING btree (run_id, event_id);
+
+CREATE TABLE runledger.maintenance (
+  task text NOT NULL,
+  worker_id text,
+  started_at timestamp with time zone,
+  lease_until timestamp with time zone,
+  finished_at timestamp with time zone,
+  last_result jsonb
+);
+COMMENT ON TABLE runledger.maintenance IS 'Cluster-wide maintenance tasks (retention): which worker runs one now (lease_until in the future) or ran it last, when it started and finished, and what it did. A task runs on one worker at a time, once per interval across the cluster (runledger._maintenance_begin).';
+ALTER TABLE runledger.maintenance ADD CONSTRAINT maintenance_pkey PRIMARY KEY (task);
+CREATE UNIQUE INDEX maintenance_pkey ON runledger.maintenance USING btree (task);
 
 CREATE TABLE runledger.migrations (
   version integer NOT NULL,
@@ -202,6 +216,18 @@ ALTER TABLE runledger.queues ADD CONSTRAINT queues_rate_limit_complete CHECK (((
 ALTER TABLE runledger.queues ADD CONSTRAINT queues_rate_limit_max_check CHECK ((rate_limit_max > 0));
 ALTER TABLE runledger.queues ADD CONSTRAINT queues_rate_limit_period_ms_check CHECK ((rate_limit_period_ms > 0));
 CREATE UNIQUE INDEX queues_pkey ON runledger.queues USING btree (name);
+
+CREATE TABLE runledger.retention (
+  kind text NOT NULL,
+  workflow_name text,
+  keep interval,
+  updated_at timestamp with time zone DEFAULT runledger.now() NOT NULL
+);
+COMMENT ON TABLE runledger.retention IS 'How long each kind of finished data is kept (runs, events, idempotency, signals, streams, session_entries, audit_log), per workflow (workflow_name null = the default for workflows without their own rule; session_entries and audit_log have only the default). keep null = forever; no row = forever (idempotency: the key lives as long as its run). Applied by runledger.prune_due(), which workers call on their own (retentionIntervalMs). See docs/retention.md.';
+ALTER TABLE runledger.retention ADD CONSTRAINT retention_keep CHECK (((keep IS NULL) OR (keep >= '00:00:00'::interval)));
+ALTER TABLE runledger.retention ADD CONSTRAINT retention_kind CHECK ((kind = ANY (ARRAY['runs'::text, 'events'::text, 'idempotency'::text, 'signals'::text, 'streams'::text, 'session_entries'::text, 'audit_log'::text])));
+ALTER TABLE runledger.retention ADD CONSTRAINT retention_per_workflow CHECK (((workflow_name IS NULL) OR (kind = ANY (ARRAY['runs'::text, 'events'::text, 'idempotency'::text, 'signals'::text, 'streams'::text]))));
+CREATE UNIQUE INDEX retention_rule ON runledger.retention USING btree (kind, COALESCE(workflow_name, ''::text));
 
 CREATE TABLE runledger.role_functions (
   role_name text NOT NULL,
@@ -284,7 +310,9 @@ CREATE INDEX runs_console_status ON runledger.runs USING btree (status, run_id) 
 CREATE INDEX runs_console_workflow ON runledger.runs USING btree (workflow_name, run_id);
 CREATE INDEX runs_deadline ON runledger.runs USING btree (deadline_at) WHERE ((status = ANY (ARRAY['PENDING'::runledger.run_status, 'WAITING'::runledger.run_status])) AND (deadline_at IS NOT NULL));
 CREATE INDEX runs_finished ON runledger.runs USING btree (status, created_at) WHERE (status = ANY (ARRAY['SUCCEEDED'::runledger.run_status, 'FAILED'::runledger.run_status, 'CANCELLED'::runledger.run_status, 'TERMINATED'::runledger.run_status, 'DEAD_LETTER'::runledger.run_status]));
+CREATE INDEX runs_forked_from ON runledger.runs USING btree (((version_manifest ->> 'forked_from'::text))) WHERE (version_manifest ? 'forked_from'::text);
 CREATE UNIQUE INDEX runs_idempotency_key ON runledger.runs USING btree (workflow_name, idempotency_key) WHERE (idempotency_key IS NOT NULL);
+CREATE INDEX runs_idempotency_retention ON runledger.runs USING btree (finished_at) WHERE ((idempotency_key IS NOT NULL) AND (status = ANY (ARRAY['SUCCEEDED'::runledger.run_status, 'FAILED'::runledger.run_status, 'CANCELLED'::runledger.run_status, 'TERMINATED'::runledger.run_status, 'DEAD_LETTER'::runledger.run_status])));
 CREATE INDEX runs_lease_expiry ON runledger.runs USING btree (lease_expires_at) WHERE (lease_expires_at IS NOT NULL);
 CREATE INDEX runs_migrating ON runledger.runs USING btree (workflow_name, workflow_version) WHERE (migrate_to IS NOT NULL);
 CREATE INDEX runs_not_before ON runledger.runs USING btree (queue_name, not_before) WHERE ((status = 'PENDING'::runledger.run_status) AND admitted AND (not_before IS NOT NULL));
@@ -292,6 +320,7 @@ CREATE INDEX runs_parent ON runledger.runs USING btree (parent_run_id) WHERE (pa
 CREATE UNIQUE INDEX runs_pkey ON runledger.runs USING btree (run_id);
 CREATE INDEX runs_queue_active ON runledger.runs USING btree (queue_name, concurrency_key) WHERE ((status = ANY (ARRAY['RUNNING'::runledger.run_status, 'CANCELLING'::runledger.run_status])) OR ((status = 'PENDING'::runledger.run_status) AND admitted));
 CREATE INDEX runs_ready ON runledger.runs USING btree (queue_name, priority, created_at) WHERE ((status = 'PENDING'::runledger.run_status) AND admitted);
+CREATE INDEX runs_retention ON runledger.runs USING btree (finished_at) WHERE (status = ANY (ARRAY['SUCCEEDED'::runledger.run_status, 'FAILED'::runledger.run_status, 'CANCELLED'::runledger.run_status, 'TERMINATED'::runledger.run_status, 'DEAD_LETTER'::runledger.run_status]));
 CREATE INDEX runs_tenant ON runledger.runs USING btree (tenant_id, created_at) WHERE (tenant_id IS NOT NULL);
 CREATE INDEX runs_timer ON runledger.runs USING btree (queue_name, wake_at) WHERE ((status = 'WAITING'::runledger.run_status) AND (wake_at IS NOT NULL));
 CREATE TRIGGER runs_run_id_insert BEFORE INSERT ON runledger.runs FOR EACH ROW WHEN (((new.run_id !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]*$'::text) OR (length(new.run_id) > 200))) EXECUTE FUNCTION runledger._check_run_id();
@@ -347,6 +376,7 @@ ALTER TABLE runledger.sessions ADD CONSTRAINT sessions_id_valid CHECK (((session
 ALTER TABLE runledger.sessions ADD CONSTRAINT sessions_pkey PRIMARY KEY (session_id);
 ALTER TABLE runledger.sessions ADD CONSTRAINT sessions_release_reason CHECK ((release_reason = ANY (ARRAY['released'::text, 'ended'::text, 'operator'::text])));
 CREATE INDEX sessions_holder ON runledger.sessions USING btree (holder_run_id) WHERE (holder_run_id IS NOT NULL);
+CREATE INDEX sessions_idle ON runledger.sessions USING btree (updated_at) WHERE (holder_run_id IS NULL);
 CREATE UNIQUE INDEX sessions_pkey ON runledger.sessions USING btree (session_id);
 
 CREATE TABLE runledger.signals (
@@ -363,6 +393,7 @@ ALTER TABLE runledger.signals ADD CONSTRAINT signals_pkey PRIMARY KEY (signal_id
 ALTER TABLE runledger.signals ADD CONSTRAINT signals_run_id_fkey FOREIGN KEY (run_id) REFERENCES runledger.runs(run_id) ON DELETE CASCADE;
 ALTER TABLE runledger.signals ADD CONSTRAINT signals_signal_id_check CHECK (((length(signal_id) >= 1) AND (length(signal_id) <= 200)));
 CREATE UNIQUE INDEX signals_pkey ON runledger.signals USING btree (signal_id);
+CREATE INDEX signals_run ON runledger.signals USING btree (run_id);
 CREATE INDEX signals_unconsumed ON runledger.signals USING btree (run_id, topic, received_at) WHERE (consumed_seq IS NULL);
 
 CREATE TABLE runledger.step_progress (
@@ -1749,6 +1780,19 @@ end;
 $function$;
 COMMENT ON FUNCTION runledger._claim_batch(text,text[],text[],integer,integer,text[]) IS 'Worker claim of up to p_limit runnable runs of the given queues and workflow@version keys, in one statement: CANCELLING runs without an owner, then due timers, then admitted PENDING runs by priority and age (FOR UPDATE SKIP LOCKED, so workers never wait on each other). Each becomes RUNNING with fencing_token + 1 and a lease, and is returned with its checkpoints (and its traceparent and the previous execution''s, for tracing). Runs past their deadline are TERMINATED on the way; a due timer in a queue with limits is woken into admission. When fewer than p_limit were claimed, a last row with run_id null gives next_due_in_ms, the milliseconds until the next delayed start or timer on the database clock (null if none). p_reclaim_except (the runs the worker is executing) also takes back this worker''s other runs: a claim whose reply was lost.';
 
+CREATE OR REPLACE FUNCTION runledger._clear_retention(p_kind text, p_workflow_name text DEFAULT NULL::text)
+ RETURNS boolean
+ LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+AS $function$
+begin
+  delete from runledger.retention r where r.kind = p_kind and coalesce(r.workflow_name, '') = coalesce(p_workflow_name, '');
+  return found;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._clear_retention(text,text) IS 'The action behind runledger.clear_retention (which records it in audit_log): removes one rule; returns whether there was one.';
+
 CREATE OR REPLACE FUNCTION runledger._commit_and_claim(p_items jsonb, p_worker_id text, p_queues text[], p_workflows text[], p_limit integer, p_lease_ms integer)
  RETURNS TABLE(item integer, code text, message text, run_status text, claimed jsonb)
  LANGUAGE plpgsql
@@ -2510,7 +2554,8 @@ declare
   v_now  timestamptz := runledger.now();
   v_manifest jsonb;
 begin
-  select * into v_src from runledger.runs where run_id = p_run_id;
+  -- FOR KEY SHARE: retention (prune_due) skips the source while the fork is being made.
+  select * into v_src from runledger.runs where run_id = p_run_id for key share;
   if not found then
     raise exception using errcode = 'RL002', message = format('fork_run: run %L not found', p_run_id);
   end if;
@@ -2661,6 +2706,51 @@ AS $function$
                   where s.run_id = p_run_id and s.fencing_token = p_token and s.status in ('SUCCEEDED', 'FAILED'))
 $function$;
 COMMENT ON FUNCTION runledger._made_progress(text,bigint) IS 'True when the execution holding fencing token p_token committed a checkpoint (SUCCEEDED or FAILED step): the progress that resets recovery_attempts when that execution is recovered or released.';
+
+CREATE OR REPLACE FUNCTION runledger._maintenance_begin(p_task text, p_worker_id text, p_every_ms bigint, p_lease_ms bigint)
+ RETURNS boolean
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
+AS $function$
+declare
+  v_now timestamptz := runledger.now();
+begin
+  insert into runledger.maintenance (task) values (p_task) on conflict do nothing;
+  -- Due (not started within p_every_ms, by any worker) and not leased to another worker.
+  update runledger.maintenance m
+     set worker_id = p_worker_id, started_at = v_now, lease_until = v_now + make_interval(secs => p_lease_ms / 1000.0)
+   where m.task = p_task
+     and (m.started_at is null or m.started_at <= v_now - make_interval(secs => p_every_ms / 1000.0))
+     and (m.lease_until is null or m.lease_until < v_now);
+  return found;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._maintenance_begin(text,text,bigint,bigint) IS 'A worker asks for a cluster-wide task (retention): true, and the task is leased to it for p_lease_ms, when no worker started it within p_every_ms and no other worker holds its lease. Once per interval across the cluster, on one worker at a time.';
+
+CREATE OR REPLACE FUNCTION runledger._maintenance_end(p_task text, p_worker_id text, p_result jsonb, p_lease_ms bigint DEFAULT NULL::bigint)
+ RETURNS boolean
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
+AS $function$
+declare
+  v_now timestamptz := runledger.now();
+begin
+  -- p_lease_ms: still running, the lease is renewed; null: done, the lease is let go.
+  update runledger.maintenance m
+     set lease_until = case when p_lease_ms is null then null else v_now + make_interval(secs => p_lease_ms / 1000.0) end,
+         finished_at = case when p_lease_ms is null then v_now else m.finished_at end,
+         last_result = coalesce(p_result, m.last_result)
+   where m.task = p_task and m.worker_id = p_worker_id and m.lease_until >= v_now;
+  return found;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._maintenance_end(text,text,jsonb,bigint) IS 'The worker holding a task''s lease renews it (p_lease_ms) or lets it go (null), recording what it did; false when the lease is no longer its own (expired and taken, or never held), and it should stop.';
 
 CREATE OR REPLACE FUNCTION runledger._make_runnable(p_run_id text, p_delay_ms integer DEFAULT 0)
  RETURNS void
@@ -3015,6 +3105,211 @@ end;
 $function$;
 COMMENT ON FUNCTION runledger._prune_artifact_blobs() IS 'The action behind runledger.prune_artifact_blobs (which records it in audit_log): Operator action: deletes the blobs no artifact row refers to any more (their runs were pruned); returns how many. A blob being recorded right now is skipped.';
 
+CREATE OR REPLACE FUNCTION runledger._prune_due(p_batch integer DEFAULT 1000, p_dry_run boolean DEFAULT false)
+ RETURNS TABLE(kind text, removed bigint)
+ LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+AS $function$
+declare
+  v_now    timestamptz := runledger.now();
+  v_kind   text;
+  v_rule   runledger.retention;
+  v_others text[];
+  v_cutoff timestamptz;
+  v_left   bigint;
+  v_n      bigint;
+  v_total  bigint;
+  v_id     text;
+  v_run    runledger.runs;
+  v_ids    text[] := '{}';
+begin
+  if p_batch is null or p_batch < 1 then
+    raise exception using errcode = 'RL003', message = 'prune_due: batch must be a whole number >= 1';
+  end if;
+  -- Keys first (a cleared key lets its run go in the same call), the run's parts, the runs, the rest.
+  foreach v_kind in array array['idempotency', 'events', 'signals', 'streams', 'runs', 'session_entries', 'audit_log'] loop
+    v_total := 0;
+    -- The workflows with a rule of their own for this kind are not under its default.
+    v_others := array(select r.workflow_name from runledger.retention r where r.kind = v_kind and r.workflow_name is not null);
+    for v_rule in
+      select * from runledger.retention r where r.kind = v_kind and r.keep is not null order by r.workflow_name nulls last
+    loop
+      v_cutoff := v_now - v_rule.keep;
+      -- Dry-run counts everything due; a batch stops at p_batch rows per kind.
+      v_left := case when p_dry_run then null else p_batch - v_total end;
+      exit when v_left is not null and v_left <= 0;
+      v_n := 0;
+      if v_kind = 'idempotency' then
+        if p_dry_run then
+          select count(*) into v_n from runledger.runs r
+           where r.idempotency_key is not null and r.status in ('SUCCEEDED', 'FAILED', 'CANCELLED', 'TERMINATED', 'DEAD_LETTER')
+             and r.finished_at < v_cutoff
+             and (r.workflow_name = v_rule.workflow_name or (v_rule.workflow_name is null and r.workflow_name <> all (v_others)));
+        else
+          with due as (
+            select r.run_id from runledger.runs r
+             where r.idempotency_key is not null and r.status in ('SUCCEEDED', 'FAILED', 'CANCELLED', 'TERMINATED', 'DEAD_LETTER')
+               and r.finished_at < v_cutoff
+               and (r.workflow_name = v_rule.workflow_name or (v_rule.workflow_name is null and r.workflow_name <> all (v_others)))
+             limit v_left
+               for no key update skip locked),
+          cleared as (
+            update runledger.runs r set idempotency_key = null from due where r.run_id = due.run_id returning 1)
+          select count(*) into v_n from cleared;
+        end if;
+      elsif v_kind = 'events' then
+        if p_dry_run then
+          select count(*) into v_n from runledger.runs r join runledger.events e on e.run_id = r.run_id
+           where r.status in ('SUCCEEDED', 'FAILED', 'CANCELLED', 'TERMINATED', 'DEAD_LETTER') and r.finished_at < v_cutoff
+             and (r.workflow_name = v_rule.workflow_name or (v_rule.workflow_name is null and r.workflow_name <> all (v_others)));
+        else
+          with due as (
+            select e.event_id from runledger.runs r join runledger.events e on e.run_id = r.run_id
+             where r.status in ('SUCCEEDED', 'FAILED', 'CANCELLED', 'TERMINATED', 'DEAD_LETTER') and r.finished_at < v_cutoff
+               and (r.workflow_name = v_rule.workflow_name or (v_rule.workflow_name is null and r.workflow_name <> all (v_others)))
+             limit v_left
+               for update of e skip locked),
+          gone as (delete from runledger.events e using due where e.event_id = due.event_id returning 1)
+          select count(*) into v_n from gone;
+        end if;
+      elsif v_kind = 'signals' then
+        if p_dry_run then
+          select count(*) into v_n from runledger.runs r join runledger.signals s on s.run_id = r.run_id
+           where r.status in ('SUCCEEDED', 'FAILED', 'CANCELLED', 'TERMINATED', 'DEAD_LETTER') and r.finished_at < v_cutoff
+             and (r.workflow_name = v_rule.workflow_name or (v_rule.workflow_name is null and r.workflow_name <> all (v_others)));
+        else
+          with due as (
+            select s.signal_id from runledger.runs r join runledger.signals s on s.run_id = r.run_id
+             where r.status in ('SUCCEEDED', 'FAILED', 'CANCELLED', 'TERMINATED', 'DEAD_LETTER') and r.finished_at < v_cutoff
+               and (r.workflow_name = v_rule.workflow_name or (v_rule.workflow_name is null and r.workflow_name <> all (v_others)))
+             limit v_left
+               for update of s skip locked),
+          gone as (delete from runledger.signals g using due where g.signal_id = due.signal_id returning 1)
+          select count(*) into v_n from gone;
+        end if;
+      elsif v_kind = 'streams' then
+        -- Chunks first, then the ends of streams whose chunks are all gone: both counted.
+        if p_dry_run then
+          select (select count(*) from runledger.runs r join runledger.stream_chunks c on c.run_id = r.run_id
+                   where r.status in ('SUCCEEDED', 'FAILED', 'CANCELLED', 'TERMINATED', 'DEAD_LETTER') and r.finished_at < v_cutoff
+                     and (r.workflow_name = v_rule.workflow_name or (v_rule.workflow_name is null and r.workflow_name <> all (v_others))))
+               + (select count(*) from runledger.runs r join runledger.stream_ends e on e.run_id = r.run_id
+                   where r.status in ('SUCCEEDED', 'FAILED', 'CANCELLED', 'TERMINATED', 'DEAD_LETTER') and r.finished_at < v_cutoff
+                     and (r.workflow_name = v_rule.workflow_name or (v_rule.workflow_name is null and r.workflow_name <> all (v_others))))
+            into v_n;
+        else
+          with due as (
+            select c.run_id, c.topic, c."offset" from runledger.runs r join runledger.stream_chunks c on c.run_id = r.run_id
+             where r.status in ('SUCCEEDED', 'FAILED', 'CANCELLED', 'TERMINATED', 'DEAD_LETTER') and r.finished_at < v_cutoff
+               and (r.workflow_name = v_rule.workflow_name or (v_rule.workflow_name is null and r.workflow_name <> all (v_others)))
+             limit v_left
+               for update of c skip locked),
+          gone as (
+            delete from runledger.stream_chunks c using due
+             where c.run_id = due.run_id and c.topic = due.topic and c."offset" = due."offset" returning 1)
+          select count(*) into v_n from gone;
+          if v_n < v_left then
+            with due as (
+              select e.run_id, e.topic from runledger.runs r join runledger.stream_ends e on e.run_id = r.run_id
+               where r.status in ('SUCCEEDED', 'FAILED', 'CANCELLED', 'TERMINATED', 'DEAD_LETTER') and r.finished_at < v_cutoff
+                 and (r.workflow_name = v_rule.workflow_name or (v_rule.workflow_name is null and r.workflow_name <> all (v_others)))
+                 and not exists (select 1 from runledger.stream_chunks c where c.run_id = e.run_id and c.topic = e.topic)
+               limit v_left - v_n
+                 for update of e skip locked),
+            gone as (delete from runledger.stream_ends e using due where e.run_id = due.run_id and e.topic = due.topic returning 1)
+            select v_n + count(*) into v_n from gone;
+          end if;
+        end if;
+      elsif v_kind = 'runs' then
+        if p_dry_run then
+          select count(*) into v_n from runledger.runs r
+           where r.status in ('SUCCEEDED', 'FAILED', 'CANCELLED', 'TERMINATED', 'DEAD_LETTER') and r.finished_at < v_cutoff
+             and (r.workflow_name = v_rule.workflow_name or (v_rule.workflow_name is null and r.workflow_name <> all (v_others)))
+             and not exists (select 1 from runledger.runs c where c.parent_run_id = r.run_id and not runledger.is_terminal(c.status))
+             and not exists (select 1 from runledger.runs p where p.run_id = r.parent_run_id and not runledger.is_terminal(p.status))
+             and not (r.idempotency_key is not null and runledger._retention_key_held(r.workflow_name, r.finished_at))
+             and not (exists (select 1 from runledger.runs f
+                               where f.version_manifest ? 'forked_from' and f.version_manifest->>'forked_from' = r.run_id)
+                      and runledger._retention_fork_live(r.run_id));
+        else
+          -- One run at a time, from a scan without a sort that stops at p_batch runs: the
+          -- protections (a few index probes each) are checked only for the runs it gets to.
+          -- FOR UPDATE SKIP LOCKED conflicts with the FOR KEY SHARE of a fork_run or a
+          -- child's start reading the run right now: that run is skipped, looked at next time.
+          -- A protected run is passed over unlocked; a due one is locked, then checked again.
+          for v_run in
+            select r.* from runledger.runs r
+             where r.status in ('SUCCEEDED', 'FAILED', 'CANCELLED', 'TERMINATED', 'DEAD_LETTER') and r.finished_at < v_cutoff
+               and (r.workflow_name = v_rule.workflow_name or (v_rule.workflow_name is null and r.workflow_name <> all (v_others)))
+          loop
+            exit when v_n >= v_left;
+            v_id := v_run.run_id;
+            continue when exists (select 1 from runledger.runs c where c.parent_run_id = v_id and not runledger.is_terminal(c.status))
+                       or exists (select 1 from runledger.runs p where p.run_id = v_run.parent_run_id and not runledger.is_terminal(p.status))
+                       or (v_run.idempotency_key is not null and runledger._retention_key_held(v_run.workflow_name, v_run.finished_at))
+                       or (exists (select 1 from runledger.runs f
+                                    where f.version_manifest ? 'forked_from' and f.version_manifest->>'forked_from' = v_id)
+                           and runledger._retention_fork_live(v_id));
+            perform 1 from runledger.runs r
+             where r.run_id = v_id and r.status in ('SUCCEEDED', 'FAILED', 'CANCELLED', 'TERMINATED', 'DEAD_LETTER')
+               for update skip locked;
+            continue when not found;
+            -- Locked: a fork or child made while the scan ran has committed by now, and is seen.
+            continue when exists (select 1 from runledger.runs c where c.parent_run_id = v_id and not runledger.is_terminal(c.status))
+                       or (exists (select 1 from runledger.runs f
+                                    where f.version_manifest ? 'forked_from' and f.version_manifest->>'forked_from' = v_id)
+                           and runledger._retention_fork_live(v_id));
+            v_ids := v_ids || v_id;
+            v_n := v_n + 1;
+          end loop;
+          -- The runs are locked: one delete for all of them (and one pass of each cascade).
+          delete from runledger.runs r where r.run_id = any (v_ids);
+          v_ids := '{}';
+        end if;
+      elsif v_kind = 'session_entries' then
+        -- Whole idle sessions (free, nobody queued): a batch takes sessions until their
+        -- entries reach p_batch (at least one session, however long its history).
+        if p_dry_run then
+          select coalesce(sum(s.entry_count), 0) into v_n from runledger.sessions s
+           where s.holder_run_id is null and s.updated_at < v_cutoff
+             and not exists (select 1 from runledger.session_waiters w where w.session_id = s.session_id);
+        else
+          with idle as (
+            select s.session_id, s.entry_count from runledger.sessions s
+             where s.holder_run_id is null and s.updated_at < v_cutoff
+               and not exists (select 1 from runledger.session_waiters w where w.session_id = s.session_id)
+             order by s.updated_at
+             limit v_left
+               for update skip locked),
+          due as (
+            select i.session_id, i.entry_count, sum(i.entry_count) over (order by i.session_id) as running from idle i),
+          gone as (
+            delete from runledger.sessions s using due
+             where s.session_id = due.session_id and (due.running <= v_left or due.running = due.entry_count)
+            returning s.entry_count)
+          select coalesce(sum(g.entry_count), 0) into v_n from gone g;
+        end if;
+      elsif v_kind = 'audit_log' then
+        if p_dry_run then
+          select count(*) into v_n from runledger.audit_log a where a.at < v_cutoff;
+        else
+          with due as (
+            select a.audit_id from runledger.audit_log a where a.at < v_cutoff order by a.at limit v_left for update skip locked),
+          gone as (delete from runledger.audit_log a using due where a.audit_id = due.audit_id returning 1)
+          select count(*) into v_n from gone;
+        end if;
+      end if;
+      v_total := v_total + v_n;
+    end loop;
+    kind := v_kind;
+    removed := v_total;
+    return next;
+  end loop;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._prune_due(integer,boolean) IS 'The action behind runledger.prune_due (which records it in audit_log): applies runledger.retention, one batch of at most p_batch rows per kind (idempotency keys cleared, events, signals, stream chunks and ends, runs, session entries, audit records); with p_dry_run, counts everything due and changes nothing. Returns one row per kind.';
+
 CREATE OR REPLACE FUNCTION runledger._queue_limited(p_queue text)
  RETURNS boolean
  LANGUAGE plpgsql
@@ -3309,6 +3604,36 @@ begin
 end;
 $function$;
 COMMENT ON FUNCTION runledger._resolve_operation(text,text,jsonb,text) IS 'The action behind runledger.resolve_operation (which records it in audit_log): Operator action: settles an UNKNOWN operation as SUCCEEDED (p_result is its result) or FAILED (p_result is the error), and wakes the run waiting on it. Returns the status set.';
+
+CREATE OR REPLACE FUNCTION runledger._retention_fork_live(p_run_id text)
+ RETURNS boolean
+ LANGUAGE sql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+AS $function$
+  with recursive lineage (run_id, status) as (
+    select f.run_id, f.status from runledger.runs f
+     where f.version_manifest ? 'forked_from' and f.version_manifest->>'forked_from' = p_run_id
+    union
+    select f.run_id, f.status from lineage l
+      join runledger.runs f on f.version_manifest ? 'forked_from' and f.version_manifest->>'forked_from' = l.run_id)
+  select exists (select 1 from lineage l where not runledger.is_terminal(l.status))
+$function$;
+COMMENT ON FUNCTION runledger._retention_fork_live(text) IS 'True when a run forked from this run, or from one of its forks (at any depth), is not terminal: the fork may still reuse the lineage''s operations, so retention keeps the run.';
+
+CREATE OR REPLACE FUNCTION runledger._retention_key_held(p_workflow text, p_finished_at timestamp with time zone)
+ RETURNS boolean
+ LANGUAGE sql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+AS $function$
+  select coalesce((select k.keep is null or p_finished_at >= runledger.now() - k.keep
+                     from runledger.retention k
+                    where k.kind = 'idempotency' and (k.workflow_name = p_workflow or k.workflow_name is null)
+                    order by k.workflow_name nulls last
+                    limit 1), false)
+$function$;
+COMMENT ON FUNCTION runledger._retention_key_held(text,timestamp with time zone) IS 'True while an idempotency rule (the workflow''s own, else the default) holds the key of a run of this workflow that finished at that time: keep null, or not yet expired. False when no rule applies (the key lives as long as its run).';
 
 CREATE OR REPLACE FUNCTION runledger._retry_run(p_run_id text)
  RETURNS text
@@ -3765,6 +4090,31 @@ begin
 end;
 $function$;
 COMMENT ON FUNCTION runledger._set_queue(text,jsonb) IS 'The action behind runledger.set_queue (which records it in audit_log): Creates or changes a queue. Options: concurrency, per_key_concurrency, rate_limit_max with rate_limit_period_ms, paused; a key set to null clears that limit, keys left out are kept. Admits what the new limits allow at once.';
+
+CREATE OR REPLACE FUNCTION runledger._set_retention(p_kind text, p_keep interval, p_workflow_name text DEFAULT NULL::text)
+ RETURNS void
+ LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+AS $function$
+begin
+  if p_kind is null or p_kind not in ('runs', 'events', 'idempotency', 'signals', 'streams', 'session_entries', 'audit_log') then
+    raise exception using errcode = 'RL003',
+      message = format('set_retention: kind %L is not one of runs, events, idempotency, signals, streams, session_entries, audit_log', p_kind);
+  end if;
+  if p_keep < interval '0' then
+    raise exception using errcode = 'RL003', message = 'set_retention: keep must be an interval >= 0 (or null: forever)';
+  end if;
+  if p_workflow_name is not null and p_kind in ('session_entries', 'audit_log') then
+    raise exception using errcode = 'RL003',
+      message = format('set_retention: %s is not kept per workflow (give no workflow)', p_kind);
+  end if;
+  insert into runledger.retention (kind, workflow_name, keep, updated_at)
+  values (p_kind, p_workflow_name, p_keep, runledger.now())
+  on conflict (kind, coalesce(workflow_name, '')) do update set keep = excluded.keep, updated_at = excluded.updated_at;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._set_retention(text,interval,text) IS 'The action behind runledger.set_retention (which records it in audit_log): sets how long a kind is kept, for one workflow or (workflow null) as the default.';
 
 CREATE OR REPLACE FUNCTION runledger._slot_freed(p_run_id text)
  RETURNS void
@@ -4603,6 +4953,23 @@ end;
 $function$;
 COMMENT ON FUNCTION runledger.cancel_run(text,text) IS 'Operator action: cancels a run (and its unfinished child runs). PENDING and WAITING runs end at once (CANCELLED, or CANCELLING when compensations are due); a RUNNING run is stopped by its worker. Returns the run''s new status; a finished run is left as it is. Recorded in audit_log.';
 
+CREATE OR REPLACE FUNCTION runledger.clear_retention(p_kind text, p_workflow_name text DEFAULT NULL::text)
+ RETURNS boolean
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
+AS $function$
+declare
+  v_found boolean := runledger._clear_retention(p_kind, p_workflow_name);
+begin
+  perform runledger._audit('clear_retention', null, p_kind, jsonb_build_object('workflow_name', p_workflow_name), to_jsonb(v_found));
+  return v_found;
+end;
+$function$;
+COMMENT ON FUNCTION runledger.clear_retention(text,text) IS 'Operator action: removes the rule for kind and workflow (null: the default); the workflow falls back to the default, the default to keep forever. Returns whether a rule was removed. Recorded in audit_log.';
+
 CREATE OR REPLACE FUNCTION runledger.compensate_run(p_run_id text, p_reason text DEFAULT NULL::text)
  RETURNS text
  LANGUAGE plpgsql
@@ -4878,6 +5245,29 @@ end;
 $function$;
 COMMENT ON FUNCTION runledger.prune_artifact_blobs() IS 'Operator action: deletes artifact contents no artifact refers to any more; returns how many it removed. Recorded in audit_log.';
 
+CREATE OR REPLACE FUNCTION runledger.prune_due(p_batch integer DEFAULT 1000, p_dry_run boolean DEFAULT false)
+ RETURNS TABLE(kind text, removed bigint)
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
+AS $function$
+declare
+  v_kinds   text[];
+  v_counts  bigint[];
+begin
+  select array_agg(d.kind), array_agg(d.removed) into v_kinds, v_counts from runledger._prune_due(p_batch, p_dry_run) d;
+  -- Recorded when it removed something: a worker's pass over nothing due leaves no trace.
+  if not coalesce(p_dry_run, false) and exists (select 1 from unnest(v_counts) n where n > 0) then
+    perform runledger._audit('prune_due', null, null, jsonb_build_object('batch', p_batch),
+                             (select jsonb_object_agg(k, n) from unnest(v_kinds, v_counts) u (k, n)));
+  end if;
+  return query select u.k, u.n from unnest(v_kinds, v_counts) u (k, n);
+end;
+$function$;
+COMMENT ON FUNCTION runledger.prune_due(integer,boolean) IS 'Operator action (and the workers'' retention task): applies runledger.retention, one batch of at most p_batch rows per kind: idempotency keys of finished runs cleared, events, signals and streams of finished runs, finished runs with everything they own, idle sessions with their entries, audit records. Never a run that is not terminal, whose parent, child or fork lineage is not, or whose idempotency key a rule still holds. p_dry_run: counts everything due, changes nothing. Returns (kind, removed) per kind; call again until no kind removes p_batch. Recorded in audit_log when it removed anything.';
+
 CREATE OR REPLACE FUNCTION runledger.read_stream(p_run_id text, p_topic text, p_from_offset bigint DEFAULT 0, p_limit integer DEFAULT 1000)
  RETURNS TABLE("offset" bigint, chunk jsonb, seq integer, attempt integer, created_at timestamp with time zone)
  LANGUAGE plpgsql
@@ -5057,6 +5447,22 @@ begin
 end;
 $function$;
 COMMENT ON FUNCTION runledger.set_queue(text,jsonb) IS 'Operator action: creates or changes a queue''s limits (concurrency, per_key_concurrency, rate_limit_max, rate_limit_period_ms) and pause; returns its row. Recorded in audit_log.';
+
+CREATE OR REPLACE FUNCTION runledger.set_retention(p_kind text, p_keep interval, p_workflow_name text DEFAULT NULL::text)
+ RETURNS void
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
+AS $function$
+begin
+  perform runledger._set_retention(p_kind, p_keep, p_workflow_name);
+  perform runledger._audit('set_retention', null, p_kind,
+                           jsonb_build_object('keep', coalesce(p_keep::text, 'forever'), 'workflow_name', p_workflow_name), null);
+end;
+$function$;
+COMMENT ON FUNCTION runledger.set_retention(text,interval,text) IS 'Operator action: keep kind (runs, events, idempotency, signals, streams, session_entries, audit_log) for p_keep (null: forever), for workflow p_workflow_name or (null) as the default for workflows without their own rule. Bad kind, negative keep, or a workflow for session_entries or audit_log: RL003. Recorded in audit_log.';
 
 CREATE OR REPLACE FUNCTION runledger.start_run(p_workflow text, p_input jsonb, p_options jsonb DEFAULT '{}'::jsonb)
  RETURNS text

@@ -48,6 +48,9 @@ const EXPECTED: Record<string, string[]> = {
     'release_session',
     'delete_session',
     'prune_artifact_blobs',
+    'prune_due',
+    'set_retention',
+    'clear_retention',
   ],
   runledger_worker: [
     ...READS,
@@ -99,6 +102,9 @@ const EXPECTED: Record<string, string[]> = {
     '_take_migration',
     '_apply_migration',
     '_migration_failed',
+    'prune_due',
+    '_maintenance_begin',
+    '_maintenance_end',
   ],
 };
 const ROLES = Object.keys(EXPECTED);

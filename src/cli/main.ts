@@ -21,6 +21,7 @@ import { fork } from './commands/fork.js';
 import { migrate } from './commands/migrate.js';
 import { migrateRun } from './commands/migrate-run.js';
 import { prune } from './commands/prune.js';
+import { retention } from './commands/retention.js';
 import { queues } from './commands/queues.js';
 import { resolve } from './commands/resolve.js';
 import { retry } from './commands/retry.js';
@@ -66,6 +67,7 @@ const COMMANDS: Record<string, Command> = {
   fork,
   'migrate-run': migrateRun,
   'set-queue': setQueue,
+  retention,
   prune,
   ui,
   dev,

@@ -18,7 +18,8 @@ const CLOSE_MS = 1_000;
  */
 export const worker: Command = {
   summary: 'run a worker for the workflows a module defines, until Ctrl-C',
-  usage: 'runledger worker --module ./dist/workflows.js [--concurrency 16] [--queue Q ...] [--lease-ms N] [--grace-ms N]',
+  usage:
+    'runledger worker --module ./dist/workflows.js [--concurrency 16] [--queue Q ...] [--lease-ms N] [--grace-ms N] [--retention-interval-ms N]',
   details:
     'The module exports register(engine) (or a default function) that defines workflows on the engine it is given.\n' +
     'The first SIGINT or SIGTERM stops it gracefully: it claims nothing more, lets the runs in flight finish for up to\n' +
@@ -31,6 +32,7 @@ export const worker: Command = {
     'runledger worker --module ./dist/workflows.js',
     'runledger worker -m ./dist/workflows.js --queue emails --queue default --concurrency 4',
     'runledger worker -m ./dist/workflows.js --grace-ms 20000   # under a 30 s kill timeout: 20 s to finish, then release',
+    'runledger worker -m ./dist/workflows.js --retention-interval-ms 0   # never applies runledger.retention',
   ],
   async run(args) {
     const parsed = parse(worker, args, {
@@ -47,6 +49,11 @@ export const worker: Command = {
         value: 'N',
         help: 'on the first SIGINT/SIGTERM, how long runs in flight may take to finish before they are aborted and released (default 10000)',
       },
+      'retention-interval-ms': {
+        type: 'string',
+        value: 'N',
+        help: 'how often the cluster applies runledger.retention, one worker per pass (default 600000 = 10 min; 0: never here)',
+      },
     });
     if (!parsed) return;
     const { values } = parsed;
@@ -54,6 +61,7 @@ export const worker: Command = {
     const concurrency = intOption(values, 'concurrency', 1) ?? 16;
     const leaseMs = intOption(values, 'lease-ms', 500);
     const graceMs = intOption(values, 'grace-ms', 0);
+    const retentionIntervalMs = intOption(values, 'retention-interval-ms', 0);
     const register = await loadRegister(values.module);
 
     // Each in-flight run may hold a connection for a transaction step, plus heartbeats and sweeps.
@@ -65,6 +73,7 @@ export const worker: Command = {
         queues: values.queue as string[] | undefined,
         ...(leaseMs === undefined ? {} : { leaseMs }),
         ...(graceMs === undefined ? {} : { shutdownTimeoutMs: graceMs }),
+        ...(retentionIntervalMs === undefined ? {} : { retentionIntervalMs }),
       });
       const served = await engine.pool.query('select workflows, queues, lease_ms from runledger.workers where worker_id = $1', [
         running.workerId,

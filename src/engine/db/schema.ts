@@ -8,6 +8,7 @@ import {
   TERMINATION_REASONS,
   WAIT_KINDS,
 } from '../core/states.js';
+import { RETENTION_KINDS } from '../core/retention.js';
 
 /**
  * runledger's own tables, as a Kysely database interface (`RunledgerDatabase`) derived
@@ -173,6 +174,20 @@ export const RUNLEDGER_TABLES = {
     arguments: 'jsonb default',
     result: 'jsonb null',
   },
+  'runledger.retention': {
+    kind: ['text', RETENTION_KINDS],
+    workflow_name: 'text null',
+    keep: 'interval null',
+    updated_at: 'timestamptz default',
+  },
+  'runledger.maintenance': {
+    task: 'text',
+    worker_id: 'text null',
+    started_at: 'timestamptz null',
+    lease_until: 'timestamptz null',
+    finished_at: 'timestamptz null',
+    last_result: 'jsonb null',
+  },
   'runledger.operations': {
     operation_id: 'text',
     run_id: 'text',
@@ -297,6 +312,20 @@ interface PgTypes {
   bytea: [Buffer, Buffer | Uint8Array];
   _text: [string[], string[]];
   run_status: [string, string];
+  /** node-postgres parses an interval into its parts (postgres-interval); give one as text ('30 days'). */
+  interval: [PgInterval, string];
+}
+
+/** An interval as node-postgres returns it: only the parts that are not zero are set. */
+export interface PgInterval {
+  years?: number;
+  months?: number;
+  days?: number;
+  hours?: number;
+  minutes?: number;
+  seconds?: number;
+  milliseconds?: number;
+  toPostgres(): string;
 }
 export type PgType = keyof PgTypes;
 type Spec = PgType | `${PgType} null` | `${PgType} default` | `${PgType} null default`;

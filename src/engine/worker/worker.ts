@@ -10,6 +10,7 @@ import { Dispatcher, type ClaimedRun } from './dispatcher.js';
 import { GroupCommit } from './group-commit.js';
 import { createHeartbeat } from './heartbeat.js';
 import { createSweeper } from './sweeper.js';
+import { createRetention, RETENTION_INTERVAL_MS_DEFAULT } from './retention.js';
 import { cronTaskIdentifier, crontabFor, fireSchedule, type Schedule, type StartScheduled } from '../client/schedules.js';
 import type { Execution, ExecutionDeps } from '../run/execution.js';
 import type { CrashPoints } from '../core/crash-points.js';
@@ -38,6 +39,12 @@ export interface WorkerOptions {
   leaseMs?: number;
   /** How often the sweeper looks for expired leases; default leaseMs / 2. */
   sweepIntervalMs?: number;
+  /**
+   * How often the cluster applies runledger.retention (docs/retention.md): one worker at a
+   * time, once per interval across every worker, runs runledger.prune_due in batches until
+   * nothing is due. Default 10 minutes; 0 or false: this worker never does it.
+   */
+  retentionIntervalMs?: number | false;
   /** Look for runnable runs at least this often, in case a notification was missed; default 2 s. */
   pollIntervalMs?: number;
   /**
@@ -149,6 +156,13 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
     if (value !== undefined && (!Number.isInteger(value) || value < INTERVAL_MS_MIN)) {
       throw new ConfigError(`runWorker: ${name} must be a whole number >= ${INTERVAL_MS_MIN}`);
     }
+  }
+  const retentionEvery = options.retentionIntervalMs ?? RETENTION_INTERVAL_MS_DEFAULT;
+  if (
+    retentionEvery !== false &&
+    !(Number.isInteger(retentionEvery) && (retentionEvery === 0 || (retentionEvery as number) >= INTERVAL_MS_MIN))
+  ) {
+    throw new ConfigError(`runWorker: retentionIntervalMs must be 0, false or a whole number >= ${INTERVAL_MS_MIN}`);
   }
   const queues = options.queues ?? [...new Set(host.workflows.map((w) => w.queue))];
   for (const queue of queues) {
@@ -273,6 +287,17 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
   const sweepEvery = options.sweepIntervalMs ?? Math.max(250, Math.floor(leaseMs / 2));
   const sweepTimer = manual ? undefined : setInterval(() => void sweep.run(), sweepEvery);
   if (!manual) void sweep.run();
+  // Retention: every worker asks, at twice the interval's rate; the database lets one of
+  // them run each pass (runledger._maintenance_begin).
+  const retentionOn = !manual && typeof retentionEvery === 'number' && retentionEvery > 0;
+  const retention = oneAtATime(async () => {
+    if (!retentionOn) return;
+    await createRetention({ pool: deps.pool, workerId, intervalMs: retentionEvery, log: deps.log, stopping: () => stopRequested })();
+  });
+  const retentionTimer = retentionOn
+    ? setInterval(() => void retention.run(), Math.max(INTERVAL_MS_MIN, Math.floor(retentionEvery / 2)))
+    : undefined;
+  if (retentionOn) void retention.run();
 
   // Last: from here on runs are claimed.
   const claimer: Dispatcher = new Dispatcher({
@@ -332,6 +357,7 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
   function die(): void {
     markCrashed();
     clearInterval(sweepTimer);
+    clearInterval(retentionTimer);
     clearInterval(heartbeatTimer);
     void claimer.stop();
     for (const exec of executions) exec.halt({ kind: 'crashed' });
@@ -365,6 +391,7 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
       if (crashed) return;
       stopRequested = true;
       clearInterval(sweepTimer);
+      clearInterval(retentionTimer);
       const shutdownTimeoutMs = options.shutdownTimeoutMs ?? SHUTDOWN_TIMEOUT_MS_DEFAULT;
       let graceEnded!: () => void;
       const graceOver = new Promise<void>((resolve) => (graceEnded = resolve));
@@ -395,7 +422,7 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
         clearInterval(heartbeatTimer);
         // A sweep or heartbeat still on its way finishes first: none may query the pool after
         // stop() returned (engine.close() ends the pool next).
-        await within(Promise.all([sweep.settled(), heartbeat.settled(), migrator.stop()]), STOP_QUERY_MS);
+        await within(Promise.all([sweep.settled(), retention.settled(), heartbeat.settled(), migrator.stop()]), STOP_QUERY_MS);
         await releaseHeld(STOP_QUERY_MS);
         await within(listener.close(), STOP_QUERY_MS);
         await cronPool?.end().catch(() => undefined);
