@@ -1,6 +1,6 @@
 /**
  * The layering rule of src/ (docs/architecture.md): imports run one way,
- * core → db → client and run → steps → agents → worker → the engine entry → console → cli, dev, testing.
+ * core → observe (metrics) → db → client and run → steps → agents → worker → the engine entry → console → cli, dev, testing.
  * `npm run lint:deps` checks it, in `npm test`'s CI job; a violation fails the build.
  */
 const layer = (name) => `^src/engine/${name}/`;
@@ -9,11 +9,12 @@ const layer = (name) => `^src/engine/${name}/`;
 const allowedBelow = {
   core: [layer('core')],
   db: [layer('core'), layer('db')],
-  client: [layer('core'), layer('db'), layer('client')],
-  run: [layer('core'), layer('db'), layer('run')],
-  steps: [layer('core'), layer('db'), layer('run'), '^src/steps/'],
-  agents: [layer('core'), layer('db'), layer('run'), '^src/steps/', '^src/agents/'],
-  worker: [layer('core'), layer('db'), layer('client'), layer('run'), '^src/steps/', '^src/agents/', layer('worker')],
+  observe: [layer('core'), layer('observe')],
+  client: [layer('core'), layer('db'), layer('observe'), layer('client')],
+  run: [layer('core'), layer('db'), layer('observe'), layer('run')],
+  steps: [layer('core'), layer('db'), layer('observe'), layer('run'), '^src/steps/'],
+  agents: [layer('core'), layer('db'), layer('observe'), layer('run'), '^src/steps/', '^src/agents/'],
+  worker: [layer('core'), layer('db'), layer('observe'), layer('client'), layer('run'), '^src/steps/', '^src/agents/', layer('worker')],
 };
 
 const layerRule = (name, from) => ({
@@ -57,6 +58,7 @@ module.exports = {
       to: { path: '^src/agents/context\\.ts$', dependencyTypesNot: ['type-only'] },
     },
     layerRule('db', layer('db')),
+    layerRule('observe', layer('observe')),
     layerRule('client', layer('client')),
     layerRule('run', layer('run')),
     layerRule('steps', '^src/steps/'),

@@ -54,6 +54,8 @@ export interface BudgetState {
 export type CompensationFunction = (info: { result: unknown; idempotencyKey: string; signal: AbortSignal }) => Promise<unknown> | unknown;
 
 import type { StepKind } from '../core/states.js';
+import type { EngineMetrics } from '../observe/metrics.js';
+import type { FinishedLookup } from '../observe/finished.js';
 export type { StepKind } from '../core/states.js';
 
 /** One checkpoint as loaded at claim time: [seq, name, status, output, error, kind]. */
@@ -142,6 +144,10 @@ export interface ExecutionDeps {
   finished?: (runId: string) => void;
   /** The engine's payload codec (createEngine's `codec`); none: payloads are stored in clear. */
   payloads?: Payloads;
+  /** The engine's metrics (observe/metrics.ts); none when no MeterProvider records them. */
+  metrics?: EngineMetrics;
+  /** How the runs this worker's terminal writes ended, looked up for metrics (with `metrics` only). */
+  finishedRuns?: FinishedLookup;
 }
 
 /** What Execution.readable returns when the payload could not be decoded (the execution halted). */
@@ -482,6 +488,7 @@ export class Execution {
   halt(reason: Halt): void {
     if (this.haltReason) return;
     this.haltReason = reason;
+    if (reason.kind === 'lease_lost') this.deps.metrics?.leaseLost(this.workflowName, this.workflowVersion);
     this.abortController.abort(reason.kind);
     this.resolveHalt(reason);
   }

@@ -14,6 +14,8 @@ import { cronTaskIdentifier, crontabFor, fireSchedule, type Schedule, type Start
 import type { Execution, ExecutionDeps } from '../run/execution.js';
 import type { CrashPoints } from '../core/crash-points.js';
 import { deadAfterCrash } from './dead-pool.js';
+import { FinishedLookup } from '../observe/finished.js';
+import { observeGauges } from '../observe/gauges.js';
 import { retryIdempotentStatements, startCronRunner, type CronRunner } from '../db/graphile.js';
 import { QUEUE_PATTERN, workflowKey, type Workflow } from '../core/workflow.js';
 
@@ -143,6 +145,8 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
     die();
   });
   const deps: ExecutionDeps = { ...host.deps, pool, ...(crash ? { crash } : {}) };
+  const { metrics } = deps;
+  if (metrics) deps.finishedRuns = new FinishedLookup(deps.pool, metrics);
 
   const migrations = migrationsOf(served);
   for (const workflow of served) await host.registerWorkflow(workflow);
@@ -153,7 +157,7 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
 
   const done = new Set<Promise<unknown>>();
   // Checkpoints and completions of this worker's concurrent runs share commits.
-  const commits = new GroupCommit(deps.pool, 1, 64, crash);
+  const commits = new GroupCommit(deps.pool, 1, 64, crash, deps.metrics);
   const execOptions = {
     deps: { ...deps, commits },
     workerId,
@@ -195,7 +199,11 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
     isStarting: (runId) => dispatcher?.isStarting(runId) ?? false,
   });
   const heartbeat = oneAtATime(heartbeats.beat);
-  const sweeper = createSweeper(deps.pool, deps.log);
+  const sweeper = createSweeper(deps.pool, deps.log, metrics);
+  // The database's gauges, read when the provider collects, while this worker runs.
+  const gauges = metrics
+    ? observeGauges(deps.pool, metrics, (error) => deps.log('warn', 'metrics: could not read the gauges', { error: serializeError(error) }))
+    : undefined;
   let stopRequested = false;
   // Runs an operator marked with migrate_run are migrated by the sweep (and at once on its notification).
   const migrator = createMigrator({
@@ -297,6 +305,7 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
   /** A crash point fired: everything stops at once, nothing is released or deregistered. */
   function die(): void {
     markCrashed();
+    gauges?.remove();
     clearInterval(sweepTimer);
     clearInterval(heartbeatTimer);
     void claimer.stop();
@@ -321,6 +330,7 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
     (stopping ??= (async () => {
       if (crashed) return;
       stopRequested = true;
+      gauges?.remove();
       clearInterval(sweepTimer);
       const shutdownTimeoutMs = options.shutdownTimeoutMs ?? SHUTDOWN_TIMEOUT_MS_DEFAULT;
       const releaseTimer = setTimeout(() => {
@@ -335,7 +345,7 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
         clearInterval(heartbeatTimer);
         // A sweep or heartbeat still on its way finishes first: none may query the pool after
         // stop() returned (engine.close() ends the pool next).
-        await Promise.all([sweep.settled(), heartbeat.settled(), migrator.stop()]);
+        await Promise.all([sweep.settled(), heartbeat.settled(), migrator.stop(), deps.finishedRuns?.settled()]);
         await deps.pool.query('select runledger._stop_worker(p_worker_id => $1)', [workerId]).catch((error) => {
           deps.log('warn', 'could not release runs on stop; their leases will expire', { error: serializeError(error) });
         });
