@@ -1,8 +1,13 @@
+import { spawn } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { AggregationTemporality, MeterProvider, MetricReader, type DataPoint, type Histogram } from '@opentelemetry/sdk-metrics';
 import { createEngine, type Engine, type Worker } from '../src/index.js';
 import { createMetrics } from '../src/engine/observe/metrics.js';
 import { createTestDatabase, waitFor, type TestDatabase } from './helpers/database.js';
+import { register as registerOrders } from './fixtures/cli-workflows.js';
+
+const ROOT = fileURLToPath(new URL('..', import.meta.url));
 
 /** A reader collected by hand: each collect() reads the counters and runs the gauges' callback once. */
 class TestReader extends MetricReader {
@@ -268,5 +273,60 @@ describe('without a provider', () => {
     await w.stop();
     const metrics = await collect(reader);
     expect(point(metrics, 'runledger.runs.started', { workflow: 'm-plain' })).toBeUndefined();
+  });
+});
+
+describe('runledger worker --metrics-port', () => {
+  it('serves the metrics of the runs it ran at /metrics in the Prometheus text format, on 127.0.0.1', async () => {
+    const child = spawn(
+      process.execPath,
+      ['--import', 'tsx', 'src/cli/main.ts', 'worker', '--module', 'test/fixtures/cli-workflows.ts', '--metrics-port', '0'],
+      { cwd: ROOT, env: { ...process.env, DATABASE_URL: db.url }, stdio: ['ignore', 'pipe', 'pipe'] },
+    );
+    let stdout = '';
+    let stderr = '';
+    child.stdout.on('data', (chunk) => (stdout += chunk));
+    child.stderr.on('data', (chunk) => (stderr += chunk));
+    const exited = new Promise<number | null>((resolve) => child.on('close', (code) => resolve(code)));
+    try {
+      const url = await waitFor(
+        `the worker's metrics address (stdout: ${stdout}, stderr: ${stderr})`,
+        async () => /metrics at (http:\/\/\S+)/.exec(stdout)?.[1],
+      );
+      expect(url).toMatch(/^http:\/\/127\.0\.0\.1:\d+\/metrics$/);
+      const client = createEngine({ connectionString: db.url, ...silent });
+      others.push(client);
+      const orders = registerOrders(client);
+      const handles = await client.startMany(orders, [
+        { item: 'a', amount: 1 },
+        { item: 'b', amount: 2 },
+      ]);
+      for (const handle of handles) await handle.result({ timeoutMs: 30_000 });
+      const text = await waitFor('both runs in /metrics', async () => {
+        const body = await (await fetch(url)).text();
+        return /runledger_runs_finished_total\{[^}]*workflow="cli-order"[^}]*\} 2\b/.test(body) ? body : undefined;
+      });
+      expect(text).toMatch(/# TYPE runledger_runs_finished_total counter/);
+      expect(text).toMatch(
+        /runledger_runs_finished_total\{[^}]*workflow="cli-order",version="1",status="SUCCEEDED",reason="COMPLETED"[^}]*\} 2/,
+      );
+      expect(text).toMatch(/# TYPE runledger_run_duration histogram/);
+      expect(text).toMatch(/runledger_run_duration_count\{[^}]*workflow="cli-order",version="1",status="SUCCEEDED"[^}]*\} 2/);
+      expect(text).toMatch(/runledger_group_commit_batch_size_sum\{[^}]*\} [1-9]/);
+      expect(text).toMatch(/runledger_commits_total\{kind="group"[^}]*\} [1-9]/);
+      // The gauges: the queue it serves, empty now, and no run waiting.
+      expect(text).toMatch(/runledger_queue_depth\{queue="cli-orders"[^}]*\} 0\n/);
+      expect(text).toMatch(/runledger_queue_running\{queue="cli-orders"[^}]*\} 0\n/);
+      expect(text).toMatch(/runledger_queue_admission_wait\{queue="cli-orders"[^}]*\} 0\n/);
+      expect(text).toMatch(/runledger_runs_waiting\{kind="signal"[^}]*\} 0\n/);
+      // Only /metrics is served.
+      expect((await fetch(url.replace('/metrics', '/other'))).status).toBe(404);
+      child.kill('SIGTERM');
+      expect(await exited).toBe(0);
+      expect(stdout).toContain('stopped');
+    } finally {
+      child.kill('SIGTERM');
+      await exited;
+    }
   });
 });

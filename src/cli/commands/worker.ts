@@ -1,6 +1,7 @@
 import { print } from '../format.js';
 import { loadRegister } from '../module.js';
 import { CliError, intOption, openEngine, parse, type Command, untilSignal } from '../shared.js';
+import { METRICS_HOST_DEFAULT, startPrometheusEndpoint } from '../../engine/observe/prometheus.js';
 
 /**
  * Runs workflows from the user's module until SIGINT/SIGTERM. The module defines
@@ -9,13 +10,18 @@ import { CliError, intOption, openEngine, parse, type Command, untilSignal } fro
  */
 export const worker: Command = {
   summary: 'run a worker for the workflows a module defines, until Ctrl-C',
-  usage: 'runledger worker --module ./dist/workflows.js [--concurrency 16] [--queue Q ...] [--lease-ms N]',
+  usage:
+    'runledger worker --module ./dist/workflows.js [--concurrency 16] [--queue Q ...] [--lease-ms N] [--metrics-port N [--metrics-host 127.0.0.1]]',
   details:
     'The module exports register(engine) (or a default function) that defines workflows on the engine it is given.\n' +
-    'The first SIGINT or SIGTERM stops it gracefully (runs in flight finish or are released); a second one exits at once.',
+    'The first SIGINT or SIGTERM stops it gracefully (runs in flight finish or are released); a second one exits at once.\n' +
+    "--metrics-port serves the engine's metrics at http://HOST:N/metrics in the Prometheus text format (docs/observability.md);\n" +
+    'it binds 127.0.0.1 unless --metrics-host says otherwise (0.0.0.0: every interface), and needs\n' +
+    '@opentelemetry/api, @opentelemetry/sdk-metrics and @opentelemetry/exporter-prometheus installed.',
   examples: [
     'runledger worker --module ./dist/workflows.js',
     'runledger worker -m ./dist/workflows.js --queue emails --queue default --concurrency 4',
+    'runledger worker -m ./dist/workflows.js --metrics-port 9464   # then: curl http://127.0.0.1:9464/metrics',
   ],
   async run(args) {
     const parsed = parse(worker, args, {
@@ -27,16 +33,39 @@ export const worker: Command = {
         value: 'N',
         help: 'how long a claimed run is held without a heartbeat before others recover it (>= 500)',
       },
+      'metrics-port': { type: 'string', value: 'N', help: 'serve GET /metrics (Prometheus text format) on this port (0: any free port)' },
+      'metrics-host': { type: 'string', value: 'HOST', help: `the address --metrics-port binds (default ${METRICS_HOST_DEFAULT})` },
     });
     if (!parsed) return;
     const { values } = parsed;
     if (typeof values.module !== 'string') throw new CliError('USAGE', `--module is required\nusage: ${worker.usage}`);
     const concurrency = intOption(values, 'concurrency', 1) ?? 16;
     const leaseMs = intOption(values, 'lease-ms', 500);
+    const metricsPort = intOption(values, 'metrics-port', 0);
+    if (metricsPort !== undefined && metricsPort > 65_535)
+      throw new CliError('USAGE', `--metrics-port must be at most 65535, got ${metricsPort}`);
+    if (values['metrics-host'] !== undefined && metricsPort === undefined)
+      throw new CliError('USAGE', '--metrics-host needs --metrics-port');
     const register = await loadRegister(values.module);
 
+    const endpoint =
+      metricsPort === undefined
+        ? undefined
+        : await startPrometheusEndpoint({
+            port: metricsPort,
+            ...(typeof values['metrics-host'] === 'string' ? { host: values['metrics-host'] } : {}),
+          }).catch((error) => {
+            throw new CliError('CONFIG', (error as Error).message);
+          });
     // Each in-flight run may hold a connection for a transaction step, plus heartbeats and sweeps.
-    const engine = await openEngine(values, { verbose: true, poolMax: concurrency + 4 });
+    const engine = await openEngine(values, {
+      verbose: true,
+      poolMax: concurrency + 4,
+      ...(endpoint ? { meterProvider: endpoint.meterProvider } : {}),
+    }).catch(async (error) => {
+      await endpoint?.close();
+      throw error;
+    });
     try {
       await register(engine);
       const running = await engine.runWorker({
@@ -52,6 +81,7 @@ export const worker: Command = {
       print(
         `serving ${row.workflows.join(', ')} on queue(s) ${row.queues.join(', ')}; concurrency ${concurrency}, lease ${row.lease_ms} ms`,
       );
+      if (endpoint) print(`metrics at ${endpoint.url}`);
       print('Ctrl-C (SIGINT) or SIGTERM stops it gracefully');
       await untilSignal();
       print(`stopping: letting ${running.inFlight} run(s) in flight finish or releasing them ...`);
@@ -62,6 +92,7 @@ export const worker: Command = {
       print('stopped');
     } finally {
       await engine.close();
+      await endpoint?.close();
     }
   },
 };

@@ -37,31 +37,38 @@ export interface Gauges {
  * oldest PENDING run) per queue. One batch callback: one statement per collection, for
  * all four. The figures are the database's, the same from every worker that reports them.
  */
-export function observeGauges(pool: pg.Pool, metrics: EngineMetrics, onError: (error: unknown) => void): Gauges {
+export function observeGauges(pool: pg.Pool, metrics: EngineMetrics, served: readonly string[], onError: (error: unknown) => void): Gauges {
   // Several workers of one engine share one registration: still one statement per collection.
   let shared = registered.get(metrics);
   if (!shared) {
-    const remove = register(pool, metrics, onError);
-    shared = { users: 0, remove };
+    const queues = new Map<string, number>();
+    shared = { workers: 0, queues, remove: register(pool, metrics, queues, onError) };
     registered.set(metrics, shared);
   }
-  shared.users++;
   const entry = shared;
+  entry.workers++;
+  for (const queue of served) entry.queues.set(queue, (entry.queues.get(queue) ?? 0) + 1);
   let removed = false;
   return {
     remove() {
       if (removed) return;
       removed = true;
-      if (--entry.users > 0) return;
+      for (const queue of served) {
+        const left = entry.queues.get(queue)! - 1;
+        if (left > 0) entry.queues.set(queue, left);
+        else entry.queues.delete(queue);
+      }
+      if (--entry.workers > 0) return;
       entry.remove();
       registered.delete(metrics);
     },
   };
 }
 
-const registered = new WeakMap<EngineMetrics, { users: number; remove: () => void }>();
+const registered = new WeakMap<EngineMetrics, { workers: number; queues: Map<string, number>; remove: () => void }>();
 
-function register(pool: pg.Pool, metrics: EngineMetrics, onError: (error: unknown) => void): () => void {
+/** `served`: the queues this engine's workers serve (by how many), reported with 0 when they have no runs. */
+function register(pool: pg.Pool, metrics: EngineMetrics, served: Map<string, number>, onError: (error: unknown) => void): () => void {
   const { meter } = metrics;
   const waiting = meter.createObservableGauge('runledger.runs.waiting', {
     description: 'Runs WAITING (holding no worker), by what they wait for',
@@ -86,6 +93,7 @@ function register(pool: pg.Pool, metrics: EngineMetrics, onError: (error: unknow
       return;
     }
     const queues = new Map<string, { pending: number; running: number; oldest: number }>();
+    for (const queue of served.keys()) queues.set(queue, { pending: 0, running: 0, oldest: 0 });
     const kinds = new Map<string, number>(WAIT_KINDS.map((kind) => [kind, 0]));
     for (const row of rows) {
       const queue = queues.get(row.queue_name) ?? { pending: 0, running: 0, oldest: 0 };

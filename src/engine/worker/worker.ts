@@ -202,7 +202,9 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
   const sweeper = createSweeper(deps.pool, deps.log, metrics);
   // The database's gauges, read when the provider collects, while this worker runs.
   const gauges = metrics
-    ? observeGauges(deps.pool, metrics, (error) => deps.log('warn', 'metrics: could not read the gauges', { error: serializeError(error) }))
+    ? observeGauges(deps.pool, metrics, queues, (error) =>
+        deps.log('warn', 'metrics: could not read the gauges', { error: serializeError(error) }),
+      )
     : undefined;
   let stopRequested = false;
   // Runs an operator marked with migrate_run are migrated by the sweep (and at once on its notification).
