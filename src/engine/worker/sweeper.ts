@@ -17,7 +17,7 @@ const RECOVER_SQL = 'select runledger._recover_expired(p_limit => $1) as recover
  * their outcome can be read in the same transaction.
  */
 const EXPIRED_SQL =
-  "select r.run_id from runledger.runs r where r.lease_expires_at < runledger.now() and r.status in ('RUNNING', 'CANCELLING') " +
+  "select r.run_id from runledger.runs r where r.lease_expires_at < (select runledger.now()) and r.status in ('RUNNING', 'CANCELLING') " +
   'order by r.lease_expires_at limit $1 for update skip locked';
 const TERMINAL = new Set<string>(TERMINAL_STATUSES);
 const OUTCOME_SQL = `select ${FINISHED_RUN_COLUMNS} from runledger.runs r where r.run_id = any($1::text[])`;
