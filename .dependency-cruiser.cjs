@@ -1,6 +1,6 @@
 /**
  * The layering rule of src/ (docs/architecture.md): imports run one way,
- * core (and observe beside it) → db → client and run → steps → agents → worker → the engine entry → console → cli, dev, testing.
+ * core → observe (traces and metrics) → db → client and run → steps → agents → worker → the engine entry → console → cli, dev, testing.
  * `npm run lint:deps` checks it, in `npm test`'s CI job; a violation fails the build.
  */
 const layer = (name) => `^src/engine/${name}/`;
@@ -8,14 +8,14 @@ const layer = (name) => `^src/engine/${name}/`;
 /** Each layer may import only the layers below it (and itself). */
 const allowedBelow = {
   core: [layer('core')],
-  // Traces (and other signals about the engine): beside core, usable from every layer above it.
+  // Traces and metrics (signals about the engine): beside core, usable from every layer above it.
   observe: [layer('core'), layer('observe')],
   db: [layer('core'), layer('db')],
-  client: [layer('core'), layer('observe'), layer('db'), layer('client')],
-  run: [layer('core'), layer('observe'), layer('db'), layer('run')],
-  steps: [layer('core'), layer('observe'), layer('db'), layer('run'), '^src/steps/'],
-  agents: [layer('core'), layer('observe'), layer('db'), layer('run'), '^src/steps/', '^src/agents/'],
-  worker: [layer('core'), layer('observe'), layer('db'), layer('client'), layer('run'), '^src/steps/', '^src/agents/', layer('worker')],
+  client: [layer('core'), layer('db'), layer('observe'), layer('client')],
+  run: [layer('core'), layer('db'), layer('observe'), layer('run')],
+  steps: [layer('core'), layer('db'), layer('observe'), layer('run'), '^src/steps/'],
+  agents: [layer('core'), layer('db'), layer('observe'), layer('run'), '^src/steps/', '^src/agents/'],
+  worker: [layer('core'), layer('db'), layer('observe'), layer('client'), layer('run'), '^src/steps/', '^src/agents/', layer('worker')],
 };
 
 const layerRule = (name, from) => ({
@@ -60,6 +60,7 @@ module.exports = {
     },
     layerRule('observe', layer('observe')),
     layerRule('db', layer('db')),
+    layerRule('observe', layer('observe')),
     layerRule('client', layer('client')),
     layerRule('run', layer('run')),
     layerRule('steps', '^src/steps/'),

@@ -1,5 +1,15 @@
 export { createEngine, MAX_PAYLOAD_BYTES_DEFAULT } from './engine/index.js';
-export type { Engine, EngineOptions, LogFunction, LogLevel, SecretResolver, TracerProviderLike } from './engine/index.js';
+export type {
+  Engine,
+  EngineOptions,
+  LogFunction,
+  LogLevel,
+  LogOption,
+  Logger,
+  MeterProviderLike,
+  SecretResolver,
+  TracerProviderLike,
+} from './engine/index.js';
 export { REDACTED } from './engine/core/redaction.js';
 export { defineWorkflow } from './engine/core/workflow.js';
 export { aesGcmCodec, isAesGcmEnvelope } from './engine/core/codec.js';

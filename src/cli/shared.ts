@@ -3,7 +3,7 @@ import { readFile } from 'node:fs/promises';
 import { createRequire } from 'node:module';
 import { parseArgs, type ParseArgsConfig } from 'node:util';
 import pg from 'pg';
-import type { Engine } from '../engine/index.js';
+import type { Engine, MeterProviderLike } from '../engine/index.js';
 import { engineLog, type Logger, type LogFunction } from '../engine/core/log.js';
 import { fromPgError } from '../engine/core/errors.js';
 import { aesGcmCodec, type PayloadCodec } from '../engine/core/codec.js';
@@ -218,11 +218,20 @@ export function cliLog(verbose = false, env: NodeJS.ProcessEnv = process.env): L
  * The engine (graphile-worker, kysely, zod) is loaded only by the commands that need it,
  * so the others start in a fraction of the time.
  */
-export async function openEngine(values: Parsed['values'], options: { verbose?: boolean; poolMax?: number } = {}): Promise<Engine> {
+export async function openEngine(
+  values: Parsed['values'],
+  options: { verbose?: boolean; poolMax?: number; meterProvider?: MeterProviderLike } = {},
+): Promise<Engine> {
   const url = databaseUrl(values);
   const codec = cliCodec();
   const { createEngine } = await import('../engine/index.js');
-  return createEngine({ connectionString: url, log: cliLog(options.verbose), poolMax: options.poolMax ?? 3, ...(codec ? { codec } : {}) });
+  return createEngine({
+    connectionString: url,
+    log: cliLog(options.verbose),
+    poolMax: options.poolMax ?? 3,
+    ...(codec ? { codec } : {}),
+    ...(options.meterProvider ? { meterProvider: options.meterProvider } : {}),
+  });
 }
 
 /**

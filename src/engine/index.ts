@@ -49,6 +49,9 @@ import type { PayloadCodec } from './core/codec.js';
 import { NO_CODEC, Payloads } from './core/payloads.js';
 import { Tracing, type TracerProviderLike } from './observe/tracing.js';
 export type { LogFunction, LogLevel, LogOption, Logger, RunLogFields } from './core/log.js';
+import { createMetrics, type MeterProviderLike } from './observe/metrics.js';
+import { RUNTIME_VERSION } from './core/version.js';
+export type { MeterProviderLike } from './observe/metrics.js';
 export type { SecretResolver } from './core/secrets.js';
 export type { TracerProviderLike } from './observe/tracing.js';
 
@@ -94,6 +97,13 @@ export interface EngineOptions {
    */
   codec?: PayloadCodec;
   /**
+   * Where the engine's metrics go (docs/observability.md#metrics): an OpenTelemetry
+   * MeterProvider, e.g. @opentelemetry/sdk-metrics' `new MeterProvider({ readers: [...] })`.
+   * Default: the MeterProvider registered globally (`metrics.setGlobalMeterProvider`), read
+   * once, here; with none registered (or @opentelemetry/api not installed) nothing is recorded.
+   */
+  meterProvider?: MeterProviderLike;
+  /**
    * Tests only: a worker of this engine dies at these points (see core/crash-points.ts
    * and docs/testing.md), e.g. `{ step: 'charge', when: 'after-call' }`.
    */
@@ -127,6 +137,14 @@ const optionsSchema = z.object({
         typeof (value as PayloadCodec).encode === 'function' &&
         typeof (value as PayloadCodec).decode === 'function',
       { message: 'codec must be an object with encode(value) and decode(stored), e.g. aesGcmCodec(...)' },
+    )
+    .optional(),
+  meterProvider: z
+    .custom<MeterProviderLike>(
+      (value) => typeof value === 'object' && value !== null && typeof (value as MeterProviderLike).getMeter === 'function',
+      {
+        message: 'meterProvider must be an OpenTelemetry MeterProvider (an object with getMeter(name))',
+      },
     )
     .optional(),
   crashAt: z.union([z.object({}).passthrough(), z.array(z.object({}).passthrough())]).optional(),
@@ -306,6 +324,8 @@ export function createEngine<DB = any>(options: EngineOptions = {}): Engine<DB> 
   };
   const tracing = Tracing.create(options.tracerProvider);
   if (tracing) deps.tracing = tracing;
+  const metrics = createMetrics(options.meterProvider, RUNTIME_VERSION);
+  if (metrics) deps.metrics = metrics;
   const fetchRun = (runId: string, opts?: { withSteps?: boolean }) => getRun(db, runId, opts, payloads);
   // Callers awaiting results hear of completions by LISTEN, or from this engine's workers directly.
   const results = new ResultWatch(poolConfig, log);

@@ -320,6 +320,14 @@ async function record<T>(
         charge.json,
       ],
     );
+    exec.deps.metrics?.commit('checkpoint');
+    exec.deps.metrics?.stepFinished(
+      exec.workflowName,
+      at.name,
+      'operation',
+      failure === undefined ? 'SUCCEEDED' : !outcome.ok && outcome.keepUnknown ? 'UNKNOWN' : 'FAILED',
+      msSince(at.startedAt),
+    );
     committed(exec, result.rows[0]?.run_status, charge);
   } catch (error) {
     exec.releaseCharge(charge);

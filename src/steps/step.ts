@@ -1,4 +1,4 @@
-import { monotonicMark } from '../engine/core/duration.js';
+import { monotonicMark, msSince } from '../engine/core/duration.js';
 import { flushPending, writeCheckpoint } from '../engine/run/checkpoint.js';
 import type { Execution } from '../engine/run/execution.js';
 import { heartbeatStep } from './heartbeat.js';
@@ -83,6 +83,7 @@ export async function runStep<T>(exec: Execution, name: string, fn: StepFunction
         attempts: attempt,
         startedAt,
       };
+      exec.deps.metrics?.stepFinished(exec.workflowName, name, 'step', record.status, msSince(startedAt));
       if (outcome.ok && exec.inFlightCount === 1 && !exec.cancelRequested) {
         // Written before whatever the workflow does next, or with its completion.
         exec.pendingCheckpoint = record;

@@ -1,5 +1,5 @@
 import type { Transaction } from 'kysely';
-import { monotonicMark } from '../engine/core/duration.js';
+import { monotonicMark, msSince } from '../engine/core/duration.js';
 import {
   backoff,
   CHECKPOINT_PARAMS,
@@ -94,12 +94,15 @@ async function transactionAttempts<T, DB>(exec: Execution, name: string, seq: nu
         return encoded.value;
       });
       if (exec.deps.crash?.hit('after-commit', name)) return exec.suspend<T>();
+      exec.deps.metrics?.commit('transaction');
+      exec.deps.metrics?.stepFinished(exec.workflowName, name, 'transaction', 'SUCCEEDED', msSince(startedAt));
       committed(exec, runStatus, charge);
       return value as T;
     } catch (error) {
       if (exec.haltReason) return exec.suspend();
       if (error instanceof UserFailure) {
         exec.releaseCharge(charge); // the FAILED checkpoint carries it
+        exec.deps.metrics?.stepFinished(exec.workflowName, name, 'transaction', 'FAILED', msSince(startedAt));
         const written = await writeCheckpoint(exec, {
           seq,
           name,

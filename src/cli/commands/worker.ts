@@ -3,6 +3,7 @@ import { loadRegister } from '../module.js';
 import { constants as osConstants } from 'node:os';
 import { SHUTDOWN_TIMEOUT_MS_DEFAULT } from '../../index.js';
 import { CliError, EXIT_FAILED, intOption, openEngine, parse, type Command, untilSignal } from '../shared.js';
+import { METRICS_HOST_DEFAULT, startPrometheusEndpoint } from '../../engine/observe/prometheus.js';
 
 /** On a second signal: the most the release of what is still held may take before the process exits. */
 const FORCE_RELEASE_MS = 1_000;
@@ -19,7 +20,7 @@ const CLOSE_MS = 1_000;
 export const worker: Command = {
   summary: 'run a worker for the workflows a module defines, until Ctrl-C',
   usage:
-    'runledger worker --module ./dist/workflows.js [--concurrency 16] [--queue Q ...] [--lease-ms N] [--grace-ms N] [--retention-interval-ms N]',
+    'runledger worker --module ./dist/workflows.js [--concurrency 16] [--queue Q ...] [--lease-ms N] [--grace-ms N] [--retention-interval-ms N] [--metrics-port N [--metrics-host H]]',
   details:
     'The module exports register(engine) (or a default function) that defines workflows on the engine it is given.\n' +
     'The first SIGINT or SIGTERM stops it gracefully: it claims nothing more, lets the runs in flight finish for up to\n' +
@@ -27,12 +28,16 @@ export const worker: Command = {
     'for the lease), marks the worker stopped and exits 0: moments after the grace period, at most about 10 s after it\n' +
     'when the database is unreachable (the leases then expire on their own). A second signal during the stop releases\n' +
     "what it can within 1 s and exits: 143 after a second SIGTERM, 130 after a second SIGINT. Set the orchestrator's kill timeout\n" +
-    '(terminationGracePeriodSeconds, TimeoutStopSec, stop_grace_period) above --grace-ms + 10 s.',
+    '(terminationGracePeriodSeconds, TimeoutStopSec, stop_grace_period) above --grace-ms + 10 s.\n' +
+    "--metrics-port serves the engine's metrics at http://HOST:N/metrics in the Prometheus text format (docs/observability.md);\n" +
+    'it binds 127.0.0.1 unless --metrics-host says otherwise (0.0.0.0: every interface), and needs\n' +
+    '@opentelemetry/api, @opentelemetry/sdk-metrics and @opentelemetry/exporter-prometheus installed.',
   examples: [
     'runledger worker --module ./dist/workflows.js',
     'runledger worker -m ./dist/workflows.js --queue emails --queue default --concurrency 4',
     'runledger worker -m ./dist/workflows.js --grace-ms 20000   # under a 30 s kill timeout: 20 s to finish, then release',
     'runledger worker -m ./dist/workflows.js --retention-interval-ms 0   # never applies runledger.retention',
+    'runledger worker -m ./dist/workflows.js --metrics-port 9464   # then: curl http://127.0.0.1:9464/metrics',
   ],
   async run(args) {
     const parsed = parse(worker, args, {
@@ -54,6 +59,8 @@ export const worker: Command = {
         value: 'N',
         help: 'how often the cluster applies runledger.retention, one worker per pass (default 600000 = 10 min; 0: never here)',
       },
+      'metrics-port': { type: 'string', value: 'N', help: 'serve GET /metrics (Prometheus text format) on this port (0: any free port)' },
+      'metrics-host': { type: 'string', value: 'HOST', help: `the address --metrics-port binds (default ${METRICS_HOST_DEFAULT})` },
     });
     if (!parsed) return;
     const { values } = parsed;
@@ -62,10 +69,31 @@ export const worker: Command = {
     const leaseMs = intOption(values, 'lease-ms', 500);
     const graceMs = intOption(values, 'grace-ms', 0);
     const retentionIntervalMs = intOption(values, 'retention-interval-ms', 0);
+    const metricsPort = intOption(values, 'metrics-port', 0);
+    if (metricsPort !== undefined && metricsPort > 65_535)
+      throw new CliError('USAGE', `--metrics-port must be at most 65535, got ${metricsPort}`);
+    if (values['metrics-host'] !== undefined && metricsPort === undefined)
+      throw new CliError('USAGE', '--metrics-host needs --metrics-port');
     const register = await loadRegister(values.module);
 
+    const endpoint =
+      metricsPort === undefined
+        ? undefined
+        : await startPrometheusEndpoint({
+            port: metricsPort,
+            ...(typeof values['metrics-host'] === 'string' ? { host: values['metrics-host'] } : {}),
+          }).catch((error) => {
+            throw new CliError('CONFIG', (error as Error).message);
+          });
     // Each in-flight run may hold a connection for a transaction step, plus heartbeats and sweeps.
-    const engine = await openEngine(values, { verbose: true, poolMax: concurrency + 4 });
+    const engine = await openEngine(values, {
+      verbose: true,
+      poolMax: concurrency + 4,
+      ...(endpoint ? { meterProvider: endpoint.meterProvider } : {}),
+    }).catch(async (error) => {
+      await endpoint?.close();
+      throw error;
+    });
     try {
       await register(engine);
       const running = await engine.runWorker({
@@ -83,6 +111,7 @@ export const worker: Command = {
       print(
         `serving ${row.workflows.join(', ')} on queue(s) ${row.queues.join(', ')}; concurrency ${concurrency}, lease ${row.lease_ms} ms`,
       );
+      if (endpoint) print(`metrics at ${endpoint.url}`);
       print('Ctrl-C (SIGINT) or SIGTERM stops it gracefully');
       const first = await untilSignal();
       print(
@@ -113,6 +142,7 @@ export const worker: Command = {
       process.exit(0);
     } finally {
       await engine.close();
+      await endpoint?.close();
     }
   },
 };

@@ -11,6 +11,7 @@ import type { BudgetAmounts } from '../core/budget.js';
 import { withinMs, type ResultWatch } from './results.js';
 import type { Payloads } from '../core/payloads.js';
 import { activeTraceparent, isTraceparent } from '../observe/tracing.js';
+import type { EngineMetrics } from '../observe/metrics.js';
 
 export interface StartOptions {
   /** Explicit run id; starting again with the same id returns the same run. */
@@ -52,7 +53,7 @@ export interface RunHandle<O> {
 }
 
 export interface StartHost {
-  deps: { pool: pg.Pool; maxPayloadBytes: number; payloads?: Payloads };
+  deps: { pool: pg.Pool; maxPayloadBytes: number; payloads?: Payloads; metrics?: EngineMetrics };
   registerWorkflow: (workflow: Workflow<any, any>) => Promise<void>;
   getRun: (runId: string, options?: { withSteps?: boolean }) => Promise<RunRecord | undefined>;
   /** How a caller hears that a run ended (LISTEN, or its own worker); without it, result() reads the row on a backoff. */
@@ -145,6 +146,8 @@ export async function startRun<O, In>(
       });
       runId = result.rows[0].run_id;
     }
+    // A start that found its idempotency key's run returns that run: not a new one.
+    if (runId === runIdAsked) host.deps.metrics?.runsStarted(workflow.name, workflow.version, 1);
   } catch (error) {
     // Whether the start committed is unknown: the worker claims as usual (and finds the run if it did).
     local?.wake();
@@ -201,6 +204,9 @@ export async function startMany<O, In>(
   } catch (error) {
     throw fromPgError(error);
   }
+  const asked = sqlOptions.run_ids as string[];
+  const created = runIds.filter((runId, i) => runId === asked[i]).length;
+  if (created > 0) host.deps.metrics?.runsStarted(workflow.name, workflow.version, created);
   return runIds.map((runId) => handleFor<Jsonify<O>>(host, runId));
 }
 

@@ -68,6 +68,7 @@ async function sendCheckpoint(exec: Execution, record: CheckpointRecord, charge:
     text: CHECKPOINT_SQL,
     values: checkpointValues(exec, record, charge),
   });
+  exec.deps.metrics?.commit('checkpoint');
   return result.rows[0]?.run_status;
 }
 

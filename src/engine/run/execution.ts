@@ -55,6 +55,8 @@ export interface BudgetState {
 export type CompensationFunction = (info: { result: unknown; idempotencyKey: string; signal: AbortSignal }) => Promise<unknown> | unknown;
 
 import type { StepKind } from '../core/states.js';
+import type { EngineMetrics } from '../observe/metrics.js';
+import type { FinishedLookup } from '../observe/finished.js';
 export type { StepKind } from '../core/states.js';
 
 /** One checkpoint as loaded at claim time: [seq, name, status, output, error, kind]. */
@@ -148,6 +150,10 @@ export interface ExecutionDeps {
   payloads?: Payloads;
   /** OpenTelemetry traces (observe/tracing.ts); none without @opentelemetry/api. */
   tracing?: Tracing;
+  /** The engine's metrics (observe/metrics.ts); none when no MeterProvider records them. */
+  metrics?: EngineMetrics;
+  /** How the runs this worker's terminal writes ended, looked up for metrics (with `metrics` only). */
+  finishedRuns?: FinishedLookup;
 }
 
 /** What Execution.readable returns when the payload could not be decoded (the execution halted). */
@@ -501,6 +507,7 @@ export class Execution {
   halt(reason: Halt): void {
     if (this.haltReason) return;
     this.haltReason = reason;
+    if (reason.kind === 'lease_lost') this.deps.metrics?.leaseLost(this.workflowName, this.workflowVersion);
     this.abortController.abort(reason.kind);
     this.resolveHalt(reason);
   }

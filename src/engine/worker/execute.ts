@@ -66,6 +66,7 @@ export async function executeClaimed(run: ClaimedRun, options: ExecuteOptions): 
   exec.workflowVersion = run.workflow_version;
   exec.progress = (decoded ?? run).progress ?? {};
   exec.trace = traceExecution(exec, run);
+  if (run.checkpoints.length > 0) deps.metrics?.resumed(run.workflow_name, run.workflow_version, run.recovery_attempts > 0);
   if (run.cancel_requested) exec.startCancelled();
   options.track(exec);
   try {
@@ -466,7 +467,10 @@ async function finish(exec: Execution, call: string, args: unknown[]): Promise<v
   if (exec.trace && (call.startsWith('runledger._fail_run') || call.startsWith('runledger._dead_letter_run'))) {
     exec.trace.fail(failureOf(args[0]));
   }
-  await fencedWrite(exec, () => exec.deps.pool.query(`select ${call}`, [exec.runId, exec.fencingToken.toString(), ...args]));
+  await fencedWrite(exec, async () => {
+    await exec.deps.pool.query(`select ${call}`, [exec.runId, exec.fencingToken.toString(), ...args]);
+    exec.deps.metrics?.commit('finish');
+  });
 }
 
 /** A terminal write: once it returns, the engine's callers awaiting the run are woken at once (no NOTIFY round trip). */
@@ -476,27 +480,29 @@ async function fencedWrite(exec: Execution, write: () => Promise<unknown>): Prom
   const flushing = streamsFlushed(exec);
   if (flushing && !(await flushing)) throw new Error(`run ${exec.runId}: stream chunks could not be stored before the run's end`);
   try {
-    await fencedWriteOnce(exec, write);
+    // How the run ended (a terminal status, or CANCELLING after _terminate_run) is read for the metrics.
+    if (await fencedWriteOnce(exec, write)) exec.deps.finishedRuns?.ended(exec.runId);
   } finally {
     exec.deps.finished?.(exec.runId);
   }
 }
 
-async function fencedWriteOnce(exec: Execution, write: () => Promise<unknown>): Promise<void> {
+/** True when this call's write committed. */
+async function fencedWriteOnce(exec: Execution, write: () => Promise<unknown>): Promise<boolean> {
   for (let attempt = 1; ; attempt++) {
     try {
       await write();
-      return;
+      return true;
     } catch (error) {
       if (pgCode(error) === SQLSTATE.LEASE_LOST) {
         // Either another worker took over, or our previous try committed before its reply was lost.
         exec.log('warn', `run ${exec.runId}: not finished by this worker: ${(error as Error).message}`);
-        return;
+        return false;
       }
       if (pgCode(error) === SQLSTATE.PAST_DEADLINE) {
         // The deadline passed before the run could finish: that is how it ends.
         await terminate(exec, 'DEADLINE', { message: (error as Error).message });
-        return;
+        return false;
       }
       if (!isConnectionError(error) || attempt >= FINISH_TRIES) throw error;
       await new Promise((resolve) => setTimeout(resolve, 100 * attempt));
@@ -518,6 +524,7 @@ async function terminate(exec: Execution, reason: string, evidence: Record<strin
       [exec.runId, exec.fencingToken.toString(), reason, JSON.stringify(exec.mask(evidence))],
     );
     status = rows[0].status;
+    exec.deps.metrics?.commit('finish');
   });
   if (status === 'CANCELLING') await compensateAndFinish(exec);
 }
@@ -538,4 +545,7 @@ async function release(exec: Execution, delayMs: number, reason: string): Promis
     'select runledger._release_run(p_run_id => $1, p_token => $2, p_delay_ms => $3, p_reason => $4, p_counts_attempt => $5)',
     [exec.runId, exec.fencingToken.toString(), delayMs, reason, countsAttempt],
   );
+  exec.deps.metrics?.commit('release');
+  // Past max_recovery_attempts the release dead-lettered the run.
+  if (countsAttempt) exec.deps.finishedRuns?.ended(exec.runId, 'MAX_RECOVERY_ATTEMPTS');
 }

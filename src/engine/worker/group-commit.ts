@@ -4,6 +4,7 @@ import type { CrashHook } from '../core/crash-points.js';
 import type { CommitItem, CommitResult } from '../run/commit-items.js';
 import type { CommitQueue } from '../run/execution.js';
 import type { BatchTrace, SpanRef, Tracing } from '../observe/tracing.js';
+import type { EngineMetrics } from '../observe/metrics.js';
 
 /** An item's own failure inside the batch, carrying its SQLSTATE like a pg error. */
 export class BatchItemError extends Error {
@@ -73,6 +74,7 @@ export class GroupCommit implements CommitQueue {
     private readonly maxInFlight = 1,
     private readonly maxBatch = 64,
     private readonly crash?: CrashHook,
+    private readonly metrics?: EngineMetrics,
   ) {}
 
   submit(item: CommitItem, completes = false, trace?: SpanRef): Promise<CommitResult> {
@@ -123,6 +125,7 @@ export class GroupCommit implements CommitQueue {
           })
         : await this.pool.query<BatchRow>({ name: 'runledger_commit_batch', text: BATCH_SQL, values: [items] });
       rows = result.rows;
+      this.metrics?.groupCommitBatch(batch.length);
       // A crash here leaves every item unsettled, as a dead process would.
       if (this.crash?.hit('after-group-commit', batch.length > 1 ? 'batch' : 'single')) return;
     } catch (error) {

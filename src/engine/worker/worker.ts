@@ -15,6 +15,8 @@ import { cronTaskIdentifier, crontabFor, fireSchedule, type Schedule, type Start
 import type { Execution, ExecutionDeps } from '../run/execution.js';
 import type { CrashPoints } from '../core/crash-points.js';
 import { deadAfterCrash } from './dead-pool.js';
+import { FinishedLookup } from '../observe/finished.js';
+import { observeGauges } from '../observe/gauges.js';
 import { retryIdempotentStatements, startCronRunner, type CronRunner } from '../db/graphile.js';
 import { QUEUE_PATTERN, workflowKey, type Workflow } from '../core/workflow.js';
 
@@ -190,6 +192,8 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
     die();
   });
   const deps: ExecutionDeps = { ...host.deps, pool, ...(crash ? { crash } : {}) };
+  const { metrics } = deps;
+  if (metrics) deps.finishedRuns = new FinishedLookup(deps.pool, metrics);
 
   const migrations = migrationsOf(served);
   for (const workflow of served) await host.registerWorkflow(workflow);
@@ -200,7 +204,7 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
 
   const done = new Set<Promise<unknown>>();
   // Checkpoints and completions of this worker's concurrent runs share commits.
-  const commits = new GroupCommit(deps.pool, 1, 64, crash);
+  const commits = new GroupCommit(deps.pool, 1, 64, crash, deps.metrics);
   commits.tracing = deps.tracing;
   const execOptions = {
     deps: { ...deps, commits },
@@ -243,7 +247,13 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
     isStarting: (runId) => dispatcher?.isStarting(runId) ?? false,
   });
   const heartbeat = oneAtATime(heartbeats.beat);
-  const sweeper = createSweeper(deps.pool, deps.log);
+  const sweeper = createSweeper(deps.pool, deps.log, metrics);
+  // The database's gauges, read when the provider collects, while this worker runs.
+  const gauges = metrics
+    ? observeGauges(deps.pool, metrics, queues, (error) =>
+        deps.log('warn', 'metrics: could not read the gauges', { error: serializeError(error) }),
+      )
+    : undefined;
   let stopRequested = false;
   // Runs an operator marked with migrate_run are migrated by the sweep (and at once on its notification).
   const migrator = createMigrator({
@@ -356,6 +366,7 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
   /** A crash point fired: everything stops at once, nothing is released or deregistered. */
   function die(): void {
     markCrashed();
+    gauges?.remove();
     clearInterval(sweepTimer);
     clearInterval(retentionTimer);
     clearInterval(heartbeatTimer);
@@ -390,6 +401,7 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
     (stopping ??= (async () => {
       if (crashed) return;
       stopRequested = true;
+      gauges?.remove();
       clearInterval(sweepTimer);
       clearInterval(retentionTimer);
       const shutdownTimeoutMs = options.shutdownTimeoutMs ?? SHUTDOWN_TIMEOUT_MS_DEFAULT;
@@ -422,7 +434,10 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
         clearInterval(heartbeatTimer);
         // A sweep or heartbeat still on its way finishes first: none may query the pool after
         // stop() returned (engine.close() ends the pool next).
-        await within(Promise.all([sweep.settled(), retention.settled(), heartbeat.settled(), migrator.stop()]), STOP_QUERY_MS);
+        await within(
+          Promise.all([sweep.settled(), retention.settled(), heartbeat.settled(), migrator.stop(), deps.finishedRuns?.settled()]),
+          STOP_QUERY_MS,
+        );
         await releaseHeld(STOP_QUERY_MS);
         await within(listener.close(), STOP_QUERY_MS);
         await cronPool?.end().catch(() => undefined);
