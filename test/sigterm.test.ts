@@ -102,13 +102,15 @@ async function allTerminal(runIds: string[]): Promise<boolean> {
 }
 
 /** Runs of the drill: a fifth with a 2.5 s step that honours its abort signal, a tenth deaf to it, the rest quick. */
-async function startRuns(count: number): Promise<{ runIds: string[]; deaf: string[] }> {
+async function startRuns(count: number, queue?: string): Promise<{ runIds: string[]; deaf: string[] }> {
   const { sigterm } = workflows();
   const runIds: string[] = [];
   const deaf: string[] = [];
   for (let i = 0; i < count; i++) {
     const ignoreAbort = i % 10 === 0;
-    const handle = await t.engine.start(sigterm, { service: service.url, workMs: i % 5 === 1 ? 2_500 : 100, ignoreAbort, napMs: 100 });
+    // A deaf step lasts 2.5 s, so a test can see a worker inside it before the signal (100 ms could slip between two polls).
+    const workMs = ignoreAbort || i % 5 === 1 ? 2_500 : 100;
+    const handle = await t.engine.start(sigterm, { service: service.url, workMs, ignoreAbort, napMs: 100 }, queue ? { queue } : undefined);
     runIds.push(handle.runId);
     if (ignoreAbort) deaf.push(handle.runId);
   }
@@ -215,12 +217,13 @@ describe('SIGTERM drain drill', () => {
       const RUNS = 40;
       const LEASE_MS = 3_000;
       // A grace period far longer than the test: only the second signal ends the drain.
-      const [forced] = await Promise.all([
-        cliWorker({ leaseMs: LEASE_MS, graceMs: 60_000, env: { SIGTERM_HANG_MS: '60000' } }),
-        cliWorker({ leaseMs: LEASE_MS }),
-      ]);
-      const { runIds, deaf } = await startRuns(RUNS);
+      // A queue of this test's own, which the shared worker does not serve: the worker to be forced takes the
+      // first runs (deaf ones among them); the one that takes over starts only once it holds a deaf step.
+      const queue = `sigterm-forced-${signal.toLowerCase()}`;
+      const forced = await cliWorker({ leaseMs: LEASE_MS, graceMs: 60_000, queues: [queue], env: { SIGTERM_HANG_MS: '60000' } });
+      const { runIds, deaf } = await startRuns(RUNS, queue);
       await waitFor('the worker to hold a deaf step in flight', async () => (await deafHeldBy(forced.workerId, deaf)) >= 1);
+      await cliWorker({ leaseMs: LEASE_MS, queues: [queue] });
 
       forced.kill(signal);
       await waitFor('the drain to begin', async () => forced.output().includes('stopping ('));
