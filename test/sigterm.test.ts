@@ -297,15 +297,19 @@ describe('SIGTERM drain drill', () => {
       const viaProxy = new URL(db.url);
       viaProxy.hostname = '127.0.0.1';
       viaProxy.port = String(proxy.port);
+      // A queue of its own, as in the forced cases: the shared worker could take every deaf run first.
+      const queue = 'sigterm-unreachable';
       const cut = await cliWorker({
         leaseMs: LEASE_MS,
         graceMs: GRACE_MS,
         url: viaProxy.toString(),
-        queues: ['default'],
+        queues: [queue],
         env: { SIGTERM_HANG_MS: '60000' },
       });
-      const { runIds, deaf } = await startRuns(RUNS);
+      const { runIds, deaf } = await startRuns(RUNS, queue);
       await waitFor('the worker to hold a deaf step in flight', async () => (await deafHeldBy(cut.workerId, deaf)) >= 1);
+      // The worker the leases expire for.
+      await cliWorker({ leaseMs: LEASE_MS, queues: [queue] });
 
       proxy.blackhole(); // no answer, no error: every query of the stop waits
       cut.kill('SIGTERM');
