@@ -40,5 +40,19 @@ export function defineDrillWorkflows(engine: Engine) {
     });
     return { ticket: ticket.id, go: go?.n ?? null };
   });
-  return { drill };
+  /**
+   * A run that stays RUNNING for holdMs inside one step (an in-process wait, not a durable
+   * sleep), then writes one effect row: a worker killed meanwhile certainly holds its lease.
+   */
+  const hold = engine.workflow({ name: 'drill-hold', maxRecoveryAttempts: 20 }, async (ctx, input: { holdMs: number }) => {
+    await ctx.step('hold', async () => {
+      await new Promise((resolve) => setTimeout(resolve, input.holdMs));
+      return true;
+    });
+    await ctx.transaction('hold-ship', async (trx) => {
+      await trx.insertInto('drill_effects').values({ run_id: ctx.runId, step: 'hold-ship', pid: process.pid }).execute();
+    });
+    return { held: true };
+  });
+  return { drill, hold };
 }

@@ -24,9 +24,9 @@ export async function prepareServer(url: string): Promise<void> {
 }
 
 /** The test's own engine (no worker): starts the runs and sends the signals. */
-export function clientEngine(url: string): { engine: Engine; drill: ReturnType<typeof defineDrillWorkflows>['drill'] } {
+export function clientEngine(url: string): { engine: Engine } & ReturnType<typeof defineDrillWorkflows> {
   const engine = createEngine({ connectionString: url, log: silent, poolMax: 4 });
-  return { engine, drill: defineDrillWorkflows(engine).drill };
+  return { engine, ...defineDrillWorkflows(engine) };
 }
 
 export async function drillWorker(url: string, env: Record<string, string> = {}): Promise<WorkerProcess> {
@@ -154,6 +154,24 @@ export async function checkInvariants(url: string, runIds: string[], service: Ti
     expect(service.tickets.size, 'tickets created, one per key').toBe(runIds.length);
     expect(signals.rows[0], 'signals accepted and consumed, one per run').toEqual({ n: runIds.length, consumed: runIds.length });
     return { runs: runIds.length, lost: lostEffects.length, duplicated: doubled.length };
+  } finally {
+    await client.end();
+  }
+}
+
+/** Runs of drill-hold: each SUCCEEDED with its one effect row, none lost and none written twice. */
+export async function checkHoldRuns(url: string, runIds: string[]): Promise<void> {
+  const client = new pg.Client({ connectionString: url });
+  await client.connect();
+  try {
+    const rows = await client.query(
+      `select r.run_id, r.status, count(e.id)::int as effects
+         from runledger.runs r left join drill_effects e on e.run_id = r.run_id and e.step = 'hold-ship'
+        where r.run_id = any($1) group by r.run_id, r.status`,
+      [runIds],
+    );
+    expect(rows.rows.length).toBe(runIds.length);
+    expect(rows.rows.filter((row) => row.status !== 'SUCCEEDED' || row.effects !== 1)).toEqual([]);
   } finally {
     await client.end();
   }

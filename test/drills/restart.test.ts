@@ -3,12 +3,14 @@ import { waitFor } from '../helpers/database.js';
 import { TicketService } from '../helpers/ticket-service.js';
 import type { WorkerProcess } from '../helpers/worker-process.js';
 import {
+  checkHoldRuns,
   checkInvariants,
   clientEngine,
   drillWorker,
   logLines,
   prepareServer,
   progress,
+  retrying,
   signalSender,
   timeToRecover,
   unfinished,
@@ -29,6 +31,13 @@ const MIN_FAULTS = 6;
 const MAX_FAULTS = 40;
 /** Log lines a worker may print per outage: a few per subsystem (claims, heartbeat, listener, runs in flight), not one per retry. */
 const LINES_PER_OUTAGE = 60;
+/**
+ * Runs started just before the worker is killed, each RUNNING 4 s inside one step. The
+ * drill's own runs are RUNNING only for milliseconds between waits, so a worker might hold
+ * none at the moment it is killed; 40 of these overflow the other worker's 16 slots, so
+ * the doomed one certainly holds some.
+ */
+const HOLD_RUNS = 40;
 
 let server: PgServer;
 let service: TicketService;
@@ -57,7 +66,7 @@ describe('PostgreSQL restarted under load (pg_ctl stop -m immediate)', () => {
       for (const w of workers) writeFileSync(`.runledger/drill-restart-worker-${w.pid}.log`, w.output());
       console.error(`worker output in .runledger/drill-restart-worker-{${workers.map((w) => w.pid).join(',')}}.log`);
     });
-    const { engine, drill } = clientEngine(url);
+    const { engine, drill, hold } = clientEngine(url);
     const handles = await engine.startMany(
       drill,
       Array.from({ length: RUNS }, () => ({ service: service.url, napMs: 300 })),
@@ -73,6 +82,7 @@ describe('PostgreSQL restarted under load (pg_ctl stop -m immediate)', () => {
     let faults = 0;
     let sweepFault = false;
     let sweptRuns: string[] = [];
+    let holdRunIds: string[] = [];
     const started = Date.now();
     while (sending && faults < MAX_FAULTS) {
       await sleep(2000 + Math.random() * 2000);
@@ -85,6 +95,13 @@ describe('PostgreSQL restarted under load (pg_ctl stop -m immediate)', () => {
         const probe = new pg.Client({ connectionString: url });
         await probe.connect();
         try {
+          const holds = await retrying(() =>
+            engine.startMany(
+              hold,
+              Array.from({ length: HOLD_RUNS }, () => ({ holdMs: 4000 })),
+            ),
+          );
+          holdRunIds = holds.value.map((h) => h.runId);
           await waitFor('the worker to be killed to hold leases', async () => {
             const held = await probe.query(`select count(*)::int as n from runledger.runs where lease_owner = $1 and status = 'RUNNING'`, [
               doomedId,
@@ -126,13 +143,15 @@ describe('PostgreSQL restarted under load (pg_ctl stop -m immediate)', () => {
     }
     await sender.done;
     expect(faults).toBeGreaterThanOrEqual(MIN_FAULTS);
-    await waitFor('all runs finished', async () => (await unfinished(url, runIds)) === 0, 180_000);
+    await waitFor('all runs finished', async () => (await unfinished(url, [...runIds, ...holdRunIds])) === 0, 180_000);
     const elapsed = Date.now() - started;
 
     const facts = await checkInvariants(url, runIds, service);
+    expect(holdRunIds.length).toBe(HOLD_RUNS);
+    await checkHoldRuns(url, holdRunIds);
     const recovered = await engine.pool.query(
       `select count(*)::int as n from runledger.events where run_id = any($1) and kind = 'lease_expired'`,
-      [runIds],
+      [[...runIds, ...holdRunIds]],
     );
     // Every run the killed worker held was recovered from it (lease_expired) and finished like the others.
     const swept = await engine.pool.query(
@@ -153,7 +172,7 @@ describe('PostgreSQL restarted under load (pg_ctl stop -m immediate)', () => {
     const max = Math.max(...recoveries);
     const median = [...recoveries].sort((a, b) => a - b)[Math.floor(recoveries.length / 2)]!;
     console.log(
-      `drill restart: runs=${facts.runs} faults=${faults} server restarts (down 0-2 s, mean ${Math.round(downtimes.reduce((a, b) => a + b, 0) / downtimes.length)} ms) + 1 worker SIGKILL during a recovery sweep; ` +
+      `drill restart: runs=${facts.runs} faults=${faults} server restarts (down 0-2 s, mean ${Math.round(downtimes.reduce((a, b) => a + b, 0) / downtimes.length)} ms) + 1 worker SIGKILL during a recovery sweep (${sweptRuns.length} runs held, each recovered); ` +
         `time to recover median=${median} ms max=${max} ms; lease_expired=${recovered.rows[0].n}; ` +
         `lost=${facts.lost} duplicated=${facts.duplicated}; ticket calls=${service.totalCalls()} for ${service.tickets.size} tickets; ` +
         `log lines per worker=${lines.join(',')} (${(Math.max(...lines) / faults).toFixed(1)} per outage); elapsed=${Math.round(elapsed / 1000)} s`,
