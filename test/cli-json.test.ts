@@ -335,6 +335,22 @@ describe('exit codes and help', () => {
     expect(notFound.stderr).toMatch(/^error \[NOT_FOUND\]: run no-such-run-\S+ not found\n$/);
   });
 
+  it('a bad RUNLEDGER_LOG_FORMAT is refused by a read command too (CONFIG, exit 2), before anything is read', async () => {
+    const out = await cli(['runs', '--json'], { RUNLEDGER_LOG_FORMAT: 'xml' });
+    expect(out).toMatchObject({ code: 2, stdout: '', stderr: 'error [CONFIG]: RUNLEDGER_LOG_FORMAT must be text or json, not "xml"\n' });
+  });
+
+  it('a refused command exits with its code even when the module it loaded keeps the event loop alive', async () => {
+    // A module that opens a handle at import (a timer here; a pool or a server in real code) and defines nothing.
+    const file = join(tmpdir(), `runledger-busy-module-${process.pid}-${ulid()}.mjs`);
+    await writeFile(file, 'setInterval(() => {}, 1000);\nexport const nothing = 1;\n');
+    // Before, the process printed its error and then never exited: this test timed out.
+    const out = await cli(['worker', '--module', file]);
+    expect(out.code).toBe(1);
+    expect(out.stderr).toContain('error [MODULE]:');
+    expect(out.stderr).toContain('must export register(engine)');
+  }, 15_000);
+
   it('--help describes every option and shows examples', async () => {
     const [start, workers, approve, viaHelp] = await Promise.all([
       cli(['start', '--help']),

@@ -38,7 +38,7 @@ import { waiting } from './commands/waiting.js';
 import { worker } from './commands/worker.js';
 import { workers } from './commands/workers.js';
 import { versions } from './commands/versions.js';
-import { CliError, EXIT_USAGE, describeError, type Command } from './shared.js';
+import { CliError, EXIT_USAGE, describeError, logFormat, type Command } from './shared.js';
 
 /** In the order `runledger --help` lists them: set up, look, act, clean up. */
 const COMMANDS: Record<string, Command> = {
@@ -115,6 +115,8 @@ async function main(args: string[]): Promise<number> {
   const command = COMMANDS[name];
   try {
     if (!command) throw new CliError('USAGE', `unknown command ${JSON.stringify(name)}; runledger --help lists them`);
+    // A bad setting is refused by every command, not only by those that happen to log.
+    logFormat();
     await command.run(rest);
     return 0;
   } catch (error) {
@@ -134,4 +136,8 @@ if (process.argv[2] === '--version' && process.argv.length === 3) {
   process.stdout.write(`runledger ${RUNTIME_VERSION}\n`);
 } else {
   process.exitCode = await main(process.argv.slice(2));
+  // A refused command exits with its code even when something it loaded keeps the event loop
+  // alive (a --module that opens a pool or starts a worker at import): once the loop has had
+  // a second to drain on its own, exit.
+  if (process.exitCode !== 0) setTimeout(() => process.exit(), 1000).unref();
 }

@@ -195,17 +195,21 @@ export function databaseUrl(values: Parsed['values']): string {
   return url;
 }
 
+/** RUNLEDGER_LOG_FORMAT: text (the default) or json; anything else is refused with CONFIG (exit 2) by every command. */
+export function logFormat(env: NodeJS.ProcessEnv = process.env): 'text' | 'json' {
+  const format = env.RUNLEDGER_LOG_FORMAT?.trim().toLowerCase();
+  if (!format || format === 'text') return 'text';
+  if (format === 'json') return 'json';
+  throw new CliError('CONFIG', `RUNLEDGER_LOG_FORMAT must be text or json, not ${JSON.stringify(env.RUNLEDGER_LOG_FORMAT)}`, EXIT_USAGE);
+}
+
 /**
  * Warnings go to stderr on one line; `verbose` adds the engine's info messages (the worker wants them).
  * RUNLEDGER_LOG_FORMAT=json writes them as pino's JSON lines instead (for a log collector):
  * `{"level":40,"time":...,"component":"runledger","runId":...,"workflow":...,"msg":...}`.
  */
 export function cliLog(verbose = false, env: NodeJS.ProcessEnv = process.env): LogFunction {
-  const format = env.RUNLEDGER_LOG_FORMAT?.trim().toLowerCase();
-  if (format === 'json') return engineLog(jsonLogger(verbose)).log;
-  if (format && format !== 'text') {
-    throw new CliError('CONFIG', `RUNLEDGER_LOG_FORMAT must be text or json, not ${JSON.stringify(env.RUNLEDGER_LOG_FORMAT)}`, EXIT_USAGE);
-  }
+  if (logFormat(env) === 'json') return engineLog(jsonLogger(verbose)).log;
   return (level, message, meta) => {
     if (level === 'info' && !verbose) return;
     const detail = meta ? ` ${JSON.stringify(meta, (key, value) => (key === 'stack' ? undefined : value))}` : '';
