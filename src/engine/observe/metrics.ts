@@ -39,7 +39,12 @@ export interface FinishedRun {
 export type CommitKind = 'group' | 'checkpoint' | 'finish' | 'release' | 'transaction';
 
 export interface EngineMetrics {
-  readonly meter: Meter;
+  /**
+   * The @opentelemetry/api Meter the instruments live on (gauges.ts adds its own). Typed
+   * `object` so the published declarations do not import the optional package: a
+   * TypeScript user without it must still compile against runledger's types.
+   */
+  readonly meter: object;
   runsStarted(workflow: string, version: string, count: number): void;
   runFinished(run: FinishedRun): void;
   stepFinished(workflow: string, step: string, kind: string, status: string, ms: number): void;
