@@ -12,6 +12,7 @@
 import { describe, expect, it } from 'vitest';
 import pg from 'pg';
 import { createEngine, type Engine } from '../src/index.js';
+import { GAUGES_SQL } from '../src/engine/observe/gauges.js';
 import { createTestDatabase, waitFor, type TestDatabase } from './helpers/database.js';
 import { useTestEngine } from './helpers/test-engine.js';
 
@@ -169,6 +170,44 @@ describe('hot-path plans on a database with history and stale statistics', () =>
       await bare.drop();
     }
   }, 180_000);
+});
+
+describe('the metrics gauges’ statement (observe/gauges.ts) on a database with history and stale statistics', () => {
+  it('reads the unfinished runs through runs_console_status, never the finished ones by sequential scan', async () => {
+    const target = await createTestDatabase();
+    try {
+      // Statistics taken while runs was empty, then 50,000 finished runs and 2,000 unfinished ones behind their back.
+      await target.pool.query(`alter table runledger.runs set (autovacuum_enabled = false)`);
+      await target.pool.query(`analyze runledger.runs`);
+      await target.pool.query(`
+        insert into runledger.runs (run_id, workflow_name, workflow_version, queue_name, status, input, output,
+                                    finished_at, termination_reason, started_at, fencing_token)
+        select 'hist-' || g, 'gauged', '1', 'gauges', 'SUCCEEDED', '{}', '1', now(), 'COMPLETED', now(), 1
+          from generate_series(1, 50000) g`);
+      await target.pool.query(`
+        insert into runledger.runs (run_id, workflow_name, workflow_version, queue_name, status, input, wait_kind, wait_key, wake_at)
+        select 'wait-' || g, 'gauged', '1', 'gauges', 'WAITING', '{}', 'signal', 'never', now() + interval '1 day'
+          from generate_series(1, 1000) g`);
+      await target.pool.query(`
+        insert into runledger.runs (run_id, workflow_name, workflow_version, queue_name, status, input)
+        select 'pend-' || g, 'gauged', '1', 'gauges', 'PENDING', '{}' from generate_series(1, 1000) g`);
+      const explained = await target.pool.query(`explain (format json) ${GAUGES_SQL}`);
+      const scans = hotScans(explained.rows[0]['QUERY PLAN'][0].Plan as PlanNode);
+      expect(
+        scans.filter((scan) => scan.startsWith('Seq Scan')),
+        scans.join('; '),
+      ).toEqual([]);
+      expect(scans.join('; ')).toContain('runs_console_status');
+      // And it counts what is there: the gauge rows are the database's figures.
+      const rows = (await target.pool.query(GAUGES_SQL)).rows.filter((row) => row.queue_name === 'gauges' && row.status);
+      expect(rows.map((row) => [row.status, row.runs]).sort()).toEqual([
+        ['PENDING', 1000],
+        ['WAITING', 1000],
+      ]);
+    } finally {
+      await target.drop();
+    }
+  }, 60_000);
 });
 
 interface ScenarioFindings {
