@@ -434,6 +434,15 @@ describe('the CLI', () => {
     expect(result.code).toBe(0);
     expect(JSON.parse(result.stdout)).toMatchObject({ dryRun: false, batches: 1, removed: { runs: due } });
     expect(await exists(old)).toBe(false);
+    expect(result.stderr).toBe('');
+
+    // A prune of several batches says how far it got, on stderr (stdout stays one JSON document).
+    const three = [await finished('w', 45), await finished('w', 46), await finished('w', 47)];
+    result = await runCli(db.url, ['prune', '--batch', '1', '--json']);
+    expect(result.code).toBe(0);
+    expect(JSON.parse(result.stdout)).toMatchObject({ dryRun: false, batches: 4, removed: { runs: 3 } });
+    expect(result.stderr).toMatch(/^prune: 1 batch\(es\) so far, removed runs 1(, \w+ \d+)*; going on\n/);
+    for (const id of three) expect(await exists(id)).toBe(false);
 
     // --older-than still works, with a dry run of its own.
     // It removes every finished run older than that, rules or not (the protected ones above too).

@@ -6,6 +6,8 @@ import { CliError, intOption, JSON_OPTION, parse, withPool, type Command } from 
 const BAD_INTERVAL = ['22007', '22008', '22P02', '22015'];
 /** Calls of runledger.prune_due one `runledger prune` makes at most (the next one goes on). */
 const BATCHES_MAX = 10_000;
+/** A prune that needs more batches says how far it got on stderr: after its first batch, then at most this often. */
+const PROGRESS_EVERY_MS = 2000;
 
 /**
  * Without --older-than: applies runledger.retention (runledger.prune_due, in batches until
@@ -22,6 +24,7 @@ export const prune: Command = {
     'per kind. --dry-run prints per kind what would go and changes nothing. A run that is not finished, whose parent,',
     'child or forks are not finished, or whose idempotency key a rule still holds is never removed.',
     'With --older-than, deletes every finished run older than INTERVAL with everything it owns, whatever the rules say.',
+    'A prune that needs more than one batch prints how far it got on stderr after the first, then every 2 s.',
   ].join('\n'),
   examples: [
     'runledger prune --dry-run',
@@ -80,7 +83,14 @@ export const prune: Command = {
     const { totals, batches } = await withPool(parsed.values, async (pool) => {
       const totals = new Map<string, number>();
       let batches = 0;
+      let reportedAt: number | undefined;
       for (let full = true; full && batches < BATCHES_MAX;) {
+        if (batches > 0 && (reportedAt === undefined || Date.now() - reportedAt >= PROGRESS_EVERY_MS)) {
+          // A long prune is not silent; stderr, so that --json's stdout stays one document.
+          const sofar = [...totals].flatMap(([kind, n]) => (n > 0 ? [`${kind} ${n}`] : [])).join(', ');
+          process.stderr.write(`prune: ${batches} batch(es) so far, removed ${sofar}; going on\n`);
+          reportedAt = Date.now();
+        }
         const result = await pool.query<{ kind: string; removed: string }>(
           'select kind, removed from runledger.prune_due(p_batch => $1, p_dry_run => $2)',
           [batch, dryRun],
