@@ -172,6 +172,25 @@ describe('hot-path plans on a database with history and stale statistics', () =>
   }, 180_000);
 });
 
+/** `n` SUCCEEDED runs hist-1..hist-n of `workflow` on `queue`, inserted behind the statistics' back (no ANALYZE). */
+async function insertFinishedRuns(target: TestDatabase, workflow: string, queue: string, n: number): Promise<void> {
+  await target.pool.query(
+    `insert into runledger.runs (run_id, workflow_name, workflow_version, queue_name, status, input, output,
+                                 finished_at, termination_reason, started_at, fencing_token)
+     select 'hist-' || g, $1, '1', $2, 'SUCCEEDED', '{}', '1', now(), 'COMPLETED', now(), 1 from generate_series(1, $3::int) g`,
+    [workflow, queue, n],
+  );
+}
+
+/** `n` runs wait-1..wait-n WAITING a day for a signal nobody sends. */
+async function insertWaitingRuns(target: TestDatabase, workflow: string, queue: string, n: number): Promise<void> {
+  await target.pool.query(
+    `insert into runledger.runs (run_id, workflow_name, workflow_version, queue_name, status, input, wait_kind, wait_key, wake_at)
+     select 'wait-' || g, $1, '1', $2, 'WAITING', '{}', 'signal', 'never', now() + interval '1 day' from generate_series(1, $3::int) g`,
+    [workflow, queue, n],
+  );
+}
+
 describe('the metrics gauges’ statement (observe/gauges.ts) on a database with history and stale statistics', () => {
   it('reads the unfinished runs through runs_console_status, never the finished ones by sequential scan', async () => {
     const target = await createTestDatabase();
@@ -179,15 +198,8 @@ describe('the metrics gauges’ statement (observe/gauges.ts) on a database with
       // Statistics taken while runs was empty, then 50,000 finished runs and 2,000 unfinished ones behind their back.
       await target.pool.query(`alter table runledger.runs set (autovacuum_enabled = false)`);
       await target.pool.query(`analyze runledger.runs`);
-      await target.pool.query(`
-        insert into runledger.runs (run_id, workflow_name, workflow_version, queue_name, status, input, output,
-                                    finished_at, termination_reason, started_at, fencing_token)
-        select 'hist-' || g, 'gauged', '1', 'gauges', 'SUCCEEDED', '{}', '1', now(), 'COMPLETED', now(), 1
-          from generate_series(1, 50000) g`);
-      await target.pool.query(`
-        insert into runledger.runs (run_id, workflow_name, workflow_version, queue_name, status, input, wait_kind, wait_key, wake_at)
-        select 'wait-' || g, 'gauged', '1', 'gauges', 'WAITING', '{}', 'signal', 'never', now() + interval '1 day'
-          from generate_series(1, 1000) g`);
+      await insertFinishedRuns(target, 'gauged', 'gauges', 50_000);
+      await insertWaitingRuns(target, 'gauged', 'gauges', 1_000);
       await target.pool.query(`
         insert into runledger.runs (run_id, workflow_name, workflow_version, queue_name, status, input)
         select 'pend-' || g, 'gauged', '1', 'gauges', 'PENDING', '{}' from generate_series(1, 1000) g`);
@@ -249,11 +261,7 @@ async function staleStatisticsScenario(target: TestDatabase): Promise<ScenarioFi
     await exercise(engine, flows, target, 30);
 
     // History arrives while the worker runs: finished runs with their steps and events, and waiting runs.
-    await target.pool.query(`
-        insert into runledger.runs (run_id, workflow_name, workflow_version, queue_name, status, input, output,
-                                    finished_at, termination_reason, started_at, fencing_token)
-        select 'hist-' || g, 'plan-three', '1', 'plans', 'SUCCEEDED', '{}', '1', now(), 'COMPLETED', now(), 1
-          from generate_series(1, 50000) g`);
+    await insertFinishedRuns(target, 'plan-three', 'plans', 50_000);
     await target.pool.query(`
         insert into runledger.steps (run_id, seq, name, kind, status, output, attempts, started_at, finished_at, fencing_token)
         select 'hist-' || g, s, 'step-' || s, 'step', 'SUCCEEDED', '1', 1, now(), now(), 1
@@ -265,10 +273,7 @@ async function staleStatisticsScenario(target: TestDatabase): Promise<ScenarioFi
         insert into runledger.operations (operation_id, run_id, seq, name, idempotency_key, status, result, compensable)
         select 'hist-op-' || g, 'hist-' || g, 2, 'step-2', 'hist-key-' || g, 'SUCCEEDED', '1', false
           from generate_series(1, 50000) g`);
-    await target.pool.query(`
-        insert into runledger.runs (run_id, workflow_name, workflow_version, queue_name, status, input, wait_kind, wait_key, wake_at)
-        select 'wait-' || g, 'plan-signal', '1', 'plans', 'WAITING', '{}', 'signal', 'never', now() + interval '1 day'
-          from generate_series(1, 5000) g`);
+    await insertWaitingRuns(target, 'plan-signal', 'plans', 5_000);
     const stats = await target.pool.query(`select reltuples from pg_class where oid = 'runledger.runs'::regclass`);
     expect(Number(stats.rows[0].reltuples)).toBe(0); // the statistics still describe the empty table
 
