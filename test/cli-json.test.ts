@@ -1,4 +1,4 @@
-import { writeFile } from 'node:fs/promises';
+import { rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { ulid } from 'ulid';
@@ -345,7 +345,7 @@ describe('exit codes and help', () => {
     const file = join(tmpdir(), `runledger-busy-module-${process.pid}-${ulid()}.mjs`);
     await writeFile(file, 'setInterval(() => {}, 1000);\nexport const nothing = 1;\n');
     // Before, the process printed its error and then never exited: this test timed out.
-    const out = await cli(['worker', '--module', file]);
+    const out = await cli(['worker', '--module', file]).finally(() => rm(file, { force: true }));
     expect(out.code).toBe(1);
     expect(out.stderr).toContain('error [MODULE]:');
     expect(out.stderr).toContain('must export register(engine)');
