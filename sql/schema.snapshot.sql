@@ -3310,6 +3310,15 @@ end;
 $function$;
 COMMENT ON FUNCTION runledger._prune_due(integer,boolean) IS 'The action behind runledger.prune_due (which records it in audit_log): applies runledger.retention, one batch of at most p_batch rows per kind (idempotency keys cleared, events, signals, stream chunks and ends, runs, session entries, audit records); with p_dry_run, counts everything due and changes nothing. Returns one row per kind.';
 
+CREATE OR REPLACE FUNCTION runledger._pure_functions()
+ RETURNS text[]
+ LANGUAGE sql
+ IMMUTABLE
+AS $function$
+  select array['now', 'is_terminal', 'run_transitions', 'termination_reasons', 'step_kinds', 'wait_kinds']
+$function$;
+COMMENT ON FUNCTION runledger._pure_functions() IS 'The functions of role_functions that read no table and change nothing: they run as their caller with no settings (not SECURITY DEFINER, no fixed search_path), so the planner inlines them into the statements that call them.';
+
 CREATE OR REPLACE FUNCTION runledger._queue_limited(p_queue text)
  RETURNS boolean
  LANGUAGE plpgsql
@@ -3724,6 +3733,7 @@ CREATE OR REPLACE FUNCTION runledger._secure_functions()
 AS $function$
 declare
   v_fn regprocedure;
+  v_pure boolean;
 begin
   -- PostgreSQL lets PUBLIC execute every new function; in this schema nobody but the owner
   -- may call anything that is not granted.
@@ -3732,17 +3742,22 @@ begin
   end loop;
   -- A granted function runs as the owner, so it must not resolve names through the caller's
   -- search_path: pg_catalog first (no user object shadows a built-in or an operator),
-  -- pg_temp last (no temporary table stands in for a runledger table).
-  for v_fn in
-    select p.oid::regprocedure from pg_proc p
+  -- pg_temp last (no temporary table stands in for a runledger table). A pure function
+  -- runs as its caller instead: it has nothing to protect, and only then is it inlined.
+  for v_fn, v_pure in
+    select p.oid::regprocedure, p.proname = any(runledger._pure_functions()) from pg_proc p
      where p.pronamespace = 'runledger'::regnamespace
        and p.proname in (select function_name from runledger.role_functions)
   loop
-    execute format('alter function %s security definer set search_path = pg_catalog, runledger, pg_temp', v_fn);
+    if v_pure then
+      execute format('alter function %s security invoker reset all', v_fn);
+    else
+      execute format('alter function %s security definer set search_path = pg_catalog, runledger, pg_temp', v_fn);
+    end if;
   end loop;
 end;
 $function$;
-COMMENT ON FUNCTION runledger._secure_functions() IS 'Revokes PUBLIC''s execute on every runledger function and makes each function in role_functions SECURITY DEFINER with search_path pg_catalog, runledger, pg_temp. Run by the migrations that add functions; needs the schema''s owner.';
+COMMENT ON FUNCTION runledger._secure_functions() IS 'Revokes PUBLIC''s execute on every runledger function and makes each function in role_functions SECURITY DEFINER with search_path pg_catalog, runledger, pg_temp, except the pure ones (_pure_functions), which run as their caller with no settings so that they are inlined. Run by the migrations that add functions; needs the schema''s owner.';
 
 CREATE OR REPLACE FUNCTION runledger._send_signal(p_run_id text, p_topic text, p_payload jsonb, p_signal_id text DEFAULT NULL::text)
  RETURNS boolean
@@ -5169,8 +5184,7 @@ COMMENT ON FUNCTION runledger.grant_roles() IS 'Creates the roles runledger_work
 CREATE OR REPLACE FUNCTION runledger.is_terminal(p_status runledger.run_status)
  RETURNS boolean
  LANGUAGE sql
- IMMUTABLE PARALLEL SAFE SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
+ IMMUTABLE PARALLEL SAFE
 AS $function$
   select p_status in ('SUCCEEDED', 'FAILED', 'CANCELLED', 'TERMINATED', 'DEAD_LETTER')
 $function$;
@@ -5215,13 +5229,14 @@ COMMENT ON FUNCTION runledger.migrate_runs(text,text,text,integer) IS 'Operator 
 CREATE OR REPLACE FUNCTION runledger.now()
  RETURNS timestamp with time zone
  LANGUAGE sql
- PARALLEL SAFE SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
+ PARALLEL SAFE
 AS $function$
-  select coalesce(nullif(current_setting('runledger.fake_now', true), '')::timestamptz,
-                  clock_timestamp() + coalesce(nullif(current_setting('runledger.clock_offset', true), '')::interval, interval '0'))
+  select coalesce(nullif(pg_catalog.current_setting('runledger.fake_now', true), '')::pg_catalog.timestamptz,
+                  pg_catalog.clock_timestamp()
+                    + coalesce(nullif(pg_catalog.current_setting('runledger.clock_offset', true), '')::pg_catalog.interval,
+                               interval '0'))
 $function$;
-COMMENT ON FUNCTION runledger.now() IS 'Current time for every runledger function: the setting runledger.fake_now when set (tests: a frozen instant), else clock_timestamp() moved by the setting runledger.clock_offset (tests: an interval, a clock running ahead or behind).';
+COMMENT ON FUNCTION runledger.now() IS 'Current time for every runledger function: the setting runledger.fake_now when set (tests: a frozen instant), else clock_timestamp() moved by the setting runledger.clock_offset (tests: an interval, a clock running ahead or behind). Runs as its caller, so the planner inlines it (0023_inlined_functions.sql).';
 
 CREATE OR REPLACE FUNCTION runledger.prune(p_older_than interval)
  RETURNS bigint
@@ -5366,8 +5381,7 @@ COMMENT ON FUNCTION runledger.retry_run(text) IS 'Operator action: brings a DEAD
 CREATE OR REPLACE FUNCTION runledger.run_transitions()
  RETURNS TABLE(from_status runledger.run_status, to_status runledger.run_status, by_whom text)
  LANGUAGE sql
- IMMUTABLE SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
+ IMMUTABLE
 AS $function$
   values
     ('PENDING'::runledger.run_status, 'RUNNING'::runledger.run_status, 'a claim (_claim_batch, fencing_token + 1), once admitted'),
@@ -5624,8 +5638,7 @@ COMMENT ON FUNCTION runledger.start_runs(text,jsonb,jsonb) IS 'Starts one run of
 CREATE OR REPLACE FUNCTION runledger.step_kinds()
  RETURNS text[]
  LANGUAGE sql
- IMMUTABLE SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
+ IMMUTABLE
 AS $function$
   select array['step', 'transaction', 'operation', 'sleep', 'signal', 'approval', 'child_start', 'child']
 $function$;
@@ -5634,8 +5647,7 @@ COMMENT ON FUNCTION runledger.step_kinds() IS 'What a checkpoint records (steps.
 CREATE OR REPLACE FUNCTION runledger.termination_reasons()
  RETURNS text[]
  LANGUAGE sql
- IMMUTABLE SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
+ IMMUTABLE
 AS $function$
   select array['COMPLETED', 'FAILED', 'CANCELLED', 'DEADLINE', 'MAX_STEPS', 'BUDGET', 'NO_PROGRESS',
                'MAX_RECOVERY_ATTEMPTS', 'NON_DETERMINISM', 'UNVERIFIED']
@@ -5645,8 +5657,7 @@ COMMENT ON FUNCTION runledger.termination_reasons() IS 'Why a terminal run stopp
 CREATE OR REPLACE FUNCTION runledger.wait_kinds()
  RETURNS text[]
  LANGUAGE sql
- IMMUTABLE SECURITY DEFINER
- SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
+ IMMUTABLE
 AS $function$
   select array['timer', 'signal', 'approval', 'child', 'retry', 'reconcile']
 $function$;

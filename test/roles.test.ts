@@ -9,7 +9,8 @@ import { useTestEngine } from './helpers/test-engine.js';
 /**
  * The three database roles (sql/0017_roles.sql): each may do exactly its list and is
  * refused the rest with 42501; no role writes a table; the listed functions are SECURITY
- * DEFINER with a search_path a caller's schema cannot hijack; and a worker and an
+ * DEFINER with a search_path a caller's schema cannot hijack, except the pure ones, which
+ * run as their caller and are inlined (sql/0023_inlined_functions.sql); and a worker and an
  * operator that log in with nothing but their role run a workflow end to end.
  */
 const t = useTestEngine({ engine: false });
@@ -28,6 +29,9 @@ const READS = [
   '_tenant_unbound',
   '_session_tenant',
 ];
+// The pure functions among them: no table read, nothing changed; they run as their caller
+// with no settings, so that the planner inlines them.
+const PURE = ['now', 'is_terminal', 'run_transitions', 'termination_reasons', 'step_kinds', 'wait_kinds'];
 const EXPECTED: Record<string, string[]> = {
   runledger_reader: READS,
   runledger_operator: [
@@ -203,17 +207,37 @@ describe('what each role may execute', () => {
     expect(rows).toEqual([]);
   });
 
-  it('every function a role may execute runs as the owner with search_path pg_catalog, runledger, pg_temp', async () => {
+  it('every function a role may execute runs as the owner with search_path pg_catalog, runledger, pg_temp, except the pure ones', async () => {
     const { rows } = await db.pool.query<{ fn: string; definer: boolean; config: string[] | null }>(
       `select p.oid::regprocedure::text as fn, p.prosecdef as definer, p.proconfig as config from pg_proc p
-        where p.pronamespace = 'runledger'::regnamespace and p.proname = any($1)`,
-      [[...new Set(Object.values(EXPECTED).flat())]],
+        where p.pronamespace = 'runledger'::regnamespace and p.proname = any($1) and not (p.proname = any($2))`,
+      [[...new Set(Object.values(EXPECTED).flat())], PURE],
     );
     expect(rows.length).toBeGreaterThan(60);
     for (const row of rows) {
       expect({ fn: row.fn, definer: row.definer }).toEqual({ fn: row.fn, definer: true });
       expect(row.config).toContain('search_path=pg_catalog, runledger, pg_temp');
     }
+  });
+
+  it('the pure functions run as their caller with no settings, and the planner inlines them', async () => {
+    const { rows } = await db.pool.query<{ name: string; definer: boolean; config: string[] | null }>(
+      `select p.proname as name, p.prosecdef as definer, p.proconfig as config from pg_proc p
+        where p.pronamespace = 'runledger'::regnamespace and p.proname = any($1) order by 1`,
+      [PURE],
+    );
+    expect(rows).toEqual([...PURE].sort().map((name) => ({ name, definer: false, config: null })));
+    expect((await db.pool.query(`select runledger._pure_functions() as names`)).rows[0].names.sort()).toEqual([...PURE].sort());
+    // Inlined: the plan holds now()'s expression, and run_transitions() is a scan of its
+    // VALUES list, not a call (a SECURITY DEFINER or SET function would show as one).
+    const plan = async (query: string) =>
+      (await db.pool.query<{ 'QUERY PLAN': string }>(`explain verbose ${query}`)).rows.map((r) => r['QUERY PLAN']).join('\n');
+    const now = await plan(`select runledger.now()`);
+    expect(now).toContain('clock_timestamp()');
+    expect(now).not.toMatch(/runledger\.now\(\)/);
+    const transitions = await plan(`select * from runledger.run_transitions()`);
+    expect(transitions).toContain('Values Scan');
+    expect(transitions).not.toContain('Function Scan');
   });
 
   // Calls every function not on a role's list, as a login holding only that role: the
