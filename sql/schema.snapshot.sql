@@ -4347,9 +4347,13 @@ begin
     raise exception using errcode = 'RL003', message = p_caller || ': options must be a JSON object';
   end if;
 
-  select * into v_wf from runledger.workflows w
-   where w.workflow_name = p_workflow and (v_version is null or w.workflow_version = v_version)
-   order by w.registered_at desc limit 1;
+  -- A named version (engine.start names its own) is one primary-key lookup; without one,
+  -- the version registered last.
+  if v_version is not null then
+    select * into v_wf from runledger.workflows w where w.workflow_name = p_workflow and w.workflow_version = v_version;
+  else
+    select * into v_wf from runledger.workflows w where w.workflow_name = p_workflow order by w.registered_at desc limit 1;
+  end if;
   if not found then
     raise exception using errcode = 'RL006',
       message = format('%s: workflow %L%s is not registered (start a worker or engine that defines it)', p_caller,
