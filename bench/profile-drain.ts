@@ -11,9 +11,9 @@
  * it slows the server a little). Run it with `perf record -p <backend pids>` beside it
  * for a profile of the server.
  */
-import { readFileSync, readdirSync } from 'node:fs';
 import pg from 'pg';
 import { createEngine } from 'runledger';
+import { serverCpuTicks } from './lib/server-cpu.js';
 
 const url = process.env.DATABASE_URL;
 if (!url) throw new Error('DATABASE_URL is required (a server you may create databases on)');
@@ -21,30 +21,7 @@ const runs = Number(process.env.N ?? 10_000);
 const postmaster = process.env.POSTMASTER_PID ? Number(process.env.POSTMASTER_PID) : undefined;
 const database = 'rl_profile';
 
-/** CPU ticks (1/100 s) of the postmaster and its children. */
-function serverTicks(): number {
-  if (postmaster === undefined) return 0;
-  const pids = [postmaster];
-  for (const entry of readdirSync('/proc')) {
-    if (!/^\d+$/.test(entry)) continue;
-    try {
-      const stat = readFileSync(`/proc/${entry}/stat`, 'utf8');
-      if (Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]) === postmaster) pids.push(Number(entry));
-    } catch {
-      // the process ended meanwhile
-    }
-  }
-  let ticks = 0;
-  for (const pid of pids) {
-    try {
-      const fields = readFileSync(`/proc/${pid}/stat`, 'utf8').slice(0).split(') ')[1]!.split(' ');
-      ticks += Number(fields[11]) + Number(fields[12]); // utime, stime
-    } catch {
-      // the process ended meanwhile
-    }
-  }
-  return ticks;
-}
+const serverTicks = () => (postmaster === undefined ? 0 : serverCpuTicks(postmaster));
 
 const admin = new pg.Client({ connectionString: url });
 await admin.connect();
