@@ -208,6 +208,16 @@ describe('SIGTERM drain drill', () => {
     );
   }, 60_000);
 
+  it('a SIGINT sent the moment the worker says it is ready stops it gracefully (exit 0)', async () => {
+    // The worker listens before it prints the line spawnWorker waits for: a signal sent on
+    // reading it must find a listener, or it kills the process (code null, signal SIGINT).
+    const w = await cliWorker({ leaseMs: 3_000, queues: ['sigterm-at-ready'] });
+    w.kill('SIGINT');
+    const exit = await exitWithin(w, 10_000);
+    expect(exit).toMatchObject({ code: 0, signal: null });
+    expect(w.output()).toContain('stopping (SIGINT)');
+  }, 30_000);
+
   it.each([
     ['SIGTERM', 143],
     ['SIGINT', 130],

@@ -306,10 +306,17 @@ export function describeError(thrown: unknown): { line: string; exitCode: number
   return { line: `error [${code}]: ${message}`, exitCode: EXIT_FAILED };
 }
 
-/** Resolves on the first SIGINT or SIGTERM (and stops listening), for commands that run until Ctrl-C. */
-export function untilSignal(): Promise<NodeJS.Signals> {
+/**
+ * Resolves on the first SIGINT or SIGTERM, for commands that run until Ctrl-C. Given
+ * `again`, a second signal calls it. Its listener is added in the first one's handler,
+ * before that one is removed: a process with no listener for a signal is killed by it,
+ * and a second signal sent as soon as the stop's first line was printed once landed in
+ * that gap (test/sigterm.test.ts, "a second SIGINT ... forces the exit (130)").
+ */
+export function untilSignal(again?: (signal: NodeJS.Signals) => void): Promise<NodeJS.Signals> {
   return new Promise((done) => {
     const on = (sig: NodeJS.Signals) => {
+      if (again) process.once('SIGINT', again).once('SIGTERM', again);
       process.off('SIGINT', on).off('SIGTERM', on);
       done(sig);
     };

@@ -86,10 +86,8 @@ export const dev: Command = {
       print('');
       print(`start a run:   DATABASE_URL='${database.url}' runledger start WORKFLOW '{...}'`);
       print('Ctrl-C stops the console, the worker and the database');
-      await untilSignal();
       // A second signal means "now": runs still leased are recovered by the next worker after their lease.
-      const force = () => process.exit(130);
-      process.once('SIGINT', force).once('SIGTERM', force);
+      await untilSignal(() => process.exit(130));
     } finally {
       await stack.unwind();
     }

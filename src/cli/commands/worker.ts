@@ -112,19 +112,20 @@ export const worker: Command = {
         `serving ${row.workflows.join(', ')} on queue(s) ${row.queues.join(', ')}; concurrency ${concurrency}, lease ${row.lease_ms} ms`,
       );
       if (endpoint) print(`metrics at ${endpoint.url}`);
+      // A second signal means "now": what can be released quickly is, the rest is left to lease expiry.
+      let forced: Promise<never> | undefined;
+      const force = (signal: NodeJS.Signals) => {
+        print(`${signal} again: releasing what is held and exiting now`);
+        forced = running.forceStop(FORCE_RELEASE_MS).finally(() => process.exit(signalExitCode(signal))) as Promise<never>;
+      };
+      // Listening before the line that says so: a signal sent as soon as it is read must
+      // find a listener (without one, it kills the process).
+      const stopSignal = untilSignal(force);
       print('Ctrl-C (SIGINT) or SIGTERM stops it gracefully');
-      const first = await untilSignal();
+      const first = await stopSignal;
       print(
         `stopping (${first}): letting ${running.inFlight} run(s) in flight finish within ${graceMs ?? SHUTDOWN_TIMEOUT_MS_DEFAULT} ms, then releasing the rest ...`,
       );
-      // A second signal means "now": what can be released quickly is, the rest is left to lease expiry.
-      const forced = new Promise<never>(() => {
-        const force = (signal: NodeJS.Signals) => {
-          print(`${signal} again: releasing what is held and exiting now`);
-          void running.forceStop(FORCE_RELEASE_MS).finally(() => process.exit(signalExitCode(signal)));
-        };
-        process.once('SIGINT', force).once('SIGTERM', force);
-      });
       // stop() bounds its own waits; this is the backstop for anything it cannot bound.
       const backstop = setTimeout(
         () => {
@@ -134,7 +135,9 @@ export const worker: Command = {
         (graceMs ?? SHUTDOWN_TIMEOUT_MS_DEFAULT) + STOP_BACKSTOP_MS,
       );
       backstop.unref();
-      await Promise.race([running.stop(), forced]);
+      await running.stop();
+      // A forced stop that began meanwhile ends the process with its own code.
+      if (forced) await forced;
       // A step deaf to its abort signal may still hold a pool connection or a timer: the
       // pools get a moment to close, then the process exits whatever is left.
       await Promise.race([engine.close(), new Promise((resolve) => setTimeout(resolve, CLOSE_MS).unref())]);
