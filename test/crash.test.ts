@@ -436,6 +436,13 @@ describe('connection faults', () => {
     const statuses = await db.pool.query(`select status, count(*)::int as n from runledger.runs where run_id = any($1) group by 1`, [
       [...runIds, ...later],
     ]);
+    const failed = await db.pool.query(
+      `select r.run_id, r.status, r.error, (select json_agg(json_build_object('kind', e.kind, 'detail', e.detail) order by e.event_id)
+                                               from runledger.events e where e.run_id = r.run_id) as events
+         from runledger.runs r where r.run_id = any($1) and r.status <> 'SUCCEEDED'`,
+      [[...runIds, ...later]],
+    );
+    if (failed.rows.length > 0) console.error(`runs not SUCCEEDED: ${JSON.stringify(failed.rows, null, 1)}`);
     expect(statuses.rows).toEqual([{ status: 'SUCCEEDED', n: 310 }]);
     await assertOrdersExactlyOnce([...runIds, ...later]);
     const facts = await stepFacts([...runIds, ...later]);
