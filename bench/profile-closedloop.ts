@@ -18,14 +18,11 @@
 import { createRequire } from 'node:module';
 import pg from 'pg';
 import { createEngine } from 'runledger';
+import { freshProfileDatabase, profileSettings } from './lib/profile-db.js';
 import { serverCpuTicks } from './lib/server-cpu.js';
 
-const url = process.env.DATABASE_URL;
-if (!url) throw new Error('DATABASE_URL is required (a server you may create databases on)');
-const calls = Number(process.env.N ?? 4_000);
+const { url, count: calls, postmaster } = profileSettings(4_000);
 const callers = 16;
-const postmaster = process.env.POSTMASTER_PID ? Number(process.env.POSTMASTER_PID) : undefined;
-const database = 'rl_profile_closedloop';
 
 // runledger queries through its own copy of pg: the round trips are timed on that copy's
 // Client, where every pool query ends (by callback or by promise).
@@ -67,16 +64,9 @@ RunledgerPg.Client.prototype.query = function (this: unknown, ...args: unknown[]
   return result;
 } as typeof RunledgerPg.Client.prototype.query;
 
-const admin = new pg.Client({ connectionString: url });
-await admin.connect();
-await admin.query(`drop database if exists ${database} with (force)`);
-await admin.query(`create database ${database}`);
-if (process.env.TRACK_FUNCTIONS === '1') await admin.query(`alter database ${database} set track_functions = 'pl'`);
-await admin.end();
-const dbUrl = new URL(url);
-dbUrl.pathname = `/${database}`;
+const dbUrl = await freshProfileDatabase(url, 'rl_profile_closedloop');
 
-const engine = createEngine({ connectionString: dbUrl.toString(), poolMax: 20, log: () => {} });
+const engine = createEngine({ connectionString: dbUrl, poolMax: 20, log: () => {} });
 await engine.migrate();
 const workflow = engine.workflow({ name: 'profile-closedloop' }, async (ctx, input: { n: number }) => {
   for (const name of ['a', 'b', 'c']) await ctx.step(name, async () => input.n);
@@ -134,11 +124,11 @@ console.table(
 );
 console.log(`items per group commit, p50: ${p50(batchItems)} (${batchItems.length} group commits)`);
 if (process.env.TRACK_FUNCTIONS === '1') {
-  const probe = new pg.Client({ connectionString: dbUrl.toString() });
+  const probe = new pg.Client({ connectionString: dbUrl });
   await probe.connect();
   const functions = await probe.query(
     `select funcname, calls, round(total_time::numeric, 1) as total_ms, round(self_time::numeric, 1) as self_ms,
-            round((self_time * 1000 / calls)::numeric) as self_us_per_call
+            round((self_time * 1000 / nullif(calls, 0))::numeric) as self_us_per_call
        from pg_stat_user_functions order by self_time desc limit 15`,
   );
   console.table(functions.rows);

@@ -13,26 +13,14 @@
  */
 import pg from 'pg';
 import { createEngine } from 'runledger';
+import { freshProfileDatabase, profileSettings } from './lib/profile-db.js';
 import { serverCpuTicks } from './lib/server-cpu.js';
 
-const url = process.env.DATABASE_URL;
-if (!url) throw new Error('DATABASE_URL is required (a server you may create databases on)');
-const runs = Number(process.env.N ?? 10_000);
-const postmaster = process.env.POSTMASTER_PID ? Number(process.env.POSTMASTER_PID) : undefined;
-const database = 'rl_profile';
-
+const { url, count: runs, postmaster } = profileSettings(10_000);
 const serverTicks = () => (postmaster === undefined ? 0 : serverCpuTicks(postmaster));
+const dbUrl = await freshProfileDatabase(url, 'rl_profile');
 
-const admin = new pg.Client({ connectionString: url });
-await admin.connect();
-await admin.query(`drop database if exists ${database} with (force)`);
-await admin.query(`create database ${database}`);
-if (process.env.TRACK_FUNCTIONS === '1') await admin.query(`alter database ${database} set track_functions = 'pl'`);
-await admin.end();
-const dbUrl = new URL(url);
-dbUrl.pathname = `/${database}`;
-
-const engine = createEngine({ connectionString: dbUrl.toString(), poolMax: 20, log: () => {} });
+const engine = createEngine({ connectionString: dbUrl, poolMax: 20, log: () => {} });
 await engine.migrate();
 const workflow = engine.workflow({ name: 'profile' }, async (ctx, input: { n: number }) => {
   await ctx.step('only', async () => input.n);
@@ -51,7 +39,7 @@ await Promise.all(
 );
 const enqueueSeconds = (performance.now() - enqueueStart) / 1000;
 
-const probe = new pg.Pool({ connectionString: dbUrl.toString(), max: 1 });
+const probe = new pg.Pool({ connectionString: dbUrl, max: 1 });
 const cpuBefore = process.cpuUsage();
 const ticksBefore = serverTicks();
 const drainStart = performance.now();
