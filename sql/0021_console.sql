@@ -9,11 +9,16 @@
 -- status read runs_console_status alone (an index-only scan). Queue and concurrency-key
 -- filters go by the primary key and skip rows that do not match (docs/console.md measures both).
 
--- The predicate is always true (created_at is set on insert) but no statement of the engine
--- names it, so no lookup of one run by `run_id = ... and status in (...)` can take this index
--- over the primary key, not even with a plan cached while the table was empty (test/plans.test.ts
--- caught it); the console's queries repeat the predicate to use it.
+-- Both are partial on a predicate that is always true (created_at is set on insert) but that
+-- no statement of the engine names, and the console's queries repeat it to use them. Each
+-- holds run_id as its second column, so any `run_id = ...` could be served by walking the
+-- whole index; on a table the statistics call empty the planner finds that as cheap as the
+-- primary key. runs_console_status was taken for lookups of one run by `run_id = ... and
+-- status in (...)`, with a plan cached while the table was empty; runs_console_workflow,
+-- when it covered every row, by the group commit's completion UPDATE on a new database never
+-- analysed (test/plans.test.ts caught both): a walk of every run per completion once the
+-- table has grown.
 create index runs_console_status on runledger.runs (status, run_id) where created_at > '-infinity';
-create index runs_console_workflow on runledger.runs (workflow_name, run_id);
+create index runs_console_workflow on runledger.runs (workflow_name, run_id) where created_at > '-infinity';
 
 insert into runledger.migrations (version, name) values (21, '0021_console');

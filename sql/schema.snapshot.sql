@@ -307,7 +307,7 @@ ALTER TABLE runledger.runs ADD CONSTRAINT runs_pkey PRIMARY KEY (run_id);
 CREATE INDEX runs_admission_key ON runledger.runs USING btree (queue_name, COALESCE(concurrency_key, ''::text), priority, created_at, run_id) WHERE ((status = 'PENDING'::runledger.run_status) AND (NOT admitted));
 CREATE INDEX runs_cancelling_unowned ON runledger.runs USING btree (queue_name) WHERE ((status = 'CANCELLING'::runledger.run_status) AND (lease_owner IS NULL));
 CREATE INDEX runs_console_status ON runledger.runs USING btree (status, run_id) WHERE (created_at > '-infinity'::timestamp with time zone);
-CREATE INDEX runs_console_workflow ON runledger.runs USING btree (workflow_name, run_id);
+CREATE INDEX runs_console_workflow ON runledger.runs USING btree (workflow_name, run_id) WHERE (created_at > '-infinity'::timestamp with time zone);
 CREATE INDEX runs_deadline ON runledger.runs USING btree (deadline_at) WHERE ((status = ANY (ARRAY['PENDING'::runledger.run_status, 'WAITING'::runledger.run_status])) AND (deadline_at IS NOT NULL));
 CREATE INDEX runs_finished ON runledger.runs USING btree (status, created_at) WHERE (status = ANY (ARRAY['SUCCEEDED'::runledger.run_status, 'FAILED'::runledger.run_status, 'CANCELLED'::runledger.run_status, 'TERMINATED'::runledger.run_status, 'DEAD_LETTER'::runledger.run_status]));
 CREATE INDEX runs_forked_from ON runledger.runs USING btree (((version_manifest ->> 'forked_from'::text))) WHERE (version_manifest ? 'forked_from'::text);

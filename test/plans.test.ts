@@ -22,6 +22,7 @@ interface PlanNode {
   'Node Type': string;
   'Relation Name'?: string;
   'Index Name'?: string;
+  'Index Cond'?: string;
   Plans?: PlanNode[];
 }
 interface Explained {
@@ -145,6 +146,7 @@ describe('hot-path plans on a database with history and stale statistics', () =>
         !s.scans.some((x) => x.includes('runs_pkey')),
     );
     expect(notByKey, JSON.stringify(notByKey, null, 2)).toEqual([]);
+    expect(found.walks, JSON.stringify(found.walks, null, 2)).toEqual([]);
     await report('with the settings', found);
   }, 180_000);
 
@@ -168,6 +170,50 @@ describe('hot-path plans on a database with history and stale statistics', () =>
       await report('without the settings', found);
     } finally {
       await bare.drop();
+    }
+  }, 180_000);
+});
+
+describe('hot-path plans on a new database, never analysed', () => {
+  it('read no index of runs, steps, events or operations whole, and complete each run by the primary key', async () => {
+    const target = await createTestDatabase();
+    try {
+      const found = await newDatabaseScenario(target);
+      expect(found.plpgsqlPlans).toBeGreaterThan(100);
+      expect(found.seqScans, JSON.stringify(found.seqScans, null, 2)).toEqual([]);
+      expect(found.walks, JSON.stringify(found.walks, null, 2)).toEqual([]);
+      // The group commit's completion UPDATE (_commit_fast) finds each run by its key.
+      const completion = found.statements.filter((s) => /^with done as \( update runledger\.runs r set status = 'SUCCEEDED'/.test(s.query));
+      expect(completion.length, JSON.stringify(found.statements.map((s) => s.query))).toBeGreaterThan(0);
+      for (const s of completion) {
+        // The index scans that find runs rows (a bitmap heap scan follows its index's).
+        const byIndex = s.scans.filter((scan) => /^(Index|Index Only|Bitmap Index) Scan .*using runs_/.test(scan));
+        expect(byIndex.length, s.scans.join('; ')).toBeGreaterThan(0);
+        expect(
+          byIndex.filter((scan) => !scan.endsWith('using runs_pkey')),
+          s.scans.join('; '),
+        ).toEqual([]);
+      }
+      await report('a new database, never analysed', found);
+    } finally {
+      await target.drop();
+    }
+  }, 180_000);
+
+  it('the same check finds the walk of an index whose first column is not the run id (it can fail)', async () => {
+    const target = await createTestDatabase();
+    try {
+      // runs_console_workflow as it was before it became partial, (workflow_name, run_id) over every row, and no
+      // primary key beside it (its foreign keys go with it): every lookup of a run by id can only walk that index.
+      // Whether a planner takes the walk over the primary key depends on its version and the batch sizes
+      // (PostgreSQL 15 did, for the completion, on a new database); without the key every version must.
+      await target.pool.query('drop index runledger.runs_console_workflow');
+      await target.pool.query('create index runs_console_workflow on runledger.runs (workflow_name, run_id)');
+      await target.pool.query('alter table runledger.runs drop constraint runs_pkey cascade');
+      const found = await newDatabaseScenario(target);
+      expect(found.walks.flatMap((s) => s.scans).join('\n')).toMatch(/using runs_console_workflow: \(run_id = /);
+    } finally {
+      await target.drop();
     }
   }, 180_000);
 });
@@ -227,6 +273,34 @@ interface ScenarioFindings {
   seqScans: Array<{ query: string; scans: string[] }>;
   /** Every distinct statement seen and the scans of hot tables in its plan (node type, table, index). */
   statements: Array<{ query: string; scans: string[] }>;
+  /** Statements whose plan walks an index of a hot table whole: its condition leaves the first column free. */
+  walks: Array<{ query: string; scans: string[] }>;
+}
+
+/** The first column of each index on the hot tables (none for an index whose first key is an expression). */
+async function leadingColumns(target: TestDatabase): Promise<Map<string, string>> {
+  const { rows } = await target.pool.query<{ index: string; column: string | null }>(
+    `select c.relname as index, a.attname as column
+       from pg_index i join pg_class c on c.oid = i.indexrelid
+       left join pg_attribute a on a.attrelid = i.indrelid and a.attnum = i.indkey[0]
+      where i.indrelid = any(array[${HOT_TABLES.map((t) => `'runledger.${t}'::regclass`).join(', ')}])`,
+  );
+  return new Map(rows.flatMap((r) => (r.column ? [[r.index, r.column] as [string, string]] : [])));
+}
+
+/**
+ * The index scans of hot tables whose Index Cond does not name the index's first column. A
+ * btree serves a condition on a later column only by reading every entry: on the table the
+ * statistics call empty that costs what the primary key does, on the real one it is a
+ * sequential scan by another name.
+ */
+function indexWalks(node: PlanNode, leading: Map<string, string>, found: string[] = []): string[] {
+  const column = node['Index Name'] ? leading.get(node['Index Name']) : undefined;
+  if (column && node['Index Cond'] && !new RegExp(`\\b${column}\\b`).test(node['Index Cond'])) {
+    found.push(`${node['Node Type']} using ${node['Index Name']}: ${node['Index Cond']}`);
+  }
+  for (const child of node.Plans ?? []) indexWalks(child, leading, found);
+  return found;
 }
 
 function hotScans(node: PlanNode, found: string[] = []): string[] {
@@ -244,19 +318,12 @@ function hotScans(node: PlanNode, found: string[] = []): string[] {
  * back, then records every plan auto_explain reports while the hot paths run again.
  */
 async function staleStatisticsScenario(target: TestDatabase): Promise<ScenarioFindings> {
-  seen.length = 0;
   // Every cached plan generic from its first execution, as PL/pgSQL may choose after
   // five: which session reaches five executions of which statement depends on timing,
   // so without this the scenario would test luck. New sessions of the engine get it.
   const database = new URL(target.url).pathname.slice(1);
   await target.pool.query(`alter database "${database}" set plan_cache_mode = force_generic_plan`);
-  const engine = createEngine({
-    pool: new pg.Pool({ connectionString: target.url, options: AUTO_EXPLAIN, Client: ExplainedClient, max: 6 }),
-    log: () => {},
-  });
-  try {
-    const flows = defineWorkflows(engine);
-    const worker = await engine.runWorker({ queues: ['plans'], concurrency: 4, pollIntervalMs: 200 });
+  return recordPlans(target, async (engine, flows, record) => {
     // Warm-up on an almost empty database: every statement runs more than five times per session.
     await exercise(engine, flows, target, 30);
 
@@ -277,21 +344,90 @@ async function staleStatisticsScenario(target: TestDatabase): Promise<ScenarioFi
     const stats = await target.pool.query(`select reltuples from pg_class where oid = 'runledger.runs'::regclass`);
     expect(Number(stats.rows[0].reltuples)).toBe(0); // the statistics still describe the empty table
 
-    recording = true;
-    await exercise(engine, flows, target, 20);
-    await worker.stop();
-    recording = false;
+    await record(() => exercise(engine, flows, target, 20));
+  });
+}
 
+/**
+ * A new database as an install leaves it: migrated, never analysed (autovacuum off on the
+ * hot tables, so none happens meanwhile), plans custom as PL/pgSQL makes them first. The
+ * hot paths run under auto_explain from the first statement.
+ */
+async function newDatabaseScenario(target: TestDatabase): Promise<ScenarioFindings> {
+  for (const table of HOT_TABLES) await target.pool.query(`alter table runledger.${table} set (autovacuum_enabled = false)`);
+  const stats = await target.pool.query(`select reltuples from pg_class where oid = 'runledger.runs'::regclass`);
+  expect(Number(stats.rows[0].reltuples)).toBe(-1); // never analysed
+  return recordPlans(
+    target,
+    (engine, flows, record) =>
+      record(async () => {
+        await exercise(engine, flows, target, 10);
+        // Bursts of one-step runs: their completions reach the group commit together, several per batch.
+        for (let burst = 0; burst < 5; burst++) {
+          const handles = await engine.startMany(
+            flows.oneStep,
+            Array.from({ length: 64 }, () => undefined),
+          );
+          await Promise.all(handles.map((h) => h.result({ timeoutMs: 20_000 })));
+        }
+      }),
+    16,
+  );
+}
+
+/**
+ * Runs `scenario` with an engine whose sessions report every plan through auto_explain, a
+ * worker on the plans queue, and `record`, which keeps the plans of what it runs.
+ */
+async function recordPlans(
+  target: TestDatabase,
+  scenario: (
+    engine: Engine,
+    flows: ReturnType<typeof defineWorkflows>,
+    record: (work: () => Promise<void>) => Promise<void>,
+  ) => Promise<void>,
+  concurrency = 4,
+): Promise<ScenarioFindings> {
+  seen.length = 0;
+  const engine = createEngine({
+    pool: new pg.Pool({ connectionString: target.url, options: AUTO_EXPLAIN, Client: ExplainedClient, max: concurrency + 2 }),
+    log: () => {},
+  });
+  try {
+    const flows = defineWorkflows(engine);
+    const worker = await engine.runWorker({ queues: ['plans'], concurrency, pollIntervalMs: 200 });
+    await scenario(engine, flows, async (work) => {
+      recording = true;
+      try {
+        await work();
+      } finally {
+        recording = false;
+      }
+    });
+    await worker.stop();
+
+    const leading = await leadingColumns(target);
     const normalized = seen
       .filter((p) => p.Plan)
       .map((p) => ({ query: p['Query Text'].replace(/\s+/g, ' ').trim().slice(0, 300), plan: p.Plan }));
-    const statements = [...new Map(normalized.map((p) => [p.query, { query: p.query, scans: [...new Set(hotScans(p.plan))] }])).values()];
+    // Each distinct statement with the scans of every plan it ran with (a custom plan may differ per execution).
+    const byQuery = (scans: (plan: PlanNode) => string[]) => {
+      const grouped = new Map<string, Set<string>>();
+      for (const p of normalized) {
+        const set = grouped.get(p.query) ?? new Set<string>();
+        for (const scan of scans(p.plan)) set.add(scan);
+        grouped.set(p.query, set);
+      }
+      return [...grouped].map(([query, set]) => ({ query, scans: [...set] }));
+    };
+    const statements = byQuery((plan) => hotScans(plan));
     return {
       plpgsqlPlans: normalized.filter((p) => !/^select runledger\./i.test(p.query)).length,
       seqScans: statements
         .map((s) => ({ query: s.query, scans: s.scans.filter((scan) => scan.startsWith('Seq Scan')) }))
         .filter((s) => s.scans.length > 0),
       statements: statements.filter((s) => s.scans.length > 0),
+      walks: byQuery((plan) => indexWalks(plan, leading)).filter((s) => s.scans.length > 0),
     };
   } finally {
     recording = false;
