@@ -1,31 +1,30 @@
 /**
  * The start path of this build against an earlier one, measured alternately in one run on
  * one server (not part of `npm start`): a ratio across days on this shared 2-core machine
- * mixes in its swings (the same build has measured 6,000 and 11,000 starts/s on two days).
+ * mixes in its swings (the same start path measured 6,236 and 11,259 starts/s on two days).
  *
  *   git worktree add /tmp/baseline <commit> && (cd /tmp/baseline && npm ci && npm run build)
  *   npm run build && cd bench && DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres \
  *     BASELINE=/tmp/baseline REPS=5 npx tsx start-vs-build.ts
  *
- * Each repetition, for the baseline and then this build, each in a fresh database
+ * After one uncounted measurement of each build, each repetition measures both, the
+ * baseline first in odd repetitions and this build first in even ones, each in a fresh database
  * `rl_start_vs_build` with no worker: migrate, register the one-step workflow `bench` by one
  * engine.start, then time one statement of N (default 20,000) `runledger.start_run` calls over
  * generate_series, and, where the build has it, N runs by engine.startMany in batches of
  * 1,000. It prints each figure, the medians and this build ÷ the baseline. Every run is
  * counted afterwards: a path that left out a run fails the measurement.
  */
-import { createRequire } from 'node:module';
+import { existsSync } from 'node:fs';
 import { join, resolve } from 'node:path';
-import { fileURLToPath } from 'node:url';
-import { profileSettings, freshProfileDatabase } from './lib/profile-db.js';
+import { fileURLToPath, pathToFileURL } from 'node:url';
+import { freshProfileDatabase, positiveInteger, profileSettings } from './lib/profile-db.js';
 import { median, perSecond } from './lib/stats.js';
 
 const { url, count } = profileSettings(20_000);
 const baseline = process.env.BASELINE;
 if (!baseline) throw new Error('BASELINE is required: the root of a checkout of the earlier build, built (npm ci && npm run build)');
-const reps = Number(process.env.REPS ?? 5);
-if (!Number.isSafeInteger(reps) || reps <= 0)
-  throw new Error(`REPS must be a positive whole number, got ${JSON.stringify(process.env.REPS)}`);
+const reps = positiveInteger('REPS', process.env.REPS, 5);
 const current = resolve(fileURLToPath(import.meta.url), '..', '..');
 
 interface Build {
@@ -45,8 +44,9 @@ interface Ctx {
 }
 
 async function load(root: string, label: string): Promise<Build> {
-  const entry = createRequire(join(root, 'package.json')).resolve(join(root, 'dist', 'index.js'));
-  const module = (await import(entry)) as { createEngine: Build['createEngine'] };
+  const entry = join(root, 'dist', 'index.js');
+  if (!existsSync(entry)) throw new Error(`${label}: ${entry} does not exist (run npm ci && npm run build in ${root})`);
+  const module = (await import(pathToFileURL(entry).href)) as { createEngine: Build['createEngine'] };
   return { label, createEngine: module.createEngine };
 }
 
@@ -88,8 +88,12 @@ async function measure(build: Build): Promise<{ single: number; startMany: numbe
 
 const builds = [await load(resolve(baseline), `baseline (${baseline})`), await load(current, 'this build')];
 const figures = new Map<string, { single: number[]; startMany: number[] }>(builds.map((b) => [b.label, { single: [], startMany: [] }]));
+// A first measurement in the process runs cold (module loading, the JIT, the new database's
+// caches) and would count against whichever build went first: one of each, not counted.
+for (const build of builds) await measure(build);
 for (let rep = 1; rep <= reps; rep++) {
-  for (const build of builds) {
+  // ABBA: neither build always goes first.
+  for (const build of rep % 2 ? builds : [...builds].reverse()) {
     const result = await measure(build);
     const list = figures.get(build.label)!;
     list.single.push(result.single);

@@ -23,7 +23,8 @@ export function profileSettings(defaultCount: number): ProfileSettings {
   return { url, count, postmaster };
 }
 
-function positiveInteger(name: string, raw: string | undefined, fallback: number): number {
+/** The environment variable `name` as a positive whole number (`fallback` when unset); refuses anything else. */
+export function positiveInteger(name: string, raw: string | undefined, fallback: number): number {
   if (raw === undefined || raw === '') return fallback;
   const value = Number(raw);
   if (!Number.isSafeInteger(value) || value <= 0) throw new Error(`${name} must be a positive whole number, got ${JSON.stringify(raw)}`);
