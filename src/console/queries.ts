@@ -46,10 +46,12 @@ function where(filters: RunFilters, params: unknown[], withStatus = true): strin
     parts.push(sql(`$${params.length}`));
   };
   const statuses = filters.status.filter((s) => (RUN_STATES as readonly string[]).includes(s));
-  // created_at > '-infinity': the predicate of runs_console_status and runs_console_workflow
-  // (sql/0021_console.sql), always true; without it neither index can serve the list.
-  if (withStatus && statuses.length > 0) add((p) => `status = any(${p}::runledger.run_status[]) and created_at > '-infinity'`, statuses);
-  if (filters.workflow) add((p) => `workflow_name = ${p} and created_at > '-infinity'`, filters.workflow);
+  const byStatus = withStatus && statuses.length > 0;
+  if (byStatus) add((p) => `status = any(${p}::runledger.run_status[])`, statuses);
+  if (filters.workflow) add((p) => `workflow_name = ${p}`, filters.workflow);
+  // The predicate of runs_console_status and runs_console_workflow (sql/0021_console.sql),
+  // always true: without it neither index can serve the list.
+  if (byStatus || filters.workflow) parts.push(`created_at > '-infinity'`);
   if (filters.queue) add((p) => `queue_name = ${p}`, filters.queue);
   if (filters.concurrencyKey) add((p) => `concurrency_key = ${p}`, filters.concurrencyKey);
   if (filters.search) {
