@@ -305,6 +305,7 @@ COMMENT ON CONSTRAINT runs_invariants ON runledger.runs IS 'Every rule a runs ro
 ALTER TABLE runledger.runs ADD CONSTRAINT runs_parent_run_id_fkey FOREIGN KEY (parent_run_id) REFERENCES runledger.runs(run_id) ON DELETE SET NULL;
 ALTER TABLE runledger.runs ADD CONSTRAINT runs_pkey PRIMARY KEY (run_id);
 CREATE INDEX runs_admission_key ON runledger.runs USING btree (queue_name, COALESCE(concurrency_key, ''::text), priority, created_at, run_id) WHERE ((status = 'PENDING'::runledger.run_status) AND (NOT admitted));
+CREATE INDEX runs_admission_order ON runledger.runs USING btree (queue_name, priority, created_at, run_id) WHERE ((status = 'PENDING'::runledger.run_status) AND (NOT admitted));
 CREATE INDEX runs_cancelling_unowned ON runledger.runs USING btree (queue_name) WHERE ((status = 'CANCELLING'::runledger.run_status) AND (lease_owner IS NULL));
 CREATE INDEX runs_console_status ON runledger.runs USING btree (status, run_id) WHERE (created_at > '-infinity'::timestamp with time zone);
 CREATE INDEX runs_console_workflow ON runledger.runs USING btree (workflow_name, run_id) WHERE (created_at > '-infinity'::timestamp with time zone);
@@ -844,6 +845,7 @@ declare
   v_free   int := p_max;
   v_recent int;
   v_count  int := 0;
+  v_first  text[];
 begin
   -- One admitter per queue at a time: the count below and the admissions after it are
   -- then consistent, whatever number of workers and starts run concurrently.
@@ -866,71 +868,85 @@ begin
     return 0;
   end if;
 
-  -- One statement for the whole round, in the order (priority, turn, age), where a run's
-  -- turn is its place among its key's waiting runs after the ones that key already has
-  -- running: ordering by turn interleaves keys, so a tenant with a burst of 50,000 runs
-  -- cannot starve one with 10. Each key's first due run (its head) is found by a skip
-  -- scan over runs_admission_key, one index probe per key, whatever the backlog. A key's
-  -- later runs come after its head in (priority, turn), so they are read only for the
-  -- keys whose next turn could still place among the round's v_free best heads; with
-  -- many keys and few free slots that is none of them. (Null key counts as ''.)
-  with recursive heads(k, run_id, priority, created_at) as (
-    (select coalesce(r.concurrency_key, ''), r.run_id, r.priority, r.created_at from runledger.runs r
-      where r.queue_name = p_queue and r.status = 'PENDING' and not r.admitted
-        and (r.not_before is null or r.not_before <= v_now)
-      order by coalesce(r.concurrency_key, ''), r.priority, r.created_at, r.run_id
-      limit 1)
-    union all
-    select n.* from heads h cross join lateral (
-      select coalesce(r.concurrency_key, ''), r.run_id, r.priority, r.created_at from runledger.runs r
-       where r.queue_name = p_queue and r.status = 'PENDING' and not r.admitted
-         and (r.not_before is null or r.not_before <= v_now)
-         and coalesce(r.concurrency_key, '') > h.k
-       order by coalesce(r.concurrency_key, ''), r.priority, r.created_at, r.run_id
-       limit 1) n),
-  active as (
-    select coalesce(r.concurrency_key, '') as k, count(*) as n from runledger.runs r
-     where r.queue_name = p_queue and (r.status in ('RUNNING', 'CANCELLING') or (r.status = 'PENDING' and r.admitted))
-     group by 1),
-  ranked as (
-    -- Each head's turn, and how many of its key's runs this round may take at most.
-    select h.*, coalesce(a.n, 0) + 1 as turn,
-           least(v_free, greatest(coalesce(v_q.per_key_concurrency - coalesce(a.n, 0), v_free), 0)) as room
-      from heads h left join active a on a.k = h.k),
-  bar as (
-    -- The v_free-th best head: a later run of a key places in the round only if its
-    -- (priority, turn) is at most this one's. None when there are fewer heads than slots.
-    select b.priority, b.turn from ranked b where b.room > 0
-     order by b.priority, b.turn, b.created_at, b.run_id offset v_free - 1 limit 1),
-  candidates as (
-    select k.run_id, k.priority, k.turn, k.created_at from ranked k where k.room > 0
-    union all
-    select c.run_id, c.priority, k.turn + c.behind as turn, c.created_at
-      from ranked k
-      cross join lateral (
-        select r.run_id, r.priority, r.created_at,
-               row_number() over (order by r.priority, r.created_at, r.run_id) as behind
-          from runledger.runs r
+  -- A round with few free slots is most often settled by the queue's oldest waiting runs
+  -- (_admit_first_turns); past 64 slots the shortcut would read too many of them to pay.
+  if v_free <= 64 then
+    v_first := runledger._admit_first_turns(p_queue, v_free, v_now);
+  end if;
+  if v_first is not null then
+    -- One microsecond apart, in the round's order (see below).
+    update runledger.runs r
+       set admitted = true, admitted_at = v_now + (f.ord - 1) * interval '1 microsecond'
+      from unnest(v_first) with ordinality f(run_id, ord)
+     where r.run_id = f.run_id and r.status = 'PENDING' and not r.admitted;
+    get diagnostics v_count = row_count;
+  else
+    -- One statement for the whole round, in the order (priority, turn, age), where a run's
+    -- turn is its place among its key's waiting runs after the ones that key already has
+    -- running: ordering by turn interleaves keys, so a tenant with a burst of 50,000 runs
+    -- cannot starve one with 10. Each key's first due run (its head) is found by a skip
+    -- scan over runs_admission_key, one index probe per key, whatever the backlog. A key's
+    -- later runs come after its head in (priority, turn), so they are read only for the
+    -- keys whose next turn could still place among the round's v_free best heads; with
+    -- many keys and few free slots that is none of them. (Null key counts as ''.)
+    with recursive heads(k, run_id, priority, created_at) as (
+      (select coalesce(r.concurrency_key, ''), r.run_id, r.priority, r.created_at from runledger.runs r
+        where r.queue_name = p_queue and r.status = 'PENDING' and not r.admitted
+          and (r.not_before is null or r.not_before <= v_now)
+        order by coalesce(r.concurrency_key, ''), r.priority, r.created_at, r.run_id
+        limit 1)
+      union all
+      select n.* from heads h cross join lateral (
+        select coalesce(r.concurrency_key, ''), r.run_id, r.priority, r.created_at from runledger.runs r
          where r.queue_name = p_queue and r.status = 'PENDING' and not r.admitted
-           and coalesce(r.concurrency_key, '') = k.k and (r.not_before is null or r.not_before <= v_now)
-           and (r.priority, r.created_at, r.run_id) > (k.priority, k.created_at, k.run_id)
-         order by r.priority, r.created_at, r.run_id
-         limit k.room - 1) c
-     where k.room > 1
-       and not exists (select 1 from bar where (k.priority, k.turn + 1) > (bar.priority, bar.turn))),
-  chosen as (
-    select c.run_id, row_number() over (order by c.priority, c.turn, c.created_at, c.run_id) as ord
-      from candidates c
-     where v_q.per_key_concurrency is null or c.turn <= v_q.per_key_concurrency
-     order by c.priority, c.turn, c.created_at, c.run_id
-     limit v_free)
-  -- One microsecond apart, in the order chosen here: workers claim admitted runs by
-  -- admitted_at, so a claim smaller than this round keeps its fairness.
-  update runledger.runs r
-     set admitted = true, admitted_at = v_now + (ch.ord - 1) * interval '1 microsecond'
-    from chosen ch
-   where r.run_id = ch.run_id;
-  get diagnostics v_count = row_count;
+           and (r.not_before is null or r.not_before <= v_now)
+           and coalesce(r.concurrency_key, '') > h.k
+         order by coalesce(r.concurrency_key, ''), r.priority, r.created_at, r.run_id
+         limit 1) n),
+    active as (
+      select coalesce(r.concurrency_key, '') as k, count(*) as n from runledger.runs r
+       where r.queue_name = p_queue and (r.status in ('RUNNING', 'CANCELLING') or (r.status = 'PENDING' and r.admitted))
+       group by 1),
+    ranked as (
+      -- Each head's turn, and how many of its key's runs this round may take at most.
+      select h.*, coalesce(a.n, 0) + 1 as turn,
+             least(v_free, greatest(coalesce(v_q.per_key_concurrency - coalesce(a.n, 0), v_free), 0)) as room
+        from heads h left join active a on a.k = h.k),
+    bar as (
+      -- The v_free-th best head: a later run of a key places in the round only if its
+      -- (priority, turn) is at most this one's. None when there are fewer heads than slots.
+      select b.priority, b.turn from ranked b where b.room > 0
+       order by b.priority, b.turn, b.created_at, b.run_id offset v_free - 1 limit 1),
+    candidates as (
+      select k.run_id, k.priority, k.turn, k.created_at from ranked k where k.room > 0
+      union all
+      select c.run_id, c.priority, k.turn + c.behind as turn, c.created_at
+        from ranked k
+        cross join lateral (
+          select r.run_id, r.priority, r.created_at,
+                 row_number() over (order by r.priority, r.created_at, r.run_id) as behind
+            from runledger.runs r
+           where r.queue_name = p_queue and r.status = 'PENDING' and not r.admitted
+             and coalesce(r.concurrency_key, '') = k.k and (r.not_before is null or r.not_before <= v_now)
+             and (r.priority, r.created_at, r.run_id) > (k.priority, k.created_at, k.run_id)
+           order by r.priority, r.created_at, r.run_id
+           limit k.room - 1) c
+       where k.room > 1
+         and not exists (select 1 from bar where (k.priority, k.turn + 1) > (bar.priority, bar.turn))),
+    chosen as (
+      select c.run_id, row_number() over (order by c.priority, c.turn, c.created_at, c.run_id) as ord
+        from candidates c
+       where v_q.per_key_concurrency is null or c.turn <= v_q.per_key_concurrency
+       order by c.priority, c.turn, c.created_at, c.run_id
+       limit v_free)
+    -- One microsecond apart, in the order chosen here: workers claim admitted runs by
+    -- admitted_at, so a claim smaller than this round keeps its fairness.
+    update runledger.runs r
+       set admitted = true, admitted_at = v_now + (ch.ord - 1) * interval '1 microsecond'
+      from chosen ch
+     where r.run_id = ch.run_id;
+    get diagnostics v_count = row_count;
+  end if;
   if v_count > 0 then
     perform runledger._dispatch(null, p_queue); -- one announcement for the round
     if v_q.rate_limit_max is not null then
@@ -940,7 +956,7 @@ begin
   return v_count;
 end;
 $function$;
-COMMENT ON FUNCTION runledger._admit(text,integer) IS 'Admission for one queue, under its row lock: fills free slots (concurrency, per-key concurrency, rate limit; none when paused) with PENDING runs by priority (lower first), then fair turns across concurrency keys, then age, and dispatches them. Work-conserving. Returns how many it admitted.';
+COMMENT ON FUNCTION runledger._admit(text,integer) IS 'Admission for one queue, under its row lock: fills free slots (concurrency, per-key concurrency, rate limit; none when paused) with PENDING runs by priority (lower first), then fair turns across concurrency keys, then age, and dispatches them. Work-conserving. A round of at most 64 free slots first tries _admit_first_turns (the oldest waiting runs); otherwise, or when those do not settle it, it reads the head of every key with runs waiting. Returns how many it admitted.';
 
 CREATE OR REPLACE FUNCTION runledger._admit_all(p_limit integer DEFAULT 1000)
  RETURNS integer
@@ -973,6 +989,47 @@ begin
 end;
 $function$;
 COMMENT ON FUNCTION runledger._admit_collected() IS 'The end of a group commit: one admission round for each queue whose slots its completions freed (see _admit_later).';
+
+CREATE OR REPLACE FUNCTION runledger._admit_first_turns(p_queue text, p_free integer, p_now timestamp with time zone)
+ RETURNS text[]
+ LANGUAGE plpgsql
+ STABLE
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+AS $function$
+declare
+  v_ids text[];
+begin
+  if p_free is null or p_free < 1 then
+    return null;
+  end if;
+  with oldest as materialized (
+    select r.run_id, coalesce(r.concurrency_key, '') as k, r.priority, r.created_at
+      from runledger.runs r
+     where r.queue_name = p_queue and r.status = 'PENDING' and not r.admitted
+       and (r.not_before is null or r.not_before <= p_now)
+     order by r.priority, r.created_at, r.run_id
+     limit 4 * p_free + 32),
+  heads as (
+    select distinct on (o.k) o.run_id, o.k, o.priority, o.created_at
+      from oldest o
+     order by o.k, o.priority, o.created_at, o.run_id),
+  busy as (
+    select distinct coalesce(r.concurrency_key, '') as k from runledger.runs r
+     where r.queue_name = p_queue and (r.status in ('RUNNING', 'CANCELLING') or (r.status = 'PENDING' and r.admitted)))
+  select array_agg(f.run_id order by f.created_at, f.run_id) into v_ids
+    from (select h.run_id, h.created_at from heads h
+           where h.priority = (select min(o.priority) from oldest o)
+             and not exists (select 1 from busy b where b.k = h.k)
+           order by h.created_at, h.run_id
+           limit p_free) f;
+  if coalesce(cardinality(v_ids), 0) < p_free then
+    return null;
+  end if;
+  return v_ids;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._admit_first_turns(text,integer,timestamp with time zone) IS 'Part of _admit: the p_free runs an admission round of p_queue takes, in its order, when they are all first turns of the smallest priority waiting (heads of keys with no run in a slot) found among the queue''s 4 × p_free + 32 oldest due waiting runs (index runs_admission_order); null when those do not settle the round. Reads only; the caller holds the queue''s row lock.';
 
 CREATE OR REPLACE FUNCTION runledger._admit_later(p_queue text)
  RETURNS void
@@ -4324,6 +4381,37 @@ begin
 end;
 $function$;
 COMMENT ON FUNCTION runledger._start_claimed(text,jsonb,jsonb,text,integer) IS 'engine.start for a run its own process''s worker takes: the run is started as start_run starts it (without NOTIFY) and claimed for p_worker_id with a lease of p_lease_ms in the same transaction, as _claim_batch would claim it: a new run that is runnable at once is inserted claimed (runledger._start), an existing never-claimed runnable one (an idempotent start, or one its queue''s admission just let in) is claimed by an update. Returns one row: claimed true with the claimed run''s fields, or claimed false (a run already claimed or of another version, a delayed start, a run admission held back, a deadline already past), in which case the run is announced as start_run announces it.';
+
+CREATE OR REPLACE FUNCTION runledger._start_claimed_many(p_items jsonb)
+ RETURNS TABLE(item integer, run_id text, claimed boolean, workflow_name text, workflow_version text, input jsonb, fencing_token bigint, recovery_attempts integer, max_steps integer, budget numeric, budget_spent numeric, budget_limits jsonb, budget_used jsonb, traceparent text)
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
+AS $function$
+declare
+  v_item  jsonb;
+  v_index int := 0;
+begin
+  if jsonb_typeof(p_items) is distinct from 'array' then
+    raise exception using errcode = 'RL003',
+      message = format('_start_claimed_many: items must be a JSON array, not %s', coalesce(jsonb_typeof(p_items), 'null'));
+  end if;
+  -- No subtransaction per item: an error undoes the whole statement, and the caller sends
+  -- each of its items again alone, so every start gets its own answer. Errors are rare
+  -- (the engine checks the inputs first); a subtransaction per item would cost every batch.
+  for v_item in select value from jsonb_array_elements(p_items) loop
+    return query
+      select v_index, s.run_id, s.claimed, s.workflow_name, s.workflow_version, s.input, s.fencing_token, s.recovery_attempts,
+             s.max_steps, s.budget, s.budget_spent, s.budget_limits, s.budget_used, s.traceparent
+        from runledger._start_claimed(v_item->>'workflow', v_item->'input', v_item->'options', v_item->>'worker_id',
+                                      (v_item->>'lease_ms')::int) s;
+    v_index := v_index + 1;
+  end loop;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._start_claimed_many(jsonb) IS 'Several engine.start calls of one process in one transaction: runledger._start_claimed for each element of p_items ({workflow, input, options, worker_id, lease_ms}), in order; one row per item, numbered from 0, with _start_claimed''s columns. An error in any item undoes them all (the engine then starts each alone).';
 
 CREATE OR REPLACE FUNCTION runledger._start_template(p_workflow text, p_options jsonb, p_caller text DEFAULT 'start_run'::text)
  RETURNS runledger.runs

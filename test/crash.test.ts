@@ -191,6 +191,41 @@ describe('SIGKILL right after a start that claimed its run', () => {
   });
 });
 
+describe('SIGKILL right after starts that committed together', () => {
+  it('before the worker ran any of them: the next worker recovers every one and every step runs once', async () => {
+    const doomed = await worker({ START_TOGETHER: '6', CONCURRENCY: '8', RUNLEDGER_FAILPOINTS: 'after-start-claimed:order' });
+    expect((await doomed.exited).signal).toBe('SIGKILL');
+    const doomedId = /ready (\S+)/.exec(doomed.output())![1]!;
+    const claimed = await db.pool.query<{ run_id: string; status: string; lease_owner: string | null }>(
+      `select r.run_id, r.status, r.lease_owner from runledger.runs r
+        where r.workflow_name = 'order'
+          and exists (select 1 from runledger.events e where e.run_id = r.run_id and e.kind = 'claimed' and e.detail->>'worker' = $1)`,
+      [doomedId],
+    );
+    // All six committed with their claims, then the process died: RUNNING under the dead
+    // worker's lease, nothing of them run.
+    expect(claimed.rows).toHaveLength(6);
+    for (const row of claimed.rows) expect(row).toMatchObject({ status: 'RUNNING', lease_owner: doomedId });
+    const runIds = claimed.rows.map((row) => row.run_id);
+    // ...in one transaction (events are never updated: xmin is the start's).
+    const starts = await db.pool.query(
+      `select count(distinct xmin::text)::int as n from runledger.events where run_id = any($1) and kind in ('created', 'claimed')`,
+      [runIds],
+    );
+    expect(starts.rows[0].n).toBe(1);
+    expect(await stepFacts(runIds)).toEqual([]);
+
+    await worker();
+    await waitFor('the runs finished', () => allFinished(runIds));
+    const runs = await db.pool.query(`select status, count(*)::int as n from runledger.runs where run_id = any($1) group by 1`, [runIds]);
+    expect(runs.rows).toEqual([{ status: 'SUCCEEDED', n: 6 }]);
+    const facts = await stepFacts(runIds);
+    expect(facts).toHaveLength(6 * 4);
+    for (const fact of facts) expect(fact, `${fact.run_id}/${fact.name}`).toMatchObject({ token: 2, executions: 1 });
+    await assertOrdersExactlyOnce(runIds);
+  });
+});
+
 describe('SIGKILL in a group commit', () => {
   it('after a batch of several runs committed, before the worker heard: nothing committed there runs again, nothing is lost', async () => {
     // One-step runs first: the first batches complete some of them.

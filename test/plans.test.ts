@@ -81,7 +81,9 @@ function defineWorkflows(engine: Engine) {
     await ctx.step('before', () => 0);
     return ctx.waitForSignal<number>('go', { timeout: '1h' });
   });
-  return { oneStep, threeSteps, signalled };
+  // A queue with limits (recordPlans sets them): its runs go through admission rounds.
+  const limited = engine.workflow({ name: 'plan-limited', queue: 'plans-limited' }, async (ctx) => ctx.step('only', () => 1));
+  return { oneStep, threeSteps, signalled, limited };
 }
 
 async function exercise(engine: Engine, flows: ReturnType<typeof defineWorkflows>, target: TestDatabase, n: number): Promise<void> {
@@ -106,6 +108,14 @@ async function exercise(engine: Engine, flows: ReturnType<typeof defineWorkflows
     console.log(JSON.stringify(stuck.rows, null, 1));
     throw error;
   }
+  // With the worker's slots free again: starts made together (they share statements,
+  // runledger._start_claimed_many), and runs of several tenants in the queue with limits,
+  // admitted a few at a time.
+  const together = await Promise.all([
+    ...Array.from({ length: n }, () => engine.start(flows.oneStep, undefined)),
+    ...Array.from({ length: 2 * n }, (_, i) => engine.start(flows.limited, undefined, { concurrencyKey: `tenant-${i % 5}` })),
+  ]);
+  await Promise.all(together.map((h) => h.result({ timeoutMs: 20_000 })));
 }
 
 describe('hot-path plans on a database with history and stale statistics', () => {
@@ -137,6 +147,7 @@ describe('hot-path plans on a database with history and stale statistics', () =>
   it('never read runs, steps, events or operations by sequential scan, even with plans cached on an empty table', async () => {
     const found = await staleStatisticsScenario(db);
     expect(found.plpgsqlPlans).toBeGreaterThan(100); // the nested statements of the SQL functions were seen
+    expectBatchedStartsAndAdmission(found);
     expect(found.seqScans, JSON.stringify(found.seqScans, null, 2)).toEqual([]);
     // A lookup of one run by its id goes by the primary key, not by an index of every run in some status.
     const notByKey = found.statements.filter(
@@ -180,6 +191,7 @@ describe('hot-path plans on a new database, never analysed', () => {
     try {
       const found = await newDatabaseScenario(target);
       expect(found.plpgsqlPlans).toBeGreaterThan(100);
+      expectBatchedStartsAndAdmission(found);
       expect(found.seqScans, JSON.stringify(found.seqScans, null, 2)).toEqual([]);
       expect(found.walks, JSON.stringify(found.walks, null, 2)).toEqual([]);
       // The group commit's completion UPDATE (_commit_fast) finds each run by its key.
@@ -269,12 +281,23 @@ describe('the metrics gauges’ statement (observe/gauges.ts) on a database with
 });
 
 interface ScenarioFindings {
+  /** Every distinct statement seen (whitespace folded, the first 300 characters). */
+  queries: Set<string>;
   plpgsqlPlans: number;
   seqScans: Array<{ query: string; scans: string[] }>;
   /** Every distinct statement seen and the scans of hot tables in its plan (node type, table, index). */
   statements: Array<{ query: string; scans: string[] }>;
   /** Statements whose plan walks an index of a hot table whole: its condition leaves the first column free. */
   walks: Array<{ query: string; scans: string[] }>;
+}
+
+/** The scenario ran the statements of batched starts and of both kinds of admission round, so their plans were checked. */
+function expectBatchedStartsAndAdmission(found: ScenarioFindings): void {
+  const queries = [...found.queries];
+  expect(queries.some((q) => q.startsWith('select item, run_id, claimed') && q.includes('_start_claimed_many'))).toBe(true);
+  // _admit_first_turns's read of the oldest waiting runs, and its update of the runs it chose.
+  expect(queries.some((q) => q.startsWith('with oldest as materialized'))).toBe(true);
+  expect(queries.some((q) => q.startsWith('update runledger.runs r set admitted = true') && q.includes('unnest(v_first)'))).toBe(true);
 }
 
 /** The first column of each index on the hot tables (none for an index whose first key is an expression). */
@@ -395,7 +418,8 @@ async function recordPlans(
   });
   try {
     const flows = defineWorkflows(engine);
-    const worker = await engine.runWorker({ queues: ['plans'], concurrency, pollIntervalMs: 200 });
+    await engine.setQueue('plans-limited', { concurrency: 3, perKeyConcurrency: 1 });
+    const worker = await engine.runWorker({ queues: ['plans', 'plans-limited'], concurrency, pollIntervalMs: 200 });
     await scenario(engine, flows, async (work) => {
       recording = true;
       try {
@@ -422,6 +446,7 @@ async function recordPlans(
     };
     const statements = byQuery((plan) => hotScans(plan));
     return {
+      queries: new Set(normalized.map((p) => p.query)),
       plpgsqlPlans: normalized.filter((p) => !/^select runledger\./i.test(p.query)).length,
       seqScans: statements
         .map((s) => ({ query: s.query, scans: s.scans.filter((scan) => scan.startsWith('Seq Scan')) }))

@@ -28,9 +28,11 @@ import {
   startRun,
   type LocalTaker,
   type RunHandle,
+  type StartHost,
   type StartManyOptions,
   type StartOptions,
 } from './client/start.js';
+import { StartBatcher } from './client/start-batch.js';
 import { ResultWatch } from './client/results.js';
 import { readStream, StreamWatch, type ReadStreamOptions, type StreamChunk } from './client/streams.js';
 import type { RunStatus } from './core/states.js';
@@ -344,7 +346,15 @@ export function createEngine<DB = any>(options: EngineOptions = {}): Engine<DB> 
     }
     return undefined;
   };
-  const startHost = { deps, registerWorkflow, getRun: fetchRun, results, takeLocally };
+  const starts = new StartBatcher(pool);
+  const startHost: StartHost = {
+    deps,
+    registerWorkflow,
+    getRun: fetchRun,
+    results,
+    takeLocally,
+    startClaimed: (start) => starts.submit(start),
+  };
   // Durable streams: readers hear of new chunks by LISTEN (one connection, opened by the first reader).
   const streams = new StreamWatch(poolConfig, log);
 

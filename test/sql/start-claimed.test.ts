@@ -102,3 +102,58 @@ describe('runledger._start_claimed', () => {
     expect(Number((await db.pool.query('select count(*) from runledger.runs')).rows[0].count)).toBe(before);
   });
 });
+
+describe('runledger._start_claimed_many', () => {
+  const many = (items: unknown) =>
+    db.pool.query<StartedRow & { item: number }>(
+      `select item, run_id, claimed, workflow_version, input, fencing_token::text as fencing_token, recovery_attempts
+         from runledger._start_claimed_many($1::jsonb) order by item`,
+      [JSON.stringify(items)],
+    );
+  const item = (runId: string, input: unknown, extra: Record<string, unknown> = {}) => ({
+    workflow: 'w',
+    input,
+    options: { version: '1', run_id: runId, ...extra },
+    worker_id: 'wk-many',
+    lease_ms: 30_000,
+  });
+
+  it('starts each item as _start_claimed would, in one transaction, one row per item in order', async () => {
+    const ids = [newRunId('many-a'), newRunId('many-b'), newRunId('many-c')];
+    const { result, payloads } = await notified(() =>
+      many([item(ids[0]!, { n: 0 }), { ...item(ids[1]!, null), input: undefined }, item(ids[2]!, { n: 2 })]),
+    );
+    expect(payloads).toEqual([]);
+    expect(result.rows).toEqual([
+      { item: 0, run_id: ids[0], claimed: true, workflow_version: '1', input: { n: 0 }, fencing_token: '1', recovery_attempts: 0 },
+      { item: 1, run_id: ids[1], claimed: true, workflow_version: '1', input: null, fencing_token: '1', recovery_attempts: 0 },
+      { item: 2, run_id: ids[2], claimed: true, workflow_version: '1', input: { n: 2 }, fencing_token: '1', recovery_attempts: 0 },
+    ]);
+    for (const id of ids) {
+      expect(await getRun(id)).toMatchObject({ status: 'RUNNING', lease_owner: 'wk-many', fencing_token: 1 });
+      expect((await events(id)).map((e) => e.kind)).toEqual(['created', 'claimed']);
+    }
+    // One transaction: every row was written by the same one.
+    const xids = await db.pool.query(`select count(distinct xmin::text)::int as n from runledger.runs where run_id = any($1)`, [ids]);
+    expect(xids.rows[0].n).toBe(1);
+  });
+
+  it('a run id started twice in one call is started once: the second item finds it claimed', async () => {
+    const id = newRunId('many-twice');
+    const { rows } = await many([item(id, { n: 1 }), item(id, { n: 1 })]);
+    expect(rows.map((r) => [r.item, r.run_id, r.claimed])).toEqual([
+      [0, id, true],
+      [1, id, false],
+    ]);
+    expect((await events(id)).map((e) => e.kind)).toEqual(['created', 'claimed']);
+  });
+
+  it('an error in one item undoes every item of the call', async () => {
+    const ids = [newRunId('many-undone'), newRunId('many-undone')];
+    // The second names a workflow nobody registered (RL006).
+    expect(await sqlState(many([item(ids[0]!, { n: 0 }), { ...item(ids[1]!, { n: 1 }), workflow: 'nobody' }]))).toBe('RL006');
+    const left = await db.pool.query(`select count(*)::int as n from runledger.runs where run_id = any($1)`, [ids]);
+    expect(left.rows[0].n).toBe(0);
+    expect(await sqlState(many({ not: 'an array' }))).toBe('RL003');
+  });
+});

@@ -12,6 +12,7 @@ import { withinMs, type ResultWatch } from './results.js';
 import type { Payloads } from '../core/payloads.js';
 import { activeTraceparent, isTraceparent } from '../observe/tracing.js';
 import type { EngineMetrics } from '../observe/metrics.js';
+import type { ClaimedStart, ClaimedStartRow } from './start-batch.js';
 
 export interface StartOptions {
   /** Explicit run id; starting again with the same id returns the same run. */
@@ -63,6 +64,8 @@ export interface StartHost {
    * a free slot: the start then claims the run for it in the same transaction.
    */
   takeLocally?: (workflow: Workflow<any, any>, queue: string, runId: string) => LocalTaker | undefined;
+  /** Starts a run claimed for a local taker (runledger._start_claimed), together with the starts made meanwhile (StartBatcher). */
+  startClaimed: (start: ClaimedStart) => Promise<ClaimedStartRow>;
 }
 
 /** A run claimed for this process's worker in its start's transaction (runledger._start_claimed). */
@@ -103,10 +106,6 @@ export interface LocalTaker {
   wake(): void;
 }
 
-const START_CLAIMED_SQL =
-  'select run_id, claimed, workflow_name, workflow_version, input, fencing_token, recovery_attempts, max_steps, budget, budget_spent, budget_limits, budget_used, traceparent ' +
-  'from runledger._start_claimed(p_workflow => $1, p_input => $2::jsonb, p_options => $3::jsonb, p_worker_id => $4, p_lease_ms => $5)';
-
 export async function startRun<O, In>(
   host: StartHost,
   workflow: Workflow<any, O, In>,
@@ -129,14 +128,16 @@ export async function startRun<O, In>(
   let ranHere: Promise<LocalSuccess | undefined> | undefined;
   try {
     if (local) {
-      const result = await host.deps.pool.query({
-        name: 'runledger_start_claimed',
-        text: START_CLAIMED_SQL,
-        values: [workflow.name, inputText ?? null, JSON.stringify(sqlOptions), local.workerId, local.leaseMs],
+      // Starts made together share a statement and a commit (start-batch.ts).
+      const row = await host.startClaimed({
+        workflow: workflow.name,
+        inputText,
+        optionsText: JSON.stringify(sqlOptions),
+        workerId: local.workerId,
+        leaseMs: local.leaseMs,
       });
-      const row = result.rows[0];
       runId = row.run_id;
-      if (row.claimed) ranHere = local.execute({ ...row, fencing_token: String(row.fencing_token) });
+      if (row.claimed) ranHere = local.execute({ ...(row as unknown as ClaimedAtStart), fencing_token: String(row.fencing_token) });
       else local.wake();
     } else {
       const result = await host.deps.pool.query({

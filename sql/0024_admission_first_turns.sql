@@ -1,0 +1,200 @@
+-- 0024_admission_first_turns: an admission round that fills its few free slots from the
+-- queue's oldest waiting runs, without a probe per waiting key, when that gives the rule's answer.
+--
+-- Defines:
+--   index runs_admission_order                      a queue's runs waiting for admission, by priority, age and id
+--   runledger._admit_first_turns(queue, free, now)  the round's runs when they are all first turns (else null)
+-- Redefines (released in 0007; sql/README.md rule 3):
+--   runledger._admit    tries _admit_first_turns before the round that reads every waiting key's head
+--
+-- Why: a round of _admit reads the head of every key that has runs waiting, one index probe
+-- each, whatever the number of free slots. A worker's group commit runs a round for every
+-- batch that frees slots, so in a queue of 100 tenants (bench/admission.ts: concurrency 16,
+-- 4 per tenant) a round cost about 1.2 ms of server time for the 8 or so slots it filled,
+-- and the rounds took a quarter of the server's time of the drain.
+
+-- A queue's runs waiting for admission in the order the round's rule ranks them within a
+-- turn: priority, age, id. The same predicate as runs_admission_key, so it has the same
+-- entries (only runs of queues with limits ever wait for admission).
+create index runs_admission_order on runledger.runs (queue_name, priority, created_at, run_id)
+  where status = 'PENDING' and not admitted;
+
+-- The rule (_admit): every due waiting run has a turn, its place among its key's due waiting
+-- runs after the runs its key already has in slots; a round takes the runs ranked first by
+-- (priority, turn, age, id). The smallest rank there can be is (p, 1), p the smallest
+-- priority waiting: the head of a key with no run in a slot, whose head has priority p. Read
+-- in (priority, age, id) order, a key's first run is its head, so the oldest waiting runs
+-- name the best first turns in order. When the first 4 × free + 32 of them hold `free` such
+-- heads, those are the round's answer: every other run ranks after them. Otherwise (one key
+-- holding the oldest runs, keys busy, several priorities) it returns null and the caller
+-- reads every key's head.
+create function runledger._admit_first_turns(p_queue text, p_free int, p_now timestamptz) returns text[]
+language plpgsql stable
+set enable_seqscan = off set jit = off as $$
+declare
+  v_ids text[];
+begin
+  if p_free is null or p_free < 1 then
+    return null;
+  end if;
+  with oldest as materialized (
+    select r.run_id, coalesce(r.concurrency_key, '') as k, r.priority, r.created_at
+      from runledger.runs r
+     where r.queue_name = p_queue and r.status = 'PENDING' and not r.admitted
+       and (r.not_before is null or r.not_before <= p_now)
+     order by r.priority, r.created_at, r.run_id
+     limit 4 * p_free + 32),
+  heads as (
+    select distinct on (o.k) o.run_id, o.k, o.priority, o.created_at
+      from oldest o
+     order by o.k, o.priority, o.created_at, o.run_id),
+  busy as (
+    select distinct coalesce(r.concurrency_key, '') as k from runledger.runs r
+     where r.queue_name = p_queue and (r.status in ('RUNNING', 'CANCELLING') or (r.status = 'PENDING' and r.admitted)))
+  select array_agg(f.run_id order by f.created_at, f.run_id) into v_ids
+    from (select h.run_id, h.created_at from heads h
+           where h.priority = (select min(o.priority) from oldest o)
+             and not exists (select 1 from busy b where b.k = h.k)
+           order by h.created_at, h.run_id
+           limit p_free) f;
+  if coalesce(cardinality(v_ids), 0) < p_free then
+    return null;
+  end if;
+  return v_ids;
+end;
+$$;
+comment on function runledger._admit_first_turns(text, int, timestamptz) is
+  'Part of _admit: the p_free runs an admission round of p_queue takes, in its order, when they are all first turns of the smallest priority waiting (heads of keys with no run in a slot) found among the queue''s 4 × p_free + 32 oldest due waiting runs (index runs_admission_order); null when those do not settle the round. Reads only; the caller holds the queue''s row lock.';
+
+-- Each run admitted in a round gets its own admitted_at, in the round's order (priority,
+-- fair turns, age), and _claim_batch takes a limited queue's admitted runs in that order.
+-- With one timestamp for the round, a claim with fewer free slots than the round took
+-- the oldest first, and a tenant with a long backlog got ahead of the others again.
+create or replace function runledger._admit(p_queue text, p_max int default 1000) returns int
+language plpgsql volatile
+set enable_seqscan = off set jit = off as $$
+declare
+  v_q      runledger.queues;
+  v_now    timestamptz := runledger.now();
+  v_active int;
+  v_free   int := p_max;
+  v_recent int;
+  v_count  int := 0;
+  v_first  text[];
+begin
+  -- One admitter per queue at a time: the count below and the admissions after it are
+  -- then consistent, whatever number of workers and starts run concurrently.
+  select * into v_q from runledger.queues where name = p_queue for update;
+  if not found or v_q.paused then
+    return 0;
+  end if;
+  if v_q.concurrency is not null then
+    select count(*) into v_active from runledger.runs r
+     where r.queue_name = p_queue and (r.status in ('RUNNING', 'CANCELLING') or (r.status = 'PENDING' and r.admitted));
+    v_free := least(v_free, v_q.concurrency - v_active);
+  end if;
+  if v_q.rate_limit_max is not null then
+    delete from runledger.admissions a
+     where a.queue_name = p_queue and a.admitted_at <= v_now - make_interval(secs => v_q.rate_limit_period_ms / 1000.0);
+    select count(*) into v_recent from runledger.admissions a where a.queue_name = p_queue;
+    v_free := least(v_free, v_q.rate_limit_max - v_recent);
+  end if;
+  if v_free <= 0 then
+    return 0;
+  end if;
+
+  -- A round with few free slots is most often settled by the queue's oldest waiting runs
+  -- (_admit_first_turns); past 64 slots the shortcut would read too many of them to pay.
+  if v_free <= 64 then
+    v_first := runledger._admit_first_turns(p_queue, v_free, v_now);
+  end if;
+  if v_first is not null then
+    -- One microsecond apart, in the round's order (see below).
+    update runledger.runs r
+       set admitted = true, admitted_at = v_now + (f.ord - 1) * interval '1 microsecond'
+      from unnest(v_first) with ordinality f(run_id, ord)
+     where r.run_id = f.run_id and r.status = 'PENDING' and not r.admitted;
+    get diagnostics v_count = row_count;
+  else
+    -- One statement for the whole round, in the order (priority, turn, age), where a run's
+    -- turn is its place among its key's waiting runs after the ones that key already has
+    -- running: ordering by turn interleaves keys, so a tenant with a burst of 50,000 runs
+    -- cannot starve one with 10. Each key's first due run (its head) is found by a skip
+    -- scan over runs_admission_key, one index probe per key, whatever the backlog. A key's
+    -- later runs come after its head in (priority, turn), so they are read only for the
+    -- keys whose next turn could still place among the round's v_free best heads; with
+    -- many keys and few free slots that is none of them. (Null key counts as ''.)
+    with recursive heads(k, run_id, priority, created_at) as (
+      (select coalesce(r.concurrency_key, ''), r.run_id, r.priority, r.created_at from runledger.runs r
+        where r.queue_name = p_queue and r.status = 'PENDING' and not r.admitted
+          and (r.not_before is null or r.not_before <= v_now)
+        order by coalesce(r.concurrency_key, ''), r.priority, r.created_at, r.run_id
+        limit 1)
+      union all
+      select n.* from heads h cross join lateral (
+        select coalesce(r.concurrency_key, ''), r.run_id, r.priority, r.created_at from runledger.runs r
+         where r.queue_name = p_queue and r.status = 'PENDING' and not r.admitted
+           and (r.not_before is null or r.not_before <= v_now)
+           and coalesce(r.concurrency_key, '') > h.k
+         order by coalesce(r.concurrency_key, ''), r.priority, r.created_at, r.run_id
+         limit 1) n),
+    active as (
+      select coalesce(r.concurrency_key, '') as k, count(*) as n from runledger.runs r
+       where r.queue_name = p_queue and (r.status in ('RUNNING', 'CANCELLING') or (r.status = 'PENDING' and r.admitted))
+       group by 1),
+    ranked as (
+      -- Each head's turn, and how many of its key's runs this round may take at most.
+      select h.*, coalesce(a.n, 0) + 1 as turn,
+             least(v_free, greatest(coalesce(v_q.per_key_concurrency - coalesce(a.n, 0), v_free), 0)) as room
+        from heads h left join active a on a.k = h.k),
+    bar as (
+      -- The v_free-th best head: a later run of a key places in the round only if its
+      -- (priority, turn) is at most this one's. None when there are fewer heads than slots.
+      select b.priority, b.turn from ranked b where b.room > 0
+       order by b.priority, b.turn, b.created_at, b.run_id offset v_free - 1 limit 1),
+    candidates as (
+      select k.run_id, k.priority, k.turn, k.created_at from ranked k where k.room > 0
+      union all
+      select c.run_id, c.priority, k.turn + c.behind as turn, c.created_at
+        from ranked k
+        cross join lateral (
+          select r.run_id, r.priority, r.created_at,
+                 row_number() over (order by r.priority, r.created_at, r.run_id) as behind
+            from runledger.runs r
+           where r.queue_name = p_queue and r.status = 'PENDING' and not r.admitted
+             and coalesce(r.concurrency_key, '') = k.k and (r.not_before is null or r.not_before <= v_now)
+             and (r.priority, r.created_at, r.run_id) > (k.priority, k.created_at, k.run_id)
+           order by r.priority, r.created_at, r.run_id
+           limit k.room - 1) c
+       where k.room > 1
+         and not exists (select 1 from bar where (k.priority, k.turn + 1) > (bar.priority, bar.turn))),
+    chosen as (
+      select c.run_id, row_number() over (order by c.priority, c.turn, c.created_at, c.run_id) as ord
+        from candidates c
+       where v_q.per_key_concurrency is null or c.turn <= v_q.per_key_concurrency
+       order by c.priority, c.turn, c.created_at, c.run_id
+       limit v_free)
+    -- One microsecond apart, in the order chosen here: workers claim admitted runs by
+    -- admitted_at, so a claim smaller than this round keeps its fairness.
+    update runledger.runs r
+       set admitted = true, admitted_at = v_now + (ch.ord - 1) * interval '1 microsecond'
+      from chosen ch
+     where r.run_id = ch.run_id;
+    get diagnostics v_count = row_count;
+  end if;
+  if v_count > 0 then
+    perform runledger._dispatch(null, p_queue); -- one announcement for the round
+    if v_q.rate_limit_max is not null then
+      insert into runledger.admissions (queue_name, admitted_at) select p_queue, v_now from generate_series(1, v_count);
+    end if;
+  end if;
+  return v_count;
+end;
+$$;
+comment on function runledger._admit(text, int) is
+  'Admission for one queue, under its row lock: fills free slots (concurrency, per-key concurrency, rate limit; none when paused) with PENDING runs by priority (lower first), then fair turns across concurrency keys, then age, and dispatches them. Work-conserving. A round of at most 64 free slots first tries _admit_first_turns (the oldest waiting runs); otherwise, or when those do not settle it, it reads the head of every key with runs waiting. Returns how many it admitted.';
+
+-- create or replace resets a function's security to the default: give the secured ones theirs back.
+select runledger._secure_functions();
+
+insert into runledger.migrations (version, name) values (24, '0024_admission_first_turns');
