@@ -34,9 +34,11 @@ const kindOf = (text: string) =>
     ? 'group commit with a claim'
     : text.includes('_commit_batch')
       ? 'group commit'
-      : text.includes('_start_claimed')
-        ? 'start (claimed for this worker)'
-        : text.slice(0, 48);
+      : text.includes('_start_many')
+        ? 'starts made together (claimed for this worker)'
+        : text.includes('_start_claimed')
+          ? 'start (claimed for this worker)'
+          : text.slice(0, 48);
 const query = RunledgerPg.Client.prototype.query as (...args: unknown[]) => unknown;
 RunledgerPg.Client.prototype.query = function (this: unknown, ...args: unknown[]) {
   const config = args[0] as string | { text?: string; values?: unknown[]; callback?: (...r: unknown[]) => unknown };

@@ -4382,7 +4382,7 @@ end;
 $function$;
 COMMENT ON FUNCTION runledger._start_claimed(text,jsonb,jsonb,text,integer) IS 'engine.start for a run its own process''s worker takes: the run is started as start_run starts it (without NOTIFY) and claimed for p_worker_id with a lease of p_lease_ms in the same transaction, as _claim_batch would claim it: a new run that is runnable at once is inserted claimed (runledger._start), an existing never-claimed runnable one (an idempotent start, or one its queue''s admission just let in) is claimed by an update. Returns one row: claimed true with the claimed run''s fields, or claimed false (a run already claimed or of another version, a delayed start, a run admission held back, a deadline already past), in which case the run is announced as start_run announces it.';
 
-CREATE OR REPLACE FUNCTION runledger._start_claimed_many(p_items jsonb)
+CREATE OR REPLACE FUNCTION runledger._start_many(p_items jsonb)
  RETURNS TABLE(item integer, run_id text, claimed boolean, workflow_name text, workflow_version text, input jsonb, fencing_token bigint, recovery_attempts integer, max_steps integer, budget numeric, budget_spent numeric, budget_limits jsonb, budget_used jsonb, traceparent text)
  LANGUAGE plpgsql
  SECURITY DEFINER
@@ -4396,22 +4396,30 @@ declare
 begin
   if jsonb_typeof(p_items) is distinct from 'array' then
     raise exception using errcode = 'RL003',
-      message = format('_start_claimed_many: items must be a JSON array, not %s', coalesce(jsonb_typeof(p_items), 'null'));
+      message = format('_start_many: items must be a JSON array, not %s', coalesce(jsonb_typeof(p_items), 'null'));
   end if;
   -- No subtransaction per item: an error undoes the whole statement, and the caller sends
   -- each of its items again alone, so every start gets its own answer. Errors are rare
   -- (the engine checks the inputs first); a subtransaction per item would cost every batch.
   for v_item in select value from jsonb_array_elements(p_items) loop
-    return query
-      select v_index, s.run_id, s.claimed, s.workflow_name, s.workflow_version, s.input, s.fencing_token, s.recovery_attempts,
-             s.max_steps, s.budget, s.budget_spent, s.budget_limits, s.budget_used, s.traceparent
-        from runledger._start_claimed(v_item->>'workflow', v_item->'input', v_item->'options', v_item->>'worker_id',
-                                      (v_item->>'lease_ms')::int) s;
+    if v_item ? 'worker_id' then
+      return query
+        select v_index, s.run_id, s.claimed, s.workflow_name, s.workflow_version, s.input, s.fencing_token, s.recovery_attempts,
+               s.max_steps, s.budget, s.budget_spent, s.budget_limits, s.budget_used, s.traceparent
+          from runledger._start_claimed(v_item->>'workflow', v_item->'input', v_item->'options', v_item->>'worker_id',
+                                        (v_item->>'lease_ms')::int) s;
+    else
+      -- As start_run (its announcement included: identical notifications of one transaction are sent once).
+      return query
+        select v_index, (s.run).run_id, false, null::text, null::text, null::jsonb, null::bigint, null::int, null::int,
+               null::numeric, null::numeric, null::jsonb, null::jsonb, null::text
+          from runledger._start(v_item->>'workflow', v_item->'input', v_item->'options') s;
+    end if;
     v_index := v_index + 1;
   end loop;
 end;
 $function$;
-COMMENT ON FUNCTION runledger._start_claimed_many(jsonb) IS 'Several engine.start calls of one process in one transaction: runledger._start_claimed for each element of p_items ({workflow, input, options, worker_id, lease_ms}), in order; one row per item, numbered from 0, with _start_claimed''s columns. An error in any item undoes them all (the engine then starts each alone).';
+COMMENT ON FUNCTION runledger._start_many(jsonb) IS 'Several engine.start calls of one process in one transaction, one per element of p_items ({workflow, input, options, worker_id, lease_ms}), in order: with worker_id, runledger._start_claimed (the run claimed for that worker of the calling process when it can be); without, the start start_run makes. One row per item, numbered from 0, with _start_claimed''s columns (claimed false and nulls for a start without a worker). An error in any item undoes them all (the engine then starts each alone).';
 
 CREATE OR REPLACE FUNCTION runledger._start_template(p_workflow text, p_options jsonb, p_caller text DEFAULT 'start_run'::text)
  RETURNS runledger.runs

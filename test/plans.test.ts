@@ -109,7 +109,7 @@ async function exercise(engine: Engine, flows: ReturnType<typeof defineWorkflows
     throw error;
   }
   // With the worker's slots free again: starts made together (they share statements,
-  // runledger._start_claimed_many), and runs of several tenants in the queue with limits,
+  // runledger._start_many), and runs of several tenants in the queue with limits,
   // admitted a few at a time.
   const together = await Promise.all([
     ...Array.from({ length: n }, () => engine.start(flows.oneStep, undefined)),
@@ -294,7 +294,7 @@ interface ScenarioFindings {
 /** The scenario ran the statements of batched starts and of both kinds of admission round, so their plans were checked. */
 function expectBatchedStartsAndAdmission(found: ScenarioFindings): void {
   const queries = [...found.queries];
-  expect(queries.some((q) => q.startsWith('select item, run_id, claimed') && q.includes('_start_claimed_many'))).toBe(true);
+  expect(queries.some((q) => q.startsWith('select item, run_id, claimed') && q.includes('_start_many'))).toBe(true);
   // _admit_first_turns's read of the oldest waiting runs, and its update of the runs it chose.
   expect(queries.some((q) => q.startsWith('with oldest as materialized'))).toBe(true);
   expect(queries.some((q) => q.startsWith('update runledger.runs r set admitted = true') && q.includes('unnest(v_first)'))).toBe(true);

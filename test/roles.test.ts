@@ -63,7 +63,7 @@ const EXPECTED: Record<string, string[]> = {
     'start_run',
     'start_runs',
     '_start_claimed',
-    '_start_claimed_many',
+    '_start_many',
     '_start_child',
     '_register_workflow',
     '_register_worker',

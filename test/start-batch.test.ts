@@ -1,7 +1,7 @@
 /**
- * engine.start calls whose runs the process's own worker takes, made while another start
- * is in flight, go together in one statement and one commit (client/start-batch.ts,
- * runledger._start_claimed_many), and each still gets its own answer.
+ * engine.start calls made while another start is in flight go together in one statement
+ * and one commit (client/start-batch.ts, runledger._start_many), whether the process's own
+ * worker takes their runs or not, and each still gets its own answer.
  */
 import { afterAll, describe, expect, it } from 'vitest';
 import pg from 'pg';
@@ -23,7 +23,7 @@ const sent: string[] = [];
 class CountingClient extends pg.Client {
   override query(...args: any[]): any {
     const name = args[0]?.name;
-    if (typeof name === 'string' && name.startsWith('runledger_start_claimed')) sent.push(name);
+    if (typeof name === 'string' && /^runledger_start_(claimed|many|run)$/.test(name)) sent.push(name);
     return (super.query as (...a: unknown[]) => unknown)(...args);
   }
 }
@@ -61,7 +61,7 @@ describe('starts made together', () => {
     expect(new Set(runIds).size).toBe(24);
     // The first start went alone; the others waited for it and went together.
     expect(sent[0]).toBe('runledger_start_claimed');
-    expect(sent).toContain('runledger_start_claimed_many');
+    expect(sent).toContain('runledger_start_many');
     expect(sent.length).toBeLessThan(24);
     expect(await startTransactions(runIds)).toBe(sent.length);
     const claims = await db.pool.query(
@@ -71,6 +71,39 @@ describe('starts made together', () => {
     );
     expect(claims.rows[0]).toEqual({ claimed: 24, runs: 24 });
     expect(bodies()).toBe(24);
+  });
+
+  it('without a worker in the process: the runs are started PENDING and announced once per batch; a worker elsewhere runs each once', async () => {
+    const { engine, wf } = engineFor('batched-plain');
+    const elsewhere = engineFor('batched-plain');
+    const listener = new pg.Client({ connectionString: db.url });
+    await listener.connect();
+    const heard: string[] = [];
+    listener.on('notification', (n) => heard.push(n.payload ?? ''));
+    await listener.query('listen runledger_runnable');
+    try {
+      sent.length = 0;
+      const handles = await Promise.all(Array.from({ length: 12 }, (_, n) => engine.start(wf, { n })));
+      const runIds = handles.map((h) => h.runId);
+      expect(sent[0]).toBe('runledger_start_run');
+      expect(sent).toContain('runledger_start_many');
+      expect(sent.length).toBeLessThan(12);
+      expect(await startTransactions(runIds)).toBe(sent.length);
+      const pending = await db.pool.query(`select count(*)::int as n from runledger.runs where run_id = any($1) and status = 'PENDING'`, [
+        runIds,
+      ]);
+      expect(pending.rows[0].n).toBe(12);
+      // One notification per statement: identical notifications of one transaction are sent once.
+      await expect.poll(() => heard.length).toBe(sent.length);
+      expect(new Set(heard)).toEqual(new Set(['batched-plain']));
+
+      workers.push(await elsewhere.engine.runWorker({ concurrency: 4, pollIntervalMs: 100 }));
+      const results = await Promise.all(handles.map((h) => h.result({ timeoutMs: 10_000 })));
+      expect(results).toEqual(Array.from({ length: 12 }, (_, n) => n * 2));
+      expect(elsewhere.bodies()).toBe(12);
+    } finally {
+      await listener.end();
+    }
   });
 
   it('a batch that fails on one start is undone and each start sent again alone: the others run, that one gets its error', async () => {
@@ -97,7 +130,7 @@ describe('starts made together', () => {
     expect(results).toEqual([2, 4, 6, 8, 10, 12, 14]);
     expect(bodies()).toBe(7);
     // One alone, one batch of the other seven (undone), then each of those alone.
-    expect(sent).toEqual(['runledger_start_claimed', 'runledger_start_claimed_many', ...Array(7).fill('runledger_start_claimed')]);
+    expect(sent).toEqual(['runledger_start_claimed', 'runledger_start_many', ...Array(7).fill('runledger_start_claimed')]);
     const runIds = started.map((s) => s.value.runId);
     const claims = await db.pool.query(`select count(*)::int as n from runledger.events where run_id = any($1) and kind = 'claimed'`, [
       runIds,

@@ -353,7 +353,7 @@ export function createEngine<DB = any>(options: EngineOptions = {}): Engine<DB> 
     getRun: fetchRun,
     results,
     takeLocally,
-    startClaimed: (start) => starts.submit(start),
+    startBatched: (start) => starts.submit(start),
   };
   // Durable streams: readers hear of new chunks by LISTEN (one connection, opened by the first reader).
   const streams = new StreamWatch(poolConfig, log);

@@ -103,11 +103,11 @@ describe('runledger._start_claimed', () => {
   });
 });
 
-describe('runledger._start_claimed_many', () => {
+describe('runledger._start_many', () => {
   const many = (items: unknown) =>
     db.pool.query<StartedRow & { item: number }>(
       `select item, run_id, claimed, workflow_version, input, fencing_token::text as fencing_token, recovery_attempts
-         from runledger._start_claimed_many($1::jsonb) order by item`,
+         from runledger._start_many($1::jsonb) order by item`,
       [JSON.stringify(items)],
     );
   const item = (runId: string, input: unknown, extra: Record<string, unknown> = {}) => ({
@@ -136,6 +136,26 @@ describe('runledger._start_claimed_many', () => {
     // One transaction: every row was written by the same one.
     const xids = await db.pool.query(`select count(distinct xmin::text)::int as n from runledger.runs where run_id = any($1)`, [ids]);
     expect(xids.rows[0].n).toBe(1);
+  });
+
+  it('an item without a worker is started as start_run starts it: PENDING, announced once for the call', async () => {
+    const ids = [newRunId('many-plain'), newRunId('many-plain'), newRunId('many-claimed')];
+    const plain = (runId: string) => {
+      const { worker_id: _w, lease_ms: _l, ...rest } = item(runId, { n: 1 });
+      return rest;
+    };
+    const { result, payloads } = await notified(() => many([plain(ids[0]!), plain(ids[1]!), item(ids[2]!, { n: 2 })]));
+    expect(result.rows.map((r) => [r.item, r.run_id, r.claimed, r.fencing_token])).toEqual([
+      [0, ids[0], false, null],
+      [1, ids[1], false, null],
+      [2, ids[2], true, '1'],
+    ]);
+    expect(payloads).toEqual(['default']);
+    for (const id of ids.slice(0, 2)) {
+      expect(await getRun(id)).toMatchObject({ status: 'PENDING', admitted: true, fencing_token: 0, input: { n: 1 } });
+      expect((await events(id)).map((e) => e.kind)).toEqual(['created']);
+    }
+    expect(await getRun(ids[2]!)).toMatchObject({ status: 'RUNNING', lease_owner: 'wk-many' });
   });
 
   it('a run id started twice in one call is started once: the second item finds it claimed', async () => {

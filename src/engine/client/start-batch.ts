@@ -1,36 +1,38 @@
 import type pg from 'pg';
 import { isConnectionError } from '../db/pg-errors.js';
 
-/** One engine.start whose run this process's worker takes (runledger._start_claimed). */
-export interface ClaimedStart {
+/** One engine.start: as start_run, or (given a worker of this process) as runledger._start_claimed. */
+export interface BatchedStart {
   workflow: string;
   /** The input as JSON text (undefined: none). */
   inputText: string | undefined;
   /** start_run's options, as JSON text. */
   optionsText: string;
-  workerId: string;
-  leaseMs: number;
+  /** The worker of this process that takes the run, and its lease. */
+  claimFor?: { workerId: string; leaseMs: number };
 }
 
-/** A row of runledger._start_claimed: claimed, with the run's fields, or not (see its comment). */
-export type ClaimedStartRow = Record<string, unknown> & { run_id: string; claimed: boolean };
+/** A row of runledger._start_claimed: claimed, with the run's fields, or not (see its comment); a plain start's is not claimed. */
+export type StartedRow = Record<string, unknown> & { run_id: string; claimed: boolean };
 
 interface Waiting {
-  start: ClaimedStart;
-  resolve: (row: ClaimedStartRow) => void;
+  start: BatchedStart;
+  resolve: (row: StartedRow) => void;
   reject: (error: unknown) => void;
 }
 
 const COLUMNS =
   'run_id, claimed, workflow_name, workflow_version, input, fencing_token, recovery_attempts, max_steps, budget, budget_spent, budget_limits, budget_used, traceparent';
-const ONE_SQL = `select ${COLUMNS} from runledger._start_claimed(p_workflow => $1, p_input => $2::jsonb, p_options => $3::jsonb, p_worker_id => $4, p_lease_ms => $5)`;
-const MANY_SQL = `select item, ${COLUMNS} from runledger._start_claimed_many(p_items => $1::jsonb)`;
+const CLAIMED_SQL = `select ${COLUMNS} from runledger._start_claimed(p_workflow => $1, p_input => $2::jsonb, p_options => $3::jsonb, p_worker_id => $4, p_lease_ms => $5)`;
+const PLAIN_SQL = 'select runledger.start_run(p_workflow => $1, p_input => $2::jsonb, p_options => $3::jsonb) as run_id';
+const MANY_SQL = `select item, ${COLUMNS} from runledger._start_many(p_items => $1::jsonb)`;
 
 /**
  * Group commit of a process's starts, as its worker's group commit does for checkpoints
  * (worker/group-commit.ts): a start made while none is in flight is sent at once, alone;
  * starts made while one is in flight wait for it and then go together, in one statement
- * and one commit (runledger._start_claimed_many). Idle, nothing waits; under load the
+ * and one commit (runledger._start_many), whether this process's worker takes their runs
+ * or not. Idle, nothing waits; under load the
  * batches grow by themselves. One batch in flight: in the closed loop of 16 callers
  * (bench/profile-closedloop.ts) two in flight gave 912-991 workflows/s and more server CPU
  * per workflow, one 980-1,080.
@@ -51,7 +53,7 @@ export class StartBatcher {
     private readonly maxBatch = 64,
   ) {}
 
-  submit(start: ClaimedStart): Promise<ClaimedStartRow> {
+  submit(start: BatchedStart): Promise<StartedRow> {
     return new Promise((resolve, reject) => {
       this.waiting.push({ start, resolve, reject });
       this.send();
@@ -71,13 +73,19 @@ export class StartBatcher {
 
   private async one(waiting: Waiting): Promise<void> {
     const { start } = waiting;
+    const values = [start.workflow, start.inputText ?? null, start.optionsText];
     try {
-      const result = await this.pool.query<ClaimedStartRow>({
-        name: 'runledger_start_claimed',
-        text: ONE_SQL,
-        values: [start.workflow, start.inputText ?? null, start.optionsText, start.workerId, start.leaseMs],
-      });
-      waiting.resolve(result.rows[0]!);
+      if (start.claimFor) {
+        const result = await this.pool.query<StartedRow>({
+          name: 'runledger_start_claimed',
+          text: CLAIMED_SQL,
+          values: [...values, start.claimFor.workerId, start.claimFor.leaseMs],
+        });
+        waiting.resolve(result.rows[0]!);
+      } else {
+        const result = await this.pool.query<{ run_id: string }>({ name: 'runledger_start_run', text: PLAIN_SQL, values });
+        waiting.resolve({ run_id: result.rows[0]!.run_id, claimed: false });
+      }
     } catch (error) {
       waiting.reject(error);
     }
@@ -88,14 +96,13 @@ export class StartBatcher {
       .map(
         ({ start }) =>
           `{"workflow":${JSON.stringify(start.workflow)},${start.inputText === undefined ? '' : `"input":${start.inputText},`}` +
-          `"options":${start.optionsText},"worker_id":${JSON.stringify(start.workerId)},"lease_ms":${start.leaseMs}}`,
+          `"options":${start.optionsText}` +
+          (start.claimFor ? `,"worker_id":${JSON.stringify(start.claimFor.workerId)},"lease_ms":${start.claimFor.leaseMs}}` : '}'),
       )
       .join(',')}]`;
-    let rows: Array<ClaimedStartRow & { item: number }>;
+    let rows: Array<StartedRow & { item: number }>;
     try {
-      rows = (
-        await this.pool.query<ClaimedStartRow & { item: number }>({ name: 'runledger_start_claimed_many', text: MANY_SQL, values: [items] })
-      ).rows;
+      rows = (await this.pool.query<StartedRow & { item: number }>({ name: 'runledger_start_many', text: MANY_SQL, values: [items] })).rows;
     } catch (error) {
       if (isConnectionError(error)) {
         for (const waiting of batch) waiting.reject(error);
@@ -107,10 +114,9 @@ export class StartBatcher {
     }
     for (const row of rows) {
       const { item, ...fields } = row;
-      batch[item]?.resolve(fields as ClaimedStartRow);
+      batch[item]?.resolve(fields as StartedRow);
     }
-    // A row missing for an item would be a bug in _start_claimed_many: never leave its caller hanging.
-    for (let i = rows.length; i < batch.length; i++)
-      batch[i]!.reject(new Error('runledger._start_claimed_many returned no row for a start'));
+    // A row missing for an item would be a bug in _start_many: never leave its caller hanging.
+    for (let i = rows.length; i < batch.length; i++) batch[i]!.reject(new Error('runledger._start_many returned no row for a start'));
   }
 }

@@ -12,7 +12,7 @@ import { withinMs, type ResultWatch } from './results.js';
 import type { Payloads } from '../core/payloads.js';
 import { activeTraceparent, isTraceparent } from '../observe/tracing.js';
 import type { EngineMetrics } from '../observe/metrics.js';
-import type { ClaimedStart, ClaimedStartRow } from './start-batch.js';
+import type { BatchedStart, StartedRow } from './start-batch.js';
 
 export interface StartOptions {
   /** Explicit run id; starting again with the same id returns the same run. */
@@ -64,8 +64,8 @@ export interface StartHost {
    * a free slot: the start then claims the run for it in the same transaction.
    */
   takeLocally?: (workflow: Workflow<any, any>, queue: string, runId: string) => LocalTaker | undefined;
-  /** Starts a run claimed for a local taker (runledger._start_claimed), together with the starts made meanwhile (StartBatcher). */
-  startClaimed: (start: ClaimedStart) => Promise<ClaimedStartRow>;
+  /** Starts a run (claimed for a local taker when given one), together with the starts made meanwhile (StartBatcher). */
+  startBatched: (start: BatchedStart) => Promise<StartedRow>;
 }
 
 /** A run claimed for this process's worker in its start's transaction (runledger._start_claimed). */
@@ -127,26 +127,16 @@ export async function startRun<O, In>(
   let runId: string;
   let ranHere: Promise<LocalSuccess | undefined> | undefined;
   try {
-    if (local) {
-      // Starts made together share a statement and a commit (start-batch.ts).
-      const row = await host.startClaimed({
-        workflow: workflow.name,
-        inputText,
-        optionsText: JSON.stringify(sqlOptions),
-        workerId: local.workerId,
-        leaseMs: local.leaseMs,
-      });
-      runId = row.run_id;
-      if (row.claimed) ranHere = local.execute({ ...(row as unknown as ClaimedAtStart), fencing_token: String(row.fencing_token) });
-      else local.wake();
-    } else {
-      const result = await host.deps.pool.query({
-        name: 'runledger_start_run',
-        text: 'select runledger.start_run(p_workflow => $1, p_input => $2::jsonb, p_options => $3::jsonb) as run_id',
-        values: [workflow.name, inputText ?? null, JSON.stringify(sqlOptions)],
-      });
-      runId = result.rows[0].run_id;
-    }
+    // Starts made together share a statement and a commit (start-batch.ts).
+    const row = await host.startBatched({
+      workflow: workflow.name,
+      inputText,
+      optionsText: JSON.stringify(sqlOptions),
+      ...(local ? { claimFor: { workerId: local.workerId, leaseMs: local.leaseMs } } : {}),
+    });
+    runId = row.run_id;
+    if (local && row.claimed) ranHere = local.execute({ ...(row as unknown as ClaimedAtStart), fencing_token: String(row.fencing_token) });
+    else local?.wake();
     // A start that found its idempotency key's run returns that run: not a new one.
     if (runId === runIdAsked) host.deps.metrics?.runsStarted(workflow.name, workflow.version, 1);
   } catch (error) {
