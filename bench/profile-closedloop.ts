@@ -13,13 +13,16 @@
  * server's (all its processes, from /proc); then, per kind of statement the process sent
  * (the start, the group commit), how many, their round trip's p50 and their summed time;
  * and the median number of items per group commit. TRACK_FUNCTIONS=1 also prints
- * pg_stat_user_functions (it slows the server a little).
+ * pg_stat_user_functions (it slows the server a little). HISTORY=1 loads the closedloop_history
+ * workload's history (bench/lib/history.ts: 100,000 finished runs, 10,000 waiting) after the
+ * warm-up, while the worker runs, without ANALYZE.
  */
 import { createRequire } from 'node:module';
 import pg from 'pg';
 import { createEngine } from 'runledger';
 import { freshProfileDatabase, profileSettings } from './lib/profile-db.js';
 import { serverCpuTicks } from './lib/server-cpu.js';
+import { loadHistory } from './lib/history.js';
 
 const { url, count: calls, postmaster } = profileSettings(4_000);
 const callers = 16;
@@ -99,6 +102,11 @@ async function loop(): Promise<void> {
 }
 
 await loop(); // warm-up: the pool's sessions cache their plans
+if (process.env.HISTORY === '1') {
+  // The closedloop_history workload's history (lib/history.ts), loaded while the worker runs, not analysed.
+  const loaded = await loadHistory('runledger', dbUrl);
+  console.log(`history loaded in ${loaded.historyLoadSeconds.toFixed(1)} s (${(loaded.historyBytes / 2 ** 20).toFixed(0)} MiB)`);
+}
 for (const list of [whole, starts, results, batchItems]) list.length = 0;
 roundTrips.clear();
 const cpuBefore = process.cpuUsage();
