@@ -1,7 +1,7 @@
 /**
  * Admission overhead: drain rate of one-step runs with no queue limits versus a
- * queue with a concurrency limit and 100 tenants (concurrency keys), same machine,
- * same run, median of REPS repetitions.
+ * queue with a concurrency limit and TENANTS tenants (concurrency keys; default 100), same
+ * machine, same run, median of REPS repetitions.
  *
  *   npx tsx bench/admission.ts            # embedded PostgreSQL
  *   RUNS=5000 REPS=3 DATABASE_URL=... npx tsx bench/admission.ts
@@ -14,6 +14,8 @@ import { startEmbeddedPostgres } from '../src/dev/index.js';
 const RUNS = Number(process.env.RUNS ?? 5_000);
 const REPS = Number(process.env.REPS ?? 3);
 const CONCURRENCY = 16;
+const TENANTS = Number(process.env.TENANTS ?? 100);
+if (!Number.isInteger(TENANTS) || TENANTS < 1) throw new Error(`TENANTS must be a whole number >= 1, got ${process.env.TENANTS}`);
 
 const embedded = process.env.DATABASE_URL ? undefined : await startEmbeddedPostgres({ dataDir: '.runledger/bench-pg' });
 const adminUrl = process.env.DATABASE_URL ?? embedded!.connectionString;
@@ -34,8 +36,8 @@ async function drain(limited: boolean, rep: number): Promise<number> {
     await engine.start(wf, { n: -1 }).then((h) => h.runId); // registers the workflow; finished by the worker below
     if (limited) await engine.setQueue('work', { concurrency: CONCURRENCY, perKeyConcurrency: 4 });
     await engine.pool.query(
-      `select runledger.start_run('one-step', jsonb_build_object('n', g), jsonb_build_object('concurrency_key', 'tenant-' || (g % 100))) from generate_series(1, $1::int) g`,
-      [RUNS],
+      `select runledger.start_run('one-step', jsonb_build_object('n', g), jsonb_build_object('concurrency_key', 'tenant-' || (g % $2::int))) from generate_series(1, $1::int) g`,
+      [RUNS, TENANTS],
     );
     if (process.env.PROFILE) await engine.pool.query('select pg_stat_reset()'); // only the drain is profiled
     const t0 = performance.now();
@@ -81,13 +83,15 @@ const result = {
   runs: RUNS,
   repetitions: REPS,
   concurrency: CONCURRENCY,
+  tenants: TENANTS,
   noLimitsRunsPerSec: Math.round(median(free)),
-  limitedWith100TenantsRunsPerSec: Math.round(median(limited)),
+  limitedRunsPerSec: Math.round(median(limited)),
   ratioLimitedToFree: Number((median(limited) / median(free)).toFixed(2)),
   samples: { free: free.map(Math.round), limited: limited.map(Math.round) },
 };
 console.log(JSON.stringify(result, null, 2));
 mkdirSync(new URL('./results/', import.meta.url), { recursive: true });
-writeFileSync(new URL(`./results/admission-${result.date.slice(0, 10)}.json`, import.meta.url), `${JSON.stringify(result, null, 2)}\n`);
+const name = `admission-${result.date.slice(0, 10)}${TENANTS === 100 ? '' : `-${TENANTS}-tenants`}.json`;
+writeFileSync(new URL(`./results/${name}`, import.meta.url), `${JSON.stringify(result, null, 2)}\n`);
 await admin.end();
 await embedded?.stop();
