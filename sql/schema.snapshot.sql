@@ -874,11 +874,14 @@ begin
     v_first := runledger._admit_first_turns(p_queue, v_free, v_now);
   end if;
   if v_first is not null then
-    -- One microsecond apart, in the round's order (see below).
+    -- One microsecond apart, in the round's order (see below). Found by run_id, with no
+    -- status in the condition: `status = 'PENDING' and not admitted` would prove the
+    -- predicate of runs_admission_key and runs_admission_order, and a plan cached while the
+    -- table was empty walked runs_admission_key for each run (test/plans.test.ts, PostgreSQL 17).
     update runledger.runs r
        set admitted = true, admitted_at = v_now + (f.ord - 1) * interval '1 microsecond'
       from unnest(v_first) with ordinality f(run_id, ord)
-     where r.run_id = f.run_id and r.status = 'PENDING' and not r.admitted;
+     where r.run_id = f.run_id and not r.admitted;
     get diagnostics v_count = row_count;
   else
     -- One statement for the whole round, in the order (priority, turn, age), where a run's

@@ -298,6 +298,24 @@ function expectBatchedStartsAndAdmission(found: ScenarioFindings): void {
   // _admit_first_turns's read of the oldest waiting runs, and its update of the runs it chose.
   expect(queries.some((q) => q.startsWith('with oldest as materialized'))).toBe(true);
   expect(queries.some((q) => q.startsWith('update runledger.runs r set admitted = true') && q.includes('unnest(v_first)'))).toBe(true);
+  // The oldest waiting runs are read in the order of runs_admission_order, a few of them; the
+  // other index of waiting runs (by key first) would read the queue's every waiting run and sort.
+  for (const s of found.statements.filter((x) => x.query.startsWith('with oldest as materialized'))) {
+    expect(s.scans, s.query).toContain('Index Scan on runs using runs_admission_order');
+    expect(
+      s.scans.filter((scan) => scan.includes('runs_admission_key')),
+      s.query,
+    ).toEqual([]);
+  }
+  // The runs it chose are admitted by their key.
+  for (const s of found.statements.filter(
+    (x) => x.query.startsWith('update runledger.runs r set admitted = true') && x.query.includes('unnest(v_first)'),
+  )) {
+    expect(
+      s.scans.filter((scan) => scan !== 'ModifyTable on runs'),
+      s.query,
+    ).toEqual(['Index Scan on runs using runs_pkey']);
+  }
 }
 
 /** The first column of each index on the hot tables (none for an index whose first key is an expression). */
