@@ -249,7 +249,8 @@ begin
     return;
   end if;
   if not v_t.admitted then
-    perform runledger._admit(v_t.queue_name);
+    -- At once; inside _start_many, once per queue at the end of the batch (as in a group commit).
+    perform runledger._admit_later(v_t.queue_name);
   elsif v_t.not_before is not null or coalesce((p_options->>'notify')::boolean, true) then
     -- notify false: the caller's own worker claims the run (engine.start in a process whose
     -- worker has a free slot), so no other worker is woken for it.

@@ -5,7 +5,8 @@
 --   index runs_admission_order                      a queue's runs waiting for admission, by priority, age and id
 --   runledger._admit_first_turns(queue, free, now)  the round's runs when they are all first turns (else null)
 -- Redefines (released in 0007; sql/README.md rule 3):
---   runledger._admit    tries _admit_first_turns before the round that reads every waiting key's head
+--   runledger._admit              tries _admit_first_turns before the round that reads every waiting key's head
+--   runledger._admit_collected    admits the collected queues in name order (a lock order)
 --
 -- Why: a round of _admit reads the head of every key that has runs waiting, one index probe
 -- each, whatever the number of free slots. A worker's group commit runs a round for every
@@ -196,6 +197,27 @@ end;
 $$;
 comment on function runledger._admit(text, int) is
   'Admission for one queue, under its row lock: fills free slots (concurrency, per-key concurrency, rate limit; none when paused) with PENDING runs by priority (lower first), then fair turns across concurrency keys, then age, and dispatches them. Work-conserving. A round of at most 64 free slots first tries _admit_first_turns (the oldest waiting runs); otherwise, or when those do not settle it, it reads the head of every key with runs waiting. Returns how many it admitted.';
+
+-- The queues a group commit (or a batch of starts, _start_many) freed slots in or started runs
+-- in are admitted in name order, so two such transactions take the queues' row locks in the
+-- same order and cannot wait on each other in a cycle (they took them in the order of their
+-- items before: two workers completing runs of two queues with limits could deadlock).
+create or replace function runledger._admit_collected() returns void
+language plpgsql volatile as $$
+declare
+  v_pending text := current_setting('runledger.admit_pending', true);
+  v_queue   text;
+begin
+  perform set_config('runledger.admit_pending', '', true);
+  for v_queue in
+    select distinct q from unnest(string_to_array(trim(both ',' from coalesce(v_pending, '')), ',')) q where q <> '' order by q
+  loop
+    perform runledger._admit(v_queue);
+  end loop;
+end;
+$$;
+comment on function runledger._admit_collected() is
+  'The end of a group commit (or of _start_many): one admission round for each queue whose slots its completions freed or that its starts added runs to (see _admit_later), in name order, so that concurrent ones lock the queues in the same order.';
 
 -- create or replace resets a function's security to the default: give the secured ones theirs back.
 select runledger._secure_functions();

@@ -28,6 +28,10 @@ begin
   -- No subtransaction per item: an error undoes the whole statement, and the caller sends
   -- each of its items again alone, so every start gets its own answer. Errors are rare
   -- (the engine checks the inputs first); a subtransaction per item would cost every batch.
+  -- Queues with limits admit once each at the end, in name order (_admit_later,
+  -- _admit_collected), as a group commit does: a batch that took one queue's row lock per
+  -- item, in its items' order, could wait on a group commit that holds another's.
+  perform set_config('runledger.admit_pending', ',', true);
   for v_item in select value from jsonb_array_elements(p_items) loop
     if v_item ? 'worker_id' then
       return query
@@ -44,10 +48,11 @@ begin
     end if;
     v_index := v_index + 1;
   end loop;
+  perform runledger._admit_collected();
 end;
 $$;
 comment on function runledger._start_many(jsonb) is
-  'Several engine.start calls of one process in one transaction, one per element of p_items ({workflow, input, options, worker_id, lease_ms}), in order: with worker_id, runledger._start_claimed (the run claimed for that worker of the calling process when it can be); without, the start start_run makes. One row per item, numbered from 0, with _start_claimed''s columns (claimed false and nulls for a start without a worker). An error in any item undoes them all (the engine then starts each alone).';
+  'Several engine.start calls of one process in one transaction, one per element of p_items ({workflow, input, options, worker_id, lease_ms}), in order: with worker_id, runledger._start_claimed (the run claimed for that worker of the calling process when it can be); without, the start start_run makes. Queues with limits admit once each at the end, in name order (so a run of such a queue is not claimed at its start here; admission announces it). One row per item, numbered from 0, with _start_claimed''s columns (claimed false and nulls for a start without a worker). An error in any item undoes them all (the engine then starts each alone).';
 
 insert into runledger.role_functions (role_name, function_name) values ('runledger_worker', '_start_many');
 select runledger._secure_functions();

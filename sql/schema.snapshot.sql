@@ -986,12 +986,14 @@ declare
   v_queue   text;
 begin
   perform set_config('runledger.admit_pending', '', true);
-  foreach v_queue in array coalesce(string_to_array(trim(both ',' from coalesce(v_pending, '')), ','), '{}') loop
+  for v_queue in
+    select distinct q from unnest(string_to_array(trim(both ',' from coalesce(v_pending, '')), ',')) q where q <> '' order by q
+  loop
     perform runledger._admit(v_queue);
   end loop;
 end;
 $function$;
-COMMENT ON FUNCTION runledger._admit_collected() IS 'The end of a group commit: one admission round for each queue whose slots its completions freed (see _admit_later).';
+COMMENT ON FUNCTION runledger._admit_collected() IS 'The end of a group commit (or of _start_many): one admission round for each queue whose slots its completions freed or that its starts added runs to (see _admit_later), in name order, so that concurrent ones lock the queues in the same order.';
 
 CREATE OR REPLACE FUNCTION runledger._admit_first_turns(p_queue text, p_free integer, p_now timestamp with time zone)
  RETURNS text[]
@@ -4282,7 +4284,8 @@ begin
     return;
   end if;
   if not v_t.admitted then
-    perform runledger._admit(v_t.queue_name);
+    -- At once; inside _start_many, once per queue at the end of the batch (as in a group commit).
+    perform runledger._admit_later(v_t.queue_name);
   elsif v_t.not_before is not null or coalesce((p_options->>'notify')::boolean, true) then
     -- notify false: the caller's own worker claims the run (engine.start in a process whose
     -- worker has a free slot), so no other worker is woken for it.
@@ -4404,6 +4407,10 @@ begin
   -- No subtransaction per item: an error undoes the whole statement, and the caller sends
   -- each of its items again alone, so every start gets its own answer. Errors are rare
   -- (the engine checks the inputs first); a subtransaction per item would cost every batch.
+  -- Queues with limits admit once each at the end, in name order (_admit_later,
+  -- _admit_collected), as a group commit does: a batch that took one queue's row lock per
+  -- item, in its items' order, could wait on a group commit that holds another's.
+  perform set_config('runledger.admit_pending', ',', true);
   for v_item in select value from jsonb_array_elements(p_items) loop
     if v_item ? 'worker_id' then
       return query
@@ -4420,9 +4427,10 @@ begin
     end if;
     v_index := v_index + 1;
   end loop;
+  perform runledger._admit_collected();
 end;
 $function$;
-COMMENT ON FUNCTION runledger._start_many(jsonb) IS 'Several engine.start calls of one process in one transaction, one per element of p_items ({workflow, input, options, worker_id, lease_ms}), in order: with worker_id, runledger._start_claimed (the run claimed for that worker of the calling process when it can be); without, the start start_run makes. One row per item, numbered from 0, with _start_claimed''s columns (claimed false and nulls for a start without a worker). An error in any item undoes them all (the engine then starts each alone).';
+COMMENT ON FUNCTION runledger._start_many(jsonb) IS 'Several engine.start calls of one process in one transaction, one per element of p_items ({workflow, input, options, worker_id, lease_ms}), in order: with worker_id, runledger._start_claimed (the run claimed for that worker of the calling process when it can be); without, the start start_run makes. Queues with limits admit once each at the end, in name order (so a run of such a queue is not claimed at its start here; admission announces it). One row per item, numbered from 0, with _start_claimed''s columns (claimed false and nulls for a start without a worker). An error in any item undoes them all (the engine then starts each alone).';
 
 CREATE OR REPLACE FUNCTION runledger._start_template(p_workflow text, p_options jsonb, p_caller text DEFAULT 'start_run'::text)
  RETURNS runledger.runs

@@ -158,6 +158,21 @@ describe('runledger._start_many', () => {
     expect(await getRun(ids[2]!)).toMatchObject({ status: 'RUNNING', lease_owner: 'wk-many' });
   });
 
+  it('runs of a queue with limits are admitted once for the call, at its end, within the limit, and not claimed at their start', async () => {
+    await db.pool.query(`select runledger.set_queue('many-limited', '{"concurrency": 2}')`);
+    const ids = [newRunId('many-lim'), newRunId('many-lim'), newRunId('many-lim')];
+    const { result, payloads } = await notified(() => many(ids.map((id) => item(id, { n: 1 }, { queue: 'many-limited' }))));
+    expect(result.rows.map((r) => r.claimed)).toEqual([false, false, false]);
+    // One admission round for the call: two admitted (the limit), announced once.
+    expect(payloads).toEqual(['many-limited']);
+    const runs = await db.pool.query(`select run_id, status, admitted from runledger.runs where run_id = any($1) order by run_id`, [ids]);
+    expect(runs.rows.map((r) => [r.status, r.admitted])).toEqual([
+      ['PENDING', true],
+      ['PENDING', true],
+      ['PENDING', false],
+    ]);
+  });
+
   it('a run id started twice in one call is started once: the second item finds it claimed', async () => {
     const id = newRunId('many-twice');
     const { rows } = await many([item(id, { n: 1 }), item(id, { n: 1 })]);

@@ -3,6 +3,8 @@ import { isConnectionError } from '../db/pg-errors.js';
 
 /** One engine.start: as start_run, or (given a worker of this process) as runledger._start_claimed. */
 export interface BatchedStart {
+  /** The run id the start asks for (start_run's run_id option). */
+  runId: string;
   workflow: string;
   /** The input as JSON text (undefined: none). */
   inputText: string | undefined;
@@ -92,6 +94,8 @@ export class StartBatcher {
   }
 
   private async many(batch: Waiting[]): Promise<void> {
+    // An idempotent start locks the run it finds: in run id order, as a group commit locks its runs.
+    batch.sort((a, b) => (a.start.runId < b.start.runId ? -1 : a.start.runId > b.start.runId ? 1 : 0));
     const items = `[${batch
       .map(
         ({ start }) =>

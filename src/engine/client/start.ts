@@ -129,6 +129,7 @@ export async function startRun<O, In>(
   try {
     // Starts made together share a statement and a commit (start-batch.ts).
     const row = await host.startBatched({
+      runId: runIdAsked,
       workflow: workflow.name,
       inputText,
       optionsText: JSON.stringify(sqlOptions),
