@@ -102,10 +102,14 @@ describe('PostgreSQL restarted under load (pg_ctl stop -m immediate)', () => {
             ),
           );
           holdRunIds = holds.value.map((h) => h.runId);
+          // Two of the hold runs, which stay RUNNING for 4 s: the drill's own runs are RUNNING only
+          // for milliseconds between waits, and two of those counted here once let the kill come
+          // before the worker had claimed any hold run (CI, 2026-12-05: it held nothing at its death).
           await waitFor('the worker to be killed to hold leases', async () => {
-            const held = await probe.query(`select count(*)::int as n from runledger.runs where lease_owner = $1 and status = 'RUNNING'`, [
-              doomedId,
-            ]);
+            const held = await probe.query(
+              `select count(*)::int as n from runledger.runs where lease_owner = $1 and status = 'RUNNING' and run_id = any($2)`,
+              [doomedId, holdRunIds],
+            );
             return held.rows[0].n >= 2;
           });
           doomed.kill('SIGKILL');
