@@ -33,6 +33,12 @@ begin
   -- item, in its items' order, could wait on a group commit that holds another's.
   perform set_config('runledger.admit_pending', ',', true);
   for v_item in select value from jsonb_array_elements(p_items) loop
+    if jsonb_typeof(v_item) <> 'object'
+       or (v_item ? 'worker_id' and (jsonb_typeof(v_item->'lease_ms') is distinct from 'number' or v_item->>'lease_ms' !~ '^\d{1,9}$')) then
+      raise exception using errcode = 'RL003',
+        message = format('_start_many: item %s must be an object {workflow, input, options[, worker_id, lease_ms (a whole number)]}, not %s',
+                         v_index, left(v_item::text, 200));
+    end if;
     if v_item ? 'worker_id' then
       return query
         select v_index, s.run_id, s.claimed, s.workflow_name, s.workflow_version, s.input, s.fencing_token, s.recovery_attempts,

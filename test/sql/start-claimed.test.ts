@@ -190,5 +190,10 @@ describe('runledger._start_many', () => {
     const left = await db.pool.query(`select count(*)::int as n from runledger.runs where run_id = any($1)`, [ids]);
     expect(left.rows[0].n).toBe(0);
     expect(await sqlState(many({ not: 'an array' }))).toBe('RL003');
+    // An item that is not an object, or a claim whose lease is not a whole number: RL003, nothing started.
+    expect(await sqlState(many([item(ids[0]!, { n: 0 }), 7]))).toBe('RL003');
+    expect(await sqlState(many([{ ...item(ids[0]!, { n: 0 }), lease_ms: 'soon' }]))).toBe('RL003');
+    const none = await db.pool.query(`select count(*)::int as n from runledger.runs where run_id = any($1)`, [ids]);
+    expect(none.rows[0].n).toBe(0);
   });
 });
