@@ -201,7 +201,7 @@ describe('steps invariants: runledger._check_step', () => {
   });
 });
 
-describe('runs.run_id validation (triggers runs_run_id_insert and runs_run_id_update)', () => {
+describe('runs.run_id validation (rule runs_run_id_check of runs_invariants)', () => {
   const invalid = ['', '-leading-dash', '_leading_underscore', 'has space', 'slash/inside', 'é-accent', `a${'b'.repeat(200)}`];
 
   it('rejects an invalid run_id on insert with 23514 and stores nothing', async () => {
@@ -229,6 +229,7 @@ describe('runs.run_id validation (triggers runs_run_id_insert and runs_run_id_up
       expect.unreachable('the update should fail');
     } catch (error) {
       expect((error as Error).message).toMatch(/run_id 'bad id' is invalid/);
+      expect(error).toMatchObject({ code: '23514', constraint: 'runs_run_id_check', table: 'runs', schema: 'runledger' });
     }
     // A valid new id is accepted, and so is any update that does not touch the id.
     const renamed = newRunId('renamed');

@@ -197,6 +197,34 @@ describe('runledger.start_run', () => {
     });
   });
 
+  it('names the policy by the md5 of its limits as jsonb prints them, on the short path for runs without limits too', async () => {
+    // The name as every build made it: jsonb_build_object of the limits, printed, hashed.
+    const named = async (limits: Record<string, unknown>, mra: number): Promise<string> =>
+      (
+        await db.pool.query(
+          `select 'limits:' || left(md5(jsonb_build_object('deadline', ($1::jsonb->>'deadline')::timestamptz,
+                    'max_steps', $1::jsonb->'max_steps', 'budget', $1::jsonb->'budget', 'no_progress', $1::jsonb->'no_progress',
+                    'max_recovery_attempts', to_jsonb($2::int))::text), 12) as name`,
+          [JSON.stringify(limits), mra],
+        )
+      ).rows[0].name;
+    const cases: Array<[Record<string, unknown>, Record<string, unknown>, number]> = [
+      [{}, {}, 3], // w@1 registers 3 recovery attempts
+      [{ max_recovery_attempts: 0 }, {}, 0],
+      [{ max_recovery_attempts: 123456789 }, {}, 123456789],
+      [{ max_steps: 5 }, { max_steps: 5 }, 3],
+      [{ budget: 100, no_progress: 4 }, { budget: 100, no_progress: 4 }, 3],
+      [{ deadline: '2041-05-06T07:08:09Z' }, { deadline: '2041-05-06T07:08:09Z' }, 3],
+    ];
+    const names = new Set<string>();
+    for (const [options, limits, mra] of cases) {
+      const run = await getRun(await startRun(options));
+      expect(run?.policy_version, JSON.stringify(options)).toBe(await named(limits, mra));
+      names.add(run?.policy_version);
+    }
+    expect(names.size).toBe(cases.length);
+  });
+
   it('run_in_ms delays the start from now on the database clock; run_at is an instant compared with it', async () => {
     await session(async (client) => {
       const queue = newRunId('q-run-in');

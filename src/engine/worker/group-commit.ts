@@ -35,7 +35,7 @@ const BATCH_SQL = 'select item, code, message, run_status from runledger._commit
 const BATCH_AND_CLAIM_SQL =
   'select item, code, message, run_status, claimed from runledger._commit_and_claim(p_items => $1::jsonb, p_worker_id => $2, p_queues => $3, p_workflows => $4, p_limit => $5, p_lease_ms => $6)';
 
-/** run_id is the second field of every item; run ids never contain quotes (see runs_run_id_insert). */
+/** run_id is the second field of every item; run ids never contain quotes (rule runs_run_id_check of runs_invariants). */
 const RUN_ID = /"run_id":"([^"]*)"/;
 /** Deadlock and serialization failure: the item's writes were undone, and it may simply be sent again. */
 const RETRYABLE = new Set(['40P01', '40001']);

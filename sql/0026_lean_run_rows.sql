@@ -1,0 +1,152 @@
+-- 0026_lean_run_rows: what a new run costs besides its own row.
+--
+-- Defines:
+--   runledger._delete_run_events()    trigger function: a statement that deletes runs deletes their events
+--   runledger._truncate_run_events()  trigger function: TRUNCATE of runs empties events
+--   triggers runs_delete_events, runs_truncate_events on runledger.runs
+--   runledger._check_run(run_id, ...) the invariants of a runs row, now with the run_id rule
+-- Redefines:
+--   runledger._new_id()               a ULID from one random draw, without per-character lookups
+-- Drops: the foreign key events.run_id -> runs.run_id; the triggers runs_run_id_insert and
+-- runs_run_id_update and their function _check_run_id (the rule is in runs_invariants);
+-- the 11-argument _check_run.
+--
+-- Why: every events row checked its run through the foreign key, a query per row that also
+-- locks the run's row (FOR KEY SHARE), one more WAL record per event. A start writes one
+-- event (two when its worker claims it at once), and every claim, completion, wait and
+-- wake-up writes one more. Measured with callgrind on PostgreSQL 15: the check was 18 % of
+-- the instructions of a start_runs row and 4 % of a start_run call. Events are written
+-- only by runledger's own functions, each in the transaction that changes the run the
+-- event names (the run exists and is locked there); what the key still gave was its ON
+-- DELETE CASCADE, which the statement-level triggers below keep: deleting runs deletes
+-- their events in the same statement, and TRUNCATE of runs (with CASCADE, as the other
+-- tables still require) empties events.
+
+alter table runledger.events drop constraint events_run_id_fkey;
+
+create function runledger._delete_run_events() returns trigger
+language plpgsql
+set enable_seqscan = off as $$
+begin
+  -- By events_run, whatever the transition table's size: the planner has no statistics
+  -- for it, and a plan that reads all of events would cost a deleted run a table scan.
+  delete from runledger.events e where e.run_id = any (array(select g.run_id from gone g));
+  return null;
+end;
+$$;
+comment on function runledger._delete_run_events() is
+  'Trigger function of runs_delete_events: deletes the events of the runs a statement deleted (events.run_id has no foreign key; this is its ON DELETE CASCADE).';
+
+create trigger runs_delete_events after delete on runledger.runs
+  referencing old table as gone
+  for each statement execute function runledger._delete_run_events();
+comment on trigger runs_delete_events on runledger.runs is
+  'Deleting runs deletes their events in the same statement (events.run_id has no foreign key, see runledger._delete_run_events).';
+
+create function runledger._truncate_run_events() returns trigger
+language plpgsql as $$
+begin
+  truncate runledger.events;
+  return null;
+end;
+$$;
+comment on function runledger._truncate_run_events() is
+  'Trigger function of runs_truncate_events: TRUNCATE of runs empties events (there is no foreign key to cascade through).';
+
+create trigger runs_truncate_events after truncate on runledger.runs
+  for each statement execute function runledger._truncate_run_events();
+comment on trigger runs_truncate_events on runledger.runs is
+  'TRUNCATE of runs empties events too (events.run_id has no foreign key, see runledger._truncate_run_events).';
+
+-- The run_id rule joins the row's other rules in runs_invariants. It was the WHEN clause of
+-- two triggers, and PostgreSQL parses and prepares a trigger's WHEN clause again for every
+-- statement that writes the table, as it does a CHECK constraint (see 0001): 5 % of the
+-- instructions of a start_run call (callgrind, PostgreSQL 15), for a test that costs about
+-- 0.4 us per row. Checked first, with the message and SQLSTATE (23514) the trigger raised,
+-- now under the rule's name runs_run_id_check.
+create function runledger._check_run(
+  p_run_id text, p_status runledger.run_status, p_finished_at timestamptz, p_termination_reason text,
+  p_lease_owner text, p_lease_expires_at timestamptz, p_wait_kind text,
+  p_budget numeric, p_max_steps int, p_no_progress int, p_retry_budget int, p_max_recovery_attempts int)
+returns boolean
+language plpgsql immutable as $$
+declare
+  v_rule text;
+begin
+  -- An unbounded class plus length(), not {0,199}: a bounded repetition expands into a
+  -- large automaton (about 19 us per row against 0.4 us).
+  if p_run_id !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]*$' or length(p_run_id) > 200 then
+    raise exception using errcode = '23514', constraint = 'runs_run_id_check', table = 'runs', schema = 'runledger',
+      message = format('run_id %L is invalid: 1 to 200 letters, digits and _.:- starting with a letter or digit', p_run_id);
+  end if;
+  if (p_status in ('SUCCEEDED', 'FAILED', 'CANCELLED', 'TERMINATED', 'DEAD_LETTER'))
+     <> (p_finished_at is not null and p_termination_reason is not null) then
+    v_rule := 'runs_terminal_has_record';
+  elsif p_termination_reason <> all (runledger.termination_reasons()) then
+    v_rule := 'runs_termination_reason_check';
+  elsif (p_lease_owner is not null) <> (p_lease_expires_at is not null)
+     or (p_status not in ('RUNNING', 'CANCELLING') and p_lease_owner is not null)
+     or (p_status = 'RUNNING' and p_lease_owner is null) then
+    v_rule := 'runs_lease_only_when_executing';
+  elsif p_wait_kind <> all (runledger.wait_kinds()) then
+    v_rule := 'runs_wait_kind_check';
+  elsif (p_status = 'WAITING') <> (p_wait_kind is not null) then
+    v_rule := 'runs_wait_kind_only_when_waiting';
+  elsif p_budget < 0 then
+    v_rule := 'runs_budget_check';
+  elsif p_max_steps <= 0 then
+    v_rule := 'runs_max_steps_check';
+  elsif p_no_progress < 2 then
+    v_rule := 'runs_no_progress_check';
+  elsif p_retry_budget < 0 then
+    v_rule := 'runs_retry_budget_check';
+  elsif p_max_recovery_attempts < 0 then
+    v_rule := 'runs_max_recovery_attempts_check';
+  else
+    return true;
+  end if;
+  raise exception using errcode = '23514', constraint = v_rule, table = 'runs', schema = 'runledger',
+    message = format('new row for relation "runs" violates check constraint "%s" (status %s)', v_rule, p_status);
+end;
+$$;
+comment on function runledger._check_run(text, runledger.run_status, timestamptz, text, text, timestamptz, text, numeric, int, int, int, int) is
+  'The invariants of a runs row, checked by its constraint runs_invariants; a broken one raises 23514 naming the rule: runs_run_id_check (1 to 200 characters of [A-Za-z0-9_.:-] starting with a letter or digit), runs_terminal_has_record (a terminal status, and only one, has finished_at and termination_reason), runs_termination_reason_check, runs_lease_only_when_executing (only RUNNING or CANCELLING runs hold a lease; a RUNNING one always does), runs_wait_kind_check, runs_wait_kind_only_when_waiting, and the ranges of budget, max_steps, no_progress, retry_budget and max_recovery_attempts.';
+
+-- Every row already obeys the new rule (the triggers held it): added NOT VALID, then
+-- validated, which reads the table once without blocking its readers.
+alter table runledger.runs drop constraint runs_invariants;
+alter table runledger.runs add constraint runs_invariants check (runledger._check_run(
+  run_id, status, finished_at, termination_reason, lease_owner, lease_expires_at, wait_kind,
+  budget, max_steps, no_progress, retry_budget, max_recovery_attempts)) not valid;
+alter table runledger.runs validate constraint runs_invariants;
+comment on constraint runs_invariants on runledger.runs is
+  'Every rule a runs row obeys, in runledger._check_run (see its comment); a broken rule is reported under its own name.';
+drop trigger runs_run_id_insert on runledger.runs;
+drop trigger runs_run_id_update on runledger.runs;
+drop function runledger._check_run_id();
+drop function runledger._check_run(runledger.run_status, timestamptz, text, text, timestamptz, text, numeric, int, int, int, int);
+
+-- A ULID made in SQL (start_run without a run_id): 10 characters of milliseconds, then 16
+-- of randomness. The randomness is 8 bytes of one gen_random_uuid() written in hex (0-9,
+-- A-F are Crockford base32 characters): 64 random bits instead of 80, so two ids of the
+-- same millisecond collide with odds of about n^2 / 2^65 for n ids. It was two draws and
+-- 26 single-character lookups: 72,000 instructions, 8 % of a start_run call (callgrind,
+-- PostgreSQL 15); now about a third of that.
+create or replace function runledger._new_id() returns text
+language plpgsql volatile as $$
+declare
+  v_ms   bigint := (extract(epoch from clock_timestamp()) * 1000)::bigint;
+  v_rand bytea  := uuid_send(gen_random_uuid());
+begin
+  -- Bytes 1-6 and 11-12 of a version 4 UUID are all random (7 and 9 carry its version and variant).
+  return runledger._base32_10(v_ms) || upper(encode(substring(v_rand from 1 for 6) || substring(v_rand from 11 for 2), 'hex'));
+end;
+$$;
+comment on function runledger._new_id() is
+  'A new ULID (26 characters of Crockford base32: 10 of milliseconds, then 16 of randomness written as 64 random bits in hex) for ids created in SQL.';
+
+-- No role calls the new functions (triggers and the constraint call them): PUBLIC's default
+-- EXECUTE is revoked, as for every runledger function (0017).
+select runledger._secure_functions();
+
+insert into runledger.migrations (version, name) values (26, '0026_lean_run_rows');
