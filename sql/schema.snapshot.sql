@@ -4224,6 +4224,7 @@ declare
   v_t   runledger.runs;
   v_now timestamptz;
   v_claim boolean;
+  v_inserted boolean;
 begin
   if pg_column_size(p_input) > runledger._max_payload_bytes() then
     raise exception using errcode = 'RL004',
@@ -4250,31 +4251,33 @@ begin
   end if;
   v_t.recovery_attempts := 0;
   v_t.budget_spent := 0;
-  -- The row and its events in one statement (a claimed run also gets its claimed event);
-  -- nothing is logged when ON CONFLICT kept the row out.
-  with new_run as (
-    insert into runledger.runs (
-      run_id, workflow_name, workflow_version, queue_name, status, input, admitted, not_before, priority, concurrency_key,
-      idempotency_key, tenant_id, parent_run_id, deadline_at, max_recovery_attempts, version_manifest, max_steps, budget,
-      budget_limits, no_progress, retry_budget, policy_version, fencing_token, lease_owner, lease_expires_at, started_at,
-      traceparent, created_at, updated_at)
-    values (
-      v_t.run_id, v_t.workflow_name, v_t.workflow_version, v_t.queue_name, v_t.status, p_input, v_t.admitted, v_t.not_before,
-      v_t.priority, v_t.concurrency_key, v_t.idempotency_key, v_t.tenant_id, v_t.parent_run_id, v_t.deadline_at,
-      v_t.max_recovery_attempts, v_t.version_manifest, v_t.max_steps, v_t.budget, v_t.budget_limits, v_t.no_progress, v_t.retry_budget,
-      v_t.policy_version, v_t.fencing_token, v_t.lease_owner, v_t.lease_expires_at, v_t.started_at,
-      v_t.traceparent, v_t.created_at, v_t.updated_at)
-    on conflict do nothing
-    returning run_id
-  )
-  insert into runledger.events (run_id, kind, detail, fencing_token, at)
-  select n.run_id, e.kind, e.detail, e.fencing_token, v_now
-    from new_run n,
-         (values (1, 'created', jsonb_build_object('workflow', p_workflow, 'version', v_t.workflow_version, 'queue', v_t.queue_name), null::bigint),
-                 (2, 'claimed', jsonb_build_object('worker', p_worker_id), 1)) e(ord, kind, detail, fencing_token)
-   where e.ord = 1 or v_claim
-   order by e.ord;
-  if not found then
+  -- The row, then its events: nothing is logged when ON CONFLICT kept the row out. Two
+  -- plain statements cost less than one that joins the inserted row to a list of events
+  -- and sorts them (its executor set-up: 5 % of a start_run call, callgrind, PostgreSQL 15).
+  insert into runledger.runs (
+    run_id, workflow_name, workflow_version, queue_name, status, input, admitted, not_before, priority, concurrency_key,
+    idempotency_key, tenant_id, parent_run_id, deadline_at, max_recovery_attempts, version_manifest, max_steps, budget,
+    budget_limits, no_progress, retry_budget, policy_version, fencing_token, lease_owner, lease_expires_at, started_at,
+    traceparent, created_at, updated_at)
+  values (
+    v_t.run_id, v_t.workflow_name, v_t.workflow_version, v_t.queue_name, v_t.status, p_input, v_t.admitted, v_t.not_before,
+    v_t.priority, v_t.concurrency_key, v_t.idempotency_key, v_t.tenant_id, v_t.parent_run_id, v_t.deadline_at,
+    v_t.max_recovery_attempts, v_t.version_manifest, v_t.max_steps, v_t.budget, v_t.budget_limits, v_t.no_progress, v_t.retry_budget,
+    v_t.policy_version, v_t.fencing_token, v_t.lease_owner, v_t.lease_expires_at, v_t.started_at,
+    v_t.traceparent, v_t.created_at, v_t.updated_at)
+  on conflict do nothing;
+  v_inserted := found;
+  if v_inserted and v_claim then
+    -- A claimed run also gets its claimed event, after the created one (rows of VALUES
+    -- are inserted in their order).
+    insert into runledger.events (run_id, kind, detail, fencing_token, at)
+    values (v_t.run_id, 'created', jsonb_build_object('workflow', p_workflow, 'version', v_t.workflow_version, 'queue', v_t.queue_name), null, v_now),
+           (v_t.run_id, 'claimed', jsonb_build_object('worker', p_worker_id), 1, v_now);
+  elsif v_inserted then
+    insert into runledger.events (run_id, kind, detail, at)
+    values (v_t.run_id, 'created', jsonb_build_object('workflow', p_workflow, 'version', v_t.workflow_version, 'queue', v_t.queue_name), v_now);
+  end if;
+  if not v_inserted then
     -- Idempotent start: the same run_id or idempotency key returns the existing run.
     select * into run from runledger.runs r
      where r.run_id = v_t.run_id

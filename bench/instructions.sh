@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# bench/instructions.sh: server instructions per started run, counted by callgrind, for
+# runledger's start_runs (per row) and start_run (per call) and graphile-worker's add_jobs
+# (per job) and add_job (per call).
+#
+# Why instructions: on a shared 2-core machine the wall-clock rate of the same build swings
+# by 30 % and more between runs, and a change worth 10 % cannot be seen. Instructions
+# counted by valgrind are the same for the same binary, data and statement, whatever else
+# the machine does. Each figure is a difference of two runs (N and 6N calls, or 1 and 3
+# batches of 1,000) of one single-user backend, so the cost of starting the backend
+# cancels out.
+#
+# Usage (from bench/, after npm ci here and npm run build at the root):
+#   ./instructions.sh                      # this checkout's build
+#   RUNLEDGER_ROOT=/path/to/other/checkout ./instructions.sh   # another build (its dist/ and sql/)
+#   PG_BIN=/usr/lib/postgresql/15/bin ./instructions.sh         # the PostgreSQL binaries to count
+# Needs valgrind, and PostgreSQL server binaries (initdb, pg_ctl, postgres). Runs as root
+# with a postgres user (as on the CI machines) or as any other non-root user. A throw-away
+# cluster on port 5499 in a temporary folder; nothing else is touched. About 5 minutes.
+set -euo pipefail
+
+HERE="$(cd "$(dirname "$0")" && pwd)"
+ROOT="${RUNLEDGER_ROOT:-$(cd "$HERE/.." && pwd)}"
+PG_BIN="${PG_BIN:-$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)}"
+PORT="${PORT:-5499}"
+command -v valgrind >/dev/null || { echo "instructions.sh: valgrind is not installed (apt-get install valgrind)" >&2; exit 2; }
+[ -x "$PG_BIN/postgres" ] || { echo "instructions.sh: no PostgreSQL server binaries in PG_BIN=$PG_BIN" >&2; exit 2; }
+[ -f "$ROOT/dist/engine/db/migrate.js" ] || { echo "instructions.sh: $ROOT/dist is missing (npm run build there)" >&2; exit 2; }
+
+WORK="$(mktemp -d /tmp/runledger-instructions.XXXXXX)"
+# The server refuses to run as root: as root, the cluster belongs to the postgres user.
+if [ "$(id -u)" = 0 ]; then AS=(su postgres -s /bin/bash -c); chown postgres "$WORK"; else AS=(bash -c); fi
+DATA="$WORK/data"
+cleanup() { "${AS[@]}" "$PG_BIN/pg_ctl -D $DATA stop -m immediate -w" >/dev/null 2>&1 || true; rm -rf "$WORK"; }
+trap cleanup EXIT
+
+step() { echo "[instructions] $*" >&2; }
+step "cluster in $WORK (PostgreSQL binaries $PG_BIN), runledger from $ROOT"
+"${AS[@]}" "$PG_BIN/initdb -D $DATA -U postgres --locale=C.UTF-8 -A trust" >/dev/null
+printf "port = %s\nunix_socket_directories = '%s'\nlisten_addresses = '127.0.0.1'\nautovacuum = off\n" "$PORT" "$WORK" >> "$DATA/postgresql.conf"
+"${AS[@]}" "$PG_BIN/pg_ctl -D $DATA -l $WORK/server.log start -w" >/dev/null
+URL="postgres://postgres@127.0.0.1:$PORT"
+psql -q "$URL/postgres" -c 'create database rl' -c 'create database gw'
+
+step "migrating runledger and graphile-worker"
+cat > "$HERE/.instructions-setup.mjs" <<EOF
+import pg from 'pg';
+import { runMigrations } from 'graphile-worker';
+import { migrate } from '$ROOT/dist/engine/db/migrate.js';
+const pool = new pg.Pool({ connectionString: '$URL/rl' });
+pool.on('error', () => {});
+await migrate(pool);
+await pool.query("insert into runledger.workflows (workflow_name, workflow_version, queue_name, max_recovery_attempts) values ('bulk', 'v1', 'default', 10)");
+await pool.end();
+await runMigrations({ connectionString: '$URL/gw' });
+EOF
+(cd "$HERE" && node .instructions-setup.mjs) && rm -f "$HERE/.instructions-setup.mjs"
+"${AS[@]}" "$PG_BIN/pg_ctl -D $DATA stop -w" >/dev/null
+
+# Instructions of one single-user backend running one statement on a fresh copy of $1.
+count() {
+  local template=$1 sql=$2
+  printf 'drop database if exists counted\ncreate database counted template %s\n' "$template" \
+    | "${AS[@]}" "$PG_BIN/postgres --single -D $DATA postgres" >/dev/null 2>&1
+  echo "$sql" | "${AS[@]}" "valgrind --tool=callgrind --callgrind-out-file=$WORK/callgrind.%p $PG_BIN/postgres --single -D $DATA counted" \
+    2>"$WORK/valgrind.log" >/dev/null
+  grep -o 'Collected : [0-9]*' "$WORK/valgrind.log" | awk '{print $3}'
+}
+per() { echo $(( ($2 - $1) / $3 )); }
+
+rl_series() { echo "select count(*) from (select runledger.start_run('bulk', jsonb_build_object('n', g), '{\"notify\":false}') from generate_series(1,$1) g) x;"; }
+rl_batches() { echo "select count(*) from (select cardinality(runledger.start_runs('bulk', (select jsonb_agg(jsonb_build_object('n', g, 'b', b)) from generate_series(1,1000) g))) from generate_series(1,$1) b) x;"; }
+gw_series() { echo "select count(graphile_worker.add_job('t', json_build_object('n', i, 's', 0))) from generate_series(1,$1) i;"; }
+gw_batches() { echo "select count(*) from (select (select count(*) from graphile_worker.add_jobs(array(select row('t', json_build_object('n', n, 's', b), null, null, null, null, null, null)::graphile_worker.job_spec from generate_series(1,1000) n))) from generate_series(1,$1) b) x;"; }
+
+step "runledger start_runs (batches of 1,000)"
+RL_ROW=$(per "$(count rl "$(rl_batches 1)")" "$(count rl "$(rl_batches 3)")" 2000)
+step "runledger start_run"
+RL_CALL=$(per "$(count rl "$(rl_series 100)")" "$(count rl "$(rl_series 600)")" 500)
+step "graphile-worker add_jobs (batches of 1,000)"
+GW_ROW=$(per "$(count gw "$(gw_batches 1)")" "$(count gw "$(gw_batches 3)")" 2000)
+step "graphile-worker add_job"
+GW_CALL=$(per "$(count gw "$(gw_series 100)")" "$(count gw "$(gw_series 600)")" 500)
+
+echo "| server instructions per started run ($("$PG_BIN/postgres" --version)) | runledger ($(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')) | graphile-worker | graphile-worker ÷ runledger |"
+echo "| --- | ---: | ---: | ---: |"
+echo "| a row of a batch of 1,000 (start_runs / add_jobs) | $RL_ROW | $GW_ROW | $(awk "BEGIN { printf \"%.2f\", $GW_ROW / $RL_ROW }") |"
+echo "| one call (start_run with notify false / add_job) | $RL_CALL | $GW_CALL | $(awk "BEGIN { printf \"%.2f\", $GW_CALL / $RL_CALL }") |"
