@@ -5681,13 +5681,13 @@ declare
   v_key    text;
   v_created jsonb;
   -- Ids made here are ULIDs that sort in input order: this statement's milliseconds (10
-  -- characters) and 40 random bits (8), both drawn once, then the input's position as 8
-  -- decimal digits (Crockford base32 characters too; a jsonb array holds fewer than 10^8
-  -- elements). Per row that is one lpad: encoding 80 bits per row cost 8 % of a row's
-  -- instructions (callgrind, PostgreSQL 15). Two statements in the same millisecond
-  -- collide only if their 40 random bits do.
+  -- characters) and 35 random bits (7), both drawn once, then the input's position as 9
+  -- decimal digits (Crockford base32 characters too; a jsonb array holds at most 2^28 - 1
+  -- elements, fewer than 10^9). Per row that is one lpad: encoding 80 bits per row cost
+  -- 8 % of a row's instructions (callgrind, PostgreSQL 15). Two statements in the same
+  -- millisecond collide only if their 35 random bits do.
   v_id_prefix text := runledger._base32_10((extract(epoch from clock_timestamp()) * 1000)::bigint)
-                      || right(runledger._base32_10(runledger._random_40()), 8);
+                      || right(runledger._base32_10(runledger._random_40()), 7);
 begin
   if p_inputs is null or jsonb_typeof(p_inputs) <> 'array' then
     raise exception using errcode = 'RL003', message = 'start_runs: inputs must be a JSON array (one input per run)';
@@ -5732,7 +5732,7 @@ begin
   with wanted as materialized (
     select (e.ordinality - 1)::int as i, e.value as input,
            coalesce(v_opts->'run_ids'->>((e.ordinality - 1)::int),
-                    v_id_prefix || lpad((e.ordinality - 1)::text, 8, '0')) as run_id,
+                    v_id_prefix || lpad((e.ordinality - 1)::text, 9, '0')) as run_id,
            v_opts->'idempotency_keys'->>((e.ordinality - 1)::int) as idempotency_key,
            coalesce(v_opts->'concurrency_keys'->>((e.ordinality - 1)::int), v_t.concurrency_key) as concurrency_key
       from jsonb_array_elements(p_inputs) with ordinality e

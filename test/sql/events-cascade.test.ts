@@ -151,6 +151,9 @@ describe('ids made in SQL', () => {
       expect(ids).toHaveLength(1_200);
       for (const id of ids) expect(id).toMatch(ULID);
       expect([...ids].sort()).toEqual(ids);
+      // One prefix per call (milliseconds and random bits), then the position in 9 digits.
+      expect(new Set(ids.map((id) => id.slice(0, 17))).size).toBe(1);
+      ids.forEach((id, k) => expect(id.slice(17)).toBe(String(k).padStart(9, '0')));
     }
     expect(new Set([...first, ...second]).size).toBe(2_400);
   });
