@@ -31,7 +31,9 @@ WORK="$(mktemp -d /tmp/runledger-instructions.XXXXXX)"
 # The server refuses to run as root: as root, the cluster belongs to the postgres user.
 if [ "$(id -u)" = 0 ]; then AS=(su postgres -s /bin/bash -c); chown postgres "$WORK"; else AS=(bash -c); fi
 DATA="$WORK/data"
-cleanup() { "${AS[@]}" "$PG_BIN/pg_ctl -D $DATA stop -m immediate -w" >/dev/null 2>&1 || true; rm -rf "$WORK"; }
+SETUP="$HERE/.instructions-setup.mjs"
+# Whatever step fails: the server stopped, the cluster and the set-up script removed.
+cleanup() { "${AS[@]}" "$PG_BIN/pg_ctl -D $DATA stop -m immediate -w" >/dev/null 2>&1 || true; rm -rf "$WORK" "$SETUP"; }
 trap cleanup EXIT
 
 step() { echo "[instructions] $*" >&2; }
@@ -43,7 +45,7 @@ URL="postgres://postgres@127.0.0.1:$PORT"
 psql -q "$URL/postgres" -c 'create database rl' -c 'create database gw'
 
 step "migrating runledger and graphile-worker"
-cat > "$HERE/.instructions-setup.mjs" <<EOF
+cat > "$SETUP" <<EOF
 import pg from 'pg';
 import { runMigrations } from 'graphile-worker';
 import { migrate } from '$ROOT/dist/engine/db/migrate.js';
@@ -54,7 +56,7 @@ await pool.query("insert into runledger.workflows (workflow_name, workflow_versi
 await pool.end();
 await runMigrations({ connectionString: '$URL/gw' });
 EOF
-(cd "$HERE" && node .instructions-setup.mjs) && rm -f "$HERE/.instructions-setup.mjs"
+(cd "$HERE" && node "$SETUP")
 "${AS[@]}" "$PG_BIN/pg_ctl -D $DATA stop -w" >/dev/null
 
 # Instructions of one single-user backend running one statement on a fresh copy of $1.
