@@ -256,6 +256,24 @@ describe('the state machine is enforced (trigger runs_transition, runledger.run_
     expect((await getRun(done))?.status).toBe('SUCCEEDED');
   });
 
+  it('holds in its WHEN clause exactly the pairs run_transitions() lists', async () => {
+    // The migration writes the list into the clause (sql/0027_status_change_checks.sql): a
+    // change to run_transitions() without recreating the trigger would enforce the old list.
+    const { rows } = await db.pool.query<{ def: string }>(
+      `select pg_get_triggerdef(t.oid) as def from pg_trigger t
+        where t.tgrelid = 'runledger.runs'::regclass and t.tgname = 'runs_transition'`,
+    );
+    expect(rows).toHaveLength(1);
+    const literal = /'\{([^']*)\}'::text\[\]/.exec(rows[0]!.def);
+    expect(literal, rows[0]!.def).not.toBeNull();
+    const inClause = literal![1]!.split(',').sort();
+    const listed = await db.pool.query<{ pair: string }>(
+      `select from_status::text || '>' || to_status::text as pair from runledger.run_transitions()`,
+    );
+    expect(inClause).toEqual(listed.rows.map((r) => r.pair).sort());
+    expect(inClause).toContain('RUNNING>SUCCEEDED');
+  });
+
   it('accepts a listed one, and an update that keeps the status never asks', async () => {
     const running = await insertRun(db.pool, { runId: newRunId('t-run'), status: 'RUNNING' });
     await update(running, `status = 'SUCCEEDED', finished_at = now(), termination_reason = 'COMPLETED', lease_owner = null, lease_expires_at = null`);
