@@ -326,8 +326,7 @@ CREATE INDEX runs_timer ON runledger.runs USING btree (queue_name, wake_at) WHER
 CREATE TRIGGER runs_delete_events AFTER DELETE ON runledger.runs REFERENCING OLD TABLE AS gone FOR EACH STATEMENT EXECUTE FUNCTION runledger._delete_run_events();
 COMMENT ON TRIGGER runs_delete_events ON runledger.runs IS 'Deleting runs deletes their events in the same statement (events.run_id has no foreign key, see runledger._delete_run_events).';
 CREATE TRIGGER runs_session_release AFTER UPDATE OF status ON runledger.runs FOR EACH ROW WHEN (((old.status IS DISTINCT FROM new.status) AND (new.status = ANY (ARRAY['SUCCEEDED'::runledger.run_status, 'FAILED'::runledger.run_status, 'CANCELLED'::runledger.run_status, 'TERMINATED'::runledger.run_status, 'DEAD_LETTER'::runledger.run_status])))) EXECUTE FUNCTION runledger._session_on_terminal();
-CREATE TRIGGER runs_transition BEFORE UPDATE OF status ON runledger.runs FOR EACH ROW WHEN (((old.status IS DISTINCT FROM new.status) AND ((((old.status)::text || '>'::text) || (new.status)::text) <> ALL ('{PENDING>RUNNING,PENDING>CANCELLING,PENDING>CANCELLED,PENDING>TERMINATED,RUNNING>PENDING,RUNNING>WAITING,RUNNING>CANCELLING,RUNNING>SUCCEEDED,RUNNING>FAILED,RUNNING>TERMINATED,RUNNING>DEAD_LETTER,WAITING>PENDING,WAITING>RUNNING,WAITING>CANCELLING,WAITING>CANCELLED,WAITING>TERMINATED,CANCELLING>SUCCEEDED,CANCELLING>FAILED,CANCELLING>CANCELLED,CANCELLING>TERMINATED,CANCELLING>DEAD_LETTER,FAILED>PENDING,FAILED>CANCELLING,CANCELLED>CANCELLING,TERMINATED>CANCELLING,DEAD_LETTER>PENDING,DEAD_LETTER>CANCELLING}'::text[])))) EXECUTE FUNCTION runledger._check_transition();
-COMMENT ON TRIGGER runs_transition ON runledger.runs IS 'Refuses a status change that runledger.run_transitions() does not list: its WHEN clause holds that list as from>to pairs, written from run_transitions() by the migration that created the trigger (sql/0027_status_change_checks.sql).';
+CREATE TRIGGER runs_transition BEFORE UPDATE OF status ON runledger.runs FOR EACH ROW WHEN ((old.status IS DISTINCT FROM new.status)) EXECUTE FUNCTION runledger._check_transition();
 CREATE TRIGGER runs_truncate_events AFTER TRUNCATE ON runledger.runs FOR EACH STATEMENT EXECUTE FUNCTION runledger._truncate_run_events();
 COMMENT ON TRIGGER runs_truncate_events ON runledger.runs IS 'TRUNCATE of runs empties events too (events.run_id has no foreign key, see runledger._truncate_run_events).';
 
@@ -1588,13 +1587,15 @@ CREATE OR REPLACE FUNCTION runledger._check_transition()
  LANGUAGE plpgsql
 AS $function$
 begin
-  -- Called only when runs_transition's WHEN clause found the change outside run_transitions().
-  raise exception using errcode = '23514', constraint = 'runs_transition', table = 'runs', schema = 'runledger',
-    message = format('run %s: %s -> %s is not a transition of the run state machine (runledger.run_transitions())',
-                     old.run_id, old.status, new.status);
+  if (old.status::text || '>' || new.status::text) <> all (runledger._transition_pairs()) then
+    raise exception using errcode = '23514', constraint = 'runs_transition', table = 'runs', schema = 'runledger',
+      message = format('run %s: %s -> %s is not a transition of the run state machine (runledger.run_transitions())',
+                       old.run_id, old.status, new.status);
+  end if;
+  return new;
 end;
 $function$;
-COMMENT ON FUNCTION runledger._check_transition() IS 'Trigger function of runs_transition: refuses the status change (SQLSTATE 23514, constraint runs_transition). The trigger''s WHEN clause calls it only for a change that runledger.run_transitions() does not list.';
+COMMENT ON FUNCTION runledger._check_transition() IS 'Trigger function of runs_transition: refuses a status change that runledger.run_transitions() does not list (SQLSTATE 23514, constraint runs_transition).';
 
 CREATE OR REPLACE FUNCTION runledger._check_whole_number(p_opts jsonb, p_key text, p_min integer)
  RETURNS void
@@ -4922,6 +4923,16 @@ begin
 end;
 $function$;
 COMMENT ON FUNCTION runledger._trace_execution(text,bigint,text) IS 'Records p_traceparent, the span of the execution that holds the run with fencing token p_token, in runs.execution_traceparent (the next execution''s span links to it). Returns false, writing nothing, when that execution no longer holds the run. RL003 for a value that is not a W3C traceparent.';
+
+CREATE OR REPLACE FUNCTION runledger._transition_pairs()
+ RETURNS text[]
+ LANGUAGE sql
+ IMMUTABLE
+AS $function$
+  select array_agg(t.from_status::text || '>' || t.to_status::text order by t.from_status, t.to_status)
+    from runledger.run_transitions() t
+$function$;
+COMMENT ON FUNCTION runledger._transition_pairs() IS 'run_transitions() as from>to pairs (''RUNNING>SUCCEEDED''), for _check_transition.';
 
 CREATE OR REPLACE FUNCTION runledger._truncate_run_events()
  RETURNS trigger
