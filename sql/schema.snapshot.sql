@@ -2029,7 +2029,11 @@ begin
              (select count(*) from runledger.steps s where s.run_id = r.run_id), r, e.value->'verification')
       from jsonb_array_elements(p_items) with ordinality e
      where (e.ordinality - 1)::int = any(v_fast) and e.value->>'op' = 'complete'
-       and r.run_id = e.value->>'run_id' and r.run_id = any(v_ids)
+       -- By run_id alone: the completions drive the join (a function scan, estimated at one
+       -- row whatever the statistics say), each finding its run by the primary key. With
+       -- `and r.run_id = any(v_ids)` too, every probe sorted the whole array again (its
+       -- index condition is prepared per probe): 34,000 instructions per completed run.
+       and r.run_id = e.value->>'run_id'
     returning r.run_id, r.fencing_token, r.parent_run_id, r.queue_name, r.termination_evidence
   ), logged as (
     insert into runledger.events (run_id, kind, detail, fencing_token, at)
