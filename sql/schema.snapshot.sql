@@ -1874,6 +1874,40 @@ end;
 $function$;
 COMMENT ON FUNCTION runledger._commit_and_claim(jsonb,text,text[],text[],integer,integer) IS 'Group commit (_commit_batch) and then a claim (_claim_batch) in one transaction. Rows with item set answer the items; rows with item null carry the claim''s rows as JSON in claimed, or, when the claim failed, its SQLSTATE and message (the items are committed regardless).';
 
+CREATE OR REPLACE FUNCTION runledger._commit_and_claim_flat(p_items jsonb, p_worker_id text, p_queues text[], p_workflows text[], p_limit integer, p_lease_ms integer)
+ RETURNS TABLE(item integer, code text, message text, run_status text, run_id text, workflow_name text, workflow_version text, input jsonb, fencing_token bigint, recovery_attempts integer, max_steps integer, budget numeric, budget_spent numeric, budget_limits jsonb, budget_used jsonb, cancel_requested boolean, checkpoints jsonb, progress jsonb, next_due_in_ms bigint, traceparent text, execution_traceparent text)
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
+AS $function$
+begin
+  return query select b.item, b.code, b.message, b.run_status,
+                      null::text, null::text, null::text, null::jsonb, null::bigint, null::int, null::int,
+                      null::numeric, null::numeric, null::jsonb, null::jsonb, null::boolean, null::jsonb, null::jsonb,
+                      null::bigint, null::text, null::text
+                 from runledger._commit_batch(p_items) b;
+  begin
+    -- Rows as _claim_batch returns them (a claimed run each, and the row with only
+    -- next_due_in_ms when fewer than p_limit were claimed), with item null.
+    return query select null::int, null::text, null::text, null::text,
+                        c.run_id, c.workflow_name, c.workflow_version, c.input, c.fencing_token,
+                        c.recovery_attempts, c.max_steps, c.budget, c.budget_spent, c.budget_limits, c.budget_used,
+                        c.cancel_requested, c.checkpoints, c.progress, c.next_due_in_ms,
+                        c.traceparent, c.execution_traceparent
+                   from runledger._claim_batch(p_worker_id, p_queues, p_workflows, p_limit, p_lease_ms) c;
+  exception when others then
+    -- The items stand; only the claim is lost (its runs stay claimable).
+    return query select null::int, sqlstate::text, sqlerrm, null::text,
+                        null::text, null::text, null::text, null::jsonb, null::bigint, null::int, null::int,
+                        null::numeric, null::numeric, null::jsonb, null::jsonb, null::boolean, null::jsonb, null::jsonb,
+                        null::bigint, null::text, null::text;
+  end;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._commit_and_claim_flat(jsonb,text,text[],text[],integer,integer) IS 'Group commit (_commit_batch) and then a claim (_claim_batch) in one transaction. Rows with item set answer the items; rows with item null carry the claim''s rows in _claim_batch''s columns, or, when the claim failed, its SQLSTATE and message in code and message (the items are committed regardless). _commit_and_claim does the same with the claimed runs as JSON.';
+
 CREATE OR REPLACE FUNCTION runledger._commit_batch(p_items jsonb)
  RETURNS TABLE(item integer, code text, message text, run_status text)
  LANGUAGE plpgsql

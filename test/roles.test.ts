@@ -77,6 +77,7 @@ const EXPECTED: Record<string, string[]> = {
     '_trace_execution',
     '_commit_batch',
     '_commit_and_claim',
+    '_commit_and_claim_flat',
     '_checkpoint',
     '_checkpoint_outcome',
     '_charge_now',

@@ -1,5 +1,5 @@
 import type pg from 'pg';
-import type { ClaimRow, PiggybackClaim } from './dispatcher.js';
+import type { ClaimedRun, ClaimRow, PiggybackClaim } from './dispatcher.js';
 import type { CrashHook } from '../core/crash-points.js';
 import type { CommitItem, CommitResult } from '../run/commit-items.js';
 import type { CommitQueue } from '../run/execution.js';
@@ -32,8 +32,11 @@ interface Waiting {
 }
 
 const BATCH_SQL = 'select item, code, message, run_status from runledger._commit_batch(p_items => $1::jsonb)';
+/** The claimed runs come back in _claim_batch's own columns (as the dispatcher's own claim reads them), not as JSON. */
 const BATCH_AND_CLAIM_SQL =
-  'select item, code, message, run_status, claimed from runledger._commit_and_claim(p_items => $1::jsonb, p_worker_id => $2, p_queues => $3, p_workflows => $4, p_limit => $5, p_lease_ms => $6)';
+  'select item, code, message, run_status, run_id, workflow_name, workflow_version, input, fencing_token, recovery_attempts, max_steps, ' +
+  'budget, budget_spent, budget_limits, budget_used, cancel_requested, checkpoints, progress, next_due_in_ms, traceparent, execution_traceparent ' +
+  'from runledger._commit_and_claim_flat(p_items => $1::jsonb, p_worker_id => $2, p_queues => $3, p_workflows => $4, p_limit => $5, p_lease_ms => $6)';
 
 /** run_id is the second field of every item; run ids never contain quotes (rule runs_run_id_check of runs_invariants). */
 const RUN_ID = /"run_id":"([^"]*)"/;
@@ -41,7 +44,11 @@ const RUN_ID = /"run_id":"([^"]*)"/;
 const RETRYABLE = new Set(['40P01', '40001']);
 const ITEM_RETRIES = 5;
 
-type BatchRow = { item: number | null; code: string | null; message: string | null; run_status: string | null; claimed?: ClaimRow | null };
+/** An item's answer (item set), or a row of the claim (item null): a claimed run, the next-due row, or the claim's error (code set). */
+type BatchRow = { item: number | null; code: string | null; message: string | null; run_status: string | null } & Partial<Omit<ClaimedRun, 'run_id'>> & {
+  run_id?: string | null;
+  next_due_in_ms?: string | null;
+};
 
 /** The worker's dispatcher, asked whether a claim should ride on a batch that completes runs. */
 export interface PiggybackSource {
@@ -134,14 +141,14 @@ export class GroupCommit implements CommitQueue {
       for (const waiting of batch) waiting.reject(error);
       return;
     }
-    span?.end(undefined, claim ? rows.filter((row) => row.item === null && row.claimed?.run_id).length : undefined);
+    span?.end(undefined, claim ? rows.filter((row) => row.item === null && row.run_id).length : undefined);
     if (claim) {
       const claimRows = rows.filter((row) => row.item === null);
       const failure = claimRows.find((row) => row.code);
       claim.settle(
         failure
           ? new BatchItemError(failure.code!, failure.message ?? `claim failed: ${failure.code}`)
-          : claimRows.map((row) => normalizeClaimRow(row.claimed!)),
+          : claimRows.map(claimRowOf),
       );
     }
     for (const row of rows) {
@@ -161,8 +168,8 @@ export class GroupCommit implements CommitQueue {
   }
 }
 
-/** A claimed run that came back as JSON: the fencing token as text, as pg gives a bigint. */
-function normalizeClaimRow(row: ClaimRow): ClaimRow {
-  if (row.run_id === null) return row;
-  return { ...row, fencing_token: String(row.fencing_token) };
+/** A claim's row of _commit_and_claim_flat without the item's columns: what _claim_batch returns. */
+function claimRowOf(row: BatchRow): ClaimRow {
+  const { item: _item, code: _code, message: _message, run_status: _status, ...claimed } = row;
+  return claimed as ClaimRow;
 }
