@@ -42,6 +42,9 @@ function countingPool(): { pool: pg.Pool; batches: number[] } {
   return { pool, batches };
 }
 
+/** The end of this turn of the event loop: what the group commit submitted in it has been sent. */
+const tick = () => new Promise<void>((resolve) => setImmediate(resolve));
+
 let claiming: Promise<unknown> = Promise.resolve();
 
 /**
@@ -101,10 +104,14 @@ describe('GroupCommit', () => {
     const perRun = 8;
 
     const items = runs.flatMap(({ runId, token }) => Array.from({ length: perRun }, (_, seq) => checkpointItem(step(runId, token, seq))));
-    const results = await Promise.all(items.map((item) => commits.submit(item)));
+    // The first item is sent at the end of its turn, alone; the rest are submitted while it is in flight.
+    const first = commits.submit(items[0]!);
+    await tick();
+    expect(batches).toEqual([1]);
+    const results = [await first, ...(await Promise.all(items.slice(1).map((item) => commits.submit(item))))];
 
     expect(results).toEqual(items.map(() => ({ runStatus: 'RUNNING' })));
-    // The first item goes at once, alone; the rest were submitted while it was in flight and go together.
+    // They waited for it and went together.
     expect(batches).toEqual([1, items.length - 1]);
     expect(batches.length).toBeLessThan(items.length);
     for (const { runId, token } of runs) {
@@ -114,20 +121,37 @@ describe('GroupCommit', () => {
     }
   });
 
+  it('sends the items submitted in one turn of the event loop as one batch (the runs of a claim reach their commits together)', async () => {
+    const { pool, batches } = countingPool();
+    const commits = new GroupCommit(pool);
+    const runs = await Promise.all(['gc-turn-a', 'gc-turn-b', 'gc-turn-c'].map(claimedRun));
+    const items = runs.map(({ runId, token }) =>
+      completeItem({ runId, token, outputText: '"done"', policyVersion: 'p/1', charge: null, step: step(runId, token, 0) }),
+    );
+    const submitted = items.map((item) => commits.submit(item, true));
+    // Nothing goes before the turn ends: the first completion does not go alone.
+    expect(batches).toEqual([]);
+    expect(await Promise.all(submitted)).toEqual(items.map(() => ({ runStatus: 'SUCCEEDED' })));
+    expect(batches).toEqual([items.length]);
+    for (const { runId } of runs) expect(await runRow(runId)).toMatchObject({ status: 'SUCCEEDED', output: 'done' });
+  });
+
   it('items submitted while a batch is in flight wait for it, then go together; maxBatch caps a batch', async () => {
     const { pool, batches } = countingPool();
     const commits = new GroupCommit(pool, 1, 4);
     const { runId, token } = await claimedRun('gc-cap');
 
     const first = commits.submit(checkpointItem(step(runId, token, 0)));
+    await tick();
     const rest = Array.from({ length: 9 }, (_, i) => commits.submit(checkpointItem(step(runId, token, i + 1))));
+    await tick();
     expect(batches).toEqual([1]); // the others wait for the batch in flight
     await first;
     await Promise.all(rest);
     expect(batches).toEqual([1, 4, 4, 1]);
     expect((await stepRows(runId)).map((s) => s.seq)).toEqual([0, 1, 2, 3, 4, 5, 6, 7, 8, 9]);
 
-    // Idle again: the next item is sent at once, alone.
+    // Idle again: the next item is sent at the end of its turn, alone.
     await commits.submit(checkpointItem(step(runId, token, 10)));
     expect(batches).toEqual([1, 4, 4, 1, 1]);
   });
@@ -147,6 +171,7 @@ describe('GroupCommit', () => {
 
     // The first submission goes alone; everything below waits for it and shares one batch.
     const opener = commits.submit(checkpointItem(step(a.runId, a.token, 0)));
+    await tick();
     const submitted = [
       commits.submit(checkpointItem(step(a.runId, a.token, 1))),
       commits.submit(checkpointItem(step(taken.runId, taken.token, 0))), // stale token
@@ -216,8 +241,11 @@ describe('GroupCommit', () => {
       return query(...args);
     };
 
-    const settled = await Promise.allSettled([0, 1].map((seq) => commits.submit(checkpointItem(step(runId, token, seq)))));
-    // The first (alone) failed; the second went in the next batch.
+    const first = commits.submit(checkpointItem(step(runId, token, 0)));
+    await tick();
+    const second = commits.submit(checkpointItem(step(runId, token, 1)));
+    const settled = await Promise.allSettled([first, second]);
+    // The first (alone) failed; the second, submitted while it was in flight, went in the next batch.
     expect(settled[0]).toEqual({ status: 'rejected', reason: lost });
     expect(settled[1]).toEqual({ status: 'fulfilled', value: { runStatus: 'RUNNING' } });
     expect(batches).toEqual([-1, 1]);

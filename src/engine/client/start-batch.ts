@@ -31,7 +31,9 @@ const MANY_SQL = `select item, ${COLUMNS} from runledger._start_many(p_items => 
 
 /**
  * Group commit of a process's starts, as its worker's group commit does for checkpoints
- * (worker/group-commit.ts): a start made while none is in flight is sent at once, alone;
+ * (worker/group-commit.ts), except that a start made while none is in flight is sent at
+ * once, alone (a caller's start is awaited by its caller; the worker's completions of one
+ * claim arrive together, so that group commit waits for the end of the turn);
  * starts made while one is in flight wait for it and then go together, in one statement
  * and one commit (runledger._start_many), whether this process's worker takes their runs
  * or not. Idle, nothing waits; under load the

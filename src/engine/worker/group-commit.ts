@@ -58,12 +58,13 @@ export interface PiggybackSource {
 }
 
 /**
- * Group commit of one worker's plain checkpoints and completions. An item submitted
- * while no batch is in flight is sent at once, alone; items submitted while a batch
- * is in flight wait for it to return and then go together, in one round trip and one
- * commit. Under load the batches grow by themselves; idle, nothing waits. One batch
- * in flight drained one-step runs about 15% faster than two (larger batches, fewer
- * commits for the same work).
+ * Group commit of one worker's plain checkpoints and completions. Items submitted
+ * while no batch is in flight are sent together at the end of the event loop's turn
+ * (the runs one claim handed over reach their commits in the same turn); items
+ * submitted while a batch is in flight wait for it to return and then go together, in
+ * one round trip and one commit. Under load the batches grow by themselves; idle, an
+ * item waits only for its turn to end. One batch in flight drained one-step runs about
+ * 15% faster than two (larger batches, fewer commits for the same work).
  *
  * A batch whose reply is lost rejects every item with the connection error: each
  * caller already knows how to settle an outcome it did not see.
@@ -71,6 +72,8 @@ export interface PiggybackSource {
 export class GroupCommit implements CommitQueue {
   private waiting: Waiting[] = [];
   private inFlight = 0;
+  /** A send is scheduled for the end of this turn of the event loop (sendSoon). */
+  private scheduled = false;
   /** Set by the worker once its dispatcher exists. */
   claimer: PiggybackSource | undefined;
   /** The engine's tracing: a batch whose items come from traced executions gets a span (runledger.group_commit). */
@@ -87,6 +90,21 @@ export class GroupCommit implements CommitQueue {
   submit(item: CommitItem, completes = false, trace?: SpanRef): Promise<CommitResult> {
     return new Promise((resolve, reject) => {
       this.waiting.push({ item, runId: RUN_ID.exec(item)?.[1] ?? '', retries: 0, completes, trace, resolve, reject });
+      this.sendSoon();
+    });
+  }
+
+  /**
+   * Sends at the end of this turn of the event loop, not at once: the runs a claim handed
+   * over start together and reach their commits in the same turn, so they go as one batch.
+   * Sent at once, the first of them went alone (and by the per-item path), the rest in a
+   * second transaction: twice the commits for the same runs.
+   */
+  private sendSoon(): void {
+    if (this.scheduled || this.inFlight >= this.maxInFlight) return;
+    this.scheduled = true;
+    setImmediate(() => {
+      this.scheduled = false;
       this.send();
     });
   }
