@@ -241,10 +241,11 @@ describe('GroupCommit', () => {
       return query(...args);
     };
 
-    const first = commits.submit(checkpointItem(step(runId, token, 0)));
+    // Settled as it goes (it fails while the second is being submitted).
+    const first = Promise.allSettled([commits.submit(checkpointItem(step(runId, token, 0)))]);
     await tick();
     const second = commits.submit(checkpointItem(step(runId, token, 1)));
-    const settled = await Promise.allSettled([first, second]);
+    const settled = [...(await first), ...(await Promise.allSettled([second]))];
     // The first (alone) failed; the second, submitted while it was in flight, went in the next batch.
     expect(settled[0]).toEqual({ status: 'rejected', reason: lost });
     expect(settled[1]).toEqual({ status: 'fulfilled', value: { runStatus: 'RUNNING' } });
