@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # bench/instructions.sh: server instructions per started run, counted by callgrind, for
 # runledger's start_runs (per row) and start_run (per call) and graphile-worker's add_jobs
-# (per job) and add_job (per call).
+# (per job) and add_job (per call); and per drained run, runledger's group commit
+# completing claimed one-step runs and claiming the next, in batches of 16.
 #
 # Why instructions: on a shared 2-core machine the wall-clock rate of the same build swings
 # by 30 % and more between runs, and a change worth 10 % cannot be seen. Instructions
@@ -16,7 +17,7 @@
 #   PG_BIN=/usr/lib/postgresql/15/bin ./instructions.sh         # the PostgreSQL binaries to count
 # Needs valgrind, and PostgreSQL server binaries (initdb, pg_ctl, postgres). Runs as root
 # with a postgres user (as on the CI machines) or as any other non-root user. A throw-away
-# cluster on port 5499 in a temporary folder; nothing else is touched. About 5 minutes.
+# cluster on port 5499 in a temporary folder; nothing else is touched. About 8 minutes.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -65,7 +66,7 @@ count() {
   printf 'drop database if exists counted\ncreate database counted template %s\n' "$template" \
     | "${AS[@]}" "$PG_BIN/postgres --single -D $DATA postgres" >/dev/null 2>&1
   echo "$sql" | "${AS[@]}" "valgrind --tool=callgrind --callgrind-out-file=$WORK/callgrind.%p $PG_BIN/postgres --single -D $DATA counted" \
-    2>"$WORK/valgrind.log" >/dev/null
+    2>"$WORK/valgrind.log" >"$WORK/out.log"
   grep -o 'Collected : [0-9]*' "$WORK/valgrind.log" | awk '{print $3}'
 }
 per() { echo $(( ($2 - $1) / $3 )); }
@@ -84,7 +85,41 @@ GW_ROW=$(per "$(count gw "$(gw_batches 1)")" "$(count gw "$(gw_batches 3)")" 200
 step "graphile-worker add_job"
 GW_CALL=$(per "$(count gw "$(gw_series 100)")" "$(count gw "$(gw_series 600)")" 500)
 
+# A drained run: what a worker's group commit costs the server to complete a claimed
+# one-step run and claim the next, in batches of 16 (concurrency 16). Each statement
+# commits the batch the statement before it claimed and claims the next 16, through
+# _commit_and_claim_flat (_commit_and_claim in builds that do not have it); the table
+# claimed carries the claim from one statement to the next. The items are built in SQL,
+# the same way for every build (the worker builds them as JSON text).
+step "runledger: claimed and completed one-step runs (batches of 16)"
+single() { "${AS[@]}" "$PG_BIN/postgres --single -D $DATA $1" 2>/dev/null; }
+printf 'drop database if exists drain\ncreate database drain template rl\n' | single postgres >/dev/null
+printf '%s\n' "create table public.claimed (run_id text, token text)" \
+  "select count(*) from (select runledger.start_runs('bulk', (select jsonb_agg(jsonb_build_object('n', g)) from generate_series(1,1000) g)) from generate_series(1,2)) x" \
+  | single drain >/dev/null
+POLICY=$(echo "select policy_version from runledger.runs limit 1" | single drain | grep -o 'policy_version = "[^"]*"' | cut -d'"' -f2)
+ITEMS="select coalesce(jsonb_agg(jsonb_build_object('op','complete','run_id',run_id,'token',token,'seq',0,'name','only','kind','step','status','SUCCEEDED','step_output',1,'attempts',1,'started_ms_ago',0,'output',null,'policy_version','$POLICY'::text)), '[]') as j from claimed"
+if echo "select count(*) from pg_proc where proname = '_commit_and_claim_flat'" | single drain | grep -q 'count = "1"'; then
+  BATCH="with items as ($ITEMS), cc as (select c.* from items, runledger._commit_and_claim_flat(items.j, 'w1', array['default'], array['bulk@v1'], 16, 30000) c), d as (delete from claimed), ins as (insert into claimed select cc.run_id, cc.fencing_token::text from cc where cc.item is null and cc.run_id is not null returning 1) select (select count(*) from cc where code is not null) as failed, (select count(*) from ins) as claimed;"
+else
+  BATCH="with items as ($ITEMS), cc as (select c.* from items, runledger._commit_and_claim(items.j, 'w1', array['default'], array['bulk@v1'], 16, 30000) c), d as (delete from claimed), ins as (insert into claimed select cc.claimed->>'run_id', cc.claimed->>'fencing_token' from cc where cc.claimed->>'run_id' is not null returning 1) select (select count(*) from cc where code is not null) as failed, (select count(*) from ins) as claimed;"
+fi
+batches() { for _ in $(seq 1 "$1"); do echo "$BATCH"; done; }
+DRAIN_11=$(count drain "$(batches 11)")
+DRAIN_51=$(count drain "$(batches 51)")
+# Every statement must have claimed 16 runs and failed no item, or the figure counts something else.
+if [ "$(grep -c 'claimed = "16"' "$WORK/out.log")" != 51 ] || grep -q 'failed = "[1-9]' "$WORK/out.log"; then
+  echo "instructions.sh: a drain statement failed an item or claimed fewer than 16 runs:" >&2
+  grep -E 'ERROR|failed = |claimed = ' "$WORK/out.log" | sort | uniq -c >&2
+  exit 1
+fi
+RL_DRAIN=$(per "$DRAIN_11" "$DRAIN_51" 640)
+
 echo "| server instructions per started run ($("$PG_BIN/postgres" --version)) | runledger ($(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')) | graphile-worker | graphile-worker ÷ runledger |"
 echo "| --- | ---: | ---: | ---: |"
 echo "| a row of a batch of 1,000 (start_runs / add_jobs) | $RL_ROW | $GW_ROW | $(awk "BEGIN { printf \"%.2f\", $GW_ROW / $RL_ROW }") |"
 echo "| one call (start_run with notify false / add_job) | $RL_CALL | $GW_CALL | $(awk "BEGIN { printf \"%.2f\", $GW_CALL / $RL_CALL }") |"
+echo
+echo "| server instructions per drained run ($("$PG_BIN/postgres" --version)) | runledger ($(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')) |"
+echo "| --- | ---: |"
+echo "| a one-step run claimed and completed by a group commit with a claim, batches of 16 | $RL_DRAIN |"
