@@ -45,10 +45,12 @@ const RETRYABLE = new Set(['40P01', '40001']);
 const ITEM_RETRIES = 5;
 
 /** An item's answer (item set), or a row of the claim (item null): a claimed run, the next-due row, or the claim's error (code set). */
-type BatchRow = { item: number | null; code: string | null; message: string | null; run_status: string | null } & Partial<Omit<ClaimedRun, 'run_id'>> & {
-  run_id?: string | null;
-  next_due_in_ms?: string | null;
-};
+type BatchRow = { item: number | null; code: string | null; message: string | null; run_status: string | null } & Partial<
+  Omit<ClaimedRun, 'run_id'>
+> & {
+    run_id?: string | null;
+    next_due_in_ms?: string | null;
+  };
 
 /** The worker's dispatcher, asked whether a claim should ride on a batch that completes runs. */
 export interface PiggybackSource {
@@ -164,9 +166,7 @@ export class GroupCommit implements CommitQueue {
       const claimRows = rows.filter((row) => row.item === null);
       const failure = claimRows.find((row) => row.code);
       claim.settle(
-        failure
-          ? new BatchItemError(failure.code!, failure.message ?? `claim failed: ${failure.code}`)
-          : claimRows.map(claimRowOf),
+        failure ? new BatchItemError(failure.code!, failure.message ?? `claim failed: ${failure.code}`) : claimRows.map(claimRowOf),
       );
     }
     for (const row of rows) {
