@@ -23,6 +23,9 @@
 -- every status change. (Written into the trigger's WHEN clause instead, the list is a
 -- constant that PostgreSQL parses again from its stored text for every statement that
 -- changes a status: about 150,000 instructions, more than a single-row change saves.)
+-- A migration that changes run_transitions() must also `create or replace` this function:
+-- sessions keep the folded constant in their cached plan of the trigger's check, and only a
+-- change to _transition_pairs() itself (whose folding the plan depends on) invalidates it.
 create function runledger._transition_pairs() returns text[]
 language sql immutable as $$
   select array_agg(t.from_status::text || '>' || t.to_status::text order by t.from_status, t.to_status)

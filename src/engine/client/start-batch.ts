@@ -1,5 +1,6 @@
 import type pg from 'pg';
 import { isConnectionError } from '../db/pg-errors.js';
+import { EndOfTurn } from '../core/end-of-turn.js';
 
 /** One engine.start: as start_run, or (given a worker of this process) as runledger._start_claimed. */
 export interface BatchedStart {
@@ -52,8 +53,8 @@ const MANY_SQL = `select item, ${COLUMNS} from runledger._start_many(p_items => 
 export class StartBatcher {
   private waiting: Waiting[] = [];
   private inFlight = 0;
-  /** A send is scheduled for the end of this turn of the event loop (sendSoon). */
-  private scheduled = false;
+  /** Sends what this turn of the event loop submitted, once, when the turn ends. */
+  private readonly sendAtEndOfTurn = new EndOfTurn(() => this.send());
 
   constructor(
     private readonly pool: pg.Pool,
@@ -64,16 +65,7 @@ export class StartBatcher {
   submit(start: BatchedStart): Promise<StartedRow> {
     return new Promise((resolve, reject) => {
       this.waiting.push({ start, resolve, reject });
-      this.sendSoon();
-    });
-  }
-
-  private sendSoon(): void {
-    if (this.scheduled || this.inFlight >= this.maxInFlight) return;
-    this.scheduled = true;
-    setImmediate(() => {
-      this.scheduled = false;
-      this.send();
+      if (this.inFlight < this.maxInFlight) this.sendAtEndOfTurn.request();
     });
   }
 

@@ -5,6 +5,7 @@ import type { CommitItem, CommitResult } from '../run/commit-items.js';
 import type { CommitQueue } from '../run/execution.js';
 import type { BatchTrace, SpanRef, Tracing } from '../observe/tracing.js';
 import type { EngineMetrics } from '../observe/metrics.js';
+import { EndOfTurn } from '../core/end-of-turn.js';
 
 /** An item's own failure inside the batch, carrying its SQLSTATE like a pg error. */
 export class BatchItemError extends Error {
@@ -74,8 +75,8 @@ export interface PiggybackSource {
 export class GroupCommit implements CommitQueue {
   private waiting: Waiting[] = [];
   private inFlight = 0;
-  /** A send is scheduled for the end of this turn of the event loop (sendSoon). */
-  private scheduled = false;
+  /** Sends what this turn of the event loop submitted, once, when the turn ends. */
+  private readonly sendAtEndOfTurn = new EndOfTurn(() => this.send());
   /** Set by the worker once its dispatcher exists. */
   claimer: PiggybackSource | undefined;
   /** The engine's tracing: a batch whose items come from traced executions gets a span (runledger.group_commit). */
@@ -92,22 +93,7 @@ export class GroupCommit implements CommitQueue {
   submit(item: CommitItem, completes = false, trace?: SpanRef): Promise<CommitResult> {
     return new Promise((resolve, reject) => {
       this.waiting.push({ item, runId: RUN_ID.exec(item)?.[1] ?? '', retries: 0, completes, trace, resolve, reject });
-      this.sendSoon();
-    });
-  }
-
-  /**
-   * Sends at the end of this turn of the event loop, not at once: the runs a claim handed
-   * over start together and reach their commits in the same turn, so they go as one batch.
-   * Sent at once, the first of them went alone (and by the per-item path), the rest in a
-   * second transaction: twice the commits for the same runs.
-   */
-  private sendSoon(): void {
-    if (this.scheduled || this.inFlight >= this.maxInFlight) return;
-    this.scheduled = true;
-    setImmediate(() => {
-      this.scheduled = false;
-      this.send();
+      if (this.inFlight < this.maxInFlight) this.sendAtEndOfTurn.request();
     });
   }
 
