@@ -24,6 +24,8 @@ HERE="$(cd "$(dirname "$0")" && pwd)"
 ROOT="${RUNLEDGER_ROOT:-$(cd "$HERE/.." && pwd)}"
 PG_BIN="${PG_BIN:-$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)}"
 PORT="${PORT:-5499}"
+# The cluster's locale (initdb --locale): C.UTF-8, as on these machines' PostgreSQL 15 server.
+LOCALE="${LOCALE:-C.UTF-8}"
 command -v valgrind >/dev/null || { echo "instructions.sh: valgrind is not installed (apt-get install valgrind)" >&2; exit 2; }
 [ -x "$PG_BIN/postgres" ] || { echo "instructions.sh: no PostgreSQL server binaries in PG_BIN=$PG_BIN" >&2; exit 2; }
 [ -f "$ROOT/dist/engine/db/migrate.js" ] || { echo "instructions.sh: $ROOT/dist is missing (npm run build there)" >&2; exit 2; }
@@ -39,7 +41,7 @@ trap cleanup EXIT
 
 step() { echo "[instructions] $*" >&2; }
 step "cluster in $WORK (PostgreSQL binaries $PG_BIN), runledger from $ROOT"
-"${AS[@]}" "$PG_BIN/initdb -D $DATA -U postgres --locale=C.UTF-8 -A trust" >/dev/null
+"${AS[@]}" "$PG_BIN/initdb -D $DATA -U postgres --locale=$LOCALE -A trust" >/dev/null
 printf "port = %s\nunix_socket_directories = '%s'\nlisten_addresses = '127.0.0.1'\nautovacuum = off\n" "$PORT" "$WORK" >> "$DATA/postgresql.conf"
 "${AS[@]}" "$PG_BIN/pg_ctl -D $DATA -l $WORK/server.log start -w" >/dev/null
 URL="postgres://postgres@127.0.0.1:$PORT"

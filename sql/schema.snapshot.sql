@@ -1523,35 +1523,27 @@ declare
 begin
   -- An unbounded class plus length(), not {0,199}: a bounded repetition expands into a
   -- large automaton (about 19 us per row against 0.4 us).
-  if p_run_id !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]*$' or length(p_run_id) > 200 then
-    raise exception using errcode = '23514', constraint = 'runs_run_id_check', table = 'runs', schema = 'runledger',
-      message = format('run_id %L is invalid: 1 to 200 letters, digits and _.:- starting with a letter or digit', p_run_id);
-  end if;
-  if (p_status in ('SUCCEEDED', 'FAILED', 'CANCELLED', 'TERMINATED', 'DEAD_LETTER'))
-     <> (p_finished_at is not null and p_termination_reason is not null) then
-    v_rule := 'runs_terminal_has_record';
-  elsif p_termination_reason <> all (runledger.termination_reasons()) then
-    v_rule := 'runs_termination_reason_check';
-  elsif (p_lease_owner is not null) <> (p_lease_expires_at is not null)
-     or (p_status not in ('RUNNING', 'CANCELLING') and p_lease_owner is not null)
-     or (p_status = 'RUNNING' and p_lease_owner is null) then
-    v_rule := 'runs_lease_only_when_executing';
-  elsif p_wait_kind <> all (runledger.wait_kinds()) then
-    v_rule := 'runs_wait_kind_check';
-  elsif (p_status = 'WAITING') <> (p_wait_kind is not null) then
-    v_rule := 'runs_wait_kind_only_when_waiting';
-  elsif p_budget < 0 then
-    v_rule := 'runs_budget_check';
-  elsif p_max_steps <= 0 then
-    v_rule := 'runs_max_steps_check';
-  elsif p_no_progress < 2 then
-    v_rule := 'runs_no_progress_check';
-  elsif p_retry_budget < 0 then
-    v_rule := 'runs_retry_budget_check';
-  elsif p_max_recovery_attempts < 0 then
-    v_rule := 'runs_max_recovery_attempts_check';
-  else
+  v_rule := case
+    when p_run_id !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]*$' or length(p_run_id) > 200 then 'runs_run_id_check'
+    when (p_status in ('SUCCEEDED', 'FAILED', 'CANCELLED', 'TERMINATED', 'DEAD_LETTER'))
+         <> (p_finished_at is not null and p_termination_reason is not null) then 'runs_terminal_has_record'
+    when p_termination_reason <> all (runledger.termination_reasons()) then 'runs_termination_reason_check'
+    when (p_lease_owner is not null) <> (p_lease_expires_at is not null)
+         or (p_status not in ('RUNNING', 'CANCELLING') and p_lease_owner is not null)
+         or (p_status = 'RUNNING' and p_lease_owner is null) then 'runs_lease_only_when_executing'
+    when p_wait_kind <> all (runledger.wait_kinds()) then 'runs_wait_kind_check'
+    when (p_status = 'WAITING') <> (p_wait_kind is not null) then 'runs_wait_kind_only_when_waiting'
+    when p_budget < 0 then 'runs_budget_check'
+    when p_max_steps <= 0 then 'runs_max_steps_check'
+    when p_no_progress < 2 then 'runs_no_progress_check'
+    when p_retry_budget < 0 then 'runs_retry_budget_check'
+    when p_max_recovery_attempts < 0 then 'runs_max_recovery_attempts_check'
+  end;
+  if v_rule is null then
     return true;
+  elsif v_rule = 'runs_run_id_check' then
+    raise exception using errcode = '23514', constraint = v_rule, table = 'runs', schema = 'runledger',
+      message = format('run_id %L is invalid: 1 to 200 letters, digits and _.:- starting with a letter or digit', p_run_id);
   end if;
   raise exception using errcode = '23514', constraint = v_rule, table = 'runs', schema = 'runledger',
     message = format('new row for relation "runs" violates check constraint "%s" (status %s)', v_rule, p_status);
@@ -5731,7 +5723,8 @@ declare
   -- decimal digits (Crockford base32 characters too; a jsonb array holds at most 2^28 - 1
   -- elements, fewer than 10^9). Per row that is one lpad: encoding 80 bits per row cost
   -- 8 % of a row's instructions (callgrind, PostgreSQL 15). Two statements in the same
-  -- millisecond collide only if their 35 random bits do.
+  -- millisecond collide only if their 35 random bits do, and then the second fails on the
+  -- primary key (23505) rather than taking the first one's runs for its own.
   v_id_prefix text := runledger._base32_10((extract(epoch from clock_timestamp()) * 1000)::bigint)
                       || right(runledger._base32_10(runledger._random_40()), 7);
 begin
@@ -5772,38 +5765,59 @@ begin
   -- Every created event says the same: built once, not per row.
   v_created := jsonb_build_object('workflow', p_workflow, 'version', v_t.workflow_version, 'queue', v_t.queue_name);
 
-  -- One statement: the rows, and the created events of those that are new. Ids made here
-  -- (none given) are ULIDs; a given id or idempotency key that already has a run is kept
-  -- out by ON CONFLICT and resolved below.
-  with wanted as materialized (
-    select (e.ordinality - 1)::int as i, e.value as input,
-           coalesce(v_opts->'run_ids'->>((e.ordinality - 1)::int),
-                    v_id_prefix || lpad((e.ordinality - 1)::text, 9, '0')) as run_id,
-           v_opts->'idempotency_keys'->>((e.ordinality - 1)::int) as idempotency_key,
-           coalesce(v_opts->'concurrency_keys'->>((e.ordinality - 1)::int), v_t.concurrency_key) as concurrency_key
-      from jsonb_array_elements(p_inputs) with ordinality e
-  ), inserted as (
-    insert into runledger.runs (
-      run_id, workflow_name, workflow_version, queue_name, input, admitted, not_before, priority, concurrency_key,
-      idempotency_key, tenant_id, deadline_at, max_recovery_attempts, version_manifest, max_steps, budget, no_progress,
-      retry_budget, policy_version, traceparent, created_at, updated_at)
-    select w.run_id, v_t.workflow_name, v_t.workflow_version, v_t.queue_name, w.input, v_t.admitted, v_t.not_before,
-           v_t.priority, w.concurrency_key, w.idempotency_key, v_t.tenant_id, v_t.deadline_at, v_t.max_recovery_attempts,
-           v_t.version_manifest, v_t.max_steps, v_t.budget, v_t.no_progress, v_t.retry_budget, v_t.policy_version,
-           v_t.traceparent, v_t.created_at, v_t.updated_at
-      from wanted w
-     order by w.i
-    on conflict do nothing
-    returning run_id
-  ), logged as (
+  -- Each input's run id (given, else made here) and key, in input order. ROWS FROM reads
+  -- the arrays side by side in one pass (an absent one gives nulls); a function scan
+  -- returns its rows in order, so the arrays are in input order without a sort.
+  select array_agg(coalesce(e.run_id, v_id_prefix || lpad((e.i - 1)::text, 9, '0'))), array_agg(e.idempotency_key)
+    into v_ids, v_keys
+    from rows from (generate_series(1, v_n), jsonb_array_elements_text(v_opts->'run_ids'),
+                    jsonb_array_elements_text(v_opts->'idempotency_keys')) e(i, run_id, idempotency_key);
+
+  if not (v_opts ? 'run_ids' or v_opts ? 'idempotency_keys') then
+    -- New runs only: no input names an existing run, so a plain INSERT (ON CONFLICT would
+    -- look each row up in every unique index first). The rows and their created events.
+    with inserted as (
+      insert into runledger.runs (
+        run_id, workflow_name, workflow_version, queue_name, input, admitted, not_before, priority, concurrency_key,
+        tenant_id, deadline_at, max_recovery_attempts, version_manifest, max_steps, budget, no_progress,
+        retry_budget, policy_version, traceparent, created_at, updated_at)
+      select e.run_id, v_t.workflow_name, v_t.workflow_version, v_t.queue_name, e.input, v_t.admitted, v_t.not_before,
+             v_t.priority, coalesce(e.concurrency_key, v_t.concurrency_key), v_t.tenant_id, v_t.deadline_at,
+             v_t.max_recovery_attempts, v_t.version_manifest, v_t.max_steps, v_t.budget, v_t.no_progress, v_t.retry_budget,
+             v_t.policy_version, v_t.traceparent, v_t.created_at, v_t.updated_at
+        from rows from (unnest(v_ids), jsonb_array_elements(p_inputs),
+                        jsonb_array_elements_text(v_opts->'concurrency_keys')) e(run_id, input, concurrency_key)
+      returning run_id
+    )
     insert into runledger.events (run_id, kind, detail, at)
     select n.run_id, 'created', v_created, v_t.created_at
-      from inserted n
-  )
-  select array_agg(w.run_id order by w.i), array_agg(w.idempotency_key order by w.i), (select array_agg(n.run_id) from inserted n)
-    into v_ids, v_keys, v_inserted
-    from wanted w;
-  v_new := coalesce(cardinality(v_inserted), 0);
+      from inserted n;
+    v_new := v_n;
+  else
+    -- One statement: the rows, and the created events of those that are new. A given id or
+    -- idempotency key that already has a run (also one given twice in this call) is kept
+    -- out by ON CONFLICT and resolved below.
+    with inserted as (
+      insert into runledger.runs (
+        run_id, workflow_name, workflow_version, queue_name, input, admitted, not_before, priority, concurrency_key,
+        idempotency_key, tenant_id, deadline_at, max_recovery_attempts, version_manifest, max_steps, budget, no_progress,
+        retry_budget, policy_version, traceparent, created_at, updated_at)
+      select e.run_id, v_t.workflow_name, v_t.workflow_version, v_t.queue_name, e.input, v_t.admitted, v_t.not_before,
+             v_t.priority, coalesce(e.concurrency_key, v_t.concurrency_key), e.idempotency_key, v_t.tenant_id,
+             v_t.deadline_at, v_t.max_recovery_attempts, v_t.version_manifest, v_t.max_steps, v_t.budget, v_t.no_progress,
+             v_t.retry_budget, v_t.policy_version, v_t.traceparent, v_t.created_at, v_t.updated_at
+        from rows from (unnest(v_ids), jsonb_array_elements(p_inputs), unnest(v_keys),
+                        jsonb_array_elements_text(v_opts->'concurrency_keys')) e(run_id, input, idempotency_key, concurrency_key)
+      on conflict do nothing
+      returning run_id
+    ), logged as (
+      insert into runledger.events (run_id, kind, detail, at)
+      select n.run_id, 'created', v_created, v_t.created_at
+        from inserted n
+    )
+    select array_agg(n.run_id) into v_inserted from inserted n;
+    v_new := coalesce(cardinality(v_inserted), 0);
+  end if;
 
   if v_new < v_n then
     -- Idempotent start, per input: the same run_id or idempotency key gives the existing
@@ -5837,7 +5851,7 @@ begin
   return v_ids;
 end;
 $function$;
-COMMENT ON FUNCTION runledger.start_runs(text,jsonb,jsonb) IS 'Starts one run of a registered workflow per element of the JSON array p_inputs, in one statement, and announces its queue once; returns the run ids in input order. Options as start_run''s, for every run, except run_ids, idempotency_keys and concurrency_keys: arrays with one entry per input (null for none). An input whose run_id or idempotency key already has a run gives that run''s id (idempotent, per input); a run_id of another workflow is RL005.';
+COMMENT ON FUNCTION runledger.start_runs(text,jsonb,jsonb) IS 'Starts one run of a registered workflow per element of the JSON array p_inputs, in one statement, and announces its queue once; returns the run ids in input order. Options as start_run''s, for every run, except run_ids, idempotency_keys and concurrency_keys: arrays with one entry per input (null for none). An input whose run_id or idempotency key already has a run gives that run''s id (idempotent, per input); a run_id of another workflow is RL005. Without run_ids and idempotency_keys every run is new and gets an id made here (a ULID, in input order).';
 
 CREATE OR REPLACE FUNCTION runledger.step_kinds()
  RETURNS text[]

@@ -57,6 +57,34 @@ describe('runledger.start_runs', () => {
     expect(await countRuns()).toBe(before + 2);
   });
 
+  it('without run_ids or keys makes every id itself: ULIDs in input order, each run with its input and concurrency key', async () => {
+    const inputs = Array.from({ length: 40 }, (_, n) => ({ n }));
+    const concurrencyKeys = inputs.map((_, n) => (n % 3 === 0 ? null : `k${n}`));
+    const ids = await startRuns(inputs, { concurrency_keys: concurrencyKeys, concurrency_key: 'shared' });
+    expect(ids).toHaveLength(40);
+    for (const id of ids) expect(id).toMatch(ULID);
+    expect([...ids].sort()).toEqual(ids); // they sort in input order
+    const rows = await db.pool.query(
+      `select r.run_id, r.input, r.concurrency_key, r.idempotency_key,
+              (select count(*)::int from runledger.events e where e.run_id = r.run_id and e.kind = 'created') as created
+         from runledger.runs r where r.run_id = any($1)`,
+      [ids],
+    );
+    const byId = new Map(rows.rows.map((r) => [r.run_id, r]));
+    ids.forEach((id, n) =>
+      expect(byId.get(id)).toEqual({
+        run_id: id,
+        input: { n },
+        concurrency_key: concurrencyKeys[n] ?? 'shared',
+        idempotency_key: null,
+        created: 1,
+      }),
+    );
+    // A second call makes other ids (nothing taken from the first), also in the same millisecond.
+    const again = await startRuns(inputs.slice(0, 5));
+    expect(again.filter((id) => ids.includes(id))).toEqual([]);
+  });
+
   it('a run id of another workflow is RL005, and nothing of the call is stored', async () => {
     await db.pool.query(`select runledger._register_workflow('other', '1', 'default', 3)`);
     await startRun({ run_id: 'belongs-to-other' }, {}, db.pool, 'other');

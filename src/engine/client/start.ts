@@ -182,8 +182,11 @@ export async function startMany<O, In>(
     }
     sqlOptions[key] = values.map((v) => v ?? null);
   }
-  // Ids made here, not by the database: a ULID costs the server nothing.
-  sqlOptions.run_ids = inputs.map((_, i) => options.runIds?.[i] ?? newId());
+  // With idempotency keys, ids made here tell the runs this call created from those it found.
+  // Without keys or ids every run is new: the database makes the ids, and inserts without
+  // looking each row up first (start_runs' plain path).
+  const idempotent = options.runIds !== undefined || options.idempotencyKeys !== undefined;
+  if (idempotent) sqlOptions.run_ids = inputs.map((_, i) => options.runIds?.[i] ?? newId());
   if (inputs.length === 0) return [];
   await host.registerWorkflow(workflow);
   let runIds: string[];
@@ -196,8 +199,8 @@ export async function startMany<O, In>(
   } catch (error) {
     throw fromPgError(error);
   }
-  const asked = sqlOptions.run_ids as string[];
-  const created = runIds.filter((runId, i) => runId === asked[i]).length;
+  const asked = sqlOptions.run_ids as string[] | undefined;
+  const created = asked ? runIds.filter((runId, i) => runId === asked[i]).length : runIds.length;
   if (created > 0) host.deps.metrics?.runsStarted(workflow.name, workflow.version, created);
   return runIds.map((runId) => handleFor<Jsonify<O>>(host, runId));
 }
