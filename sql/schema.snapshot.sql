@@ -318,7 +318,7 @@ CREATE INDEX runs_migrating ON runledger.runs USING btree (workflow_name, workfl
 CREATE INDEX runs_not_before ON runledger.runs USING btree (queue_name, not_before) WHERE ((status = 'PENDING'::runledger.run_status) AND admitted AND (not_before IS NOT NULL));
 CREATE INDEX runs_parent ON runledger.runs USING btree (parent_run_id) WHERE (parent_run_id IS NOT NULL);
 CREATE UNIQUE INDEX runs_pkey ON runledger.runs USING btree (run_id);
-CREATE INDEX runs_queue_active ON runledger.runs USING btree (queue_name, concurrency_key) WHERE ((status = ANY (ARRAY['RUNNING'::runledger.run_status, 'CANCELLING'::runledger.run_status])) OR ((status = 'PENDING'::runledger.run_status) AND admitted));
+CREATE INDEX runs_queue_active ON runledger.runs USING btree (queue_name, concurrency_key) WHERE (status = ANY (ARRAY['RUNNING'::runledger.run_status, 'CANCELLING'::runledger.run_status]));
 CREATE INDEX runs_ready ON runledger.runs USING btree (queue_name, priority, created_at) WHERE ((status = 'PENDING'::runledger.run_status) AND admitted);
 CREATE INDEX runs_retention ON runledger.runs USING btree (finished_at) WHERE (status = ANY (ARRAY['SUCCEEDED'::runledger.run_status, 'FAILED'::runledger.run_status, 'CANCELLED'::runledger.run_status, 'TERMINATED'::runledger.run_status, 'DEAD_LETTER'::runledger.run_status]));
 CREATE INDEX runs_tenant ON runledger.runs USING btree (tenant_id, created_at) WHERE (tenant_id IS NOT NULL);
