@@ -64,6 +64,13 @@ comment on trigger runs_truncate_events on runledger.runs is
 -- instructions of a start_run call (callgrind, PostgreSQL 15), for a test that costs about
 -- 0.4 us per row. Checked first, with the message and SQLSTATE (23514) the trigger raised,
 -- now under the rule's name runs_run_id_check.
+-- One CASE expression names the first broken rule (null when none is): PL/pgSQL evaluates
+-- it once, where the chain of IF ... ELSIF it replaces evaluated up to eleven conditions,
+-- each an expression evaluation of its own, for every row written. The rules, their order,
+-- their names and their messages are unchanged. (The rules written into the constraint as
+-- an expression instead of a call cost less per row, but PostgreSQL reads a CHECK
+-- constraint's stored expression again for every statement that writes the table:
+-- 380,000 instructions a statement for that expression, against 40,000 for the call.)
 create function runledger._check_run(
   p_run_id text, p_status runledger.run_status, p_finished_at timestamptz, p_termination_reason text,
   p_lease_owner text, p_lease_expires_at timestamptz, p_wait_kind text,
@@ -75,35 +82,27 @@ declare
 begin
   -- An unbounded class plus length(), not {0,199}: a bounded repetition expands into a
   -- large automaton (about 19 us per row against 0.4 us).
-  if p_run_id !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]*$' or length(p_run_id) > 200 then
-    raise exception using errcode = '23514', constraint = 'runs_run_id_check', table = 'runs', schema = 'runledger',
-      message = format('run_id %L is invalid: 1 to 200 letters, digits and _.:- starting with a letter or digit', p_run_id);
-  end if;
-  if (p_status in ('SUCCEEDED', 'FAILED', 'CANCELLED', 'TERMINATED', 'DEAD_LETTER'))
-     <> (p_finished_at is not null and p_termination_reason is not null) then
-    v_rule := 'runs_terminal_has_record';
-  elsif p_termination_reason <> all (runledger.termination_reasons()) then
-    v_rule := 'runs_termination_reason_check';
-  elsif (p_lease_owner is not null) <> (p_lease_expires_at is not null)
-     or (p_status not in ('RUNNING', 'CANCELLING') and p_lease_owner is not null)
-     or (p_status = 'RUNNING' and p_lease_owner is null) then
-    v_rule := 'runs_lease_only_when_executing';
-  elsif p_wait_kind <> all (runledger.wait_kinds()) then
-    v_rule := 'runs_wait_kind_check';
-  elsif (p_status = 'WAITING') <> (p_wait_kind is not null) then
-    v_rule := 'runs_wait_kind_only_when_waiting';
-  elsif p_budget < 0 then
-    v_rule := 'runs_budget_check';
-  elsif p_max_steps <= 0 then
-    v_rule := 'runs_max_steps_check';
-  elsif p_no_progress < 2 then
-    v_rule := 'runs_no_progress_check';
-  elsif p_retry_budget < 0 then
-    v_rule := 'runs_retry_budget_check';
-  elsif p_max_recovery_attempts < 0 then
-    v_rule := 'runs_max_recovery_attempts_check';
-  else
+  v_rule := case
+    when p_run_id !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]*$' or length(p_run_id) > 200 then 'runs_run_id_check'
+    when (p_status in ('SUCCEEDED', 'FAILED', 'CANCELLED', 'TERMINATED', 'DEAD_LETTER'))
+         <> (p_finished_at is not null and p_termination_reason is not null) then 'runs_terminal_has_record'
+    when p_termination_reason <> all (runledger.termination_reasons()) then 'runs_termination_reason_check'
+    when (p_lease_owner is not null) <> (p_lease_expires_at is not null)
+         or (p_status not in ('RUNNING', 'CANCELLING') and p_lease_owner is not null)
+         or (p_status = 'RUNNING' and p_lease_owner is null) then 'runs_lease_only_when_executing'
+    when p_wait_kind <> all (runledger.wait_kinds()) then 'runs_wait_kind_check'
+    when (p_status = 'WAITING') <> (p_wait_kind is not null) then 'runs_wait_kind_only_when_waiting'
+    when p_budget < 0 then 'runs_budget_check'
+    when p_max_steps <= 0 then 'runs_max_steps_check'
+    when p_no_progress < 2 then 'runs_no_progress_check'
+    when p_retry_budget < 0 then 'runs_retry_budget_check'
+    when p_max_recovery_attempts < 0 then 'runs_max_recovery_attempts_check'
+  end;
+  if v_rule is null then
     return true;
+  elsif v_rule = 'runs_run_id_check' then
+    raise exception using errcode = '23514', constraint = v_rule, table = 'runs', schema = 'runledger',
+      message = format('run_id %L is invalid: 1 to 200 letters, digits and _.:- starting with a letter or digit', p_run_id);
   end if;
   raise exception using errcode = '23514', constraint = v_rule, table = 'runs', schema = 'runledger',
     message = format('new row for relation "runs" violates check constraint "%s" (status %s)', v_rule, p_status);

@@ -58,4 +58,14 @@ describe('sql/ function definitions', () => {
       .map(([name, defs]) => `${name}: ${defs.map((d) => d.file).join(', ')}`);
     expect(twice, `functions defined more than once (fold them into one definition, see sql/README.md):\n${twice.join('\n')}`).toEqual([]);
   });
+
+  it('defines each function at most once among the files not released yet (rule 2 among themselves)', () => {
+    const released = LAST_RELEASED_MIGRATION;
+    const unreleased = definitions().filter((d) => released === null || d.version > released);
+    const files = new Map<string, string[]>();
+    for (const d of unreleased) files.set(d.name, [...(files.get(d.name) ?? []), d.file]);
+    const twice = [...files.entries()].filter(([, fs]) => fs.length > 1).map(([name, fs]) => `${name}: ${fs.join(', ')}`);
+    expect(unreleased.length, 'there are unreleased definitions to check').toBeGreaterThan(0);
+    expect(twice, `functions defined again in a later unreleased file (edit the first one in place):\n${twice.join('\n')}`).toEqual([]);
+  });
 });

@@ -1,4 +1,4 @@
--- 0030_queue_active_running: runs_queue_active holds the runs that occupy a slot of their queue by running.
+-- 0029_queue_active_running: runs_queue_active holds the runs that occupy a slot of their queue by running.
 --
 -- Redefines:
 --   the index runs_queue_active (queue_name, concurrency_key), now partial on
@@ -19,4 +19,4 @@ drop index runledger.runs_queue_active;
 create index runs_queue_active on runledger.runs (queue_name, concurrency_key)
   where status in ('RUNNING', 'CANCELLING');
 
-insert into runledger.migrations (version, name) values (30, '0030_queue_active_running');
+insert into runledger.migrations (version, name) values (29, '0029_queue_active_running');
