@@ -18,6 +18,7 @@ import { fileURLToPath } from 'node:url';
 import { startEmbeddedPostgres } from 'runledger/dev';
 import { createDatabase, dropDatabase } from './lib/db.js';
 import { PLANS } from './lib/plans.js';
+import { median } from './lib/stats.js';
 import { systemById } from './systems/index.js';
 import type { BulkPaths } from './systems/types.js';
 
@@ -81,18 +82,16 @@ try {
   await embedded?.stop();
 }
 
-const median = (xs: number[]) => {
-  const s = [...xs].sort((a, b) => a - b);
-  return s.length % 2 ? s[(s.length - 1) / 2]! : (s[s.length / 2 - 1]! + s[s.length / 2]!) / 2;
-};
+/** Every lane ran ROUNDS >= 1 batches, so each has a median. */
+const medianMs = (lane: Lane) => median(lane.ms)!;
 const ours = (kind: Lane['kind']) => lanes.find((l) => l.kind === kind && l.label.startsWith('runledger'));
 console.log(
   `| batches of ${BATCH.toLocaleString('en')}, ${ROUNDS} rounds in alternation | median ms per batch | jobs/s | runledger ÷ this |`,
 );
 console.log('| --- | ---: | ---: | ---: |');
 for (const lane of lanes) {
-  const ms = median(lane.ms);
+  const ms = medianMs(lane);
   const mine = ours(lane.kind);
-  const ratio = mine && mine !== lane ? (median(lane.ms) / median(mine.ms)).toFixed(2) : '';
+  const ratio = mine && mine !== lane ? (ms / medianMs(mine)).toFixed(2) : '';
   console.log(`| ${lane.label} | ${ms.toFixed(2)} | ${Math.round((BATCH / ms) * 1000).toLocaleString('en')} | ${ratio} |`);
 }
