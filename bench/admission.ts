@@ -1,7 +1,7 @@
 /**
  * Admission overhead: drain rate of one-step runs with no queue limits versus a
  * queue with a concurrency limit and TENANTS tenants (concurrency keys; default 100), same
- * machine, same run, median of REPS repetitions.
+ * machine, same run, median of REPS repetitions; and the WAL each drain writes per run.
  *
  *   npx tsx bench/admission.ts            # embedded PostgreSQL
  *   RUNS=5000 REPS=3 DATABASE_URL=... npx tsx bench/admission.ts
@@ -22,7 +22,8 @@ const adminUrl = process.env.DATABASE_URL ?? embedded!.connectionString;
 const admin = new pg.Client({ connectionString: adminUrl });
 await admin.connect();
 
-async function drain(limited: boolean, rep: number): Promise<number> {
+/** Runs per second of one drain, and the WAL it wrote per run (the cluster's: nothing else should run on it). */
+async function drain(limited: boolean, rep: number): Promise<{ rate: number; walPerRun: number }> {
   const database = `rl_admission_${limited ? 'limited' : 'free'}_${rep}_${process.pid}`;
   await admin.query(`create database ${database}`);
   // PROFILE=1: the time spent in each SQL function during the drain, printed after it.
@@ -40,6 +41,7 @@ async function drain(limited: boolean, rep: number): Promise<number> {
       [RUNS, TENANTS],
     );
     if (process.env.PROFILE) await engine.pool.query('select pg_stat_reset()'); // only the drain is profiled
+    const wal0 = (await engine.pool.query<{ lsn: string }>('select pg_current_wal_insert_lsn()::text as lsn')).rows[0]!.lsn;
     const t0 = performance.now();
     const worker = await engine.runWorker({
       concurrency: CONCURRENCY,
@@ -52,6 +54,10 @@ async function drain(limited: boolean, rep: number): Promise<number> {
       await new Promise((resolve) => setTimeout(resolve, 20));
     }
     const seconds = (performance.now() - t0) / 1000;
+    const wal = await engine.pool.query<{ bytes: string }>(
+      'select pg_wal_lsn_diff(pg_current_wal_insert_lsn(), $1::pg_lsn)::text as bytes',
+      [wal0],
+    );
     await worker.stop();
     if (process.env.PROFILE) {
       await new Promise((resolve) => setTimeout(resolve, 700)); // statistics reach the collector
@@ -64,7 +70,7 @@ async function drain(limited: boolean, rep: number): Promise<number> {
         top.rows.map((r) => `  ${r.funcname.padEnd(26)} calls ${r.calls}  total ${r.total_ms} ms  self ${r.self_ms} ms`).join('\n'),
       );
     }
-    return RUNS / seconds;
+    return { rate: RUNS / seconds, walPerRun: Number(wal.rows[0]!.bytes) / RUNS };
   } finally {
     await engine.close();
     await admin.query(`drop database ${database} with (force)`);
@@ -74,9 +80,15 @@ async function drain(limited: boolean, rep: number): Promise<number> {
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
 const free: number[] = [];
 const limited: number[] = [];
+const walFree: number[] = [];
+const walLimited: number[] = [];
 for (let rep = 0; rep < REPS; rep++) {
-  free.push(await drain(false, rep));
-  limited.push(await drain(true, rep));
+  const f = await drain(false, rep);
+  free.push(f.rate);
+  walFree.push(f.walPerRun);
+  const l = await drain(true, rep);
+  limited.push(l.rate);
+  walLimited.push(l.walPerRun);
 }
 const result = {
   date: new Date().toISOString(),
@@ -87,6 +99,8 @@ const result = {
   noLimitsRunsPerSec: Math.round(median(free)),
   limitedRunsPerSec: Math.round(median(limited)),
   ratioLimitedToFree: Number((median(limited) / median(free)).toFixed(2)),
+  // WAL written during the drain per run (the worker's writes; median).
+  walBytesPerRun: { noLimits: Math.round(median(walFree)), limited: Math.round(median(walLimited)) },
   samples: { free: free.map(Math.round), limited: limited.map(Math.round) },
 };
 console.log(JSON.stringify(result, null, 2));

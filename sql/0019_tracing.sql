@@ -465,6 +465,9 @@ declare
   v_seen  text[] := '{}';
   v_limited boolean;
   v_next  timestamptz;
+  v_deferred     jsonb;
+  v_deferred_ids text[];
+  v_deferred_at  timestamptz[];
 begin
   if p_limit is null or p_limit < 1 then
     raise exception using errcode = 'RL003', message = format('_claim_batch: limit must be >= 1, not %s', p_limit);
@@ -522,6 +525,25 @@ begin
          order by r.admitted_at nulls first, r.priority, r.created_at
          limit p_limit - cardinality(v_ids)
          for update skip locked);
+      -- Then the runs this transaction's admission rounds chose and deferred to this claim
+      -- (_commit_and_claim_flat), in their rounds' order: each goes from PENDING to RUNNING
+      -- in the one update below, with the admitted_at its round gave it; _admit_deferred
+      -- admits the ones left. (`admitted is not true`: see _admit_deferred.)
+      v_deferred := nullif(current_setting('runledger.admit_deferred', true), '')::jsonb;
+      if v_deferred is not null and cardinality(v_ids) < p_limit then
+        v_ids := v_ids || array(
+          select r.run_id
+            from jsonb_to_recordset(v_deferred) d(q text, id text, at timestamptz)
+            join runledger.runs r on r.run_id = d.id
+           where d.q = v_queue and r.status = 'PENDING' and r.admitted is not true
+             and (r.deadline_at is null or r.deadline_at > v_now)
+             and (r.workflow_name || '@' || r.workflow_version) = any(p_workflows)
+           order by d.at
+           limit p_limit - cardinality(v_ids)
+           for update of r skip locked);
+        select array_agg(d.id), array_agg(d.at) into v_deferred_ids, v_deferred_at
+          from jsonb_to_recordset(v_deferred) d(id text, at timestamptz);
+      end if;
       continue;
     else
       -- Runs already under way (a sleep ended, a wait timed out, a retry backoff passed) go first.
@@ -554,6 +576,7 @@ begin
            set status = case when r.status = 'CANCELLING' then 'CANCELLING'::runledger.run_status else 'RUNNING' end,
                fencing_token = r.fencing_token + 1, lease_owner = p_worker_id,
                wait_kind = null, wait_key = null, wake_at = null, admitted = false,
+               admitted_at = coalesce(v_deferred_at[array_position(v_deferred_ids, r.run_id)], r.admitted_at),
                lease_expires_at = v_now + make_interval(secs => p_lease_ms / 1000.0),
                started_at = coalesce(r.started_at, v_now), updated_at = v_now
          where r.run_id = any(v_ids)
@@ -591,7 +614,7 @@ begin
 end;
 $$;
 comment on function runledger._claim_batch(text, text[], text[], int, int, text[]) is
-  'Worker claim of up to p_limit runnable runs of the given queues and workflow@version keys, in one statement: CANCELLING runs without an owner, then due timers, then admitted PENDING runs by priority and age (FOR UPDATE SKIP LOCKED, so workers never wait on each other). Each becomes RUNNING with fencing_token + 1 and a lease, and is returned with its checkpoints (and its traceparent and the previous execution''s, for tracing). Runs past their deadline are TERMINATED on the way; a due timer in a queue with limits is woken into admission. When fewer than p_limit were claimed, a last row with run_id null gives next_due_in_ms, the milliseconds until the next delayed start or timer on the database clock (null if none). p_reclaim_except (the runs the worker is executing) also takes back this worker''s other runs: a claim whose reply was lost.';
+  'Worker claim of up to p_limit runnable runs of the given queues and workflow@version keys, in one statement: CANCELLING runs without an owner, then due timers, then admitted PENDING runs by priority and age (in a queue with limits, by admitted_at, then the runs its own transaction''s admission rounds deferred to it: _commit_and_claim_flat) (FOR UPDATE SKIP LOCKED, so workers never wait on each other). Each becomes RUNNING with fencing_token + 1 and a lease, and is returned with its checkpoints (and its traceparent and the previous execution''s, for tracing). Runs past their deadline are TERMINATED on the way; a due timer in a queue with limits is woken into admission. When fewer than p_limit were claimed, a last row with run_id null gives next_due_in_ms, the milliseconds until the next delayed start or timer on the database clock (null if none). p_reclaim_except (the runs the worker is executing) also takes back this worker''s other runs: a claim whose reply was lost.';
 
 drop function runledger._start_claimed(text, jsonb, jsonb, text, int);
 create function runledger._start_claimed(

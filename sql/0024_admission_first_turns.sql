@@ -4,8 +4,10 @@
 -- Defines:
 --   index runs_admission_order                      a queue's runs waiting for admission, by priority, age and id
 --   runledger._admit_first_turns(queue, free, now)  the round's runs when they are all first turns (else null)
+--   runledger._admit_deferred()                     admits what rounds chose for a group commit that claims next
 -- Redefines (released in 0007; sql/README.md rule 3):
---   runledger._admit              tries _admit_first_turns before the round that reads every waiting key's head
+--   runledger._admit              tries _admit_first_turns before the round that reads every waiting key's head;
+--                                 under runledger.admit_defer leaves its runs to the claim that follows
 --   runledger._admit_collected    admits the collected queues in name order (a lock order)
 --
 -- Why: a round of _admit reads the head of every key that has runs waiting, one index probe
@@ -109,17 +111,7 @@ begin
   if v_free <= 64 then
     v_first := runledger._admit_first_turns(p_queue, v_free, v_now);
   end if;
-  if v_first is not null then
-    -- One microsecond apart, in the round's order (see below). Found by run_id, with no
-    -- status in the condition: `status = 'PENDING' and not admitted` would prove the
-    -- predicate of runs_admission_key and runs_admission_order, and a plan cached while the
-    -- table was empty walked runs_admission_key for each run (test/plans.test.ts, PostgreSQL 17).
-    update runledger.runs r
-       set admitted = true, admitted_at = v_now + (f.ord - 1) * interval '1 microsecond'
-      from unnest(v_first) with ordinality f(run_id, ord)
-     where r.run_id = f.run_id and not r.admitted;
-    get diagnostics v_count = row_count;
-  else
+  if v_first is null then
     -- One statement for the whole round, in the order (priority, turn, age), where a run's
     -- turn is its place among its key's waiting runs after the ones that key already has
     -- running: ordering by turn interleaves keys, so a tenant with a burst of 50,000 runs
@@ -178,12 +170,28 @@ begin
        where v_q.per_key_concurrency is null or c.turn <= v_q.per_key_concurrency
        order by c.priority, c.turn, c.created_at, c.run_id
        limit v_free)
-    -- One microsecond apart, in the order chosen here: workers claim admitted runs by
-    -- admitted_at, so a claim smaller than this round keeps its fairness.
+    select coalesce(array_agg(ch.run_id order by ch.ord), '{}') into v_first from chosen ch;
+  end if;
+  if current_setting('runledger.admit_defer', true) = 'on' then
+    -- A group commit that claims next (_commit_and_claim_flat): the claim takes the runs it
+    -- can straight from PENDING to RUNNING, and _admit_deferred admits the rest after it, so
+    -- a run the same transaction claims is written once rather than twice.
+    perform set_config('runledger.admit_deferred',
+      (coalesce(nullif(current_setting('runledger.admit_deferred', true), '')::jsonb, '[]')
+        || coalesce((select jsonb_agg(jsonb_build_object('q', p_queue, 'id', f.run_id,
+                                                           'at', v_now + (f.ord - 1) * interval '1 microsecond') order by f.ord)
+                       from unnest(v_first) with ordinality f(run_id, ord)), '[]'))::text, true);
+    v_count := cardinality(v_first);
+  else
+    -- One microsecond apart, in the round's order: workers claim admitted runs by
+    -- admitted_at, so a claim smaller than this round keeps its fairness. Found by run_id,
+    -- with no status in the condition: `status = 'PENDING' and not admitted` would prove the
+    -- predicate of runs_admission_key and runs_admission_order, and a plan cached while the
+    -- table was empty walked runs_admission_key for each run (test/plans.test.ts, PostgreSQL 17).
     update runledger.runs r
-       set admitted = true, admitted_at = v_now + (ch.ord - 1) * interval '1 microsecond'
-      from chosen ch
-     where r.run_id = ch.run_id;
+       set admitted = true, admitted_at = v_now + (f.ord - 1) * interval '1 microsecond'
+      from unnest(v_first) with ordinality f(run_id, ord)
+     where r.run_id = f.run_id and not r.admitted;
     get diagnostics v_count = row_count;
   end if;
   if v_count > 0 then
@@ -196,7 +204,33 @@ begin
 end;
 $$;
 comment on function runledger._admit(text, int) is
-  'Admission for one queue, under its row lock: fills free slots (concurrency, per-key concurrency, rate limit; none when paused) with PENDING runs by priority (lower first), then fair turns across concurrency keys, then age, and dispatches them. Work-conserving. A round of at most 64 free slots first tries _admit_first_turns (the oldest waiting runs); otherwise, or when those do not settle it, it reads the head of every key with runs waiting. Returns how many it admitted.';
+  'Admission for one queue, under its row lock: fills free slots (concurrency, per-key concurrency, rate limit; none when paused) with PENDING runs by priority (lower first), then fair turns across concurrency keys, then age, and dispatches them. Work-conserving. A round of at most 64 free slots first tries _admit_first_turns (the oldest waiting runs); otherwise, or when those do not settle it, it reads the head of every key with runs waiting. Under the setting runledger.admit_defer (a group commit with a claim, _commit_and_claim_flat) it leaves the round''s runs, with their admitted_at, to that claim and _admit_deferred. Returns how many it admitted.';
+
+-- The runs admission rounds chose while a group commit deferred them (runledger.admit_defer,
+-- set by _commit_and_claim_flat) and its claim did not take: admitted now, each with the
+-- admitted_at its round gave it, so the order of every later claim is the round's. A run
+-- that is no longer waiting (cancelled, ended by its deadline) is left as it is.
+create function runledger._admit_deferred() returns void
+language plpgsql volatile
+set enable_seqscan = off set jit = off as $$
+declare
+  v_deferred jsonb := nullif(current_setting('runledger.admit_deferred', true), '')::jsonb;
+begin
+  perform set_config('runledger.admit_defer', '', true);
+  perform set_config('runledger.admit_deferred', '', true);
+  if v_deferred is null then
+    return;
+  end if;
+  -- `admitted is not true` rather than `not admitted`, so that no plan walks
+  -- runs_admission_key for each run (see _admit).
+  update runledger.runs r
+     set admitted = true, admitted_at = d.at
+    from jsonb_to_recordset(v_deferred) d(id text, at timestamptz)
+   where r.run_id = d.id and r.status = 'PENDING' and r.admitted is not true;
+end;
+$$;
+comment on function runledger._admit_deferred() is
+  'The end of _commit_and_claim_flat: admits the runs that admission rounds chose while the group commit deferred them (setting runledger.admit_deferred) and that its claim did not take, with the admitted_at each round gave them; clears the deferral.';
 
 -- The queues a group commit (or a batch of starts, _start_many) freed slots in or started runs
 -- in are admitted in name order, so two such transactions take the queues' row locks in the

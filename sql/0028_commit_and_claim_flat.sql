@@ -11,6 +11,12 @@
 -- worker's group commit does; 2 % of what a claimed and completed run costs the server).
 -- The worker reads the columns as it reads _claim_batch's. _commit_and_claim stays as it
 -- is for workers of earlier builds that still call it during a rolling deploy.
+--
+-- In a queue with limits, the admission rounds of the commit (its completions freed slots)
+-- choose runs the claim then takes: admitted by one update, claimed by another. Here the
+-- rounds defer their choice to the claim (runledger.admit_defer), which takes its runs from
+-- PENDING to RUNNING in one update, and _admit_deferred admits the rest afterwards. Same
+-- runs, same order, same admitted_at; one row version and four index entries fewer per run.
 
 create function runledger._commit_and_claim_flat(
   p_items jsonb, p_worker_id text, p_queues text[], p_workflows text[], p_limit int, p_lease_ms int)
@@ -23,6 +29,9 @@ returns table (
 language plpgsql volatile
 set enable_seqscan = off set jit = off as $$
 begin
+  -- The admission rounds of the commit leave their runs to the claim below (see _admit):
+  -- a run it takes is written once, from PENDING to RUNNING; the rest are admitted at the end.
+  perform set_config('runledger.admit_defer', 'on', true);
   return query select b.item, b.code, b.message, b.run_status,
                       null::text, null::text, null::text, null::jsonb, null::bigint, null::int, null::int,
                       null::numeric, null::numeric, null::jsonb, null::jsonb, null::boolean, null::jsonb, null::jsonb,
@@ -44,10 +53,12 @@ begin
                         null::numeric, null::numeric, null::jsonb, null::jsonb, null::boolean, null::jsonb, null::jsonb,
                         null::bigint, null::text, null::text;
   end;
+  -- After the claim or its failure (which undid only what the claim did).
+  perform runledger._admit_deferred();
 end;
 $$;
 comment on function runledger._commit_and_claim_flat(jsonb, text, text[], text[], int, int) is
-  'Group commit (_commit_batch) and then a claim (_claim_batch) in one transaction. Rows with item set answer the items; rows with item null carry the claim''s rows in _claim_batch''s columns, or, when the claim failed, its SQLSTATE and message in code and message (the items are committed regardless). _commit_and_claim does the same with the claimed runs as JSON.';
+  'Group commit (_commit_batch) and then a claim (_claim_batch) in one transaction; the commit''s admission rounds defer their runs to the claim, which takes what it can from PENDING straight to RUNNING, and _admit_deferred admits the rest. Rows with item set answer the items; rows with item null carry the claim''s rows in _claim_batch''s columns, or, when the claim failed, its SQLSTATE and message in code and message (the items are committed regardless). _commit_and_claim does the same with the claimed runs as JSON.';
 
 insert into runledger.role_functions (role_name, function_name) values ('runledger_worker', '_commit_and_claim_flat');
 select runledger._secure_functions();

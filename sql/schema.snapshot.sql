@@ -874,17 +874,7 @@ begin
   if v_free <= 64 then
     v_first := runledger._admit_first_turns(p_queue, v_free, v_now);
   end if;
-  if v_first is not null then
-    -- One microsecond apart, in the round's order (see below). Found by run_id, with no
-    -- status in the condition: `status = 'PENDING' and not admitted` would prove the
-    -- predicate of runs_admission_key and runs_admission_order, and a plan cached while the
-    -- table was empty walked runs_admission_key for each run (test/plans.test.ts, PostgreSQL 17).
-    update runledger.runs r
-       set admitted = true, admitted_at = v_now + (f.ord - 1) * interval '1 microsecond'
-      from unnest(v_first) with ordinality f(run_id, ord)
-     where r.run_id = f.run_id and not r.admitted;
-    get diagnostics v_count = row_count;
-  else
+  if v_first is null then
     -- One statement for the whole round, in the order (priority, turn, age), where a run's
     -- turn is its place among its key's waiting runs after the ones that key already has
     -- running: ordering by turn interleaves keys, so a tenant with a burst of 50,000 runs
@@ -943,12 +933,28 @@ begin
        where v_q.per_key_concurrency is null or c.turn <= v_q.per_key_concurrency
        order by c.priority, c.turn, c.created_at, c.run_id
        limit v_free)
-    -- One microsecond apart, in the order chosen here: workers claim admitted runs by
-    -- admitted_at, so a claim smaller than this round keeps its fairness.
+    select coalesce(array_agg(ch.run_id order by ch.ord), '{}') into v_first from chosen ch;
+  end if;
+  if current_setting('runledger.admit_defer', true) = 'on' then
+    -- A group commit that claims next (_commit_and_claim_flat): the claim takes the runs it
+    -- can straight from PENDING to RUNNING, and _admit_deferred admits the rest after it, so
+    -- a run the same transaction claims is written once rather than twice.
+    perform set_config('runledger.admit_deferred',
+      (coalesce(nullif(current_setting('runledger.admit_deferred', true), '')::jsonb, '[]')
+        || coalesce((select jsonb_agg(jsonb_build_object('q', p_queue, 'id', f.run_id,
+                                                           'at', v_now + (f.ord - 1) * interval '1 microsecond') order by f.ord)
+                       from unnest(v_first) with ordinality f(run_id, ord)), '[]'))::text, true);
+    v_count := cardinality(v_first);
+  else
+    -- One microsecond apart, in the round's order: workers claim admitted runs by
+    -- admitted_at, so a claim smaller than this round keeps its fairness. Found by run_id,
+    -- with no status in the condition: `status = 'PENDING' and not admitted` would prove the
+    -- predicate of runs_admission_key and runs_admission_order, and a plan cached while the
+    -- table was empty walked runs_admission_key for each run (test/plans.test.ts, PostgreSQL 17).
     update runledger.runs r
-       set admitted = true, admitted_at = v_now + (ch.ord - 1) * interval '1 microsecond'
-      from chosen ch
-     where r.run_id = ch.run_id;
+       set admitted = true, admitted_at = v_now + (f.ord - 1) * interval '1 microsecond'
+      from unnest(v_first) with ordinality f(run_id, ord)
+     where r.run_id = f.run_id and not r.admitted;
     get diagnostics v_count = row_count;
   end if;
   if v_count > 0 then
@@ -960,7 +966,7 @@ begin
   return v_count;
 end;
 $function$;
-COMMENT ON FUNCTION runledger._admit(text,integer) IS 'Admission for one queue, under its row lock: fills free slots (concurrency, per-key concurrency, rate limit; none when paused) with PENDING runs by priority (lower first), then fair turns across concurrency keys, then age, and dispatches them. Work-conserving. A round of at most 64 free slots first tries _admit_first_turns (the oldest waiting runs); otherwise, or when those do not settle it, it reads the head of every key with runs waiting. Returns how many it admitted.';
+COMMENT ON FUNCTION runledger._admit(text,integer) IS 'Admission for one queue, under its row lock: fills free slots (concurrency, per-key concurrency, rate limit; none when paused) with PENDING runs by priority (lower first), then fair turns across concurrency keys, then age, and dispatches them. Work-conserving. A round of at most 64 free slots first tries _admit_first_turns (the oldest waiting runs); otherwise, or when those do not settle it, it reads the head of every key with runs waiting. Under the setting runledger.admit_defer (a group commit with a claim, _commit_and_claim_flat) it leaves the round''s runs, with their admitted_at, to that claim and _admit_deferred. Returns how many it admitted.';
 
 CREATE OR REPLACE FUNCTION runledger._admit_all(p_limit integer DEFAULT 1000)
  RETURNS integer
@@ -995,6 +1001,30 @@ begin
 end;
 $function$;
 COMMENT ON FUNCTION runledger._admit_collected() IS 'The end of a group commit (or of _start_many): one admission round for each queue whose slots its completions freed or that its starts added runs to (see _admit_later), in name order, so that concurrent ones lock the queues in the same order.';
+
+CREATE OR REPLACE FUNCTION runledger._admit_deferred()
+ RETURNS void
+ LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+AS $function$
+declare
+  v_deferred jsonb := nullif(current_setting('runledger.admit_deferred', true), '')::jsonb;
+begin
+  perform set_config('runledger.admit_defer', '', true);
+  perform set_config('runledger.admit_deferred', '', true);
+  if v_deferred is null then
+    return;
+  end if;
+  -- `admitted is not true` rather than `not admitted`, so that no plan walks
+  -- runs_admission_key for each run (see _admit).
+  update runledger.runs r
+     set admitted = true, admitted_at = d.at
+    from jsonb_to_recordset(v_deferred) d(id text, at timestamptz)
+   where r.run_id = d.id and r.status = 'PENDING' and r.admitted is not true;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._admit_deferred() IS 'The end of _commit_and_claim_flat: admits the runs that admission rounds chose while the group commit deferred them (setting runledger.admit_deferred) and that its claim did not take, with the admitted_at each round gave them; clears the deferral.';
 
 CREATE OR REPLACE FUNCTION runledger._admit_first_turns(p_queue text, p_free integer, p_now timestamp with time zone)
  RETURNS text[]
@@ -1703,6 +1733,9 @@ declare
   v_seen  text[] := '{}';
   v_limited boolean;
   v_next  timestamptz;
+  v_deferred     jsonb;
+  v_deferred_ids text[];
+  v_deferred_at  timestamptz[];
 begin
   if p_limit is null or p_limit < 1 then
     raise exception using errcode = 'RL003', message = format('_claim_batch: limit must be >= 1, not %s', p_limit);
@@ -1760,6 +1793,25 @@ begin
          order by r.admitted_at nulls first, r.priority, r.created_at
          limit p_limit - cardinality(v_ids)
          for update skip locked);
+      -- Then the runs this transaction's admission rounds chose and deferred to this claim
+      -- (_commit_and_claim_flat), in their rounds' order: each goes from PENDING to RUNNING
+      -- in the one update below, with the admitted_at its round gave it; _admit_deferred
+      -- admits the ones left. (`admitted is not true`: see _admit_deferred.)
+      v_deferred := nullif(current_setting('runledger.admit_deferred', true), '')::jsonb;
+      if v_deferred is not null and cardinality(v_ids) < p_limit then
+        v_ids := v_ids || array(
+          select r.run_id
+            from jsonb_to_recordset(v_deferred) d(q text, id text, at timestamptz)
+            join runledger.runs r on r.run_id = d.id
+           where d.q = v_queue and r.status = 'PENDING' and r.admitted is not true
+             and (r.deadline_at is null or r.deadline_at > v_now)
+             and (r.workflow_name || '@' || r.workflow_version) = any(p_workflows)
+           order by d.at
+           limit p_limit - cardinality(v_ids)
+           for update of r skip locked);
+        select array_agg(d.id), array_agg(d.at) into v_deferred_ids, v_deferred_at
+          from jsonb_to_recordset(v_deferred) d(id text, at timestamptz);
+      end if;
       continue;
     else
       -- Runs already under way (a sleep ended, a wait timed out, a retry backoff passed) go first.
@@ -1792,6 +1844,7 @@ begin
            set status = case when r.status = 'CANCELLING' then 'CANCELLING'::runledger.run_status else 'RUNNING' end,
                fencing_token = r.fencing_token + 1, lease_owner = p_worker_id,
                wait_kind = null, wait_key = null, wake_at = null, admitted = false,
+               admitted_at = coalesce(v_deferred_at[array_position(v_deferred_ids, r.run_id)], r.admitted_at),
                lease_expires_at = v_now + make_interval(secs => p_lease_ms / 1000.0),
                started_at = coalesce(r.started_at, v_now), updated_at = v_now
          where r.run_id = any(v_ids)
@@ -1828,7 +1881,7 @@ begin
   end if;
 end;
 $function$;
-COMMENT ON FUNCTION runledger._claim_batch(text,text[],text[],integer,integer,text[]) IS 'Worker claim of up to p_limit runnable runs of the given queues and workflow@version keys, in one statement: CANCELLING runs without an owner, then due timers, then admitted PENDING runs by priority and age (FOR UPDATE SKIP LOCKED, so workers never wait on each other). Each becomes RUNNING with fencing_token + 1 and a lease, and is returned with its checkpoints (and its traceparent and the previous execution''s, for tracing). Runs past their deadline are TERMINATED on the way; a due timer in a queue with limits is woken into admission. When fewer than p_limit were claimed, a last row with run_id null gives next_due_in_ms, the milliseconds until the next delayed start or timer on the database clock (null if none). p_reclaim_except (the runs the worker is executing) also takes back this worker''s other runs: a claim whose reply was lost.';
+COMMENT ON FUNCTION runledger._claim_batch(text,text[],text[],integer,integer,text[]) IS 'Worker claim of up to p_limit runnable runs of the given queues and workflow@version keys, in one statement: CANCELLING runs without an owner, then due timers, then admitted PENDING runs by priority and age (in a queue with limits, by admitted_at, then the runs its own transaction''s admission rounds deferred to it: _commit_and_claim_flat) (FOR UPDATE SKIP LOCKED, so workers never wait on each other). Each becomes RUNNING with fencing_token + 1 and a lease, and is returned with its checkpoints (and its traceparent and the previous execution''s, for tracing). Runs past their deadline are TERMINATED on the way; a due timer in a queue with limits is woken into admission. When fewer than p_limit were claimed, a last row with run_id null gives next_due_in_ms, the milliseconds until the next delayed start or timer on the database clock (null if none). p_reclaim_except (the runs the worker is executing) also takes back this worker''s other runs: a claim whose reply was lost.';
 
 CREATE OR REPLACE FUNCTION runledger._clear_retention(p_kind text, p_workflow_name text DEFAULT NULL::text)
  RETURNS boolean
@@ -1875,6 +1928,9 @@ CREATE OR REPLACE FUNCTION runledger._commit_and_claim_flat(p_items jsonb, p_wor
  SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 begin
+  -- The admission rounds of the commit leave their runs to the claim below (see _admit):
+  -- a run it takes is written once, from PENDING to RUNNING; the rest are admitted at the end.
+  perform set_config('runledger.admit_defer', 'on', true);
   return query select b.item, b.code, b.message, b.run_status,
                       null::text, null::text, null::text, null::jsonb, null::bigint, null::int, null::int,
                       null::numeric, null::numeric, null::jsonb, null::jsonb, null::boolean, null::jsonb, null::jsonb,
@@ -1896,9 +1952,11 @@ begin
                         null::numeric, null::numeric, null::jsonb, null::jsonb, null::boolean, null::jsonb, null::jsonb,
                         null::bigint, null::text, null::text;
   end;
+  -- After the claim or its failure (which undid only what the claim did).
+  perform runledger._admit_deferred();
 end;
 $function$;
-COMMENT ON FUNCTION runledger._commit_and_claim_flat(jsonb,text,text[],text[],integer,integer) IS 'Group commit (_commit_batch) and then a claim (_claim_batch) in one transaction. Rows with item set answer the items; rows with item null carry the claim''s rows in _claim_batch''s columns, or, when the claim failed, its SQLSTATE and message in code and message (the items are committed regardless). _commit_and_claim does the same with the claimed runs as JSON.';
+COMMENT ON FUNCTION runledger._commit_and_claim_flat(jsonb,text,text[],text[],integer,integer) IS 'Group commit (_commit_batch) and then a claim (_claim_batch) in one transaction; the commit''s admission rounds defer their runs to the claim, which takes what it can from PENDING straight to RUNNING, and _admit_deferred admits the rest. Rows with item set answer the items; rows with item null carry the claim''s rows in _claim_batch''s columns, or, when the claim failed, its SQLSTATE and message in code and message (the items are committed regardless). _commit_and_claim does the same with the claimed runs as JSON.';
 
 CREATE OR REPLACE FUNCTION runledger._commit_batch(p_items jsonb)
  RETURNS TABLE(item integer, code text, message text, run_status text)

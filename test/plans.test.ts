@@ -316,6 +316,23 @@ function expectBatchedStartsAndAdmission(found: ScenarioFindings): void {
       s.query,
     ).toEqual(['Index Scan on runs using runs_pkey']);
   }
+  // A group commit with a claim defers its rounds' runs to the claim (_commit_and_claim_flat):
+  // the claim reads them, and _admit_deferred admits the rest, by their key too.
+  const deferred = found.statements.filter(
+    (x) =>
+      x.query.includes('from jsonb_to_recordset(v_deferred) d(q text, id text, at timestamptz) join runledger.runs r') ||
+      x.query.startsWith('update runledger.runs r set admitted = true, admitted_at = d.at'),
+  );
+  expect(deferred.map((x) => (x.query.startsWith('update') ? 'admits the rest' : 'claim reads them')).sort()).toEqual([
+    'admits the rest',
+    'claim reads them',
+  ]);
+  for (const s of deferred) {
+    expect(
+      s.scans.filter((scan) => scan !== 'ModifyTable on runs'),
+      s.query,
+    ).toEqual(['Index Scan on runs using runs_pkey']);
+  }
 }
 
 /** The first column of each index on the hot tables (none for an index whose first key is an expression). */

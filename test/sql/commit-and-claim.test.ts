@@ -4,9 +4,10 @@
  * _commit_and_claim, which earlier builds' workers still call, with the same claim as JSON).
  */
 import { describe, expect, it } from 'vitest';
+import pg from 'pg';
 import { useTestEngine } from '../helpers/test-engine.js';
 import { runHelpers, registerWorkflowW } from '../helpers/runs.js';
-import { claimHelpers } from '../helpers/claim.js';
+import { claimBatch, claimHelpers } from '../helpers/claim.js';
 import { stepItem } from '../helpers/commit.js';
 
 const { db } = useTestEngine({ engine: false, prepare: registerWorkflowW });
@@ -95,5 +96,99 @@ describe('runledger._commit_and_claim_flat', () => {
     expect(json.rows.map((r) => r.claimed?.run_id)).toEqual([second]);
     const { item: _item, code: _code, message: _message, run_status: _status, ...columns } = flat.rows[0];
     expect(Object.keys(json.rows[0].claimed).sort()).toEqual(Object.keys(columns).sort());
+  });
+
+  describe('in a queue with limits', () => {
+    /** Runs of queue q, the first `concurrency` claimed by 'wk-held'; returns the ids in start order and the held tokens. */
+    async function limitedQueue(q: string, concurrency: number, runs: number, workflowOf = (_i: number) => 'w') {
+      await db.pool.query(`select runledger.set_queue($1, jsonb_build_object('concurrency', $2::int))`, [q, concurrency]);
+      const ids: string[] = [];
+      for (let i = 0; i < runs; i++) ids.push(await startRun({ queue: q }, { i }, db.pool, workflowOf(i)));
+      const held = await claimBatch(db.pool, 'wk-held', [q], ['w@1', 'v@1'], concurrency);
+      expect(held.filter((r) => r.run_id).map((r) => r.run_id)).toEqual(ids.slice(0, concurrency));
+      return { ids, held: held.filter((r) => r.run_id) };
+    }
+    const runRows = async (ids: string[]) =>
+      (
+        await db.pool.query(
+          `select run_id, status::text, admitted, (extract(epoch from admitted_at) * 1000000)::bigint::text as admitted_us, lease_owner
+             from runledger.runs where run_id = any($1)`,
+          [ids],
+        )
+      ).rows.sort((a, b) => ids.indexOf(a.run_id) - ids.indexOf(b.run_id));
+
+    it('claims the runs its commit admits straight from PENDING, one update each, and admits the rest in the round order', async () => {
+      const { ids, held } = await limitedQueue('flat-limited', 4, 8);
+      const client = new pg.Client({ connectionString: db.url });
+      await client.connect();
+      try {
+        await client.query('begin');
+        const { rows } = await client.query(
+          `select ${COLUMNS} from runledger._commit_and_claim_flat($1::jsonb, 'wk-flat', array['flat-limited'], array['w@1'], 2, 30000)`,
+          [JSON.stringify(held.slice(0, 3).map((r) => completion(r.run_id!, Number(r.fencing_token))))],
+        );
+        // Three completions, two claims, one admission: each a row version of runs. (Admitting
+        // the three runs and then claiming two of them wrote eight.)
+        const updated = await client.query(`select pg_stat_get_xact_tuples_updated('runledger.runs'::regclass)::int as n`);
+        await client.query('commit');
+        expect(rows.filter((r) => r.item !== null).map((r) => [r.code, r.run_status])).toEqual([
+          [null, 'SUCCEEDED'],
+          [null, 'SUCCEEDED'],
+          [null, 'SUCCEEDED'],
+        ]);
+        expect(rows.filter((r) => r.item === null && r.run_id).map((r) => r.run_id)).toEqual(ids.slice(4, 6));
+        expect(updated.rows[0].n).toBe(6);
+      } finally {
+        await client.end();
+      }
+      const after = await runRows(ids.slice(3));
+      expect(after.map((r) => [r.status, r.admitted, r.lease_owner])).toEqual([
+        ['RUNNING', false, 'wk-held'],
+        ['RUNNING', false, 'wk-flat'],
+        ['RUNNING', false, 'wk-flat'],
+        ['PENDING', true, null],
+        ['PENDING', false, null],
+      ]);
+      // Each run of the round has the admitted_at the round gave it, in its order, claimed or not.
+      // (In microseconds: a round's runs are one microsecond apart.)
+      const stamps = after.slice(1, 4).map((r) => BigInt(r.admitted_us));
+      expect(stamps[1]! - stamps[0]!).toBe(1n);
+      expect(stamps[2]! - stamps[1]!).toBe(1n);
+      expect(after[4]!.admitted_us).toBeNull();
+      // The queue holds its limit: 3 running, 1 admitted for the next claim.
+      const next = await claimBatch(db.pool, 'wk-next', ['flat-limited'], ['w@1'], 10);
+      expect(next.filter((r) => r.run_id).map((r) => r.run_id)).toEqual([ids[6]]);
+    });
+
+    it('admits what the claim does not take: runs of workflows the worker does not serve, and all of them when the claim fails', async () => {
+      await db.pool.query(`select runledger._register_workflow('v', '1', 'default', 3)`);
+      // Runs 4 and 5 are of workflow v, which wk-flat does not serve.
+      const { ids, held } = await limitedQueue('flat-other', 2, 7, (i) => (i === 2 || i === 3 ? 'v' : 'w'));
+      const served = await db.pool.query(
+        `select ${COLUMNS} from runledger._commit_and_claim_flat($1::jsonb, 'wk-flat', array['flat-other'], array['w@1'], 5, 30000)`,
+        [JSON.stringify(held.map((r) => completion(r.run_id!, Number(r.fencing_token))))],
+      );
+      // The round chose runs 2 and 3 (workflow v): admitted, not claimed.
+      expect(served.rows.filter((r) => r.item === null && r.run_id)).toEqual([]);
+      expect((await runRows(ids.slice(2, 4))).map((r) => [r.status, r.admitted, r.admitted_us !== null])).toEqual([
+        ['PENDING', true, true],
+        ['PENDING', true, true],
+      ]);
+      // A claim that fails (limit 0 is refused) undoes only itself: the round's runs are admitted.
+      const v = await claimBatch(db.pool, 'wk-v', ['flat-other'], ['v@1'], 2);
+      const failed = await db.pool.query(
+        `select ${COLUMNS} from runledger._commit_and_claim_flat($1::jsonb, 'wk-flat', array['flat-other'], array['w@1'], 0, 30000)`,
+        [JSON.stringify(v.filter((r) => r.run_id).map((r) => completion(r.run_id!, Number(r.fencing_token))))],
+      );
+      expect(failed.rows.at(-1)).toMatchObject({ item: null, code: 'RL003' });
+      expect((await runRows(ids.slice(4, 7))).map((r) => [r.status, r.admitted, r.admitted_us !== null])).toEqual([
+        ['PENDING', true, true],
+        ['PENDING', true, true],
+        ['PENDING', false, false],
+      ]);
+      // The deferral ended with the statement: a start in the same session admits as before.
+      const later = await startRun({ queue: 'flat-other' }, { i: 7 });
+      expect((await runRows([later]))[0]).toMatchObject({ status: 'PENDING', admitted: false });
+    });
   });
 });
