@@ -160,12 +160,12 @@ begin
              and (r.workflow_name = v_rule.workflow_name or (v_rule.workflow_name is null and r.workflow_name <> all (v_others)));
         else
           with due as (
-            select e.event_id from runledger.runs r join runledger.events e on e.run_id = r.run_id
+            select e.run_id, e.event_id from runledger.runs r join runledger.events e on e.run_id = r.run_id
              where r.status in ('SUCCEEDED', 'FAILED', 'CANCELLED', 'TERMINATED', 'DEAD_LETTER') and r.finished_at < v_cutoff
                and (r.workflow_name = v_rule.workflow_name or (v_rule.workflow_name is null and r.workflow_name <> all (v_others)))
              limit v_left
                for update of e skip locked),
-          gone as (delete from runledger.events e using due where e.event_id = due.event_id returning 1)
+          gone as (delete from runledger.events e using due where e.run_id = due.run_id and e.event_id = due.event_id returning 1)
           select count(*) into v_n from gone;
         end if;
       elsif v_kind = 'signals' then

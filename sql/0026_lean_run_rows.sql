@@ -7,6 +7,8 @@
 --   runledger._check_run(run_id, ...) the invariants of a runs row, now with the run_id rule
 -- Redefines:
 --   runledger._new_id()               a ULID from one random draw, without per-character lookups
+-- Replaces: the key of events (event_id) and the index events_run (run_id, event_id) by
+-- one key, events_pkey (run_id, event_id).
 -- Drops: the foreign key events.run_id -> runs.run_id; the triggers runs_run_id_insert and
 -- runs_run_id_update and their function _check_run_id (the rule is in runs_invariants);
 -- the 11-argument _check_run.
@@ -24,12 +26,25 @@
 
 alter table runledger.events drop constraint events_run_id_fkey;
 
+-- One index for events, not two. The key was event_id alone, beside events_run (run_id,
+-- event_id) for a run's history: every event wrote an entry into each. Nothing reads an
+-- event by its id alone: a run's history, its deletion and retention all go by run. The
+-- key (run_id, event_id) serves all of them, and event_id (an identity) stays unique on
+-- its own. Per event, one index entry fewer (its insert and its WAL record): a start, a
+-- claim, a completion, a wait and a wake-up each write an event.
+alter table runledger.events drop constraint events_pkey;
+drop index runledger.events_run;
+alter table runledger.events add constraint events_pkey primary key (run_id, event_id);
+comment on constraint events_pkey on runledger.events is
+  'The key of an event is its run and its place in that run''s history (event_id, an identity, increases with time): a run''s history is read, deleted and pruned by run.';
+
 create function runledger._delete_run_events() returns trigger
 language plpgsql
 set enable_seqscan = off as $$
 begin
-  -- By events_run, whatever the transition table's size: the planner has no statistics
-  -- for it, and a plan that reads all of events would cost a deleted run a table scan.
+  -- By events_pkey (run_id, event_id), whatever the transition table's size: the planner
+  -- has no statistics for it, and a plan that reads all of events would cost a deleted run
+  -- a table scan.
   delete from runledger.events e where e.run_id = any (array(select g.run_id from gone g));
   return null;
 end;

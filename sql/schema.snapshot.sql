@@ -137,9 +137,9 @@ CREATE TABLE runledger.events (
   fencing_token bigint
 );
 COMMENT ON TABLE runledger.events IS 'Append-only history of each run (created, claimed, lease_expired, recovered, completed, failed, dead_lettered, retried, released, ...), written in the same transaction as the change it records.';
-ALTER TABLE runledger.events ADD CONSTRAINT events_pkey PRIMARY KEY (event_id);
-CREATE UNIQUE INDEX events_pkey ON runledger.events USING btree (event_id);
-CREATE INDEX events_run ON runledger.events USING btree (run_id, event_id);
+ALTER TABLE runledger.events ADD CONSTRAINT events_pkey PRIMARY KEY (run_id, event_id);
+COMMENT ON CONSTRAINT events_pkey ON runledger.events IS 'The key of an event is its run and its place in that run''s history (event_id, an identity, increases with time): a run''s history is read, deleted and pruned by run.';
+CREATE UNIQUE INDEX events_pkey ON runledger.events USING btree (run_id, event_id);
 
 CREATE TABLE runledger.maintenance (
   task text NOT NULL,
@@ -2493,8 +2493,9 @@ CREATE OR REPLACE FUNCTION runledger._delete_run_events()
  SET enable_seqscan TO 'off'
 AS $function$
 begin
-  -- By events_run, whatever the transition table's size: the planner has no statistics
-  -- for it, and a plan that reads all of events would cost a deleted run a table scan.
+  -- By events_pkey (run_id, event_id), whatever the transition table's size: the planner
+  -- has no statistics for it, and a plan that reads all of events would cost a deleted run
+  -- a table scan.
   delete from runledger.events e where e.run_id = any (array(select g.run_id from gone g));
   return null;
 end;
@@ -3325,12 +3326,12 @@ begin
              and (r.workflow_name = v_rule.workflow_name or (v_rule.workflow_name is null and r.workflow_name <> all (v_others)));
         else
           with due as (
-            select e.event_id from runledger.runs r join runledger.events e on e.run_id = r.run_id
+            select e.run_id, e.event_id from runledger.runs r join runledger.events e on e.run_id = r.run_id
              where r.status in ('SUCCEEDED', 'FAILED', 'CANCELLED', 'TERMINATED', 'DEAD_LETTER') and r.finished_at < v_cutoff
                and (r.workflow_name = v_rule.workflow_name or (v_rule.workflow_name is null and r.workflow_name <> all (v_others)))
              limit v_left
                for update of e skip locked),
-          gone as (delete from runledger.events e using due where e.event_id = due.event_id returning 1)
+          gone as (delete from runledger.events e using due where e.run_id = due.run_id and e.event_id = due.event_id returning 1)
           select count(*) into v_n from gone;
         end if;
       elsif v_kind = 'signals' then
