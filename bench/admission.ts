@@ -1,7 +1,8 @@
 /**
  * Admission overhead: drain rate of one-step runs with no queue limits versus a
  * queue with a concurrency limit and TENANTS tenants (concurrency keys; default 100), same
- * machine, same run, median of REPS repetitions; and the WAL each drain writes per run.
+ * machine, same run, median of REPS repetitions (the two drains of each take turns going
+ * first), and the median of each repetition's own ratio; and the WAL each drain writes per run.
  *
  *   npx tsx bench/admission.ts            # embedded PostgreSQL
  *   RUNS=5000 REPS=3 DATABASE_URL=... npx tsx bench/admission.ts
@@ -82,13 +83,21 @@ const free: number[] = [];
 const limited: number[] = [];
 const walFree: number[] = [];
 const walLimited: number[] = [];
+// The two drains of a repetition take turns going first (free, limited; then limited,
+// free; ...): a drain that follows another one's database drop, or a slow moment of the
+// machine, then falls on each kind alike. Each repetition's own ratio is kept too, and their
+// median is the steadier figure: a slow minute moves both drains of one repetition.
+const pairRatios: number[] = [];
 for (let rep = 0; rep < REPS; rep++) {
-  const f = await drain(false, rep);
-  free.push(f.rate);
-  walFree.push(f.walPerRun);
-  const l = await drain(true, rep);
-  limited.push(l.rate);
-  walLimited.push(l.walPerRun);
+  const order = rep % 2 === 0 ? [false, true] : [true, false];
+  const rates: Record<string, number> = {};
+  for (const isLimited of order) {
+    const d = await drain(isLimited, rep);
+    rates[String(isLimited)] = d.rate;
+    (isLimited ? limited : free).push(d.rate);
+    (isLimited ? walLimited : walFree).push(d.walPerRun);
+  }
+  pairRatios.push(rates['true']! / rates['false']!);
 }
 const result = {
   date: new Date().toISOString(),
@@ -99,9 +108,11 @@ const result = {
   noLimitsRunsPerSec: Math.round(median(free)),
   limitedRunsPerSec: Math.round(median(limited)),
   ratioLimitedToFree: Number((median(limited) / median(free)).toFixed(2)),
+  // The median of each repetition's limited / free (the two drains run back to back).
+  medianRatioOfPairs: Number(median(pairRatios).toFixed(2)),
   // WAL written during the drain per run (the worker's writes; median).
   walBytesPerRun: { noLimits: Math.round(median(walFree)), limited: Math.round(median(walLimited)) },
-  samples: { free: free.map(Math.round), limited: limited.map(Math.round) },
+  samples: { free: free.map(Math.round), limited: limited.map(Math.round), pairRatios: pairRatios.map((r) => Number(r.toFixed(2))) },
 };
 console.log(JSON.stringify(result, null, 2));
 mkdirSync(new URL('./results/', import.meta.url), { recursive: true });
