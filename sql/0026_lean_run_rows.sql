@@ -1,17 +1,17 @@
--- 0026_lean_run_rows: what a new run costs besides its own row.
+-- 0026_lean_run_rows: what a new run and its history cost besides the run's own row.
 --
 -- Defines:
---   runledger._delete_run_events()    trigger function: a statement that deletes runs deletes their events
---   runledger._truncate_run_events()  trigger function: TRUNCATE of runs empties events
---   triggers runs_delete_events, runs_truncate_events on runledger.runs
+--   runledger._delete_run_history()   trigger function: a statement that deletes runs deletes their steps and events
+--   runledger._truncate_run_history() trigger function: TRUNCATE of runs empties steps and events
+--   triggers runs_delete_history, runs_truncate_history on runledger.runs
 --   runledger._check_run(run_id, ...) the invariants of a runs row, now with the run_id rule
 -- Redefines:
 --   runledger._new_id()               a ULID from one random draw, without per-character lookups
 -- Replaces: the key of events (event_id) and the index events_run (run_id, event_id) by
 -- one key, events_pkey (run_id, event_id).
--- Drops: the foreign key events.run_id -> runs.run_id; the triggers runs_run_id_insert and
--- runs_run_id_update and their function _check_run_id (the rule is in runs_invariants);
--- the 11-argument _check_run.
+-- Drops: the foreign keys events.run_id and steps.run_id -> runs.run_id; the triggers
+-- runs_run_id_insert and runs_run_id_update and their function _check_run_id (the rule is
+-- in runs_invariants); the 11-argument _check_run.
 --
 -- Why: every events row checked its run through the foreign key, a query per row that also
 -- locks the run's row (FOR KEY SHARE), one more WAL record per event. A start writes one
@@ -38,40 +38,50 @@ alter table runledger.events add constraint events_pkey primary key (run_id, eve
 comment on constraint events_pkey on runledger.events is
   'The key of an event is its run and its place in that run''s history (event_id, an identity, increases with time): a run''s history is read, deleted and pruned by run.';
 
-create function runledger._delete_run_events() returns trigger
+-- The same for checkpoints: every steps row checked its run through the foreign key, a query
+-- per row (about 43,000 instructions of a drained one-step run's 1.08M, callgrind,
+-- PostgreSQL 15; a three-step workflow pays it three times). Checkpoints are written only
+-- by runledger's fenced functions, each with the run's row locked (_lock_executing, or the
+-- group commit's FOR UPDATE of its runs), or with a run the same transaction inserts (a
+-- fork); the triggers below are their ON DELETE CASCADE.
+alter table runledger.steps drop constraint steps_run_id_fkey;
+
+create function runledger._delete_run_history() returns trigger
 language plpgsql
 set enable_seqscan = off as $$
 begin
-  -- By events_pkey (run_id, event_id), whatever the transition table's size: the planner
-  -- has no statistics for it, and a plan that reads all of events would cost a deleted run
-  -- a table scan.
+  -- By each table's key (run_id first), whatever the transition table's size: the planner
+  -- has no statistics for it, and a plan that reads all of events or steps would cost a
+  -- deleted run a table scan.
+  delete from runledger.steps s where s.run_id = any (array(select g.run_id from gone g));
   delete from runledger.events e where e.run_id = any (array(select g.run_id from gone g));
   return null;
 end;
 $$;
-comment on function runledger._delete_run_events() is
-  'Trigger function of runs_delete_events: deletes the events of the runs a statement deleted (events.run_id has no foreign key; this is its ON DELETE CASCADE).';
+comment on function runledger._delete_run_history() is
+  'Trigger function of runs_delete_history: deletes the checkpoints (steps) and events of the runs a statement deleted (steps.run_id and events.run_id have no foreign key; this is their ON DELETE CASCADE).';
 
-create trigger runs_delete_events after delete on runledger.runs
+create trigger runs_delete_history after delete on runledger.runs
   referencing old table as gone
-  for each statement execute function runledger._delete_run_events();
-comment on trigger runs_delete_events on runledger.runs is
-  'Deleting runs deletes their events in the same statement (events.run_id has no foreign key, see runledger._delete_run_events).';
+  for each statement execute function runledger._delete_run_history();
+comment on trigger runs_delete_history on runledger.runs is
+  'Deleting runs deletes their checkpoints and events in the same statement (no foreign key, see runledger._delete_run_history).';
 
-create function runledger._truncate_run_events() returns trigger
+create function runledger._truncate_run_history() returns trigger
 language plpgsql as $$
 begin
-  truncate runledger.events;
+  truncate runledger.steps, runledger.events;
   return null;
 end;
 $$;
-comment on function runledger._truncate_run_events() is
-  'Trigger function of runs_truncate_events: TRUNCATE of runs empties events (there is no foreign key to cascade through).';
+comment on function runledger._truncate_run_history() is
+  'Trigger function of runs_truncate_history: TRUNCATE of runs empties steps and events (there is no foreign key to cascade through).';
 
-create trigger runs_truncate_events after truncate on runledger.runs
-  for each statement execute function runledger._truncate_run_events();
-comment on trigger runs_truncate_events on runledger.runs is
-  'TRUNCATE of runs empties events too (events.run_id has no foreign key, see runledger._truncate_run_events).';
+create trigger runs_truncate_history after truncate on runledger.runs
+  for each statement execute function runledger._truncate_run_history();
+comment on trigger runs_truncate_history on runledger.runs is
+  'TRUNCATE of runs empties steps and events too (no foreign key, see runledger._truncate_run_history).';
+
 
 -- The run_id rule joins the row's other rules in runs_invariants. It was the WHEN clause of
 -- two triggers, and PostgreSQL parses and prepares a trigger's WHEN clause again for every

@@ -323,12 +323,12 @@ CREATE INDEX runs_ready ON runledger.runs USING btree (queue_name, priority, cre
 CREATE INDEX runs_retention ON runledger.runs USING btree (finished_at) WHERE (status = ANY (ARRAY['SUCCEEDED'::runledger.run_status, 'FAILED'::runledger.run_status, 'CANCELLED'::runledger.run_status, 'TERMINATED'::runledger.run_status, 'DEAD_LETTER'::runledger.run_status]));
 CREATE INDEX runs_tenant ON runledger.runs USING btree (tenant_id, created_at) WHERE (tenant_id IS NOT NULL);
 CREATE INDEX runs_timer ON runledger.runs USING btree (queue_name, wake_at) WHERE ((status = 'WAITING'::runledger.run_status) AND (wake_at IS NOT NULL));
-CREATE TRIGGER runs_delete_events AFTER DELETE ON runledger.runs REFERENCING OLD TABLE AS gone FOR EACH STATEMENT EXECUTE FUNCTION runledger._delete_run_events();
-COMMENT ON TRIGGER runs_delete_events ON runledger.runs IS 'Deleting runs deletes their events in the same statement (events.run_id has no foreign key, see runledger._delete_run_events).';
+CREATE TRIGGER runs_delete_history AFTER DELETE ON runledger.runs REFERENCING OLD TABLE AS gone FOR EACH STATEMENT EXECUTE FUNCTION runledger._delete_run_history();
+COMMENT ON TRIGGER runs_delete_history ON runledger.runs IS 'Deleting runs deletes their checkpoints and events in the same statement (no foreign key, see runledger._delete_run_history).';
 CREATE TRIGGER runs_session_release AFTER UPDATE OF status ON runledger.runs FOR EACH ROW WHEN (((old.status IS DISTINCT FROM new.status) AND (new.status = ANY (ARRAY['SUCCEEDED'::runledger.run_status, 'FAILED'::runledger.run_status, 'CANCELLED'::runledger.run_status, 'TERMINATED'::runledger.run_status, 'DEAD_LETTER'::runledger.run_status])))) EXECUTE FUNCTION runledger._session_on_terminal();
 CREATE TRIGGER runs_transition BEFORE UPDATE OF status ON runledger.runs FOR EACH ROW WHEN ((old.status IS DISTINCT FROM new.status)) EXECUTE FUNCTION runledger._check_transition();
-CREATE TRIGGER runs_truncate_events AFTER TRUNCATE ON runledger.runs FOR EACH STATEMENT EXECUTE FUNCTION runledger._truncate_run_events();
-COMMENT ON TRIGGER runs_truncate_events ON runledger.runs IS 'TRUNCATE of runs empties events too (events.run_id has no foreign key, see runledger._truncate_run_events).';
+CREATE TRIGGER runs_truncate_history AFTER TRUNCATE ON runledger.runs FOR EACH STATEMENT EXECUTE FUNCTION runledger._truncate_run_history();
+COMMENT ON TRIGGER runs_truncate_history ON runledger.runs IS 'TRUNCATE of runs empties steps and events too (no foreign key, see runledger._truncate_run_history).';
 
 CREATE TABLE runledger.session_entries (
   session_id text NOT NULL,
@@ -427,7 +427,6 @@ COMMENT ON TABLE runledger.steps IS 'Checkpoints: one row per completed step of 
 ALTER TABLE runledger.steps ADD CONSTRAINT steps_invariants CHECK (runledger._check_step(seq, kind, status));
 COMMENT ON CONSTRAINT steps_invariants ON runledger.steps IS 'Every rule a steps row obeys, in runledger._check_step (see its comment); a broken rule is reported under its own name.';
 ALTER TABLE runledger.steps ADD CONSTRAINT steps_pkey PRIMARY KEY (run_id, seq);
-ALTER TABLE runledger.steps ADD CONSTRAINT steps_run_id_fkey FOREIGN KEY (run_id) REFERENCES runledger.runs(run_id) ON DELETE CASCADE;
 CREATE INDEX steps_patch_markers ON runledger.steps USING btree (name) WHERE (name ~~ '@patch:%'::text);
 CREATE UNIQUE INDEX steps_pkey ON runledger.steps USING btree (run_id, seq);
 
@@ -2487,20 +2486,21 @@ end;
 $function$;
 COMMENT ON FUNCTION runledger._decide_approval(text,boolean,text,text) IS 'The action behind runledger.decide_approval (which records it in audit_log): Decides a pending approval request (approvers that are database roles are checked by the deciding role''s membership; a request with required > 1 records a vote per person and is decided at the required approvals or the first rejection). The first decision wins and stays as audit evidence; later calls return it with recorded = false. An approver outside the request''s list: RL007; expired request: RL005. Wakes the waiting run.';
 
-CREATE OR REPLACE FUNCTION runledger._delete_run_events()
+CREATE OR REPLACE FUNCTION runledger._delete_run_history()
  RETURNS trigger
  LANGUAGE plpgsql
  SET enable_seqscan TO 'off'
 AS $function$
 begin
-  -- By events_pkey (run_id, event_id), whatever the transition table's size: the planner
-  -- has no statistics for it, and a plan that reads all of events would cost a deleted run
-  -- a table scan.
+  -- By each table's key (run_id first), whatever the transition table's size: the planner
+  -- has no statistics for it, and a plan that reads all of events or steps would cost a
+  -- deleted run a table scan.
+  delete from runledger.steps s where s.run_id = any (array(select g.run_id from gone g));
   delete from runledger.events e where e.run_id = any (array(select g.run_id from gone g));
   return null;
 end;
 $function$;
-COMMENT ON FUNCTION runledger._delete_run_events() IS 'Trigger function of runs_delete_events: deletes the events of the runs a statement deleted (events.run_id has no foreign key; this is its ON DELETE CASCADE).';
+COMMENT ON FUNCTION runledger._delete_run_history() IS 'Trigger function of runs_delete_history: deletes the checkpoints (steps) and events of the runs a statement deleted (steps.run_id and events.run_id have no foreign key; this is their ON DELETE CASCADE).';
 
 CREATE OR REPLACE FUNCTION runledger._delete_session(p_session_id text)
  RETURNS integer
@@ -5023,16 +5023,16 @@ AS $function$
 $function$;
 COMMENT ON FUNCTION runledger._transition_pairs() IS 'run_transitions() as from>to pairs (''RUNNING>SUCCEEDED''), for _check_transition.';
 
-CREATE OR REPLACE FUNCTION runledger._truncate_run_events()
+CREATE OR REPLACE FUNCTION runledger._truncate_run_history()
  RETURNS trigger
  LANGUAGE plpgsql
 AS $function$
 begin
-  truncate runledger.events;
+  truncate runledger.steps, runledger.events;
   return null;
 end;
 $function$;
-COMMENT ON FUNCTION runledger._truncate_run_events() IS 'Trigger function of runs_truncate_events: TRUNCATE of runs empties events (there is no foreign key to cascade through).';
+COMMENT ON FUNCTION runledger._truncate_run_history() IS 'Trigger function of runs_truncate_history: TRUNCATE of runs empties steps and events (there is no foreign key to cascade through).';
 
 CREATE OR REPLACE FUNCTION runledger._wait(p_run_id text, p_token bigint, p_seq integer, p_name text, p_kind text, p_spec jsonb)
  RETURNS TABLE(done boolean, output jsonb)
