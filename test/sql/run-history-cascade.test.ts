@@ -38,6 +38,26 @@ async function finishedRun(): Promise<string> {
   return runId;
 }
 
+/** The plans auto_explain reports (nested statements too) while one run is deleted on a connection of its own. */
+async function plansOfDeleting(runId: string): Promise<string[]> {
+  const plans: string[] = [];
+  const client = new pg.Client({ connectionString: db.url });
+  client.on('notice', (notice) => {
+    if (notice.message?.startsWith('duration:')) plans.push(notice.message);
+  });
+  await client.connect();
+  try {
+    await client.query(`load 'auto_explain'`);
+    await client.query(`set auto_explain.log_min_duration = 0`);
+    await client.query(`set auto_explain.log_nested_statements = on`);
+    await client.query(`set auto_explain.log_level = notice`);
+    await client.query('delete from runledger.runs where run_id = $1', [runId]);
+  } finally {
+    await client.end();
+  }
+  return plans;
+}
+
 describe('events and checkpoints go with their runs (no foreign key)', () => {
   it('the foreign keys are gone and both triggers are there', async () => {
     for (const table of ['runledger.events', 'runledger.steps']) {
@@ -109,21 +129,7 @@ describe('events and checkpoints go with their runs (no foreign key)', () => {
       [other],
     );
     const runId = await finishedRun();
-    const plans: string[] = [];
-    const client = new pg.Client({ connectionString: db.url });
-    client.on('notice', (notice) => {
-      if (notice.message?.startsWith('duration:')) plans.push(notice.message);
-    });
-    await client.connect();
-    try {
-      await client.query(`load 'auto_explain'`);
-      await client.query(`set auto_explain.log_min_duration = 0`);
-      await client.query(`set auto_explain.log_nested_statements = on`);
-      await client.query(`set auto_explain.log_level = notice`);
-      await client.query('delete from runledger.runs where run_id = $1', [runId]);
-    } finally {
-      await client.end();
-    }
+    const plans = await plansOfDeleting(runId);
     const nested = plans.filter((plan) => plan.includes('delete from runledger.events'));
     expect(nested, plans.join('\n---\n')).toHaveLength(1);
     expect(nested[0]).toMatch(/(Index|Index Only|Bitmap Index) Scan (using|on) events_pkey/);
@@ -140,21 +146,7 @@ describe('events and checkpoints go with their runs (no foreign key)', () => {
       [other],
     );
     const runId = await finishedRun();
-    const plans: string[] = [];
-    const client = new pg.Client({ connectionString: db.url });
-    client.on('notice', (notice) => {
-      if (notice.message?.startsWith('duration:')) plans.push(notice.message);
-    });
-    await client.connect();
-    try {
-      await client.query(`load 'auto_explain'`);
-      await client.query(`set auto_explain.log_min_duration = 0`);
-      await client.query(`set auto_explain.log_nested_statements = on`);
-      await client.query(`set auto_explain.log_level = notice`);
-      await client.query('delete from runledger.runs where run_id = $1', [runId]);
-    } finally {
-      await client.end();
-    }
+    const plans = await plansOfDeleting(runId);
     const nested = plans.filter((plan) => plan.includes('delete from runledger.steps'));
     expect(nested, plans.join('\n---\n')).toHaveLength(1);
     expect(nested[0]).toMatch(/(Index|Index Only|Bitmap Index) Scan (using|on) steps_pkey/);
