@@ -411,7 +411,12 @@ describe('many workers racing', () => {
       `select array_agg(runledger.start_run('noop', jsonb_build_object('n', g))) as ids from generate_series(1, 1100) g`,
     );
     const runIds: string[] = [...started.rows[0].ids, ...(await startOrders(100))];
-    await Promise.all([worker({ CONCURRENCY: '8' }), worker({ CONCURRENCY: '8' }), worker({ CONCURRENCY: '8' })]);
+    // No fault here, so no run may be claimed twice (max_token 1). A lease of 5 s rather than
+    // the file's 1 s: on a loaded 2-core machine (three workers, the server and other test
+    // files) a heartbeat delayed past 1 s can let a lease expire and another worker take the
+    // run back (once in .ci/run: max_token 2), a recovery this test neither injects nor measures.
+    const racer = { CONCURRENCY: '8', LEASE_MS: '5000' };
+    await Promise.all([worker(racer), worker(racer), worker(racer)]);
     await waitFor('1,200 runs finished', () => allFinished(runIds), 120_000);
 
     const summary = await db.pool.query(
