@@ -215,15 +215,15 @@ describe('hot-path plans on a new database, never analysed', () => {
   it('the same check finds the walk of an index whose first column is not the run id (it can fail)', async () => {
     const target = await createTestDatabase();
     try {
-      // runs_console_workflow as it was before it became partial, (workflow_name, run_id) over every row, and no
-      // primary key beside it (its foreign keys go with it): every lookup of a run by id can only walk that index.
+      // An index over every row whose first column is not the run id, (workflow_name, run_id) as the console's
+      // was before it became partial, and no primary key beside it (its foreign keys go with it): every lookup
+      // of a run by id can only walk that index.
       // Whether a planner takes the walk over the primary key depends on its version and the batch sizes
       // (PostgreSQL 15 did, for the completion, on a new database); without the key every version must.
-      await target.pool.query('drop index runledger.runs_console_workflow');
-      await target.pool.query('create index runs_console_workflow on runledger.runs (workflow_name, run_id)');
+      await target.pool.query('create index runs_by_workflow on runledger.runs (workflow_name, run_id)');
       await target.pool.query('alter table runledger.runs drop constraint runs_pkey cascade');
       const found = await newDatabaseScenario(target);
-      expect(found.walks.flatMap((s) => s.scans).join('\n')).toMatch(/using runs_console_workflow: \(run_id = /);
+      expect(found.walks.flatMap((s) => s.scans).join('\n')).toMatch(/using runs_by_workflow: \(run_id = /);
     } finally {
       await target.drop();
     }
@@ -250,7 +250,7 @@ async function insertWaitingRuns(target: TestDatabase, workflow: string, queue: 
 }
 
 describe('the metrics gauges’ statement (observe/gauges.ts) on a database with history and stale statistics', () => {
-  it('reads the unfinished runs through runs_console_status, never the finished ones by sequential scan', async () => {
+  it('reads the unfinished runs through runs_console, never the finished ones by sequential scan', async () => {
     const target = await createTestDatabase();
     try {
       // Statistics taken while runs was empty, then 50,000 finished runs and 2,000 unfinished ones behind their back.
@@ -267,7 +267,7 @@ describe('the metrics gauges’ statement (observe/gauges.ts) on a database with
         scans.filter((scan) => scan.startsWith('Seq Scan')),
         scans.join('; '),
       ).toEqual([]);
-      expect(scans.join('; ')).toContain('runs_console_status');
+      expect(scans.join('; ')).toContain('runs_console');
       // And it counts what is there: the gauge rows are the database's figures.
       const rows = (await target.pool.query(GAUGES_SQL)).rows.filter((row) => row.queue_name === 'gauges' && row.status);
       expect(rows.map((row) => [row.status, row.runs]).sort()).toEqual([

@@ -38,20 +38,16 @@ export interface RunListRow {
   finished_at: Date | null;
 }
 
-/** The WHERE clause of the filters, with only the conditions given, so each plan can use its index. */
-function where(filters: RunFilters, params: unknown[], withStatus = true): string[] {
+/**
+ * The conditions of the filters other than status and workflow (queue, concurrency key, run
+ * id), with only those given, so each plan can use its index.
+ */
+function otherFilters(filters: RunFilters, params: unknown[]): string[] {
   const parts: string[] = [];
   const add = (sql: (p: string) => string, value: unknown) => {
     params.push(value);
     parts.push(sql(`$${params.length}`));
   };
-  const statuses = filters.status.filter((s) => (RUN_STATES as readonly string[]).includes(s));
-  const byStatus = withStatus && statuses.length > 0;
-  if (byStatus) add((p) => `status = any(${p}::runledger.run_status[])`, statuses);
-  if (filters.workflow) add((p) => `workflow_name = ${p}`, filters.workflow);
-  // The predicate of runs_console_status and runs_console_workflow (sql/0021_console.sql),
-  // always true: without it neither index can serve the list.
-  if (byStatus || filters.workflow) parts.push(`created_at > '-infinity'`);
   if (filters.queue) add((p) => `queue_name = ${p}`, filters.queue);
   if (filters.concurrencyKey) add((p) => `concurrency_key = ${p}`, filters.concurrencyKey);
   if (filters.search) {
@@ -70,11 +66,37 @@ function where(filters: RunFilters, params: unknown[], withStatus = true): strin
   return parts;
 }
 
+/** The statuses the filter names (unknown names dropped). */
+const statusesOf = (filters: RunFilters) => filters.status.filter((s) => (RUN_STATES as readonly string[]).includes(s));
+
+const LIST_COLUMNS = `run_id, workflow_name, workflow_version, status, termination_reason, wait_kind, queue_name, concurrency_key,
+            parent_run_id, created_at, finished_at`;
+
+/**
+ * The workflows that have runs in status `s.status`, found in runs_console itself: the first
+ * name, then the next one after it, one probe each (a loose index scan; PostgreSQL has no
+ * skip scan). Runs of a workflow no longer registered are listed too.
+ */
+const WORKFLOWS_IN_STATUS = `
+  with recursive w(name) as (
+    (select r.workflow_name from runledger.runs r
+      where r.status = s.status and r.created_at > '-infinity' order by r.workflow_name limit 1)
+    union all
+    select (select r.workflow_name from runledger.runs r
+             where r.status = s.status and r.workflow_name > w.name and r.created_at > '-infinity'
+             order by r.workflow_name limit 1)
+      from w where w.name is not null)
+  select w.name from w where w.name is not null`;
+
 /**
  * One page of runs, newest first (run ids are ULIDs), by keyset: `before` (older than that
  * run id) or `after` (newer than it, read in ascending order and turned around). Never OFFSET:
  * the millionth run's page costs what the first one does. One more row than the page tells
  * whether an older page exists.
+ *
+ * Without a status or workflow filter the page is a range of the primary key. With one, it
+ * is the first rows of a merge: each (status, workflow) pair the filters allow is a range of
+ * runs_console (sql/0021_console.sql) already in run_id order, read up to a page each.
  */
 export async function listRuns(
   pool: pg.Pool,
@@ -83,7 +105,7 @@ export async function listRuns(
   limit = PAGE_SIZE,
 ): Promise<{ rows: RunListRow[]; older: boolean; newer: boolean }> {
   const params: unknown[] = [];
-  const parts = where(filters, params);
+  const parts = otherFilters(filters, params);
   const ascending = cursor.after !== undefined && cursor.before === undefined;
   if (cursor.before !== undefined) {
     params.push(cursor.before);
@@ -92,14 +114,31 @@ export async function listRuns(
     params.push(cursor.after);
     parts.push(`run_id > $${params.length}`);
   }
-  params.push(limit + 1);
-  const result = await pool.query<RunListRow>(
-    `select run_id, workflow_name, workflow_version, status, termination_reason, wait_kind, queue_name, concurrency_key,
-            parent_run_id, created_at, finished_at
-       from runledger.runs ${parts.length > 0 ? `where ${parts.join(' and ')}` : ''}
-      order by run_id ${ascending ? 'asc' : 'desc'} limit $${params.length}`,
-    params,
-  );
+  const order = ascending ? 'asc' : 'desc';
+  const statuses = statusesOf(filters);
+  let sql: string;
+  if (statuses.length === 0 && !filters.workflow) {
+    params.push(limit + 1);
+    sql = `select ${LIST_COLUMNS} from runledger.runs ${parts.length > 0 ? `where ${parts.join(' and ')}` : ''}
+            order by run_id ${order} limit $${params.length}`;
+  } else {
+    params.push(statuses.length > 0 ? statuses : RUN_STATES);
+    const statusParam = `$${params.length}`;
+    let workflows = WORKFLOWS_IN_STATUS;
+    if (filters.workflow) {
+      params.push(filters.workflow);
+      workflows = `select $${params.length}::text`;
+    }
+    params.push(limit + 1);
+    const limitParam = `$${params.length}`;
+    const inner = ['status = s.status', 'workflow_name = w.name', `created_at > '-infinity'`, ...parts];
+    sql = `select p.* from unnest(${statusParam}::runledger.run_status[]) s(status)
+             cross join lateral (${workflows}) w(name)
+             cross join lateral (select ${LIST_COLUMNS} from runledger.runs where ${inner.join(' and ')}
+                                  order by run_id ${order} limit ${limitParam}) p
+            order by p.run_id ${order} limit ${limitParam}`;
+  }
+  const result = await pool.query<RunListRow>(sql, params);
   const more = result.rows.length > limit;
   const rows = result.rows.slice(0, limit);
   if (ascending) rows.reverse();
@@ -118,30 +157,35 @@ export const COUNT_CAP = 10_000;
  * status link would list).
  *
  * Without another filter, each status is counted up to COUNT_CAP + 1 (COUNT_CAP + 1 reads
- * "more than COUNT_CAP"): an index-only range of runs_console_status (sql/0021_console.sql)
- * per status that stops at the cap, so the cost does not grow with the table. An exact count
- * of every status read the whole index: about 100 ms at 1,000,000 runs, and growing.
+ * "more than COUNT_CAP"): an index-only range of runs_console (sql/0021_console.sql) per
+ * status that stops at the cap, so the cost does not grow with the table. An exact count of
+ * every status read the whole index: about 100 ms at 1,000,000 runs, and growing.
  *
- * With a filter (workflow, queue, key, id), the counts are exact, in one pass over the runs
- * that match: a cap per status would have to scan every run of a rare status to find too few
- * that match, which measured slower (docs/console.md has both at 1,000,000 runs).
+ * With a filter, the counts are exact. A workflow's are a range of runs_console per status
+ * (the other filters checked on the rows in it). Without a workflow (queue, key, id), one
+ * pass over the runs that match: a cap per status would have to scan every run of a rare
+ * status to find too few that match, which measured slower (docs/console.md has both at
+ * 1,000,000 runs).
  */
 export async function statusCounts(pool: pg.Pool, filters: RunFilters): Promise<Map<string, number>> {
   const params: unknown[] = [];
-  const parts = where(filters, params, false);
-  if (parts.length > 0) {
-    const exact = await pool.query<{ status: string; n: number }>(
-      `select status::text as status, count(*)::int as n from runledger.runs where ${parts.join(' and ')} group by status`,
-      params,
-    );
-    return new Map(exact.rows.map((r) => [r.status, r.n]));
+  const parts = otherFilters(filters, params);
+  let sql: string;
+  if (filters.workflow) {
+    params.push(filters.workflow);
+    const inner = ['r.status = s.status', `r.workflow_name = $${params.length}`, `r.created_at > '-infinity'`, ...parts];
+    sql = `select s.status::text as status, (select count(*)::int from runledger.runs r where ${inner.join(' and ')}) as n
+             from unnest(enum_range(null::runledger.run_status)) s(status)`;
+  } else if (parts.length > 0) {
+    sql = `select status::text as status, count(*)::int as n from runledger.runs where ${parts.join(' and ')} group by status`;
+  } else {
+    params.push(COUNT_CAP + 1);
+    sql = `select s.status::text as status,
+                  (select count(*)::int from (select 1 from runledger.runs r
+                                               where r.status = s.status and r.created_at > '-infinity' limit $1) x) as n
+             from unnest(enum_range(null::runledger.run_status)) s(status)`;
   }
-  const result = await pool.query<{ status: string; n: number }>(
-    `select s.status::text as status,
-            (select count(*)::int from (select 1 from runledger.runs r where r.status = s.status and r.created_at > '-infinity' limit $1) x) as n
-       from unnest(enum_range(null::runledger.run_status)) s(status)`,
-    [COUNT_CAP + 1],
-  );
+  const result = await pool.query<{ status: string; n: number }>(sql, params);
   return new Map(result.rows.filter((r) => r.n > 0).map((r) => [r.status, r.n]));
 }
 
