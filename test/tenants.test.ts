@@ -93,10 +93,12 @@ beforeAll(async () => {
     const parent = await app.start(waitsWithInbox, { tenant }, { tenantId: tenant });
     const approval = await app.start(approving, undefined, { tenantId: tenant });
     await db.pool.query(`select runledger.send_signal($1, 'early', $2)`, [parent.runId, { pending: tenant }]);
+    // The parent's wait for its signal, after its child and its stream (not its wait for the child).
     await waitFor(`${tenant}'s runs wait`, async () => {
-      const { rows } = await db.pool.query(`select count(*)::int as n from runledger.runs where run_id = any($1) and status = 'WAITING'`, [
-        [parent.runId, approval.runId],
-      ]);
+      const { rows } = await db.pool.query(
+        `select count(*)::int as n from runledger.runs where run_id = any($1) and status = 'WAITING' and wait_kind <> 'child'`,
+        [[parent.runId, approval.runId]],
+      );
       return rows[0].n === 2 ? true : undefined;
     });
     const childRow = await db.pool.query(`select run_id from runledger.runs where parent_run_id = $1`, [parent.runId]);
@@ -147,10 +149,17 @@ describe('a child run and a fork keep the tenant', () => {
     // Forked by the acme-bound operator: the fork is acme's too.
     const forked = await as(ACME_ONLY, 'acme', (c) => c.query(`select runledger.fork_run($1, 0) as id`, [runs.acme.parent]));
     runs.acme.fork = forked.rows[0].id;
-    // The fork runs again from its first step, to the same wait.
+    // The fork runs again from its first step, to the same wait: the signal 'go', after its
+    // child and its stream (it also waits, for its child, on the way there).
     await waitFor(
-      'the fork waits',
-      async () => (await db.pool.query(`select 1 from runledger.runs where run_id = $1 and status = 'WAITING'`, [runs.acme.fork])).rows[0],
+      'the fork waits for go',
+      async () =>
+        (
+          await db.pool.query(
+            `select 1 from runledger.runs where run_id = $1 and status = 'WAITING' and wait_kind = 'signal' and wait_key = 'go'`,
+            [runs.acme.fork],
+          )
+        ).rows[0],
     );
     const tenant = await db.pool.query(`select tenant_id from runledger.runs where run_id = $1`, [runs.acme.fork]);
     expect(tenant.rows[0].tenant_id).toBe('acme');
