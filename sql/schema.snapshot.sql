@@ -285,7 +285,8 @@ CREATE TABLE runledger.runs (
   policy_version text,
   stop_record jsonb,
   traceparent text,
-  execution_traceparent text
+  execution_traceparent text,
+  in_sessions boolean
 );
 COMMENT ON TABLE runledger.runs IS 'One row per workflow run: status, lease (owner, expiry, fencing token), recovery attempts and the termination record (reason, evidence, time, policy version).';
 COMMENT ON COLUMN runledger.runs.wait_key IS 'What a WAITING run waits for: the signal topic, the approval request id or the child run id (null for timers).';
@@ -299,6 +300,7 @@ COMMENT ON COLUMN runledger.runs.termination_reason IS 'Why a terminal run stopp
 COMMENT ON COLUMN runledger.runs.stop_record IS 'Only on a CANCELLING run: the terminal record it ends with once its compensations have run, {status, reason, evidence, error} (a policy stop such as DEADLINE or BUDGET, or the record compensate_run set aside); null for a plain cancel, which ends CANCELLED.';
 COMMENT ON COLUMN runledger.runs.traceparent IS 'The W3C traceparent (00-<trace id>-<span id>-<flags>) of the context the run was started in (engine.start, or the traceparent option of start_run / start_runs); null when it was started outside a trace. Every execution of the run opens its span under it, so all of them, after crashes and on other workers, belong to one trace.';
 COMMENT ON COLUMN runledger.runs.execution_traceparent IS 'The W3C traceparent of the span of the run''s latest execution, written by the worker that claimed it (runledger._trace_execution) when it records traces: the next execution links its span to it. Null when no execution was traced.';
+COMMENT ON COLUMN runledger.runs.in_sessions IS 'True once the run has held a session or queued for one (set by triggers on sessions and session_waiters); null otherwise. When such a run ends, runs_session_release lets go of its sessions and its places in their queues.';
 ALTER TABLE runledger.runs ADD CONSTRAINT runs_invariants CHECK (runledger._check_run(run_id, status, finished_at, termination_reason, lease_owner, lease_expires_at, wait_kind, budget, max_steps, no_progress, retry_budget, max_recovery_attempts));
 COMMENT ON CONSTRAINT runs_invariants ON runledger.runs IS 'Every rule a runs row obeys, in runledger._check_run (see its comment); a broken rule is reported under its own name.';
 ALTER TABLE runledger.runs ADD CONSTRAINT runs_parent_run_id_fkey FOREIGN KEY (parent_run_id) REFERENCES runledger.runs(run_id) ON DELETE SET NULL;
@@ -325,7 +327,8 @@ CREATE INDEX runs_tenant ON runledger.runs USING btree (tenant_id, created_at) W
 CREATE INDEX runs_timer ON runledger.runs USING btree (queue_name, wake_at) WHERE ((status = 'WAITING'::runledger.run_status) AND (wake_at IS NOT NULL));
 CREATE TRIGGER runs_delete_history AFTER DELETE ON runledger.runs REFERENCING OLD TABLE AS gone FOR EACH STATEMENT EXECUTE FUNCTION runledger._delete_run_history();
 COMMENT ON TRIGGER runs_delete_history ON runledger.runs IS 'Deleting runs deletes their checkpoints and events in the same statement (no foreign key, see runledger._delete_run_history).';
-CREATE TRIGGER runs_session_release AFTER UPDATE OF status ON runledger.runs FOR EACH ROW WHEN (((old.status IS DISTINCT FROM new.status) AND (new.status = ANY (ARRAY['SUCCEEDED'::runledger.run_status, 'FAILED'::runledger.run_status, 'CANCELLED'::runledger.run_status, 'TERMINATED'::runledger.run_status, 'DEAD_LETTER'::runledger.run_status])))) EXECUTE FUNCTION runledger._session_on_terminal();
+CREATE TRIGGER runs_session_release AFTER UPDATE OF status ON runledger.runs FOR EACH ROW WHEN (((old.status IS DISTINCT FROM new.status) AND (new.status = ANY (ARRAY['SUCCEEDED'::runledger.run_status, 'FAILED'::runledger.run_status, 'CANCELLED'::runledger.run_status, 'TERMINATED'::runledger.run_status, 'DEAD_LETTER'::runledger.run_status])) AND new.in_sessions)) EXECUTE FUNCTION runledger._session_on_terminal();
+COMMENT ON TRIGGER runs_session_release ON runledger.runs IS 'A run marked in_sessions that reaches a terminal status lets go of its sessions and leaves their queues (runledger._session_on_terminal).';
 CREATE TRIGGER runs_transition BEFORE UPDATE OF status ON runledger.runs FOR EACH ROW WHEN ((old.status IS DISTINCT FROM new.status)) EXECUTE FUNCTION runledger._check_transition();
 CREATE TRIGGER runs_truncate_history AFTER TRUNCATE ON runledger.runs FOR EACH STATEMENT EXECUTE FUNCTION runledger._truncate_run_history();
 COMMENT ON TRIGGER runs_truncate_history ON runledger.runs IS 'TRUNCATE of runs empties steps and events too (no foreign key, see runledger._truncate_run_history).';
@@ -360,6 +363,8 @@ ALTER TABLE runledger.session_waiters ADD CONSTRAINT session_waiters_session_id_
 CREATE INDEX session_waiters_order ON runledger.session_waiters USING btree (session_id, ticket);
 CREATE UNIQUE INDEX session_waiters_pkey ON runledger.session_waiters USING btree (session_id, run_id);
 CREATE INDEX session_waiters_run ON runledger.session_waiters USING btree (run_id);
+CREATE TRIGGER session_waiters_mark_run AFTER INSERT ON runledger.session_waiters FOR EACH ROW EXECUTE FUNCTION runledger._session_mark_run();
+COMMENT ON TRIGGER session_waiters_mark_run ON runledger.session_waiters IS 'A run that queues for a session is marked runs.in_sessions (runledger._session_mark_run).';
 
 CREATE TABLE runledger.sessions (
   session_id text NOT NULL,
@@ -380,6 +385,8 @@ ALTER TABLE runledger.sessions ADD CONSTRAINT sessions_release_reason CHECK ((re
 CREATE INDEX sessions_holder ON runledger.sessions USING btree (holder_run_id) WHERE (holder_run_id IS NOT NULL);
 CREATE INDEX sessions_idle ON runledger.sessions USING btree (updated_at) WHERE (holder_run_id IS NULL);
 CREATE UNIQUE INDEX sessions_pkey ON runledger.sessions USING btree (session_id);
+CREATE TRIGGER sessions_mark_holder AFTER INSERT OR UPDATE OF holder_run_id ON runledger.sessions FOR EACH ROW WHEN ((new.holder_run_id IS NOT NULL)) EXECUTE FUNCTION runledger._session_mark_run();
+COMMENT ON TRIGGER sessions_mark_holder ON runledger.sessions IS 'A run that takes a session is marked runs.in_sessions (runledger._session_mark_run).';
 
 CREATE TABLE runledger.signals (
   signal_id text NOT NULL,
@@ -4149,6 +4156,24 @@ begin
 end;
 $function$;
 COMMENT ON FUNCTION runledger._session_leave(text,text) IS 'A queued run gives up (its wait timed out): it leaves the queue, unless the session was handed to it meanwhile ({held: true, entry_count}).';
+
+CREATE OR REPLACE FUNCTION runledger._session_mark_run()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+declare
+  v_run_id text;
+begin
+  if tg_table_name = 'sessions' then
+    v_run_id := new.holder_run_id;
+  else
+    v_run_id := new.run_id;
+  end if;
+  update runledger.runs set in_sessions = true where run_id = v_run_id and in_sessions is not true;
+  return null;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._session_mark_run() IS 'Trigger function of sessions_mark_holder and session_waiters_mark_run: marks the run that now holds a session, or queues for one, in_sessions (so runs_session_release fires when it ends).';
 
 CREATE OR REPLACE FUNCTION runledger._session_on_terminal()
  RETURNS trigger

@@ -114,6 +114,8 @@ export interface RunRecord {
   traceparent: string | null;
   /** The traceparent of the span of the run's latest traced execution; null: none traced. */
   executionTraceparent: string | null;
+  /** True once the run has held an agent session or queued for one (docs/sessions.md); null otherwise. */
+  inSessions: boolean | null;
   /** Present from getRun (not from listRuns). */
   steps?: StepRecord[];
   /** The run's external operations (ledger rows); present from getRun. */

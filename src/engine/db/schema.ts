@@ -90,6 +90,7 @@ export const RUNLEDGER_TABLES = {
     stop_record: 'jsonb null',
     traceparent: 'text null',
     execution_traceparent: 'text null',
+    in_sessions: 'bool null',
   },
   'runledger.steps': {
     run_id: 'text',
