@@ -448,6 +448,14 @@ comment on function runledger.start_runs(text, jsonb, jsonb) is
 -- The claims return two more columns: a new return type, so the functions are dropped and
 -- created again (their grants with them, given back below).
 drop function runledger._claim_batch(text, text[], text[], int, int, text[]);
+-- Its statements keep one plan per session (plan_cache_mode = force_generic_plan). Their
+-- limits are parameters, and a generic plan with an unknown limit is estimated to read a
+-- tenth of the index, so PL/pgSQL's cost test kept choosing a custom plan: the claim of
+-- the ready runs and the deadline check were planned again on every call, each about
+-- 0.45 ms on runs with its twenty indexes (pg_stat_statements, a worker draining one-step
+-- runs at concurrency 16: about a fifth of the server's time per drained run). The
+-- generic plans are the same index scans (test/plans.test.ts checks them, made on a table
+-- the statistics call empty and on one never analysed).
 create function runledger._claim_batch(
   p_worker_id text, p_queues text[], p_workflows text[], p_limit int, p_lease_ms int,
   p_reclaim_except text[] default null)
@@ -457,7 +465,7 @@ returns table (
   cancel_requested boolean, checkpoints jsonb, progress jsonb, next_due_in_ms bigint,
   traceparent text, execution_traceparent text)
 language plpgsql volatile
-set enable_seqscan = off set jit = off as $$
+set enable_seqscan = off set jit = off set plan_cache_mode = force_generic_plan as $$
 declare
   v_now   timestamptz := runledger.now();
   v_ids   text[] := '{}';

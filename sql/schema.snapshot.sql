@@ -1730,6 +1730,7 @@ CREATE OR REPLACE FUNCTION runledger._claim_batch(p_worker_id text, p_queues tex
  SECURITY DEFINER
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET plan_cache_mode TO 'force_generic_plan'
  SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 declare

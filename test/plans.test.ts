@@ -142,6 +142,8 @@ describe('hot-path plans on a database with history and stale statistics', () =>
       .map((r) => r.proname);
     expect(rows.length).toBeGreaterThan(30);
     expect(missing).toEqual([]);
+    // The claim keeps its generic plans (its limits are parameters: PL/pgSQL's cost test would plan it on every call).
+    expect(rows.find((r) => r.proname === '_claim_batch')?.config).toContain('plan_cache_mode=force_generic_plan');
   });
 
   it('never read runs, steps, events or operations by sequential scan, even with plans cached on an empty table', async () => {
@@ -158,6 +160,7 @@ describe('hot-path plans on a database with history and stale statistics', () =>
     );
     expect(notByKey, JSON.stringify(notByKey, null, 2)).toEqual([]);
     expect(found.walks, JSON.stringify(found.walks, null, 2)).toEqual([]);
+    expectReadyClaimInIndexOrder(found);
     await report('with the settings', found);
   }, 180_000);
 
@@ -194,6 +197,7 @@ describe('hot-path plans on a new database, never analysed', () => {
       expectBatchedStartsAndAdmission(found);
       expect(found.seqScans, JSON.stringify(found.seqScans, null, 2)).toEqual([]);
       expect(found.walks, JSON.stringify(found.walks, null, 2)).toEqual([]);
+      expectReadyClaimInIndexOrder(found);
       // The group commit's completion UPDATE (_commit_fast) finds each run by its key.
       const completion = found.statements.filter((s) => /^with done as \( update runledger\.runs r set status = 'SUCCEEDED'/.test(s.query));
       expect(completion.length, JSON.stringify(found.statements.map((s) => s.query))).toBeGreaterThan(0);
@@ -289,6 +293,23 @@ interface ScenarioFindings {
   statements: Array<{ query: string; scans: string[] }>;
   /** Statements whose plan walks an index of a hot table whole: its condition leaves the first column free. */
   walks: Array<{ query: string; scans: string[] }>;
+  /** _claim_batch's read of a free queue's ready runs: the scans and sorts of every plan it ran with. */
+  claims: Array<{ query: string; scans: string[] }>;
+}
+
+/** _claim_batch's read of the ready runs of a queue without limits (order by priority, created_at). */
+const READY_CLAIM =
+  /^v_ids := v_ids \|\| array\( select r\.run_id from runledger\.runs r where r\.queue_name = v_queue and r\.status = 'PENDING' and r\.admitted and \(r\.not_before is null or r\.not_before <= v_now\) -- Past its deadline/;
+
+/**
+ * _claim_batch keeps one generic plan per statement (plan_cache_mode = force_generic_plan,
+ * sql/0019_tracing.sql): the read of the ready runs must be runs_ready read in its own order,
+ * the first rows only, whatever the statistics said when the plan was made; a sort would
+ * read every ready run of the queue on each claim.
+ */
+function expectReadyClaimInIndexOrder(found: ScenarioFindings): void {
+  expect(found.claims.length, 'the claim of ready runs was not seen').toBeGreaterThan(0);
+  for (const claim of found.claims) expect(claim.scans, claim.query).toEqual(['Index Scan on runs using runs_ready']);
 }
 
 /** The scenario ran the statements of batched starts and of both kinds of admission round, so their plans were checked. */
@@ -358,6 +379,13 @@ function indexWalks(node: PlanNode, leading: Map<string, string>, found: string[
     found.push(`${node['Node Type']} using ${node['Index Name']}: ${node['Index Cond']}`);
   }
   for (const child of node.Plans ?? []) indexWalks(child, leading, found);
+  return found;
+}
+
+/** The Sort nodes of a plan. */
+function sorts(node: PlanNode, found: string[] = []): string[] {
+  if (node['Node Type'] === 'Sort') found.push('Sort');
+  for (const child of node.Plans ?? []) sorts(child, found);
   return found;
 }
 
@@ -488,6 +516,7 @@ async function recordPlans(
         .filter((s) => s.scans.length > 0),
       statements: statements.filter((s) => s.scans.length > 0),
       walks: byQuery((plan) => indexWalks(plan, leading)).filter((s) => s.scans.length > 0),
+      claims: byQuery((plan) => [...hotScans(plan), ...sorts(plan)]).filter((s) => READY_CLAIM.test(s.query)),
     };
   } finally {
     recording = false;
