@@ -2054,8 +2054,12 @@ begin
   -- (The ids as an array: joined to the JSON instead, the planner guessed 100 items and
   -- read the whole runs table.)
   v_ids := array(select distinct e.value->>'run_id' from jsonb_array_elements(p_items) e);
+  -- Each item's run id is read from its JSON once, and the items of each run counted by a
+  -- window (one sort): read again per pair of items, in the join's filter and in a count per
+  -- item, they cost a batch of n items n² JSON lookups.
   with items as (
-    select (e.ordinality - 1)::int as idx, e.value as v
+    select (e.ordinality - 1)::int as idx, e.value as v, e.value->>'run_id' as run_id,
+           count(*) over (partition by e.value->>'run_id') as of_run
       from jsonb_array_elements(p_items) with ordinality e
   ), locked as (
     select r.run_id, r.fencing_token, r.status, r.no_progress, r.deadline_at,
@@ -2067,7 +2071,7 @@ begin
   )
   select array_agg(it.idx) into v_fast
     from items it
-    join locked l on l.run_id = it.v->>'run_id'
+    join locked l on l.run_id = it.run_id
    where it.v->>'op' in ('checkpoint', 'complete') and it.v ? 'seq'
      -- A charge within every limit is written here too; one that passes a limit stops the
      -- run, which _charge does on the careful path.
@@ -2075,7 +2079,7 @@ begin
           or runledger._charge_fits(l.budget, l.budget_spent, l.budget_limits, l.budget_used, it.v->'charge'))
      and l.fencing_token = (it.v->>'token')::bigint and l.status = 'RUNNING'
      and l.no_progress is null and (l.deadline_at is null or l.deadline_at > v_now)
-     and (select count(*) from items other where other.v->>'run_id' = it.v->>'run_id') = 1;
+     and it.of_run = 1;
   if v_fast is null then
     return '{}';
   end if;

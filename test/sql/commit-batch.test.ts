@@ -104,6 +104,39 @@ describe('runledger._commit_batch', () => {
     }
   });
 
+  it('sends a run named by two items of a batch one item at a time, in order, and the other runs together', async () => {
+    const client = new pg.Client({ connectionString: db.url });
+    await client.connect();
+    try {
+      const x = await startRun();
+      const tx = (await claimOne(x)).fencing_token;
+      const y = await startRun();
+      const ty = (await claimOne(y)).fencing_token;
+      await client.query(`set track_functions = 'pl'`);
+      await client.query('begin');
+      const rows = (await commitBatch([
+        { op: 'checkpoint', ...stepItem(x, tx, 0, 'x0', { output: 'first' }) },
+        { op: 'checkpoint', ...stepItem(y, ty, 0, 'y0', { output: 'alone' }) },
+        { op: 'checkpoint', ...stepItem(x, tx, 1, 'x1', { output: 'second' }) },
+      ], client));
+      const calls = await client.query(
+        `select p.proname, coalesce(pg_stat_get_xact_function_calls(p.oid), 0)::int as n
+           from pg_proc p where p.pronamespace = 'runledger'::regnamespace
+            and p.proname in ('_commit_fast', '_checkpoint_row') order by 1`,
+      );
+      await client.query('commit');
+      expect(rows.map((row) => [row.item, row.code, row.run_status])).toEqual([
+        [0, null, 'RUNNING'], [1, null, 'RUNNING'], [2, null, 'RUNNING'],
+      ]);
+      // Y alone went the fast way; X's two items each went through _checkpoint_row.
+      expect(Object.fromEntries(calls.rows.map((row) => [row.proname, row.n]))).toEqual({ _commit_fast: 1, _checkpoint_row: 2 });
+      expect((await stepRows(x)).map((row) => [row.seq, row.output])).toEqual([[0, 'first'], [1, 'second']]);
+      expect((await stepRows(y)).map((row) => [row.seq, row.output])).toEqual([[0, 'alone']]);
+    } finally {
+      await client.end();
+    }
+  });
+
   it('refills the slots its completions free with one admission round per queue, at the end of the batch', async () => {
     await db.pool.query(`select runledger.set_queue('batch-limited', '{"concurrency": 2}')`);
     const ids: string[] = [];
