@@ -1,4 +1,4 @@
-import type pg from 'pg';
+import pg from 'pg';
 import type { TestDatabase } from './database.js';
 import { runHelpers, type Queryable } from './runs.js';
 
@@ -41,6 +41,33 @@ export function commitHelpers(db: TestDatabase) {
       JSON.stringify(items),
     ]);
     return result.rows;
+  }
+
+  /**
+   * One batch in its own transaction on a connection of its own, with how often each of
+   * `functions` (runledger functions, by name) ran inside it (track_functions, read before
+   * the commit while the transaction's counts are still its own).
+   */
+  async function commitBatchCounting(
+    items: unknown[],
+    functions: string[],
+  ): Promise<{ rows: BatchResultRow[]; calls: Record<string, number> }> {
+    const client = new pg.Client({ connectionString: db.url });
+    await client.connect();
+    try {
+      await client.query(`set track_functions = 'pl'`);
+      await client.query('begin');
+      const rows = await commitBatch(items, client);
+      const counted = await client.query<{ proname: string; n: number }>(
+        `select p.proname, coalesce(pg_stat_get_xact_function_calls(p.oid), 0)::int as n
+           from pg_proc p where p.pronamespace = 'runledger'::regnamespace and p.proname = any($1) order by 1`,
+        [functions],
+      );
+      await client.query('commit');
+      return { rows, calls: Object.fromEntries(counted.rows.map((row) => [row.proname, row.n])) };
+    } finally {
+      await client.end();
+    }
   }
 
   async function stepRows(runId: string): Promise<Array<Record<string, any>>> {
@@ -112,5 +139,5 @@ export function commitHelpers(db: TestDatabase) {
     return (await events(runId)).filter((e) => e.kind === 'completed');
   }
 
-  return { commitBatch, stepRows, snapshot, completeWithCheckpoint, completedEvents };
+  return { commitBatch, commitBatchCounting, stepRows, snapshot, completeWithCheckpoint, completedEvents };
 }

@@ -15,7 +15,7 @@ const { db } = useTestEngine({ engine: false, prepare: registerWorkflowW });
 const { startRun, getRun, steps, events } = runHelpers(db);
 const { claimOne, reclaimedRun } = claimHelpers(db);
 const { checkpoint } = checkpointHelpers(db);
-const { commitBatch, stepRows, snapshot } = commitHelpers(db);
+const { commitBatch, commitBatchCounting, stepRows, snapshot } = commitHelpers(db);
 
 describe('runledger._commit_batch input', () => {
   it('raises RL003 for items that are not a JSON array, and writes nothing', async () => {
@@ -32,109 +32,81 @@ describe('runledger._commit_batch input', () => {
 
 describe('runledger._commit_batch', () => {
   it('writes the common items together (_commit_fast) with the results one-by-one writes give, and the rest one by one', async () => {
-    const client = new pg.Client({ connectionString: db.url });
-    await client.connect();
-    try {
-      // X: a plain checkpoint. Y: a completion with its last step. Z: the same, at a seq
-      // that a durable retry left WAITING (counted once). W: a stale token (the careful path).
-      const x = await startRun();
-      const tx = (await claimOne(x)).fencing_token;
-      const y = await startRun();
-      const ty = (await claimOne(y)).fencing_token;
-      await checkpoint(y, ty, 0, 'y0');
-      const z = await startRun();
-      const tz = (await claimOne(z)).fencing_token;
-      await db.pool.query(`select runledger._retry_wait($1, $2, 0, 'z0', 'step', 1, 1)`, [z, tz]);
-      await db.pool.query(`update runledger.runs set status = 'RUNNING', wait_kind = null, wait_key = null, wake_at = null,
-                                  lease_owner = 'wk-1', lease_expires_at = runledger.now() + interval '1 minute' where run_id = $1`, [z]);
-      expect((await stepRows(z)).map((row) => row.status)).toEqual(['WAITING']);
-      const w = await reclaimedRun();
-      // P waits for its child C; C completes in the batch and wakes P.
-      const p = await startRun();
-      const tp = (await claimOne(p)).fencing_token;
-      const c = (await db.pool.query(`select runledger._start_child($1, $2, 0, 'child', 'w', '{}'::jsonb, '{}'::jsonb) as id`, [p, tp])).rows[0].id;
-      await db.pool.query(`select * from runledger._wait($1, $2, 1, 'wait-child', 'child', jsonb_build_object('child_run_id', $3::text))`, [p, tp, c]);
-      expect((await getRun(p))?.status).toBe('WAITING');
-      const tc = (await claimOne(c)).fencing_token;
+    // X: a plain checkpoint. Y: a completion with its last step. Z: the same, at a seq
+    // that a durable retry left WAITING (counted once). W: a stale token (the careful path).
+    const x = await startRun();
+    const tx = (await claimOne(x)).fencing_token;
+    const y = await startRun();
+    const ty = (await claimOne(y)).fencing_token;
+    await checkpoint(y, ty, 0, 'y0');
+    const z = await startRun();
+    const tz = (await claimOne(z)).fencing_token;
+    await db.pool.query(`select runledger._retry_wait($1, $2, 0, 'z0', 'step', 1, 1)`, [z, tz]);
+    await db.pool.query(`update runledger.runs set status = 'RUNNING', wait_kind = null, wait_key = null, wake_at = null,
+                                lease_owner = 'wk-1', lease_expires_at = runledger.now() + interval '1 minute' where run_id = $1`, [z]);
+    expect((await stepRows(z)).map((row) => row.status)).toEqual(['WAITING']);
+    const w = await reclaimedRun();
+    // P waits for its child C; C completes in the batch and wakes P.
+    const p = await startRun();
+    const tp = (await claimOne(p)).fencing_token;
+    const c = (await db.pool.query(`select runledger._start_child($1, $2, 0, 'child', 'w', '{}'::jsonb, '{}'::jsonb) as id`, [p, tp])).rows[0].id;
+    await db.pool.query(`select * from runledger._wait($1, $2, 1, 'wait-child', 'child', jsonb_build_object('child_run_id', $3::text))`, [p, tp, c]);
+    expect((await getRun(p))?.status).toBe('WAITING');
+    const tc = (await claimOne(c)).fencing_token;
 
-      await client.query(`set track_functions = 'pl'`);
-      await client.query('begin');
-      const rows = (await commitBatch([
-        { op: 'checkpoint', ...stepItem(x, tx, 0, 'x0', { output: { x: 1 } }) },
-        { op: 'complete', ...stepItem(y, ty, 1, 'y1', { step_output: 'last' }), output: { done: 'Y' }, policy_version: 'p/1' },
-        { op: 'complete', ...stepItem(z, tz, 0, 'z0', { step_output: 'after retry', attempts: 2 }), output: null, policy_version: 'p/1' },
-        { op: 'complete', ...stepItem(w.runId, w.stale, 1, 'w1'), output: 1, policy_version: 'p/1' },
-        { op: 'complete', ...stepItem(c, tc, 0, 'c0', { step_output: 7 }), output: { child: true }, policy_version: 'p/1' },
-      ], client));
-      const calls = await client.query(
-        `select p.proname, coalesce(pg_stat_get_xact_function_calls(p.oid), 0)::int as n
-           from pg_proc p where p.pronamespace = 'runledger'::regnamespace
-            and p.proname in ('_commit_fast', '_checkpoint_row', '_complete_with_checkpoint') order by 1`,
-      );
-      await client.query('commit');
-      expect(rows.map((row) => [row.item, row.code, row.run_status])).toEqual([
-        [0, null, 'RUNNING'], [1, null, 'SUCCEEDED'], [2, null, 'SUCCEEDED'], [3, 'RL001', null], [4, null, 'SUCCEEDED'],
-      ]);
-      // One fast call wrote X, Y, Z and C: none of them went through the one-by-one functions.
-      // (W did, and failed its fence there: a call that raises is not counted.)
-      expect(Object.fromEntries(calls.rows.map((row) => [row.proname, row.n]))).toEqual({
-        _commit_fast: 1, _checkpoint_row: 0, _complete_with_checkpoint: 0,
-      });
+    const { rows, calls } = await commitBatchCounting([
+      { op: 'checkpoint', ...stepItem(x, tx, 0, 'x0', { output: { x: 1 } }) },
+      { op: 'complete', ...stepItem(y, ty, 1, 'y1', { step_output: 'last' }), output: { done: 'Y' }, policy_version: 'p/1' },
+      { op: 'complete', ...stepItem(z, tz, 0, 'z0', { step_output: 'after retry', attempts: 2 }), output: null, policy_version: 'p/1' },
+      { op: 'complete', ...stepItem(w.runId, w.stale, 1, 'w1'), output: 1, policy_version: 'p/1' },
+      { op: 'complete', ...stepItem(c, tc, 0, 'c0', { step_output: 7 }), output: { child: true }, policy_version: 'p/1' },
+    ], ['_commit_fast', '_checkpoint_row', '_complete_with_checkpoint']);
+    expect(rows.map((row) => [row.item, row.code, row.run_status])).toEqual([
+      [0, null, 'RUNNING'], [1, null, 'SUCCEEDED'], [2, null, 'SUCCEEDED'], [3, 'RL001', null], [4, null, 'SUCCEEDED'],
+    ]);
+    // One fast call wrote X, Y, Z and C: none of them went through the one-by-one functions.
+    // (W did, and failed its fence there: a call that raises is not counted.)
+    expect(calls).toEqual({
+      _commit_fast: 1, _checkpoint_row: 0, _complete_with_checkpoint: 0,
+    });
 
-      expect(await stepRows(x)).toEqual([
-        { seq: 0, name: 'x0', kind: 'step', status: 'SUCCEEDED', output: { x: 1 }, error: null, attempts: 1, fencing_token: tx, output_hash: null },
-      ]);
-      expect((await getRun(x))?.status).toBe('RUNNING');
-      expect(await getRun(y)).toMatchObject({
-        status: 'SUCCEEDED', output: { done: 'Y' }, termination_reason: 'COMPLETED', policy_version: expect.any(String),
-        termination_evidence: { steps: 2, budget_spent: 0 }, lease_owner: null, lease_expires_at: null,
-      });
-      expect((await events(y)).filter((e) => e.kind === 'completed')).toEqual([
-        { kind: 'completed', detail: { status: 'SUCCEEDED', reason: 'COMPLETED', evidence: { steps: 2, budget_spent: 0 } } },
-      ]);
-      expect((await stepRows(z)).map((row) => [row.seq, row.status, row.output, row.attempts])).toEqual([[0, 'SUCCEEDED', 'after retry', 2]]);
-      expect(await getRun(z)).toMatchObject({ status: 'SUCCEEDED', output: null, termination_evidence: { steps: 1, budget_spent: 0 } });
-      expect((await getRun(w.runId))?.status).toBe('RUNNING');
-      expect(await getRun(c)).toMatchObject({ status: 'SUCCEEDED', output: { child: true } });
-      // The parent was woken by its child's completion, as _finished does.
-      expect((await getRun(p))?.status).toBe('PENDING');
-      expect((await events(p)).map((e) => e.kind)).toContain('woken');
-    } finally {
-      await client.end();
-    }
+    expect(await stepRows(x)).toEqual([
+      { seq: 0, name: 'x0', kind: 'step', status: 'SUCCEEDED', output: { x: 1 }, error: null, attempts: 1, fencing_token: tx, output_hash: null },
+    ]);
+    expect((await getRun(x))?.status).toBe('RUNNING');
+    expect(await getRun(y)).toMatchObject({
+      status: 'SUCCEEDED', output: { done: 'Y' }, termination_reason: 'COMPLETED', policy_version: expect.any(String),
+      termination_evidence: { steps: 2, budget_spent: 0 }, lease_owner: null, lease_expires_at: null,
+    });
+    expect((await events(y)).filter((e) => e.kind === 'completed')).toEqual([
+      { kind: 'completed', detail: { status: 'SUCCEEDED', reason: 'COMPLETED', evidence: { steps: 2, budget_spent: 0 } } },
+    ]);
+    expect((await stepRows(z)).map((row) => [row.seq, row.status, row.output, row.attempts])).toEqual([[0, 'SUCCEEDED', 'after retry', 2]]);
+    expect(await getRun(z)).toMatchObject({ status: 'SUCCEEDED', output: null, termination_evidence: { steps: 1, budget_spent: 0 } });
+    expect((await getRun(w.runId))?.status).toBe('RUNNING');
+    expect(await getRun(c)).toMatchObject({ status: 'SUCCEEDED', output: { child: true } });
+    // The parent was woken by its child's completion, as _finished does.
+    expect((await getRun(p))?.status).toBe('PENDING');
+    expect((await events(p)).map((e) => e.kind)).toContain('woken');
   });
 
   it('sends a run named by two items of a batch one item at a time, in order, and the other runs together', async () => {
-    const client = new pg.Client({ connectionString: db.url });
-    await client.connect();
-    try {
-      const x = await startRun();
-      const tx = (await claimOne(x)).fencing_token;
-      const y = await startRun();
-      const ty = (await claimOne(y)).fencing_token;
-      await client.query(`set track_functions = 'pl'`);
-      await client.query('begin');
-      const rows = (await commitBatch([
-        { op: 'checkpoint', ...stepItem(x, tx, 0, 'x0', { output: 'first' }) },
-        { op: 'checkpoint', ...stepItem(y, ty, 0, 'y0', { output: 'alone' }) },
-        { op: 'checkpoint', ...stepItem(x, tx, 1, 'x1', { output: 'second' }) },
-      ], client));
-      const calls = await client.query(
-        `select p.proname, coalesce(pg_stat_get_xact_function_calls(p.oid), 0)::int as n
-           from pg_proc p where p.pronamespace = 'runledger'::regnamespace
-            and p.proname in ('_commit_fast', '_checkpoint_row') order by 1`,
-      );
-      await client.query('commit');
-      expect(rows.map((row) => [row.item, row.code, row.run_status])).toEqual([
-        [0, null, 'RUNNING'], [1, null, 'RUNNING'], [2, null, 'RUNNING'],
-      ]);
-      // Y alone went the fast way; X's two items each went through _checkpoint_row.
-      expect(Object.fromEntries(calls.rows.map((row) => [row.proname, row.n]))).toEqual({ _commit_fast: 1, _checkpoint_row: 2 });
-      expect((await stepRows(x)).map((row) => [row.seq, row.output])).toEqual([[0, 'first'], [1, 'second']]);
-      expect((await stepRows(y)).map((row) => [row.seq, row.output])).toEqual([[0, 'alone']]);
-    } finally {
-      await client.end();
-    }
+    const x = await startRun();
+    const tx = (await claimOne(x)).fencing_token;
+    const y = await startRun();
+    const ty = (await claimOne(y)).fencing_token;
+    const { rows, calls } = await commitBatchCounting([
+      { op: 'checkpoint', ...stepItem(x, tx, 0, 'x0', { output: 'first' }) },
+      { op: 'checkpoint', ...stepItem(y, ty, 0, 'y0', { output: 'alone' }) },
+      { op: 'checkpoint', ...stepItem(x, tx, 1, 'x1', { output: 'second' }) },
+    ], ['_commit_fast', '_checkpoint_row']);
+    expect(rows.map((row) => [row.item, row.code, row.run_status])).toEqual([
+      [0, null, 'RUNNING'], [1, null, 'RUNNING'], [2, null, 'RUNNING'],
+    ]);
+    // Y alone went the fast way; X's two items each went through _checkpoint_row.
+    expect(calls).toEqual({ _commit_fast: 1, _checkpoint_row: 2 });
+    expect((await stepRows(x)).map((row) => [row.seq, row.output])).toEqual([[0, 'first'], [1, 'second']]);
+    expect((await stepRows(y)).map((row) => [row.seq, row.output])).toEqual([[0, 'alone']]);
   });
 
   it('refills the slots its completions free with one admission round per queue, at the end of the batch', async () => {
