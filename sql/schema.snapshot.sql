@@ -23,19 +23,19 @@ CREATE SEQUENCE runledger.session_waiters_ticket_seq AS bigint START 1 INCREMENT
 -- tables
 
 CREATE TABLE runledger.admissions (
-  queue_name text NOT NULL,
+  queue_name text COLLATE "C" NOT NULL,
   admitted_at timestamp with time zone NOT NULL
 );
 COMMENT ON TABLE runledger.admissions IS 'Admission times of rate-limited queues, kept for one rate-limit period: the sliding window the limit is counted over.';
 CREATE INDEX admissions_window ON runledger.admissions USING btree (queue_name, admitted_at);
 
 CREATE TABLE runledger.approval_votes (
-  request_id text NOT NULL,
-  voter text NOT NULL,
+  request_id text COLLATE "C" NOT NULL,
+  voter text COLLATE "C" NOT NULL,
   approved boolean NOT NULL,
-  note text,
-  db_user text DEFAULT SESSION_USER NOT NULL,
-  db_role text DEFAULT runledger._caller() NOT NULL,
+  note text COLLATE "C",
+  db_user text COLLATE "C" DEFAULT SESSION_USER NOT NULL,
+  db_role text COLLATE "C" DEFAULT runledger._caller() NOT NULL,
   decided_at timestamp with time zone DEFAULT runledger.now() NOT NULL
 );
 COMMENT ON TABLE runledger.approval_votes IS 'Each decision on an approval request that needs more than one (approvals.required > 1): who (voter: the name given, or the login for a role approver), approve or reject, note, login and role, when. The request is decided when required approvals are in, or at the first rejection.';
@@ -44,22 +44,22 @@ ALTER TABLE runledger.approval_votes ADD CONSTRAINT approval_votes_request_id_fk
 CREATE UNIQUE INDEX approval_votes_pkey ON runledger.approval_votes USING btree (request_id, voter);
 
 CREATE TABLE runledger.approvals (
-  request_id text NOT NULL,
-  run_id text NOT NULL,
+  request_id text COLLATE "C" NOT NULL,
+  run_id text COLLATE "C" NOT NULL,
   seq integer NOT NULL,
-  name text NOT NULL,
-  action text NOT NULL,
+  name text COLLATE "C" NOT NULL,
+  action text COLLATE "C" NOT NULL,
   evidence jsonb,
-  approvers text[],
+  approvers text[] COLLATE "C",
   required integer DEFAULT 1 NOT NULL,
   requested_at timestamp with time zone DEFAULT runledger.now() NOT NULL,
   expires_at timestamp with time zone,
   decision boolean,
-  decided_by text,
-  decided_db_user text,
-  decided_db_role text,
+  decided_by text COLLATE "C",
+  decided_db_user text COLLATE "C",
+  decided_db_role text COLLATE "C",
   decided_at timestamp with time zone,
-  note text
+  note text COLLATE "C"
 );
 COMMENT ON TABLE runledger.approvals IS 'Human approval requests: what is asked (action, evidence), who may decide (approvers; null = anyone), until when, and the decision kept as audit evidence (who by the name given, decided_db_user and decided_db_role as the database knows them, when, note).';
 ALTER TABLE runledger.approvals ADD CONSTRAINT approvals_decision_complete CHECK (((decision IS NULL) = ((decided_at IS NULL) AND (decided_by IS NULL))));
@@ -71,7 +71,7 @@ CREATE UNIQUE INDEX approvals_pkey ON runledger.approvals USING btree (request_i
 CREATE UNIQUE INDEX approvals_run_id_seq_key ON runledger.approvals USING btree (run_id, seq);
 
 CREATE TABLE runledger.artifact_blobs (
-  sha256 text NOT NULL,
+  sha256 text COLLATE "C" NOT NULL,
   size bigint NOT NULL,
   content bytea NOT NULL,
   created_at timestamp with time zone DEFAULT runledger.now() NOT NULL
@@ -83,14 +83,14 @@ ALTER TABLE runledger.artifact_blobs ADD CONSTRAINT artifact_blobs_size CHECK ((
 CREATE UNIQUE INDEX artifact_blobs_pkey ON runledger.artifact_blobs USING btree (sha256);
 
 CREATE TABLE runledger.artifacts (
-  artifact_id text NOT NULL,
-  run_id text NOT NULL,
-  name text NOT NULL,
-  kind text NOT NULL,
-  sha256 text,
+  artifact_id text COLLATE "C" NOT NULL,
+  run_id text COLLATE "C" NOT NULL,
+  name text COLLATE "C" NOT NULL,
+  kind text COLLATE "C" NOT NULL,
+  sha256 text COLLATE "C",
   size bigint,
-  blob text,
-  ref text,
+  blob text COLLATE "C",
+  ref text COLLATE "C",
   step_position integer,
   created_at timestamp with time zone DEFAULT runledger.now() NOT NULL
 );
@@ -113,12 +113,12 @@ CREATE UNIQUE INDEX artifacts_value ON runledger.artifacts USING btree (run_id, 
 CREATE TABLE runledger.audit_log (
   audit_id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
   at timestamp with time zone DEFAULT runledger.now() NOT NULL,
-  db_user text DEFAULT SESSION_USER NOT NULL,
-  db_role text DEFAULT runledger._caller() NOT NULL,
-  asserted_by text,
-  action text NOT NULL,
-  run_id text,
-  target text,
+  db_user text COLLATE "C" DEFAULT SESSION_USER NOT NULL,
+  db_role text COLLATE "C" DEFAULT runledger._caller() NOT NULL,
+  asserted_by text COLLATE "C",
+  action text COLLATE "C" NOT NULL,
+  run_id text COLLATE "C",
+  target text COLLATE "C",
   arguments jsonb DEFAULT '{}'::jsonb NOT NULL,
   result jsonb
 );
@@ -130,9 +130,9 @@ CREATE INDEX audit_log_run ON runledger.audit_log USING btree (run_id, audit_id)
 
 CREATE TABLE runledger.events (
   event_id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
-  run_id text NOT NULL,
+  run_id text COLLATE "C" NOT NULL,
   at timestamp with time zone DEFAULT runledger.now() NOT NULL,
-  kind text NOT NULL,
+  kind text COLLATE "C" NOT NULL,
   detail jsonb,
   fencing_token bigint
 );
@@ -142,8 +142,8 @@ COMMENT ON CONSTRAINT events_pkey ON runledger.events IS 'The key of an event is
 CREATE UNIQUE INDEX events_pkey ON runledger.events USING btree (run_id, event_id);
 
 CREATE TABLE runledger.maintenance (
-  task text NOT NULL,
-  worker_id text,
+  task text COLLATE "C" NOT NULL,
+  worker_id text COLLATE "C",
   started_at timestamp with time zone,
   lease_until timestamp with time zone,
   finished_at timestamp with time zone,
@@ -155,10 +155,10 @@ CREATE UNIQUE INDEX maintenance_pkey ON runledger.maintenance USING btree (task)
 
 CREATE TABLE runledger.migrations (
   version integer NOT NULL,
-  name text NOT NULL,
+  name text COLLATE "C" NOT NULL,
   breaking boolean DEFAULT false NOT NULL,
   applied_at timestamp with time zone DEFAULT now() NOT NULL,
-  checksum text
+  checksum text COLLATE "C"
 );
 COMMENT ON TABLE runledger.migrations IS 'Applied runledger migrations (files sql/NNNN_*.sql). A breaking migration newer than the code makes older code refuse to start.';
 COMMENT ON COLUMN runledger.migrations.checksum IS 'sha256 (hex) of the file''s text as applied, recorded by migrate(); migrate() refuses a database whose applied files differ from its own (null: applied with psql, taken as the running build''s).';
@@ -166,24 +166,24 @@ ALTER TABLE runledger.migrations ADD CONSTRAINT migrations_pkey PRIMARY KEY (ver
 CREATE UNIQUE INDEX migrations_pkey ON runledger.migrations USING btree (version);
 
 CREATE TABLE runledger.operations (
-  operation_id text NOT NULL,
-  run_id text NOT NULL,
+  operation_id text COLLATE "C" NOT NULL,
+  run_id text COLLATE "C" NOT NULL,
   seq integer NOT NULL,
-  name text NOT NULL,
-  idempotency_key text NOT NULL,
-  status text NOT NULL,
-  external_resource_id text,
+  name text COLLATE "C" NOT NULL,
+  idempotency_key text COLLATE "C" NOT NULL,
+  status text COLLATE "C" NOT NULL,
+  external_resource_id text COLLATE "C",
   result jsonb,
   error jsonb,
   attempts integer DEFAULT 1 NOT NULL,
   compensable boolean DEFAULT false NOT NULL,
-  compensation_status text,
+  compensation_status text COLLATE "C",
   compensation_error jsonb,
   started_at timestamp with time zone DEFAULT runledger.now() NOT NULL,
   updated_at timestamp with time zone DEFAULT runledger.now() NOT NULL,
   finished_at timestamp with time zone,
-  resolved_by text,
-  prior_operation_id text
+  resolved_by text COLLATE "C",
+  prior_operation_id text COLLATE "C"
 );
 COMMENT ON TABLE runledger.operations IS 'Operation ledger: one row per external side effect (ctx.operation). STARTED (with its idempotency key) commits before the call; SUCCEEDED or FAILED commits with the step checkpoint; a STARTED row found on replay is UNKNOWN until reconcile, an idempotent retry or an operator (resolve_operation) settles it. An idempotency key is unique, except in the forks of the run that used it (prior_operation_id); retry_run puts a FAILED one back to PLANNED (attempts 0), to be called again with the same key.';
 COMMENT ON COLUMN runledger.operations.prior_operation_id IS 'In a fork (fork_run): the operation of an ancestor run with the same idempotency key. The fork reused its result (status SUCCEEDED, attempts 0, event operation_reused) or, when it had not succeeded, made a new attempt under the same key (event operation_attempted_by_fork on the ancestor).';
@@ -198,7 +198,7 @@ CREATE UNIQUE INDEX operations_run_id_seq_key ON runledger.operations USING btre
 CREATE INDEX operations_unknown ON runledger.operations USING btree (updated_at) WHERE (status = 'UNKNOWN'::text);
 
 CREATE TABLE runledger.queues (
-  name text NOT NULL,
+  name text COLLATE "C" NOT NULL,
   concurrency integer,
   per_key_concurrency integer,
   rate_limit_max integer,
@@ -217,8 +217,8 @@ ALTER TABLE runledger.queues ADD CONSTRAINT queues_rate_limit_period_ms_check CH
 CREATE UNIQUE INDEX queues_pkey ON runledger.queues USING btree (name);
 
 CREATE TABLE runledger.retention (
-  kind text NOT NULL,
-  workflow_name text,
+  kind text COLLATE "C" NOT NULL,
+  workflow_name text COLLATE "C",
   keep interval,
   updated_at timestamp with time zone DEFAULT runledger.now() NOT NULL
 );
@@ -229,8 +229,8 @@ ALTER TABLE runledger.retention ADD CONSTRAINT retention_per_workflow CHECK (((w
 CREATE UNIQUE INDEX retention_rule ON runledger.retention USING btree (kind, COALESCE(workflow_name, ''::text));
 
 CREATE TABLE runledger.role_functions (
-  role_name text NOT NULL,
-  function_name text NOT NULL
+  role_name text COLLATE "C" NOT NULL,
+  function_name text COLLATE "C" NOT NULL
 );
 COMMENT ON TABLE runledger.role_functions IS 'Which runledger functions (every overload of the name) each role may execute. runledger.grant_roles() grants exactly these; a function listed here is SECURITY DEFINER with a fixed search_path. Reads of tables (worker, operator) and views (all three) are granted by grant_roles() too.';
 ALTER TABLE runledger.role_functions ADD CONSTRAINT role_functions_pkey PRIMARY KEY (role_name, function_name);
@@ -238,34 +238,34 @@ ALTER TABLE runledger.role_functions ADD CONSTRAINT role_functions_role_name_che
 CREATE UNIQUE INDEX role_functions_pkey ON runledger.role_functions USING btree (role_name, function_name);
 
 CREATE TABLE runledger.runs (
-  run_id text NOT NULL,
-  workflow_name text NOT NULL,
-  workflow_version text NOT NULL,
-  queue_name text NOT NULL,
+  run_id text COLLATE "C" NOT NULL,
+  workflow_name text COLLATE "C" NOT NULL,
+  workflow_version text COLLATE "C" NOT NULL,
+  queue_name text COLLATE "C" NOT NULL,
   status runledger.run_status DEFAULT 'PENDING'::runledger.run_status NOT NULL,
   input jsonb,
   output jsonb,
   error jsonb,
   priority integer DEFAULT 0 NOT NULL,
-  concurrency_key text,
-  idempotency_key text,
-  tenant_id text,
-  parent_run_id text,
+  concurrency_key text COLLATE "C",
+  idempotency_key text COLLATE "C",
+  tenant_id text COLLATE "C",
+  parent_run_id text COLLATE "C",
   created_at timestamp with time zone DEFAULT runledger.now() NOT NULL,
   updated_at timestamp with time zone DEFAULT runledger.now() NOT NULL,
   started_at timestamp with time zone,
   finished_at timestamp with time zone,
   deadline_at timestamp with time zone,
   wake_at timestamp with time zone,
-  wait_kind text,
-  wait_key text,
-  lease_owner text,
+  wait_kind text COLLATE "C",
+  wait_key text COLLATE "C",
+  lease_owner text COLLATE "C",
   lease_expires_at timestamp with time zone,
   fencing_token bigint DEFAULT 0 NOT NULL,
   recovery_attempts integer DEFAULT 0 NOT NULL,
   max_recovery_attempts integer DEFAULT 10 NOT NULL,
   version_manifest jsonb DEFAULT '{}'::jsonb NOT NULL,
-  migrate_to text,
+  migrate_to text COLLATE "C",
   max_steps integer,
   budget numeric,
   budget_spent numeric DEFAULT 0 NOT NULL,
@@ -278,14 +278,14 @@ CREATE TABLE runledger.runs (
   not_before timestamp with time zone,
   retry_budget integer,
   retries_used integer DEFAULT 0 NOT NULL,
-  cancel_reason text,
-  termination_reason text,
+  cancel_reason text COLLATE "C",
+  termination_reason text COLLATE "C",
   termination_evidence jsonb,
   terminated_at timestamp with time zone,
-  policy_version text,
+  policy_version text COLLATE "C",
   stop_record jsonb,
-  traceparent text,
-  execution_traceparent text,
+  traceparent text COLLATE "C",
+  execution_traceparent text COLLATE "C",
   in_sessions boolean
 );
 COMMENT ON TABLE runledger.runs IS 'One row per workflow run: status, lease (owner, expiry, fencing token), recovery attempts and the termination record (reason, evidence, time, policy version).';
@@ -334,11 +334,11 @@ CREATE TRIGGER runs_truncate_history AFTER TRUNCATE ON runledger.runs FOR EACH S
 COMMENT ON TRIGGER runs_truncate_history ON runledger.runs IS 'TRUNCATE of runs empties steps and events too (no foreign key, see runledger._truncate_run_history).';
 
 CREATE TABLE runledger.session_entries (
-  session_id text NOT NULL,
+  session_id text COLLATE "C" NOT NULL,
   seq integer NOT NULL,
-  role text NOT NULL,
+  role text COLLATE "C" NOT NULL,
   content jsonb NOT NULL,
-  run_id text NOT NULL,
+  run_id text COLLATE "C" NOT NULL,
   step_position integer NOT NULL,
   entry_index integer NOT NULL,
   created_at timestamp with time zone DEFAULT runledger.now() NOT NULL
@@ -352,8 +352,8 @@ CREATE UNIQUE INDEX session_entries_once ON runledger.session_entries USING btre
 CREATE UNIQUE INDEX session_entries_pkey ON runledger.session_entries USING btree (session_id, seq);
 
 CREATE TABLE runledger.session_waiters (
-  session_id text NOT NULL,
-  run_id text NOT NULL,
+  session_id text COLLATE "C" NOT NULL,
+  run_id text COLLATE "C" NOT NULL,
   ticket bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
   queued_at timestamp with time zone DEFAULT runledger.now() NOT NULL
 );
@@ -367,12 +367,12 @@ CREATE TRIGGER session_waiters_mark_run AFTER INSERT ON runledger.session_waiter
 COMMENT ON TRIGGER session_waiters_mark_run ON runledger.session_waiters IS 'A run that queues for a session is marked runs.in_sessions (runledger._session_mark_run).';
 
 CREATE TABLE runledger.sessions (
-  session_id text NOT NULL,
-  holder_run_id text,
+  session_id text COLLATE "C" NOT NULL,
+  holder_run_id text COLLATE "C",
   held_at timestamp with time zone,
-  last_holder_run_id text,
+  last_holder_run_id text COLLATE "C",
   released_at timestamp with time zone,
-  release_reason text,
+  release_reason text COLLATE "C",
   entry_count integer DEFAULT 0 NOT NULL,
   created_at timestamp with time zone DEFAULT runledger.now() NOT NULL,
   updated_at timestamp with time zone DEFAULT runledger.now() NOT NULL
@@ -389,9 +389,9 @@ CREATE TRIGGER sessions_mark_holder AFTER INSERT OR UPDATE OF holder_run_id ON r
 COMMENT ON TRIGGER sessions_mark_holder ON runledger.sessions IS 'A run that takes a session is marked runs.in_sessions (runledger._session_mark_run).';
 
 CREATE TABLE runledger.signals (
-  signal_id text NOT NULL,
-  run_id text NOT NULL,
-  topic text NOT NULL,
+  signal_id text COLLATE "C" NOT NULL,
+  run_id text COLLATE "C" NOT NULL,
+  topic text COLLATE "C" NOT NULL,
   payload jsonb,
   received_at timestamp with time zone DEFAULT runledger.now() NOT NULL,
   consumed_seq integer,
@@ -406,7 +406,7 @@ CREATE INDEX signals_run ON runledger.signals USING btree (run_id);
 CREATE INDEX signals_unconsumed ON runledger.signals USING btree (run_id, topic, received_at) WHERE (consumed_seq IS NULL);
 
 CREATE TABLE runledger.step_progress (
-  run_id text NOT NULL,
+  run_id text COLLATE "C" NOT NULL,
   seq integer NOT NULL,
   progress jsonb,
   updated_at timestamp with time zone DEFAULT runledger.now() NOT NULL
@@ -417,18 +417,18 @@ ALTER TABLE runledger.step_progress ADD CONSTRAINT step_progress_run_id_fkey FOR
 CREATE UNIQUE INDEX step_progress_pkey ON runledger.step_progress USING btree (run_id, seq);
 
 CREATE TABLE runledger.steps (
-  run_id text NOT NULL,
+  run_id text COLLATE "C" NOT NULL,
   seq integer NOT NULL,
-  name text NOT NULL,
-  kind text NOT NULL,
-  status text NOT NULL,
+  name text COLLATE "C" NOT NULL,
+  kind text COLLATE "C" NOT NULL,
+  status text COLLATE "C" NOT NULL,
   output jsonb,
   error jsonb,
   attempts integer DEFAULT 1 NOT NULL,
   started_at timestamp with time zone NOT NULL,
   finished_at timestamp with time zone DEFAULT runledger.now() NOT NULL,
   fencing_token bigint NOT NULL,
-  output_hash text
+  output_hash text COLLATE "C"
 );
 COMMENT ON TABLE runledger.steps IS 'Checkpoints: one row per completed step of a run, at its position seq. A step whose row exists is never executed again; replay returns output (or rethrows error).';
 ALTER TABLE runledger.steps ADD CONSTRAINT steps_invariants CHECK (runledger._check_step(seq, kind, status));
@@ -438,8 +438,8 @@ CREATE INDEX steps_patch_markers ON runledger.steps USING btree (name) WHERE (na
 CREATE UNIQUE INDEX steps_pkey ON runledger.steps USING btree (run_id, seq);
 
 CREATE TABLE runledger.stream_chunks (
-  run_id text NOT NULL,
-  topic text NOT NULL,
+  run_id text COLLATE "C" NOT NULL,
+  topic text COLLATE "C" NOT NULL,
   "offset" bigint NOT NULL,
   chunk jsonb NOT NULL,
   seq integer NOT NULL,
@@ -460,8 +460,8 @@ ALTER TABLE runledger.stream_chunks ADD CONSTRAINT stream_chunks_topic_check CHE
 CREATE UNIQUE INDEX stream_chunks_pkey ON runledger.stream_chunks USING btree (run_id, topic, "offset");
 
 CREATE TABLE runledger.stream_ends (
-  run_id text NOT NULL,
-  topic text NOT NULL,
+  run_id text COLLATE "C" NOT NULL,
+  topic text COLLATE "C" NOT NULL,
   end_offset bigint NOT NULL,
   seq integer NOT NULL,
   fencing_token bigint NOT NULL,
@@ -476,20 +476,20 @@ ALTER TABLE runledger.stream_ends ADD CONSTRAINT stream_ends_topic_check CHECK (
 CREATE UNIQUE INDEX stream_ends_pkey ON runledger.stream_ends USING btree (run_id, topic);
 
 CREATE TABLE runledger.tenant_members (
-  role_name text NOT NULL,
-  tenant_id text NOT NULL
+  role_name text COLLATE "C" NOT NULL,
+  tenant_id text COLLATE "C" NOT NULL
 );
 COMMENT ON TABLE runledger.tenant_members IS 'Which tenants a role (or any member of it) may act for when tenant isolation is on. A role with rows here sees only those tenants, whatever runledger.tenant it sets; a role with none may name any tenant (the application that connects it chooses). Written by the schema''s owner.';
 ALTER TABLE runledger.tenant_members ADD CONSTRAINT tenant_members_pkey PRIMARY KEY (role_name, tenant_id);
 CREATE UNIQUE INDEX tenant_members_pkey ON runledger.tenant_members USING btree (role_name, tenant_id);
 
 CREATE TABLE runledger.workers (
-  worker_id text NOT NULL,
-  host text NOT NULL,
+  worker_id text COLLATE "C" NOT NULL,
+  host text COLLATE "C" NOT NULL,
   pid integer NOT NULL,
-  workflows text[] NOT NULL,
-  migrations text[] DEFAULT '{}'::text[] NOT NULL,
-  queues text[] NOT NULL,
+  workflows text[] COLLATE "C" NOT NULL,
+  migrations text[] COLLATE "C" DEFAULT '{}'::text[] NOT NULL,
+  queues text[] COLLATE "C" NOT NULL,
   concurrency integer NOT NULL,
   lease_ms integer NOT NULL,
   started_at timestamp with time zone DEFAULT runledger.now() NOT NULL,
@@ -501,9 +501,9 @@ ALTER TABLE runledger.workers ADD CONSTRAINT workers_pkey PRIMARY KEY (worker_id
 CREATE UNIQUE INDEX workers_pkey ON runledger.workers USING btree (worker_id);
 
 CREATE TABLE runledger.workflows (
-  workflow_name text NOT NULL,
-  workflow_version text NOT NULL,
-  queue_name text NOT NULL,
+  workflow_name text COLLATE "C" NOT NULL,
+  workflow_version text COLLATE "C" NOT NULL,
+  queue_name text COLLATE "C" NOT NULL,
   max_recovery_attempts integer NOT NULL,
   limits jsonb DEFAULT '{}'::jsonb NOT NULL,
   manifest jsonb,

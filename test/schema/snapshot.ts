@@ -158,9 +158,11 @@ export async function schemaSnapshot(client: pg.ClientBase, schema = 'runledger'
     const columns = (
       await client.query<Row>(
         `select quote_ident(a.attname) as name, format_type(a.atttypid, a.atttypmod) as type, a.attnotnull::text as not_null,
+                case when a.attcollation <> t.typcollation then a.attcollation::regcollation::text end as collation,
                 pg_get_expr(d.adbin, d.adrelid) as default, a.attidentity as identity, a.attgenerated as generated,
                 col_description(a.attrelid, a.attnum) as comment
            from pg_attribute a
+           join pg_type t on t.oid = a.atttypid
            left join pg_attrdef d on d.adrelid = a.attrelid and d.adnum = a.attnum
           where a.attrelid = $1::oid and a.attnum > 0 and not a.attisdropped
           order by a.attnum`,
@@ -169,6 +171,8 @@ export async function schemaSnapshot(client: pg.ClientBase, schema = 'runledger'
     ).rows;
     const lines = columns.map((c) => {
       let line = `  ${c.name} ${c.type}`;
+      // A collation other than the type's own (sql/0030_bytewise_text.sql: "C" on every text column).
+      if (c.collation != null) line += ` COLLATE ${c.collation}`;
       if (c.generated === 's') line += ` GENERATED ALWAYS AS (${c.default}) STORED`;
       else if (c.default != null) line += ` DEFAULT ${c.default}`;
       if (c.identity === 'a') line += ' GENERATED ALWAYS AS IDENTITY';
