@@ -177,7 +177,7 @@ try {
     `| --- | --- |`,
     `| cores (nproc) | ${machine.nproc} (${machine.cpu}) |`,
     `| memory | ${machine.memoryGiB} GiB |`,
-    `| PostgreSQL | ${machine.postgres.version} — ${machine.postgres.server}; fsync ${machine.postgres.fsync}, synchronous_commit ${machine.postgres.synchronous_commit}, shared_buffers ${machine.postgres.shared_buffers} |`,
+    `| PostgreSQL | ${machine.postgres.version} — ${machine.postgres.server}; fsync ${machine.postgres.fsync}, synchronous_commit ${machine.postgres.synchronous_commit}, shared_buffers ${machine.postgres.shared_buffers}; databases created with collation ${machine.postgres.database_collation} |`,
     `| Node | ${machine.node} |`,
     `| load | ${loadLine} |`,
     ...Object.entries(machine.versions).map(([k, v]) => `| ${k} | ${v} |`),

@@ -56,6 +56,13 @@ export const config = {
   /** pg-boss "batched": each of the `concurrency` work() loops fetches this many jobs per poll. */
   pgbossBatchSize: num('BENCH_PGBOSS_BATCH', 100, 100),
   pgbossBatchedPollSeconds: num('BENCH_PGBOSS_POLL_S', 0.5, 0.5),
+  /**
+   * BENCH_DB_LOCALE=en_US.UTF-8: every benchmark database is created with that locale (from
+   * template0), as a user's database has it when its server was initialised under it (the
+   * official Docker image's default). Unset: the server's default. The locale must exist on
+   * the server's machine (locale -a).
+   */
+  dbLocale: process.env.BENCH_DB_LOCALE || undefined,
   /** DBOS "poll 10 ms": the queue's minPollingIntervalMs (default 1000). */
   dbosFastPollMs: num('BENCH_DBOS_POLL_MS', 10, 10),
   /** History workloads: finished runs (jobs) and runs waiting a day away loaded before the measurement. */

@@ -1,6 +1,12 @@
 import pg from 'pg';
 import { sleep } from './stats.js';
 import { uncountedClient } from './pg-count.js';
+import { config } from './config.js';
+
+/** `create database` for a benchmark database: with BENCH_DB_LOCALE's collation when it is set. */
+export function createDatabaseSql(name: string): string {
+  return config.dbLocale ? `create database ${name} template template0 locale '${config.dbLocale.replace(/'/g, "''")}'` : `create database ${name}`;
+}
 
 export function urlFor(baseUrl: string, database: string): string {
   const url = new URL(baseUrl);
@@ -21,7 +27,7 @@ export async function withAdmin<T>(adminUrl: string, fn: (client: pg.Client) => 
 export async function createDatabase(adminUrl: string, name: string): Promise<string> {
   await withAdmin(adminUrl, async (c) => {
     await c.query(`drop database if exists ${name} with (force)`);
-    await c.query(`create database ${name}`);
+    await c.query(createDatabaseSql(name));
   });
   return urlFor(adminUrl, name);
 }

@@ -4,6 +4,7 @@ import { cpus, totalmem } from 'node:os';
 import { createRequire } from 'node:module';
 import { join } from 'node:path';
 import { withAdmin } from './db.js';
+import { config } from './config.js';
 import { BENCH_DIR } from './spawn.js';
 
 const require = createRequire(import.meta.url);
@@ -38,6 +39,9 @@ export async function machineInfo(adminUrl: string, server: string) {
       max_connections: await setting('max_connections'),
       wal_level: await setting('wal_level'),
       shared_preload_libraries: await setting('shared_preload_libraries'),
+      // The collation the benchmark databases get: BENCH_DB_LOCALE's, else the server's default (template1's).
+      database_collation:
+        config.dbLocale ?? ((await c.query(`select datcollate as v from pg_database where datname = 'template1'`)).rows[0].v as string),
     };
   });
   const dirty = git(['status', '--porcelain', '--', '../src']);

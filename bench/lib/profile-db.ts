@@ -1,4 +1,5 @@
 import pg from 'pg';
+import { createDatabaseSql } from './db.js';
 
 /** The environment a profile script reads, checked before anything is measured. */
 export interface ProfileSettings {
@@ -40,7 +41,7 @@ export async function freshProfileDatabase(url: string, database: string): Promi
   await admin.connect();
   try {
     await admin.query(`drop database if exists ${database} with (force)`);
-    await admin.query(`create database ${database}`);
+    await admin.query(createDatabaseSql(database));
     if (process.env.TRACK_FUNCTIONS === '1') await admin.query(`alter database ${database} set track_functions = 'pl'`);
   } finally {
     await admin.end();
