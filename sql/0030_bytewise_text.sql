@@ -22,6 +22,9 @@
 -- changes only where it is by one of these columns and the database's collation is not
 -- bytewise: run ids then sort as ULIDs are meant to (byte order), as they already did under
 -- C.UTF-8. Equality is the same under every deterministic collation, so no lookup changes.
+-- A user's own table joined to these columns compares under "C" too, and an index of its
+-- built under another collation no longer serves that comparison: docs/psql.md ("Tables")
+-- says to declare such a column collate "C" (or index it so).
 --
 -- Cost on an existing database: each table's indexes on these columns are built again
 -- while the migration holds the table's lock: 10.4 s on PostgreSQL 15 for a database of
