@@ -5,7 +5,9 @@ import { config } from './config.js';
 
 /** `create database` for a benchmark database: with BENCH_DB_LOCALE's collation when it is set. */
 export function createDatabaseSql(name: string): string {
-  return config.dbLocale ? `create database ${name} template template0 locale '${config.dbLocale.replace(/'/g, "''")}'` : `create database ${name}`;
+  return config.dbLocale
+    ? `create database ${name} template template0 locale '${config.dbLocale.replace(/'/g, "''")}'`
+    : `create database ${name}`;
 }
 
 export function urlFor(baseUrl: string, database: string): string {
