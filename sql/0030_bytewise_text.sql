@@ -70,7 +70,7 @@ begin
                         from pg_description d join pg_attribute a on a.attrelid = d.objoid and a.attnum = d.objsubid
                        where d.objoid = c.oid and d.classoid = 'pg_class'::regclass and d.objsubid > 0), '{}')
          || coalesce((select array_agg(format('grant %s on runledger.%I to %s', acl.privilege_type, c.relname,
-                                              case when acl.grantee = 0 then 'public' else quote_ident(acl.grantee::regrole::text) end))
+                                              case when acl.grantee = 0 then 'public' else acl.grantee::regrole::text end))
                         from aclexplode(c.relacl) acl
                        where acl.grantee <> c.relowner), '{}')
     from pg_class c
@@ -81,7 +81,7 @@ begin
          array[format('create policy %I on %s as %s for %s to %s%s%s', p.polname, p.polrelid::regclass,
                       case when p.polpermissive then 'permissive' else 'restrictive' end,
                       case p.polcmd when 'r' then 'select' when 'a' then 'insert' when 'w' then 'update' when 'd' then 'delete' else 'all' end,
-                      (select coalesce(string_agg(case when r = 0 then 'public' else quote_ident(r::regrole::text) end, ', '), 'public')
+                      (select coalesce(string_agg(case when r = 0 then 'public' else r::regrole::text end, ', '), 'public')
                          from unnest(p.polroles) r),
                       coalesce(' using (' || pg_get_expr(p.polqual, p.polrelid) || ')', ''),
                       coalesce(' with check (' || pg_get_expr(p.polwithcheck, p.polrelid) || ')', ''))]

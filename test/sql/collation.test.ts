@@ -104,6 +104,9 @@ describe('migration 0030_bytewise_text', () => {
     expect(bytewise.name).toBe('0030_bytewise_text');
     await withEmptyDatabase(async (client) => {
       for (const m of before) await runMigration(client, m.text);
+      // A grant to a role whose name needs quoting (regrole::text already quotes it) is made again as it was.
+      await client.query(`do $$ begin if not exists (select from pg_roles where rolname = 'Report Reader') then create role "Report Reader"; end if; end $$`);
+      await client.query('grant select on runledger.waiting to "Report Reader"');
       const dependentsBefore = (await client.query<{ def: string }>(DEPENDENTS)).rows.map((r) => r.def);
       expect(dependentsBefore.filter((d) => d.startsWith('view ')).length).toBeGreaterThan(10);
       expect(dependentsBefore.filter((d) => d.startsWith('policy ')).length).toBeGreaterThan(10);
@@ -112,7 +115,9 @@ describe('migration 0030_bytewise_text', () => {
 
       await runMigration(client, bytewise.text);
       expect((await client.query(NOT_BYTEWISE)).rows).toEqual([]);
+      expect(dependentsBefore.some((d) => d.includes('Report Reader'))).toBe(true);
       expect((await client.query<{ def: string }>(DEPENDENTS)).rows.map((r) => r.def)).toEqual(dependentsBefore);
+      await client.query('revoke select on runledger.waiting from "Report Reader"');
     });
   });
 
