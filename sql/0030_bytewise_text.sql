@@ -59,9 +59,9 @@ begin
   end if;
 
   -- What is made again afterwards, each with the statements that make it, in that order.
-  create temp table rebuild (kind text, name text, statements text[]) on commit drop;
+  create temp table runledger_0030_rebuild (kind text, name text, statements text[]) on commit drop;
 
-  insert into rebuild
+  insert into runledger_0030_rebuild
   select 'view', c.relname,
          array[format('create view runledger.%I%s as %s', c.relname,
                       coalesce(' with (' || array_to_string(c.reloptions, ', ') || ')', ''), pg_get_viewdef(c.oid)),
@@ -76,7 +76,7 @@ begin
     from pg_class c
    where c.relnamespace = 'runledger'::regnamespace and c.relkind = 'v';
 
-  insert into rebuild
+  insert into runledger_0030_rebuild
   select 'policy', format('%s on %s', p.polname, p.polrelid::regclass),
          array[format('create policy %I on %s as %s for %s to %s%s%s', p.polname, p.polrelid::regclass,
                       case when p.polpermissive then 'permissive' else 'restrictive' end,
@@ -91,7 +91,7 @@ begin
    where c.relnamespace = 'runledger'::regnamespace;
 
   -- Triggers that name a column (UPDATE OF, or their WHEN clause): the others are not in the way.
-  insert into rebuild
+  insert into runledger_0030_rebuild
   select 'trigger', format('%s on %s', t.tgname, t.tgrelid::regclass),
          array[pg_get_triggerdef(t.oid)]
          || coalesce((select array[format('comment on trigger %I on %s is %L', t.tgname, t.tgrelid::regclass, d.description)]
@@ -141,12 +141,12 @@ begin
 
   -- Views in an order their dependencies allow: create what can be, until all are made.
   loop
-    v_left := (select count(*) from rebuild where kind = 'view');
+    v_left := (select count(*) from runledger_0030_rebuild where kind = 'view');
     exit when v_left = 0;
-    for v_view in select name, statements from rebuild where kind = 'view' loop
+    for v_view in select name, statements from runledger_0030_rebuild where kind = 'view' loop
       begin
         execute v_view.statements[1];
-        delete from rebuild where kind = 'view' and name = v_view.name;
+        delete from runledger_0030_rebuild where kind = 'view' and name = v_view.name;
         for v_sql in select s from unnest(v_view.statements[2:]) s loop
           execute v_sql;
         end loop;
@@ -154,11 +154,11 @@ begin
         null;
       end;
     end loop;
-    if (select count(*) from rebuild where kind = 'view') = v_left then
+    if (select count(*) from runledger_0030_rebuild where kind = 'view') = v_left then
       raise exception 'migration 0030: the views of schema runledger could not be made again';
     end if;
   end loop;
-  for v_sql in select s from rebuild, unnest(statements) s where kind in ('policy', 'trigger') loop
+  for v_sql in select s from runledger_0030_rebuild, unnest(statements) s where kind in ('policy', 'trigger') loop
     execute v_sql;
   end loop;
 end;
