@@ -409,7 +409,7 @@ async function staleStatisticsScenario(target: TestDatabase): Promise<ScenarioFi
   // so without this the scenario would test luck. New sessions of the engine get it.
   const database = new URL(target.url).pathname.slice(1);
   await target.pool.query(`alter database "${database}" set plan_cache_mode = force_generic_plan`);
-  return recordPlans(target, async (engine, flows, record) => {
+  return recordPlans(target, async (engine, flows, record, explained) => {
     // Warm-up on an almost empty database: every statement runs more than five times per session.
     await exercise(engine, flows, target, 30);
 
@@ -430,7 +430,10 @@ async function staleStatisticsScenario(target: TestDatabase): Promise<ScenarioFi
     const stats = await target.pool.query(`select reltuples from pg_class where oid = 'runledger.runs'::regclass`);
     expect(Number(stats.rows[0].reltuples)).toBe(0); // the statistics still describe the empty table
 
-    await record(() => exercise(engine, flows, target, 20));
+    await record(async () => {
+      await exercise(engine, flows, target, 20);
+      await deferredAdmissionRound(explained, target);
+    });
   });
 }
 
@@ -445,9 +448,10 @@ async function newDatabaseScenario(target: TestDatabase): Promise<ScenarioFindin
   expect(Number(stats.rows[0].reltuples)).toBe(-1); // never analysed
   return recordPlans(
     target,
-    (engine, flows, record) =>
+    (engine, flows, record, explained) =>
       record(async () => {
         await exercise(engine, flows, target, 10);
+        await deferredAdmissionRound(explained, target);
         // Bursts of one-step runs: their completions reach the group commit together, several per batch.
         for (let burst = 0; burst < 5; burst++) {
           const handles = await engine.startMany(
@@ -462,6 +466,57 @@ async function newDatabaseScenario(target: TestDatabase): Promise<ScenarioFindin
 }
 
 /**
+ * One admission round deferred to a claim, as a group commit with a claim runs it
+ * (_commit_and_claim_flat): the round chooses three runs of a queue with limits, the claim
+ * takes one of them from PENDING straight to RUNNING, and _admit_deferred admits the other
+ * two. Driven here rather than left to the worker, whose group commits defer a round only
+ * when a completion frees a slot while runs wait: whether that happens while the plans are
+ * recorded depends on timing. Rolled back, so the worker never meets these runs.
+ */
+async function deferredAdmissionRound(explained: pg.Pool, target: TestDatabase): Promise<void> {
+  const wasRecording = recording;
+  const queue = 'plans-deferred';
+  await target.pool.query(`select runledger.set_queue($1, '{"concurrency": 3}')`, [queue]);
+  await target.pool.query(
+    `insert into runledger.runs (run_id, workflow_name, workflow_version, queue_name, status, input)
+     select 'deferred-' || g, 'plan-deferred', '1', $1, 'PENDING', '{}' from generate_series(1, 6) g
+     on conflict do nothing`,
+    [queue],
+  );
+  const client = await explained.connect();
+  try {
+    await client.query('begin');
+    await client.query(`select set_config('runledger.admit_defer', 'on', true)`);
+    const chosen = await client.query<{ n: number }>(`select runledger._admit($1) as n`, [queue]);
+    expect(chosen.rows[0]!.n).toBe(3);
+    const claimed = await client.query(
+      `select run_id from runledger._claim_batch('plans-deferred-claimer', array[$1], array['plan-deferred@1'], 1, 60000)
+        where run_id is not null`,
+      [queue],
+    );
+    expect(claimed.rows).toHaveLength(1);
+    await client.query(`select runledger._admit_deferred()`);
+    // The check itself is the test's, not the engine's: its plan is not recorded. (Inside a
+    // transaction block auto_explain reports a statement when its portal closes, with the next
+    // statement: recording resumes after the rollback.)
+    recording = false;
+    const states = await client.query<{ status: string; admitted: boolean; n: number }>(
+      `select status, admitted, count(*)::int as n from runledger.runs where queue_name = $1 group by 1, 2 order by 1, 2`,
+      [queue],
+    );
+    expect(states.rows).toEqual([
+      { status: 'PENDING', admitted: false, n: 3 },
+      { status: 'PENDING', admitted: true, n: 2 },
+      { status: 'RUNNING', admitted: false, n: 1 },
+    ]);
+  } finally {
+    await client.query('rollback');
+    client.release();
+    recording = wasRecording;
+  }
+}
+
+/**
  * Runs `scenario` with an engine whose sessions report every plan through auto_explain, a
  * worker on the plans queue, and `record`, which keeps the plans of what it runs.
  */
@@ -471,26 +526,30 @@ async function recordPlans(
     engine: Engine,
     flows: ReturnType<typeof defineWorkflows>,
     record: (work: () => Promise<void>) => Promise<void>,
+    explained: pg.Pool,
   ) => Promise<void>,
   concurrency = 4,
 ): Promise<ScenarioFindings> {
   seen.length = 0;
-  const engine = createEngine({
-    pool: new pg.Pool({ connectionString: target.url, options: AUTO_EXPLAIN, Client: ExplainedClient, max: concurrency + 2 }),
-    log: () => {},
-  });
+  const explained = new pg.Pool({ connectionString: target.url, options: AUTO_EXPLAIN, Client: ExplainedClient, max: concurrency + 2 });
+  const engine = createEngine({ pool: explained, log: () => {} });
   try {
     const flows = defineWorkflows(engine);
     await engine.setQueue('plans-limited', { concurrency: 3, perKeyConcurrency: 1 });
     const worker = await engine.runWorker({ queues: ['plans', 'plans-limited'], concurrency, pollIntervalMs: 200 });
-    await scenario(engine, flows, async (work) => {
-      recording = true;
-      try {
-        await work();
-      } finally {
-        recording = false;
-      }
-    });
+    await scenario(
+      engine,
+      flows,
+      async (work) => {
+        recording = true;
+        try {
+          await work();
+        } finally {
+          recording = false;
+        }
+      },
+      explained,
+    );
     await worker.stop();
 
     const leading = await leadingColumns(target);
