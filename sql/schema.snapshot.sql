@@ -301,8 +301,6 @@ COMMENT ON COLUMN runledger.runs.stop_record IS 'Only on a CANCELLING run: the t
 COMMENT ON COLUMN runledger.runs.traceparent IS 'The W3C traceparent (00-<trace id>-<span id>-<flags>) of the context the run was started in (engine.start, or the traceparent option of start_run / start_runs); null when it was started outside a trace. Every execution of the run opens its span under it, so all of them, after crashes and on other workers, belong to one trace.';
 COMMENT ON COLUMN runledger.runs.execution_traceparent IS 'The W3C traceparent of the span of the run''s latest execution, written by the worker that claimed it (runledger._trace_execution) when it records traces: the next execution links its span to it. Null when no execution was traced.';
 COMMENT ON COLUMN runledger.runs.in_sessions IS 'True once the run has held a session or queued for one (set by triggers on sessions and session_waiters); null otherwise. When such a run ends, runs_session_release lets go of its sessions and its places in their queues.';
-ALTER TABLE runledger.runs ADD CONSTRAINT runs_invariants CHECK (runledger._check_run(run_id, status, finished_at, termination_reason, lease_owner, lease_expires_at, wait_kind, budget, max_steps, no_progress, retry_budget, max_recovery_attempts));
-COMMENT ON CONSTRAINT runs_invariants ON runledger.runs IS 'Every rule a runs row obeys, in runledger._check_run (see its comment); a broken rule is reported under its own name.';
 ALTER TABLE runledger.runs ADD CONSTRAINT runs_parent_run_id_fkey FOREIGN KEY (parent_run_id) REFERENCES runledger.runs(run_id) ON DELETE SET NULL;
 ALTER TABLE runledger.runs ADD CONSTRAINT runs_pkey PRIMARY KEY (run_id);
 CREATE INDEX runs_admission_key ON runledger.runs USING btree (queue_name, COALESCE(concurrency_key, ''::text), priority, created_at, run_id) WHERE ((status = 'PENDING'::runledger.run_status) AND (NOT admitted));
@@ -327,9 +325,10 @@ CREATE INDEX runs_tenant ON runledger.runs USING btree (tenant_id, created_at) W
 CREATE INDEX runs_timer ON runledger.runs USING btree (queue_name, wake_at) WHERE ((status = 'WAITING'::runledger.run_status) AND (wake_at IS NOT NULL));
 CREATE TRIGGER runs_delete_history AFTER DELETE ON runledger.runs REFERENCING OLD TABLE AS gone FOR EACH STATEMENT EXECUTE FUNCTION runledger._delete_run_history();
 COMMENT ON TRIGGER runs_delete_history ON runledger.runs IS 'Deleting runs deletes their checkpoints and events in the same statement (no foreign key, see runledger._delete_run_history).';
+CREATE TRIGGER runs_invariants BEFORE INSERT OR UPDATE ON runledger.runs FOR EACH ROW EXECUTE FUNCTION runledger._check_run();
+COMMENT ON TRIGGER runs_invariants ON runledger.runs IS 'Every rule a runs row and a change of its status obey, in runledger._check_run (see its comment); a broken rule is reported under its own name (SQLSTATE 23514).';
 CREATE TRIGGER runs_session_release AFTER UPDATE OF status ON runledger.runs FOR EACH ROW WHEN (((old.status IS DISTINCT FROM new.status) AND (new.status = ANY (ARRAY['SUCCEEDED'::runledger.run_status, 'FAILED'::runledger.run_status, 'CANCELLED'::runledger.run_status, 'TERMINATED'::runledger.run_status, 'DEAD_LETTER'::runledger.run_status])) AND new.in_sessions)) EXECUTE FUNCTION runledger._session_on_terminal();
 COMMENT ON TRIGGER runs_session_release ON runledger.runs IS 'A run marked in_sessions that reaches a terminal status lets go of its sessions and leaves their queues (runledger._session_on_terminal).';
-CREATE TRIGGER runs_transition BEFORE UPDATE OF status ON runledger.runs FOR EACH ROW WHEN ((old.status IS DISTINCT FROM new.status)) EXECUTE FUNCTION runledger._check_transition();
 CREATE TRIGGER runs_truncate_history AFTER TRUNCATE ON runledger.runs FOR EACH STATEMENT EXECUTE FUNCTION runledger._truncate_run_history();
 COMMENT ON TRIGGER runs_truncate_history ON runledger.runs IS 'TRUNCATE of runs empties steps and events too (no foreign key, see runledger._truncate_run_history).';
 
@@ -1549,43 +1548,50 @@ end;
 $function$;
 COMMENT ON FUNCTION runledger._check_progress(runledger.runs,text,integer,text) IS 'No-progress limit: when the last N results of this step name are identical (same hash), ends the run TERMINATED (NO_PROGRESS) with the repeated step as evidence.';
 
-CREATE OR REPLACE FUNCTION runledger._check_run(p_run_id text, p_status runledger.run_status, p_finished_at timestamp with time zone, p_termination_reason text, p_lease_owner text, p_lease_expires_at timestamp with time zone, p_wait_kind text, p_budget numeric, p_max_steps integer, p_no_progress integer, p_retry_budget integer, p_max_recovery_attempts integer)
- RETURNS boolean
+CREATE OR REPLACE FUNCTION runledger._check_run()
+ RETURNS trigger
  LANGUAGE plpgsql
- IMMUTABLE
 AS $function$
 declare
   v_rule text;
 begin
-  -- An unbounded class plus length(), not {0,199}: a bounded repetition expands into a
-  -- large automaton (about 19 us per row against 0.4 us).
   v_rule := case
-    when p_run_id !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]*$' or length(p_run_id) > 200 then 'runs_run_id_check'
-    when (p_status in ('SUCCEEDED', 'FAILED', 'CANCELLED', 'TERMINATED', 'DEAD_LETTER'))
-         <> (p_finished_at is not null and p_termination_reason is not null) then 'runs_terminal_has_record'
-    when p_termination_reason <> all (runledger.termination_reasons()) then 'runs_termination_reason_check'
-    when (p_lease_owner is not null) <> (p_lease_expires_at is not null)
-         or (p_status not in ('RUNNING', 'CANCELLING') and p_lease_owner is not null)
-         or (p_status = 'RUNNING' and p_lease_owner is null) then 'runs_lease_only_when_executing'
-    when p_wait_kind <> all (runledger.wait_kinds()) then 'runs_wait_kind_check'
-    when (p_status = 'WAITING') <> (p_wait_kind is not null) then 'runs_wait_kind_only_when_waiting'
-    when p_budget < 0 then 'runs_budget_check'
-    when p_max_steps <= 0 then 'runs_max_steps_check'
-    when p_no_progress < 2 then 'runs_no_progress_check'
-    when p_retry_budget < 0 then 'runs_retry_budget_check'
-    when p_max_recovery_attempts < 0 then 'runs_max_recovery_attempts_check'
+    when tg_op = 'UPDATE' and old.status is distinct from new.status
+         and (old.status::text || '>' || new.status::text) <> all (runledger._transition_pairs()) then 'runs_transition'
+    -- An unbounded class plus length(), not {0,199}: a bounded repetition expands into a
+    -- large automaton (about 19 us per row against 0.4 us). A run_id never changes: an
+    -- UPDATE is checked only if it changes one.
+    when (tg_op = 'INSERT' or new.run_id is distinct from old.run_id)
+         and (new.run_id !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]*$' or length(new.run_id) > 200) then 'runs_run_id_check'
+    when (new.status in ('SUCCEEDED', 'FAILED', 'CANCELLED', 'TERMINATED', 'DEAD_LETTER'))
+         <> (new.finished_at is not null and new.termination_reason is not null) then 'runs_terminal_has_record'
+    when new.termination_reason <> all (runledger.termination_reasons()) then 'runs_termination_reason_check'
+    when (new.lease_owner is not null) <> (new.lease_expires_at is not null)
+         or (new.status not in ('RUNNING', 'CANCELLING') and new.lease_owner is not null)
+         or (new.status = 'RUNNING' and new.lease_owner is null) then 'runs_lease_only_when_executing'
+    when new.wait_kind <> all (runledger.wait_kinds()) then 'runs_wait_kind_check'
+    when (new.status = 'WAITING') <> (new.wait_kind is not null) then 'runs_wait_kind_only_when_waiting'
+    when new.budget < 0 then 'runs_budget_check'
+    when new.max_steps <= 0 then 'runs_max_steps_check'
+    when new.no_progress < 2 then 'runs_no_progress_check'
+    when new.retry_budget < 0 then 'runs_retry_budget_check'
+    when new.max_recovery_attempts < 0 then 'runs_max_recovery_attempts_check'
   end;
   if v_rule is null then
-    return true;
+    return new;
+  elsif v_rule = 'runs_transition' then
+    raise exception using errcode = '23514', constraint = v_rule, table = 'runs', schema = 'runledger',
+      message = format('run %s: %s -> %s is not a transition of the run state machine (runledger.run_transitions())',
+                       old.run_id, old.status, new.status);
   elsif v_rule = 'runs_run_id_check' then
     raise exception using errcode = '23514', constraint = v_rule, table = 'runs', schema = 'runledger',
-      message = format('run_id %L is invalid: 1 to 200 letters, digits and _.:- starting with a letter or digit', p_run_id);
+      message = format('run_id %L is invalid: 1 to 200 letters, digits and _.:- starting with a letter or digit', new.run_id);
   end if;
   raise exception using errcode = '23514', constraint = v_rule, table = 'runs', schema = 'runledger',
-    message = format('new row for relation "runs" violates check constraint "%s" (status %s)', v_rule, p_status);
+    message = format('new row for relation "runs" violates check constraint "%s" (status %s)', v_rule, new.status);
 end;
 $function$;
-COMMENT ON FUNCTION runledger._check_run(text,runledger.run_status,timestamp with time zone,text,text,timestamp with time zone,text,numeric,integer,integer,integer,integer) IS 'The invariants of a runs row, checked by its constraint runs_invariants; a broken one raises 23514 naming the rule: runs_run_id_check (1 to 200 characters of [A-Za-z0-9_.:-] starting with a letter or digit), runs_terminal_has_record (a terminal status, and only one, has finished_at and termination_reason), runs_termination_reason_check, runs_lease_only_when_executing (only RUNNING or CANCELLING runs hold a lease; a RUNNING one always does), runs_wait_kind_check, runs_wait_kind_only_when_waiting, and the ranges of budget, max_steps, no_progress, retry_budget and max_recovery_attempts.';
+COMMENT ON FUNCTION runledger._check_run() IS 'Trigger function of runs_invariants: every rule a runs row obeys; a broken one raises 23514 naming it: runs_transition (a status change that runledger.run_transitions() does not list), runs_run_id_check (1 to 200 characters of [A-Za-z0-9_.:-] starting with a letter or digit), runs_terminal_has_record (a terminal status, and only one, has finished_at and termination_reason), runs_termination_reason_check, runs_lease_only_when_executing (only RUNNING or CANCELLING runs hold a lease; a RUNNING one always does), runs_wait_kind_check, runs_wait_kind_only_when_waiting, and the ranges of budget, max_steps, no_progress, retry_budget and max_recovery_attempts.';
 
 CREATE OR REPLACE FUNCTION runledger._check_step(p_seq integer, p_kind text, p_status text)
  RETURNS boolean
@@ -1609,21 +1615,6 @@ begin
 end;
 $function$;
 COMMENT ON FUNCTION runledger._check_step(integer,text,text) IS 'The invariants of a steps row, checked by its constraint steps_invariants; a broken one raises 23514 naming the rule: steps_seq_check (seq >= 0), steps_kind_check, steps_status_check (SUCCEEDED, FAILED or WAITING).';
-
-CREATE OR REPLACE FUNCTION runledger._check_transition()
- RETURNS trigger
- LANGUAGE plpgsql
-AS $function$
-begin
-  if (old.status::text || '>' || new.status::text) <> all (runledger._transition_pairs()) then
-    raise exception using errcode = '23514', constraint = 'runs_transition', table = 'runs', schema = 'runledger',
-      message = format('run %s: %s -> %s is not a transition of the run state machine (runledger.run_transitions())',
-                       old.run_id, old.status, new.status);
-  end if;
-  return new;
-end;
-$function$;
-COMMENT ON FUNCTION runledger._check_transition() IS 'Trigger function of runs_transition: refuses a status change that runledger.run_transitions() does not list (SQLSTATE 23514, constraint runs_transition).';
 
 CREATE OR REPLACE FUNCTION runledger._check_whole_number(p_opts jsonb, p_key text, p_min integer)
  RETURNS void
@@ -5051,7 +5042,7 @@ AS $function$
   select array_agg(t.from_status::text || '>' || t.to_status::text order by t.from_status, t.to_status)
     from runledger.run_transitions() t
 $function$;
-COMMENT ON FUNCTION runledger._transition_pairs() IS 'run_transitions() as from>to pairs (''RUNNING>SUCCEEDED''), for _check_transition.';
+COMMENT ON FUNCTION runledger._transition_pairs() IS 'run_transitions() as from>to pairs (''RUNNING>SUCCEEDED''), for _check_run (the trigger runs_invariants).';
 
 CREATE OR REPLACE FUNCTION runledger._truncate_run_history()
  RETURNS trigger

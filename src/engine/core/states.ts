@@ -36,7 +36,7 @@ export const TERMINAL_STATES: ReadonlySet<RunStatus> = new Set(['SUCCEEDED', 'FA
 
 /**
  * Every status change a run can make, with who makes it. SQL refuses any other
- * (trigger runs_transition), so this list is the state machine, not a picture of it.
+ * (rule runs_transition of the trigger runs_invariants), so this list is the state machine, not a picture of it.
  */
 export const RUN_TRANSITIONS: ReadonlyArray<{ from: RunStatus; to: RunStatus; by: string }> = [
   { from: 'PENDING', to: 'RUNNING', by: 'a claim (_claim_batch, fencing_token + 1), once admitted' },

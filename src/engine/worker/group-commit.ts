@@ -39,7 +39,7 @@ const BATCH_AND_CLAIM_SQL =
   'budget, budget_spent, budget_limits, budget_used, cancel_requested, checkpoints, progress, next_due_in_ms, traceparent, execution_traceparent ' +
   'from runledger._commit_and_claim_flat(p_items => $1::jsonb, p_worker_id => $2, p_queues => $3, p_workflows => $4, p_limit => $5, p_lease_ms => $6)';
 
-/** run_id is the second field of every item; run ids never contain quotes (rule runs_run_id_check of runs_invariants). */
+/** run_id is the second field of every item; run ids never contain quotes (rule runs_run_id_check of the trigger runs_invariants). */
 const RUN_ID = /"run_id":"([^"]*)"/;
 /** Deadlock and serialization failure: the item's writes were undone, and it may simply be sent again. */
 const RETRYABLE = new Set(['40P01', '40001']);
