@@ -477,16 +477,21 @@ async function deferredAdmissionRound(explained: pg.Pool, target: TestDatabase):
   const wasRecording = recording;
   const queue = 'plans-deferred';
   await target.pool.query(`select runledger.set_queue($1, '{"concurrency": 3}')`, [queue]);
-  await target.pool.query(
-    `insert into runledger.runs (run_id, workflow_name, workflow_version, queue_name, status, input)
-     select 'deferred-' || g, 'plan-deferred', '1', $1, 'PENDING', '{}' from generate_series(1, 6) g
-     on conflict do nothing`,
-    [queue],
-  );
   const client = await explained.connect();
   try {
     await client.query('begin');
+    // The runs to admit, inserted in the same transaction: the worker's sweeper
+    // (_admit_all) never sees them, so nothing admits them before the round below. The
+    // insert is the test's: its plan is not recorded. (Inside a transaction block
+    // auto_explain reports a statement when its portal closes, with the next statement.)
+    recording = false;
+    await client.query(
+      `insert into runledger.runs (run_id, workflow_name, workflow_version, queue_name, status, input)
+       select 'deferred-' || g, 'plan-deferred', '1', $1, 'PENDING', '{}' from generate_series(1, 6) g`,
+      [queue],
+    );
     await client.query(`select set_config('runledger.admit_defer', 'on', true)`);
+    recording = wasRecording;
     const chosen = await client.query<{ n: number }>(`select runledger._admit($1) as n`, [queue]);
     expect(chosen.rows[0]!.n).toBe(3);
     const claimed = await client.query(
@@ -496,9 +501,7 @@ async function deferredAdmissionRound(explained: pg.Pool, target: TestDatabase):
     );
     expect(claimed.rows).toHaveLength(1);
     await client.query(`select runledger._admit_deferred()`);
-    // The check itself is the test's, not the engine's: its plan is not recorded. (Inside a
-    // transaction block auto_explain reports a statement when its portal closes, with the next
-    // statement: recording resumes after the rollback.)
+    // The check is the test's too: recording resumes after the rollback.
     recording = false;
     const states = await client.query<{ status: string; admitted: boolean; n: number }>(
       `select status, admitted, count(*)::int as n from runledger.runs where queue_name = $1 group by 1, 2 order by 1, 2`,
