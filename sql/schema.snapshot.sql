@@ -327,7 +327,7 @@ CREATE TRIGGER runs_delete_history AFTER DELETE ON runledger.runs REFERENCING OL
 COMMENT ON TRIGGER runs_delete_history ON runledger.runs IS 'Deleting runs deletes their checkpoints and events in the same statement (no foreign key, see runledger._delete_run_history).';
 CREATE TRIGGER runs_invariants BEFORE INSERT OR UPDATE ON runledger.runs FOR EACH ROW EXECUTE FUNCTION runledger._check_run();
 COMMENT ON TRIGGER runs_invariants ON runledger.runs IS 'Every rule a runs row and a change of its status obey, in runledger._check_run (see its comment); a broken rule is reported under its own name (SQLSTATE 23514).';
-CREATE TRIGGER runs_session_release AFTER UPDATE OF status ON runledger.runs FOR EACH ROW WHEN (((old.status IS DISTINCT FROM new.status) AND (new.status = ANY (ARRAY['SUCCEEDED'::runledger.run_status, 'FAILED'::runledger.run_status, 'CANCELLED'::runledger.run_status, 'TERMINATED'::runledger.run_status, 'DEAD_LETTER'::runledger.run_status])) AND new.in_sessions)) EXECUTE FUNCTION runledger._session_on_terminal();
+CREATE TRIGGER runs_session_release AFTER UPDATE OF status ON runledger.runs FOR EACH ROW WHEN (new.in_sessions) EXECUTE FUNCTION runledger._session_on_terminal();
 COMMENT ON TRIGGER runs_session_release ON runledger.runs IS 'A run marked in_sessions that reaches a terminal status lets go of its sessions and leaves their queues (runledger._session_on_terminal).';
 CREATE TRIGGER runs_truncate_history AFTER TRUNCATE ON runledger.runs FOR EACH STATEMENT EXECUTE FUNCTION runledger._truncate_run_history();
 COMMENT ON TRIGGER runs_truncate_history ON runledger.runs IS 'TRUNCATE of runs empties steps and events too (no foreign key, see runledger._truncate_run_history).';
@@ -4178,6 +4178,12 @@ AS $function$
 declare
   v_session text;
 begin
+  -- The trigger's WHEN clause tests only the mark (see runs_session_release below): a run
+  -- marked in_sessions whose status changed to anything but an end has nothing to let go.
+  if old.status is not distinct from new.status
+     or new.status not in ('SUCCEEDED', 'FAILED', 'CANCELLED', 'TERMINATED', 'DEAD_LETTER') then
+    return null;
+  end if;
   -- Most runs that end held no session and queued for none: one query (two index probes)
   -- and nothing written. Two queries cost a second executor start per ended run.
   -- No SET clause: it runs inside the engine's functions and inherits their settings.

@@ -79,6 +79,28 @@ describe('runs_session_release', () => {
     expect(freed.rows[0]).toEqual({ holder_run_id: null, waiting: 0 });
   });
 
+  it('lets a marked run keep its session when its status changes to anything but an end (the status test is in the function)', async () => {
+    const holder = await startRun({ queue: 'session-mark-e' });
+    const waiter = await startRun({ queue: 'session-mark-f' });
+    await claimOne(holder, 'sm-holder-3');
+    await claimOne(waiter, 'sm-waiter-3');
+    await db.pool.query(`select runledger._session_acquire('mark-3', $1)`, [holder]);
+    await db.pool.query(`select runledger._session_acquire('mark-3', $1)`, [waiter]);
+    // Both marked runs go from RUNNING to WAITING (a wait, not an end): the trigger fires for
+    // each, and neither lets go of its place.
+    await db.pool.query(
+      `update runledger.runs set status = 'WAITING', wait_kind = 'signal', wait_key = 'later',
+                                 lease_owner = null, lease_expires_at = null
+        where run_id = any($1)`,
+      [[holder, waiter]],
+    );
+    const session = await db.pool.query(
+      `select holder_run_id, (select array_agg(run_id) from runledger.session_waiters where session_id = 'mark-3') as waiting
+         from runledger.sessions where session_id = 'mark-3'`,
+    );
+    expect(session.rows[0]).toEqual({ holder_run_id: holder, waiting: [waiter] });
+  });
+
   it('runs for a run that queued and gave up its place: it ends without leaving anything behind', async () => {
     const holder = await startRun({ queue: 'session-mark-c' });
     const leaver = await startRun({ queue: 'session-mark-d' });
