@@ -54,11 +54,11 @@ comment on function runledger._transition_pairs() is
 -- first (an UPDATE that changes status, against _transition_pairs(), a constant once
 -- planned), then the run_id (on INSERT, or an UPDATE that changes it), then the row's rules.
 --
--- Measured with callgrind on PostgreSQL 15 against the constraint and the two triggers: a
--- start_run call 642,210 -> 593,878 instructions (-7.5 %), a one-step run claimed and
--- completed by group commits of 16 870,948 -> about 857,000 (-1.5 %), a start_runs row
--- 113,449 -> about 117,000 (+3.5 %: a PL/pgSQL trigger call costs a row more than a call
--- from a CHECK expression; only a bulk start writes enough rows in one statement to feel it).
+-- Measured with callgrind on PostgreSQL 15 (bench/instructions.sh) against the constraint and
+-- the triggers: a start_run call 642,526 -> 594,573 instructions (-7.5 %), a one-step run
+-- claimed and completed by group commits of 16 871,038 -> 850,478 (-2.4 %), a start_runs row
+-- 113,499 -> 117,544 (+3.6 %: a PL/pgSQL trigger call costs a row more than a call from a
+-- CHECK expression; only a bulk start writes enough rows in one statement to feel it).
 --
 -- One CASE expression names the first broken rule (null when none is): PL/pgSQL evaluates
 -- it once per row. The rules, their order, their names and their messages are those of the
