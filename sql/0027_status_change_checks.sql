@@ -131,8 +131,7 @@ declare
 begin
   -- The trigger's WHEN clause tests only the mark (see runs_session_release below): a run
   -- marked in_sessions whose status changed to anything but an end has nothing to let go.
-  if old.status is not distinct from new.status
-     or new.status not in ('SUCCEEDED', 'FAILED', 'CANCELLED', 'TERMINATED', 'DEAD_LETTER') then
+  if old.status is not distinct from new.status or not runledger.is_terminal(new.status) then
     return null;
   end if;
   -- Most runs that end held no session and queued for none: one query (two index probes)
