@@ -329,7 +329,7 @@ describe('zombie worker', () => {
       { seq: 2, name: 'last', token: 2 },
     ]);
     const run = await t.engine.getRun(handle.runId);
-    expect(run).toMatchObject({ status: 'SUCCEEDED', fencingToken: 2n, recoveryAttempts: 1 });
+    expect(run).toMatchObject({ status: 'SUCCEEDED', fencingToken: '2', recoveryAttempts: 1 });
     const last = await db.pool.query(`select pid from step_executions where run_id = $1 and step = 'last'`, [handle.runId]);
     expect(last.rows).toEqual([{ pid: survivor.pid }]);
   });

@@ -108,7 +108,19 @@ function defineWorkflows(engine: Engine<Db>) {
     at: await ctx.step('at', () => new Date('2030-01-01T00:00:00Z')),
   }));
   const forkOther = engine.workflow({ name: 'types-fork-other', queue: 'types' }, async () => 1);
-  return { date, child, parent, typesOnly, defaults, defaultsParent, trx, getRunWf, fork, forkOther };
+  // Something in every table a client read returns: steps, the ledger, a stream, an artifact, an approval, budgets.
+  const reads = engine.workflow({ name: 'types-reads', queue: 'types', limits: { budget: { tokens: 1_000 } } }, async (ctx) => {
+    ctx.charge({ tokens: 10 });
+    const step = await ctx.step('step', () => ({ at: new Date('2030-01-01T00:00:00Z'), n: 1 }));
+    await ctx.operation('op', { idempotencyKey: `reads-${ctx.runId}` }, async () => ({ ticket: 'T-2' }));
+    const out = ctx.stream('out');
+    await out.write({ n: 1 });
+    await out.close();
+    const artifact = await ctx.artifact('report', 'the report');
+    const decision = await ctx.requestApproval('ok', { action: 'ship', evidence: { n: 1 } });
+    return { step, artifactId: artifact.artifactId, approved: decision?.approved ?? null };
+  });
+  return { date, child, parent, typesOnly, defaults, defaultsParent, trx, getRunWf, fork, forkOther, reads };
 }
 
 beforeAll(async () => {
@@ -204,18 +216,19 @@ describe('createEngine<DB>() types trx and engine.db', () => {
 });
 
 describe('getRun field types', () => {
-  it('fencingToken is a bigint, budget and budgetSpent numbers, operations OperationRecords', async () => {
+  it('fencingToken is a decimal string, budget and budgetSpent numbers, operations OperationRecords', async () => {
     const handle = await engine.start(wfs.getRunWf, undefined);
     await expect(handle.result({ timeoutMs: 30_000 })).resolves.toBe('T-1');
     const run = (await engine.getRun(handle.runId))!;
-    expectTypeOf(run.fencingToken).toEqualTypeOf<bigint>();
+    expectTypeOf(run.fencingToken).toEqualTypeOf<string>();
+    expectTypeOf<NonNullable<typeof run.steps>[number]['fencingToken']>().toEqualTypeOf<string>();
     expectTypeOf(run.budgetSpent).toEqualTypeOf<number>();
     expectTypeOf(run.budget).toEqualTypeOf<number | null>();
     expectTypeOf(run.operations).toEqualTypeOf<OperationRecord[] | undefined>();
     expectTypeOf<OperationRecord['status']>().toEqualTypeOf<OperationStatus>();
     expectTypeOf<OperationStatus>().toEqualTypeOf<'PLANNED' | 'STARTED' | 'SUCCEEDED' | 'FAILED' | 'UNKNOWN'>();
-    expect(run.fencingToken).toBe(1n);
-    expect(run.steps?.map((s) => s.fencingToken)).toEqual([1n]);
+    expect(run.fencingToken).toBe('1');
+    expect(run.steps?.map((s) => s.fencingToken)).toEqual(['1']);
     expect(run.budget).toBe(100);
     expect(run.budgetSpent).toBe(2.5);
     expect(run.operations).toEqual([
@@ -234,7 +247,54 @@ describe('getRun field types', () => {
       }),
     ]);
     const listed = await engine.listRuns({ workflow: 'types-getrun' });
-    expect(listed[0]).toMatchObject({ fencingToken: 1n, budget: 100, budgetSpent: 2.5 });
+    expect(listed[0]).toMatchObject({ fencingToken: '1', budget: 100, budgetSpent: 2.5 });
+  });
+});
+
+/**
+ * Every value in a client read is one JSON.stringify writes and JSON.parse gives back
+ * (a Date as its ISO text, a Buffer as its toJSON): no bigint, function, symbol, NaN.
+ */
+function expectJsonSafe(value: unknown, path = '(read)'): void {
+  if (value === null || typeof value === 'string' || typeof value === 'boolean') return;
+  if (typeof value === 'number') return void expect(Number.isFinite(value), `${path} is ${value}`).toBe(true);
+  if (value instanceof Date || Buffer.isBuffer(value)) return;
+  expect(['object', 'undefined'], `${path} is a ${typeof value}`).toContain(typeof value);
+  if (value === undefined) return;
+  for (const [key, item] of Object.entries(value as object)) expectJsonSafe(item, `${path}.${key}`);
+}
+
+describe('client reads are JSON-safe', () => {
+  it('JSON.stringify succeeds on what getRun, listRuns, result, readStream, readArtifact, decideApproval, setQueue and the operator calls return', async () => {
+    const handle = await engine.start(wfs.reads, undefined);
+    const requestId = await waitFor('the approval request', async () => {
+      const r = await db.pool.query('select request_id from runledger.approvals where run_id = $1', [handle.runId]);
+      return r.rows[0]?.request_id as string | undefined;
+    });
+    const reads: Record<string, unknown> = {};
+    reads.decideApproval = await engine.decideApproval(requestId, { approved: true, decidedBy: 'ops', note: 'fine' });
+    reads.result = await handle.result({ timeoutMs: 30_000 });
+    reads.getRun = await engine.getRun(handle.runId);
+    reads.listRuns = await engine.listRuns({ workflow: 'types-reads' });
+    reads.readStream = [];
+    for await (const chunk of engine.readStream(handle.runId, 'out')) (reads.readStream as unknown[]).push(chunk);
+    reads.readArtifact = await engine.readArtifact((reads.result as { artifactId: string }).artifactId);
+    reads.setQueue = await engine.setQueue('types-reads-queue', { concurrency: 2 });
+    reads.migrate = await engine.migrate();
+    reads.cancel = await engine.cancel(handle.runId);
+
+    for (const [name, value] of Object.entries(reads)) {
+      expect(() => JSON.stringify(value), name).not.toThrow();
+      expectJsonSafe(value, name);
+    }
+    const run = reads.getRun as Awaited<ReturnType<typeof engine.getRun>>;
+    expect(run).toMatchObject({ status: 'SUCCEEDED', fencingToken: expect.stringMatching(/^[1-9][0-9]*$/), budgetUsed: { tokens: 10 } });
+    expect(run?.steps?.map((s) => s.name)).toEqual(expect.arrayContaining(['step', 'op', 'ok']));
+    expect(run?.operations).toHaveLength(1);
+    expect((reads.readStream as unknown[]).length).toBe(1);
+    expect(reads.readArtifact).toMatchObject({ record: { name: 'report' } });
+    // What a web handler sends (res.json(run)) reads back as the same run.
+    expect(JSON.parse(JSON.stringify(run))).toMatchObject({ runId: handle.runId, fencingToken: run?.fencingToken, status: 'SUCCEEDED' });
   });
 });
 

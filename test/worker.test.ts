@@ -142,7 +142,7 @@ describe('graceful stop', () => {
     release();
     const second = await e.runWorker({ queues: ['held'], concurrency: 1, leaseMs: 2_000, pollIntervalMs: 100 });
     await expect(handle.result()).resolves.toBe('done');
-    expect(await e.getRun(handle.runId)).toMatchObject({ recoveryAttempts: 0, fencingToken: 2n });
+    expect(await e.getRun(handle.runId)).toMatchObject({ recoveryAttempts: 0, fencingToken: '2' });
     await second.stop();
   });
 });

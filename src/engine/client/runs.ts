@@ -28,8 +28,8 @@ export interface StepRecord {
   attempts: number;
   startedAt: Date;
   finishedAt: Date;
-  /** The run's fencing token when the checkpoint was written (a bigint: the column is int8). */
-  fencingToken: bigint;
+  /** The run's fencing token when the checkpoint was written: int8 as a decimal string (exact past 2^53, and JSON-safe). */
+  fencingToken: string;
   /** md5 of the output, kept only for runs with a noProgress limit. */
   outputHash: string | null;
 }
@@ -99,8 +99,8 @@ export interface RunRecord {
   wakeAt: Date | null;
   leaseOwner: string | null;
   leaseExpiresAt: Date | null;
-  /** Incremented on every claim; a bigint, since the column is int8 (exact past 2^53). */
-  fencingToken: bigint;
+  /** Incremented on every claim; int8 as a decimal string (exact past 2^53, and JSON-safe: `JSON.stringify(run)` works). */
+  fencingToken: string;
   recoveryAttempts: number;
   maxRecoveryAttempts: number;
   versionManifest: unknown;
@@ -124,11 +124,15 @@ export interface RunRecord {
 
 const camel = (key: string) => key.replace(/_([a-z])/g, (_, c: string) => c.toUpperCase());
 
-/** A row with camelCase keys; int8 fencing tokens as bigint, numeric budgets as numbers (node-postgres gives strings). */
+/**
+ * A row with camelCase keys, every value JSON-safe (what a caller's `res.json(run)` sends):
+ * int8 fencing tokens as decimal strings, numeric budgets as numbers (node-postgres gives
+ * both as strings; a driver configured to give bigints for int8 is turned back to text).
+ */
 function toRecord<T>(row: object): T {
   const out: Record<string, unknown> = {};
   for (const [key, value] of Object.entries(row)) out[camel(key)] = value;
-  if (out.fencingToken !== undefined && out.fencingToken !== null) out.fencingToken = BigInt(out.fencingToken as string);
+  if (out.fencingToken !== undefined && out.fencingToken !== null) out.fencingToken = String(out.fencingToken);
   for (const key of ['budget', 'budgetSpent']) {
     if (out[key] !== undefined && out[key] !== null) out[key] = Number(out[key]);
   }
