@@ -18,6 +18,7 @@ import {
 import { z } from 'zod';
 import { Payloads } from '../src/engine/core/payloads.js';
 import { cliCodec } from '../src/cli/shared.js';
+import { startConsole } from '../src/console/server.js';
 import { createTestClock, createTestEngine, type TestClock } from '../src/testing/index.js';
 import { useTestEngine } from './helpers/test-engine.js';
 import { waitFor } from './helpers/database.js';
@@ -122,7 +123,11 @@ function markerWorkflows(engine: Engine) {
       const large = await ctx.step('large', () => storeLarge(ctx, 'large', { blob: `${input.secret}${'x'.repeat(70_000)}` }));
       const loaded = (await loadLarge(ctx, large)) as { blob: string };
       const fromChild = await ctx.runChild(child, { secret: input.secret });
-      const decision = await ctx.requestApproval('ship-it', { action: 'ship', evidence: { secret: input.secret }, approvers: ['ops'] });
+      const decision = await ctx.requestApproval('ship-it', {
+        action: `ship ${input.secret}`,
+        evidence: { secret: input.secret },
+        approvers: ['ops'],
+      });
       const reply = await ctx.waitForSignal<{ reply: string }>('reply');
       // The agent layer: a model call streaming its reply (topic model), a tool, a tool through the ledger.
       const generated = await ctx.generate(model, { messages: [{ role: 'user', content: input.secret }] });
@@ -156,19 +161,68 @@ function markerWorkflows(engine: Engine) {
     const paid = await ctx.operation('pay', { idempotencyKey: `codec-pay-${ctx.runId}` }, async () => ({ paid: 'by the call' }));
     return paid;
   });
-  return { child, main, unverified, resolved };
+  // reconcile answers the outside world's data in no known shape: the step fails, the ledger stays UNKNOWN.
+  const reconciled = engine.workflow({ name: 'codec-reconcile' }, async (ctx, input: { secret: string }) =>
+    ctx.operation(
+      'settle',
+      {
+        idempotencyKey: `codec-settle-${ctx.runId}`,
+        reconcile: async () => ({ status: 'settled', by: input.secret }) as never,
+      },
+      async () => ({ settled: true }),
+    ),
+  );
+  // A misused ctx call given the run's data: the run fails with the engine's error.
+  const misused = engine.workflow({ name: 'codec-misused' }, async (ctx, input: { secret: string }) => {
+    await ctx.progress(input.secret as never);
+    return 'not reached';
+  });
+  return { child, main, unverified, resolved, reconciled, misused };
+}
+
+/** Runs codec-reconcile on a worker that dies after the call (the ledger row stays STARTED), then on `worker`: reconcile's answer is invalid. */
+async function invalidReconcile(options: Partial<EngineOptions>, worker: Worker, secret: string): Promise<string> {
+  const crashing = engineWith({ ...options, crashAt: { step: 'settle', when: 'after-call' } });
+  const { reconciled } = markerWorkflows(crashing);
+  const handle = await crashing.start(reconciled, { secret });
+  await (await crashing.runWorker({ manual: true, leaseMs: 30_000 })).drain();
+  clock.advance('31s');
+  await worker.drain();
+  const run = await one<{ status: string; op: string; error: { message: string; code: string } }>(
+    `select r.status, (select status from runledger.operations o where o.run_id = r.run_id) as op,
+            (select error from runledger.steps s where s.run_id = r.run_id and s.name = 'settle') as error
+       from runledger.runs r where r.run_id = $1`,
+    [handle.runId],
+  );
+  expect(run).toMatchObject({ status: 'FAILED', op: 'UNKNOWN', error: { code: 'INVALID_RECONCILE_ANSWER' } });
+  return run.error.message;
 }
 
 describe('with aesGcmCodec on', () => {
   it('stores every payload as an envelope, copies none in clear, and reads each back through the engine', async () => {
     const MARKER = `MARKER-${randomBytes(8).toString('hex')}`;
     const engine = engineWith({ codec: k1Only() });
-    const { main, unverified, resolved } = markerWorkflows(engine);
+    const { main, unverified, resolved, misused } = markerWorkflows(engine);
     const worker = await engine.runWorker({ manual: true, leaseMs: 30_000 });
 
     const handle = await engine.start(main, { secret: MARKER, pad: 'p'.repeat(1_000) });
     await worker.drain();
     const request = await one<{ request_id: string }>('select request_id from runledger.approvals where run_id = $1', [handle.runId]);
+    const inbox = await one<{ action: string }>('select action from runledger.approval_inbox where request_id = $1', [request.request_id]);
+    expect(JSON.parse(inbox.action)).toMatchObject({ $enc: 'k1' });
+    // getRun reads the waiting approval's spec in clear.
+    const waitingRun = await engine.getRun(handle.runId);
+    expect(waitingRun?.steps?.find((step) => step.name === 'ship-it')?.output).toMatchObject({
+      spec: { action: `ship ${MARKER}`, evidence: { secret: MARKER } },
+    });
+    // The console with the keys shows what is asked in clear.
+    const ui = await startConsole({ pool: db.pool, port: 0, codec: k1Only() });
+    try {
+      const page = await (await fetch(`${ui.url}/approvals`)).text();
+      expect(page).toContain(`<strong>ship ${MARKER}</strong>`);
+    } finally {
+      await ui.close();
+    }
     const decision = await engine.decideApproval(request.request_id, { approved: true, decidedBy: 'ops', note: `note ${MARKER}` });
     expect(decision).toMatchObject({ recorded: true, approved: true, note: `note ${MARKER}` });
     await worker.drain();
@@ -235,6 +289,17 @@ describe('with aesGcmCodec on', () => {
     await worker.drain();
     expect(await engine.getRun(unknown.runId)).toMatchObject({ status: 'SUCCEEDED', output: { paid: MARKER } });
 
+    // An invalid reconcile answer holding the marker: the error describes it and quotes nothing.
+    const invalid = await invalidReconcile({ codec: k1Only() }, worker, MARKER);
+    expect(invalid).toContain('answered an object whose status is none of the three (not quoted: the payload codec is on)');
+    // ctx.progress given the marker itself: the run's error names its type.
+    const misuse = await engine.start(misused, { secret: MARKER });
+    await worker.drain();
+    expect(await engine.getRun(misuse.runId)).toMatchObject({
+      status: 'FAILED',
+      error: { code: 'CONFIG', message: expect.stringContaining('not a string') },
+    });
+
     // Nowhere in the schema in clear, not in one text, json, jsonb, text[] or bytea column.
     expect(await whereStored(MARKER)).toEqual([]);
 
@@ -280,6 +345,7 @@ describe('with aesGcmCodec on', () => {
     await clear.signal(control.runId, 'reply', { reply: CONTROL });
     await plainWorker.drain();
     expect((await clear.getRun(control.runId))?.status).toBe('SUCCEEDED');
+    expect(await invalidReconcile({}, plainWorker, CONTROL)).toContain(`"by":"${CONTROL}"`);
     expect(await whereStored(CONTROL)).toEqual(
       expect.arrayContaining([
         'runs.input',
@@ -287,6 +353,7 @@ describe('with aesGcmCodec on', () => {
         'steps.output',
         'operations.result',
         'signals.payload',
+        'approvals.action',
         'approvals.evidence',
         'approvals.note',
         'stream_chunks.chunk',
@@ -295,6 +362,8 @@ describe('with aesGcmCodec on', () => {
         'artifact_blobs.content',
         'events.detail', // the decision's note, in approval_decided
         'audit_log.arguments', // and in decide_approval's record
+        'steps.error', // the invalid reconcile answer, quoted without a codec
+        'runs.error',
       ]),
     );
   });

@@ -171,7 +171,23 @@ export async function startConsole(options: ConsoleOptions = {}): Promise<Runnin
     return c.json({ chunks, closed: ends.rows.length > 0 });
   });
 
-  app.get('/approvals', async (c) => render(c, approvalsPage(context(c), await q.approvalInbox(pool))));
+  app.get('/approvals', async (c) => {
+    // With the codec (runledger ui with RUNLEDGER_KEYS) what is asked, and its evidence, read in clear;
+    // a value this console cannot decode (a key it lacks) is shown as stored.
+    const readable = (decode: () => unknown, stored: unknown) => {
+      try {
+        return decode();
+      } catch {
+        return stored;
+      }
+    };
+    const rows = (await q.approvalInbox(pool)).map((a) => ({
+      ...a,
+      action: readable(() => payloads.decodeNote(a.action), a.action),
+      evidence: readable(() => payloads.decode(a.evidence), a.evidence),
+    }));
+    return render(c, approvalsPage(context(c), rows));
+  });
   app.get('/problems', async (c) => {
     const [dead, unknown] = await Promise.all([q.deadLetters(pool), q.unknownOperations(pool)]);
     return render(c, problemsPage(context(c), dead, unknown));

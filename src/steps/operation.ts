@@ -144,7 +144,7 @@ export async function runOperation<T>(
         }
         if (!isReconcileAnswer<T>(answer)) {
           // A bug in reconcile, not an outcome of the call: the ledger stays UNKNOWN, the step fails, no retry.
-          const error = invalidAnswer(name, row, answer);
+          const error = invalidAnswer(name, row, answer, exec.payloads.enabled);
           exec.log('error', `run ${exec.runId}: ${error.message}`);
           outcome = { ok: false, error, keepUnknown: true };
         } else if (answer.status === 'succeeded') {
@@ -207,18 +207,39 @@ function isReconcileAnswer<T>(answer: unknown): answer is ReconcileAnswer<T> {
   return (status === 'succeeded' && 'result' in answer) || status === 'failed' || status === 'unknown';
 }
 
-function invalidAnswer(name: string, row: LedgerRow, answer: unknown): InvalidReconcileAnswerError {
+/**
+ * The error of an answer that is none of ANSWER_SHAPES. It is stored (steps.error, the run's
+ * error, events), so with a payload codec it describes the answer's shape and never quotes
+ * it: what reconcile answered is the outside world's data, a payload like a result.
+ */
+function invalidAnswer(name: string, row: LedgerRow, answer: unknown, encoded: boolean): InvalidReconcileAnswerError {
   let shown: string;
-  try {
-    shown = JSON.stringify(answer) ?? String(answer);
-  } catch {
-    shown = String(answer);
+  if (encoded) {
+    shown = `${describeAnswer(answer)} (not quoted: the payload codec is on)`;
+  } else {
+    try {
+      shown = JSON.stringify(answer) ?? String(answer);
+    } catch {
+      shown = String(answer);
+    }
+    if (shown.length > 200) shown = `${shown.slice(0, 200)}...`;
   }
-  if (shown.length > 200) shown = `${shown.slice(0, 200)}...`;
   return new InvalidReconcileAnswerError(
     `reconcile of operation ${JSON.stringify(name)} (${row.operation_id}) answered ${shown}; it must answer ${ANSWER_SHAPES}. The operation stays UNKNOWN.`,
     { operationId: row.operation_id, idempotencyKey: row.idempotency_key, answer: shown },
   );
+}
+
+/** What an invalid reconcile answer is, in words that hold none of its values. */
+function describeAnswer(answer: unknown): string {
+  if (answer === null || answer === undefined) return String(answer);
+  if (Array.isArray(answer)) return 'an array';
+  if (typeof answer !== 'object') return `a ${typeof answer}`;
+  if (!('status' in answer)) return 'an object without a status';
+  const status = (answer as { status?: unknown }).status;
+  if (status === 'succeeded') return "an object with status 'succeeded' but no result";
+  if (typeof status !== 'string') return `an object whose status is a ${status === null ? 'null' : typeof status}`;
+  return 'an object whose status is none of the three';
 }
 
 /** The error a ledger row holds (serialised by runledger, or any JSON an operator gave resolve_operation) as a SerializedError. */

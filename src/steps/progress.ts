@@ -71,7 +71,9 @@ export async function recordProgress(exec: Execution, signals: ProgressSignals):
 
 function hashSignals(signals: ProgressSignals): Record<string, string> {
   if (signals === null || typeof signals !== 'object' || Array.isArray(signals)) {
-    throw new ConfigError(`progress: expected an object of ${SIGNALS.join(', ')}, not ${JSON.stringify(signals)}`);
+    // Named by its type, never quoted: the value is the run's data (and a payload codec may be on).
+    const given = signals === null ? 'null' : Array.isArray(signals) ? 'an array' : `a ${typeof signals}`;
+    throw new ConfigError(`progress: expected an object of ${SIGNALS.join(', ')}, not ${given}`);
   }
   const hashes: Record<string, string> = {};
   for (const [key, value] of Object.entries(signals)) {

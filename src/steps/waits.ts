@@ -94,7 +94,8 @@ export async function requestApproval(exec: Execution, name: string, request: Ap
   exec.checkPayload(toJsonText(request.evidence, `approval ${name} evidence`), `the evidence of approval ${JSON.stringify(name)}`);
   exec.checkPayload(request.action, `the action of approval ${JSON.stringify(name)}`);
   const output = await runWait(exec, name, 'approval', {
-    action: request.action,
+    // What is asked is the run's data too: with a codec, approvals.action holds its envelope's JSON text.
+    action: exec.payloads.note(request.action),
     // What the approvers see is a copy: the workflow's redact paths apply to it, then the codec.
     evidence: request.evidence === undefined ? null : exec.payloads.value(exec.mask(request.evidence)),
     ...(request.approvers ? { approvers: request.approvers } : {}),

@@ -40,8 +40,8 @@ export const approvals: Command = {
           order by requested_at, request_id limit $2`,
         [parsed.values.run ?? null, limit],
       );
-      // Evidence stored encrypted is shown decrypted with RUNLEDGER_KEYS, as the envelope without.
-      return result.rows.map((row) => ({ ...row, evidence: payloads.decode(row.evidence) }));
+      // The action and evidence stored encrypted are shown decrypted with RUNLEDGER_KEYS, as the envelope without.
+      return result.rows.map((row) => ({ ...row, action: payloads.decodeNote(row.action), evidence: payloads.decode(row.evidence) }));
     });
     if (parsed.values.json) {
       printJson(rows);

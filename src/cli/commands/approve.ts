@@ -96,7 +96,7 @@ const pendingOf = async (pool: pg.Pool, runId: string) =>
       'select request_id, name, action from runledger.approval_inbox where run_id = $1 order by requested_at, request_id',
       [runId],
     )
-  ).rows;
+  ).rows.map((p) => ({ ...p, action: cliPayloads().decodeNote(p.action) })); // an encrypted action, decrypted with RUNLEDGER_KEYS
 
 const list = (pending: Pending[]) => pending.map((p) => `${p.request_id} (${p.action}, step ${p.name})`).join(', ');
 

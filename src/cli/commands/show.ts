@@ -82,9 +82,9 @@ export const show: Command = {
         ),
         query<ChildRow>('select run_id, workflow_name, status from runledger.runs where parent_run_id = $1 order by created_at, run_id'),
       ]);
-      // The engine decoded the run's payloads (RUNLEDGER_KEYS); a decision's note is read here, so decoded here.
+      // The engine decoded the run's payloads (RUNLEDGER_KEYS); an approval's action and note are read here, so decoded here.
       const payloads = cliPayloads();
-      const approvals = approvalRows.map((a) => ({ ...a, note: payloads.decodeNote(a.note) }));
+      const approvals = approvalRows.map((a) => ({ ...a, action: payloads.decodeNote(a.action), note: payloads.decodeNote(a.note) }));
       return { run: found, events: history, related: { wait: wait[0], approvals, signals, children } };
     });
     printSummary(run, related);

@@ -14,9 +14,14 @@ import { PayloadUnreadableError, RunledgerError } from './errors.js';
  *   wait and `output` of a child wait (SQL copies them from the signal and from the
  *   child's run); the `note`s of an approval decision. The rest of those objects is the
  *   engine's own (ids, statuses, timestamps);
- * - signals.payload, approvals.evidence, decision notes (approvals.note, approval_votes.note),
- *   operations.result given by resolve_operation, step_progress.progress,
+ * - signals.payload, approvals.evidence, what an approval asks (approvals.action, and the
+ *   `action` of a waiting approval's spec in steps.output), decision notes (approvals.note,
+ *   approval_votes.note), operations.result given by resolve_operation, step_progress.progress,
  *   stream_chunks.chunk, session_entries.content, artifact_blobs.content.
+ *
+ * Errors the engine makes never quote a payload when a codec is on (an invalid reconcile
+ * answer is described, not shown); errors the workflow's own code throws are stored as
+ * thrown (docs/security.md, "What stays clear").
  */
 export class Payloads {
   readonly #codec: PayloadCodec | undefined;
@@ -74,13 +79,13 @@ export class Payloads {
     }
   }
 
-  /** A decision note (a text column): the JSON text of its encoded form. */
+  /** A payload kept in a text column (a decision note, an approval's action): the JSON text of its encoded form. */
   note(note: string | null | undefined): string | null {
     if (note === undefined || note === null) return null;
     return this.#text ? this.#text(JSON.stringify(note)) : note;
   }
 
-  /** A note as given, or the text an encoded one stands for. */
+  /** A text payload (note, action) as given, or the text an encoded one stands for. */
   decodeNote<T>(note: T): T {
     if (!this.#codec || typeof note !== 'string' || !note.startsWith('{')) return note;
     let parsed: unknown;
@@ -128,7 +133,11 @@ export class Payloads {
       case 'child':
         return this.#field(stored, 'output', (v) => this.decode(v));
       case 'approval':
-        return this.#notes(stored, (n) => this.decodeNote(n));
+        return this.#approvalSpec(
+          this.#notes(stored, (n) => this.decodeNote(n)),
+          (action) => this.decodeNote(action),
+          (evidence) => this.decode(evidence),
+        );
       default:
         return stored; // sleep, child_start: the engine's own
     }
@@ -148,7 +157,11 @@ export class Payloads {
       case 'child':
         return this.#field(output, 'output', (v) => this.value(v));
       case 'approval':
-        return this.#notes(output, (n) => (typeof n === 'string' ? this.note(n) : n));
+        return this.#approvalSpec(
+          this.#notes(output, (n) => (typeof n === 'string' ? this.note(n) : n)),
+          (action) => (typeof action === 'string' ? this.note(action) : action),
+          (evidence) => (evidence === null ? evidence : this.value(evidence)),
+        );
       default:
         return output;
     }
@@ -159,6 +172,11 @@ export class Payloads {
     const before = (object as Record<string, unknown>)[key];
     const after = map(before);
     return after === before ? object : { ...object, [key]: after };
+  }
+
+  /** A waiting approval's checkpoint, `{ wake_at, spec: { action, evidence, ... } }`: its action and evidence mapped. */
+  #approvalSpec(output: unknown, action: (value: unknown) => unknown, evidence: (value: unknown) => unknown): unknown {
+    return this.#field(output, 'spec', (spec) => this.#field(this.#field(spec, 'action', action), 'evidence', evidence));
   }
 
   #notes(decision: unknown, map: (note: unknown) => unknown): unknown {
