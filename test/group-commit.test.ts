@@ -36,7 +36,8 @@ function countingPool(): { pool: pg.Pool; batches: number[] } {
   (pool as unknown as { query: (...args: unknown[]) => Promise<unknown> }).query = (...args: unknown[]) => {
     const config = args[0] as { text?: string; values?: unknown[] };
     expect(config.text).toMatch(/runledger\._commit_batch/);
-    batches.push((JSON.parse(String(config.values![0])) as unknown[]).length);
+    // Counted without parsing: an item may be one the server refuses (the tests of a poisoned batch).
+    batches.push((String(config.values![0]).match(/\{"op":/g) ?? []).length);
     return query(...args);
   };
   return { pool, batches };
@@ -252,4 +253,61 @@ describe('GroupCommit', () => {
     expect(batches).toEqual([-1, 1]);
     expect((await stepRows(runId)).map((s) => s.seq)).toEqual([1]);
   });
+
+  it('a lost connection rejects every item of a batch with 3+ items at once (no retry in halves: each caller settles its outcome)', async () => {
+    const { pool, batches } = countingPool();
+    const commits = new GroupCommit(pool);
+    const runs = await Promise.all(['gc-lost-a', 'gc-lost-b', 'gc-lost-c'].map(claimedRun));
+    const query = pool.query.bind(pool) as (...args: unknown[]) => Promise<unknown>;
+    const lost = Object.assign(new Error('terminating connection due to administrator command'), { code: '57P01' });
+    (pool as unknown as { query: (...args: unknown[]) => Promise<unknown> }).query = () => {
+      batches.push(-1);
+      (pool as unknown as { query: (...args: unknown[]) => Promise<unknown> }).query = query;
+      return Promise.reject(lost);
+    };
+    const settled = await Promise.allSettled(runs.map(({ runId, token }) => commits.submit(checkpointItem(step(runId, token, 0)))));
+    expect(settled.map((s) => s.status)).toEqual(['rejected', 'rejected', 'rejected']);
+    expect(batches).toEqual([-1]);
+  });
+
+  it.each([
+    ['a value jsonb cannot hold (\\u0000, 22P05)', '{"text":"a\\u0000b"}'],
+    ['a lone surrogate (22P02)', '["\\ud83d"]'],
+    ['an item that is not JSON at all (22P02)', '{"unclosed":'],
+  ])(
+    'one item that fails the whole statement, %s: the batch goes again in halves, only that item fails, every other commits once',
+    async (_what, poisonOutput) => {
+      const { pool, batches } = countingPool();
+      const commits = new GroupCommit(pool);
+      const runs = await Promise.all(Array.from({ length: 9 }, (_, i) => claimedRun(`gc-poison-${i}`)));
+      const poisoned = runs[5]!;
+      // The first item goes alone; the nine below share the next statement, which the server refuses as a whole.
+      const opener = commits.submit(checkpointItem(step(runs[0]!.runId, runs[0]!.token, 0)));
+      await tick();
+      const submitted = runs.map(({ runId, token }) =>
+        commits.submit(checkpointItem(step(runId, token, 1, runId === poisoned.runId ? { outputText: poisonOutput } : {}))),
+      );
+      await opener;
+      const settled = await Promise.allSettled(submitted);
+
+      expect(settled.map((s) => s.status)).toEqual(runs.map((r) => (r === poisoned ? 'rejected' : 'fulfilled')));
+      const reason = (settled[5] as PromiseRejectedResult).reason as { code?: string };
+      expect(reason.code).toMatch(/^22/);
+      // The whole batch, then halves down to the poisoned item alone: each healthy item committed in exactly one of them.
+      expect(batches[0]).toBe(1);
+      expect(batches[1]).toBe(9);
+      expect(batches.length).toBeGreaterThan(3);
+      expect(batches.at(-1)).toBeGreaterThanOrEqual(1);
+      for (const run of runs) {
+        const rows = await stepRows(run.runId);
+        const expected = run === poisoned ? [] : [1];
+        if (run === runs[0]) expected.unshift(0);
+        expect(
+          rows.map((s) => s.seq),
+          run.runId,
+        ).toEqual(expected);
+        expect(await runRow(run.runId)).toMatchObject({ status: 'RUNNING', recovery_attempts: 0 });
+      }
+    },
+  );
 });

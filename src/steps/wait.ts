@@ -2,6 +2,7 @@ import { flushPending } from '../engine/run/checkpoint.js';
 import { UNREADABLE, type Execution, type StepKind } from '../engine/run/execution.js';
 import { haltOnDbError } from '../engine/run/halts.js';
 import { streamsFlushed } from './stream.js';
+import { toJsonText } from '../engine/core/json.js';
 
 const WAIT_SQL =
   'select done, output from runledger._wait(p_run_id => $1, p_token => $2, p_seq => $3, p_name => $4, p_kind => $5, p_spec => $6::jsonb)';
@@ -19,6 +20,8 @@ export async function runWait(
   kind: StepKind,
   spec: Record<string, unknown>,
 ): Promise<Record<string, unknown>> {
+  // Refused at the call (OUTPUT_NOT_SERIALIZABLE) when it holds a text PostgreSQL cannot store: an approver's name...
+  const specText = toJsonText(spec, `ctx.${kind}(${JSON.stringify(name)})`)!;
   const position = exec.takeStep(name, kind);
   if (!position) return exec.suspend();
   if (position.recorded?.[2] === 'SUCCEEDED') return (position.recorded[3] as [Record<string, unknown>])[0];
@@ -33,7 +36,7 @@ export async function runWait(
       exec.deps.pool.query({
         name: 'runledger_wait',
         text: WAIT_SQL,
-        values: [exec.runId, exec.fencingToken.toString(), position.seq, name, kind, JSON.stringify(spec)],
+        values: [exec.runId, exec.fencingToken.toString(), position.seq, name, kind, specText],
       }),
     );
   } catch (error) {

@@ -3,6 +3,8 @@
  * functions raise the same codes as SQLSTATEs (RL001...), and `fromPgError` maps
  * them back, so a failure reads the same from TypeScript and from psql.
  */
+import { storableText } from './storable.js';
+
 export type ErrorCode =
   | 'LEASE_LOST'
   | 'NOT_FOUND'
@@ -118,9 +120,10 @@ export class InvalidVerdictError extends RunledgerError {
     super('INVALID_VERDICT', message);
   }
 }
+/** A value that cannot be stored: not JSON (bigint, cycle...), or a text PostgreSQL refuses (NUL, lone surrogate, SQLSTATE class 22). */
 export class NotSerializableError extends RunledgerError {
-  constructor(message: string) {
-    super('OUTPUT_NOT_SERIALIZABLE', message);
+  constructor(message: string, options: { cause?: unknown; details?: Record<string, unknown> } = {}) {
+    super('OUTPUT_NOT_SERIALIZABLE', message, options);
   }
 }
 export class SchemaTooNewError extends RunledgerError {
@@ -345,14 +348,19 @@ export function coerceError(thrown: unknown): Error {
   return new Error(typeof thrown === 'string' ? thrown : `non-error thrown: ${safeString(thrown)}`);
 }
 
+/**
+ * An error as stored. Its texts are diagnostics, kept rather than refused: a character
+ * PostgreSQL cannot store (NUL, a lone surrogate) becomes U+FFFD (core/storable.ts), so a
+ * thrown message holding one still records why the step or run failed.
+ */
 export function serializeError(thrown: unknown): SerializedError {
   const error = coerceError(thrown);
   const code = (error as { code?: unknown }).code;
   return {
-    name: error.name,
-    message: error.message,
-    ...(code === undefined ? {} : { code: typeof code === 'string' || typeof code === 'number' ? code : String(code) }),
-    ...(error.stack === undefined ? {} : { stack: error.stack }),
+    name: storableText(String(error.name)),
+    message: storableText(String(error.message)),
+    ...(code === undefined ? {} : { code: typeof code === 'number' ? code : storableText(String(code)) }),
+    ...(error.stack === undefined ? {} : { stack: storableText(String(error.stack)) }),
   };
 }
 

@@ -4,6 +4,7 @@
  * re-serialized on the hot path. The worker's group commit sends them; the run layer
  * builds them.
  */
+import { storableJson } from '../core/storable.js';
 
 /** One item of runledger._commit_batch, as JSON text. */
 export type CommitItem = string;
@@ -42,7 +43,8 @@ function stepFields(
     `"run_id":${json(values.runId)},"token":${json(values.token)},"seq":${values.seq},"name":${json(values.name)},` +
     `"kind":${json(values.kind)},"status":${json(values.status)},` +
     (values.outputText === undefined ? '' : `${json(outputKey)}:${values.outputText},`) +
-    (values.errorJson === null ? '' : `"error":${values.errorJson},`) +
+    // An error is a diagnostic: kept, with what jsonb cannot hold as U+FFFD (core/storable.ts).
+    (values.errorJson === null ? '' : `"error":${storableJson(values.errorJson)},`) +
     `"attempts":${values.attempts},"started_ms_ago":${values.startedMsAgo}` +
     (values.charge === null ? '' : `,"charge":${values.charge}`)
   );

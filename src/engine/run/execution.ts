@@ -11,12 +11,14 @@ import {
   SecretNotFoundError,
   serializeError,
   type ConstraintViolationError,
+  type NotSerializableError,
   type SerializedError,
   type StepNotAwaitedError,
 } from '../core/errors.js';
 import type { LogFunction, RunLogFields } from '../core/log.js';
 import { NO_CODEC, type Payloads } from '../core/payloads.js';
 import { Masker, type Redaction, type RedactSource } from '../core/redaction.js';
+import { assertStorable } from '../core/json.js';
 import { checkSecretName, type SecretResolver } from '../core/secrets.js';
 import type { Workflow } from '../core/workflow.js';
 import type { CrashHook } from '../core/crash-points.js';
@@ -68,7 +70,7 @@ export type Halt =
   | { kind: 'non_determinism'; error: NonDeterminismError }
   | { kind: 'infrastructure'; error: unknown }
   /** A write broke a database constraint: replaying would break it again, so the run ends FAILED with this error. */
-  | { kind: 'fail'; error: ConstraintViolationError }
+  | { kind: 'fail'; error: ConstraintViolationError | NotSerializableError }
   | { kind: 'shutdown' }
   /** The run is parked WAITING in the database; the worker just lets go of it. */
   | { kind: 'suspended' }
@@ -267,6 +269,8 @@ export class Execution {
    * (SECRET_IN_PAYLOAD, naming the secret and `what`, never the value).
    */
   checkPayload(payload: string | Uint8Array | undefined | null, what: string): void {
+    // A text PostgreSQL cannot store fails the call that made it, not a statement other runs share.
+    if (typeof payload === 'string') assertStorable(payload, what);
     if (!this.masks.hasSecrets) return;
     const secret = this.masks.secretIn(payload);
     if (secret === undefined) return;
@@ -522,6 +526,7 @@ export class Execution {
    * A name differing from the recorded one is non-determinism: the run is parked, never guessed.
    */
   takeStep(name: string, kind: StepKind): { seq: number; recorded: CheckpointRow | undefined } | undefined {
+    assertStorable(name, `the name of ctx.${kind} ${JSON.stringify(name)}`);
     const seq = this.nextSeq++;
     const recorded = this.checkpoints[seq];
     if (recorded) {

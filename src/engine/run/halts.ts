@@ -1,16 +1,20 @@
 import type { Execution } from './execution.js';
-import { ConstraintViolationError, SQLSTATE } from '../core/errors.js';
+import { ConstraintViolationError, NotSerializableError, SQLSTATE } from '../core/errors.js';
 import { pgCode } from '../db/pg-errors.js';
 
 /**
  * What a failed fenced write means for the execution, by SQLSTATE: someone else
  * owns the run (RL001), the run is being cancelled (RL008), its deadline passed
- * (RL009); a broken constraint (class 23) fails the run, since a replay would break
- * it again; anything else is an infrastructure failure, resolved by replay.
+ * (RL009); a broken constraint (class 23) or a value PostgreSQL refused (class 22, e.g.
+ * 22P05 for a NUL in jsonb) fails the run, since a replay would meet it again; anything else is an infrastructure failure, resolved by replay.
  */
 export function haltOnDbError(exec: Execution, error: unknown, step?: string): void {
   if (isConstraintViolation(error)) {
     exec.halt({ kind: 'fail', error: constraintViolation(error, step) });
+    return;
+  }
+  if (isDataException(error)) {
+    exec.halt({ kind: 'fail', error: valueRefused(error, step) });
     return;
   }
   switch (pgCode(error)) {
@@ -47,6 +51,20 @@ export function constraintViolation(error: unknown, step: string | undefined): C
   };
   const where = step === undefined ? 'a write of the run' : `step ${JSON.stringify(step)}`;
   return new ConstraintViolationError(`${where} broke a database constraint: ${pg.message ?? String(error)}`, { cause: error, details });
+}
+
+/** SQLSTATE class 22, data exception: a value of the write PostgreSQL refused (22P05, 22P02, 22021, 22003...). */
+export function isDataException(error: unknown): boolean {
+  return pgCode(error)?.startsWith('22') ?? false;
+}
+
+/** The coded error a refused value ends the run with (OUTPUT_NOT_SERIALIZABLE), naming the SQLSTATE and the step. */
+function valueRefused(error: unknown, step: string | undefined): NotSerializableError {
+  const where = step === undefined ? 'a write of the run' : `step ${JSON.stringify(step)}`;
+  return new NotSerializableError(`PostgreSQL refused a value of ${where}: ${(error as Error)?.message ?? String(error)}`, {
+    cause: error,
+    details: { sqlstate: pgCode(error), ...(step === undefined ? {} : { step }) },
+  });
 }
 
 /** Reacts to the run status a checkpoint returned: the worker learns of a cancel or a policy stop within one round trip. */

@@ -9,6 +9,7 @@ import type { ClaimedRun } from './dispatcher.js';
 import { runCompensations } from '../run/compensate.js';
 import { streamsFlushed } from '../../steps/stream.js';
 import { checkPayloadSize, toJsonText } from '../core/json.js';
+import { storableJson, storableText } from '../core/storable.js';
 import { isConnectionError, pgCode } from '../db/pg-errors.js';
 import { workflowKey, type Verdict, type Workflow } from '../core/workflow.js';
 import { budgetStateOf } from '../run/budget-state.js';
@@ -75,7 +76,7 @@ export async function executeClaimed(run: ClaimedRun, options: ExecuteOptions): 
   } catch (error) {
     // Our own bookkeeping failed (database unreachable...): give the run back, or let its lease expire.
     exec.log('error', `run ${runId}: execution failed`, { error: serializeError(error) });
-    await release(exec, RELEASE_DELAY_MS, 'infrastructure').catch(() => undefined);
+    await release(exec, RELEASE_DELAY_MS, 'infrastructure', error).catch(() => undefined);
   } finally {
     exec.end(exec.haltReason ? `this execution stopped: ${exec.haltReason.kind}` : 'this execution stopped');
     exec.trace?.end(exec.succeeded ? 'succeeded' : (exec.haltReason?.kind ?? 'ended'));
@@ -133,7 +134,7 @@ async function releaseUnreadable(exec: Execution, error: unknown): Promise<void>
   exec.log('error', `run ${exec.runId}: released, a stored payload cannot be decoded here: ${reason}`, {
     error: serializeError(error),
   });
-  await release(exec, RELEASE_DELAY_MS, reason);
+  await release(exec, RELEASE_DELAY_MS, reason, error);
 }
 
 /** The workflow replayed from its checkpoints and run on, and how it ended recorded. */
@@ -335,15 +336,15 @@ async function handleHalt(exec: Execution, halt: Halt, policyVersion: string): P
       };
       await finish(
         exec,
-        'runledger._dead_letter_run(p_run_id => $1, p_token => $2, p_reason => $3, p_evidence => $4::jsonb, p_policy_version => $5)',
-        ['NON_DETERMINISM', JSON.stringify(exec.mask(evidence)), policyVersion],
+        'runledger._dead_letter_run(p_run_id => $1, p_token => $2, p_reason => $3, p_evidence => $4::jsonb, p_policy_version => $5, p_error => $6::jsonb)',
+        ['NON_DETERMINISM', JSON.stringify(exec.mask(evidence)), policyVersion, JSON.stringify(exec.serializeError(halt.error))],
       );
       return;
     }
     case 'infrastructure':
       exec.log('warn', `run ${exec.runId}: released after an infrastructure error`, { error: serializeError(halt.error) });
       await flushPending(exec).catch(() => false);
-      await release(exec, RELEASE_DELAY_MS, 'infrastructure');
+      await release(exec, RELEASE_DELAY_MS, 'infrastructure', halt.error);
       return;
     case 'fail':
       // A write broke a constraint: not retried as infrastructure, the run fails with the coded error.
@@ -467,8 +468,11 @@ async function finish(exec: Execution, call: string, args: unknown[]): Promise<v
   if (exec.trace && (call.startsWith('runledger._fail_run') || call.startsWith('runledger._dead_letter_run'))) {
     exec.trace.fail(failureOf(args[0]));
   }
+  // The record of how a run ended is always stored: a character PostgreSQL cannot hold in
+  // an error or evidence (workflow payloads were refused before this) becomes U+FFFD.
+  const stored = args.map((arg) => (typeof arg === 'string' ? storableJson(storableText(arg)) : arg));
   await fencedWrite(exec, async () => {
-    await exec.deps.pool.query(`select ${call}`, [exec.runId, exec.fencingToken.toString(), ...args]);
+    await exec.deps.pool.query(`select ${call}`, [exec.runId, exec.fencingToken.toString(), ...stored]);
     exec.deps.metrics?.commit('finish');
   });
 }
@@ -521,7 +525,7 @@ async function terminate(exec: Execution, reason: string, evidence: Record<strin
   await fencedWrite(exec, async () => {
     const { rows } = await exec.deps.pool.query(
       'select runledger._terminate_run(p_run_id => $1, p_token => $2, p_reason => $3, p_evidence => $4::jsonb) as status',
-      [exec.runId, exec.fencingToken.toString(), reason, JSON.stringify(exec.mask(evidence))],
+      [exec.runId, exec.fencingToken.toString(), reason, storableJson(JSON.stringify(exec.mask(evidence)))],
     );
     status = rows[0].status;
     exec.deps.metrics?.commit('finish');
@@ -538,14 +542,25 @@ function storedForm(value: unknown): unknown {
   }
 }
 
-async function release(exec: Execution, delayMs: number, reason: string): Promise<void> {
+/**
+ * Gives the run back. `error`, when a failure is why, is kept with the release and, when
+ * this release is one too many (max_recovery_attempts), in the dead letter's runs.error.
+ */
+async function release(exec: Execution, delayMs: number, reason: string, error?: unknown): Promise<void> {
   // Only a graceful stop gives a run back for free; every other release counts a recovery attempt.
   const countsAttempt = reason !== 'worker_stopping';
   await exec.deps.pool.query(
-    'select runledger._release_run(p_run_id => $1, p_token => $2, p_delay_ms => $3, p_reason => $4, p_counts_attempt => $5)',
-    [exec.runId, exec.fencingToken.toString(), delayMs, reason, countsAttempt],
+    'select runledger._release_run(p_run_id => $1, p_token => $2, p_delay_ms => $3, p_reason => $4, p_counts_attempt => $5, p_error => $6::jsonb)',
+    [exec.runId, exec.fencingToken.toString(), delayMs, reason, countsAttempt, error === undefined ? null : releaseError(exec, error)],
   );
   exec.deps.metrics?.commit('release');
   // Past max_recovery_attempts the release dead-lettered the run.
   if (countsAttempt) exec.deps.finishedRuns?.ended(exec.runId, 'MAX_RECOVERY_ATTEMPTS');
+}
+
+/** The error a run is given back for, as stored: class, code, message and the SQLSTATE of a database error. */
+function releaseError(exec: Execution, error: unknown): string {
+  const sqlstate = pgCode(error);
+  const { stack: _stack, ...serialized } = serializeError(error);
+  return storableJson(JSON.stringify(exec.mask({ ...serialized, ...(sqlstate === undefined ? {} : { sqlstate }) })));
 }

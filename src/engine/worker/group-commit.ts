@@ -6,6 +6,7 @@ import type { CommitQueue } from '../run/execution.js';
 import type { BatchTrace, SpanRef, Tracing } from '../observe/tracing.js';
 import type { EngineMetrics } from '../observe/metrics.js';
 import { EndOfTurn } from '../core/end-of-turn.js';
+import { isConnectionError } from '../db/pg-errors.js';
 
 /** An item's own failure inside the batch, carrying its SQLSTATE like a pg error. */
 export class BatchItemError extends Error {
@@ -70,7 +71,8 @@ export interface PiggybackSource {
  * 15% faster than two (larger batches, fewer commits for the same work).
  *
  * A batch whose reply is lost rejects every item with the connection error: each
- * caller already knows how to settle an outcome it did not see.
+ * caller already knows how to settle an outcome it did not see. A batch the server
+ * refused for any other reason is split until the item at fault is alone (failed()).
  */
 export class GroupCommit implements CommitQueue {
   private waiting: Waiting[] = [];
@@ -124,27 +126,18 @@ export class GroupCommit implements CommitQueue {
   private async commit(batch: Waiting[]): Promise<void> {
     // Locks taken in one order by every multi-run transaction of a worker cannot form a cycle.
     batch.sort((a, b) => (a.runId < b.runId ? -1 : a.runId > b.runId ? 1 : 0));
-    const items = `[${batch.map((w) => w.item).join(',')}]`;
     const completions = batch.filter((w) => w.completes).length;
     const claim = this.claimer?.piggyback(completions);
     const span = this.traceBatch(batch, claim !== undefined);
     let rows: BatchRow[];
     try {
-      const result = claim
-        ? await this.pool.query<BatchRow>({
-            name: 'runledger_commit_and_claim',
-            text: BATCH_AND_CLAIM_SQL,
-            values: [items, claim.workerId, claim.queues, claim.workflows, claim.limit, claim.leaseMs],
-          })
-        : await this.pool.query<BatchRow>({ name: 'runledger_commit_batch', text: BATCH_SQL, values: [items] });
-      rows = result.rows;
-      this.metrics?.groupCommitBatch(batch.length);
+      rows = await this.statement(batch, claim);
       // A crash here leaves every item unsettled, as a dead process would.
       if (this.crash?.hit('after-group-commit', batch.length > 1 ? 'batch' : 'single')) return;
     } catch (error) {
       span?.end(error);
       claim?.settle(error as Error);
-      for (const waiting of batch) waiting.reject(error);
+      await this.failed(batch, error);
       return;
     }
     span?.end(undefined, claim ? rows.filter((row) => row.item === null && row.run_id).length : undefined);
@@ -155,6 +148,50 @@ export class GroupCommit implements CommitQueue {
         failure ? new BatchItemError(failure.code!, failure.message ?? `claim failed: ${failure.code}`) : claimRows.map(claimRowOf),
       );
     }
+    this.answer(batch, rows);
+  }
+
+  /** One statement for these items (and the claim riding on it): its rows. */
+  private async statement(batch: Waiting[], claim: PiggybackClaim | undefined): Promise<BatchRow[]> {
+    const items = `[${batch.map((w) => w.item).join(',')}]`;
+    const result = claim
+      ? await this.pool.query<BatchRow>({
+          name: 'runledger_commit_and_claim',
+          text: BATCH_AND_CLAIM_SQL,
+          values: [items, claim.workerId, claim.queues, claim.workflows, claim.limit, claim.leaseMs],
+        })
+      : await this.pool.query<BatchRow>({ name: 'runledger_commit_batch', text: BATCH_SQL, values: [items] });
+    this.metrics?.groupCommitBatch(batch.length);
+    return result.rows;
+  }
+
+  /**
+   * The batch's statement failed as a whole. A lost connection leaves every item's outcome
+   * unknown: each caller settles its own. Any other failure is an item's (a value the
+   * statement could not take: one run's error must never fail another run's commit), so
+   * the items go again in halves, each in its own statement and commit, until the guilty
+   * item is alone: it alone gets the error, and the others commit once.
+   */
+  private async failed(batch: Waiting[], error: unknown): Promise<void> {
+    if (isConnectionError(error) || batch.length === 1) {
+      for (const waiting of batch) waiting.reject(error);
+      return;
+    }
+    const middle = Math.ceil(batch.length / 2);
+    for (const half of [batch.slice(0, middle), batch.slice(middle)]) {
+      let rows: BatchRow[];
+      try {
+        rows = await this.statement(half, undefined);
+      } catch (halfError) {
+        await this.failed(half, halfError);
+        continue;
+      }
+      this.answer(half, rows);
+    }
+  }
+
+  /** Settles each item by its row: done, sent again (deadlock, serialization failure), or rejected with its own error. */
+  private answer(batch: Waiting[], rows: BatchRow[]): void {
     for (const row of rows) {
       if (row.item === null) continue;
       const waiting = batch[row.item];
