@@ -2,6 +2,7 @@ import { request } from 'node:http';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { Worker } from '../src/index.js';
 import { startConsole, type RunningConsole } from '../src/console/server.js';
+import { Guard, MAX_SESSIONS, SESSION_MS, safeBack } from '../src/console/security.js';
 import { waitFor } from './helpers/database.js';
 import { useTestEngine } from './helpers/test-engine.js';
 
@@ -222,6 +223,152 @@ describe('actions', () => {
     expect(await (await get('/queues')).text()).toMatch(/console-a<\/strong> <span class="status FAILED">PAUSED/);
     expect((await post('/actions/queue', { name: 'console-a', paused: 'false', csrf }, { cookie })).status).toBe(303);
     expect(await paused()).toBe(false);
+  });
+});
+
+describe('where sign-in goes back to', () => {
+  const OFF_SITE = [
+    '/\t/evil.example',
+    '/\n/evil.example',
+    '/\r/evil.example',
+    '//evil.example',
+    '/\\evil.example',
+    '\\\\evil.example',
+    'https://evil.example',
+    'http://evil.example/runs',
+    'javascript:alert(1)',
+    ' /runs',
+    '/ /runs',
+    '',
+  ];
+
+  it('an address off this console, or one a browser could read as such, goes to /', async () => {
+    for (const back of OFF_SITE) {
+      const answer = await post('/signin', { token: TOKEN, back });
+      expect(answer.status, JSON.stringify(back)).toBe(303);
+      const location = answer.headers.get('location')!;
+      expect(location, JSON.stringify(back)).toMatch(/^\/\?notice=/);
+      expect(new URL(location, ui.url).origin).toBe(new URL(ui.url).origin);
+      // The sign-in page carries / in its form, not the address it was given.
+      const page = await (await get(`/signin?back=${encodeURIComponent(back)}`)).text();
+      expect(page, JSON.stringify(back)).toContain('name="back" value="/"');
+    }
+    // / then keeps the notice on its way to the run list.
+    const home = await get('/?notice=signed%20in');
+    expect(home.status).toBe(302);
+    expect(home.headers.get('location')).toBe('/runs?notice=signed%20in');
+  });
+
+  it('a path of this console is kept', async () => {
+    for (const back of ['/runs', '/runs/01ABC?status=FAILED&limit=3', '/approvals', '/', '/?x=1']) {
+      const answer = await post('/signin', { token: TOKEN, back });
+      expect(answer.headers.get('location')).toBe(`${back}${back.includes('?') ? '&' : '?'}notice=signed+in%3A+actions+are+enabled`);
+    }
+    expect(OFF_SITE.map((back) => safeBack(back))).toEqual(OFF_SITE.map(() => '/'));
+    expect(safeBack(undefined)).toBe('/');
+  });
+
+  it("an action's back address is held to the same rule", async () => {
+    const { cookie, csrf } = await signIn();
+    const answer = await post('/actions/queue', { name: 'console-a', paused: 'false', csrf, back: '/\t/evil.example' }, { cookie });
+    expect(answer.status).toBe(303);
+    expect(answer.headers.get('location')).toMatch(/^\/\?notice=/);
+  });
+});
+
+describe('signing out', () => {
+  it('closes the session on the server: a copy of its cookie taken before no longer works; another session does', async () => {
+    const a = await signIn();
+    const b = await signIn();
+    expect(a.cookie).not.toBe(b.cookie);
+    expect(a.csrf).not.toBe(b.csrf);
+    const act = (session: { cookie: string; csrf: string }) =>
+      post('/actions/queue', { name: 'console-a', paused: 'false', csrf: session.csrf }, { cookie: session.cookie });
+    expect((await act(a)).status).toBe(303);
+    // One session's field does not work with another's cookie.
+    expect((await post('/actions/queue', { name: 'console-a', paused: 'false', csrf: b.csrf }, { cookie: a.cookie })).status).toBe(403);
+
+    const out = await post('/logout', { csrf: a.csrf }, { cookie: a.cookie });
+    expect(out.status).toBe(303);
+    expect(out.headers.getSetCookie().join(';')).toMatch(/runledger_console=;/);
+
+    // The captured cookie and field, replayed after the sign-out.
+    const replayed = await act(a);
+    expect(replayed.status).toBe(403);
+    expect(await replayed.text()).toContain('error [TOKEN_REQUIRED]');
+    const page = await (await get('/approvals', { cookie: a.cookie })).text();
+    expect(page).toContain('sign in to act');
+    expect(page).not.toContain('name="csrf"');
+    expect((await post('/logout', { csrf: a.csrf }, { cookie: a.cookie })).status).toBe(403);
+    // The other browser's session is untouched.
+    expect((await act(b)).status).toBe(303);
+  });
+
+  it('a session ends after SESSION_MS, and the oldest gives way past MAX_SESSIONS', () => {
+    const guard = new Guard('a-token');
+    const t0 = 1_000_000;
+    const id = guard.openSession(t0);
+    expect(guard.session(id, t0 + SESSION_MS - 1)).toBe(id);
+    expect(guard.session(id, t0 + SESSION_MS)).toBeUndefined();
+    expect(guard.session(id, t0)).toBeUndefined(); // ended is closed
+    const first = guard.openSession(t0);
+    for (let i = 1; i < MAX_SESSIONS; i++) guard.openSession(t0);
+    expect(guard.session(first, t0)).toBe(first);
+    const last = guard.openSession(t0);
+    expect(guard.session(first, t0)).toBeUndefined();
+    expect(guard.session(last, t0)).toBe(last);
+    expect(guard.csrfMatches(guard.csrfFor(last), last)).toBe(true);
+    expect(guard.csrfMatches(guard.csrfFor(last), first)).toBe(false);
+    expect(new Guard(undefined).session(last)).toBeUndefined();
+    // The token itself, only: not with NULs appended (which HMAC's zero-padded key would not tell apart), nor a prefix.
+    expect(guard.tokenMatches('a-token')).toBe(true);
+    for (const other of ['a-token\u0000', 'a-token\u0000\u0000', 'a-toke', 'a-token ', '', undefined])
+      expect(guard.tokenMatches(other)).toBe(false);
+  });
+});
+
+describe('input PostgreSQL cannot hold', () => {
+  const invalid = async (answer: Response, what: string) => {
+    expect(answer.status, what).toBe(400);
+    expect(await answer.text(), what).toContain('INVALID_INPUT');
+  };
+
+  it('a NUL in the query or the path is 400 INVALID_INPUT, not a 500', async () => {
+    for (const path of [
+      '/runs?workflow=%00',
+      '/runs?status=FAILED%00',
+      '/runs?queue=a%00b',
+      '/runs?key=%00',
+      '/runs?q=%00',
+      '/runs?before=%00',
+      '/runs?%00=1',
+      '/runs/%00',
+      '/runs/01ABC%00',
+      '/approvals?x=%00',
+    ]) {
+      await invalid(await get(path), path);
+    }
+    const poll = await get('/runs/01ABC/streams/out%00?from=0');
+    expect(poll.status).toBe(400);
+    expect(await poll.json()).toMatchObject({ error: { code: 'INVALID_INPUT' } });
+    // Bytes that are not UTF-8 (a surrogate's own encoding among them) are taken as written: a search that finds nothing.
+    const undecodable = await get('/runs?workflow=%ED%A0%80&q=%F0%9F%98');
+    expect(undecodable.status).toBe(200);
+  });
+
+  it('a NUL in a form field, or a NUL or lone surrogate escaped in a JSON field, is 400 INVALID_INPUT and stores nothing', async () => {
+    await invalid(await post('/signin', { token: `${TOKEN}\u0000` }), 'sign-in token');
+    const { cookie, csrf } = await signIn();
+    await invalid(await post('/actions/queue', { name: 'console-a\u0000', paused: 'true', csrf }, { cookie }), 'queue name');
+    await invalid(await post('/actions/queue', { name: 'console-a', paused: 'true', csrf, back: '/runs\u0000' }, { cookie }), 'back');
+    const runId = '01CONSOLEINPUTRUN000000000'; // refused before any SQL: the run need not exist
+    const signals = async () =>
+      (await db.pool.query('select count(*)::int as n from runledger.signals where run_id = $1', [runId])).rows[0].n;
+    for (const payload of ['{"text": "a\\u0000b"}', '{"text": "Great \\ud83d"}', '{"\\udc00": 1}']) {
+      await invalid(await post('/actions/signal', { run_id: runId, topic: 'go', payload, csrf }, { cookie }), payload);
+    }
+    expect(await signals()).toBe(0);
+    expect((await db.pool.query("select paused from runledger.queues where name = 'console-a'")).rows[0]?.paused ?? false).toBe(false);
   });
 });
 

@@ -8,6 +8,7 @@ import { decideApproval, cancelRun, forkRun, resolveOperation, sendSignal } from
 import { retryRun } from '../engine/client/runs.js';
 import { setQueue, type QueueOptions } from '../engine/client/queues.js';
 import type { Payloads } from '../engine/core/payloads.js';
+import { unstorable } from './security.js';
 
 export type Form = Record<string, string | undefined>;
 
@@ -36,11 +37,20 @@ const optional = (form: Form, name: string): string | undefined => form[name]?.t
 function jsonField(form: Form, name: string): unknown {
   const raw = optional(form, name);
   if (raw === undefined) return undefined;
+  let value: unknown;
   try {
-    return JSON.parse(raw);
+    value = JSON.parse(raw);
   } catch (error) {
     throw new ActionError('INVALID_INPUT', `${name} is not valid JSON: ${(error as Error).message}`);
   }
+  // An escape such as \u0000 or a lone \ud83d parses into what PostgreSQL's jsonb cannot hold.
+  if (unstorable(value)) {
+    throw new ActionError(
+      'INVALID_INPUT',
+      `${name} holds a NUL character or half of a UTF-16 surrogate pair, which PostgreSQL cannot store`,
+    );
+  }
+  return value;
 }
 
 function intField(form: Form, name: string, min: number): number | null | undefined {
@@ -149,8 +159,13 @@ export const ACTIONS: Record<string, Action> = {
 /** The code and message of a refusal, as the CLI prints them: `error [CODE]: message`. */
 export function describeRefusal(thrown: unknown): { code: string; message: string; httpStatus: 400 | 403 | 404 | 409 | 500 } {
   const error = thrown as { code?: unknown; message?: unknown };
-  const code = typeof error?.code === 'string' ? error.code : 'ERROR';
-  const message = typeof error?.message === 'string' && error.message ? error.message : String(thrown);
+  let code = typeof error?.code === 'string' ? error.code : 'ERROR';
+  let message = typeof error?.message === 'string' && error.message ? error.message : String(thrown);
+  if (/^22[0-9A-Z]{3}$/.test(code)) {
+    // A PostgreSQL data exception (class 22: a NUL, invalid text, a value out of range) is a refusal of the input.
+    message = `${message} (SQLSTATE ${code})`;
+    code = 'INVALID_INPUT';
+  }
   const httpStatus =
     code === 'NOT_FOUND'
       ? 404

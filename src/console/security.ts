@@ -3,19 +3,29 @@
  *
  * - Reads are open to whoever reaches the port, which is loopback unless told otherwise.
  * - An action needs the token. The operator types it once into the sign-in form; the
- *   console answers with an HttpOnly, SameSite=Strict cookie that holds an HMAC of the
- *   token (never the token), and every action form carries a second HMAC of it (the CSRF
- *   field). A POST needs both, so another site can neither send the cookie (SameSite) nor
- *   know the field.
+ *   console opens a session: a random id it keeps in memory (never the token), sent back
+ *   in an HttpOnly, SameSite=Strict cookie, and every action form carries an HMAC of the
+ *   token and that id (the CSRF field). A POST needs both, so another site can neither
+ *   send the cookie (SameSite) nor know the field. Signing out closes the session on the
+ *   server: a copy of the cookie taken before no longer works. Sessions end after
+ *   SESSION_MS, and all of them when the console stops.
+ * - Where to go after signing in (`back=`) is a path of this console or `/`, never
+ *   another site (safeBack).
+ * - What PostgreSQL cannot hold (a NUL, half of a UTF-16 surrogate pair) in the path, the
+ *   query or a form field is refused with 400 INVALID_INPUT before any SQL.
  * - A POST whose Origin (or Sec-Fetch-Site) says it comes from another site is refused
  *   before anything else, and so is any request whose Host is not the console's own
  *   address (a DNS-rebinding page would send its own host name).
  * - Actions are POST only: a GET on an action's address changes nothing (405).
  */
-import { createHmac, timingSafeEqual } from 'node:crypto';
+import { createHmac, randomBytes, timingSafeEqual } from 'node:crypto';
 
 export const SESSION_COOKIE = 'runledger_console';
 export const NAME_COOKIE = 'runledger_console_name';
+/** How long a session lasts after its sign-in: a working day. */
+export const SESSION_MS = 12 * 60 * 60 * 1000;
+/** Sessions kept at most; a sign-in past it closes the oldest. */
+export const MAX_SESSIONS = 1_000;
 
 const mac = (token: string, purpose: string) => createHmac('sha256', token).update(`runledger-console:${purpose}`).digest('hex');
 
@@ -28,29 +38,95 @@ export function sameSecret(a: string | undefined, b: string): boolean {
 }
 
 export class Guard {
-  readonly sessionValue: string | undefined;
-  readonly csrfValue: string | undefined;
+  /** A key of this process's own, to compare a given token with the token as two HMACs of equal length. */
+  readonly #key = randomBytes(32);
+  readonly #tokenMac: string | undefined;
+  /** Open sessions: id -> when it ends (ms since the epoch), oldest sign-in first. */
+  readonly #sessions = new Map<string, number>();
 
   constructor(readonly token: string | undefined) {
-    this.sessionValue = token ? mac(token, 'session') : undefined;
-    this.csrfValue = token ? mac(token, 'csrf') : undefined;
+    this.#tokenMac = token ? this.#digest(token) : undefined;
   }
 
   get actionsEnabled(): boolean {
     return this.token !== undefined;
   }
 
+  /**
+   * The token is the HMAC's message, not its key: HMAC pads a short key with zero bytes,
+   * so a token used as the key would also be matched by itself with NULs appended.
+   */
+  #digest(token: string): string {
+    return createHmac('sha256', this.#key).update(token, 'utf8').digest('hex');
+  }
+
   tokenMatches(given: string | undefined): boolean {
-    return this.token !== undefined && given !== undefined && sameSecret(mac(given, 'session'), this.sessionValue!);
+    return this.#tokenMac !== undefined && typeof given === 'string' && sameSecret(this.#digest(given), this.#tokenMac);
   }
 
-  signedIn(cookie: string | undefined): boolean {
-    return this.sessionValue !== undefined && sameSecret(cookie, this.sessionValue);
+  /** A new session, after a sign-in with the token: its id, the cookie's value. */
+  openSession(now = Date.now()): string {
+    if (this.token === undefined) throw new Error('a console without a token opens no session');
+    for (const [id, ends] of this.#sessions) if (ends <= now) this.#sessions.delete(id);
+    while (this.#sessions.size >= MAX_SESSIONS) this.#sessions.delete(this.#sessions.keys().next().value!);
+    const id = randomBytes(32).toString('base64url');
+    this.#sessions.set(id, now + SESSION_MS);
+    return id;
   }
 
-  csrfMatches(field: string | undefined): boolean {
-    return this.csrfValue !== undefined && sameSecret(field, this.csrfValue);
+  /** The open session a cookie names (its id), or undefined: none, closed by sign-out, ended, or from before a restart. */
+  session(cookie: string | undefined, now = Date.now()): string | undefined {
+    if (this.token === undefined || typeof cookie !== 'string') return undefined;
+    const ends = this.#sessions.get(cookie);
+    if (ends === undefined) return undefined;
+    if (ends <= now) {
+      this.#sessions.delete(cookie);
+      return undefined;
+    }
+    return cookie;
   }
+
+  /** Signing out: the session's cookie, wherever a copy of it is, no longer works. */
+  closeSession(id: string): void {
+    this.#sessions.delete(id);
+  }
+
+  /** The CSRF field of a session's forms: an HMAC of the token and the session id. */
+  csrfFor(sessionId: string): string {
+    return mac(this.token!, `csrf:${sessionId}`);
+  }
+
+  csrfMatches(field: string | undefined, sessionId: string): boolean {
+    return this.token !== undefined && sameSecret(field, this.csrfFor(sessionId));
+  }
+}
+
+/**
+ * Where to go back to after signing in or an action: a path of this console, else `/`.
+ * Accepted: `/` alone, or `/` and a letter, digit, `?` or `#`, then printable ASCII
+ * without a backslash. Refused: `//evil` and `/\evil` (another host to a browser),
+ * `https://evil`, and anything holding a space or a control character, which browsers
+ * strip from a Location (`/<TAB>/evil` would become `//evil`).
+ */
+export function safeBack(raw: unknown): string {
+  if (typeof raw !== 'string' || !/^\/(?:[A-Za-z0-9?#][\x21-\x5b\x5d-\x7e]*)?$/.test(raw)) return '/';
+  const base = 'http://console.invalid';
+  try {
+    return new URL(raw, base).origin === base ? raw : '/';
+  } catch {
+    return '/';
+  }
+}
+
+/** A NUL or half of a UTF-16 surrogate pair: what PostgreSQL's text and jsonb cannot hold. */
+const UNSTORABLE = /\0|[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/;
+
+/** True for a string PostgreSQL cannot hold (see UNSTORABLE); a JSON value is checked in its strings and keys. */
+export function unstorable(value: unknown): boolean {
+  if (typeof value === 'string') return UNSTORABLE.test(value);
+  if (Array.isArray(value)) return value.some(unstorable);
+  if (typeof value === 'object' && value !== null) return Object.entries(value).some(([k, v]) => UNSTORABLE.test(k) || unstorable(v));
+  return false;
 }
 
 /** Hosts that are this machine: binding to one of them keeps the console off the network. */

@@ -22,7 +22,7 @@ import { queuesPage } from './pages/queues.js';
 import { runPage } from './pages/run.js';
 import { runsPage } from './pages/runs.js';
 import { errorPage, signinPage } from './pages/signin.js';
-import { Guard, NAME_COOKIE, SESSION_COOKIE, allowedHosts, crossSite, isLoopback } from './security.js';
+import { Guard, NAME_COOKIE, SESSION_COOKIE, SESSION_MS, allowedHosts, crossSite, isLoopback, safeBack, unstorable } from './security.js';
 import { STREAMS_JS } from './static.js';
 
 export interface ConsoleOptions {
@@ -47,11 +47,6 @@ export interface RunningConsole {
 }
 
 export const DEFAULT_PORT = 3100;
-
-/** A path of this console to return to after an action, never another site's address. */
-function safeBack(raw: string | undefined, fallback = '/runs'): string {
-  return raw && raw.startsWith('/') && !raw.startsWith('//') && !raw.includes('\\') ? raw : fallback;
-}
 
 function withNotice(path: string, notice: string): string {
   const [base, query = ''] = path.split('?');
@@ -84,12 +79,12 @@ export async function startConsole(options: ConsoleOptions = {}): Promise<Runnin
     const notice = params.get('notice') ?? undefined;
     params.delete('notice');
     const rest = params.toString();
-    const signedIn = guard.signedIn(getCookie(c, SESSION_COOKIE));
+    const session = guard.session(getCookie(c, SESSION_COOKIE));
     return {
       here: `${url.pathname}${rest ? `?${rest}` : ''}`,
       actionsEnabled: guard.actionsEnabled,
-      signedIn,
-      csrf: signedIn ? guard.csrfValue : undefined,
+      signedIn: session !== undefined,
+      csrf: session === undefined ? undefined : guard.csrfFor(session),
       name: getCookie(c, NAME_COOKIE),
       notice,
       ...extra,
@@ -106,6 +101,19 @@ export async function startConsole(options: ConsoleOptions = {}): Promise<Runnin
   const refuse = (c: Context, statusCode: 400 | 403 | 404 | 405 | 409 | 421 | 500, code: string, message: string, back?: string) =>
     render(c, errorPage(context(c, { error: { code, message } }), `error ${code}`, back), statusCode);
 
+  /** 400 INVALID_INPUT for input PostgreSQL cannot hold; JSON for the stream poll, a page for the rest. */
+  const refuseInput = (c: Context, where: string) => {
+    const message = `${where} holds a NUL character or half of a UTF-16 surrogate pair, which PostgreSQL cannot store`;
+    if (/^\/runs\/[^/]+\/streams\//.test(c.req.path)) return c.json({ error: { code: 'INVALID_INPUT', message } }, 400);
+    return render(c, errorPage(context(c, { here: '/', error: { code: 'INVALID_INPUT', message } }), 'error INVALID_INPUT'), 400);
+  };
+
+  /** A POST's form, or undefined when a field holds what PostgreSQL cannot hold. */
+  const formOf = async (c: Context): Promise<Form | undefined> => {
+    const form = (await c.req.parseBody()) as Form;
+    return Object.entries(form).some(([key, value]) => unstorable(key) || unstorable(value)) ? undefined : form;
+  };
+
   // Before anything: a request for another host name (DNS rebinding) and a cross-site POST.
   app.use('*', async (c, next) => {
     const hostHeader = c.req.header('host') ?? '';
@@ -118,10 +126,17 @@ export async function startConsole(options: ConsoleOptions = {}): Promise<Runnin
         return refuse(c, 403, 'CROSS_SITE', `a POST from another site (${origin ?? fetchSite}) is refused`);
       }
     }
+    // What PostgreSQL cannot hold never reaches a query: a NUL (%00) or half a surrogate pair in the path or the query.
+    if (unstorable(c.req.path) || Object.entries(c.req.queries()).some(([key, values]) => unstorable(key) || unstorable(values))) {
+      return refuseInput(c, 'the address');
+    }
     await next();
   });
 
-  app.get('/', (c) => c.redirect('/runs'));
+  app.get('/', (c) => {
+    const query = new URL(c.req.url).search;
+    return c.redirect(`/runs${query}`);
+  });
   app.get('/static/streams.js', (c) => {
     c.header('Content-Type', 'text/javascript; charset=utf-8');
     return c.body(STREAMS_JS);
@@ -199,22 +214,29 @@ export async function startConsole(options: ConsoleOptions = {}): Promise<Runnin
 
   app.get('/signin', (c) => render(c, signinPage(context(c), safeBack(c.req.query('back')))));
   app.post('/signin', async (c) => {
-    const form = (await c.req.parseBody()) as Form;
+    const form = await formOf(c);
+    if (!form) return refuseInput(c, 'a form field');
     const back = safeBack(form.back);
     if (!guard.actionsEnabled) return refuse(c, 403, 'ACTIONS_DISABLED', 'this console was started without a token: it only reads');
     if (!guard.tokenMatches(form.token)) {
       log('warn', 'runledger ui: sign-in with a wrong token');
       return render(c, signinPage(context(c, { error: { code: 'WRONG_TOKEN', message: 'that is not the token' } }), back), 403);
     }
-    const cookie = { httpOnly: true, sameSite: 'Strict', path: '/' } as const;
-    setCookie(c, SESSION_COOKIE, guard.sessionValue!, cookie);
+    const cookie = { httpOnly: true, sameSite: 'Strict', path: '/', maxAge: SESSION_MS / 1000 } as const;
+    // A new session each time; the one this browser held, if any, is closed.
+    const previous = guard.session(getCookie(c, SESSION_COOKIE));
+    if (previous !== undefined) guard.closeSession(previous);
+    setCookie(c, SESSION_COOKIE, guard.openSession(), cookie);
     if (form.name?.trim()) setCookie(c, NAME_COOKIE, form.name.trim().slice(0, 100), cookie);
     return c.redirect(withNotice(back, 'signed in: actions are enabled'), 303);
   });
   app.post('/logout', async (c) => {
-    const form = (await c.req.parseBody()) as Form;
-    if (!guard.signedIn(getCookie(c, SESSION_COOKIE)) || !guard.csrfMatches(form.csrf))
-      return refuse(c, 403, 'NOT_SIGNED_IN', 'not signed in');
+    const form = await formOf(c);
+    if (!form) return refuseInput(c, 'a form field');
+    const session = guard.session(getCookie(c, SESSION_COOKIE));
+    if (session === undefined || !guard.csrfMatches(form.csrf, session)) return refuse(c, 403, 'NOT_SIGNED_IN', 'not signed in');
+    // Closed here, not only forgotten by this browser: a copy of the cookie no longer works.
+    guard.closeSession(session);
     deleteCookie(c, SESSION_COOKIE, { path: '/' });
     return c.redirect('/runs?notice=signed%20out', 303);
   });
@@ -226,7 +248,8 @@ export async function startConsole(options: ConsoleOptions = {}): Promise<Runnin
   });
   app.post('/actions/:name', async (c) => {
     const name = c.req.param('name');
-    const form = (await c.req.parseBody()) as Form;
+    const form = await formOf(c);
+    if (!form) return refuseInput(c, 'a form field');
     const back = safeBack(form.back);
     const action = ACTIONS[name];
     if (!action) return refuse(c, 404, 'NOT_FOUND', `no action ${name}`, back);
@@ -238,7 +261,8 @@ export async function startConsole(options: ConsoleOptions = {}): Promise<Runnin
         'this console was started without a token (--token or RUNLEDGER_UI_TOKEN): it only reads',
         back,
       );
-    if (!guard.signedIn(getCookie(c, SESSION_COOKIE)) || !guard.csrfMatches(form.csrf))
+    const session = guard.session(getCookie(c, SESSION_COOKIE));
+    if (session === undefined || !guard.csrfMatches(form.csrf, session))
       return refuse(
         c,
         403,
@@ -262,9 +286,10 @@ export async function startConsole(options: ConsoleOptions = {}): Promise<Runnin
 
   app.notFound((c) => refuse(c, 404, 'NOT_FOUND', `no page ${c.req.path}`));
   app.onError((error, c) => {
-    const { code, message } = describeRefusal(error);
-    log('error', 'runledger ui: a page failed', { path: c.req.path, error: String(error) });
-    return render(c, layout(context(c, { error: { code, message } }), 'error', ''), 500);
+    const { code, message, httpStatus } = describeRefusal(error);
+    // A refusal of the input (PostgreSQL's data exceptions included) is the caller's 400; anything else is ours.
+    if (httpStatus === 500) log('error', 'runledger ui: a page failed', { path: c.req.path, error: String(error) });
+    return render(c, layout(context(c, { here: '/', error: { code, message } }), 'error', ''), httpStatus);
   });
 
   const server = createAdaptorServer({ fetch: app.fetch }) as Server;
