@@ -8,6 +8,9 @@
 --   runledger._start_template, runledger._start, runledger.start_runs   the traceparent start option, stored on the run
 --                                                  (start_runs also: new runs by a plain INSERT, in one pass)
 --   runledger._claim_batch, runledger._start_claimed                    return the run's traceparents with the claim
+--                                                  (_claim_batch also its lineage_id, a column of
+--                                                  0032_undone_effects_and_lineage.sql; _start_claimed
+--                                                  leaves a fork to the claims)
 -- A worker of the previous release keeps working on this schema: the claims return two more
 -- columns, which it does not read, and a start without the option stores null.
 
@@ -463,7 +466,7 @@ returns table (
   run_id text, workflow_name text, workflow_version text, input jsonb, fencing_token bigint,
   recovery_attempts int, max_steps int, budget numeric, budget_spent numeric, budget_limits jsonb, budget_used jsonb,
   cancel_requested boolean, checkpoints jsonb, progress jsonb, next_due_in_ms bigint,
-  traceparent text, execution_traceparent text)
+  traceparent text, execution_traceparent text, lineage_id text)
 language plpgsql volatile
 set enable_seqscan = off set jit = off set plan_cache_mode = force_generic_plan as $$
 declare
@@ -601,7 +604,7 @@ begin
                                           s.error, s.kind) order by s.seq)
                          from runledger.steps s where s.run_id = c.run_id), '[]'::jsonb),
              (select jsonb_object_agg(p.seq::text, p.progress) from runledger.step_progress p where p.run_id = c.run_id),
-             null::bigint, c.traceparent, c.execution_traceparent
+             null::bigint, c.traceparent, c.execution_traceparent, c.lineage_id
         from claimed c;
   end if;
 
@@ -617,12 +620,12 @@ begin
     end loop;
     return query select null::text, null::text, null::text, null::jsonb, null::bigint, null::int, null::int,
                         null::numeric, null::numeric, null::jsonb, null::jsonb, null::boolean, null::jsonb, null::jsonb,
-                        ceil(extract(epoch from v_next - v_now) * 1000)::bigint, null::text, null::text;
+                        ceil(extract(epoch from v_next - v_now) * 1000)::bigint, null::text, null::text, null::text;
   end if;
 end;
 $$;
 comment on function runledger._claim_batch(text, text[], text[], int, int, text[]) is
-  'Worker claim of up to p_limit runnable runs of the given queues and workflow@version keys, in one statement: CANCELLING runs without an owner, then due timers, then admitted PENDING runs by priority and age; in a queue with limits, by admitted_at, then the runs its own transaction''s admission rounds deferred to it (_commit_and_claim_flat). Rows are locked FOR UPDATE SKIP LOCKED, so workers never wait on each other. Each becomes RUNNING with fencing_token + 1 and a lease, and is returned with its checkpoints (and its traceparent and the previous execution''s, for tracing). Runs past their deadline are TERMINATED on the way; a due timer in a queue with limits is woken into admission. When fewer than p_limit were claimed, a last row with run_id null gives next_due_in_ms, the milliseconds until the next delayed start or timer on the database clock (null if none). p_reclaim_except (the runs the worker is executing) also takes back this worker''s other runs: a claim whose reply was lost.';
+  'Worker claim of up to p_limit runnable runs of the given queues and workflow@version keys, in one statement: CANCELLING runs without an owner, then due timers, then admitted PENDING runs by priority and age; in a queue with limits, by admitted_at, then the runs its own transaction''s admission rounds deferred to it (_commit_and_claim_flat). Rows are locked FOR UPDATE SKIP LOCKED, so workers never wait on each other. Each becomes RUNNING with fencing_token + 1 and a lease, and is returned with its checkpoints (and its traceparent and the previous execution''s, for tracing, and its lineage_id, null for a run never forked). Runs past their deadline are TERMINATED on the way; a due timer in a queue with limits is woken into admission. When fewer than p_limit were claimed, a last row with run_id null gives next_due_in_ms, the milliseconds until the next delayed start or timer on the database clock (null if none). p_reclaim_except (the runs the worker is executing) also takes back this worker''s other runs: a claim whose reply was lost.';
 
 drop function runledger._start_claimed(text, jsonb, jsonb, text, int);
 create function runledger._start_claimed(
@@ -657,6 +660,8 @@ begin
     select * into v_run from runledger.runs r where r.run_id = v_run.run_id for update;
     v_claimed := v_run.run_id = coalesce(p_options->>'run_id', v_run.run_id)
        and v_run.status = 'PENDING' and v_run.admitted and v_run.fencing_token = 0
+       -- A fork (its lineage_id set) is left to the claims, which hand the worker its lineage.
+       and v_run.lineage_id is null
        and v_run.workflow_version = coalesce(p_options->>'version', v_run.workflow_version)
        and (v_run.not_before is null or v_run.not_before <= v_now)
        and (v_run.deadline_at is null or v_run.deadline_at > v_now);

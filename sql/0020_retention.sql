@@ -14,7 +14,9 @@
 --   runledger._maintenance_end()      the worker lets go of it, with what it did
 --   indexes runs_retention, runs_idempotency_retention, runs_forked_from, signals_run, artifacts_run, sessions_idle, audit_log_at
 -- Redefines (released in 0011 and 0016; sql/README.md rule 3):
---   runledger._fork_run()             reads its source FOR KEY SHARE, so a fork and the pruning of its source do not cross
+--   runledger._fork_run()             reads its source FOR KEY SHARE, so a fork and the pruning of its source do not cross;
+--                                     refuses to copy an undone operation's checkpoint, sets the fork's lineage_id and
+--                                     gives a NOTICE of keys made from the source's run id (0032_undone_effects_and_lineage.sql)
 --   the comment on runledger.audit_log   names the retention actions
 --
 -- Kinds (docs/retention.md):
@@ -438,6 +440,8 @@ declare
   v_done int;
   v_now  timestamptz := runledger.now();
   v_manifest jsonb;
+  v_undone jsonb;
+  v_keys   text;
 begin
   -- FOR KEY SHARE: retention (prune_due) skips the source while the fork is being made.
   select * into v_src from runledger.runs where run_id = p_run_id for key share;
@@ -448,6 +452,13 @@ begin
   if p_from_step is null or p_from_step < 0 or p_from_step > v_done then
     raise exception using errcode = 'RL003',
       message = format('fork_run: from_step must be between 0 and %s (the checkpoints of run %s), not %s', v_done, p_run_id, p_from_step);
+  end if;
+  -- A copied checkpoint of an operation whose effect a compensation undid would let the fork
+  -- go on as if it stood (ship against a refunded charge): fork from before it, which calls
+  -- the operation again (_operation_begin: a new attempt under its key).
+  v_undone := runledger._undone_operations(p_run_id, p_from_step);
+  if v_undone <> '[]'::jsonb then
+    raise exception using errcode = 'RL005', message = runledger._undone_refusal('fork_run', p_run_id, v_undone);
   end if;
   v_manifest := v_src.version_manifest;
   if p_version is not null and p_version <> v_src.workflow_version then
@@ -464,14 +475,16 @@ begin
   insert into runledger.runs (
     run_id, workflow_name, workflow_version, queue_name, input, priority, concurrency_key, tenant_id,
     deadline_at, max_recovery_attempts, version_manifest, max_steps, budget, no_progress, retry_budget,
-    policy_version, created_at, updated_at)
+    policy_version, created_at, updated_at, lineage_id)
   values (
     v_id, v_src.workflow_name, coalesce(p_version, v_src.workflow_version), v_src.queue_name, v_src.input, v_src.priority, v_src.concurrency_key,
     v_src.tenant_id,
     -- The fork gets the same lifetime the source had, counted from now.
     v_now + (v_src.deadline_at - v_src.created_at), v_src.max_recovery_attempts,
     v_manifest || jsonb_build_object('forked_from', p_run_id, 'from_step', p_from_step),
-    v_src.max_steps, v_src.budget, v_src.no_progress, v_src.retry_budget, v_src.policy_version, v_now, v_now);
+    v_src.max_steps, v_src.budget, v_src.no_progress, v_src.retry_budget, v_src.policy_version, v_now, v_now,
+    -- ctx.lineageId: the run the chain of forks started from (0032_undone_effects_and_lineage.sql).
+    coalesce(v_src.lineage_id, v_src.run_id));
   -- Finished checkpoints before from_step are reused: those steps do not run again in the fork.
   insert into runledger.steps (run_id, seq, name, kind, status, output, error, attempts, started_at, finished_at, fencing_token, output_hash)
   select v_id, s.seq, s.name, s.kind, s.status, s.output, s.error, s.attempts, s.started_at, s.finished_at, 0, s.output_hash
@@ -481,12 +494,21 @@ begin
     (v_id, 'created', jsonb_build_object('forked_from', p_run_id, 'from_step', p_from_step,
                                           'from_version', v_src.workflow_version, 'version', coalesce(p_version, v_src.workflow_version)), v_now),
     (p_run_id, 'forked', jsonb_build_object('fork', v_id, 'from_step', p_from_step, 'version', coalesce(p_version, v_src.workflow_version)), v_now);
+  -- The operations the fork runs again whose key holds the source's run id: made from ctx.runId,
+  -- such a key is new in the fork, which then calls again (a second payment). Said, not refused:
+  -- a key made from ctx.lineageId holds it too when the source was never forked.
+  select string_agg(format('%s (step %s, key %s)', o.name, o.seq, o.idempotency_key), ', ' order by o.seq) into v_keys
+    from runledger.operations o
+   where o.run_id = p_run_id and o.seq >= p_from_step and strpos(o.idempotency_key, p_run_id) > 0;
+  if v_keys is not null then
+    raise notice using message = runledger._fork_key_notice(v_id, p_run_id, v_src.lineage_id is null, v_keys);
+  end if;
   perform runledger._make_runnable(v_id, 0);
   return v_id;
 end;
 $$;
 comment on function runledger._fork_run(text, int, text) is
-  'The action behind runledger.fork_run (which records it in audit_log): Operator action: starts a new run of the same workflow and input that reuses the source run''s checkpoints before step from_step (0 = start over) and runs the rest, on the source''s version or on version (a registered version of the workflow, with its manifest). Returns the new run_id. Operations copied this way are not compensated by the fork.';
+  'The action behind runledger.fork_run (which records it in audit_log): Operator action: starts a new run of the same workflow and input that reuses the source run''s checkpoints before step from_step (0 = start over) and runs the rest, on the source''s version or on version (a registered version of the workflow, with its manifest). Returns the new run_id. Operations copied this way are not compensated by the fork. The fork''s lineage_id is the source''s (or the source''s run id). RL005 when a checkpoint it would copy is of an operation a compensation undid (runledger._undone_operations: fork from before it). A NOTICE lists the operations from from_step on whose idempotency key holds the source''s run id (made from ctx.runId, the fork calls them again under a new key).';
 
 comment on table runledger.audit_log is
   'One row per operator action (send_signal, decide_approval, cancel_run, compensate_run, retry_run, resolve_operation, fork_run, migrate_run, migrate_runs, set_queue, prune, release_session, delete_session, prune_artifact_blobs; and prune_due, set_retention, clear_retention of 0020_retention.sql), written in the same transaction as the action: who (db_user = session_user, db_role = runledger._caller(), asserted_by = the name the caller gave), what, on which run and target, with which arguments, and what it returned. Kept when runs are pruned.';

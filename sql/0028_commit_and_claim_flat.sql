@@ -25,7 +25,7 @@ returns table (
   run_id text, workflow_name text, workflow_version text, input jsonb, fencing_token bigint,
   recovery_attempts int, max_steps int, budget numeric, budget_spent numeric, budget_limits jsonb, budget_used jsonb,
   cancel_requested boolean, checkpoints jsonb, progress jsonb, next_due_in_ms bigint,
-  traceparent text, execution_traceparent text)
+  traceparent text, execution_traceparent text, lineage_id text)
 language plpgsql volatile
 set enable_seqscan = off set jit = off as $$
 begin
@@ -35,7 +35,7 @@ begin
   return query select b.item, b.code, b.message, b.run_status,
                       null::text, null::text, null::text, null::jsonb, null::bigint, null::int, null::int,
                       null::numeric, null::numeric, null::jsonb, null::jsonb, null::boolean, null::jsonb, null::jsonb,
-                      null::bigint, null::text, null::text
+                      null::bigint, null::text, null::text, null::text
                  from runledger._commit_batch(p_items) b;
   begin
     -- Rows as _claim_batch returns them (a claimed run each, and the row with only
@@ -44,14 +44,14 @@ begin
                         c.run_id, c.workflow_name, c.workflow_version, c.input, c.fencing_token,
                         c.recovery_attempts, c.max_steps, c.budget, c.budget_spent, c.budget_limits, c.budget_used,
                         c.cancel_requested, c.checkpoints, c.progress, c.next_due_in_ms,
-                        c.traceparent, c.execution_traceparent
+                        c.traceparent, c.execution_traceparent, c.lineage_id
                    from runledger._claim_batch(p_worker_id, p_queues, p_workflows, p_limit, p_lease_ms) c;
   exception when others then
     -- The items stand; only the claim is lost (its runs stay claimable).
     return query select null::int, sqlstate::text, sqlerrm, null::text,
                         null::text, null::text, null::text, null::jsonb, null::bigint, null::int, null::int,
                         null::numeric, null::numeric, null::jsonb, null::jsonb, null::boolean, null::jsonb, null::jsonb,
-                        null::bigint, null::text, null::text;
+                        null::bigint, null::text, null::text, null::text;
   end;
   -- After the claim or its failure (which undid only what the claim did).
   perform runledger._admit_deferred();

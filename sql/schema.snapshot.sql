@@ -286,7 +286,8 @@ CREATE TABLE runledger.runs (
   stop_record jsonb,
   traceparent text COLLATE "C",
   execution_traceparent text COLLATE "C",
-  in_sessions boolean
+  in_sessions boolean,
+  lineage_id text COLLATE "C"
 );
 COMMENT ON TABLE runledger.runs IS 'One row per workflow run: status, lease (owner, expiry, fencing token), recovery attempts and the termination record (reason, evidence, time, policy version).';
 COMMENT ON COLUMN runledger.runs.wait_key IS 'What a WAITING run waits for: the signal topic, the approval request id or the child run id (null for timers).';
@@ -301,6 +302,7 @@ COMMENT ON COLUMN runledger.runs.stop_record IS 'Only on a CANCELLING run: the t
 COMMENT ON COLUMN runledger.runs.traceparent IS 'The W3C traceparent (00-<trace id>-<span id>-<flags>) of the context the run was started in (engine.start, or the traceparent option of start_run / start_runs); null when it was started outside a trace. Every execution of the run opens its span under it, so all of them, after crashes and on other workers, belong to one trace.';
 COMMENT ON COLUMN runledger.runs.execution_traceparent IS 'The W3C traceparent of the span of the run''s latest execution, written by the worker that claimed it (runledger._trace_execution) when it records traces: the next execution links its span to it. Null when no execution was traced.';
 COMMENT ON COLUMN runledger.runs.in_sessions IS 'True once the run has held a session or queued for one (set by triggers on sessions and session_waiters); null otherwise. When such a run ends, runs_session_release lets go of its sessions and its places in their queues.';
+COMMENT ON COLUMN runledger.runs.lineage_id IS 'The run a chain of forks started from: fork_run sets it to its source''s lineage_id, or to the source''s run_id when the source was never forked. Null for a run that was never forked (its lineage is itself). ctx.lineageId is this, or run_id when null: an idempotency key made from it is the same in every fork of the run (and in its retries, which keep the run id).';
 ALTER TABLE runledger.runs ADD CONSTRAINT runs_parent_run_id_fkey FOREIGN KEY (parent_run_id) REFERENCES runledger.runs(run_id) ON DELETE SET NULL;
 ALTER TABLE runledger.runs ADD CONSTRAINT runs_pkey PRIMARY KEY (run_id);
 CREATE INDEX runs_admission_key ON runledger.runs USING btree (queue_name, COALESCE(concurrency_key, ''::text), priority, created_at, run_id) WHERE ((status = 'PENDING'::runledger.run_status) AND (NOT admitted));
@@ -1716,7 +1718,7 @@ $function$;
 COMMENT ON FUNCTION runledger._checkpoint_row(text,bigint,integer,text,text,text,jsonb,jsonb,integer,bigint,jsonb) IS 'The body of _checkpoint: fenced checkpoint write (see _checkpoint), returning the run row as it is after the checkpoint (its status says whether a policy ended it).';
 
 CREATE OR REPLACE FUNCTION runledger._claim_batch(p_worker_id text, p_queues text[], p_workflows text[], p_limit integer, p_lease_ms integer, p_reclaim_except text[] DEFAULT NULL::text[])
- RETURNS TABLE(run_id text, workflow_name text, workflow_version text, input jsonb, fencing_token bigint, recovery_attempts integer, max_steps integer, budget numeric, budget_spent numeric, budget_limits jsonb, budget_used jsonb, cancel_requested boolean, checkpoints jsonb, progress jsonb, next_due_in_ms bigint, traceparent text, execution_traceparent text)
+ RETURNS TABLE(run_id text, workflow_name text, workflow_version text, input jsonb, fencing_token bigint, recovery_attempts integer, max_steps integer, budget numeric, budget_spent numeric, budget_limits jsonb, budget_used jsonb, cancel_requested boolean, checkpoints jsonb, progress jsonb, next_due_in_ms bigint, traceparent text, execution_traceparent text, lineage_id text)
  LANGUAGE plpgsql
  SECURITY DEFINER
  SET enable_seqscan TO 'off'
@@ -1859,7 +1861,7 @@ begin
                                           s.error, s.kind) order by s.seq)
                          from runledger.steps s where s.run_id = c.run_id), '[]'::jsonb),
              (select jsonb_object_agg(p.seq::text, p.progress) from runledger.step_progress p where p.run_id = c.run_id),
-             null::bigint, c.traceparent, c.execution_traceparent
+             null::bigint, c.traceparent, c.execution_traceparent, c.lineage_id
         from claimed c;
   end if;
 
@@ -1875,11 +1877,11 @@ begin
     end loop;
     return query select null::text, null::text, null::text, null::jsonb, null::bigint, null::int, null::int,
                         null::numeric, null::numeric, null::jsonb, null::jsonb, null::boolean, null::jsonb, null::jsonb,
-                        ceil(extract(epoch from v_next - v_now) * 1000)::bigint, null::text, null::text;
+                        ceil(extract(epoch from v_next - v_now) * 1000)::bigint, null::text, null::text, null::text;
   end if;
 end;
 $function$;
-COMMENT ON FUNCTION runledger._claim_batch(text,text[],text[],integer,integer,text[]) IS 'Worker claim of up to p_limit runnable runs of the given queues and workflow@version keys, in one statement: CANCELLING runs without an owner, then due timers, then admitted PENDING runs by priority and age; in a queue with limits, by admitted_at, then the runs its own transaction''s admission rounds deferred to it (_commit_and_claim_flat). Rows are locked FOR UPDATE SKIP LOCKED, so workers never wait on each other. Each becomes RUNNING with fencing_token + 1 and a lease, and is returned with its checkpoints (and its traceparent and the previous execution''s, for tracing). Runs past their deadline are TERMINATED on the way; a due timer in a queue with limits is woken into admission. When fewer than p_limit were claimed, a last row with run_id null gives next_due_in_ms, the milliseconds until the next delayed start or timer on the database clock (null if none). p_reclaim_except (the runs the worker is executing) also takes back this worker''s other runs: a claim whose reply was lost.';
+COMMENT ON FUNCTION runledger._claim_batch(text,text[],text[],integer,integer,text[]) IS 'Worker claim of up to p_limit runnable runs of the given queues and workflow@version keys, in one statement: CANCELLING runs without an owner, then due timers, then admitted PENDING runs by priority and age; in a queue with limits, by admitted_at, then the runs its own transaction''s admission rounds deferred to it (_commit_and_claim_flat). Rows are locked FOR UPDATE SKIP LOCKED, so workers never wait on each other. Each becomes RUNNING with fencing_token + 1 and a lease, and is returned with its checkpoints (and its traceparent and the previous execution''s, for tracing, and its lineage_id, null for a run never forked). Runs past their deadline are TERMINATED on the way; a due timer in a queue with limits is woken into admission. When fewer than p_limit were claimed, a last row with run_id null gives next_due_in_ms, the milliseconds until the next delayed start or timer on the database clock (null if none). p_reclaim_except (the runs the worker is executing) also takes back this worker''s other runs: a claim whose reply was lost.';
 
 CREATE OR REPLACE FUNCTION runledger._clear_retention(p_kind text, p_workflow_name text DEFAULT NULL::text)
  RETURNS boolean
@@ -1918,7 +1920,7 @@ $function$;
 COMMENT ON FUNCTION runledger._commit_and_claim(jsonb,text,text[],text[],integer,integer) IS 'Group commit (_commit_batch) and then a claim (_claim_batch) in one transaction. Rows with item set answer the items; rows with item null carry the claim''s rows as JSON in claimed, or, when the claim failed, its SQLSTATE and message (the items are committed regardless).';
 
 CREATE OR REPLACE FUNCTION runledger._commit_and_claim_flat(p_items jsonb, p_worker_id text, p_queues text[], p_workflows text[], p_limit integer, p_lease_ms integer)
- RETURNS TABLE(item integer, code text, message text, run_status text, run_id text, workflow_name text, workflow_version text, input jsonb, fencing_token bigint, recovery_attempts integer, max_steps integer, budget numeric, budget_spent numeric, budget_limits jsonb, budget_used jsonb, cancel_requested boolean, checkpoints jsonb, progress jsonb, next_due_in_ms bigint, traceparent text, execution_traceparent text)
+ RETURNS TABLE(item integer, code text, message text, run_status text, run_id text, workflow_name text, workflow_version text, input jsonb, fencing_token bigint, recovery_attempts integer, max_steps integer, budget numeric, budget_spent numeric, budget_limits jsonb, budget_used jsonb, cancel_requested boolean, checkpoints jsonb, progress jsonb, next_due_in_ms bigint, traceparent text, execution_traceparent text, lineage_id text)
  LANGUAGE plpgsql
  SECURITY DEFINER
  SET enable_seqscan TO 'off'
@@ -1932,7 +1934,7 @@ begin
   return query select b.item, b.code, b.message, b.run_status,
                       null::text, null::text, null::text, null::jsonb, null::bigint, null::int, null::int,
                       null::numeric, null::numeric, null::jsonb, null::jsonb, null::boolean, null::jsonb, null::jsonb,
-                      null::bigint, null::text, null::text
+                      null::bigint, null::text, null::text, null::text
                  from runledger._commit_batch(p_items) b;
   begin
     -- Rows as _claim_batch returns them (a claimed run each, and the row with only
@@ -1941,14 +1943,14 @@ begin
                         c.run_id, c.workflow_name, c.workflow_version, c.input, c.fencing_token,
                         c.recovery_attempts, c.max_steps, c.budget, c.budget_spent, c.budget_limits, c.budget_used,
                         c.cancel_requested, c.checkpoints, c.progress, c.next_due_in_ms,
-                        c.traceparent, c.execution_traceparent
+                        c.traceparent, c.execution_traceparent, c.lineage_id
                    from runledger._claim_batch(p_worker_id, p_queues, p_workflows, p_limit, p_lease_ms) c;
   exception when others then
     -- The items stand; only the claim is lost (its runs stay claimable).
     return query select null::int, sqlstate::text, sqlerrm, null::text,
                         null::text, null::text, null::text, null::jsonb, null::bigint, null::int, null::int,
                         null::numeric, null::numeric, null::jsonb, null::jsonb, null::boolean, null::jsonb, null::jsonb,
-                        null::bigint, null::text, null::text;
+                        null::bigint, null::text, null::text, null::text;
   end;
   -- After the claim or its failure (which undid only what the claim did).
   perform runledger._admit_deferred();
@@ -2705,6 +2707,22 @@ end;
 $function$;
 COMMENT ON FUNCTION runledger._finished(text,bigint,runledger.run_status,text,jsonb,jsonb,text,text,timestamp with time zone) IS 'After a run''s row moved to a terminal status: writes its event, notifies runledger_finished with its id, wakes its parent (p_parent) and admits the next run of its queue if the queue has limits.';
 
+CREATE OR REPLACE FUNCTION runledger._fork_key_notice(p_fork text, p_source text, p_source_never_forked boolean, p_keys text)
+ RETURNS text
+ LANGUAGE sql
+ IMMUTABLE
+AS $function$
+  select format('fork_run: the fork %s runs again operations of run %s whose idempotency keys hold that run''s id: %s. '
+                'A key made from ctx.runId is new in the fork, which then calls the operation again under it: a second '
+                'effect (a second payment, a second ticket). A key made from ctx.lineageId (the same in every fork) or from '
+                'the business entity stays the same, and the fork reuses the effect the source recorded%s',
+                p_fork, p_source, p_keys,
+                case when p_source_never_forked
+                     then format(' (run %s was never forked: its lineage id is its run id, so a key made from ctx.lineageId is listed too)', p_source)
+                     else '' end)
+$function$;
+COMMENT ON FUNCTION runledger._fork_key_notice(text,text,boolean,text) IS 'The NOTICE fork_run gives when operations the fork runs again (from from_step on) have idempotency keys that hold the source''s run id (p_keys: name, step and key of each): made from ctx.runId, each is called again under a new key in the fork.';
+
 CREATE OR REPLACE FUNCTION runledger._fork_run(p_run_id text, p_from_step integer, p_version text DEFAULT NULL::text)
  RETURNS text
  LANGUAGE plpgsql
@@ -2717,6 +2735,8 @@ declare
   v_done int;
   v_now  timestamptz := runledger.now();
   v_manifest jsonb;
+  v_undone jsonb;
+  v_keys   text;
 begin
   -- FOR KEY SHARE: retention (prune_due) skips the source while the fork is being made.
   select * into v_src from runledger.runs where run_id = p_run_id for key share;
@@ -2727,6 +2747,13 @@ begin
   if p_from_step is null or p_from_step < 0 or p_from_step > v_done then
     raise exception using errcode = 'RL003',
       message = format('fork_run: from_step must be between 0 and %s (the checkpoints of run %s), not %s', v_done, p_run_id, p_from_step);
+  end if;
+  -- A copied checkpoint of an operation whose effect a compensation undid would let the fork
+  -- go on as if it stood (ship against a refunded charge): fork from before it, which calls
+  -- the operation again (_operation_begin: a new attempt under its key).
+  v_undone := runledger._undone_operations(p_run_id, p_from_step);
+  if v_undone <> '[]'::jsonb then
+    raise exception using errcode = 'RL005', message = runledger._undone_refusal('fork_run', p_run_id, v_undone);
   end if;
   v_manifest := v_src.version_manifest;
   if p_version is not null and p_version <> v_src.workflow_version then
@@ -2743,14 +2770,16 @@ begin
   insert into runledger.runs (
     run_id, workflow_name, workflow_version, queue_name, input, priority, concurrency_key, tenant_id,
     deadline_at, max_recovery_attempts, version_manifest, max_steps, budget, no_progress, retry_budget,
-    policy_version, created_at, updated_at)
+    policy_version, created_at, updated_at, lineage_id)
   values (
     v_id, v_src.workflow_name, coalesce(p_version, v_src.workflow_version), v_src.queue_name, v_src.input, v_src.priority, v_src.concurrency_key,
     v_src.tenant_id,
     -- The fork gets the same lifetime the source had, counted from now.
     v_now + (v_src.deadline_at - v_src.created_at), v_src.max_recovery_attempts,
     v_manifest || jsonb_build_object('forked_from', p_run_id, 'from_step', p_from_step),
-    v_src.max_steps, v_src.budget, v_src.no_progress, v_src.retry_budget, v_src.policy_version, v_now, v_now);
+    v_src.max_steps, v_src.budget, v_src.no_progress, v_src.retry_budget, v_src.policy_version, v_now, v_now,
+    -- ctx.lineageId: the run the chain of forks started from (0032_undone_effects_and_lineage.sql).
+    coalesce(v_src.lineage_id, v_src.run_id));
   -- Finished checkpoints before from_step are reused: those steps do not run again in the fork.
   insert into runledger.steps (run_id, seq, name, kind, status, output, error, attempts, started_at, finished_at, fencing_token, output_hash)
   select v_id, s.seq, s.name, s.kind, s.status, s.output, s.error, s.attempts, s.started_at, s.finished_at, 0, s.output_hash
@@ -2760,11 +2789,20 @@ begin
     (v_id, 'created', jsonb_build_object('forked_from', p_run_id, 'from_step', p_from_step,
                                           'from_version', v_src.workflow_version, 'version', coalesce(p_version, v_src.workflow_version)), v_now),
     (p_run_id, 'forked', jsonb_build_object('fork', v_id, 'from_step', p_from_step, 'version', coalesce(p_version, v_src.workflow_version)), v_now);
+  -- The operations the fork runs again whose key holds the source's run id: made from ctx.runId,
+  -- such a key is new in the fork, which then calls again (a second payment). Said, not refused:
+  -- a key made from ctx.lineageId holds it too when the source was never forked.
+  select string_agg(format('%s (step %s, key %s)', o.name, o.seq, o.idempotency_key), ', ' order by o.seq) into v_keys
+    from runledger.operations o
+   where o.run_id = p_run_id and o.seq >= p_from_step and strpos(o.idempotency_key, p_run_id) > 0;
+  if v_keys is not null then
+    raise notice using message = runledger._fork_key_notice(v_id, p_run_id, v_src.lineage_id is null, v_keys);
+  end if;
   perform runledger._make_runnable(v_id, 0);
   return v_id;
 end;
 $function$;
-COMMENT ON FUNCTION runledger._fork_run(text,integer,text) IS 'The action behind runledger.fork_run (which records it in audit_log): Operator action: starts a new run of the same workflow and input that reuses the source run''s checkpoints before step from_step (0 = start over) and runs the rest, on the source''s version or on version (a registered version of the workflow, with its manifest). Returns the new run_id. Operations copied this way are not compensated by the fork.';
+COMMENT ON FUNCTION runledger._fork_run(text,integer,text) IS 'The action behind runledger.fork_run (which records it in audit_log): Operator action: starts a new run of the same workflow and input that reuses the source run''s checkpoints before step from_step (0 = start over) and runs the rest, on the source''s version or on version (a registered version of the workflow, with its manifest). Returns the new run_id. Operations copied this way are not compensated by the fork. The fork''s lineage_id is the source''s (or the source''s run id). RL005 when a checkpoint it would copy is of an operation a compensation undid (runledger._undone_operations: fork from before it). A NOTICE lists the operations from from_step on whose idempotency key holds the source''s run id (made from ctx.runId, the fork calls them again under a new key).';
 
 CREATE OR REPLACE FUNCTION runledger._heartbeat(p_worker_id text, p_lease_ms integer, p_except text[] DEFAULT '{}'::text[])
  RETURNS text[]
@@ -2967,7 +3005,8 @@ CREATE OR REPLACE FUNCTION runledger._migrate_run(p_run_id text, p_to_version te
  SET jit TO 'off'
 AS $function$
 declare
-  v_run runledger.runs;
+  v_run    runledger.runs;
+  v_undone jsonb;
 begin
   if p_to_version is null or p_to_version !~ '^[A-Za-z0-9][A-Za-z0-9_.-]{0,19}$' then
     raise exception using errcode = 'RL003', message = format('migrate_run: to_version %L is not a version name', p_to_version);
@@ -2986,6 +3025,12 @@ begin
                        case when runledger.is_terminal(v_run.status) then 'a finished run stays on the version it finished on'
                             else 'a worker executes it now: migrate it once it waits or is released' end);
   end if;
+  -- A migrated run goes on from its checkpoints, as a retried one does: never from an undone effect.
+  v_undone := runledger._undone_operations(p_run_id);
+  if v_undone <> '[]'::jsonb then
+    raise exception using errcode = 'RL005', message = runledger._undone_refusal('migrate_run', p_run_id, v_undone)
+      || format(' (fork_run''s version argument runs the fork on version %s)', p_to_version);
+  end if;
   perform runledger._check_migration_served(v_run.workflow_name, v_run.workflow_version, p_to_version, 'migrate_run');
   if v_run.migrate_to = p_to_version then
     return false; -- already marked: the worker applies it once
@@ -3000,16 +3045,19 @@ begin
   return true;
 end;
 $function$;
-COMMENT ON FUNCTION runledger._migrate_run(text,text) IS 'The action behind runledger.migrate_run (which records it in audit_log): Operator action: marks a PENDING, WAITING or DEAD_LETTER run to continue on version to_version of its workflow. A live worker that serves that version and has a migration from the run''s version applies it (the workflow''s migrate, in the run''s transaction) and records the event migrated with both manifests; a migrate that fails is recorded as migration_failed and the run is left as it was. Returns false when the run was already marked for that version. Refused (and nothing changed): an unknown run (RL002), a finished or executing run (RL005), no live worker with the version and the migration (RL006).';
+COMMENT ON FUNCTION runledger._migrate_run(text,text) IS 'The action behind runledger.migrate_run (which records it in audit_log): Operator action: marks a PENDING, WAITING or DEAD_LETTER run to continue on version to_version of its workflow. A live worker that serves that version and has a migration from the run''s version applies it (the workflow''s migrate, in the run''s transaction) and records the event migrated with both manifests; a migrate that fails is recorded as migration_failed and the run is left as it was. Returns false when the run was already marked for that version. Refused (and nothing changed): an unknown run (RL002), a finished or executing run (RL005), a run whose compensations undid an operation it would replay (RL005: fork it instead, runledger._undone_operations), no live worker with the version and the migration (RL006).';
 
 CREATE OR REPLACE FUNCTION runledger._migrate_runs(p_workflow text, p_from_version text, p_to_version text, p_limit integer DEFAULT NULL::integer)
- RETURNS SETOF text
+ RETURNS TABLE(run_id text, marked boolean, reason text)
  LANGUAGE plpgsql
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
 AS $function$
 declare
-  v_id text;
+  v_id     text;
+  v_undone jsonb;
+  v_seen   text[] := '{}';
+  v_last   runledger.runs;
 begin
   if p_limit is not null and p_limit < 1 then
     raise exception using errcode = 'RL003', message = format('migrate_runs: limit must be >= 1 (or null for all), not %s', p_limit);
@@ -3026,12 +3074,32 @@ begin
      limit p_limit
      for update skip locked
   loop
+    v_seen := v_seen || v_id;
+    v_undone := runledger._undone_operations(v_id);
+    if v_undone <> '[]'::jsonb then
+      return query select v_id, false, format('compensations undid %s: fork it from step %s instead',
+        (select string_agg(u->>'name', ', ' order by (u->>'seq')::int) from jsonb_array_elements(v_undone) u), v_undone->0->>'seq');
+      continue;
+    end if;
     perform runledger._migrate_run(v_id, p_to_version);
-    return next v_id;
+    return query select v_id, true, null::text;
   end loop;
+  -- The runs SKIP LOCKED passed over: those of the selection another transaction held locked.
+  -- With a limit that was reached, the ones before the last run taken; otherwise all of them
+  -- (at most the part of the limit left). Read without a lock: they may have changed since.
+  select * into v_last from runledger.runs r where r.run_id = v_seen[cardinality(v_seen)];
+  return query
+    select r.run_id, false, 'locked by another transaction at that moment: not marked; call migrate_runs again'::text
+      from runledger.runs r
+     where r.workflow_name = p_workflow and r.workflow_version = p_from_version
+       and runledger._migratable(r.status) and r.migrate_to is distinct from p_to_version
+       and not (r.run_id = any(v_seen))
+       and (p_limit is null or cardinality(v_seen) < p_limit or (r.created_at, r.run_id) < (v_last.created_at, v_last.run_id))
+     order by r.created_at, r.run_id
+     limit case when p_limit is null or cardinality(v_seen) >= p_limit then null else p_limit - cardinality(v_seen) end;
 end;
 $function$;
-COMMENT ON FUNCTION runledger._migrate_runs(text,text,text,integer) IS 'The action behind runledger.migrate_runs (which records it in audit_log): Operator action: migrate_run for the PENDING, WAITING and DEAD_LETTER runs of workflow@from_version, oldest first, at most limit of them (the canary form: migrate a few, watch them, then the rest with limit null). Returns the run ids it marked.';
+COMMENT ON FUNCTION runledger._migrate_runs(text,text,text,integer) IS 'The action behind runledger.migrate_runs (which records it in audit_log): Operator action: migrate_run for the PENDING, WAITING and DEAD_LETTER runs of workflow@from_version, oldest first, at most limit of them (the canary form: migrate a few, watch them, then the rest with limit null). Returns a row per run of the selection: marked true for each run it marked, false with the reason for each it did not: a run whose compensations undid an operation (fork it instead), or one another transaction held locked at that moment (a claim, a signal, an open transaction: not waited for; call again).';
 
 CREATE OR REPLACE FUNCTION runledger._migration_failed(p_run_id text, p_to_version text, p_error jsonb, p_worker_id text)
  RETURNS void
@@ -3753,7 +3821,8 @@ CREATE OR REPLACE FUNCTION runledger._resolve_operation(p_operation_id text, p_s
  SET jit TO 'off'
 AS $function$
 declare
-  v_op runledger.operations;
+  v_op  runledger.operations;
+  v_run runledger.runs;
 begin
   if p_status not in ('SUCCEEDED', 'FAILED') then
     raise exception using errcode = 'RL003', message = format('resolve_operation: status must be SUCCEEDED or FAILED, not %L', p_status);
@@ -3764,6 +3833,22 @@ begin
   end if;
   if v_op.status not in ('UNKNOWN', 'STARTED') then
     raise exception using errcode = 'RL005', message = format('resolve_operation: operation %s is %s, not UNKNOWN', p_operation_id, v_op.status);
+  end if;
+  -- A worker executes the run: the call may be in flight, and the worker records its outcome
+  -- (over the operator's). An expired lease too: until recovery takes the run back, the
+  -- worker holding it may still write. Once no worker holds it, its writes are fenced off.
+  select * into v_run from runledger.runs r where r.run_id = v_op.run_id;
+  if v_run.status in ('RUNNING', 'CANCELLING') and v_run.lease_owner is not null then
+    raise exception using errcode = 'RL005',
+      message = format('resolve_operation: operation %s (%s) is %s and its run %s is executed by worker %s (lease %s %s): '
+                       'its call may still be in flight, and that worker records the outcome. Wait: a call whose outcome is '
+                       'lost leaves the operation UNKNOWN and the run waiting for you (runledger.unknown_operations)%s; '
+                       'or cancel the run (cancel_run)',
+                       p_operation_id, v_op.name, v_op.status, v_op.run_id, v_run.lease_owner,
+                       case when v_run.lease_expires_at > runledger.now() then 'until' else 'expired at' end,
+                       v_run.lease_expires_at,
+                       case when v_run.lease_expires_at > runledger.now() then ''
+                            else ' once recovery has taken the run back from that worker' end);
   end if;
   update runledger.operations
      set status = p_status, result = case when p_status = 'SUCCEEDED' then p_result end,
@@ -3776,7 +3861,7 @@ begin
   return p_status;
 end;
 $function$;
-COMMENT ON FUNCTION runledger._resolve_operation(text,text,jsonb,text) IS 'The action behind runledger.resolve_operation (which records it in audit_log): Operator action: settles an UNKNOWN operation as SUCCEEDED (p_result is its result) or FAILED (p_result is the error), and wakes the run waiting on it. Returns the status set.';
+COMMENT ON FUNCTION runledger._resolve_operation(text,text,jsonb,text) IS 'The action behind runledger.resolve_operation (which records it in audit_log): Operator action: settles an UNKNOWN (or STARTED) operation as SUCCEEDED (p_result is its result) or FAILED (p_result is the error), and wakes the run waiting on it. Returns the status set. RL005 while a worker holds the operation''s run (RUNNING or CANCELLING with an owner, its lease live or expired and not yet recovered): its call may be in flight and the worker records the outcome; wait, or cancel the run.';
 
 CREATE OR REPLACE FUNCTION runledger._retention_fork_live(p_run_id text)
  RETURNS boolean
@@ -3818,6 +3903,7 @@ declare
   v_run     runledger.runs;
   v_dropped jsonb;
   v_reset   jsonb;
+  v_undone  jsonb;
 begin
   select * into v_run from runledger.runs where run_id = p_run_id for update;
   if not found then
@@ -3826,6 +3912,13 @@ begin
   if v_run.status not in ('DEAD_LETTER', 'FAILED') then
     raise exception using errcode = 'RL005',
       message = format('retry_run: run %s is %s; only DEAD_LETTER and FAILED runs can be retried', p_run_id, v_run.status);
+  end if;
+  -- A retry replays the run's checkpoints and goes on: never from an effect a compensation
+  -- undid (it would ship against a refunded charge). Doing that work again is a fork from
+  -- before it, which calls the operation again.
+  v_undone := runledger._undone_operations(p_run_id);
+  if v_undone <> '[]'::jsonb then
+    raise exception using errcode = 'RL005', message = runledger._undone_refusal('retry_run', p_run_id, v_undone);
   end if;
   -- The failed step that ended the run is run again; every successful checkpoint stays.
   delete from runledger.steps s
@@ -3859,7 +3952,7 @@ begin
   return 'PENDING';
 end;
 $function$;
-COMMENT ON FUNCTION runledger._retry_run(text) IS 'The action behind runledger.retry_run (which records it in audit_log): Operator action: a DEAD_LETTER or FAILED run goes back to PENDING with its successful checkpoints intact (the last failed step runs again; a FAILED operation at that step goes back to PLANNED, called again with the same idempotency key) and recovery attempts reset; the old termination record and the operation''s failure stay in events. Returns the new status.';
+COMMENT ON FUNCTION runledger._retry_run(text) IS 'The action behind runledger.retry_run (which records it in audit_log): Operator action: a DEAD_LETTER or FAILED run goes back to PENDING with its successful checkpoints intact (the last failed step runs again; a FAILED operation at that step goes back to PLANNED, called again with the same idempotency key) and recovery attempts reset; the old termination record and the operation''s failure stay in events. Returns the new status. RL005 for a run whose compensations undid (or tried to undo) an operation it would replay (runledger._undone_operations): the message says to fork it from before the first, which calls the operation again.';
 
 CREATE OR REPLACE FUNCTION runledger._retry_wait(p_run_id text, p_token bigint, p_seq integer, p_name text, p_kind text, p_attempt integer, p_delay_ms integer)
  RETURNS void
@@ -4485,6 +4578,8 @@ begin
     select * into v_run from runledger.runs r where r.run_id = v_run.run_id for update;
     v_claimed := v_run.run_id = coalesce(p_options->>'run_id', v_run.run_id)
        and v_run.status = 'PENDING' and v_run.admitted and v_run.fencing_token = 0
+       -- A fork (its lineage_id set) is left to the claims, which hand the worker its lineage.
+       and v_run.lineage_id is null
        and v_run.workflow_version = coalesce(p_options->>'version', v_run.workflow_version)
        and (v_run.not_before is null or v_run.not_before <= v_now)
        and (v_run.deadline_at is null or v_run.deadline_at > v_now);
@@ -5060,6 +5155,49 @@ end;
 $function$;
 COMMENT ON FUNCTION runledger._truncate_run_history() IS 'Trigger function of runs_truncate_history: TRUNCATE of runs empties steps and events (there is no foreign key to cascade through).';
 
+CREATE OR REPLACE FUNCTION runledger._undone_operations(p_run_id text, p_before_seq integer DEFAULT NULL::integer)
+ RETURNS jsonb
+ LANGUAGE sql
+ STABLE
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+AS $function$
+  -- An operation checkpoint names its ledger row (output.operationId). A fork's copied or
+  -- reused checkpoint names a row of an ancestor (copied: that row; reused: the fork's own
+  -- row, attempts 0, whose effect is the ancestor's, prior_operation_id): the effect is the
+  -- ancestor's, and its undo counts too.
+  select coalesce(jsonb_agg(jsonb_build_object('seq', s.seq, 'name', s.name, 'operation_id', coalesce(p.operation_id, o.operation_id),
+                                               'run_id', coalesce(p.run_id, o.run_id),
+                                               'compensation', coalesce(p.compensation_status, o.compensation_status))
+                            order by s.seq), '[]'::jsonb)
+    from runledger.steps s
+    join runledger.operations o on o.operation_id = s.output->>'operationId'
+    left join runledger.operations p on o.attempts = 0 and p.operation_id = o.prior_operation_id
+   where s.run_id = p_run_id and s.kind = 'operation' and s.status = 'SUCCEEDED'
+     and (p_before_seq is null or s.seq < p_before_seq)
+     and coalesce(p.compensation_status, o.compensation_status) is not null
+$function$;
+COMMENT ON FUNCTION runledger._undone_operations(text,integer) IS 'The operation checkpoints of a run (those before p_before_seq; all when null) whose effect a compensation undid (compensation_status DONE) or tried to (STARTED: cut short, FAILED), the ancestor''s operation for a checkpoint a fork copied or reused: a JSON array of {seq, name, operation_id, run_id, compensation}, by seq; [] when there is none. retry_run, migrate_run and fork_run refuse to go on from such a checkpoint.';
+
+CREATE OR REPLACE FUNCTION runledger._undone_refusal(p_what text, p_run_id text, p_undone jsonb)
+ RETURNS text
+ LANGUAGE sql
+ IMMUTABLE
+AS $function$
+  select format('%s: run %s has operations whose effects were undone by compensations (%s); going on from its checkpoints '
+                'would act as if they stood. To do that work again, fork the run from step %s or earlier '
+                '(runledger fork %s --from %s, or select runledger.fork_run(%L, %s)): the fork calls each undone operation '
+                'again, as a new attempt under its idempotency key%s',
+                p_what, p_run_id,
+                (select string_agg(format('%s at step %s: compensation %s', u->>'name', u->>'seq', u->>'compensation'), ', ' order by (u->>'seq')::int)
+                   from jsonb_array_elements(p_undone) u),
+                p_undone->0->>'seq', p_run_id, p_undone->0->>'seq', p_run_id, p_undone->0->>'seq',
+                case when exists (select from jsonb_array_elements(p_undone) u where u->>'compensation' <> 'DONE')
+                     then '. A compensation FAILED or cut short (STARTED) is finished first: compensate_run tries it again'
+                     else '' end)
+$function$;
+COMMENT ON FUNCTION runledger._undone_refusal(text,text,jsonb) IS 'The message of the RL005 that retry_run, migrate_run and fork_run raise for a run with undone operations (runledger._undone_operations): names each, and says to fork the run from the first one''s step (and to finish a FAILED or STARTED compensation with compensate_run first).';
+
 CREATE OR REPLACE FUNCTION runledger._wait(p_run_id text, p_token bigint, p_seq integer, p_name text, p_kind text, p_spec jsonb)
  RETURNS TABLE(done boolean, output jsonb)
  LANGUAGE plpgsql
@@ -5488,7 +5626,7 @@ $function$;
 COMMENT ON FUNCTION runledger.migrate_run(text,text) IS 'Operator action: marks a PENDING, WAITING or DEAD_LETTER run to continue on version to_version of its workflow; a live worker with the migration applies it (event migrated, or migration_failed with the run left as it was). Returns false when the run was already marked for that version. Refused (nothing changed): an unknown run (RL002), a finished or executing run (RL005), no live worker with the version and the migration (RL006). Recorded in audit_log.';
 
 CREATE OR REPLACE FUNCTION runledger.migrate_runs(p_workflow text, p_from_version text, p_to_version text, p_limit integer DEFAULT NULL::integer)
- RETURNS SETOF text
+ RETURNS TABLE(run_id text, marked boolean, reason text)
  LANGUAGE plpgsql
  SECURITY DEFINER
  SET enable_seqscan TO 'off'
@@ -5496,15 +5634,20 @@ CREATE OR REPLACE FUNCTION runledger.migrate_runs(p_workflow text, p_from_versio
  SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 declare
-  v_ids text[] := array(select runledger._migrate_runs(p_workflow, p_from_version, p_to_version, p_limit));
+  v_rows jsonb := (select coalesce(jsonb_agg(jsonb_build_object('run_id', m.id, 'marked', m.marked, 'reason', m.reason) order by m.n), '[]')
+                     from runledger._migrate_runs(p_workflow, p_from_version, p_to_version, p_limit) with ordinality m(id, marked, reason, n));
+  v_marked  jsonb := (select coalesce(jsonb_agg(e->'run_id'), '[]') from jsonb_array_elements(v_rows) e where (e->>'marked')::boolean);
+  v_skipped jsonb := (select coalesce(jsonb_agg(jsonb_build_object('run_id', e->'run_id', 'reason', e->'reason')), '[]')
+                        from jsonb_array_elements(v_rows) e where not (e->>'marked')::boolean);
 begin
   perform runledger._audit('migrate_runs', null, p_workflow,
                            jsonb_build_object('from_version', p_from_version, 'to_version', p_to_version, 'limit', p_limit),
-                           jsonb_build_object('marked', cardinality(v_ids), 'run_ids', to_jsonb(v_ids)));
-  return query select unnest(v_ids);
+                           jsonb_build_object('marked', jsonb_array_length(v_marked), 'run_ids', v_marked,
+                                              'skipped', jsonb_array_length(v_skipped), 'skipped_runs', v_skipped));
+  return query select e->>'run_id', (e->>'marked')::boolean, e->>'reason' from jsonb_array_elements(v_rows) with ordinality x(e, n) order by x.n;
 end;
 $function$;
-COMMENT ON FUNCTION runledger.migrate_runs(text,text,text,integer) IS 'Operator action: migrate_run for the PENDING, WAITING and DEAD_LETTER runs of workflow@from_version, oldest first, at most limit of them (the canary form). Returns the run ids it marked. Recorded in audit_log as one action.';
+COMMENT ON FUNCTION runledger.migrate_runs(text,text,text,integer) IS 'Operator action: migrate_run for the PENDING, WAITING and DEAD_LETTER runs of workflow@from_version, oldest first, at most limit of them (the canary form). Returns a row per run: marked true for the runs it marked; false, with the reason, for a run it left on its version (another transaction held it locked at that moment: call again; its compensations undid an operation: fork it instead). Recorded in audit_log as one action, the runs it left included.';
 
 CREATE OR REPLACE FUNCTION runledger.now()
  RETURNS timestamp with time zone

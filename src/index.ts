@@ -104,5 +104,5 @@ export {
   PayloadUnreadableError,
 } from './engine/core/errors.js';
 export type { MigrateFunction, MigrationArgs, MigrationPlan, MigratedCheckpoint, RecordedCheckpoint } from './engine/core/migration.js';
-export type { MigrateRunOptions, MigrationOutcome } from './engine/client/migrations.js';
+export type { MigrateRunOptions, MigrateRunsResult, MigrationOutcome } from './engine/client/migrations.js';
 export type { ErrorCode, SerializedError } from './engine/core/errors.js';

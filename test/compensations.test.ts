@@ -201,8 +201,18 @@ describe('compensate_run', () => {
     const ended = await runRow(handle.runId);
     expect(ended.termination_reason).toBe('NON_DETERMINISM');
     expect(ended.termination_evidence).toMatchObject({ compensations: { done: 1, failed: [], not_run: [] } });
-    // The operator can still bring it back after a fix: retry_run works on it as before.
-    expect(await t.engine.retry(handle.runId)).toBe('PENDING');
+    // Its booking is undone: retry_run would replay that checkpoint and go on as if it stood.
+    // Refused; the message says how to do the work again after a fix (a fork from step 0).
+    await expect(t.engine.retry(handle.runId)).rejects.toMatchObject({
+      code: 'INVALID_STATE',
+      message: expect.stringContaining(`runledger fork ${handle.runId} --from 0`),
+    });
+    expect((await runRow(handle.runId)).status).toBe('DEAD_LETTER');
+    // migrate_run would bring it back PENDING on its checkpoints: refused the same way, before anything else.
+    await expect(db.pool.query(`select runledger.migrate_run($1, '2')`, [handle.runId])).rejects.toMatchObject({
+      code: 'RL005',
+      message: expect.stringContaining('migrate_run: run ' + handle.runId + ' has operations whose effects were undone'),
+    });
   });
 
   it('refuses a SUCCEEDED or unfinished run (INVALID_STATE) and an unknown one (NOT_FOUND); with nothing to undo it returns the status', async () => {
@@ -229,5 +239,107 @@ describe('compensate_run', () => {
     expect(await t.engine.compensate(waiting.runId)).toBe('CANCELLED'); // it did nothing to undo
     expect((await runRow(waiting.runId)).status).toBe('CANCELLED');
     expect(await eventKinds(waiting.runId)).not.toContain('compensation_requested');
+  });
+});
+
+describe('after compensations: retry_run, migrate_run and fork_run never go on from an undone effect', () => {
+  /**
+   * A payment provider's own ledger: what it did, in order. A charge under a key that holds a
+   * charge not refunded is that charge (idempotent); once refunded, the key charges anew.
+   */
+  class PaymentProvider {
+    readonly entries: Array<{ entry: 'charge' | 'refund' | 'ship'; charge: string }> = [];
+    readonly #open = new Map<string, string>();
+    charge(key: string): string {
+      const open = this.#open.get(key);
+      if (open) return open;
+      const charge = `ch_${this.entries.filter((e) => e.entry === 'charge').length + 1}`;
+      this.#open.set(key, charge);
+      this.entries.push({ entry: 'charge', charge });
+      return charge;
+    }
+    refund(key: string, charge: string): void {
+      this.#open.delete(key);
+      this.entries.push({ entry: 'refund', charge });
+    }
+    ship(charge: string): void {
+      this.entries.push({ entry: 'ship', charge });
+    }
+    /** The shipments made against a charge that had been refunded before them. */
+    shippedAfterRefund(): string[] {
+      return this.entries
+        .filter((e, i) => e.entry === 'ship' && this.entries.slice(0, i).some((r) => r.entry === 'refund' && r.charge === e.charge))
+        .map((e) => e.charge);
+    }
+  }
+
+  it('retry_run of a FAILED run whose charge was refunded is refused (INVALID_STATE, saying to fork); a fork from before the charge charges again, then ships', async () => {
+    const provider = new PaymentProvider();
+    let warehouseOpen = false;
+    const wf = t.engine.workflow({ name: 'pay-then-ship', queue: 'comp-undone' }, async (ctx, input: { order: string }) => {
+      const key = `charge-${input.order}`;
+      const charge = await ctx.operation<string>(
+        'charge',
+        { idempotencyKey: key, compensate: ({ result }) => provider.refund(key, result) },
+        async ({ idempotencyKey }) => provider.charge(idempotencyKey),
+      );
+      await ctx.step('ship', () => {
+        if (!warehouseOpen) throw new NonRetryableError('warehouse closed');
+        provider.ship(charge);
+      });
+      return charge;
+    });
+    await worker('comp-undone');
+    const handle = await t.engine.start(wf, { order: 'o-7' });
+    await expect(handle.result()).rejects.toMatchObject({ details: { status: 'FAILED' } });
+    expect(provider.entries).toEqual([
+      { entry: 'charge', charge: 'ch_1' },
+      { entry: 'refund', charge: 'ch_1' },
+    ]);
+
+    warehouseOpen = true; // the fix: a retry would now ship
+    await expect(t.engine.retry(handle.runId)).rejects.toMatchObject({
+      code: 'INVALID_STATE',
+      message: expect.stringContaining(
+        `retry_run: run ${handle.runId} has operations whose effects were undone by compensations (charge at step 0: compensation DONE)`,
+      ),
+    });
+    await expect(t.engine.retry(handle.runId)).rejects.toMatchObject({
+      message: expect.stringContaining(`runledger fork ${handle.runId} --from 0`),
+    });
+    expect((await runRow(handle.runId)).status).toBe('FAILED');
+    // A fork that would copy the charge's checkpoint is refused too.
+    await expect(t.engine.fork(handle.runId, { fromStep: 1 })).rejects.toMatchObject({
+      code: 'INVALID_STATE',
+      message: expect.stringContaining(`fork_run: run ${handle.runId} has operations whose effects were undone`),
+    });
+    // Nothing went on from the refunded charge.
+    expect(provider.shippedAfterRefund()).toEqual([]);
+    expect(provider.entries).toHaveLength(2);
+
+    // A fork from step 0 calls the charge again (a new attempt under its key), and ships on that charge.
+    const fork = await t.engine.fork(handle.runId, { fromStep: 0, workflow: wf });
+    await expect(fork.result({ timeoutMs: 20_000 })).resolves.toBe('ch_2');
+    expect(provider.entries).toEqual([
+      { entry: 'charge', charge: 'ch_1' },
+      { entry: 'refund', charge: 'ch_1' },
+      { entry: 'charge', charge: 'ch_2' },
+      { entry: 'ship', charge: 'ch_2' },
+    ]);
+    expect(provider.shippedAfterRefund()).toEqual([]);
+    const ledger = await db.pool.query(
+      `select run_id, status, attempts, compensation_status, prior_operation_id, operation_id from runledger.operations
+        where idempotency_key = 'charge-o-7' order by started_at`,
+    );
+    expect(ledger.rows).toEqual([
+      expect.objectContaining({ run_id: handle.runId, status: 'SUCCEEDED', compensation_status: 'DONE', prior_operation_id: null }),
+      expect.objectContaining({
+        run_id: fork.runId,
+        status: 'SUCCEEDED',
+        attempts: 1,
+        compensation_status: null,
+        prior_operation_id: ledger.rows[0].operation_id,
+      }),
+    ]);
   });
 });

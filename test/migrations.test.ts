@@ -4,6 +4,7 @@ import type { MigrateFunction, Workflow } from '../src/index.js';
 import { waitFor } from './helpers/database.js';
 import { useTestEngine } from './helpers/test-engine.js';
 import { queueWorkers } from './helpers/cleanup.js';
+import { runCli } from './helpers/cli.js';
 
 /**
  * Run migrations in one process: what migrate_run refuses (and leaves unchanged), what a
@@ -164,8 +165,9 @@ describe('a migration', () => {
       checkpoints: checkpoints.map((c) => (c.name === 'a' ? { ...c, output: (c.output as number) * 100 } : c)),
     });
 
-    const canary = await t.engine.migrateRuns({ workflow: 'moving', fromVersion: '1', toVersion: '2', limit: 2 });
+    const { marked: canary, skipped } = await t.engine.migrateRuns({ workflow: 'moving', fromVersion: '1', toVersion: '2', limit: 2 });
     expect(canary).toEqual(runs.slice(0, 2));
+    expect(skipped).toEqual([]);
     await waitFor('canary migrated', async () =>
       (await Promise.all(canary.map(runRow))).every((r) => r.workflow_version === '2' && r.migrate_to === null) ? true : undefined,
     );
@@ -177,7 +179,7 @@ describe('a migration', () => {
     );
     expect(await Promise.all(canary.map(async (id) => (await t.engine.getRun(id))?.output))).toEqual(['v2:1000', 'v2:1100']);
 
-    const rest = await t.engine.migrateRuns({ workflow: 'moving', fromVersion: '1', toVersion: '2' });
+    const { marked: rest } = await t.engine.migrateRuns({ workflow: 'moving', fromVersion: '1', toVersion: '2' });
     expect(rest).toEqual(runs.slice(2));
     await waitFor('rest migrated', async () =>
       (await Promise.all(rest.map(runRow))).every((r) => r.workflow_version === '2') ? true : undefined,
@@ -218,7 +220,7 @@ describe('a migration', () => {
         (await count(`workflow_version = '1' and status = 'WAITING'`)) === runs ? true : undefined,
       );
       plan = () => undefined;
-      const marked = await t.engine.migrateRuns({ workflow: 'moving', fromVersion: '1', toVersion: '2' });
+      const { marked } = await t.engine.migrateRuns({ workflow: 'moving', fromVersion: '1', toVersion: '2' });
       expect(marked).toHaveLength(runs);
       await waitFor(
         'all migrated',
@@ -256,5 +258,53 @@ describe('a migration', () => {
     } finally {
       await worker.stop();
     }
+  });
+
+  it('reports each run of the selection another transaction holds locked (skipped, with why) instead of leaving it on version 1 without a word', async () => {
+    await startWorker();
+    plan = () => undefined;
+    await t.engine.migrateRuns({ workflow: 'moving', fromVersion: '1', toVersion: '2' }); // the earlier tests' runs
+    const runs = [await waitingRun(30), await waitingRun(31), await waitingRun(32)];
+    const holder = await db.pool.connect();
+    const locked = expect.stringContaining('locked by another transaction at that moment: not marked');
+    try {
+      // A second connection holds the oldest run's row (an operator's open transaction).
+      await holder.query('begin');
+      await holder.query('select 1 from runledger.runs where run_id = $1 for update', [runs[0]]);
+      // The canary of one takes the next run, and names the one it passed over.
+      expect(await t.engine.migrateRuns({ workflow: 'moving', fromVersion: '1', toVersion: '2', limit: 1 })).toEqual({
+        marked: [runs[1]],
+        skipped: [{ runId: runs[0], reason: locked }],
+      });
+      expect(await t.engine.migrateRuns({ workflow: 'moving', fromVersion: '1', toVersion: '2' })).toEqual({
+        marked: [runs[2]],
+        skipped: [{ runId: runs[0], reason: locked }],
+      });
+      const [first] = (
+        await db.pool.query(`select result from runledger.audit_log where action = 'migrate_runs' order by audit_id desc limit 1`)
+      ).rows;
+      expect(first.result).toEqual({ marked: 1, run_ids: [runs[2]], skipped: 1, skipped_runs: [{ run_id: runs[0], reason: locked }] });
+      // The CLI lists it, says it stays on version 1, and exits 1.
+      const cli = await runCli(db.url, ['migrate-run', '--workflow', 'moving', '--all-of', '1', '--to', '2', '--no-wait']);
+      expect(cli.stdout).toContain('marked 0 run(s) of moving@1 for version 2');
+      expect(cli.stdout).toContain('skipped 1 run(s) of the selection, left on version 1');
+      expect(cli.stdout).toContain(`${runs[0]}  skipped, still on version 1: locked by another transaction`);
+      expect(cli).toMatchObject({
+        code: 1,
+        stderr: expect.stringMatching(/^error \[MIGRATION_SKIPPED\]: 1 run\(s\) of moving@1 were not marked/),
+      });
+      expect((await runRow(runs[0]!)).migrate_to).toBeNull();
+    } finally {
+      await holder.query('rollback');
+      holder.release();
+    }
+    // Released: the next call marks it.
+    expect(await t.engine.migrateRuns({ workflow: 'moving', fromVersion: '1', toVersion: '2' })).toEqual({
+      marked: [runs[0]],
+      skipped: [],
+    });
+    await waitFor('all migrated', async () =>
+      (await Promise.all(runs.map(runRow))).every((r) => r.workflow_version === '2') ? true : undefined,
+    );
   });
 });

@@ -207,6 +207,41 @@ describe('the crash window of an external call', () => {
     expect(service.calls.get(key)).toBe(1);
   });
 
+  it("resolve_operation is refused (INVALID_STATE) while the worker's call is in flight; the worker records the outcome once", async () => {
+    const wf = t.engine.workflow({ name: 'in-flight', queue: 'in-flight' }, async (ctx) =>
+      ctx.operation('book', { idempotencyKey: `in-flight-${ctx.runId}` }, async ({ idempotencyKey }) => {
+        const res = await fetch(`${service.url}/tickets?key=${idempotencyKey}`, { method: 'POST' });
+        return (await res.json()) as { id: string };
+      }),
+    );
+    await inProcessWorker(t.engine, ['in-flight']);
+    service.holdReplies(true); // the service acts and holds its answer: the call is in flight
+    const handle = await t.engine.start(wf, undefined);
+    await waitFor('the call reached the service', async () => service.calls.get(`in-flight-${handle.runId}`) === 1);
+    const started = await operation(handle.runId);
+    expect(started.status).toBe('STARTED');
+    expect((await runRow(handle.runId)).status).toBe('RUNNING');
+
+    await expect(
+      t.engine.resolveOperation(started.operation_id, { status: 'FAILED', result: { message: 'gave up on it' } }),
+    ).rejects.toMatchObject({
+      code: 'INVALID_STATE',
+      message: expect.stringMatching(/its call may still be in flight.*Wait.*cancel the run/),
+    });
+    await expect(db.pool.query(`select runledger.resolve_operation($1, 'SUCCEEDED', '{}')`, [started.operation_id])).rejects.toMatchObject({
+      code: 'RL005',
+    });
+    expect(await operation(handle.runId)).toMatchObject({ status: 'STARTED', resolved_by: null });
+
+    service.holdReplies(false);
+    const ticket = await handle.result();
+    expect(ticket).toEqual({ id: service.tickets.get(`in-flight-${handle.runId}`) });
+    expect(await operation(handle.runId)).toMatchObject({ status: 'SUCCEEDED', resolved_by: null, result: ticket });
+    expect(await events(handle.runId, 'operation_resolved')).toEqual([]);
+    const audit = await db.pool.query(`select count(*)::int as n from runledger.audit_log where target = $1`, [started.operation_id]);
+    expect(audit.rows[0].n).toBe(0); // a refused action leaves no record
+  });
+
   it('resolve_operation refuses bad input with coded errors', async () => {
     await expect(db.pool.query(`select runledger.resolve_operation('nope', 'SUCCEEDED')`)).rejects.toMatchObject({ code: 'RL002' });
     await expect(db.pool.query(`select runledger.resolve_operation('nope', 'MAYBE')`)).rejects.toMatchObject({ code: 'RL003' });
@@ -606,6 +641,50 @@ describe('forks and idempotency keys', () => {
     ]);
     expect(await events(second.runId, 'released')).toEqual([]);
     expect(service.calls.get('order-o-43')).toBe(1);
+  });
+});
+
+describe('a key another run holds', () => {
+  it('met after a human approved: the run fails CONSTRAINT_VIOLATION naming the key and the run and operation that hold it', async () => {
+    const wf = t.engine.workflow({ name: 'approved-refund', queue: 'key-held' }, async (ctx, input: { orderId: string }) => {
+      const decision = await ctx.requestApproval('manager', { action: 'refund', evidence: input, approvers: ['maria'] });
+      if (!decision?.approved) return 'rejected';
+      return ctx.operation('refund', { idempotencyKey: `refund-${input.orderId}` }, async ({ idempotencyKey }) => {
+        const res = await fetch(`${service.url}/tickets?key=${idempotencyKey}`, { method: 'POST' });
+        return (await res.json()) as { id: string };
+      });
+    });
+    await inProcessWorker(t.engine, ['key-held']);
+    const approve = async (runId: string) => {
+      await waitFor('approval requested', async () => (await runRow(runId)).wait_kind === 'approval');
+      const request = await db.pool.query(`select request_id from runledger.approvals where run_id = $1`, [runId]);
+      await t.engine.decideApproval(request.rows[0].request_id, { approved: true, decidedBy: 'maria' });
+    };
+    const first = await t.engine.start(wf, { orderId: 'o-44' });
+    await approve(first.runId);
+    await first.result();
+    const held = await operation(first.runId);
+
+    const second = await t.engine.start(wf, { orderId: 'o-44' }); // an unrelated run, the same business key
+    await approve(second.runId);
+    await expect(second.result({ timeoutMs: 20_000 })).rejects.toMatchObject({ details: { status: 'FAILED' } });
+    const run = await runRow(second.runId);
+    expect(run).toMatchObject({ recovery_attempts: 0, termination_reason: 'FAILED' });
+    expect(run.error).toMatchObject({
+      code: 'CONSTRAINT_VIOLATION',
+      sqlstate: '23505',
+      constraint: 'operations_idempotency_key',
+      step: 'refund',
+      idempotencyKey: 'refund-o-44',
+      heldByRunId: first.runId,
+      heldByOperationId: held.operation_id,
+      message: expect.stringContaining(
+        `operation "refund": idempotency key "refund-o-44" is already used by operation ${held.operation_id} ("refund", SUCCEEDED) of run ${first.runId} (workflow approved-refund, SUCCEEDED)`,
+      ),
+    });
+    expect(run.error.message).not.toContain('duplicate key value');
+    expect(await events(second.runId, 'released')).toEqual([]);
+    expect(service.calls.get('refund-o-44')).toBe(1); // the second run never called the service
   });
 });
 

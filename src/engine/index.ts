@@ -20,7 +20,7 @@ import {
   type DecisionInput,
   type DecisionRecord,
 } from './client/operator.js';
-import { migrateRun, migrateRuns, type MigrateRunOptions, type MigrationOutcome } from './client/migrations.js';
+import { migrateRun, migrateRuns, type MigrateRunOptions, type MigrateRunsResult, type MigrationOutcome } from './client/migrations.js';
 import { getRun, listRuns, retryRun, type ListRunsOptions, type RunRecord } from './client/runs.js';
 import {
   handleFor,
@@ -227,8 +227,12 @@ export interface Engine<DB = any> {
    * migrate failed (the run is left as it was).
    */
   migrateRun(runId: string, toVersion: string, options?: MigrateRunOptions): Promise<MigrationOutcome>;
-  /** migrateRun for up to `limit` runs of workflow@fromVersion, oldest first (a canary), or all; returns the run ids marked. */
-  migrateRuns(selection: { workflow: string; fromVersion: string; toVersion: string; limit?: number }): Promise<string[]>;
+  /**
+   * migrateRun for up to `limit` runs of workflow@fromVersion, oldest first (a canary), or all; returns the run ids
+   * marked, and the runs of the selection it left on their version with why (locked by another transaction at
+   * that moment: call again; compensated: fork them instead).
+   */
+  migrateRuns(selection: { workflow: string; fromVersion: string; toVersion: string; limit?: number }): Promise<MigrateRunsResult>;
   /** Settles an UNKNOWN operation (an operator's decision) and wakes the run waiting on it. */
   resolveOperation(
     operationId: string,

@@ -11,6 +11,7 @@ import type { Jsonify } from '../engine/core/jsonify.js';
 import { encodeOutput, stepFailure } from './replay.js';
 import { decideRetry, resolveRetryPolicy, type RetryPolicy } from './retry.js';
 import { resumeAttempt } from './step.js';
+import { isKeyInUse, keyInUse } from './key-in-use.js';
 
 export type ReconcileAnswer<T> =
   { status: 'succeeded'; result: T; externalResourceId?: string } | { status: 'failed'; error?: unknown } | { status: 'unknown' };
@@ -100,7 +101,9 @@ export async function runOperation<T>(
         );
         return result.rows[0];
       } catch (error) {
-        haltOnDbError(exec, error, name);
+        // Another run's operation holds the key: the run fails with an error that names it.
+        if (isKeyInUse(error)) exec.halt({ kind: 'fail', error: await keyInUse(exec, name, key, error) });
+        else haltOnDbError(exec, error, name);
         return undefined;
       }
     };

@@ -5,7 +5,8 @@ import { CliError, EXIT_FAILED, intOption, parse, requiredOption, withPool, type
 
 interface Result {
   runId: string;
-  outcome: 'migrated' | 'requested' | 'failed';
+  /** skipped: migrate_runs left the run on its version (error says why: locked at that moment, or compensated). */
+  outcome: 'migrated' | 'requested' | 'failed' | 'skipped';
   status?: string;
   error?: string;
 }
@@ -13,8 +14,9 @@ interface Result {
 /**
  * Through runledger.migrate_run (one run) or runledger.migrate_runs (--all-of: every
  * PENDING, WAITING and DEAD_LETTER run of a version, or the oldest --limit of them for a
- * canary). Then waits for the workers to apply each migration and reports each outcome;
- * exit 1 when one failed (its run is left as it was).
+ * canary). Then waits for the workers to apply each migration and reports each outcome,
+ * and each run of the selection migrate_runs left on its version (skipped, with why);
+ * exit 1 when one failed or was skipped (its run is left as it was).
  */
 export const migrateRun: Command = {
   summary: 'move a run (or the runs of a version) to another version of its workflow, through its registered migration',
@@ -38,7 +40,10 @@ export const migrateRun: Command = {
         limit: { type: 'string', value: 'N', help: 'with --all-of, only the N oldest runs (a canary)' },
         'no-wait': { type: 'boolean', help: 'mark the runs and return; workers apply the migrations' },
         timeout: { type: 'string', value: 'SECONDS', help: 'how long to wait for the workers to apply them (default 30)' },
-        json: { type: 'boolean', help: 'print one JSON document: an array of {runId, outcome, status, error}' },
+        json: {
+          type: 'boolean',
+          help: 'print one JSON document: an array of {runId, outcome, status, error} (outcome skipped: error says why)',
+        },
       },
       { min: 0, max: 1 },
     );
@@ -67,9 +72,10 @@ export const migrateRun: Command = {
         return [outcome];
       }
       const workflow = requiredOption(migrateRun, parsed.values, 'workflow');
-      const marked = await migrateRuns(pool, { workflow, fromVersion: allOf!, toVersion: to, ...(limit ? { limit } : {}) });
+      const { marked, skipped } = await migrateRuns(pool, { workflow, fromVersion: allOf!, toVersion: to, ...(limit ? { limit } : {}) });
       say(`marked ${marked.length} run(s) of ${workflow}@${allOf} for version ${to}${limit ? ` (at most ${limit}: a canary)` : ''}`);
-      const out: Result[] = [];
+      if (skipped.length > 0) say(`skipped ${skipped.length} run(s) of the selection, left on version ${allOf} (listed below)`);
+      const out: Result[] = skipped.map((s) => ({ runId: s.runId, outcome: 'skipped', error: s.reason }));
       const deadline = Date.now() + timeoutMs;
       for (const [i, id] of marked.entries()) {
         const left = wait ? Math.max(0, deadline - Date.now()) : 0;
@@ -88,18 +94,32 @@ export const migrateRun: Command = {
             ? `migrated to version ${to}, now ${r.status}`
             : r.outcome === 'requested'
               ? `marked for version ${to}; a worker with the migration applies it`
-              : `not migrated: ${r.error}`;
+              : r.outcome === 'skipped'
+                ? `skipped, still on version ${allOf}: ${r.error}`
+                : `not migrated: ${r.error}`;
         print(`${r.runId}  ${what}`);
       }
       const failed = results.filter((r) => r.outcome === 'failed').length;
+      const skippedRuns = results.filter((r) => r.outcome === 'skipped').length;
       if (results.length > 1) {
         const migrated = results.filter((r) => r.outcome === 'migrated').length;
-        print(`${migrated} migrated, ${failed} failed, ${results.length - migrated - failed} still marked`);
+        print(
+          `${migrated} migrated, ${failed} failed, ${results.length - migrated - failed - skippedRuns} still marked` +
+            (skippedRuns > 0 ? `, ${skippedRuns} skipped` : ''),
+        );
       }
     }
     const failures = results.filter((r) => r.outcome === 'failed').length;
+    const skips = results.filter((r) => r.outcome === 'skipped').length;
     if (failures > 0)
       throw new CliError('MIGRATION_FAILED', `${failures} migration(s) failed; those runs were left as they were`, EXIT_FAILED);
+    if (skips > 0) {
+      throw new CliError(
+        'MIGRATION_SKIPPED',
+        `${skips} run(s) of ${parsed.values.workflow}@${allOf} were not marked and stay on version ${allOf}; run the command again for those locked at that moment`,
+        EXIT_FAILED,
+      );
+    }
   },
 };
 

@@ -45,17 +45,34 @@ export async function migrateRun(
   return awaitMigration(pool, runId, fromVersion, toVersion, options.wait === false ? 0 : timeoutMs);
 }
 
-/** Marks up to `limit` runs of workflow@fromVersion (oldest first; all without a limit); returns their ids. */
+/** What migrate_runs did: the runs it marked, and the runs of the selection it left on their version, with why. */
+export interface MigrateRunsResult {
+  /** The runs marked for the new version, oldest first (a worker with the migration applies it). */
+  marked: string[];
+  /**
+   * The runs of the selection it did not mark: one another transaction held locked at that
+   * moment (a claim, a signal, an open transaction; call again), or one whose compensations
+   * undid an operation (fork it instead: docs/operations.md#after-compensations).
+   */
+  skipped: Array<{ runId: string; reason: string }>;
+}
+
+/** Marks up to `limit` runs of workflow@fromVersion (oldest first; all without a limit); says which it marked and which it left. */
 export async function migrateRuns(
   pool: pg.Pool,
   selection: { workflow: string; fromVersion: string; toVersion: string; limit?: number },
-): Promise<string[]> {
+): Promise<MigrateRunsResult> {
   try {
     const result = await pool.query(
-      'select run_id from runledger.migrate_runs(p_workflow => $1, p_from_version => $2, p_to_version => $3, p_limit => $4) as run_id',
+      'select run_id, marked, reason from runledger.migrate_runs(p_workflow => $1, p_from_version => $2, p_to_version => $3, p_limit => $4)',
       [selection.workflow, selection.fromVersion, selection.toVersion, selection.limit ?? null],
     );
-    return result.rows.map((r) => r.run_id as string);
+    const outcome: MigrateRunsResult = { marked: [], skipped: [] };
+    for (const row of result.rows) {
+      if (row.marked) outcome.marked.push(row.run_id);
+      else outcome.skipped.push({ runId: row.run_id, reason: row.reason });
+    }
+    return outcome;
   } catch (error) {
     throw fromPgError(error);
   }

@@ -91,6 +91,7 @@ export const RUNLEDGER_TABLES = {
     traceparent: 'text null',
     execution_traceparent: 'text null',
     in_sessions: 'bool null',
+    lineage_id: 'text null',
   },
   'runledger.steps': {
     run_id: 'text',
