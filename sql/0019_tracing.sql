@@ -6,7 +6,10 @@
 --   runledger._trace_execution(...)                records the span of a run's execution, for the next one to link to
 -- Redefines (released in 0002 and 0008; sql/README.md rule 3):
 --   runledger._start_template, runledger._start, runledger.start_runs   the traceparent start option, stored on the run
---                                                  (start_runs also: new runs by a plain INSERT, in one pass)
+--                                                  (start_runs also: new runs by a plain INSERT, in one pass;
+--                                                  all three: an unknown option is RL003, run_at and deadline
+--                                                  are finite times and a delay is int8 ms, through
+--                                                  0031's _instant and _ms_after)
 --   runledger._claim_batch, runledger._start_claimed                    return the run's traceparents with the claim
 --                                                  (_claim_batch also its lineage_id, a column of
 --                                                  0032_undone_effects_and_lineage.sql; _start_claimed
@@ -43,12 +46,27 @@ declare
   v_deadline timestamptz;
   v_not_before timestamptz;
   v_t        runledger.runs;
+  -- Every option start_run knows (start_runs' per-input arrays are taken out before this).
+  v_known    text[] := array['run_at', 'run_in_ms', 'run_id', 'idempotency_key', 'queue', 'priority', 'concurrency_key',
+                             'version', 'max_recovery_attempts', 'deadline', 'max_steps', 'budget', 'no_progress',
+                             'retry_budget', 'tenant_id', 'traceparent', 'notify', 'version_manifest', 'parent_run_id'];
 begin
   if p_workflow is null then
     raise exception using errcode = 'RL003', message = p_caller || ': workflow name is required';
   end if;
   if jsonb_typeof(v_opts) <> 'object' then
     raise exception using errcode = 'RL003', message = p_caller || ': options must be a JSON object';
+  end if;
+  -- An option it does not know is refused, not ignored: a misspelt limit would be dropped.
+  if v_opts - v_known <> '{}'::jsonb then
+    if p_caller = 'start_runs' then
+      v_known := array_remove(array_remove(v_known, 'run_id'), 'idempotency_key')
+                 || array['run_ids', 'idempotency_keys', 'concurrency_keys'];
+    end if;
+    raise exception using errcode = 'RL003',
+      message = format('%s: unknown option %s (the options are %s)', p_caller,
+                       (select string_agg(quote_literal(k), ', ' order by k) from jsonb_object_keys(v_opts - v_known) k),
+                       array_to_string(v_known, ', '));
   end if;
 
   -- A named version (engine.start names its own) is one primary-key lookup; without one,
@@ -88,17 +106,22 @@ begin
   -- max_recovery_attempts, version_manifest, run_id and notify): one test skips their checks.
   if v_opts ?| array['deadline', 'max_steps', 'no_progress', 'retry_budget', 'budget', 'tenant_id', 'traceparent', 'run_at', 'run_in_ms'] then
     if v_opts ? 'deadline' and jsonb_typeof(v_opts->'deadline') <> 'null' then
-      begin
-        -- A date-time ('2030-01-31T12:00Z') is a point in time; anything else ('2 days', '36h') a lifetime.
-        if v_opts->>'deadline' ~ '^\d{4}-\d{2}-\d{2}' then
-          v_deadline := (v_opts->>'deadline')::timestamptz;
-        else
+      -- A date-time ('2030-01-31T12:00Z') is a point in time; anything else ('2 days', '36h') a lifetime.
+      if v_opts->>'deadline' ~ '^\d{4}-\d{2}-\d{2}' then
+        v_deadline := runledger._instant(v_opts->>'deadline', p_caller || ': deadline');
+      else
+        begin
           v_deadline := v_now + (v_opts->>'deadline')::interval;
+        exception when others then
+          raise exception using errcode = 'RL003',
+            message = format('%s: deadline %L is neither an interval nor a timestamp (within the times PostgreSQL holds)',
+                             p_caller, v_opts->>'deadline');
+        end;
+        -- PostgreSQL 17 reads 'infinity' as an interval.
+        if not isfinite(v_deadline) then
+          raise exception using errcode = 'RL003', message = format('%s: deadline %L is not finite', p_caller, v_opts->>'deadline');
         end if;
-      exception when others then
-        raise exception using errcode = 'RL003',
-          message = format('%s: deadline %L is neither an interval nor a timestamp', p_caller, v_opts->>'deadline');
-      end;
+      end if;
     end if;
     perform runledger._check_whole_number(v_opts, 'max_steps', 1);
     perform runledger._check_whole_number(v_opts, 'no_progress', 2);
@@ -118,19 +141,17 @@ begin
       raise exception using errcode = 'RL003', message = p_caller || ': give run_at or run_in_ms, not both';
     end if;
     if v_opts ? 'run_at' then
-      begin
-        v_not_before := (v_opts->>'run_at')::timestamptz;
-      exception when others then
-        raise exception using errcode = 'RL003', message = format('%s: run_at %L is not a timestamp', p_caller, v_opts->>'run_at');
-      end;
+      -- A finite timestamp: 'infinity' would never start, '-infinity' would sort first forever.
+      v_not_before := runledger._instant(v_opts->>'run_at', p_caller || ': run_at');
     end if;
     if v_opts ? 'run_in_ms' then
       -- A delay, counted on the database clock from now: a caller's clock does not matter.
-      if jsonb_typeof(v_opts->'run_in_ms') <> 'number' or (v_opts->>'run_in_ms') !~ '^\d{1,15}$' then
+      -- An int8 of milliseconds, up to 2^53 - 1 (_ms_after).
+      if jsonb_typeof(v_opts->'run_in_ms') <> 'number' or (v_opts->>'run_in_ms') !~ '^\d{1,16}$' then
         raise exception using errcode = 'RL003',
           message = format('%s: run_in_ms must be a whole number of milliseconds >= 0, not %s', p_caller, v_opts->'run_in_ms');
       end if;
-      v_not_before := v_now + make_interval(secs => (v_opts->>'run_in_ms')::bigint / 1000.0);
+      v_not_before := runledger._ms_after(v_now, (v_opts->>'run_in_ms')::numeric, p_caller || ': run_in_ms');
     end if;
   end if;
   v_t.workflow_name := v_wf.workflow_name;
@@ -278,7 +299,7 @@ begin
     -- notify false: the caller's own worker claims the run (engine.start in a process whose
     -- worker has a free slot), so no other worker is woken for it.
     perform runledger._dispatch(v_t.run_id, v_t.queue_name,
-      coalesce(greatest(0, ceil(extract(epoch from v_t.not_before - v_t.created_at) * 1000))::int, 0));
+      coalesce(greatest(0, ceil(extract(epoch from v_t.not_before - v_t.created_at) * 1000))::bigint, 0));
   end if;
   run := v_t;
   inserted := true;
@@ -288,7 +309,7 @@ comment on function runledger._start(text, jsonb, jsonb, text, int) is
   'One run started (start_run, _start_claimed): checks, the row and its created event, then admission or the announcement. Given p_worker_id and p_lease_ms, a run that is runnable at once (admitted, not delayed, within its deadline) is inserted claimed for that worker, with its claimed event. Returns the row (as inserted, or the existing run of an idempotent start) and whether it was inserted.';
 
 comment on function runledger.start_run(text, jsonb, jsonb) is
-  'Starts a run of a registered workflow and dispatches it (or leaves it to its queue''s admission); returns run_id. Options: run_at (delayed start at a timestamp, compared with runledger.now()) or run_in_ms (delayed start this many ms after now on the database clock), run_id, idempotency_key (same key or run_id returns the existing run), queue, priority, concurrency_key, version, max_recovery_attempts, limits overriding the workflow''s: deadline (interval or timestamp), max_steps, budget, no_progress; traceparent (a W3C traceparent the run''s executions are traced under, see runs.traceparent); and notify (default true): false starts an immediately runnable run without waking the queue''s workers by NOTIFY, for a caller whose own worker claims it (engine.start does so when its process''s worker has a free slot; other workers find the run at their next poll).';
+  'Starts a run of a registered workflow and dispatches it (or leaves it to its queue''s admission); returns run_id. Options: run_at (delayed start at a timestamp, compared with runledger.now()) or run_in_ms (delayed start this many ms after now on the database clock), run_id, idempotency_key (same key or run_id returns the existing run), queue, priority, concurrency_key, version, max_recovery_attempts, limits overriding the workflow''s: deadline (interval or timestamp), max_steps, budget, no_progress; traceparent (a W3C traceparent the run''s executions are traced under, see runs.traceparent); and notify (default true): false starts an immediately runnable run without waking the queue''s workers by NOTIFY, for a caller whose own worker claims it (engine.start does so when its process''s worker has a free slot; other workers find the run at their next poll). An unknown option is RL003 (naming it and the known ones), as are run_at or a deadline that is not a finite time PostgreSQL holds (infinity, -infinity, unparsable text) and run_in_ms outside 0 to 2^53 - 1.';
 
 -- start_runs builds its rows in one pass over the inputs (ROWS FROM: the inputs and the
 -- per-input arrays side by side, no materialized copy, no sort), and inserts them without
@@ -439,14 +460,14 @@ begin
     elsif v_t.not_before is not null or coalesce((v_opts->>'notify')::boolean, true) then
       -- One announcement for all of them (_dispatch's NOTIFY names the queue, not the run).
       perform runledger._dispatch(null, v_t.queue_name,
-        coalesce(greatest(0, ceil(extract(epoch from v_t.not_before - v_t.created_at) * 1000))::int, 0));
+        coalesce(greatest(0, ceil(extract(epoch from v_t.not_before - v_t.created_at) * 1000))::bigint, 0));
     end if;
   end if;
   return v_ids;
 end;
 $$;
 comment on function runledger.start_runs(text, jsonb, jsonb) is
-  'Starts one run of a registered workflow per element of the JSON array p_inputs, in one statement, and announces its queue once; returns the run ids in input order. Options as start_run''s, for every run, except run_ids, idempotency_keys and concurrency_keys: arrays with one entry per input (null for none). An input whose run_id or idempotency key already has a run gives that run''s id (idempotent, per input); a run_id of another workflow is RL005. Without run_ids and idempotency_keys every run is new and gets an id made here (a ULID, in input order).';
+  'Starts one run of a registered workflow per element of the JSON array p_inputs, in one statement, and announces its queue once; returns the run ids in input order. Options as start_run''s (an unknown one is RL003), for every run, except run_ids, idempotency_keys and concurrency_keys: arrays with one entry per input (null for none). An input whose run_id or idempotency key already has a run gives that run''s id (idempotent, per input); a run_id of another workflow is RL005. Without run_ids and idempotency_keys every run is new and gets an id made here (a ULID, in input order).';
 
 -- The claims return two more columns: a new return type, so the functions are dropped and
 -- created again (their grants with them, given back below).

@@ -2385,7 +2385,7 @@ AS $function$
 $function$;
 COMMENT ON FUNCTION runledger._completed_evidence(bigint,runledger.runs,jsonb) IS 'The evidence of a COMPLETED termination record: steps, budget_spent (units), budget_used (other dimensions, when any) and verification (what the workflow''s verify accepted the output with, when it has one).';
 
-CREATE OR REPLACE FUNCTION runledger._dead_letter_run(p_run_id text, p_token bigint, p_reason text, p_evidence jsonb, p_policy_version text)
+CREATE OR REPLACE FUNCTION runledger._dead_letter_run(p_run_id text, p_token bigint, p_reason text, p_evidence jsonb, p_policy_version text, p_error jsonb DEFAULT NULL::jsonb)
  RETURNS void
  LANGUAGE plpgsql
  SECURITY DEFINER
@@ -2393,11 +2393,15 @@ CREATE OR REPLACE FUNCTION runledger._dead_letter_run(p_run_id text, p_token big
  SET jit TO 'off'
  SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
+declare
+  v_error jsonb := coalesce(p_error, jsonb_build_object('name', 'DeadLettered', 'code', p_reason,
+                     'message', coalesce(p_evidence->>'message', format('dead-lettered: %s', p_reason))));
 begin
-  perform runledger._finish_run(p_run_id, p_token, 'DEAD_LETTER', p_reason, null, null, p_evidence, p_policy_version);
+  perform runledger._finish_run(p_run_id, p_token, 'DEAD_LETTER', p_reason, null, v_error,
+    coalesce(p_evidence, '{}'::jsonb) || jsonb_build_object('last_error', v_error), p_policy_version);
 end;
 $function$;
-COMMENT ON FUNCTION runledger._dead_letter_run(text,bigint,text,jsonb,text) IS 'Fenced move to DEAD_LETTER (e.g. NON_DETERMINISM) with evidence; the run leaves the automatic path until retry_run.';
+COMMENT ON FUNCTION runledger._dead_letter_run(text,bigint,text,jsonb,text,jsonb) IS 'Fenced move to DEAD_LETTER (e.g. NON_DETERMINISM) with evidence and the error that put it there (p_error, or one built from the reason and evidence.message) in runs.error and evidence.last_error; the run leaves the automatic path until retry_run.';
 
 CREATE OR REPLACE FUNCTION runledger._deadline_evidence(p_run runledger.runs, p_now timestamp with time zone)
  RETURNS jsonb
@@ -2532,7 +2536,7 @@ end;
 $function$;
 COMMENT ON FUNCTION runledger._delete_session(text) IS 'The action behind runledger.delete_session (which records it in audit_log): Operator action: deletes a session nobody holds or waits for, with its history (entries are kept until then, whatever prune() removes). Returns how many entries went. Held or queued for: RL005; unknown: RL002.';
 
-CREATE OR REPLACE FUNCTION runledger._dispatch(p_run_id text, p_queue text, p_delay_ms integer DEFAULT 0)
+CREATE OR REPLACE FUNCTION runledger._dispatch(p_run_id text, p_queue text, p_delay_ms bigint DEFAULT 0)
  RETURNS void
  LANGUAGE plpgsql
 AS $function$
@@ -2541,17 +2545,18 @@ declare
 begin
   if p_delay_ms > 0 then
     -- A delayed PENDING run becomes claimable at not_before; a WAITING run already has its wake_at.
-    v_due := runledger.now() + make_interval(secs => p_delay_ms / 1000.0);
+    v_due := runledger._ms_after(runledger.now(), p_delay_ms, '_dispatch');
     update runledger.runs set not_before = v_due
      where run_id = p_run_id and status = 'PENDING' and (not_before is null or not_before < v_due);
   end if;
   -- Workers serving the queue claim at once, or arm a timer for the delay ("queue+ms"):
-  -- a delay, not a time, so a worker's clock never meets the database's.
+  -- a delay, not a time, so a worker's clock never meets the database's. A worker arms
+  -- at most setTimeout's ceiling (24.8 days) and finds a later one by claiming then.
   -- Identical notifications in one transaction are delivered once.
   perform pg_notify('runledger_runnable', p_queue || case when p_delay_ms > 0 then '+' || p_delay_ms else '' end);
 end;
 $function$;
-COMMENT ON FUNCTION runledger._dispatch(text,text,integer) IS 'Announces that a run of queue p_queue is (or after p_delay_ms will be) runnable: sets not_before for a delayed PENDING run and notifies runledger_runnable with the queue name (and "+" the delay in ms). Workers claim from the runs table; a lost notification only delays a run until the next poll.';
+COMMENT ON FUNCTION runledger._dispatch(text,text,bigint) IS 'Announces that a run of queue p_queue is (or after p_delay_ms will be) runnable: sets not_before for a delayed PENDING run and notifies runledger_runnable with the queue name (and "+" the delay in ms). Workers claim from the runs table; a lost notification only delays a run until the next poll.';
 
 CREATE OR REPLACE FUNCTION runledger._end_wait(p_run_id text, p_seq integer, p_output jsonb)
  RETURNS void
@@ -2862,6 +2867,31 @@ end;
 $function$;
 COMMENT ON FUNCTION runledger._heartbeat_step(text,bigint,integer,jsonb,integer) IS 'Fenced: a long step proves it is alive: renews its run''s lease and stores its progress. Returns the run status (CANCELLING tells the step to stop).';
 
+CREATE OR REPLACE FUNCTION runledger._instant(p_value text, p_what text)
+ RETURNS timestamp with time zone
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+declare
+  v_at timestamptz;
+begin
+  if p_value is null then
+    return null;
+  end if;
+  begin
+    v_at := p_value::timestamptz;
+  exception when data_exception then
+    raise exception using errcode = 'RL003', message = format('%s: %L is not a timestamp', p_what, p_value);
+  end;
+  if not isfinite(v_at) then
+    raise exception using errcode = 'RL003',
+      message = format('%s: %L is not a finite timestamp (infinity and -infinity are refused)', p_what, p_value);
+  end if;
+  return v_at;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._instant(text,text) IS 'p_value read as a timestamptz (null for null). RL003, naming p_what, for text that is not a timestamp and for infinity and -infinity.';
+
 CREATE OR REPLACE FUNCTION runledger._is_traceparent(p text)
  RETURNS boolean
  LANGUAGE sql
@@ -2954,7 +2984,7 @@ end;
 $function$;
 COMMENT ON FUNCTION runledger._maintenance_end(text,text,jsonb,bigint) IS 'The worker holding a task''s lease renews it (p_lease_ms) or lets it go (null), recording what it did; false when the lease is no longer its own (expired and taken, or never held), and it should stop.';
 
-CREATE OR REPLACE FUNCTION runledger._make_runnable(p_run_id text, p_delay_ms integer DEFAULT 0)
+CREATE OR REPLACE FUNCTION runledger._make_runnable(p_run_id text, p_delay_ms bigint DEFAULT 0)
  RETURNS void
  LANGUAGE plpgsql
  SET enable_seqscan TO 'off'
@@ -2967,7 +2997,7 @@ begin
   if runledger._queue_limited(v_run.queue_name) then
     update runledger.runs
        set admitted = false,
-           not_before = case when p_delay_ms > 0 then runledger.now() + make_interval(secs => p_delay_ms / 1000.0) else not_before end
+           not_before = case when p_delay_ms > 0 then runledger._ms_after(runledger.now(), p_delay_ms, '_make_runnable') else not_before end
      where run_id = p_run_id;
     perform runledger._admit(v_run.queue_name);
   else
@@ -2978,7 +3008,7 @@ begin
   end if;
 end;
 $function$;
-COMMENT ON FUNCTION runledger._make_runnable(text,integer) IS 'Every move of a run into PENDING ends here: dispatched at once (after p_delay_ms) in a queue without limits, else left to admission.';
+COMMENT ON FUNCTION runledger._make_runnable(text,bigint) IS 'Every move of a run into PENDING ends here: dispatched at once (after p_delay_ms) in a queue without limits, else left to admission.';
 
 CREATE OR REPLACE FUNCTION runledger._max_payload_bytes()
  RETURNS integer
@@ -3121,6 +3151,32 @@ AS $function$
 $function$;
 COMMENT ON FUNCTION runledger._migration_failed(text,text,jsonb,text) IS 'A worker''s migrator, after rolling back: the migration of the run to to_version failed (its migrate threw, or returned what cannot be written). Clears the mark and records the event migration_failed with the error; the run is left as it was.';
 
+CREATE OR REPLACE FUNCTION runledger._ms_after(p_from timestamp with time zone, p_ms numeric, p_what text)
+ RETURNS timestamp with time zone
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+begin
+  if p_ms is null then
+    return null;
+  end if;
+  -- NaN compares above every number, so it fails the upper bound. 2^53 - 1 is the largest
+  -- whole number a JSON number (a JavaScript one) holds exactly: about 285,000 years.
+  if not (p_ms >= 0 and p_ms <= 9007199254740991) then
+    raise exception using errcode = 'RL003',
+      message = format('%s: %s ms is not a duration (milliseconds from 0 to 9007199254740991, about 285,000 years)', p_what, p_ms);
+  end if;
+  -- make_interval does not check its range on every server: the bound is checked here,
+  -- against the last instant timestamptz holds (294276-12-31, 9224318016000 s after 1970).
+  if extract(epoch from p_from) * 1000 + p_ms >= 9224318016000000 then
+    raise exception using errcode = 'RL003',
+      message = format('%s: %s ms after %s is later than any time PostgreSQL holds (294276-12-31)', p_what, p_ms, p_from);
+  end if;
+  return p_from + make_interval(secs => p_ms / 1000.0);
+end;
+$function$;
+COMMENT ON FUNCTION runledger._ms_after(timestamp with time zone,numeric,text) IS 'p_from plus p_ms milliseconds (null for a null p_ms). RL003, naming p_what, for a p_ms that is negative, NaN or over 9007199254740991 (2^53 - 1), or a result past the last time timestamptz holds (294276-12-31): every duration the engine turns into a time goes through it.';
+
 CREATE OR REPLACE FUNCTION runledger._new_id()
  RETURNS text
  LANGUAGE plpgsql
@@ -3260,7 +3316,7 @@ end;
 $function$;
 COMMENT ON FUNCTION runledger._operation_finish(text,bigint,text,text,jsonb,jsonb,text,text) IS 'Fenced: records an operation''s outcome; called in the same transaction as the step checkpoint that follows it.';
 
-CREATE OR REPLACE FUNCTION runledger._operation_park(p_run_id text, p_token bigint, p_seq integer, p_operation_id text, p_retry_in_ms integer)
+CREATE OR REPLACE FUNCTION runledger._operation_park(p_run_id text, p_token bigint, p_seq integer, p_operation_id text, p_retry_in_ms bigint)
  RETURNS void
  LANGUAGE plpgsql
  SECURITY DEFINER
@@ -3270,7 +3326,7 @@ CREATE OR REPLACE FUNCTION runledger._operation_park(p_run_id text, p_token bigi
 AS $function$
 declare
   v_run runledger.runs := runledger._fence(p_run_id, p_token);
-  v_wake timestamptz := case when p_retry_in_ms is not null then runledger.now() + make_interval(secs => p_retry_in_ms / 1000.0) end;
+  v_wake timestamptz := runledger._ms_after(runledger.now(), p_retry_in_ms, '_operation_park: p_retry_in_ms');
 begin
   -- Never a silent retry of a call that may have happened: the run waits (holding nothing)
   -- for resolve_operation, or until the next reconcile attempt when a reconciler said "unknown".
@@ -3283,11 +3339,11 @@ begin
   values (p_run_id, 'waiting_for_reconcile', jsonb_build_object('operation_id', p_operation_id, 'seq', p_seq, 'retry_in_ms', p_retry_in_ms), p_token);
   if least(v_wake, v_run.deadline_at) is not null then
     perform runledger._dispatch(p_run_id, v_run.queue_name,
-      greatest(0, ceil(extract(epoch from least(v_wake, v_run.deadline_at) - runledger.now()) * 1000))::int);
+      greatest(0, ceil(extract(epoch from least(v_wake, v_run.deadline_at) - runledger.now()) * 1000))::bigint);
   end if;
 end;
 $function$;
-COMMENT ON FUNCTION runledger._operation_park(text,bigint,integer,text,integer) IS 'Fenced: an UNKNOWN operation that cannot be settled automatically parks the run WAITING (wait_kind reconcile) until resolve_operation, or until p_retry_in_ms for the next reconcile.';
+COMMENT ON FUNCTION runledger._operation_park(text,bigint,integer,text,bigint) IS 'Fenced: an UNKNOWN operation that cannot be settled automatically parks the run WAITING (wait_kind reconcile) until resolve_operation, or until p_retry_in_ms for the next reconcile.';
 
 CREATE OR REPLACE FUNCTION runledger._prune(p_older_than interval)
  RETURNS bigint
@@ -3606,7 +3662,7 @@ end;
 $function$;
 COMMENT ON FUNCTION runledger._record_artifact(text,integer,text,text,text,bigint,bytea,text) IS 'Records an artifact row of a run (kind artifact or value) and stores its content as a blob unless it is already stored (p_content null: the caller holds it, _artifact_blob_held) or it is a reference (p_ref). A value already recorded for the run and content is returned as it is. Content that does not hash to p_sha256: RL003.';
 
-CREATE OR REPLACE FUNCTION runledger._record_retry(p_run_id text, p_token bigint, p_seq integer, p_name text, p_attempt integer, p_error jsonb, p_delay_ms integer)
+CREATE OR REPLACE FUNCTION runledger._record_retry(p_run_id text, p_token bigint, p_seq integer, p_name text, p_attempt integer, p_error jsonb, p_delay_ms bigint)
  RETURNS boolean
  LANGUAGE plpgsql
  SECURITY DEFINER
@@ -3630,7 +3686,7 @@ begin
   return true;
 end;
 $function$;
-COMMENT ON FUNCTION runledger._record_retry(text,bigint,integer,text,integer,jsonb,integer) IS 'Fenced: records a failed attempt of a step (its error and the backoff before the next) and spends one retry of the run''s retry budget; false when the budget is used up (the step then fails).';
+COMMENT ON FUNCTION runledger._record_retry(text,bigint,integer,text,integer,jsonb,bigint) IS 'Fenced: records a failed attempt of a step (its error and the backoff before the next) and spends one retry of the run''s retry budget; false when the budget is used up (the step then fails).';
 
 CREATE OR REPLACE FUNCTION runledger._recover_expired(p_limit integer DEFAULT 1000)
  RETURNS integer
@@ -3645,6 +3701,7 @@ declare
   v_run   runledger.runs;
   v_count int := 0;
   v_attempts int;
+  v_error    jsonb;
 begin
   -- SKIP LOCKED: several workers sweep at once without blocking on each other or on
   -- a run whose owner is committing a checkpoint right now.
@@ -3689,12 +3746,18 @@ begin
       if v_attempts + 1 > v_run.max_recovery_attempts then
         -- Through _finish_run (and _finished): the event, the parent's wake-up and the
         -- admission of the next run of a limited queue, in this transaction.
-        perform runledger._finish_run(v_run.run_id, v_run.fencing_token, 'DEAD_LETTER', 'MAX_RECOVERY_ATTEMPTS', null, null,
+        -- The last error that put it here is the expiry itself (its owner died or hung):
+        -- in runs.error and in the evidence, as _release_run records a worker's error.
+        v_error := jsonb_build_object('name', 'LeaseExpired', 'code', 'LEASE_EXPIRED',
+          'message', format('the lease of worker %s expired at %s without a checkpoint, %s times in a row (max_recovery_attempts %s)',
+                            v_run.lease_owner, v_run.lease_expires_at, v_attempts + 1, v_run.max_recovery_attempts));
+        perform runledger._finish_run(v_run.run_id, v_run.fencing_token, 'DEAD_LETTER', 'MAX_RECOVERY_ATTEMPTS', null, v_error,
           jsonb_build_object(
             'recovery_attempts', v_attempts,
             'max_recovery_attempts', v_run.max_recovery_attempts,
             'last_owner', v_run.lease_owner,
-            'lease_expired_at', v_run.lease_expires_at),
+            'lease_expired_at', v_run.lease_expires_at,
+            'last_error', v_error),
           'runledger/1');
       else
         update runledger.runs
@@ -3718,7 +3781,7 @@ begin
   return v_count;
 end;
 $function$;
-COMMENT ON FUNCTION runledger._recover_expired(integer) IS 'Sweeper, run by every live worker: each RUNNING run whose lease expired goes back to PENDING counting one recovery attempt and is re-dispatched, or, past max_recovery_attempts, to DEAD_LETTER with its termination record (through _finish_run: parent woken, queue slot freed). Attempts count expiries since the last progress: an expired execution that committed a checkpoint under its fencing token (_made_progress) starts the count again at 1. A CANCELLING one with compensations due is left without an owner for the next claim (counting an attempt; past max_recovery_attempts they are given up on, event compensations_abandoned); without, or given up on, it ends CANCELLED (or with its stop_record). Marks silent workers stopped. Returns how many runs it handled.';
+COMMENT ON FUNCTION runledger._recover_expired(integer) IS 'Sweeper, run by every live worker: each RUNNING run whose lease expired goes back to PENDING counting one recovery attempt and is re-dispatched, or, past max_recovery_attempts, to DEAD_LETTER with its termination record and the error LEASE_EXPIRED (runs.error, evidence.last_error) (through _finish_run: parent woken, queue slot freed). Attempts count expiries since the last progress: an expired execution that committed a checkpoint under its fencing token (_made_progress) starts the count again at 1. A CANCELLING one with compensations due is left without an owner for the next claim (counting an attempt; past max_recovery_attempts they are given up on, event compensations_abandoned); without, or given up on, it ends CANCELLED (or with its stop_record). Marks silent workers stopped. Returns how many runs it handled.';
 
 CREATE OR REPLACE FUNCTION runledger._register_worker(p_worker_id text, p_host text, p_pid integer, p_workflows text[], p_queues text[], p_concurrency integer, p_lease_ms integer, p_migrations text[] DEFAULT '{}'::text[])
  RETURNS void
@@ -3748,7 +3811,7 @@ AS $function$
 $function$;
 COMMENT ON FUNCTION runledger._register_workflow(text,text,text,integer,jsonb,jsonb) IS 'Records a workflow (name, version) with its default queue, recovery limit, limits (deadline, max_steps, budget, no_progress) and version manifest, so start_run from SQL can resolve them (a run started from SQL records that manifest).';
 
-CREATE OR REPLACE FUNCTION runledger._release_run(p_run_id text, p_token bigint, p_delay_ms integer, p_reason text, p_counts_attempt boolean DEFAULT false)
+CREATE OR REPLACE FUNCTION runledger._release_run(p_run_id text, p_token bigint, p_delay_ms bigint, p_reason text, p_counts_attempt boolean DEFAULT false, p_error jsonb DEFAULT NULL::jsonb)
  RETURNS boolean
  LANGUAGE plpgsql
  SECURITY DEFINER
@@ -3757,8 +3820,10 @@ CREATE OR REPLACE FUNCTION runledger._release_run(p_run_id text, p_token bigint,
  SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 declare
-  v_run runledger.runs;
-  v_now timestamptz := runledger.now();
+  v_run   runledger.runs;
+  v_now   timestamptz := runledger.now();
+  v_error jsonb := coalesce(p_error, jsonb_build_object('name', 'Released', 'code', upper(p_reason),
+                     'message', format('the worker gave the run back: %s', p_reason)));
 begin
   -- By its key, checked after (sql/README.md, "Plans that cannot go stale").
   select * into v_run from runledger.runs where run_id = p_run_id for update;
@@ -3770,10 +3835,11 @@ begin
     v_run.recovery_attempts := 0;
   end if;
   if p_counts_attempt and v_run.recovery_attempts + 1 > v_run.max_recovery_attempts then
-    -- An execution that keeps failing for infrastructure reasons must not loop forever.
-    perform runledger._finish_run(p_run_id, p_token, 'DEAD_LETTER', 'MAX_RECOVERY_ATTEMPTS', null, null,
+    -- An execution that keeps failing for infrastructure reasons must not loop forever; the
+    -- dead letter says why the last one failed.
+    perform runledger._finish_run(p_run_id, p_token, 'DEAD_LETTER', 'MAX_RECOVERY_ATTEMPTS', null, v_error,
       jsonb_build_object('recovery_attempts', v_run.recovery_attempts, 'max_recovery_attempts', v_run.max_recovery_attempts,
-                         'last_release', p_reason),
+                         'last_release', p_reason, 'last_error', v_error),
       'runledger/1');
     return true;
   end if;
@@ -3782,12 +3848,14 @@ begin
          recovery_attempts = v_run.recovery_attempts + case when p_counts_attempt then 1 else 0 end
    where run_id = p_run_id;
   insert into runledger.events (run_id, kind, detail, fencing_token, at)
-  values (p_run_id, 'released', jsonb_build_object('reason', p_reason, 'delay_ms', p_delay_ms, 'counts_attempt', p_counts_attempt), p_token, v_now);
+  values (p_run_id, 'released', jsonb_strip_nulls(jsonb_build_object('reason', p_reason, 'delay_ms', p_delay_ms,
+                                                                     'counts_attempt', p_counts_attempt, 'error', p_error)),
+          p_token, v_now);
   perform runledger._make_runnable(p_run_id, p_delay_ms);
   return true;
 end;
 $function$;
-COMMENT ON FUNCTION runledger._release_run(text,bigint,integer,text,boolean) IS 'A worker gives a run back: RUNNING -> PENDING, re-dispatched after p_delay_ms. A graceful stop does not count a recovery attempt; an infrastructure failure does (p_counts_attempt; counting again from 1 when this execution committed a checkpoint, _made_progress), and past max_recovery_attempts the run is dead-lettered instead.';
+COMMENT ON FUNCTION runledger._release_run(text,bigint,bigint,text,boolean,jsonb) IS 'A worker gives a run back: RUNNING -> PENDING, re-dispatched after p_delay_ms. A graceful stop does not count a recovery attempt; an infrastructure failure does (p_counts_attempt; counting again from 1 when this execution committed a checkpoint, _made_progress), and past max_recovery_attempts the run is dead-lettered instead, with p_error (the error the worker released it for; built from p_reason when null) in runs.error and evidence.last_error. The event released keeps p_error too.';
 
 CREATE OR REPLACE FUNCTION runledger._release_session(p_session_id text)
  RETURNS text
@@ -3954,7 +4022,7 @@ end;
 $function$;
 COMMENT ON FUNCTION runledger._retry_run(text) IS 'The action behind runledger.retry_run (which records it in audit_log): Operator action: a DEAD_LETTER or FAILED run goes back to PENDING with its successful checkpoints intact (the last failed step runs again; a FAILED operation at that step goes back to PLANNED, called again with the same idempotency key) and recovery attempts reset; the old termination record and the operation''s failure stay in events. Returns the new status. RL005 for a run whose compensations undid (or tried to undo) an operation it would replay (runledger._undone_operations): the message says to fork it from before the first, which calls the operation again.';
 
-CREATE OR REPLACE FUNCTION runledger._retry_wait(p_run_id text, p_token bigint, p_seq integer, p_name text, p_kind text, p_attempt integer, p_delay_ms integer)
+CREATE OR REPLACE FUNCTION runledger._retry_wait(p_run_id text, p_token bigint, p_seq integer, p_name text, p_kind text, p_attempt integer, p_delay_ms bigint)
  RETURNS void
  LANGUAGE plpgsql
  SECURITY DEFINER
@@ -3964,7 +4032,7 @@ CREATE OR REPLACE FUNCTION runledger._retry_wait(p_run_id text, p_token bigint, 
 AS $function$
 declare
   v_run  runledger.runs := runledger._fence(p_run_id, p_token);
-  v_wake timestamptz := runledger.now() + make_interval(secs => p_delay_ms / 1000.0);
+  v_wake timestamptz := runledger._ms_after(runledger.now(), p_delay_ms, '_retry_wait: p_delay_ms');
 begin
   -- The step position keeps a WAITING row with the attempt reached; the next attempt after
   -- the backoff reads it. The worker is freed meanwhile.
@@ -3979,10 +4047,10 @@ begin
    where run_id = p_run_id;
   perform runledger._slot_freed(p_run_id);
   perform runledger._dispatch(p_run_id, v_run.queue_name,
-    greatest(0, ceil(extract(epoch from least(v_wake, v_run.deadline_at) - runledger.now()) * 1000))::int);
+    greatest(0, ceil(extract(epoch from least(v_wake, v_run.deadline_at) - runledger.now()) * 1000))::bigint);
 end;
 $function$;
-COMMENT ON FUNCTION runledger._retry_wait(text,bigint,integer,text,text,integer,integer) IS 'Fenced: a backoff too long to sleep in memory becomes a durable wait (wait_kind retry): the step keeps a WAITING row with the attempt reached and the run waits, holding no worker, until the next attempt is due.';
+COMMENT ON FUNCTION runledger._retry_wait(text,bigint,integer,text,text,integer,bigint) IS 'Fenced: a backoff too long to sleep in memory becomes a durable wait (wait_kind retry): the step keeps a WAITING row with the attempt reached and the run waits, holding no worker, until the next attempt is due.';
 
 CREATE OR REPLACE FUNCTION runledger._secure_functions()
  RETURNS void
@@ -4029,6 +4097,11 @@ begin
   if p_topic is null or p_topic !~ '^[A-Za-z0-9][A-Za-z0-9_.:/-]*$' or length(p_topic) > 100 then
     raise exception using errcode = 'RL003', message = format('send_signal: invalid topic %L', p_topic);
   end if;
+  -- The inbox's check (signal_id of 1 to 200 characters) would raise a raw 23514.
+  if length(v_id) not between 1 and 200 then
+    raise exception using errcode = 'RL003',
+      message = format('send_signal: signal_id must be 1 to 200 characters, not %s', length(v_id));
+  end if;
   if pg_column_size(p_payload) > runledger._max_payload_bytes() then
     raise exception using errcode = 'RL004', message = format('send_signal: payload over the limit of %s bytes', runledger._max_payload_bytes());
   end if;
@@ -4055,7 +4128,7 @@ begin
   return true;
 end;
 $function$;
-COMMENT ON FUNCTION runledger._send_signal(text,text,jsonb,text) IS 'The action behind runledger.send_signal (which records it in audit_log): Delivers a signal to a run''s durable inbox; returns false (changing nothing) when signal_id was already accepted. Wakes the run if it waits on this topic; otherwise the signal waits for a later wait. Unknown run: RL002; finished run: RL005.';
+COMMENT ON FUNCTION runledger._send_signal(text,text,jsonb,text) IS 'The action behind runledger.send_signal (which records it in audit_log): Delivers a signal to a run''s durable inbox; returns false (changing nothing) when signal_id was already accepted. Wakes the run if it waits on this topic; otherwise the signal waits for a later wait. Invalid topic or a signal_id that is not 1 to 200 characters: RL003; unknown run: RL002; finished run: RL005.';
 
 CREATE OR REPLACE FUNCTION runledger._session_acquire(p_session_id text, p_run_id text)
  RETURNS jsonb
@@ -4509,7 +4582,7 @@ begin
     -- notify false: the caller's own worker claims the run (engine.start in a process whose
     -- worker has a free slot), so no other worker is woken for it.
     perform runledger._dispatch(v_t.run_id, v_t.queue_name,
-      coalesce(greatest(0, ceil(extract(epoch from v_t.not_before - v_t.created_at) * 1000))::int, 0));
+      coalesce(greatest(0, ceil(extract(epoch from v_t.not_before - v_t.created_at) * 1000))::bigint, 0));
   end if;
   run := v_t;
   inserted := true;
@@ -4673,12 +4746,27 @@ declare
   v_deadline timestamptz;
   v_not_before timestamptz;
   v_t        runledger.runs;
+  -- Every option start_run knows (start_runs' per-input arrays are taken out before this).
+  v_known    text[] := array['run_at', 'run_in_ms', 'run_id', 'idempotency_key', 'queue', 'priority', 'concurrency_key',
+                             'version', 'max_recovery_attempts', 'deadline', 'max_steps', 'budget', 'no_progress',
+                             'retry_budget', 'tenant_id', 'traceparent', 'notify', 'version_manifest', 'parent_run_id'];
 begin
   if p_workflow is null then
     raise exception using errcode = 'RL003', message = p_caller || ': workflow name is required';
   end if;
   if jsonb_typeof(v_opts) <> 'object' then
     raise exception using errcode = 'RL003', message = p_caller || ': options must be a JSON object';
+  end if;
+  -- An option it does not know is refused, not ignored: a misspelt limit would be dropped.
+  if v_opts - v_known <> '{}'::jsonb then
+    if p_caller = 'start_runs' then
+      v_known := array_remove(array_remove(v_known, 'run_id'), 'idempotency_key')
+                 || array['run_ids', 'idempotency_keys', 'concurrency_keys'];
+    end if;
+    raise exception using errcode = 'RL003',
+      message = format('%s: unknown option %s (the options are %s)', p_caller,
+                       (select string_agg(quote_literal(k), ', ' order by k) from jsonb_object_keys(v_opts - v_known) k),
+                       array_to_string(v_known, ', '));
   end if;
 
   -- A named version (engine.start names its own) is one primary-key lookup; without one,
@@ -4718,17 +4806,22 @@ begin
   -- max_recovery_attempts, version_manifest, run_id and notify): one test skips their checks.
   if v_opts ?| array['deadline', 'max_steps', 'no_progress', 'retry_budget', 'budget', 'tenant_id', 'traceparent', 'run_at', 'run_in_ms'] then
     if v_opts ? 'deadline' and jsonb_typeof(v_opts->'deadline') <> 'null' then
-      begin
-        -- A date-time ('2030-01-31T12:00Z') is a point in time; anything else ('2 days', '36h') a lifetime.
-        if v_opts->>'deadline' ~ '^\d{4}-\d{2}-\d{2}' then
-          v_deadline := (v_opts->>'deadline')::timestamptz;
-        else
+      -- A date-time ('2030-01-31T12:00Z') is a point in time; anything else ('2 days', '36h') a lifetime.
+      if v_opts->>'deadline' ~ '^\d{4}-\d{2}-\d{2}' then
+        v_deadline := runledger._instant(v_opts->>'deadline', p_caller || ': deadline');
+      else
+        begin
           v_deadline := v_now + (v_opts->>'deadline')::interval;
+        exception when others then
+          raise exception using errcode = 'RL003',
+            message = format('%s: deadline %L is neither an interval nor a timestamp (within the times PostgreSQL holds)',
+                             p_caller, v_opts->>'deadline');
+        end;
+        -- PostgreSQL 17 reads 'infinity' as an interval.
+        if not isfinite(v_deadline) then
+          raise exception using errcode = 'RL003', message = format('%s: deadline %L is not finite', p_caller, v_opts->>'deadline');
         end if;
-      exception when others then
-        raise exception using errcode = 'RL003',
-          message = format('%s: deadline %L is neither an interval nor a timestamp', p_caller, v_opts->>'deadline');
-      end;
+      end if;
     end if;
     perform runledger._check_whole_number(v_opts, 'max_steps', 1);
     perform runledger._check_whole_number(v_opts, 'no_progress', 2);
@@ -4748,19 +4841,17 @@ begin
       raise exception using errcode = 'RL003', message = p_caller || ': give run_at or run_in_ms, not both';
     end if;
     if v_opts ? 'run_at' then
-      begin
-        v_not_before := (v_opts->>'run_at')::timestamptz;
-      exception when others then
-        raise exception using errcode = 'RL003', message = format('%s: run_at %L is not a timestamp', p_caller, v_opts->>'run_at');
-      end;
+      -- A finite timestamp: 'infinity' would never start, '-infinity' would sort first forever.
+      v_not_before := runledger._instant(v_opts->>'run_at', p_caller || ': run_at');
     end if;
     if v_opts ? 'run_in_ms' then
       -- A delay, counted on the database clock from now: a caller's clock does not matter.
-      if jsonb_typeof(v_opts->'run_in_ms') <> 'number' or (v_opts->>'run_in_ms') !~ '^\d{1,15}$' then
+      -- An int8 of milliseconds, up to 2^53 - 1 (_ms_after).
+      if jsonb_typeof(v_opts->'run_in_ms') <> 'number' or (v_opts->>'run_in_ms') !~ '^\d{1,16}$' then
         raise exception using errcode = 'RL003',
           message = format('%s: run_in_ms must be a whole number of milliseconds >= 0, not %s', p_caller, v_opts->'run_in_ms');
       end if;
-      v_not_before := v_now + make_interval(secs => (v_opts->>'run_in_ms')::bigint / 1000.0);
+      v_not_before := runledger._ms_after(v_now, (v_opts->>'run_in_ms')::numeric, p_caller || ': run_in_ms');
     end if;
   end if;
   v_t.workflow_name := v_wf.workflow_name;
@@ -5222,10 +5313,15 @@ begin
   -- First encounter: the wake time (timeout) is computed once, on the database clock, and kept.
   select * into v_step from runledger.steps where run_id = p_run_id and seq = p_seq;
   if not found then
-    v_wake_at := case
-      when p_spec ? 'until' then (p_spec->>'until')::timestamptz
-      when p_spec ? 'timeout_ms' then v_now + make_interval(secs => (p_spec->>'timeout_ms')::numeric / 1000.0)
-    end;
+    if p_spec ? 'until' then
+      v_wake_at := runledger._instant(p_spec->>'until', format('run %s: %s %s until', p_run_id, p_kind, p_name));
+    elsif p_spec ? 'timeout_ms' then
+      if jsonb_typeof(p_spec->'timeout_ms') <> 'number' then
+        raise exception using errcode = 'RL003',
+          message = format('run %s: %s %s: timeout_ms must be a number of milliseconds, not %s', p_run_id, p_kind, p_name, p_spec->'timeout_ms');
+      end if;
+      v_wake_at := runledger._ms_after(v_now, (p_spec->>'timeout_ms')::numeric, format('run %s: %s %s timeout_ms', p_run_id, p_kind, p_name));
+    end if;
     if p_kind = 'sleep' and v_wake_at is null then
       -- A timer without a wake-up time would wait forever.
       raise exception using errcode = 'RL003', message = format('run %s: sleep %s has no duration or time (spec %s)', p_run_id, p_name, p_spec);
@@ -5291,7 +5387,8 @@ begin
   end if;
 
   -- Park the run: WAITING, no lease, woken by its timer (the earlier of the wait's wake
-  -- time and the run's deadline), a signal, a decision or a child's end.
+  -- time and the run's deadline), a signal, a decision or a child's end. The delay is a
+  -- bigint of milliseconds: a timer may be months or years ahead.
   v_wake_at := least(v_wake_at, v_run.deadline_at);
   update runledger.runs
      set status = 'WAITING', wait_kind = case p_kind when 'sleep' then 'timer' else p_kind end, wait_key = v_key,
@@ -5300,12 +5397,12 @@ begin
   perform runledger._slot_freed(p_run_id);
   if v_wake_at is not null then
     perform runledger._dispatch(p_run_id, v_run.queue_name,
-      greatest(0, ceil(extract(epoch from v_wake_at - v_now) * 1000))::int);
+      greatest(0, ceil(extract(epoch from v_wake_at - v_now) * 1000))::bigint);
   end if;
   return query select false, null::jsonb;
 end;
 $function$;
-COMMENT ON FUNCTION runledger._wait(text,bigint,integer,text,text,jsonb) IS 'A durable wait at step p_seq (sleep, signal, approval, child), in one round trip: fences, records the wait once (its wake time is a checkpoint), ends it when it can (consuming a signal, reading a decision or a child''s end, or timing out) in the same transaction, else parks the run WAITING without a lease and schedules its timer.';
+COMMENT ON FUNCTION runledger._wait(text,bigint,integer,text,text,jsonb) IS 'A durable wait at step p_seq (sleep, signal, approval, child), in one round trip: fences, records the wait once (its wake time is a checkpoint: until, a finite timestamp, or timeout_ms, milliseconds from 0 to 2^53 - 1 after now; RL003 otherwise), ends it when it can (consuming a signal, reading a decision or a child''s end, or timing out) in the same transaction, else parks the run WAITING without a lease and schedules its timer.';
 
 CREATE OR REPLACE FUNCTION runledger._wake(p_run_id text, p_kind text, p_key text)
  RETURNS boolean
@@ -5773,8 +5870,14 @@ CREATE OR REPLACE FUNCTION runledger.resolve_operation(p_operation_id text, p_st
  SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 declare
-  v_status text := runledger._resolve_operation(p_operation_id, p_status, p_result, p_resolved_by);
+  v_status text;
 begin
+  -- A null status passed the action's check (null not in (...) is null) and broke the
+  -- operations row's not-null constraint (23502).
+  if p_status is null then
+    raise exception using errcode = 'RL003', message = 'resolve_operation: status must be SUCCEEDED or FAILED, not null';
+  end if;
+  v_status := runledger._resolve_operation(p_operation_id, p_status, p_result, p_resolved_by);
   -- The result is the caller's data: recorded is that one was given, not its content.
   perform runledger._audit('resolve_operation', (select o.run_id from runledger.operations o where o.operation_id = p_operation_id),
                            p_operation_id, jsonb_build_object('status', p_status, 'with_result', p_result is not null),
@@ -5782,7 +5885,7 @@ begin
   return v_status;
 end;
 $function$;
-COMMENT ON FUNCTION runledger.resolve_operation(text,text,jsonb,text) IS 'Operator action: settles an UNKNOWN operation as SUCCEEDED (with its result) or FAILED, and wakes the run waiting on it. Returns the status set. Recorded in audit_log.';
+COMMENT ON FUNCTION runledger.resolve_operation(text,text,jsonb,text) IS 'Operator action: settles an UNKNOWN operation as SUCCEEDED (with its result) or FAILED, and wakes the run waiting on it. Returns the status set. A status other than SUCCEEDED or FAILED (null included): RL003. Recorded in audit_log.';
 
 CREATE OR REPLACE FUNCTION runledger.retry_run(p_run_id text)
  RETURNS text
@@ -5925,7 +6028,7 @@ begin
   return (runledger._start(p_workflow, p_input, p_options)).run.run_id;
 end;
 $function$;
-COMMENT ON FUNCTION runledger.start_run(text,jsonb,jsonb) IS 'Starts a run of a registered workflow and dispatches it (or leaves it to its queue''s admission); returns run_id. Options: run_at (delayed start at a timestamp, compared with runledger.now()) or run_in_ms (delayed start this many ms after now on the database clock), run_id, idempotency_key (same key or run_id returns the existing run), queue, priority, concurrency_key, version, max_recovery_attempts, limits overriding the workflow''s: deadline (interval or timestamp), max_steps, budget, no_progress; traceparent (a W3C traceparent the run''s executions are traced under, see runs.traceparent); and notify (default true): false starts an immediately runnable run without waking the queue''s workers by NOTIFY, for a caller whose own worker claims it (engine.start does so when its process''s worker has a free slot; other workers find the run at their next poll).';
+COMMENT ON FUNCTION runledger.start_run(text,jsonb,jsonb) IS 'Starts a run of a registered workflow and dispatches it (or leaves it to its queue''s admission); returns run_id. Options: run_at (delayed start at a timestamp, compared with runledger.now()) or run_in_ms (delayed start this many ms after now on the database clock), run_id, idempotency_key (same key or run_id returns the existing run), queue, priority, concurrency_key, version, max_recovery_attempts, limits overriding the workflow''s: deadline (interval or timestamp), max_steps, budget, no_progress; traceparent (a W3C traceparent the run''s executions are traced under, see runs.traceparent); and notify (default true): false starts an immediately runnable run without waking the queue''s workers by NOTIFY, for a caller whose own worker claims it (engine.start does so when its process''s worker has a free slot; other workers find the run at their next poll). An unknown option is RL003 (naming it and the known ones), as are run_at or a deadline that is not a finite time PostgreSQL holds (infinity, -infinity, unparsable text) and run_in_ms outside 0 to 2^53 - 1.';
 
 CREATE OR REPLACE FUNCTION runledger.start_runs(p_workflow text, p_inputs jsonb, p_options jsonb DEFAULT '{}'::jsonb)
  RETURNS text[]
@@ -6073,13 +6176,13 @@ begin
     elsif v_t.not_before is not null or coalesce((v_opts->>'notify')::boolean, true) then
       -- One announcement for all of them (_dispatch's NOTIFY names the queue, not the run).
       perform runledger._dispatch(null, v_t.queue_name,
-        coalesce(greatest(0, ceil(extract(epoch from v_t.not_before - v_t.created_at) * 1000))::int, 0));
+        coalesce(greatest(0, ceil(extract(epoch from v_t.not_before - v_t.created_at) * 1000))::bigint, 0));
     end if;
   end if;
   return v_ids;
 end;
 $function$;
-COMMENT ON FUNCTION runledger.start_runs(text,jsonb,jsonb) IS 'Starts one run of a registered workflow per element of the JSON array p_inputs, in one statement, and announces its queue once; returns the run ids in input order. Options as start_run''s, for every run, except run_ids, idempotency_keys and concurrency_keys: arrays with one entry per input (null for none). An input whose run_id or idempotency key already has a run gives that run''s id (idempotent, per input); a run_id of another workflow is RL005. Without run_ids and idempotency_keys every run is new and gets an id made here (a ULID, in input order).';
+COMMENT ON FUNCTION runledger.start_runs(text,jsonb,jsonb) IS 'Starts one run of a registered workflow per element of the JSON array p_inputs, in one statement, and announces its queue once; returns the run ids in input order. Options as start_run''s (an unknown one is RL003), for every run, except run_ids, idempotency_keys and concurrency_keys: arrays with one entry per input (null for none). An input whose run_id or idempotency key already has a run gives that run''s id (idempotent, per input); a run_id of another workflow is RL005. Without run_ids and idempotency_keys every run is new and gets an id made here (a ULID, in input order).';
 
 CREATE OR REPLACE FUNCTION runledger.step_kinds()
  RETURNS text[]

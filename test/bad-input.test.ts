@@ -194,3 +194,107 @@ describe('start_run options from SQL', () => {
     expect(result.rows[0].lifetime).toMatchObject({ days: 1, hours: 12 });
   });
 });
+
+describe('unknown options and arguments that raised a raw SQLSTATE get a code (RL003 / INVALID_INPUT)', () => {
+  const sqlError = (query: Promise<unknown>) =>
+    query.then(
+      () => undefined,
+      (e: unknown) => e as { code?: string; message?: string },
+    );
+
+  it('start_run and start_runs refuse an unknown option, naming it and the known ones, and store nothing', async () => {
+    await db.pool.query(`select runledger._register_workflow('sql-typo', '1', 'default', 3)`);
+    const before = await runCount();
+    const one = await sqlError(db.pool.query(`select runledger.start_run('sql-typo', '{}', '{"max_step": 3, "queue": "default"}')`));
+    expect(one).toMatchObject({ code: 'RL003', message: expect.stringContaining(`start_run: unknown option 'max_step'`) });
+    expect(one?.message).toMatch(/the options are .*\bmax_steps\b/);
+    const many = await sqlError(
+      db.pool.query(`select runledger.start_runs('sql-typo', '[1, 2]', '{"deadlin": "1 day", "no_progres": 3}')`),
+    );
+    expect(many).toMatchObject({ code: 'RL003', message: expect.stringContaining(`start_runs: unknown option 'deadlin', 'no_progres'`) });
+    expect(many?.message).toMatch(/the options are .*\brun_ids\b/);
+    expect(many?.message).not.toMatch(/\bidempotency_key\b,/);
+    expect(await runCount()).toBe(before);
+    // The known ones still start runs.
+    await expect(db.pool.query(`select runledger.start_run('sql-typo', '{}', '{"max_steps": 3}')`)).resolves.toBeDefined();
+  });
+
+  it('engine.start and engine.startMany refuse an unknown option with INVALID_INPUT and store nothing', async () => {
+    const wf = t.engine.workflow({ name: 'ts-typo' }, async () => 'ok');
+    const before = await runCount();
+    const single = await t.engine.start(wf, {}, { maxStep: 3 } as never).catch((e: unknown) => e);
+    expect(single).toBeInstanceOf(InvalidInputError);
+    expect(single).toMatchObject({ message: expect.stringMatching(/start: unknown option "maxStep" \(the options are .*maxSteps/) });
+    const batch = await t.engine.startMany(wf, [{}, {}], { runId: 'r-1', dedline: '1d' } as never).catch((e: unknown) => e);
+    expect(batch).toMatchObject({ code: 'INVALID_INPUT', message: expect.stringMatching(/startMany: unknown options "runId", "dedline"/) });
+    await expect(t.engine.start(wf, {}, null as never)).rejects.toMatchObject({ code: 'INVALID_INPUT' });
+    expect(await runCount()).toBe(before);
+  });
+
+  it("start_run refuses run_at 'infinity', '-infinity' and unparsable text, and an infinite deadline, with RL003 naming the option", async () => {
+    await db.pool.query(`select runledger._register_workflow('sql-when', '1', 'default', 3)`);
+    const before = await runCount();
+    for (const [options, named] of [
+      [{ run_at: 'infinity' }, 'run_at'],
+      [{ run_at: '-infinity' }, 'run_at'],
+      [{ run_at: 'next tuesday-ish' }, 'run_at'],
+      [{ deadline: 'infinity' }, 'deadline'],
+      [{ deadline: '2030-01-01 infinity' }, 'deadline'],
+    ] as const) {
+      const error = await sqlError(db.pool.query(`select runledger.start_run('sql-when', '{}', $1::jsonb)`, [JSON.stringify(options)]));
+      expect(error, JSON.stringify(options)).toMatchObject({ code: 'RL003', message: expect.stringContaining(`start_run: ${named}`) });
+      const batch = await sqlError(db.pool.query(`select runledger.start_runs('sql-when', '[1]', $1::jsonb)`, [JSON.stringify(options)]));
+      expect(batch, JSON.stringify(options)).toMatchObject({ code: 'RL003', message: expect.stringContaining(`start_runs: ${named}`) });
+    }
+    expect(await runCount()).toBe(before);
+  });
+
+  it('an invalid Date as runAt or deadline is INVALID_INPUT naming the option (not an uncoded RangeError), and stores nothing', async () => {
+    const wf = t.engine.workflow({ name: 'bad-dates' }, async () => 'ok');
+    const before = await runCount();
+    for (const options of [{ runAt: new Date('x') }, { deadline: new Date('x') }, { runAt: new Date(-8.64e15) }]) {
+      const error = await t.engine.start(wf, {}, options).catch((e: unknown) => e);
+      expect(error).toBeInstanceOf(InvalidInputError);
+      expect((error as Error).message).toMatch(/^start: (runAt|deadline): /);
+    }
+    await expect(t.engine.startMany(wf, [{}], { runAt: new Date('x') })).rejects.toMatchObject({
+      code: 'INVALID_INPUT',
+      message: expect.stringContaining('startMany: runAt'),
+    });
+    expect(await runCount()).toBe(before);
+  });
+
+  it('resolve_operation with a null status is RL003 (it broke a not-null constraint, 23502), and the operation stays as it was', async () => {
+    await db.pool.query(`select runledger._register_workflow('sql-resolve', '1', 'default', 3)`);
+    const runId = (await db.pool.query(`select runledger.start_run('sql-resolve', '{}') as id`)).rows[0].id as string;
+    await db.pool.query(
+      `insert into runledger.operations (operation_id, run_id, seq, name, idempotency_key, status) values ('op-null', $1, 0, 'charge', 'key-null', 'UNKNOWN')`,
+      [runId],
+    );
+    const error = await sqlError(db.pool.query(`select runledger.resolve_operation('op-null', null)`));
+    expect(error).toMatchObject({
+      code: 'RL003',
+      message: expect.stringContaining('resolve_operation: status must be SUCCEEDED or FAILED'),
+    });
+    await expect(t.engine.resolveOperation('op-null', { status: null as never })).rejects.toMatchObject({ code: 'INVALID_INPUT' });
+    expect((await db.pool.query(`select status from runledger.operations where operation_id = 'op-null'`)).rows[0].status).toBe('UNKNOWN');
+  });
+
+  it('a signal id over 200 characters is RL003 from send_signal (it broke the inbox check, 23514) and INVALID_INPUT from engine.signal', async () => {
+    await db.pool.query(`select runledger._register_workflow('sql-signal-id', '1', 'default', 3)`);
+    const runId = (await db.pool.query(`select runledger.start_run('sql-signal-id', '{}') as id`)).rows[0].id as string;
+    for (const signalId of ['s'.repeat(201), '']) {
+      const error = await sqlError(db.pool.query(`select runledger.send_signal($1, 'topic', '{}', $2)`, [runId, signalId]));
+      expect(error).toMatchObject({
+        code: 'RL003',
+        message: expect.stringContaining('send_signal: signal_id must be 1 to 200 characters'),
+      });
+      await expect(t.engine.signal(runId, 'topic', {}, { signalId })).rejects.toMatchObject({
+        code: 'INVALID_INPUT',
+        message: expect.stringContaining('signalId'),
+      });
+    }
+    expect(Number((await db.pool.query('select count(*) from runledger.signals where run_id = $1', [runId])).rows[0].count)).toBe(0);
+    await expect(t.engine.signal(runId, 'topic', {}, { signalId: 's'.repeat(200) })).resolves.toBe(true);
+  });
+});

@@ -12,6 +12,7 @@ import { encodeOutput, stepFailure } from './replay.js';
 import { decideRetry, resolveRetryPolicy, type RetryPolicy } from './retry.js';
 import { resumeAttempt } from './step.js';
 import { isKeyInUse, keyInUse } from './key-in-use.js';
+import { toMs } from '../engine/core/duration.js';
 
 export type ReconcileAnswer<T> =
   { status: 'succeeded'; result: T; externalResourceId?: string } | { status: 'failed'; error?: unknown } | { status: 'unknown' };
@@ -76,6 +77,7 @@ export async function runOperation<T>(
   fn: OperationFunction<T>,
 ): Promise<Jsonify<T>> {
   const policy = resolveRetryPolicy(options.retry, `operation ${JSON.stringify(name)}`);
+  if (options.reconcileEveryMs !== undefined) toMs(options.reconcileEveryMs, `operation ${JSON.stringify(name)}: reconcileEveryMs`);
   const position = exec.takeStep(name, 'operation');
   if (!position) return exec.suspend();
   const { seq, recorded } = position;

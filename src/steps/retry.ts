@@ -1,4 +1,5 @@
 import { ConfigError } from '../engine/core/errors.js';
+import { MAX_DURATION_MS } from '../engine/core/duration.js';
 import { haltOnDbError } from '../engine/run/halts.js';
 import type { Execution } from '../engine/run/execution.js';
 import { streamsFlushed } from './stream.js';
@@ -36,7 +37,8 @@ export function resolveRetryPolicy(policy: RetryPolicy | undefined, what: string
   if (!Number.isInteger(resolved.maxAttempts) || resolved.maxAttempts < 1)
     throw new ConfigError(`${what}: retry.maxAttempts must be a whole number >= 1`);
   for (const key of ['initialDelayMs', 'maxDelayMs', 'durableAfterMs'] as const) {
-    if (!Number.isFinite(resolved[key]) || resolved[key] < 0) throw new ConfigError(`${what}: retry.${key} must be a number >= 0`);
+    if (!Number.isFinite(resolved[key]) || resolved[key] < 0 || resolved[key] > MAX_DURATION_MS)
+      throw new ConfigError(`${what}: retry.${key} must be a number of milliseconds from 0 to ${MAX_DURATION_MS}`);
   }
   if (!Number.isFinite(resolved.factor) || resolved.factor < 1) throw new ConfigError(`${what}: retry.factor must be >= 1`);
   return resolved;
@@ -90,7 +92,8 @@ async function recordAndWait(
     [exec.runId, exec.fencingToken.toString(), position.seq, position.name, attempt, JSON.stringify(exec.serializeError(error)), delay],
   );
   if (!allowed.rows[0].ok) return { kind: 'fail' };
-  if (delay <= policy.durableAfterMs) {
+  // In memory only what setTimeout can wait (2^31 - 1 ms; a longer one fires at once): a longer backoff is durable.
+  if (delay <= Math.min(policy.durableAfterMs, 2 ** 31 - 1)) {
     // A cancel or a lost lease ends the backoff at once; the caller then stops.
     const signal = exec.abortController.signal;
     await new Promise<void>((resolve) => {

@@ -1,6 +1,6 @@
 import { flushPending } from '../engine/run/checkpoint.js';
 import { ChildFailedError, ConfigError } from '../engine/core/errors.js';
-import { toMs, type Duration } from '../engine/core/duration.js';
+import { toInstant, toMs, type Duration } from '../engine/core/duration.js';
 import type { Execution } from '../engine/run/execution.js';
 import { toJsonText } from '../engine/core/json.js';
 import { haltOnDbError } from '../engine/run/halts.js';
@@ -11,9 +11,14 @@ import { runWait } from './wait.js';
 /** Signal topics: plain names, never spliced into SQL. */
 export const TOPIC_PATTERN = /^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,99}$/;
 
+/**
+ * A wait's wake time as _wait takes it: a Date as `until` (a valid one, within PostgreSQL's
+ * range), a duration as `timeout_ms` (0 to 2^53 - 1 ms); ConfigError otherwise, in the
+ * workflow's code, before anything is written (docs/waits.md#how-far-ahead).
+ */
 function timeoutSpec(timeout: Duration | Date | undefined, what: string): Record<string, unknown> {
   if (timeout === undefined) return {};
-  if (timeout instanceof Date) return { until: timeout.toISOString() };
+  if (timeout instanceof Date) return { until: toInstant(timeout, what) };
   return { timeout_ms: toMs(timeout, what) };
 }
 

@@ -1,6 +1,6 @@
 import type pg from 'pg';
 import { newId } from '../core/ids.js';
-import { fromPgError } from '../core/errors.js';
+import { InvalidInputError, fromPgError } from '../core/errors.js';
 import { toJsonText } from '../core/json.js';
 import type { RunStatus } from '../core/states.js';
 import { NO_CODEC, type Payloads } from '../core/payloads.js';
@@ -19,6 +19,10 @@ export async function sendSignal(
   signalId: string = newId(),
   payloads: Payloads = NO_CODEC,
 ): Promise<boolean> {
+  // As send_signal checks it (RL003): the inbox keeps signal ids of 1 to 200 characters.
+  if (typeof signalId !== 'string' || [...signalId].length < 1 || [...signalId].length > 200) {
+    throw new InvalidInputError(`engine.signal: signalId must be a string of 1 to 200 characters, not ${describeSignalId(signalId)}`);
+  }
   const payloadText = payloads.optionalText(toJsonText(payload, `signal ${topic} payload`));
   try {
     const result = await pool.query(
@@ -29,6 +33,10 @@ export async function sendSignal(
   } catch (error) {
     throw fromPgError(error);
   }
+}
+
+function describeSignalId(signalId: unknown): string {
+  return typeof signalId === 'string' ? `${[...signalId].length} characters` : typeof signalId;
 }
 
 export interface DecisionInput {

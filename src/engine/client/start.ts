@@ -1,6 +1,6 @@
 import { newId } from '../core/ids.js';
-import { InvalidInputError, PayloadTooLargeError, RunFailedError, fromPgError } from '../core/errors.js';
-import { toMs, type Duration } from '../core/duration.js';
+import { ConfigError, InvalidInputError, PayloadTooLargeError, RunFailedError, fromPgError } from '../core/errors.js';
+import { toInstant, toMs, type Duration } from '../core/duration.js';
 import type pg from 'pg';
 import { toJsonText } from '../core/json.js';
 import type { RunRecord } from './runs.js';
@@ -112,6 +112,7 @@ export async function startRun<O, In>(
   input: In,
   options: StartOptions = {},
 ): Promise<RunHandle<Jsonify<O>>> {
+  checkOptionNames(options, START_OPTIONS, 'start');
   const inputText = checkedInput(host, workflow, input, `input for workflow ${workflow.name}`);
   await host.registerWorkflow(workflow);
   const sqlOptions = startOptionsToSql(workflow, options, 'start');
@@ -171,6 +172,7 @@ export async function startMany<O, In>(
   options: StartManyOptions = {},
 ): Promise<Array<RunHandle<Jsonify<O>>>> {
   if (!Array.isArray(inputs)) throw new InvalidInputError(`startMany: inputs must be an array (one input per run), not ${typeof inputs}`);
+  checkOptionNames(options, START_MANY_OPTIONS, 'startMany');
   const texts = inputs.map((input, i) => checkedInput(host, workflow, input, `input ${i} for workflow ${workflow.name}`));
   const sqlOptions = startOptionsToSql(workflow, options, 'startMany');
   const perRun = { runIds: 'run_ids', idempotencyKeys: 'idempotency_keys', concurrencyKeys: 'concurrency_keys' } as const;
@@ -273,17 +275,69 @@ function startOptionsToSql(
     if (!Number.isInteger(options.priority)) throw new InvalidInputError(`${caller}: priority must be a whole number (lower runs first)`);
     sqlOptions.priority = options.priority;
   }
+  // A time is a valid Date, a duration 0 to 2^53 - 1 ms (docs/waits.md#how-far-ahead): INVALID_INPUT otherwise.
   if (options.runAt !== undefined) {
+    const runAt = options.runAt;
     // A duration travels as a delay, so this process's clock plays no part in when the run starts.
-    if (options.runAt instanceof Date) sqlOptions.run_at = options.runAt.toISOString();
-    else sqlOptions.run_in_ms = Math.round(toMs(options.runAt, 'runAt'));
+    if (runAt instanceof Date) sqlOptions.run_at = asInvalidInput(() => toInstant(runAt, `${caller}: runAt`));
+    else sqlOptions.run_in_ms = Math.round(asInvalidInput(() => toMs(runAt, `${caller}: runAt`)));
   }
   Object.assign(sqlOptions, limitsToSql({ maxSteps: options.maxSteps, budget: options.budget, noProgress: options.noProgress }, caller));
   if (options.deadline !== undefined) {
-    sqlOptions.deadline =
-      options.deadline instanceof Date ? options.deadline.toISOString() : `${toMs(options.deadline, 'deadline')} milliseconds`;
+    const deadline = options.deadline;
+    sqlOptions.deadline = asInvalidInput(() =>
+      deadline instanceof Date ? toInstant(deadline, `${caller}: deadline`) : `${toMs(deadline, `${caller}: deadline`)} milliseconds`,
+    );
   }
   return sqlOptions;
+}
+
+/** The options engine.start and engine.startMany take: any other is refused, so a misspelt limit is never dropped. */
+const START_OPTIONS: ReadonlyArray<keyof StartOptions> = [
+  'runId',
+  'idempotencyKey',
+  'queue',
+  'priority',
+  'concurrencyKey',
+  'tenantId',
+  'deadline',
+  'runAt',
+  'maxSteps',
+  'budget',
+  'noProgress',
+  'traceparent',
+];
+const START_MANY_OPTIONS: ReadonlyArray<keyof StartManyOptions> = [
+  ...(START_OPTIONS.filter((name) => !['runId', 'idempotencyKey', 'concurrencyKey'].includes(name)) as Array<keyof StartManyOptions>),
+  'runIds',
+  'idempotencyKeys',
+  'concurrencyKeys',
+];
+
+/** INVALID_INPUT, naming the unknown ones and the known ones, for an option the call does not take (or options that are not an object). */
+function checkOptionNames(options: unknown, known: readonly string[], caller: string): void {
+  if (options === null || typeof options !== 'object' || Array.isArray(options)) {
+    throw new InvalidInputError(
+      `${caller}: options must be an object, not ${options === null ? 'null' : Array.isArray(options) ? 'an array' : typeof options}`,
+    );
+  }
+  const unknown = Object.keys(options).filter((name) => !known.includes(name));
+  if (unknown.length > 0) {
+    throw new InvalidInputError(
+      `${caller}: unknown option${unknown.length > 1 ? 's' : ''} ${unknown.map((name) => JSON.stringify(name)).join(', ')} (the options are ${known.join(', ')})`,
+      { details: { unknown, known: [...known] } },
+    );
+  }
+}
+
+/** A start option's ConfigError (toMs, toInstant) as the INVALID_INPUT every other bad start option is. */
+function asInvalidInput<T>(convert: () => T): T {
+  try {
+    return convert();
+  } catch (error) {
+    if (error instanceof ConfigError) throw new InvalidInputError(error.message, { cause: error });
+    throw error;
+  }
 }
 
 /**

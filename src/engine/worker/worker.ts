@@ -147,8 +147,9 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
   const concurrency = options.concurrency ?? CONCURRENCY_DEFAULT;
   const leaseMs = options.leaseMs ?? LEASE_MS_DEFAULT;
   if (!Number.isInteger(concurrency) || concurrency < 1) throw new ConfigError('runWorker: concurrency must be a whole number >= 1');
-  if (!Number.isInteger(leaseMs) || leaseMs < LEASE_MS_MIN)
-    throw new ConfigError(`runWorker: leaseMs must be a whole number >= ${LEASE_MS_MIN}`);
+  // At most what an int (runledger.workers.lease_ms) and setTimeout hold: 2^31 - 1 ms, 24.8 days.
+  if (!Number.isInteger(leaseMs) || leaseMs < LEASE_MS_MIN || leaseMs > 2 ** 31 - 1)
+    throw new ConfigError(`runWorker: leaseMs must be a whole number from ${LEASE_MS_MIN} to ${2 ** 31 - 1}`);
   const fetchBatchSize = options.fetchBatchSize ?? concurrency;
   if (!Number.isInteger(fetchBatchSize) || fetchBatchSize < 1)
     throw new ConfigError('runWorker: fetchBatchSize must be a whole number >= 1');
