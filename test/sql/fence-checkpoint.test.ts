@@ -193,9 +193,17 @@ describe('claim / fence protocol (_claim_batch, _checkpoint, _fence, _complete_r
       fencing_token,
       JSON.stringify(evidence),
     ]);
-    expect(await getRun(runId)).toMatchObject({ status: 'DEAD_LETTER', termination_reason: 'NON_DETERMINISM', termination_evidence: evidence });
+    // Without p_error (psql, an older worker) the error is built from the reason and evidence (0035).
+    const error = { name: 'DeadLettered', code: 'NON_DETERMINISM', message: 'dead-lettered: NON_DETERMINISM' };
+    const recorded = { ...evidence, last_error: error };
+    expect(await getRun(runId)).toMatchObject({
+      status: 'DEAD_LETTER',
+      termination_reason: 'NON_DETERMINISM',
+      termination_evidence: recorded,
+      error,
+    });
     const view = await db.pool.query('select termination_reason, termination_evidence, steps_done::int from runledger.dead_letter where run_id = $1', [runId]);
-    expect(view.rows).toEqual([{ termination_reason: 'NON_DETERMINISM', termination_evidence: evidence, steps_done: 1 }]);
+    expect(view.rows).toEqual([{ termination_reason: 'NON_DETERMINISM', termination_evidence: recorded, steps_done: 1 }]);
   });
 
   it('_release_run: RUNNING -> PENDING, lease cleared, claimable again after the delay; only once per token', async () => {

@@ -114,8 +114,15 @@ describe('runledger._recover_expired', () => {
       // The event every move to a terminal status writes (_finished), with the evidence.
       expect((await events(runId)).at(-1)).toEqual({
         kind: 'dead_lettered',
-        detail: { status: 'DEAD_LETTER', reason: 'MAX_RECOVERY_ATTEMPTS', evidence: run?.termination_evidence },
+        detail: { status: 'DEAD_LETTER', reason: 'MAX_RECOVERY_ATTEMPTS', evidence: run?.termination_evidence, error: run?.error },
       });
+      // Why: the lease of its last owner expired once too often (0035).
+      expect(run?.error).toEqual({
+        name: 'LeaseExpired',
+        code: 'LEASE_EXPIRED',
+        message: expect.stringContaining('the lease of worker wk-last expired'),
+      });
+      expect(run?.termination_evidence.last_error).toEqual(run?.error);
       expect(run?.termination_evidence).toMatchObject({ recovery_attempts: 3, last_owner: 'wk-last' });
       // Out of the automatic path: not announced, and no worker claims it.
       expect(payloads).toEqual([]);

@@ -64,8 +64,11 @@ describe('runledger.retry_run', () => {
           previous_status: 'DEAD_LETTER',
           termination_reason: 'MAX_RECOVERY_ATTEMPTS',
           termination_evidence: dead?.termination_evidence,
+          // The error it was dead-lettered with (0035) is kept in the record too.
+          error: dead?.error,
         },
       });
+      expect(dead?.error).toMatchObject({ code: 'LEASE_EXPIRED', message: expect.stringContaining('wk-b') });
       // Announced to the workers of its queue, and claimable at once.
       expect(payloads).toEqual(['default']);
       expect((await claimable(runId, { on: client })).claimed).toBe(true);
