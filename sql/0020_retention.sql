@@ -1,6 +1,9 @@
 -- 0020_retention: how long each kind of finished data is kept, and the pruning that applies it.
 --
 --   runledger.retention               keep interval per kind of data, per workflow (workflow_name null = every other workflow)
+--   runledger.owner_settings          one row of settings only the schema's owner writes: audit_log_min_keep (and, 0023, test_clock)
+--   runledger._owner_settings_changed() trigger function: a change of owner_settings is recorded in audit_log
+--   runledger._audit_log_min_keep()   the floor under any audit_log rule (owner_settings.audit_log_min_keep, default 365 days)
 --   runledger.maintenance             one row per cluster-wide maintenance task: the worker that runs it now, when it last ran
 --   runledger._retention_key_held()   true while an idempotency rule still holds a finished run's key
 --   runledger._retention_fork_live()  true while a run the fork lineage of a run leads to is not finished
@@ -48,6 +51,44 @@ create table runledger.retention (
 create unique index retention_rule on runledger.retention (kind, coalesce(workflow_name, ''));
 comment on table runledger.retention is
   'How long each kind of finished data is kept (runs, events, idempotency, signals, streams, session_entries, audit_log), per workflow (workflow_name null = the default for workflows without their own rule; session_entries and audit_log have only the default). keep null = forever; no row = forever (idempotency: the key lives as long as its run). Applied by runledger.prune_due(), which workers call on their own (retentionIntervalMs). See docs/retention.md.';
+
+-- What only the schema's owner decides: no role may write a table (0017_roles.sql), and no
+-- function an operator may call writes this one. One row; a missing row means the defaults.
+create table runledger.owner_settings (
+  one                boolean primary key default true,
+  -- The audit log is kept at least this long, whatever rule an operator sets for audit_log.
+  audit_log_min_keep interval not null default interval '365 days',
+  constraint owner_settings_one check (one),
+  constraint owner_settings_audit_log_min_keep check (audit_log_min_keep >= interval '0')
+);
+insert into runledger.owner_settings default values;
+comment on table runledger.owner_settings is
+  'Settings only the schema''s owner changes (with UPDATE; no runledger role may write a table, and no function writes this one), one row: audit_log_min_keep, the floor under the audit_log retention rule (default 365 days: set_retention refuses a shorter one with 42501, and prune_due never removes a younger record); test_clock (0023_inlined_functions.sql). Every change is recorded in audit_log (action owner_settings), and those records are never pruned.';
+
+create function runledger._owner_settings_changed() returns trigger
+language plpgsql as $$
+begin
+  if tg_op = 'UPDATE' and old is not distinct from new then
+    return null;
+  end if;
+  perform runledger._audit('owner_settings', null, null,
+                           jsonb_build_object('old', to_jsonb(old) - 'one', 'new', to_jsonb(new) - 'one'), null);
+  return null;
+end;
+$$;
+comment on function runledger._owner_settings_changed() is
+  'Trigger function of owner_settings_audit: records a change of runledger.owner_settings in audit_log (action owner_settings, the old and new values, by the login that made it).';
+create trigger owner_settings_audit after insert or update or delete on runledger.owner_settings
+  for each row execute function runledger._owner_settings_changed();
+comment on trigger owner_settings_audit on runledger.owner_settings is
+  'Every change of the owner''s settings is recorded in audit_log (runledger._owner_settings_changed).';
+
+create function runledger._audit_log_min_keep() returns interval
+language sql stable as $$
+  select coalesce((select s.audit_log_min_keep from runledger.owner_settings s), interval '365 days')
+$$;
+comment on function runledger._audit_log_min_keep() is
+  'How long the audit log is kept at least: owner_settings.audit_log_min_keep (365 days when the row is missing). set_retention refuses a shorter audit_log rule; prune_due never removes a younger record.';
 
 create table runledger.maintenance (
   task        text primary key,

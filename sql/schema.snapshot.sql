@@ -197,6 +197,20 @@ CREATE UNIQUE INDEX operations_pkey ON runledger.operations USING btree (operati
 CREATE UNIQUE INDEX operations_run_id_seq_key ON runledger.operations USING btree (run_id, seq);
 CREATE INDEX operations_unknown ON runledger.operations USING btree (updated_at) WHERE (status = 'UNKNOWN'::text);
 
+CREATE TABLE runledger.owner_settings (
+  one boolean DEFAULT true NOT NULL,
+  audit_log_min_keep interval DEFAULT '365 days'::interval NOT NULL,
+  test_clock boolean DEFAULT false NOT NULL
+);
+COMMENT ON TABLE runledger.owner_settings IS 'Settings only the schema''s owner changes (with UPDATE; no runledger role may write a table, and no function writes this one), one row: audit_log_min_keep, the floor under the audit_log retention rule (default 365 days: set_retention refuses a shorter one with 42501, and prune_due never removes a younger record); test_clock (0023_inlined_functions.sql). Every change is recorded in audit_log (action owner_settings), and those records are never pruned.';
+COMMENT ON COLUMN runledger.owner_settings.test_clock IS 'The test clock: while true, runledger.now() honours the session settings runledger.fake_now and runledger.clock_offset of every session; while false (the default), it is the database''s clock whatever a session sets. For test databases only (runledger/testing switches it on in the ones it makes).';
+ALTER TABLE runledger.owner_settings ADD CONSTRAINT owner_settings_audit_log_min_keep CHECK ((audit_log_min_keep >= '00:00:00'::interval));
+ALTER TABLE runledger.owner_settings ADD CONSTRAINT owner_settings_one CHECK (one);
+ALTER TABLE runledger.owner_settings ADD CONSTRAINT owner_settings_pkey PRIMARY KEY (one);
+CREATE UNIQUE INDEX owner_settings_pkey ON runledger.owner_settings USING btree (one);
+CREATE TRIGGER owner_settings_audit AFTER INSERT OR DELETE OR UPDATE ON runledger.owner_settings FOR EACH ROW EXECUTE FUNCTION runledger._owner_settings_changed();
+COMMENT ON TRIGGER owner_settings_audit ON runledger.owner_settings IS 'Every change of the owner''s settings is recorded in audit_log (runledger._owner_settings_changed).';
+
 CREATE TABLE runledger.queues (
   name text COLLATE "C" NOT NULL,
   concurrency integer,
@@ -1275,6 +1289,15 @@ AS $function$
   values (p_action, p_run_id, p_target, jsonb_strip_nulls(coalesce(p_arguments, '{}')), p_result, p_asserted_by)
 $function$;
 COMMENT ON FUNCTION runledger._audit(text,text,text,jsonb,jsonb,text) IS 'Records one operator action in runledger.audit_log (the caller''s login and role are taken from session_user and runledger._caller()).';
+
+CREATE OR REPLACE FUNCTION runledger._audit_log_min_keep()
+ RETURNS interval
+ LANGUAGE sql
+ STABLE
+AS $function$
+  select coalesce((select s.audit_log_min_keep from runledger.owner_settings s), interval '365 days')
+$function$;
+COMMENT ON FUNCTION runledger._audit_log_min_keep() IS 'How long the audit log is kept at least: owner_settings.audit_log_min_keep (365 days when the row is missing). set_retention refuses a shorter audit_log rule; prune_due never removes a younger record.';
 
 CREATE OR REPLACE FUNCTION runledger._base32_10(p bigint)
  RETURNS text
@@ -3345,6 +3368,21 @@ end;
 $function$;
 COMMENT ON FUNCTION runledger._operation_park(text,bigint,integer,text,bigint) IS 'Fenced: an UNKNOWN operation that cannot be settled automatically parks the run WAITING (wait_kind reconcile) until resolve_operation, or until p_retry_in_ms for the next reconcile.';
 
+CREATE OR REPLACE FUNCTION runledger._owner_settings_changed()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+begin
+  if tg_op = 'UPDATE' and old is not distinct from new then
+    return null;
+  end if;
+  perform runledger._audit('owner_settings', null, null,
+                           jsonb_build_object('old', to_jsonb(old) - 'one', 'new', to_jsonb(new) - 'one'), null);
+  return null;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._owner_settings_changed() IS 'Trigger function of owner_settings_audit: records a change of runledger.owner_settings in audit_log (action owner_settings, the old and new values, by the login that made it).';
+
 CREATE OR REPLACE FUNCTION runledger._prune(p_older_than interval)
  RETURNS bigint
  LANGUAGE plpgsql
@@ -5205,6 +5243,22 @@ end;
 $function$;
 COMMENT ON FUNCTION runledger._terminate_run(text,bigint,text,jsonb) IS 'Fenced policy stop by the run''s owner: TERMINATED with reason (DEADLINE, MAX_STEPS, BUDGET, NO_PROGRESS) and evidence; children are cancelled. A run with compensations due becomes CANCELLING instead, still owned, with that record as its stop_record: it ends TERMINATED once they have run. Returns the new status.';
 
+CREATE OR REPLACE FUNCTION runledger._test_clock_now()
+ RETURNS timestamp with time zone
+ LANGUAGE plpgsql
+ PARALLEL SAFE SECURITY DEFINER COST 1
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
+AS $function$
+begin
+  if coalesce((select s.test_clock from runledger.owner_settings s), false) then
+    return coalesce(nullif(current_setting('runledger.fake_now', true), '')::timestamptz,
+                    clock_timestamp() + coalesce(nullif(current_setting('runledger.clock_offset', true), '')::interval, interval '0'));
+  end if;
+  return clock_timestamp();
+end;
+$function$;
+COMMENT ON FUNCTION runledger._test_clock_now() IS 'runledger.now() of a session that set runledger.fake_now or runledger.clock_offset: the setting''s time when the schema''s owner switched the test clock on (owner_settings.test_clock), else clock_timestamp(). Every role may call it (now() is inlined into their queries); it runs as the owner.';
+
 CREATE OR REPLACE FUNCTION runledger._trace_execution(p_run_id text, p_token bigint, p_traceparent text)
  RETURNS boolean
  LANGUAGE plpgsql
@@ -5751,12 +5805,12 @@ CREATE OR REPLACE FUNCTION runledger.now()
  LANGUAGE sql
  PARALLEL SAFE
 AS $function$
-  select coalesce(nullif(pg_catalog.current_setting('runledger.fake_now', true), '')::pg_catalog.timestamptz,
-                  pg_catalog.clock_timestamp()
-                    + coalesce(nullif(pg_catalog.current_setting('runledger.clock_offset', true), '')::pg_catalog.interval,
-                               interval '0'))
+  select case when coalesce(nullif(pg_catalog.current_setting('runledger.fake_now', true), ''),
+                            nullif(pg_catalog.current_setting('runledger.clock_offset', true), '')) is null
+              then pg_catalog.clock_timestamp()
+              else runledger._test_clock_now() end
 $function$;
-COMMENT ON FUNCTION runledger.now() IS 'Current time for every runledger function: the setting runledger.fake_now when set (tests: a frozen instant), else clock_timestamp() moved by the setting runledger.clock_offset (tests: an interval, a clock running ahead or behind). Runs as its caller, so the planner inlines it (0023_inlined_functions.sql).';
+COMMENT ON FUNCTION runledger.now() IS 'Current time for every runledger function: clock_timestamp(). Where the schema''s owner switched the test clock on (owner_settings.test_clock), a session''s setting runledger.fake_now (a frozen instant) or runledger.clock_offset (an interval: a clock running ahead or behind) moves it for that session; elsewhere those settings change nothing. Runs as its caller, so the planner inlines it (0023_inlined_functions.sql).';
 
 CREATE OR REPLACE FUNCTION runledger.prune(p_older_than interval)
  RETURNS bigint

@@ -2,6 +2,7 @@ import { sql } from 'kysely';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createEngine, type Engine } from '../src/index.js';
+import { createTestClock, createTestEngine } from '../src/testing/index.js';
 import { waitFor } from './helpers/database.js';
 import { sqlState } from './helpers/sql-errors.js';
 import { useTestEngine } from './helpers/test-engine.js';
@@ -28,6 +29,7 @@ const READS = [
   '_compensations_due',
   '_tenant_unbound',
   '_session_tenant',
+  '_test_clock_now',
 ];
 // The pure functions among them: no table read, nothing changed; they run as their caller
 // with no settings, so that the planner inlines them.
@@ -370,6 +372,56 @@ describe('search_path cannot hijack a SECURITY DEFINER function', () => {
       await client.query(`drop schema ${schema} cascade`);
     });
     expect((await db.pool.query(`select status from runledger.runs where run_id = $1`, [runId])).rows[0].status).toBe('CANCELLED');
+  });
+});
+
+describe("the test clock is the owner's", () => {
+  it('an operator that sets runledger.fake_now or runledger.clock_offset moves no clock: an expired approval cannot be decided', async () => {
+    const DAY = 86_400_000;
+    // A run asked for an approval with a one-hour timeout two days ago, by the test clock of
+    // this test database (its owner switched it on, as runledger/testing does).
+    const clock = createTestClock(new Date(Date.now() - 2 * DAY));
+    const app = createTestEngine({ connectionString: db.url, clock });
+    engines.push(app);
+    const asking = app.workflow({ name: 'roles-expired-approval', queue: 'roles-clock' }, async (ctx) =>
+      ctx.requestApproval('ship', { action: 'ship the order', timeout: '1h' }),
+    );
+    const worker = await app.runWorker({ manual: true, queues: ['roles-clock'] });
+    const { runId } = await app.start(asking, undefined);
+    await worker.drain();
+    const request = (await db.pool.query(`select request_id, expires_at from runledger.approvals where run_id = $1`, [runId])).rows[0];
+    expect(request.expires_at.getTime()).toBeLessThan(Date.now() - DAY);
+
+    // A deployment: the owner has not switched the test clock on.
+    await db.pool.query('update runledger.owner_settings set test_clock = false');
+    try {
+      await as(OPERATOR_LOGIN, async (client) => {
+        const realNow = async () => {
+          const t = (await client.query<{ t: Date }>('select runledger.now() as t')).rows[0]!.t;
+          return Math.abs(t.getTime() - Date.now()) < 5_000;
+        };
+        await client.query(`select set_config('runledger.fake_now', $1, false)`, [new Date(Date.now() - 2 * DAY).toISOString()]);
+        expect(await realNow()).toBe(true);
+        expect(await sqlState(client.query(`select runledger.decide_approval($1, true, 'mallory')`, [request.request_id]))).toBe('RL005');
+        await client.query(`select set_config('runledger.fake_now', '', false)`);
+        await client.query(`set runledger.clock_offset = '-2 days'`);
+        expect(await realNow()).toBe(true);
+        expect(await sqlState(client.query(`select runledger.decide_approval($1, true, 'mallory')`, [request.request_id]))).toBe('RL005');
+        // Nor can the operator switch the clock on: the owner's row is no role's to write.
+        expect(await sqlState(client.query('update runledger.owner_settings set test_clock = true'))).toBe('42501');
+      });
+    } finally {
+      await db.pool.query('update runledger.owner_settings set test_clock = true where not test_clock');
+    }
+    const approval = await db.pool.query(`select decision, decided_at from runledger.approvals where request_id = $1`, [
+      request.request_id,
+    ]);
+    expect(approval.rows[0]).toEqual({ decision: null, decided_at: null });
+    const audit = await db.pool.query(
+      `select count(*)::int as n from runledger.audit_log where action = 'decide_approval' and run_id = $1`,
+      [runId],
+    );
+    expect(audit.rows[0].n).toBe(0);
   });
 });
 

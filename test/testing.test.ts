@@ -115,6 +115,21 @@ describe('the test clock', () => {
     clock.reset();
     expect(Math.abs(Date.parse(await now()) - Date.now())).toBeLessThan(60_000);
   });
+
+  it("is switched on in the databases createTestDatabase makes; elsewhere the engine's first query says so (CONFIG)", async () => {
+    expect((await db.pool.query('select test_clock from runledger.owner_settings')).rows[0].test_clock).toBe(true);
+    await db.pool.query('update runledger.owner_settings set test_clock = false');
+    try {
+      const engine = createTestEngine({ connectionString: db.url, clock: createTestClock('2031-05-06T07:08:09Z') });
+      engines.push(engine);
+      await expect(engine.pool.query('select 1')).rejects.toMatchObject({
+        code: 'CONFIG',
+        message: expect.stringContaining('owner_settings.test_clock'),
+      });
+    } finally {
+      await db.pool.query('update runledger.owner_settings set test_clock = true where not test_clock');
+    }
+  });
 });
 
 describe('manual workers and crash points: bad use is refused with a code', () => {

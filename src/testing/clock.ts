@@ -5,7 +5,8 @@ import { ConfigError } from '../engine/core/errors.js';
 /**
  * A clock for tests that the database honours: runledger.now(), which every runledger
  * function uses for leases, timers, deadlines and retries, reads the session setting
- * runledger.fake_now. A pool made by `clockPool` sets it on each connection it hands out
+ * runledger.fake_now, in a database whose owner switched the test clock on
+ * (runledger.owner_settings.test_clock; createTestDatabase does). A pool made by `clockPool` sets it on each connection it hands out
  * whenever the clock changed since that connection last saw it, so a test moves time
  * for the engine's every query with `clock.advance('2h')` instead of sleeping.
  *
@@ -46,9 +47,15 @@ export function createTestClock(start?: Date | string): TestClock {
 
 type ConnectCallback = (error: Error | undefined, client: pg.PoolClient | undefined, done: (release?: unknown) => void) => void;
 
-/** A pg.Pool whose connections follow `clock` (runledger.fake_now), for createEngine({ pool }). */
+/**
+ * A pg.Pool whose connections follow `clock` (runledger.fake_now), for createEngine({ pool }).
+ * The database must honour the test clock: its owner switched it on
+ * (runledger.owner_settings.test_clock, as in every database createTestDatabase makes);
+ * elsewhere the first connection that sets the clock throws a ConfigError.
+ */
 export function clockPool(clock: TestClock, config: pg.PoolConfig): pg.Pool {
   const seen = new WeakMap<pg.PoolClient, number>();
+  let honoured = false;
   class ClockPool extends pg.Pool {
     // pg-pool's own query() checks out through connect(callback), so both forms go through here.
     override connect(callback?: ConnectCallback): any {
@@ -58,6 +65,17 @@ export function clockPool(clock: TestClock, config: pg.PoolConfig): pg.Pool {
           try {
             const at = clock.now();
             await client.query(`select set_config('runledger.fake_now', $1, false)`, [at ? at.toISOString() : '']);
+            if (at && !honoured) {
+              const { rows } = await client.query<{ now: Date }>('select runledger.now() as now');
+              if (rows[0]!.now.getTime() !== at.getTime()) {
+                throw new ConfigError(
+                  'clock: this database does not honour the test clock (runledger.owner_settings.test_clock is off). ' +
+                    'createTestDatabase switches it on; on another test database its owner runs ' +
+                    '`update runledger.owner_settings set test_clock = true` (never on a deployment: docs/testing.md)',
+                );
+              }
+              honoured = true;
+            }
             seen.set(client, clock.version);
           } catch (error) {
             client.release(error as Error);

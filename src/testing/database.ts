@@ -75,6 +75,9 @@ export async function ensureTestTemplate(options: TestDatabaseOptions = {}): Pro
       const engine = createEngine({ connectionString: withDatabase(adminUrl, building), log: () => {} });
       try {
         await engine.migrate();
+        // A test database honours the test clock (runledger.fake_now, runledger.clock_offset):
+        // the owner's switch, which a deployment leaves off (docs/testing.md).
+        await engine.pool.query('update runledger.owner_settings set test_clock = true');
       } finally {
         await engine.close();
       }
@@ -86,7 +89,11 @@ export async function ensureTestTemplate(options: TestDatabaseOptions = {}): Pro
   return template;
 }
 
-/** A fresh, migrated database for one test file (or test): a clone of the template. */
+/**
+ * A fresh, migrated database for one test file (or test): a clone of the template, with the
+ * test clock switched on (runledger.owner_settings.test_clock), so runledger.now() follows
+ * the settings runledger.fake_now and runledger.clock_offset (createTestClock).
+ */
 export async function createTestDatabase(options: TestDatabaseOptions = {}): Promise<TestDatabase> {
   const adminUrl = adminUrlFrom(options);
   const template = options.template ?? (await ensureTestTemplate(options));

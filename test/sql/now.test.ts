@@ -1,7 +1,9 @@
 /**
  * runledger.now(): the clock every SQL function reads, moved per session or transaction
  * with runledger.fake_now (a frozen instant) or runledger.clock_offset (a running clock
- * ahead of or behind the real one).
+ * ahead of or behind the real one), in a database whose owner switched the test clock on
+ * (runledger.owner_settings.test_clock, as runledger/testing does for its databases);
+ * elsewhere neither setting moves it.
  */
 import { describe, expect, it } from 'vitest';
 import { useTestEngine } from '../helpers/test-engine.js';
@@ -66,5 +68,41 @@ describe('runledger.now()', () => {
       await client.query(`set runledger.clock_offset = ''`);
       expect(Math.abs(await skew())).toBeLessThan(1_000);
     });
+  });
+
+  it('follows neither setting while the owner has not switched the test clock on, and is inlined either way', async () => {
+    const skewOf = async (client: import('pg').Client) => {
+      const row = (await client.query('select runledger.now() as moved, clock_timestamp() as real')).rows[0];
+      return row.moved.getTime() - row.real.getTime();
+    };
+    await db.pool.query('update runledger.owner_settings set test_clock = false');
+    try {
+      await session(async (client) => {
+        await setNow(client, '2031-02-03T04:05:06Z');
+        await client.query(`set runledger.clock_offset = '-2 days'`);
+        expect(Math.abs(await skewOf(client))).toBeLessThan(1_000);
+        const runId = await startRun({}, {}, client);
+        expect(Math.abs((await getRun(runId))!.created_at.getTime() - Date.now())).toBeLessThan(5_000);
+        // Switched on by the owner, the same session's settings move the clock at once.
+        await db.pool.query('update runledger.owner_settings set test_clock = true');
+        expect((await client.query('select runledger.now() as t')).rows[0].t.toISOString()).toBe('2031-02-03T04:05:06.000Z');
+        await setNow(client, '');
+        expect(Math.abs((await skewOf(client)) + 2 * 86_400_000)).toBeLessThan(1_000);
+      });
+    } finally {
+      await db.pool.query('update runledger.owner_settings set test_clock = true where not test_clock');
+    }
+    // Each switch is recorded, with the login that made it.
+    const { rows } = await db.pool.query(
+      `select db_user, arguments from runledger.audit_log where action = 'owner_settings' order by audit_id desc limit 2`,
+    );
+    expect(rows.map((r) => [r.arguments.old.test_clock, r.arguments.new.test_clock])).toEqual([
+      [false, true],
+      [true, false],
+    ]);
+    // Still inlined: the plan holds the expression, not a call of runledger.now().
+    const plan = (await db.pool.query('explain verbose select runledger.now()')).rows.map((r) => r['QUERY PLAN']).join('\n');
+    expect(plan).toContain('clock_timestamp()');
+    expect(plan).not.toMatch(/runledger\.now\(\)/);
   });
 });

@@ -182,6 +182,11 @@ export const RUNLEDGER_TABLES = {
     keep: 'interval null',
     updated_at: 'timestamptz default',
   },
+  'runledger.owner_settings': {
+    one: 'bool default',
+    audit_log_min_keep: 'interval default',
+    test_clock: 'bool default',
+  },
   'runledger.maintenance': {
     task: 'text',
     worker_id: 'text null',
