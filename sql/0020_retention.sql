@@ -32,10 +32,16 @@
 --   signals          the signals of finished runs
 --   streams          the stream chunks and ends of finished runs
 --   session_entries  sessions (with their entries) no run holds or queues for, idle that long
---   audit_log        operator records older than that (no workflow: the log is not per run)
+--   audit_log        operator records older than that (no workflow: the log is not per run), never
+--                    younger than owner_settings.audit_log_min_keep (a floor only the owner lowers);
+--                    the records of retention changes (set_retention, clear_retention,
+--                    owner_settings) are never removed
 -- A run is never removed while it is not terminal, while a run forked from it (or from a fork
 -- of it) or a child of it is not terminal, while its parent is not terminal, or while its
 -- idempotency key is held. No row means keep forever; no rule is seeded.
+-- The rules and the pass over them are shared by every tenant: with tenant isolation on,
+-- an operator bound to a tenant is refused set_retention, clear_retention and prune_due
+-- (42501, _check_not_tenant_bound of 0018_tenants.sql).
 
 create table runledger.retention (
   kind          text not null,
@@ -308,32 +314,43 @@ begin
       elsif v_kind = 'session_entries' then
         -- Whole idle sessions (free, nobody queued): a batch takes sessions until their
         -- entries reach p_batch (at least one session, however long its history).
+        -- A session is keyed by its id and tenant (0033_tenant_sessions_and_shared_actions.sql).
         if p_dry_run then
           select coalesce(sum(s.entry_count), 0) into v_n from runledger.sessions s
            where s.holder_run_id is null and s.updated_at < v_cutoff
-             and not exists (select 1 from runledger.session_waiters w where w.session_id = s.session_id);
+             and not exists (select 1 from runledger.session_waiters w where w.session_id = s.session_id and w.tenant_id = s.tenant_id);
         else
           with idle as (
-            select s.session_id, s.entry_count from runledger.sessions s
+            select s.session_id, s.tenant_id, s.entry_count from runledger.sessions s
              where s.holder_run_id is null and s.updated_at < v_cutoff
-               and not exists (select 1 from runledger.session_waiters w where w.session_id = s.session_id)
+               and not exists (select 1 from runledger.session_waiters w where w.session_id = s.session_id and w.tenant_id = s.tenant_id)
              order by s.updated_at
              limit v_left
                for update skip locked),
           due as (
-            select i.session_id, i.entry_count, sum(i.entry_count) over (order by i.session_id) as running from idle i),
+            select i.session_id, i.tenant_id, i.entry_count,
+                   sum(i.entry_count) over (order by i.session_id, i.tenant_id) as running
+              from idle i),
           gone as (
             delete from runledger.sessions s using due
-             where s.session_id = due.session_id and (due.running <= v_left or due.running = due.entry_count)
+             where s.session_id = due.session_id and s.tenant_id = due.tenant_id
+               and (due.running <= v_left or due.running = due.entry_count)
             returning s.entry_count)
           select coalesce(sum(g.entry_count), 0) into v_n from gone g;
         end if;
       elsif v_kind = 'audit_log' then
+        -- Never younger than the owner's floor, whatever the rule says (a rule set before the
+        -- floor was raised); the records of retention changes stay whatever their age, so a
+        -- rule that removes the log cannot remove the record of its own making.
+        v_cutoff := v_now - greatest(v_rule.keep, runledger._audit_log_min_keep());
         if p_dry_run then
-          select count(*) into v_n from runledger.audit_log a where a.at < v_cutoff;
+          select count(*) into v_n from runledger.audit_log a
+           where a.at < v_cutoff and a.action not in ('set_retention', 'clear_retention', 'owner_settings');
         else
           with due as (
-            select a.audit_id from runledger.audit_log a where a.at < v_cutoff order by a.at limit v_left for update skip locked),
+            select a.audit_id from runledger.audit_log a
+             where a.at < v_cutoff and a.action not in ('set_retention', 'clear_retention', 'owner_settings')
+             order by a.at limit v_left for update skip locked),
           gone as (delete from runledger.audit_log a using due where a.audit_id = due.audit_id returning 1)
           select count(*) into v_n from gone;
         end if;
@@ -357,6 +374,8 @@ declare
   v_kinds   text[];
   v_counts  bigint[];
 begin
+  -- A pass applies the rules every tenant shares; the workers (not bound to a tenant) make it.
+  perform runledger._check_not_tenant_bound('prune_due');
   select array_agg(d.kind), array_agg(d.removed) into v_kinds, v_counts from runledger._prune_due(p_batch, p_dry_run) d;
   -- Recorded when it removed something: a worker's pass over nothing due leaves no trace.
   if not coalesce(p_dry_run, false) and exists (select 1 from unnest(v_counts) n where n > 0) then
@@ -367,7 +386,7 @@ begin
 end;
 $$;
 comment on function runledger.prune_due(int, boolean) is
-  'Operator action (and the workers'' retention task): applies runledger.retention, one batch of at most p_batch rows per kind: idempotency keys of finished runs cleared, events, signals and streams of finished runs, finished runs with everything they own, idle sessions with their entries, audit records. Never a run that is not terminal, whose parent, child or fork lineage is not, or whose idempotency key a rule still holds. p_dry_run: counts everything due, changes nothing. Returns (kind, removed) per kind; call again until no kind removes p_batch. Recorded in audit_log when it removed anything.';
+  'Operator action (and the workers'' retention task): applies runledger.retention, one batch of at most p_batch rows per kind: idempotency keys of finished runs cleared, events, signals and streams of finished runs, finished runs with everything they own, idle sessions with their entries, audit records (never one younger than owner_settings.audit_log_min_keep, nor a record of set_retention, clear_retention or owner_settings). Never a run that is not terminal, whose parent, child or fork lineage is not, or whose idempotency key a rule still holds. p_dry_run: counts everything due, changes nothing. Returns (kind, removed) per kind; call again until no kind removes p_batch. Recorded in audit_log when it removed anything. With tenant isolation on, refused (42501) to an operator bound to a tenant: the rules are every tenant''s.';
 
 create function runledger._set_retention(p_kind text, p_keep interval, p_workflow_name text default null) returns void
 language plpgsql volatile
@@ -384,6 +403,14 @@ begin
     raise exception using errcode = 'RL003',
       message = format('set_retention: %s is not kept per workflow (give no workflow)', p_kind);
   end if;
+  -- The audit log records the operators who set this rule: they may not shorten it below
+  -- the floor the schema's owner set.
+  if p_kind = 'audit_log' and p_keep < runledger._audit_log_min_keep() then
+    raise exception using errcode = '42501',
+      message = format('set_retention: the audit log is kept at least %s (owner_settings.audit_log_min_keep); %s is shorter',
+                       runledger._audit_log_min_keep(), p_keep),
+      hint = 'Only the schema''s owner lowers the floor: update runledger.owner_settings set audit_log_min_keep = ''...''; (docs/retention.md).';
+  end if;
   insert into runledger.retention (kind, workflow_name, keep, updated_at)
   values (p_kind, p_workflow_name, p_keep, runledger.now())
   on conflict (kind, coalesce(workflow_name, '')) do update set keep = excluded.keep, updated_at = excluded.updated_at;
@@ -396,13 +423,15 @@ create function runledger.set_retention(p_kind text, p_keep interval, p_workflow
 language plpgsql volatile
 set enable_seqscan = off set jit = off as $$
 begin
+  -- The rules apply to every tenant's data (0018_tenants.sql).
+  perform runledger._check_not_tenant_bound('set_retention');
   perform runledger._set_retention(p_kind, p_keep, p_workflow_name);
   perform runledger._audit('set_retention', null, p_kind,
                            jsonb_build_object('keep', coalesce(p_keep::text, 'forever'), 'workflow_name', p_workflow_name), null);
 end;
 $$;
 comment on function runledger.set_retention(text, interval, text) is
-  'Operator action: keep kind (runs, events, idempotency, signals, streams, session_entries, audit_log) for p_keep (null: forever), for workflow p_workflow_name or (null) as the default for workflows without their own rule. Bad kind, negative keep, or a workflow for session_entries or audit_log: RL003. Recorded in audit_log.';
+  'Operator action: keep kind (runs, events, idempotency, signals, streams, session_entries, audit_log) for p_keep (null: forever), for workflow p_workflow_name or (null) as the default for workflows without their own rule. Bad kind, negative keep, or a workflow for session_entries or audit_log: RL003. An audit_log rule shorter than owner_settings.audit_log_min_keep (365 days unless the schema''s owner lowered it): 42501. With tenant isolation on, refused (42501) to an operator bound to a tenant. Recorded in audit_log, and that record is never pruned.';
 
 create function runledger._clear_retention(p_kind text, p_workflow_name text default null) returns boolean
 language plpgsql volatile
@@ -419,14 +448,17 @@ create function runledger.clear_retention(p_kind text, p_workflow_name text defa
 language plpgsql volatile
 set enable_seqscan = off set jit = off as $$
 declare
-  v_found boolean := runledger._clear_retention(p_kind, p_workflow_name);
+  v_found boolean;
 begin
+  -- The rules apply to every tenant's data (0018_tenants.sql).
+  perform runledger._check_not_tenant_bound('clear_retention');
+  v_found := runledger._clear_retention(p_kind, p_workflow_name);
   perform runledger._audit('clear_retention', null, p_kind, jsonb_build_object('workflow_name', p_workflow_name), to_jsonb(v_found));
   return v_found;
 end;
 $$;
 comment on function runledger.clear_retention(text, text) is
-  'Operator action: removes the rule for kind and workflow (null: the default); the workflow falls back to the default, the default to keep forever. Returns whether a rule was removed. Recorded in audit_log.';
+  'Operator action: removes the rule for kind and workflow (null: the default); the workflow falls back to the default, the default to keep forever. Returns whether a rule was removed. With tenant isolation on, refused (42501) to an operator bound to a tenant. Recorded in audit_log, and that record is never pruned.';
 
 create function runledger._maintenance_begin(p_task text, p_worker_id text, p_every_ms bigint, p_lease_ms bigint) returns boolean
 language plpgsql volatile
@@ -552,7 +584,7 @@ comment on function runledger._fork_run(text, int, text) is
   'The action behind runledger.fork_run (which records it in audit_log): Operator action: starts a new run of the same workflow and input that reuses the source run''s checkpoints before step from_step (0 = start over) and runs the rest, on the source''s version or on version (a registered version of the workflow, with its manifest). Returns the new run_id. Operations copied this way are not compensated by the fork. The fork''s lineage_id is the source''s (or the source''s run id). RL005 when a checkpoint it would copy is of an operation a compensation undid (runledger._undone_operations: fork from before it). A NOTICE lists the operations from from_step on whose idempotency key holds the source''s run id (made from ctx.runId, the fork calls them again under a new key).';
 
 comment on table runledger.audit_log is
-  'One row per operator action (send_signal, decide_approval, cancel_run, compensate_run, retry_run, resolve_operation, fork_run, migrate_run, migrate_runs, set_queue, prune, release_session, delete_session, prune_artifact_blobs; and prune_due, set_retention, clear_retention of 0020_retention.sql), written in the same transaction as the action: who (db_user = session_user, db_role = runledger._caller(), asserted_by = the name the caller gave), what, on which run and target, with which arguments, and what it returned. Kept when runs are pruned.';
+  'One row per operator action (send_signal, decide_approval, cancel_run, compensate_run, retry_run, resolve_operation, fork_run, migrate_run, migrate_runs, set_queue, prune, release_session, delete_session, prune_artifact_blobs; and prune_due, set_retention, clear_retention of 0020_retention.sql, and owner_settings, a change of runledger.owner_settings by the schema''s owner), written in the same transaction as the action: who (db_user = session_user, db_role = runledger._caller(), asserted_by = the name the caller gave), what, on which run and target, with which arguments, and what it returned. Kept when runs are pruned; the audit_log retention rule never removes a record younger than owner_settings.audit_log_min_keep, nor one of set_retention, clear_retention or owner_settings.';
 
 -- The new functions, and _fork_run (create or replace drops SECURITY DEFINER and the fixed search_path): secured.
 select runledger._secure_functions();

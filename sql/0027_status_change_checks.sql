@@ -10,7 +10,8 @@
 -- _check_run), the trigger runs_transition (and _check_transition), and the triggers
 -- runs_run_id_insert and runs_run_id_update (and _check_run_id): all by the trigger runs_invariants.
 -- Redefines:
---   runledger._session_on_terminal()             trigger function: one lookup, not two, for a run without sessions
+--   runledger._session_on_terminal()             trigger function: one lookup, not two, for a run without sessions; it frees
+--                                                its sessions under its tenant (_session_free of 0033_tenant_sessions_and_shared_actions.sql)
 --   runledger._completed_evidence(...)           STABLE, so the planner inlines it
 --   runledger._commit_fast(jsonb)                its completions find their runs by run_id alone
 --   the trigger runs_session_release             fires only for a run whose in_sessions is true
@@ -140,10 +141,11 @@ begin
   if exists (select 1 from runledger.session_waiters w where w.run_id = new.run_id)
      or exists (select 1 from runledger.sessions s where s.holder_run_id = new.run_id) then
     delete from runledger.session_waiters where run_id = new.run_id;
+    -- A run holds only sessions of its own tenant (0033_tenant_sessions_and_shared_actions.sql).
     for v_session in
       select s.session_id from runledger.sessions s where s.holder_run_id = new.run_id order by s.session_id for update
     loop
-      perform runledger._session_free(v_session, 'ended');
+      perform runledger._session_free(v_session, coalesce(new.tenant_id, ''), 'ended');
     end loop;
   end if;
   return null;

@@ -122,7 +122,7 @@ CREATE TABLE runledger.audit_log (
   arguments jsonb DEFAULT '{}'::jsonb NOT NULL,
   result jsonb
 );
-COMMENT ON TABLE runledger.audit_log IS 'One row per operator action (send_signal, decide_approval, cancel_run, compensate_run, retry_run, resolve_operation, fork_run, migrate_run, migrate_runs, set_queue, prune, release_session, delete_session, prune_artifact_blobs; and prune_due, set_retention, clear_retention of 0020_retention.sql), written in the same transaction as the action: who (db_user = session_user, db_role = runledger._caller(), asserted_by = the name the caller gave), what, on which run and target, with which arguments, and what it returned. Kept when runs are pruned.';
+COMMENT ON TABLE runledger.audit_log IS 'One row per operator action (send_signal, decide_approval, cancel_run, compensate_run, retry_run, resolve_operation, fork_run, migrate_run, migrate_runs, set_queue, prune, release_session, delete_session, prune_artifact_blobs; and prune_due, set_retention, clear_retention of 0020_retention.sql, and owner_settings, a change of runledger.owner_settings by the schema''s owner), written in the same transaction as the action: who (db_user = session_user, db_role = runledger._caller(), asserted_by = the name the caller gave), what, on which run and target, with which arguments, and what it returned. Kept when runs are pruned; the audit_log retention rule never removes a record younger than owner_settings.audit_log_min_keep, nor one of set_retention, clear_retention or owner_settings.';
 ALTER TABLE runledger.audit_log ADD CONSTRAINT audit_log_pkey PRIMARY KEY (audit_id);
 CREATE INDEX audit_log_at ON runledger.audit_log USING btree (at);
 CREATE UNIQUE INDEX audit_log_pkey ON runledger.audit_log USING btree (audit_id);
@@ -356,26 +356,30 @@ CREATE TABLE runledger.session_entries (
   run_id text COLLATE "C" NOT NULL,
   step_position integer NOT NULL,
   entry_index integer NOT NULL,
-  created_at timestamp with time zone DEFAULT runledger.now() NOT NULL
+  created_at timestamp with time zone DEFAULT runledger.now() NOT NULL,
+  tenant_id text COLLATE "C" DEFAULT ''::text NOT NULL
 );
 COMMENT ON TABLE runledger.session_entries IS 'The history of each session in order (seq 1, 2, ...): role (system, user, assistant, tool), content (JSON), and the run and step position whose append wrote it, with its index in that append; unique by (run_id, step_position, entry_index), written with that step''s checkpoint.';
+COMMENT ON COLUMN runledger.session_entries.tenant_id IS 'The tenant of the entry''s session (with session_id, its key).';
 ALTER TABLE runledger.session_entries ADD CONSTRAINT session_entries_once UNIQUE (run_id, step_position, entry_index);
-ALTER TABLE runledger.session_entries ADD CONSTRAINT session_entries_pkey PRIMARY KEY (session_id, seq);
+ALTER TABLE runledger.session_entries ADD CONSTRAINT session_entries_pkey PRIMARY KEY (session_id, tenant_id, seq);
 ALTER TABLE runledger.session_entries ADD CONSTRAINT session_entries_role CHECK ((role = ANY (ARRAY['system'::text, 'user'::text, 'assistant'::text, 'tool'::text])));
-ALTER TABLE runledger.session_entries ADD CONSTRAINT session_entries_session_id_fkey FOREIGN KEY (session_id) REFERENCES runledger.sessions(session_id) ON DELETE CASCADE;
+ALTER TABLE runledger.session_entries ADD CONSTRAINT session_entries_session_id_fkey FOREIGN KEY (session_id, tenant_id) REFERENCES runledger.sessions(session_id, tenant_id) ON DELETE CASCADE;
 CREATE UNIQUE INDEX session_entries_once ON runledger.session_entries USING btree (run_id, step_position, entry_index);
-CREATE UNIQUE INDEX session_entries_pkey ON runledger.session_entries USING btree (session_id, seq);
+CREATE UNIQUE INDEX session_entries_pkey ON runledger.session_entries USING btree (session_id, tenant_id, seq);
 
 CREATE TABLE runledger.session_waiters (
   session_id text COLLATE "C" NOT NULL,
   run_id text COLLATE "C" NOT NULL,
   ticket bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
-  queued_at timestamp with time zone DEFAULT runledger.now() NOT NULL
+  queued_at timestamp with time zone DEFAULT runledger.now() NOT NULL,
+  tenant_id text COLLATE "C" DEFAULT ''::text NOT NULL
 );
 COMMENT ON TABLE runledger.session_waiters IS 'Runs queued for a held session, served in arrival order (ticket). The first live one becomes the holder when the session is let go, and is woken by a signal on topic session:<id>.';
+COMMENT ON COLUMN runledger.session_waiters.tenant_id IS 'The tenant of the session queued for (with session_id, its key): the queued run''s own.';
 ALTER TABLE runledger.session_waiters ADD CONSTRAINT session_waiters_pkey PRIMARY KEY (session_id, run_id);
-ALTER TABLE runledger.session_waiters ADD CONSTRAINT session_waiters_session_id_fkey FOREIGN KEY (session_id) REFERENCES runledger.sessions(session_id) ON DELETE CASCADE;
-CREATE INDEX session_waiters_order ON runledger.session_waiters USING btree (session_id, ticket);
+ALTER TABLE runledger.session_waiters ADD CONSTRAINT session_waiters_session_id_fkey FOREIGN KEY (session_id, tenant_id) REFERENCES runledger.sessions(session_id, tenant_id) ON DELETE CASCADE;
+CREATE INDEX session_waiters_order ON runledger.session_waiters USING btree (session_id, tenant_id, ticket);
 CREATE UNIQUE INDEX session_waiters_pkey ON runledger.session_waiters USING btree (session_id, run_id);
 CREATE INDEX session_waiters_run ON runledger.session_waiters USING btree (run_id);
 CREATE TRIGGER session_waiters_mark_run AFTER INSERT ON runledger.session_waiters FOR EACH ROW EXECUTE FUNCTION runledger._session_mark_run();
@@ -390,16 +394,18 @@ CREATE TABLE runledger.sessions (
   release_reason text COLLATE "C",
   entry_count integer DEFAULT 0 NOT NULL,
   created_at timestamp with time zone DEFAULT runledger.now() NOT NULL,
-  updated_at timestamp with time zone DEFAULT runledger.now() NOT NULL
+  updated_at timestamp with time zone DEFAULT runledger.now() NOT NULL,
+  tenant_id text COLLATE "C" DEFAULT ''::text NOT NULL
 );
 COMMENT ON TABLE runledger.sessions IS 'Agent sessions: a history that spans runs, held by at most one run at a time (holder_run_id; null = free). Others queue in session_waiters. last_holder_run_id, released_at and release_reason (released, ended, operator) say how it was last let go; entry_count is the seq of its last entry.';
+COMMENT ON COLUMN runledger.sessions.tenant_id IS 'The tenant whose runs use this session ('''' for runs without a tenant): with session_id, the session''s key. A run opens, appends to and waits for only its own tenant''s session of an id.';
 ALTER TABLE runledger.sessions ADD CONSTRAINT sessions_holder_complete CHECK (((holder_run_id IS NULL) = (held_at IS NULL)));
 ALTER TABLE runledger.sessions ADD CONSTRAINT sessions_id_valid CHECK (((session_id ~ '^[A-Za-z0-9][A-Za-z0-9_.:/-]*$'::text) AND (length(session_id) <= 92)));
-ALTER TABLE runledger.sessions ADD CONSTRAINT sessions_pkey PRIMARY KEY (session_id);
+ALTER TABLE runledger.sessions ADD CONSTRAINT sessions_pkey PRIMARY KEY (session_id, tenant_id);
 ALTER TABLE runledger.sessions ADD CONSTRAINT sessions_release_reason CHECK ((release_reason = ANY (ARRAY['released'::text, 'ended'::text, 'operator'::text])));
 CREATE INDEX sessions_holder ON runledger.sessions USING btree (holder_run_id) WHERE (holder_run_id IS NOT NULL);
 CREATE INDEX sessions_idle ON runledger.sessions USING btree (updated_at) WHERE (holder_run_id IS NULL);
-CREATE UNIQUE INDEX sessions_pkey ON runledger.sessions USING btree (session_id);
+CREATE UNIQUE INDEX sessions_pkey ON runledger.sessions USING btree (session_id, tenant_id);
 CREATE TRIGGER sessions_mark_holder AFTER INSERT OR UPDATE OF holder_run_id ON runledger.sessions FOR EACH ROW WHEN ((new.holder_run_id IS NOT NULL)) EXECUTE FUNCTION runledger._session_mark_run();
 COMMENT ON TRIGGER sessions_mark_holder ON runledger.sessions IS 'A run that takes a session is marked runs.in_sessions (runledger._session_mark_run).';
 
@@ -713,13 +719,14 @@ CREATE VIEW runledger.session_list AS
     s.release_reason,
     s.released_at,
     s.created_at,
-    s.updated_at
+    s.updated_at,
+    NULLIF(s.tenant_id, ''::text) AS tenant_id
    FROM runledger.sessions s
      LEFT JOIN runledger.runs r ON r.run_id = s.holder_run_id
      LEFT JOIN LATERAL ( SELECT array_agg(q.run_id ORDER BY q.ticket) AS run_ids
            FROM runledger.session_waiters q
-          WHERE q.session_id = s.session_id) w ON true;
-COMMENT ON VIEW runledger.session_list IS 'Every session: its holder (run, status, workflow, since when), the runs queued for it in order, its entry count, and how it was last let go. select * from runledger.session_history(id) lists one session''s entries.';
+          WHERE q.session_id = s.session_id AND q.tenant_id = s.tenant_id) w ON true;
+COMMENT ON VIEW runledger.session_list IS 'Every session: its holder (run, status, workflow, since when), the runs queued for it in order, its entry count, how it was last let go, and its tenant (null: runs without a tenant; a session id is one session per tenant). select * from runledger.session_history(id) lists one session''s entries (of the tenant runledger.tenant names).';
 
 CREATE VIEW runledger.stranded_runs AS
  SELECT run_id,
@@ -1546,7 +1553,7 @@ begin
   end if;
 end;
 $function$;
-COMMENT ON FUNCTION runledger._check_not_tenant_bound(text) IS 'Refuses (42501) an action on what all tenants share (set_queue) when tenant isolation is on and the caller is bound to a tenant.';
+COMMENT ON FUNCTION runledger._check_not_tenant_bound(text) IS 'Refuses (42501) an action on what all tenants share (set_queue, set_retention, clear_retention, prune_due, prune, prune_artifact_blobs) when tenant isolation is on and the caller is bound to a tenant.';
 
 CREATE OR REPLACE FUNCTION runledger._check_progress(p_run runledger.runs, p_step text, p_seq integer, p_hash text)
  RETURNS boolean
@@ -2541,23 +2548,25 @@ CREATE OR REPLACE FUNCTION runledger._delete_session(p_session_id text)
  SET jit TO 'off'
 AS $function$
 declare
+  v_tenant  text := runledger._session_scope();
   v_session runledger.sessions;
 begin
   perform runledger._session_check_id(p_session_id);
-  select * into v_session from runledger.sessions where session_id = p_session_id for update;
+  select * into v_session from runledger.sessions where session_id = p_session_id and tenant_id = v_tenant for update;
   if not found then
     raise exception using errcode = 'RL002', message = format('delete_session: session %L not found', p_session_id);
   end if;
-  if v_session.holder_run_id is not null or exists (select 1 from runledger.session_waiters w where w.session_id = p_session_id) then
+  if v_session.holder_run_id is not null
+     or exists (select 1 from runledger.session_waiters w where w.session_id = p_session_id and w.tenant_id = v_tenant) then
     raise exception using errcode = 'RL005',
       message = format('delete_session: session %s is held by run %s or has runs queued; release it first (release_session)', p_session_id,
                        coalesce(v_session.holder_run_id, '-'));
   end if;
-  delete from runledger.sessions where session_id = p_session_id;
+  delete from runledger.sessions where session_id = p_session_id and tenant_id = v_tenant;
   return v_session.entry_count;
 end;
 $function$;
-COMMENT ON FUNCTION runledger._delete_session(text) IS 'The action behind runledger.delete_session (which records it in audit_log): Operator action: deletes a session nobody holds or waits for, with its history (entries are kept until then, whatever prune() removes). Returns how many entries went. Held or queued for: RL005; unknown: RL002.';
+COMMENT ON FUNCTION runledger._delete_session(text) IS 'The action behind runledger.delete_session (which records it in audit_log): Operator action: deletes a session (of the tenant the caller''s session names) that nobody holds or waits for, with its history (entries are kept until then, whatever prune() removes). Returns how many entries went. Held or queued for: RL005; unknown: RL002.';
 
 CREATE OR REPLACE FUNCTION runledger._dispatch(p_run_id text, p_queue text, p_delay_ms bigint DEFAULT 0)
  RETURNS void
@@ -3596,32 +3605,43 @@ begin
       elsif v_kind = 'session_entries' then
         -- Whole idle sessions (free, nobody queued): a batch takes sessions until their
         -- entries reach p_batch (at least one session, however long its history).
+        -- A session is keyed by its id and tenant (0033_tenant_sessions_and_shared_actions.sql).
         if p_dry_run then
           select coalesce(sum(s.entry_count), 0) into v_n from runledger.sessions s
            where s.holder_run_id is null and s.updated_at < v_cutoff
-             and not exists (select 1 from runledger.session_waiters w where w.session_id = s.session_id);
+             and not exists (select 1 from runledger.session_waiters w where w.session_id = s.session_id and w.tenant_id = s.tenant_id);
         else
           with idle as (
-            select s.session_id, s.entry_count from runledger.sessions s
+            select s.session_id, s.tenant_id, s.entry_count from runledger.sessions s
              where s.holder_run_id is null and s.updated_at < v_cutoff
-               and not exists (select 1 from runledger.session_waiters w where w.session_id = s.session_id)
+               and not exists (select 1 from runledger.session_waiters w where w.session_id = s.session_id and w.tenant_id = s.tenant_id)
              order by s.updated_at
              limit v_left
                for update skip locked),
           due as (
-            select i.session_id, i.entry_count, sum(i.entry_count) over (order by i.session_id) as running from idle i),
+            select i.session_id, i.tenant_id, i.entry_count,
+                   sum(i.entry_count) over (order by i.session_id, i.tenant_id) as running
+              from idle i),
           gone as (
             delete from runledger.sessions s using due
-             where s.session_id = due.session_id and (due.running <= v_left or due.running = due.entry_count)
+             where s.session_id = due.session_id and s.tenant_id = due.tenant_id
+               and (due.running <= v_left or due.running = due.entry_count)
             returning s.entry_count)
           select coalesce(sum(g.entry_count), 0) into v_n from gone g;
         end if;
       elsif v_kind = 'audit_log' then
+        -- Never younger than the owner's floor, whatever the rule says (a rule set before the
+        -- floor was raised); the records of retention changes stay whatever their age, so a
+        -- rule that removes the log cannot remove the record of its own making.
+        v_cutoff := v_now - greatest(v_rule.keep, runledger._audit_log_min_keep());
         if p_dry_run then
-          select count(*) into v_n from runledger.audit_log a where a.at < v_cutoff;
+          select count(*) into v_n from runledger.audit_log a
+           where a.at < v_cutoff and a.action not in ('set_retention', 'clear_retention', 'owner_settings');
         else
           with due as (
-            select a.audit_id from runledger.audit_log a where a.at < v_cutoff order by a.at limit v_left for update skip locked),
+            select a.audit_id from runledger.audit_log a
+             where a.at < v_cutoff and a.action not in ('set_retention', 'clear_retention', 'owner_settings')
+             order by a.at limit v_left for update skip locked),
           gone as (delete from runledger.audit_log a using due where a.audit_id = due.audit_id returning 1)
           select count(*) into v_n from gone;
         end if;
@@ -3902,10 +3922,11 @@ CREATE OR REPLACE FUNCTION runledger._release_session(p_session_id text)
  SET jit TO 'off'
 AS $function$
 declare
+  v_tenant  text := runledger._session_scope();
   v_session runledger.sessions;
 begin
   perform runledger._session_check_id(p_session_id);
-  select * into v_session from runledger.sessions where session_id = p_session_id for update;
+  select * into v_session from runledger.sessions where session_id = p_session_id and tenant_id = v_tenant for update;
   if not found then
     raise exception using errcode = 'RL002', message = format('release_session: session %L not found', p_session_id);
   end if;
@@ -3915,10 +3936,10 @@ begin
   insert into runledger.events (run_id, kind, detail)
   select r.run_id, 'session_released', jsonb_build_object('session_id', p_session_id, 'by', 'operator')
     from runledger.runs r where r.run_id = v_session.holder_run_id;
-  return runledger._session_free(p_session_id, 'operator');
+  return runledger._session_free(p_session_id, v_tenant, 'operator');
 end;
 $function$;
-COMMENT ON FUNCTION runledger._release_session(text) IS 'The action behind runledger.release_session (which records it in audit_log): Operator repair: takes a session from its holder (a run stuck while holding it) and hands it to the next waiter, which is woken. Returns the new holder (null: nobody waited, or it was free). The former holder''s next append fails with RL005 (SESSION_NOT_HELD); its history records a session_released event. Unknown session: RL002.';
+COMMENT ON FUNCTION runledger._release_session(text) IS 'The action behind runledger.release_session (which records it in audit_log): Operator repair: takes a session (of the tenant the caller''s session names) from its holder (a run stuck while holding it) and hands it to the next waiter, which is woken. Returns the new holder (null: nobody waited, or it was free). The former holder''s next append fails with RL005 (SESSION_NOT_HELD); its history records a session_released event. Unknown session: RL002.';
 
 CREATE OR REPLACE FUNCTION runledger._resolve_operation(p_operation_id text, p_status text, p_result jsonb DEFAULT NULL::jsonb, p_resolved_by text DEFAULT NULL::text)
  RETURNS text
@@ -4090,6 +4111,15 @@ end;
 $function$;
 COMMENT ON FUNCTION runledger._retry_wait(text,bigint,integer,text,text,integer,bigint) IS 'Fenced: a backoff too long to sleep in memory becomes a durable wait (wait_kind retry): the step keeps a WAITING row with the attempt reached and the run waits, holding no worker, until the next attempt is due.';
 
+CREATE OR REPLACE FUNCTION runledger._run_tenant(p_run_id text)
+ RETURNS text
+ LANGUAGE sql
+ STABLE
+AS $function$
+  select coalesce((select r.tenant_id from runledger.runs r where r.run_id = p_run_id), '')
+$function$;
+COMMENT ON FUNCTION runledger._run_tenant(text) IS 'A run''s tenant as the tenant part of a session''s key: runs.tenant_id, '''' for a run without one.';
+
 CREATE OR REPLACE FUNCTION runledger._secure_functions()
  RETURNS void
  LANGUAGE plpgsql
@@ -4177,50 +4207,53 @@ CREATE OR REPLACE FUNCTION runledger._session_acquire(p_session_id text, p_run_i
  SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 declare
+  v_tenant  text := runledger._run_tenant(p_run_id);
   v_session runledger.sessions;
   v_status  runledger.run_status;
   v_ticket  bigint;
 begin
   perform runledger._session_check_id(p_session_id);
-  insert into runledger.sessions (session_id) values (p_session_id) on conflict (session_id) do nothing;
-  select * into v_session from runledger.sessions where session_id = p_session_id for update;
+  insert into runledger.sessions (session_id, tenant_id) values (p_session_id, v_tenant)
+  on conflict (session_id, tenant_id) do nothing;
+  select * into v_session from runledger.sessions where session_id = p_session_id and tenant_id = v_tenant for update;
   if v_session.holder_run_id is not null and v_session.holder_run_id <> p_run_id then
-    -- A holder that ended lets go by the trigger below; one found ended or gone anyway
-    -- (a run row deleted by hand) is treated as gone.
+    -- A holder that ended lets go by the trigger runs_session_release; one found ended or
+    -- gone anyway (a run row deleted by hand) is treated as gone.
     select r.status into v_status from runledger.runs r where r.run_id = v_session.holder_run_id;
     if v_status is null or runledger.is_terminal(v_status) then
       delete from runledger.session_waiters where session_id = p_session_id and run_id = p_run_id;
-      perform runledger._session_free(p_session_id, 'ended');
-      select * into v_session from runledger.sessions where session_id = p_session_id;
+      perform runledger._session_free(p_session_id, v_tenant, 'ended');
+      select * into v_session from runledger.sessions where session_id = p_session_id and tenant_id = v_tenant;
     end if;
   end if;
   if v_session.holder_run_id is null then
     -- Free: a free session has nobody queued (a hand-off gives it to the first waiter),
     -- but should someone be, they come first.
     delete from runledger.session_waiters where session_id = p_session_id and run_id = p_run_id;
-    if exists (select 1 from runledger.session_waiters w where w.session_id = p_session_id) then
-      perform runledger._session_handoff(p_session_id);
-      select * into v_session from runledger.sessions where session_id = p_session_id;
+    if exists (select 1 from runledger.session_waiters w where w.session_id = p_session_id and w.tenant_id = v_tenant) then
+      perform runledger._session_handoff(p_session_id, v_tenant);
+      select * into v_session from runledger.sessions where session_id = p_session_id and tenant_id = v_tenant;
     end if;
   end if;
   if v_session.holder_run_id is null then
     update runledger.sessions set holder_run_id = p_run_id, held_at = runledger.now(), updated_at = runledger.now()
-     where session_id = p_session_id
+     where session_id = p_session_id and tenant_id = v_tenant
     returning * into v_session;
   end if;
   if v_session.holder_run_id = p_run_id then
     delete from runledger.session_waiters where session_id = p_session_id and run_id = p_run_id;
     return jsonb_build_object('held', true, 'entry_count', v_session.entry_count);
   end if;
-  insert into runledger.session_waiters (session_id, run_id) values (p_session_id, p_run_id)
+  insert into runledger.session_waiters (session_id, tenant_id, run_id) values (p_session_id, v_tenant, p_run_id)
   on conflict (session_id, run_id) do nothing;
   select w.ticket into v_ticket from runledger.session_waiters w where w.session_id = p_session_id and w.run_id = p_run_id;
   return jsonb_build_object(
     'held', false, 'holder', v_session.holder_run_id,
-    'position', (select count(*) from runledger.session_waiters w where w.session_id = p_session_id and w.ticket <= v_ticket));
+    'position', (select count(*) from runledger.session_waiters w
+                  where w.session_id = p_session_id and w.tenant_id = v_tenant and w.ticket <= v_ticket));
 end;
 $function$;
-COMMENT ON FUNCTION runledger._session_acquire(text,text) IS 'Inside a run''s transaction step: holds the session for p_run_id if it is free (or already its own, or its holder ended) and answers {held: true, entry_count}; otherwise queues the run (once) and answers {held: false, holder, position}. Creates the session on first use. Invalid id: RL003.';
+COMMENT ON FUNCTION runledger._session_acquire(text,text) IS 'Inside a run''s transaction step: holds the session of that id of the run''s tenant for p_run_id if it is free (or already its own, or its holder ended) and answers {held: true, entry_count}; otherwise queues the run (once) and answers {held: false, holder, position}. Creates the session on first use (per tenant: another tenant''s session of the same id is another session). Invalid id: RL003.';
 
 CREATE OR REPLACE FUNCTION runledger._session_append(p_session_id text, p_run_id text, p_position integer, p_entries jsonb)
  RETURNS jsonb
@@ -4231,20 +4264,21 @@ CREATE OR REPLACE FUNCTION runledger._session_append(p_session_id text, p_run_id
  SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 declare
+  v_tenant  text := runledger._run_tenant(p_run_id);
   v_session runledger.sessions;
   v_count   int;
 begin
-  select * into v_session from runledger.sessions where session_id = p_session_id for update;
+  select * into v_session from runledger.sessions where session_id = p_session_id and tenant_id = v_tenant for update;
   if not found then
     raise exception using errcode = 'RL005', message = format('session %s is not held by run %s: it does not exist', p_session_id, p_run_id);
   end if;
   if v_session.holder_run_id is distinct from p_run_id then
     if v_session.holder_run_id is null and v_session.last_holder_run_id = p_run_id and v_session.release_reason = 'ended'
-       and not exists (select 1 from runledger.session_waiters w where w.session_id = p_session_id) then
+       and not exists (select 1 from runledger.session_waiters w where w.session_id = p_session_id and w.tenant_id = v_tenant) then
       -- The run held it when it ended and has been brought back (retry_run); nobody has held
       -- it since, so its history is still the one the run read: it takes it back.
       update runledger.sessions set holder_run_id = p_run_id, held_at = runledger.now(), updated_at = runledger.now()
-       where session_id = p_session_id;
+       where session_id = p_session_id and tenant_id = v_tenant;
     else
       raise exception using errcode = 'RL005',
         message = format('session %s is not held by run %s (%s)', p_session_id, p_run_id,
@@ -4258,15 +4292,17 @@ begin
     raise exception using errcode = 'RL003',
       message = format('session %s: entries must be an array of {role: system|user|assistant|tool, content}', p_session_id);
   end if;
-  insert into runledger.session_entries (session_id, seq, role, content, run_id, step_position, entry_index)
-  select p_session_id, v_session.entry_count + e.ordinality::int, e.value->>'role', e.value->'content', p_run_id, p_position, e.ordinality::int - 1
+  insert into runledger.session_entries (session_id, tenant_id, seq, role, content, run_id, step_position, entry_index)
+  select p_session_id, v_tenant, v_session.entry_count + e.ordinality::int, e.value->>'role', e.value->'content', p_run_id, p_position,
+         e.ordinality::int - 1
     from jsonb_array_elements(p_entries) with ordinality e;
   get diagnostics v_count = row_count;
-  update runledger.sessions set entry_count = entry_count + v_count, updated_at = runledger.now() where session_id = p_session_id;
+  update runledger.sessions set entry_count = entry_count + v_count, updated_at = runledger.now()
+   where session_id = p_session_id and tenant_id = v_tenant;
   return jsonb_build_object('first_seq', v_session.entry_count + 1, 'last_seq', v_session.entry_count + v_count);
 end;
 $function$;
-COMMENT ON FUNCTION runledger._session_append(text,text,integer,jsonb) IS 'Inside the holder''s transaction step at p_position: appends the entries ([{role, content}], numbered after the last) and answers {first_seq, last_seq}. A run that does not hold the session: RL005 (a run that held it when it ended and was retried takes it back if nobody held it since and nobody waits). Bad entries: RL003.';
+COMMENT ON FUNCTION runledger._session_append(text,text,integer,jsonb) IS 'Inside the holder''s transaction step at p_position: appends the entries ([{role, content}], numbered after the last) to the session of the run''s tenant and answers {first_seq, last_seq}. A run that does not hold the session: RL005 (a run that held it when it ended and was retried takes it back if nobody held it since and nobody waits). Bad entries: RL003.';
 
 CREATE OR REPLACE FUNCTION runledger._session_check_id(p_session_id text)
  RETURNS void
@@ -4284,7 +4320,7 @@ end;
 $function$;
 COMMENT ON FUNCTION runledger._session_check_id(text) IS 'Refuses (RL003) a session id that is not a name: [A-Za-z0-9][A-Za-z0-9_.:/-]*, at most 92 characters (the wake-up topic session:<id> must fit 100).';
 
-CREATE OR REPLACE FUNCTION runledger._session_free(p_session_id text, p_reason text)
+CREATE OR REPLACE FUNCTION runledger._session_free(p_session_id text, p_tenant_id text, p_reason text)
  RETURNS text
  LANGUAGE plpgsql
  SET enable_seqscan TO 'off'
@@ -4294,13 +4330,13 @@ begin
   update runledger.sessions
      set last_holder_run_id = holder_run_id, holder_run_id = null, held_at = null,
          released_at = runledger.now(), release_reason = p_reason, updated_at = runledger.now()
-   where session_id = p_session_id and holder_run_id is not null;
-  return runledger._session_handoff(p_session_id);
+   where session_id = p_session_id and tenant_id = p_tenant_id and holder_run_id is not null;
+  return runledger._session_handoff(p_session_id, p_tenant_id);
 end;
 $function$;
-COMMENT ON FUNCTION runledger._session_free(text,text) IS 'The holder of the session (locked by the caller) lets go, for p_reason (released, ended, operator); the session goes to the next waiter. Returns the new holder or null.';
+COMMENT ON FUNCTION runledger._session_free(text,text,text) IS 'The holder of the session (locked by the caller) lets go, for p_reason (released, ended, operator); the session goes to the next waiter. Returns the new holder or null.';
 
-CREATE OR REPLACE FUNCTION runledger._session_handoff(p_session_id text)
+CREATE OR REPLACE FUNCTION runledger._session_handoff(p_session_id text, p_tenant_id text)
  RETURNS text
  LANGUAGE plpgsql
  SET enable_seqscan TO 'off'
@@ -4314,26 +4350,26 @@ begin
   -- takes it; waiters whose run ended or vanished are dropped on the way.
   loop
     select w.run_id into v_next from runledger.session_waiters w
-     where w.session_id = p_session_id order by w.ticket limit 1;
+     where w.session_id = p_session_id and w.tenant_id = p_tenant_id order by w.ticket limit 1;
     if not found then
       return null;
     end if;
     -- The waiter's run is locked before its place is taken: a cancel or end of that run
-    -- committing right now has removed its place (the trigger below) by the time the lock
-    -- is granted, and the delete then finds nothing.
+    -- committing right now has removed its place (the trigger runs_session_release) by the
+    -- time the lock is granted, and the delete then finds nothing.
     select r.status into v_status from runledger.runs r where r.run_id = v_next for update;
     delete from runledger.session_waiters w where w.session_id = p_session_id and w.run_id = v_next;
     if found and v_status is not null and not runledger.is_terminal(v_status) then
       update runledger.sessions
          set holder_run_id = v_next, held_at = runledger.now(), updated_at = runledger.now()
-       where session_id = p_session_id;
+       where session_id = p_session_id and tenant_id = p_tenant_id;
       perform runledger._send_signal(v_next, 'session:' || p_session_id, jsonb_build_object('session_id', p_session_id));
       return v_next;
     end if;
   end loop;
 end;
 $function$;
-COMMENT ON FUNCTION runledger._session_handoff(text) IS 'The session (locked by the caller, free) goes to its first waiter whose run has not ended, which is signalled on topic session:<id> (send_signal wakes it if it waits). Returns the new holder, or null when nobody waits.';
+COMMENT ON FUNCTION runledger._session_handoff(text,text) IS 'The session (locked by the caller, free) goes to its first waiter whose run has not ended, which is signalled on topic session:<id> (send_signal wakes it if it waits). Returns the new holder, or null when nobody waits.';
 
 CREATE OR REPLACE FUNCTION runledger._session_leave(p_session_id text, p_run_id text)
  RETURNS jsonb
@@ -4346,7 +4382,8 @@ AS $function$
 declare
   v_session runledger.sessions;
 begin
-  select * into v_session from runledger.sessions where session_id = p_session_id for update;
+  select * into v_session from runledger.sessions
+   where session_id = p_session_id and tenant_id = runledger._run_tenant(p_run_id) for update;
   if found and v_session.holder_run_id = p_run_id then
     -- The hand-off came just as the wait timed out: the session is the run's.
     return jsonb_build_object('held', true, 'entry_count', v_session.entry_count);
@@ -4355,7 +4392,7 @@ begin
   return jsonb_build_object('held', false, 'holder', v_session.holder_run_id);
 end;
 $function$;
-COMMENT ON FUNCTION runledger._session_leave(text,text) IS 'A queued run gives up (its wait timed out): it leaves the queue, unless the session was handed to it meanwhile ({held: true, entry_count}).';
+COMMENT ON FUNCTION runledger._session_leave(text,text) IS 'A queued run gives up (its wait timed out): it leaves the queue of its tenant''s session, unless the session was handed to it meanwhile ({held: true, entry_count}).';
 
 CREATE OR REPLACE FUNCTION runledger._session_mark_run()
  RETURNS trigger
@@ -4393,10 +4430,11 @@ begin
   if exists (select 1 from runledger.session_waiters w where w.run_id = new.run_id)
      or exists (select 1 from runledger.sessions s where s.holder_run_id = new.run_id) then
     delete from runledger.session_waiters where run_id = new.run_id;
+    -- A run holds only sessions of its own tenant (0033_tenant_sessions_and_shared_actions.sql).
     for v_session in
       select s.session_id from runledger.sessions s where s.holder_run_id = new.run_id order by s.session_id for update
     loop
-      perform runledger._session_free(v_session, 'ended');
+      perform runledger._session_free(v_session, coalesce(new.tenant_id, ''), 'ended');
     end loop;
   end if;
   return null;
@@ -4412,16 +4450,28 @@ CREATE OR REPLACE FUNCTION runledger._session_release(p_session_id text, p_run_i
  SET jit TO 'off'
  SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
+declare
+  v_tenant text := runledger._run_tenant(p_run_id);
 begin
-  perform 1 from runledger.sessions where session_id = p_session_id and holder_run_id = p_run_id for update;
+  perform 1 from runledger.sessions
+   where session_id = p_session_id and tenant_id = v_tenant and holder_run_id = p_run_id for update;
   if not found then
     return false;
   end if;
-  perform runledger._session_free(p_session_id, 'released');
+  perform runledger._session_free(p_session_id, v_tenant, 'released');
   return true;
 end;
 $function$;
 COMMENT ON FUNCTION runledger._session_release(text,text) IS 'The holder lets go of the session (session.release()); the next waiter gets it and is woken. False when p_run_id does not hold it.';
+
+CREATE OR REPLACE FUNCTION runledger._session_scope()
+ RETURNS text
+ LANGUAGE sql
+ STABLE
+AS $function$
+  select coalesce(current_setting('runledger.tenant', true), '')
+$function$;
+COMMENT ON FUNCTION runledger._session_scope() IS 'The tenant whose session an operator''s call (session_history, release_session, delete_session) addresses: the setting runledger.tenant of the caller''s session, '''' (runs without a tenant) when it names none. With tenant isolation on, a caller bound to a tenant finds only that tenant''s sessions (the policies).';
 
 CREATE OR REPLACE FUNCTION runledger._session_tenant()
  RETURNS text
@@ -4512,6 +4562,14 @@ begin
   if p_workflow_name is not null and p_kind in ('session_entries', 'audit_log') then
     raise exception using errcode = 'RL003',
       message = format('set_retention: %s is not kept per workflow (give no workflow)', p_kind);
+  end if;
+  -- The audit log records the operators who set this rule: they may not shorten it below
+  -- the floor the schema's owner set.
+  if p_kind = 'audit_log' and p_keep < runledger._audit_log_min_keep() then
+    raise exception using errcode = '42501',
+      message = format('set_retention: the audit log is kept at least %s (owner_settings.audit_log_min_keep); %s is shorter',
+                       runledger._audit_log_min_keep(), p_keep),
+      hint = 'Only the schema''s owner lowers the floor: update runledger.owner_settings set audit_log_min_keep = ''...''; (docs/retention.md).';
   end if;
   insert into runledger.retention (kind, workflow_name, keep, updated_at)
   values (p_kind, p_workflow_name, p_keep, runledger.now())
@@ -5558,13 +5616,16 @@ CREATE OR REPLACE FUNCTION runledger.clear_retention(p_kind text, p_workflow_nam
  SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 declare
-  v_found boolean := runledger._clear_retention(p_kind, p_workflow_name);
+  v_found boolean;
 begin
+  -- The rules apply to every tenant's data (0018_tenants.sql).
+  perform runledger._check_not_tenant_bound('clear_retention');
+  v_found := runledger._clear_retention(p_kind, p_workflow_name);
   perform runledger._audit('clear_retention', null, p_kind, jsonb_build_object('workflow_name', p_workflow_name), to_jsonb(v_found));
   return v_found;
 end;
 $function$;
-COMMENT ON FUNCTION runledger.clear_retention(text,text) IS 'Operator action: removes the rule for kind and workflow (null: the default); the workflow falls back to the default, the default to keep forever. Returns whether a rule was removed. Recorded in audit_log.';
+COMMENT ON FUNCTION runledger.clear_retention(text,text) IS 'Operator action: removes the rule for kind and workflow (null: the default); the workflow falls back to the default, the default to keep forever. Returns whether a rule was removed. With tenant isolation on, refused (42501) to an operator bound to a tenant. Recorded in audit_log, and that record is never pruned.';
 
 CREATE OR REPLACE FUNCTION runledger.compensate_run(p_run_id text, p_reason text DEFAULT NULL::text)
  RETURNS text
@@ -5612,11 +5673,12 @@ AS $function$
 declare
   v_removed int := runledger._delete_session(p_session_id);
 begin
-  perform runledger._audit('delete_session', null, p_session_id, '{}', to_jsonb(v_removed));
+  perform runledger._audit('delete_session', null, p_session_id,
+                           jsonb_build_object('tenant_id', nullif(runledger._session_scope(), '')), to_jsonb(v_removed));
   return v_removed;
 end;
 $function$;
-COMMENT ON FUNCTION runledger.delete_session(text) IS 'Operator action: deletes a session that no run holds or waits for, with its entries; returns how many entries it removed. Recorded in audit_log.';
+COMMENT ON FUNCTION runledger.delete_session(text) IS 'Operator action: deletes a session (of the tenant the caller''s session names in runledger.tenant; none: the runs without a tenant) that no run holds or waits for, with its entries; returns how many entries it removed. Recorded in audit_log, with the tenant.';
 
 CREATE OR REPLACE FUNCTION runledger.disable_tenant_isolation()
  RETURNS text[]
@@ -5821,13 +5883,15 @@ CREATE OR REPLACE FUNCTION runledger.prune(p_older_than interval)
  SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 declare
-  v_count bigint := runledger._prune(p_older_than);
+  v_count bigint;
 begin
+  perform runledger._check_not_tenant_bound('prune');
+  v_count := runledger._prune(p_older_than);
   perform runledger._audit('prune', null, null, jsonb_build_object('older_than', p_older_than::text), to_jsonb(v_count));
   return v_count;
 end;
 $function$;
-COMMENT ON FUNCTION runledger.prune(interval) IS 'Operator action: deletes finished runs (terminal, finished before now - older_than) with their steps, events, operations, signals and approvals, and workers stopped before then. Returns how many runs it removed. The audit log is kept. Recorded in audit_log.';
+COMMENT ON FUNCTION runledger.prune(interval) IS 'Operator action: deletes finished runs (terminal, finished before now - older_than) with their steps, events, operations, signals and approvals, and workers stopped before then. Returns how many runs it removed. The audit log is kept. With tenant isolation on, refused (42501) to an operator bound to a tenant. Recorded in audit_log.';
 
 CREATE OR REPLACE FUNCTION runledger.prune_artifact_blobs()
  RETURNS bigint
@@ -5838,13 +5902,15 @@ CREATE OR REPLACE FUNCTION runledger.prune_artifact_blobs()
  SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 declare
-  v_removed bigint := runledger._prune_artifact_blobs();
+  v_removed bigint;
 begin
+  perform runledger._check_not_tenant_bound('prune_artifact_blobs');
+  v_removed := runledger._prune_artifact_blobs();
   perform runledger._audit('prune_artifact_blobs', null, null, '{}', to_jsonb(v_removed));
   return v_removed;
 end;
 $function$;
-COMMENT ON FUNCTION runledger.prune_artifact_blobs() IS 'Operator action: deletes artifact contents no artifact refers to any more; returns how many it removed. Recorded in audit_log.';
+COMMENT ON FUNCTION runledger.prune_artifact_blobs() IS 'Operator action: deletes artifact contents no artifact refers to any more; returns how many it removed. With tenant isolation on, refused (42501) to an operator bound to a tenant: a blob is stored once for every tenant. Recorded in audit_log.';
 
 CREATE OR REPLACE FUNCTION runledger.prune_due(p_batch integer DEFAULT 1000, p_dry_run boolean DEFAULT false)
  RETURNS TABLE(kind text, removed bigint)
@@ -5858,6 +5924,8 @@ declare
   v_kinds   text[];
   v_counts  bigint[];
 begin
+  -- A pass applies the rules every tenant shares; the workers (not bound to a tenant) make it.
+  perform runledger._check_not_tenant_bound('prune_due');
   select array_agg(d.kind), array_agg(d.removed) into v_kinds, v_counts from runledger._prune_due(p_batch, p_dry_run) d;
   -- Recorded when it removed something: a worker's pass over nothing due leaves no trace.
   if not coalesce(p_dry_run, false) and exists (select 1 from unnest(v_counts) n where n > 0) then
@@ -5867,7 +5935,7 @@ begin
   return query select u.k, u.n from unnest(v_kinds, v_counts) u (k, n);
 end;
 $function$;
-COMMENT ON FUNCTION runledger.prune_due(integer,boolean) IS 'Operator action (and the workers'' retention task): applies runledger.retention, one batch of at most p_batch rows per kind: idempotency keys of finished runs cleared, events, signals and streams of finished runs, finished runs with everything they own, idle sessions with their entries, audit records. Never a run that is not terminal, whose parent, child or fork lineage is not, or whose idempotency key a rule still holds. p_dry_run: counts everything due, changes nothing. Returns (kind, removed) per kind; call again until no kind removes p_batch. Recorded in audit_log when it removed anything.';
+COMMENT ON FUNCTION runledger.prune_due(integer,boolean) IS 'Operator action (and the workers'' retention task): applies runledger.retention, one batch of at most p_batch rows per kind: idempotency keys of finished runs cleared, events, signals and streams of finished runs, finished runs with everything they own, idle sessions with their entries, audit records (never one younger than owner_settings.audit_log_min_keep, nor a record of set_retention, clear_retention or owner_settings). Never a run that is not terminal, whose parent, child or fork lineage is not, or whose idempotency key a rule still holds. p_dry_run: counts everything due, changes nothing. Returns (kind, removed) per kind; call again until no kind removes p_batch. Recorded in audit_log when it removed anything. With tenant isolation on, refused (42501) to an operator bound to a tenant: the rules are every tenant''s.';
 
 CREATE OR REPLACE FUNCTION runledger.read_stream(p_run_id text, p_topic text, p_from_offset bigint DEFAULT 0, p_limit integer DEFAULT 1000)
  RETURNS TABLE("offset" bigint, chunk jsonb, seq integer, attempt integer, created_at timestamp with time zone)
@@ -5909,11 +5977,12 @@ AS $function$
 declare
   v_next text := runledger._release_session(p_session_id);
 begin
-  perform runledger._audit('release_session', null, p_session_id, '{}', to_jsonb(v_next));
+  perform runledger._audit('release_session', null, p_session_id,
+                           jsonb_build_object('tenant_id', nullif(runledger._session_scope(), '')), to_jsonb(v_next));
   return v_next;
 end;
 $function$;
-COMMENT ON FUNCTION runledger.release_session(text) IS 'Operator repair: takes a session from the run holding it and hands it to the next waiting run; returns that run (null: nobody waited). Recorded in audit_log.';
+COMMENT ON FUNCTION runledger.release_session(text) IS 'Operator repair: takes a session (of the tenant the caller''s session names in runledger.tenant; none: the runs without a tenant) from the run holding it and hands it to the next waiting run; returns that run (null: nobody waited). Recorded in audit_log, with the tenant.';
 
 CREATE OR REPLACE FUNCTION runledger.resolve_operation(p_operation_id text, p_status text, p_result jsonb DEFAULT NULL::jsonb, p_resolved_by text DEFAULT NULL::text)
  RETURNS text
@@ -6020,19 +6089,21 @@ CREATE OR REPLACE FUNCTION runledger.session_history(p_session_id text)
  SET jit TO 'off'
  SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
+declare
+  v_tenant text := runledger._session_scope();
 begin
   perform runledger._session_check_id(p_session_id);
-  if not exists (select 1 from runledger.sessions s where s.session_id = p_session_id) then
+  if not exists (select 1 from runledger.sessions s where s.session_id = p_session_id and s.tenant_id = v_tenant) then
     raise exception using errcode = 'RL002', message = format('session_history: session %L not found', p_session_id);
   end if;
   return query
     select e.seq, e.role, e.content, e.run_id, e.step_position, e.created_at
       from runledger.session_entries e
-     where e.session_id = p_session_id
+     where e.session_id = p_session_id and e.tenant_id = v_tenant
      order by e.seq;
 end;
 $function$;
-COMMENT ON FUNCTION runledger.session_history(text) IS 'A session''s history in order: seq, role, content, and the run and step position that appended each entry. Unknown session: RL002; invalid id: RL003.';
+COMMENT ON FUNCTION runledger.session_history(text) IS 'A session''s history in order: seq, role, content, and the run and step position that appended each entry. The session is the one of the tenant the caller''s session names (runledger.tenant; none: the runs without a tenant). Unknown session: RL002; invalid id: RL003.';
 
 CREATE OR REPLACE FUNCTION runledger.set_queue(p_name text, p_options jsonb)
  RETURNS runledger.queues
@@ -6063,12 +6134,14 @@ CREATE OR REPLACE FUNCTION runledger.set_retention(p_kind text, p_keep interval,
  SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 begin
+  -- The rules apply to every tenant's data (0018_tenants.sql).
+  perform runledger._check_not_tenant_bound('set_retention');
   perform runledger._set_retention(p_kind, p_keep, p_workflow_name);
   perform runledger._audit('set_retention', null, p_kind,
                            jsonb_build_object('keep', coalesce(p_keep::text, 'forever'), 'workflow_name', p_workflow_name), null);
 end;
 $function$;
-COMMENT ON FUNCTION runledger.set_retention(text,interval,text) IS 'Operator action: keep kind (runs, events, idempotency, signals, streams, session_entries, audit_log) for p_keep (null: forever), for workflow p_workflow_name or (null) as the default for workflows without their own rule. Bad kind, negative keep, or a workflow for session_entries or audit_log: RL003. Recorded in audit_log.';
+COMMENT ON FUNCTION runledger.set_retention(text,interval,text) IS 'Operator action: keep kind (runs, events, idempotency, signals, streams, session_entries, audit_log) for p_keep (null: forever), for workflow p_workflow_name or (null) as the default for workflows without their own rule. Bad kind, negative keep, or a workflow for session_entries or audit_log: RL003. An audit_log rule shorter than owner_settings.audit_log_min_keep (365 days unless the schema''s owner lowered it): 42501. With tenant isolation on, refused (42501) to an operator bound to a tenant. Recorded in audit_log, and that record is never pruned.';
 
 CREATE OR REPLACE FUNCTION runledger.start_run(p_workflow text, p_input jsonb, p_options jsonb DEFAULT '{}'::jsonb)
  RETURNS text

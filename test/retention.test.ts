@@ -125,7 +125,8 @@ describe('prune_due', () => {
       ['idempotency', '10 days', null],
       ['idempotency', null, 'pay'],
       ['session_entries', '30 days', null],
-      ['audit_log', '90 days', null],
+      // The floor the owner set (365 days by default) is the shortest an audit_log rule may be.
+      ['audit_log', '400 days', null],
     ] as const) {
       await q('select runledger.set_retention(p_kind => $1, p_keep => $2::interval, p_workflow_name => $3)', [kind, keep, workflow]);
     }
@@ -185,7 +186,7 @@ describe('prune_due', () => {
     await addSession('held', 2, 40, r.running);
     await addSession('fresh', 1, 2);
     // Audit records: two old, the rest (the set_retention calls above) new.
-    await q(`insert into runledger.audit_log (action, at) values ('old-action', $1), ('old-action', $1)`, [ago(100)]);
+    await q(`insert into runledger.audit_log (action, at) values ('old-action', $1), ('old-action', $1)`, [ago(500)]);
   });
 
   it('dry-run counts per kind what is due and changes nothing', async () => {
@@ -319,6 +320,69 @@ describe('prune_due', () => {
     expect(await code(`select runledger.set_retention('runs', '-1 day')`)).toBe('RL003');
     expect(await code(`select runledger.set_retention('audit_log', '1 day', 'w')`)).toBe('RL003');
     expect(await code(`select runledger.prune_due(0)`)).toBe('RL003');
+  });
+});
+
+describe('the audit log is not erasable by the operators it records', () => {
+  const code = (sql: string) =>
+    q(sql).then(
+      () => 'ok',
+      (error: { code?: string }) => error.code,
+    );
+
+  it('an audit_log rule shorter than the floor is refused (42501), and only the owner lowers the floor', async () => {
+    expect((await q('select audit_log_min_keep::text as floor from runledger.owner_settings')).rows[0].floor).toBe('365 days');
+    const rulesBefore = (await q(`select keep::text from runledger.retention where kind = 'audit_log'`)).rows;
+    for (const keep of ['0', '1 day', '364 days', '11 months']) {
+      expect(await code(`select runledger.set_retention('audit_log', '${keep}')`), keep).toBe('42501');
+    }
+    expect((await q(`select keep::text from runledger.retention where kind = 'audit_log'`)).rows).toEqual(rulesBefore);
+    // Longer, or forever, is anyone's to set.
+    expect(await code(`select runledger.set_retention('audit_log', '366 days')`)).toBe('ok');
+    expect(await code(`select runledger.set_retention('audit_log', null)`)).toBe('ok');
+    // The owner lowers the floor (recorded), then a shorter rule is accepted.
+    await q(`update runledger.owner_settings set audit_log_min_keep = '30 days'`);
+    const change = (
+      await q(`select db_user, arguments from runledger.audit_log where action = 'owner_settings' order by audit_id desc limit 1`)
+    ).rows[0];
+    expect(change.arguments).toMatchObject({ old: { audit_log_min_keep: '365 days' }, new: { audit_log_min_keep: '30 days' } });
+    expect(await code(`select runledger.set_retention('audit_log', '30 days')`)).toBe('ok');
+    expect(await code(`select runledger.set_retention('audit_log', '29 days')`)).toBe('42501');
+    await q(`update runledger.owner_settings set audit_log_min_keep = '365 days'`);
+    await q(`select runledger.clear_retention('audit_log')`);
+  });
+
+  it('prune_due keeps every record younger than the floor, whatever the rule, and the records of retention changes forever', async () => {
+    await q(`delete from runledger.audit_log`);
+    await q(`delete from runledger.retention`);
+    // A rule set while the owner had lowered the floor, and the floor raised again since.
+    await q(`update runledger.owner_settings set audit_log_min_keep = '0'`);
+    await q(`select runledger.set_retention('audit_log', '0')`);
+    await q(`update runledger.owner_settings set audit_log_min_keep = '365 days'`);
+    await q(`insert into runledger.audit_log (action, at) values ('cancel_run', $1), ('cancel_run', $2), ('cancel_run', now())`, [
+      ago(400),
+      ago(300),
+    ]);
+    // The records of rule changes, old enough for any rule: kept.
+    await q(
+      `insert into runledger.audit_log (action, target, at) values ('set_retention', 'audit_log', $1), ('clear_retention', 'runs', $1), ('owner_settings', null, $1)`,
+      [ago(900)],
+    );
+    const before = (await q(`select action, at from runledger.audit_log order by audit_id`)).rows;
+    expect((await prune(1000, true)).audit_log).toBe(1);
+    expect((await prune(1000)).audit_log).toBe(1);
+    const left = (await q(`select action, at from runledger.audit_log where action <> 'prune_due' order by audit_id`)).rows;
+    // Only the cancel of 400 days ago went: the one of 300 days is younger than the floor.
+    expect(left).toEqual(before.filter((r) => !(r.action === 'cancel_run' && r.at.getTime() < ago(399).getTime())));
+    expect(left.map((r) => r.action).filter((a) => a !== 'cancel_run')).toEqual([
+      'owner_settings',
+      'set_retention',
+      'owner_settings',
+      'set_retention',
+      'clear_retention',
+      'owner_settings',
+    ]);
+    await q(`select runledger.clear_retention('audit_log')`);
   });
 });
 

@@ -10,7 +10,9 @@ import { useTestEngine } from './helpers/test-engine.js';
  * run, a reader or operator whose session names a tenant sees and acts on that tenant's
  * runs only (runs, steps, events, signals, approvals, operations, streams, sessions,
  * audit rows, and every view), a session naming none sees nothing, workers see all, and
- * a child run or a fork keeps its tenant.
+ * a child run or a fork keeps its tenant. What every tenant shares (queues, retention rules,
+ * pruning, artifact blobs) is refused to a tenant's operator, and an agent session belongs
+ * to the tenant of the runs that use it (sql/0033_tenant_sessions_and_shared_actions.sql).
  */
 const t = useTestEngine({ engine: false });
 const { db } = t;
@@ -35,6 +37,7 @@ const urlAs = (login: string) => {
 let app: Engine;
 const runs: Record<'acme' | 'globex', { parent: string; child: string; approval: string; fork?: string }> = {} as never;
 let waitsWithInbox: Workflow<any, any>;
+let sessionChat: Workflow<{ tenant: string; hold?: boolean }, { seen: unknown[]; after: unknown[] }>;
 
 beforeAll(async () => {
   for (const [login, role] of [
@@ -87,6 +90,14 @@ beforeAll(async () => {
   const approving = app.workflow({ name: 'tenant-approval', queue: 'tenants' }, async (ctx) =>
     ctx.requestApproval('ship', { action: 'ship the order', evidence: { order: 7 } }),
   );
+  // Every tenant's runs open the same session id.
+  sessionChat = app.workflow({ name: 'tenant-session', queue: 'tenants' }, async (ctx, input: { tenant: string; hold?: boolean }) => {
+    const session = await ctx.session('support-1');
+    const seen = (await session.history()).map((entry) => entry.content);
+    await session.append([{ role: 'user', content: `${input.tenant} says hi` }]);
+    if (input.hold) await ctx.waitForSignal('done');
+    return { seen, after: (await session.history()).map((entry) => entry.content) };
+  });
   await app.runWorker({ queues: ['tenants'], concurrency: 4 });
 
   for (const tenant of ['acme', 'globex'] as const) {
@@ -263,6 +274,39 @@ describe("one tenant's operator", () => {
     });
   });
 
+  it('is refused what every tenant shares (42501): retention rules, pruning, artifact blobs, queues; no rule changes', async () => {
+    const rules = async () => (await db.pool.query('select kind, workflow_name, keep::text from runledger.retention order by 1, 2')).rows;
+    await db.pool.query(`select runledger.set_retention('runs', '30 days')`);
+    const before = await rules();
+    const acmeFinished = (
+      await db.pool.query(`select run_id from runledger.runs where tenant_id = 'acme' and runledger.is_terminal(status)`)
+    ).rows.map((r) => r.run_id as string);
+    expect(acmeFinished.length).toBeGreaterThan(0);
+    const auditBefore = (await db.pool.query('select count(*)::int as n from runledger.audit_log')).rows[0].n;
+    await as(OPERATOR, 'globex', async (client) => {
+      for (const call of [
+        `select runledger.set_retention('runs', '0')`,
+        `select runledger.set_retention('audit_log', '0')`,
+        `select runledger.set_retention('events', '0', 'tenant-parent')`,
+        `select runledger.clear_retention('runs')`,
+        `select * from runledger.prune_due()`,
+        `select runledger.prune('0')`,
+        `select runledger.prune_artifact_blobs()`,
+        `select runledger.set_queue('tenants', '{"paused": true}')`,
+      ]) {
+        expect({ call, state: await sqlState(client.query(call)) }).toEqual({ call, state: '42501' });
+      }
+    });
+    expect(await rules()).toEqual(before);
+    // The workers' next pass (not bound to a tenant) applies the owner's rules only: the other
+    // tenant's finished runs and every audit record stay.
+    await db.pool.query('select * from runledger.prune_due()');
+    const left = await db.pool.query(`select count(*)::int as n from runledger.runs where run_id = any($1)`, [acmeFinished]);
+    expect(left.rows[0].n).toBe(acmeFinished.length);
+    expect((await db.pool.query('select count(*)::int as n from runledger.audit_log')).rows[0].n).toBeGreaterThanOrEqual(auditBefore);
+    await db.pool.query(`select runledger.clear_retention('runs')`);
+  });
+
   it('a role bound to acme in tenant_members sees nothing when its session names globex', async () => {
     await as(ACME_ONLY, 'globex', async (client) => {
       expect(await runIdsIn(client, 'runledger.runs')).toEqual([]);
@@ -271,6 +315,67 @@ describe("one tenant's operator", () => {
     await as(ACME_ONLY, 'acme', async (client) => {
       expect(await runIdsIn(client, 'runledger.runs')).toEqual(expect.arrayContaining([runs.acme.parent]));
     });
+  });
+});
+
+describe('sessions belong to a tenant', () => {
+  const sessionRows = async () =>
+    (
+      await db.pool.query(
+        `select session_id, tenant_id, entry_count, holder_run_id from runledger.sessions where session_id = 'support-1' order by tenant_id`,
+      )
+    ).rows;
+
+  it("another tenant's run that opens the same session id gets a history of its own, and does not wait for the first one's holder", async () => {
+    const acme = await app.start(sessionChat, { tenant: 'acme', hold: true }, { tenantId: 'acme' });
+    await waitFor(
+      'the acme run holds the session and waits',
+      async () =>
+        (await db.pool.query(`select 1 from runledger.runs where run_id = $1 and status = 'WAITING' and wait_key = 'done'`, [acme.runId]))
+          .rows[0],
+    );
+    const globex = await app.start(sessionChat, { tenant: 'globex' }, { tenantId: 'globex' });
+    expect(await globex.result({ timeoutMs: 20_000 })).toEqual({ seen: [], after: ['globex says hi'] });
+    expect(await sessionRows()).toEqual([
+      { session_id: 'support-1', tenant_id: 'acme', entry_count: 1, holder_run_id: acme.runId },
+      { session_id: 'support-1', tenant_id: 'globex', entry_count: 1, holder_run_id: null },
+    ]);
+    await db.pool.query(`select runledger.send_signal($1, 'done', 'true')`, [acme.runId]);
+    expect(await acme.result({ timeoutMs: 20_000 })).toEqual({ seen: [], after: ['acme says hi'] });
+    // The next acme run reads acme's conversation, and only it.
+    const again = await app.start(sessionChat, { tenant: 'acme' }, { tenantId: 'acme' });
+    expect(await again.result({ timeoutMs: 20_000 })).toEqual({ seen: ['acme says hi'], after: ['acme says hi', 'acme says hi'] });
+    expect((await sessionRows()).map((r) => [r.tenant_id, r.entry_count])).toEqual([
+      ['acme', 2],
+      ['globex', 1],
+    ]);
+  });
+
+  it("one tenant's operator and reader see and act on that tenant's session of the id only", async () => {
+    await as(OPERATOR, 'globex', async (client) => {
+      expect((await client.query('select session_id, tenant_id, entries from runledger.session_list')).rows).toEqual([
+        { session_id: 'support-1', tenant_id: 'globex', entries: 1 },
+      ]);
+      const history = await client.query(`select content from runledger.session_history('support-1')`);
+      expect(history.rows.map((r) => r.content)).toEqual(['globex says hi']);
+      expect((await client.query('select distinct tenant_id from runledger.session_entries')).rows).toEqual([{ tenant_id: 'globex' }]);
+    });
+    await as(READER, 'acme', async (client) => {
+      expect((await client.query('select session_id, tenant_id, entries from runledger.session_list')).rows).toEqual([
+        { session_id: 'support-1', tenant_id: 'acme', entries: 2 },
+      ]);
+    });
+    await as(ACME_ONLY, 'globex', async (client) => {
+      expect(await sqlState(client.query(`select * from runledger.session_history('support-1')`))).toBe('RL002');
+      expect(await sqlState(client.query(`select runledger.delete_session('support-1')`))).toBe('RL002');
+    });
+    const removed = await as(OPERATOR, 'globex', (c) => c.query(`select runledger.delete_session('support-1') as n`));
+    expect(removed.rows[0].n).toBe(1);
+    expect((await sessionRows()).map((r) => [r.tenant_id, r.entry_count])).toEqual([['acme', 2]]);
+    const audit = await db.pool.query(
+      `select arguments from runledger.audit_log where action = 'delete_session' order by audit_id desc limit 1`,
+    );
+    expect(audit.rows[0].arguments).toEqual({ tenant_id: 'globex' });
   });
 });
 

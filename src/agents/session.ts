@@ -166,8 +166,11 @@ class HeldSession implements Session {
       step_position: number;
       created_at: Date;
     }>(
+      // The session of this run's tenant: another tenant's session of the same id is another
+      // history (sql/0033_tenant_sessions_and_shared_actions.sql).
       `select seq, role, content, run_id, step_position, created_at from runledger.session_entries
-        where session_id = $1 and (seq <= $2 or (run_id = $3 and step_position < $4))
+        where session_id = $1 and tenant_id = coalesce((select r.tenant_id from runledger.runs r where r.run_id = $3), '')
+          and (seq <= $2 or (run_id = $3 and step_position < $4))
         order by seq`,
       [this.id, this.hold.entryCount, this.exec.runId, position],
     );

@@ -54,7 +54,13 @@ export const session: Command = {
         'select seq, role, content, run_id, step_position, created_at from runledger.session_history(p_session_id => $1) order by seq',
         [sessionId],
       );
-      const found = await pool.query<SessionRow>('select * from runledger.session_list where session_id = $1', [sessionId]);
+      // A session id is one session per tenant: the one of the tenant this connection names
+      // (runledger.tenant, e.g. PGOPTIONS='-c runledger.tenant=acme'; none: runs without a tenant), as session_history reads.
+      const found = await pool.query<SessionRow>(
+        `select * from runledger.session_list
+          where session_id = $1 and coalesce(tenant_id, '') = coalesce(current_setting('runledger.tenant', true), '')`,
+        [sessionId],
+      );
       if (!found.rows[0]) throw new CliError('NOT_FOUND', `session ${sessionId} not found`, 1);
       return { row: found.rows[0], entries: history.rows.map((e) => ({ ...e, content: payloads.decode(e.content) })) };
     });

@@ -270,6 +270,7 @@ export const RUNLEDGER_TABLES = {
     entry_count: 'int4 default',
     created_at: 'timestamptz default',
     updated_at: 'timestamptz default',
+    tenant_id: 'text default',
   },
   'runledger.session_entries': {
     session_id: 'text',
@@ -280,12 +281,14 @@ export const RUNLEDGER_TABLES = {
     step_position: 'int4',
     entry_index: 'int4',
     created_at: 'timestamptz default',
+    tenant_id: 'text default',
   },
   'runledger.session_waiters': {
     session_id: 'text',
     run_id: 'text',
     ticket: 'int8 default',
     queued_at: 'timestamptz default',
+    tenant_id: 'text default',
   },
   'runledger.artifact_blobs': {
     sha256: 'text',
