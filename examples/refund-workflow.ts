@@ -12,6 +12,11 @@
  *   record-ledger       ctx.transaction      double-entry ledger rows, exactly once
  *   notify-customer     ctx.step             send the (fake) e-mail
  *
+ * The refund's id, its provider key and its rows are keyed by ctx.lineageId, not
+ * ctx.runId: a fork of the run (`runledger fork RUN --from N`, to run its rest again)
+ * keeps the lineage id, so it reuses the provider's refund instead of paying a second
+ * time, and finds the refund row its source wrote.
+ *
  * In an application, import from 'runledger' instead of '../src/index.js'.
  */
 import type pg from 'pg';
@@ -31,7 +36,7 @@ export const REFUND_TABLES = `
     total_cents    int  not null check (total_cents > 0),
     refunded_cents int  not null default 0 check (refunded_cents between 0 and total_cents));
   create table if not exists shop.refunds (
-    refund_id          text primary key,  -- the run id: one refund per run
+    refund_id          text primary key,  -- ctx.lineageId: one refund per run and its forks
     order_id           text not null references shop.orders,
     amount_cents       int  not null check (amount_cents > 0),
     reason             text not null,
@@ -44,6 +49,8 @@ export const REFUND_TABLES = `
     account      text not null,
     debit_cents  int  not null default 0,
     credit_cents int  not null default 0);
+  -- One entry per refund and account: a fork that records the ledger again adds nothing.
+  create unique index if not exists ledger_entries_refund_account on shop.ledger_entries (refund_id, account);
   create schema if not exists payment_provider;
   create table if not exists payment_provider.refunds (
     idempotency_key    text primary key,
@@ -104,8 +111,16 @@ export function defineRefundWorkflow(engine: Engine, hooks: RefundHooks = {}) {
     });
 
     // The check and both writes share one transaction with the checkpoint:
-    // a crash or a retry can never reserve the same refund twice.
+    // a crash or a retry can never reserve the same refund twice. A fork finds the
+    // refund its source reserved (same lineage id) and leaves it as it is.
     await ctx.transaction('reserve-refund', async (trx) => {
+      const existing = await trx
+        .selectFrom('shop.refunds')
+        .select('status')
+        .where('refund_id', '=', ctx.lineageId)
+        .forUpdate()
+        .executeTakeFirst();
+      if (existing && existing.status !== 'rejected') return;
       const row = await trx
         .selectFrom('shop.orders')
         .select(['total_cents', 'refunded_cents'])
@@ -118,16 +133,21 @@ export function defineRefundWorkflow(engine: Engine, hooks: RefundHooks = {}) {
           `refund of ${cents(input.amountCents)} exceeds the refundable ${cents(refundable)} on ${order.order_id}`,
         );
       }
-      await trx
-        .insertInto('shop.refunds')
-        .values({
-          refund_id: ctx.runId,
-          order_id: order.order_id,
-          amount_cents: input.amountCents,
-          reason: input.reason,
-          status: 'reserved',
-        })
-        .execute();
+      if (existing) {
+        // A fork of a rejected refund asks again: reserved anew if it is approved this time.
+        await trx.updateTable('shop.refunds').set({ status: 'reserved' }).where('refund_id', '=', ctx.lineageId).execute();
+      } else {
+        await trx
+          .insertInto('shop.refunds')
+          .values({
+            refund_id: ctx.lineageId,
+            order_id: order.order_id,
+            amount_cents: input.amountCents,
+            reason: input.reason,
+            status: 'reserved',
+          })
+          .execute();
+      }
       await trx
         .updateTable('shop.orders')
         .set((eb) => ({ refunded_cents: eb('refunded_cents', '+', input.amountCents) }))
@@ -154,7 +174,7 @@ export function defineRefundWorkflow(engine: Engine, hooks: RefundHooks = {}) {
       if (!decision?.approved) {
         // Undo the reservation in the same transaction as its checkpoint: released exactly once.
         await ctx.transaction('release-refund', async (trx) => {
-          await trx.updateTable('shop.refunds').set({ status: 'rejected' }).where('refund_id', '=', ctx.runId).execute();
+          await trx.updateTable('shop.refunds').set({ status: 'rejected' }).where('refund_id', '=', ctx.lineageId).execute();
           await trx
             .updateTable('shop.orders')
             .set((eb) => ({ refunded_cents: eb('refunded_cents', '-', input.amountCents) }))
@@ -171,10 +191,11 @@ export function defineRefundWorkflow(engine: Engine, hooks: RefundHooks = {}) {
     // Through the operation ledger: the intent and its key commit before the call, the
     // outcome with the checkpoint. A crash in between leaves the operation UNKNOWN; the
     // provider deduplicates on the key (idempotent), so the next worker settles it by
-    // calling again with the same key, and the money moves once.
+    // calling again with the same key, and the money moves once. The key is the lineage's:
+    // a fork reuses this refund instead of paying again (a key from ctx.runId would pay twice).
     const providerRefundId = await ctx.operation(
       'refund-at-provider',
-      { idempotencyKey: `refund-${ctx.runId}`, idempotent: true, externalResourceId: (id: string) => id },
+      { idempotencyKey: `refund-${ctx.lineageId}`, idempotent: true, externalResourceId: (id: string) => id },
       async ({ idempotencyKey }) => {
         const id = await refundAtProvider(engine.pool, idempotencyKey, input.amountCents);
         hooks.afterProviderCall?.(input.orderId);
@@ -186,23 +207,24 @@ export function defineRefundWorkflow(engine: Engine, hooks: RefundHooks = {}) {
       await trx
         .insertInto('shop.ledger_entries')
         .values([
-          { refund_id: ctx.runId, account: 'sales-returns', debit_cents: input.amountCents },
-          { refund_id: ctx.runId, account: 'cash-at-provider', credit_cents: input.amountCents },
+          { refund_id: ctx.lineageId, account: 'sales-returns', debit_cents: input.amountCents },
+          { refund_id: ctx.lineageId, account: 'cash-at-provider', credit_cents: input.amountCents },
         ])
+        .onConflict((oc) => oc.columns(['refund_id', 'account']).doNothing())
         .execute();
       await trx
         .updateTable('shop.refunds')
         .set({ status: 'paid', provider_refund_id: providerRefundId })
-        .where('refund_id', '=', ctx.runId)
+        .where('refund_id', '=', ctx.lineageId)
         .execute();
     });
 
     const messageId = await ctx.step('notify-customer', async () => {
       await sleep(30); // the e-mail API
-      return `msg-${ctx.runId.slice(-8).toLowerCase()}`;
+      return `msg-${ctx.lineageId.slice(-8).toLowerCase()}`;
     });
 
-    return { refundId: ctx.runId, providerRefundId, amountCents: input.amountCents, to: order.customer_email, messageId };
+    return { refundId: ctx.lineageId, providerRefundId, amountCents: input.amountCents, to: order.customer_email, messageId };
   });
 }
 

@@ -8,6 +8,10 @@ import { stoppedAfterEach } from './helpers/cleanup.js';
 import { z } from 'zod';
 import { createTestClock, createTestEngine } from '../src/testing/index.js';
 import { TicketService } from './helpers/ticket-service.js';
+import { runCli } from './helpers/cli.js';
+import { createRefundTables, defineRefundWorkflow } from '../examples/refund-workflow.js';
+import { ACTIONS } from '../src/console/actions.js';
+import { NO_CODEC } from '../src/engine/core/payloads.js';
 
 let service: TicketService;
 const t = useTestEngine({
@@ -623,6 +627,109 @@ describe('forks and idempotency keys', () => {
     expect(await events(source.runId, 'operation_attempted_by_fork')).toEqual([
       expect.objectContaining({ operation_id: original.operation_id, fork: fork.runId, fork_operation_id: attempt.operation_id }),
     ]);
+  });
+
+  it('ctx.lineageId is the same in a run, its forks and their forks: a payout keyed by it is made once; a key from ctx.runId is warned of at fork time (SQL NOTICE, CLI, console, engine log)', async () => {
+    const seen = new Map<string, string>();
+    const payout = t.engine.workflow({ name: 'lineage-payout', queue: 'lineage' }, async (ctx, input: { amount: number }) => {
+      seen.set(ctx.runId, ctx.lineageId);
+      const paid = await ctx.operation('pay', { idempotencyKey: `payout-${ctx.lineageId}` }, ({ idempotencyKey }) => book(idempotencyKey));
+      await ctx.step('notify', () => input.amount);
+      return paid;
+    });
+    const runKeyed = t.engine.workflow({ name: 'run-keyed-payout', queue: 'lineage' }, async (ctx) =>
+      ctx.operation('pay', { idempotencyKey: `payout-${ctx.runId}` }, ({ idempotencyKey }) => book(idempotencyKey)),
+    );
+    await inProcessWorker(t.engine, ['lineage']);
+    const source = await t.engine.start(payout, { amount: 5 });
+    const paid = await source.result();
+    expect(seen.get(source.runId)).toBe(source.runId); // never forked: its own id
+    const fork = await t.engine.fork(source.runId, { fromStep: 0, workflow: payout });
+    await expect(fork.result({ timeoutMs: 20_000 })).resolves.toEqual(paid);
+    const forkOfFork = await t.engine.fork(fork.runId, { fromStep: 1, workflow: payout });
+    await expect(forkOfFork.result({ timeoutMs: 20_000 })).resolves.toEqual(paid);
+    expect(seen.get(fork.runId)).toBe(source.runId);
+    expect(seen.get(forkOfFork.runId)).toBe(source.runId);
+    expect(service.calls.get(`payout-${source.runId}`)).toBe(1); // one payout across the lineage
+    expect([...service.calls.keys()].filter((key) => key.startsWith('payout-'))).toEqual([`payout-${source.runId}`]);
+    const lineage = await db.pool.query('select run_id, lineage_id from runledger.runs where run_id = any($1) order by created_at', [
+      [source.runId, fork.runId, forkOfFork.runId],
+    ]);
+    expect(lineage.rows).toEqual([
+      { run_id: source.runId, lineage_id: null },
+      { run_id: fork.runId, lineage_id: source.runId },
+      { run_id: forkOfFork.runId, lineage_id: source.runId },
+    ]);
+
+    // The same payout keyed by ctx.runId: every fork from before it pays again, and says so when it is made.
+    const warned = await t.engine.start(runKeyed, undefined);
+    await warned.result();
+    const warning = `runs again operations of run ${warned.runId} whose idempotency keys hold that run's id: pay (step 0, key payout-${warned.runId})`;
+    const notices: string[] = [];
+    const client = await db.pool.connect();
+    try {
+      client.on('notice', (notice) => notices.push(notice.message ?? ''));
+      const sqlFork = (await client.query('select runledger.fork_run($1, 0) as id', [warned.runId])).rows[0].id;
+      expect(notices).toEqual([expect.stringContaining(`fork_run: the fork ${sqlFork} ${warning}`)]);
+    } finally {
+      client.removeAllListeners('notice');
+      client.release();
+    }
+    const cli = await runCli(db.url, ['fork', warned.runId, '--from', '0']);
+    expect(cli.code).toBe(0);
+    expect(cli.stdout).toMatch(/^[0-9A-HJKMNP-TV-Z]{26}\n$/); // still only the new id, for NEW=$(runledger fork ...)
+    expect(cli.stderr).toContain(`warning: the fork ${cli.stdout.trim()} ${warning}`);
+    const said = await ACTIONS.fork!.run(db.pool, { run_id: warned.runId, from_step: '0' }, NO_CODEC);
+    expect(said).toContain(`Warning: the fork `);
+    expect(said).toContain(warning);
+    const lines: string[] = [];
+    const logged = t.newEngine({ log: (level, message) => void (level === 'warn' && lines.push(message)) });
+    await logged.fork(warned.runId, { fromStep: 0 });
+    expect(lines).toEqual([expect.stringContaining(warning)]);
+    // From past the operation nothing is run again: no warning.
+    await logged.fork(warned.runId, { fromStep: 1 });
+    expect(lines).toHaveLength(1);
+    // The lineage key's source was never forked: its key holds the run id too, and the notice says why.
+    const lineageNotice = `run ${source.runId} was never forked: its lineage id is its run id, so a key made from ctx.lineageId is listed too`;
+    const asked = await runCli(db.url, ['fork', source.runId, '--from', '0']);
+    expect(asked.stderr).toContain(lineageNotice);
+    const fromFork = await runCli(db.url, ['fork', fork.runId, '--from', '0']);
+    expect(fromFork.stderr).toBe(''); // the fork's key holds its lineage id, not its own run id
+  });
+
+  it("the refund example forked from step 2 (its provider call) pays once, and records the refund's ledger once", async () => {
+    await createRefundTables(db.pool);
+    await db.pool.query(`insert into shop.orders (order_id, customer_email, total_cents) values ('o-fork', 'ana@example.com', 3000)`);
+    const refund = defineRefundWorkflow(t.engine);
+    await inProcessWorker(t.engine, ['default']);
+    const source = await t.engine.start(refund, { orderId: 'o-fork', amountCents: 1200 });
+    const paid = await source.result({ timeoutMs: 20_000 });
+    const steps = await db.pool.query('select seq, name from runledger.steps where run_id = $1 order by seq', [source.runId]);
+    expect(steps.rows.map((r) => r.name)).toEqual([
+      'load-order',
+      'reserve-refund',
+      'refund-at-provider',
+      'record-ledger',
+      'notify-customer',
+    ]);
+    const fork = await t.engine.fork(source.runId, { fromStep: 2, workflow: refund });
+    await expect(fork.result({ timeoutMs: 20_000 })).resolves.toEqual(paid); // the same refund, the same provider id
+    const provider = await db.pool.query('select idempotency_key, calls from payment_provider.refunds');
+    expect(provider.rows).toEqual([{ idempotency_key: `refund-${source.runId}`, calls: 1 }]); // one payout
+    const ledger = await db.pool.query('select refund_id, account from shop.ledger_entries order by entry_id');
+    expect(ledger.rows).toEqual([
+      { refund_id: source.runId, account: 'sales-returns' },
+      { refund_id: source.runId, account: 'cash-at-provider' },
+    ]);
+    const order = await db.pool.query(`select refunded_cents from shop.orders where order_id = 'o-fork'`);
+    expect(order.rows).toEqual([{ refunded_cents: 1200 }]);
+    // From step 0 too: the reservation is found, not made again.
+    const again = await t.engine.fork(source.runId, { fromStep: 0, workflow: refund });
+    await expect(again.result({ timeoutMs: 20_000 })).resolves.toEqual(paid);
+    expect((await db.pool.query(`select refunded_cents from shop.orders where order_id = 'o-fork'`)).rows).toEqual([
+      { refunded_cents: 1200 },
+    ]);
+    expect((await db.pool.query('select calls from payment_provider.refunds')).rows).toEqual([{ calls: 1 }]);
   });
 
   it('a key another run already used is a constraint error: the run fails with CONSTRAINT_VIOLATION in its events, no release loop', async () => {

@@ -22,6 +22,8 @@ export const SIDE_EFFECTS: readonly SideEffect[] = ['none', 'idempotent', 'exter
 
 export interface ToolRunInfo {
   runId: string;
+  /** ctx.lineageId: the run this run's chain of forks started from (runId for a run never forked). */
+  lineageId: string;
   /**
    * The call's idempotency key: pass it to the provider. Given (CallToolOptions), from the
    * tool's `idempotencyKey(args)`, or derived, `<runId>:<position>:<tool name>`, stable
@@ -261,6 +263,7 @@ export async function callTool<A, R>(
           await charge();
           const value = await tool.run(data, {
             runId: exec.runId,
+            lineageId: exec.lineageId,
             idempotencyKey: key,
             signal: info.signal,
             attempt: info.attempt,
@@ -327,6 +330,7 @@ export async function callTool<A, R>(
         await charge();
         const value = await tool.run(data, {
           runId: exec.runId,
+          lineageId: exec.lineageId,
           idempotencyKey: info.idempotencyKey,
           signal: info.signal,
           attempt: info.attempt,

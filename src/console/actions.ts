@@ -6,6 +6,7 @@
 import type pg from 'pg';
 import { decideApproval, cancelRun, forkRun, resolveOperation, sendSignal } from '../engine/client/operator.js';
 import { retryRun } from '../engine/client/runs.js';
+import { forkKeyWarnings, forkKeyWarningText } from '../engine/client/fork-keys.js';
 import { setQueue, type QueueOptions } from '../engine/client/queues.js';
 import type { Payloads } from '../engine/core/payloads.js';
 import { unstorable } from './security.js';
@@ -97,7 +98,8 @@ export const ACTIONS: Record<string, Action> = {
       const runId = required(form, 'run_id');
       const fromStep = intField(form, 'from_step', 0) ?? 0;
       const fork = await forkRun(pool, runId, fromStep, optional(form, 'version'));
-      return `run ${runId} forked from step ${fromStep}: new run ${fork}`;
+      const warning = forkKeyWarningText(fork, runId, await forkKeyWarnings(pool, runId, fromStep));
+      return `run ${runId} forked from step ${fromStep}: new run ${fork}${warning ? `. Warning: ${warning}` : ''}`;
     },
   },
   resolve: {

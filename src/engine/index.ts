@@ -20,6 +20,7 @@ import {
   type DecisionInput,
   type DecisionRecord,
 } from './client/operator.js';
+import { forkKeyWarnings, forkKeyWarningText } from './client/fork-keys.js';
 import { migrateRun, migrateRuns, type MigrateRunOptions, type MigrateRunsResult, type MigrationOutcome } from './client/migrations.js';
 import { getRun, listRuns, retryRun, type ListRunsOptions, type RunRecord } from './client/runs.js';
 import {
@@ -215,6 +216,9 @@ export interface Engine<DB = any> {
    * A new run reusing the source run's checkpoints before step `fromStep` (0 = start over); returns its handle.
    * Pass the source run's `workflow` to type `result()` from it (it is checked against the run's workflow
    * name, CONFIG when it differs), or name the output type: `fork<Output>(runId, ...)`; else `unknown`.
+   * The fork keeps the source's ctx.lineageId. Operations it runs again whose key holds the source's run
+   * id (made from ctx.runId: a second effect) are logged as a warning, as fork_run's NOTICE lists them.
+   * INVALID_STATE when it would copy the checkpoint of an operation a compensation undid.
    */
   fork<O = unknown>(
     runId: string,
@@ -410,6 +414,9 @@ export function createEngine<DB = any>(options: EngineOptions = {}): Engine<DB> 
         }
       }
       const forked = await forkRun(pool, runId, forkOptions.fromStep, forkOptions.version);
+      // The operations it runs again with a key made from the source's run id pay twice: said in the log.
+      const warning = forkKeyWarningText(forked, runId, await forkKeyWarnings(pool, runId, forkOptions.fromStep));
+      if (warning) log('warn', `fork: ${warning}`, { runId: forked, forkedFrom: runId });
       return handleFor(startHost, forked);
     },
     async resolveOperation(operationId, resolution) {

@@ -44,8 +44,23 @@ export class StepContext<DB = any> {
     return this.#exec;
   }
 
+  /**
+   * This run's id. A fork (fork_run) gets a new one; a retry keeps it. An idempotency key made
+   * from it is new in a fork, so the fork calls the operation again: a second effect.
+   */
   get runId(): string {
     return this.#exec.runId;
+  }
+
+  /**
+   * The id of the run this run's chain of forks started from: the same in the run, in its
+   * retries and recoveries, and in every fork of it (and fork of a fork); `runId` for a run
+   * that was never forked. Make idempotency keys, and the keys of your own rows, from it
+   * (`charge-${ctx.lineageId}`) when an effect must happen once however often the run is
+   * forked: a fork then reuses the effect its source recorded. See docs/operations.md#forks-and-idempotency-keys.
+   */
+  get lineageId(): string {
+    return this.#exec.lineageId;
   }
 
   /** 1 for the first execution of the run; +1 for every recovery after a lost lease. */

@@ -1,10 +1,13 @@
 import { print } from '../format.js';
 import { forkRun } from '../../engine/client/operator.js';
+import { forkKeyWarnings, forkKeyWarningText } from '../../engine/client/fork-keys.js';
 import { intOption, parse, requiredOption, withPool, type Command } from '../shared.js';
 
 /**
  * Through runledger.fork_run. Prints only the new run's id, like `start`, so
- * scripts can write NEW=$(runledger fork ...).
+ * scripts can write NEW=$(runledger fork ...). A warning (on stderr, as fork_run's
+ * NOTICE says it) lists the operations the fork runs again whose key holds the source's
+ * run id: made from ctx.runId, each makes a second effect.
  */
 export const fork: Command = {
   summary: "start a new run that reuses a run's checkpoints before step --from; prints its run id",
@@ -30,6 +33,11 @@ export const fork: Command = {
     const runId = parsed.positionals[0]!;
     requiredOption(fork, parsed.values, 'from');
     const fromStep = intOption(parsed.values, 'from', 0)!;
-    print(await withPool(parsed.values, (pool) => forkRun(pool, runId, fromStep, parsed.values.version as string | undefined)));
+    const { fork: forked, warning } = await withPool(parsed.values, async (pool) => {
+      const fork = await forkRun(pool, runId, fromStep, parsed.values.version as string | undefined);
+      return { fork, warning: forkKeyWarningText(fork, runId, await forkKeyWarnings(pool, runId, fromStep)) };
+    });
+    if (warning) process.stderr.write(`warning: ${warning}\n`);
+    print(forked);
   },
 };

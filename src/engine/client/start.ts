@@ -85,6 +85,8 @@ export interface ClaimedAtStart {
   /** The run's traceparent (runs.traceparent) and its previous execution's span (_claim_batch; none at a start). */
   traceparent?: string | null;
   execution_traceparent?: string | null;
+  /** The run a chain of forks started from (runs.lineage_id; _claim_batch): null or absent for a run never forked. */
+  lineage_id?: string | null;
 }
 
 /** How the run a start handed to this process's worker ended there: committed SUCCEEDED, with this output (JSON text; undefined for none). */

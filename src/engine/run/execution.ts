@@ -200,6 +200,14 @@ export class Execution {
   leaseMs = 30_000;
   /** workflow@version of the run (core/workflow.ts workflowKey). */
   workflowKey = '';
+  #lineageId: string | undefined;
+  /** ctx.lineageId: the run a chain of forks started from (runs.lineage_id, set at claim), or this run. */
+  get lineageId(): string {
+    return this.#lineageId ?? this.runId;
+  }
+  set lineageId(lineageId: string) {
+    this.#lineageId = lineageId;
+  }
   /** Last heartbeat progress per step position, loaded at claim. */
   progress: Record<string, unknown> = {};
   /** What ctx.charge charged since the last checkpoint, per dimension; it commits with the next one. */

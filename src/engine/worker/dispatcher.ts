@@ -7,7 +7,7 @@ import type { LogFunction } from '../core/log.js';
 
 const CLAIM_SQL =
   'select run_id, workflow_name, workflow_version, input, fencing_token, recovery_attempts, max_steps, budget, budget_spent, budget_limits, budget_used, ' +
-  'cancel_requested, checkpoints, progress, next_due_in_ms, traceparent, execution_traceparent from runledger._claim_batch(p_worker_id => $1, p_queues => $2, p_workflows => $3, p_limit => $4, p_lease_ms => $5, p_reclaim_except => $6)';
+  'cancel_requested, checkpoints, progress, next_due_in_ms, traceparent, execution_traceparent, lineage_id from runledger._claim_batch(p_worker_id => $1, p_queues => $2, p_workflows => $3, p_limit => $4, p_lease_ms => $5, p_reclaim_except => $6)';
 const ERROR_BACKOFF_MS_MAX = 5_000;
 /** setTimeout's ceiling; a due time further away is left to the poll. */
 const TIMER_MS_MAX = 2 ** 31 - 1;

@@ -65,6 +65,7 @@ export async function executeClaimed(run: ClaimedRun, options: ExecuteOptions): 
   exec.workflowKey = workflowKey(run.workflow_name, run.workflow_version);
   exec.workflowName = run.workflow_name;
   exec.workflowVersion = run.workflow_version;
+  if (run.lineage_id) exec.lineageId = run.lineage_id;
   exec.progress = (decoded ?? run).progress ?? {};
   exec.trace = traceExecution(exec, run);
   if (run.checkpoints.length > 0) deps.metrics?.resumed(run.workflow_name, run.workflow_version, run.recovery_attempts > 0);
