@@ -16,7 +16,7 @@ const { claimOne } = claimHelpers(db);
 
 const COLUMNS =
   'item, code, message, run_status, run_id, workflow_name, workflow_version, input, fencing_token, recovery_attempts, max_steps, ' +
-  'budget, budget_spent, budget_limits, budget_used, cancel_requested, checkpoints, progress, next_due_in_ms, traceparent, execution_traceparent';
+  'budget, budget_spent, budget_limits, budget_used, cancel_requested, checkpoints, progress, next_due_in_ms, traceparent, execution_traceparent, lineage_id';
 
 const completion = (runId: string, token: number) => ({
   op: 'complete',

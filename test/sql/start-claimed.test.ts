@@ -86,6 +86,26 @@ describe('runledger._start_claimed', () => {
     expect(await getRun(first)).toMatchObject({ status: 'PENDING', fencing_token: 0 });
   });
 
+  it('leaves a fork to the claims, which hand the worker its lineage_id (the run its chain of forks started from)', async () => {
+    const queue = newRunId('claimed-forks');
+    const source = await startRun({ queue, version: '1', notify: false });
+    const fork = (await db.pool.query('select runledger.fork_run($1, 0) as id', [source])).rows[0].id as string;
+    const forkOfFork = (await db.pool.query('select runledger.fork_run($1, 0) as id', [fork])).rows[0].id as string;
+    // engine.start with the fork's id finds it, never claimed: announced, not claimed here without its lineage.
+    const found = await notified(() => startClaimed({ run_id: fork }));
+    expect(found.result).toMatchObject({ run_id: fork, claimed: false });
+    expect(found.payloads).toEqual([queue]);
+    const claimed = await db.pool.query(
+      `select run_id, lineage_id from runledger._claim_batch('wk-lineage', array[$1], array['w@1'], 10, 30000) where run_id is not null order by run_id`,
+      [queue],
+    );
+    expect(claimed.rows.sort((a, b) => [source, fork, forkOfFork].indexOf(a.run_id) - [source, fork, forkOfFork].indexOf(b.run_id))).toEqual([
+      { run_id: source, lineage_id: null },
+      { run_id: fork, lineage_id: source },
+      { run_id: forkOfFork, lineage_id: source },
+    ]);
+  });
+
   it('in a queue with limits, claims a run admission let in at once, and never one beyond the limit', async () => {
     await db.pool.query(`select runledger.set_queue('claimed-limited', '{"concurrency": 1}')`);
     const first = await startClaimed({ queue: 'claimed-limited' });
