@@ -11,7 +11,7 @@
 --   runledger._operation_park, runledger._retry_wait, runledger._record_retry
 --                                           their delay parameter is bigint (was int); dropped and
 --                                           created again, their grants given back
---                                           (_release_run's is bigint in 0035_dead_letter_errors.sql,
+--                                           (_release_run's is bigint in 0034_dead_letter_errors.sql,
 --                                           which redefines it)
 --   runledger._wait                         its wake time through _ms_after / _instant, its timer's
 --                                           delay a bigint

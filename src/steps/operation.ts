@@ -13,6 +13,7 @@ import { decideRetry, resolveRetryPolicy, type RetryPolicy } from './retry.js';
 import { resumeAttempt } from './step.js';
 import { isKeyInUse, keyInUse } from './key-in-use.js';
 import { toMs } from '../engine/core/duration.js';
+import { storableJson } from '../engine/core/storable.js';
 
 export type ReconcileAnswer<T> =
   { status: 'succeeded'; result: T; externalResourceId?: string } | { status: 'failed'; error?: unknown } | { status: 'unknown' };
@@ -324,7 +325,7 @@ async function record<T>(
   }
   if (failure !== undefined) {
     recordedError = exec.mask(recordedError ?? exec.serializeError(failure));
-    errorJson = JSON.stringify(recordedError);
+    errorJson = storableJson(JSON.stringify(recordedError));
   }
   const charge = exec.takeCharge();
   try {

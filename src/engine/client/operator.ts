@@ -1,7 +1,7 @@
 import type pg from 'pg';
 import { newId } from '../core/ids.js';
 import { InvalidInputError, fromPgError } from '../core/errors.js';
-import { toJsonText } from '../core/json.js';
+import { assertStorableInputs, inputJsonText } from '../core/json.js';
 import type { RunStatus } from '../core/states.js';
 import { NO_CODEC, type Payloads } from '../core/payloads.js';
 
@@ -19,11 +19,12 @@ export async function sendSignal(
   signalId: string = newId(),
   payloads: Payloads = NO_CODEC,
 ): Promise<boolean> {
+  assertStorableInputs('engine.signal', { runId, topic, signalId });
   // As send_signal checks it (RL003): the inbox keeps signal ids of 1 to 200 characters.
   if (typeof signalId !== 'string' || [...signalId].length < 1 || [...signalId].length > 200) {
     throw new InvalidInputError(`engine.signal: signalId must be a string of 1 to 200 characters, not ${describeSignalId(signalId)}`);
   }
-  const payloadText = payloads.optionalText(toJsonText(payload, `signal ${topic} payload`));
+  const payloadText = payloads.optionalText(inputJsonText(payload, `signal ${topic} payload`));
   try {
     const result = await pool.query(
       'select runledger.send_signal(p_run_id => $1, p_topic => $2, p_payload => $3::jsonb, p_signal_id => $4) as accepted',
@@ -65,6 +66,7 @@ export async function decideApproval(
   decision: DecisionInput,
   payloads: Payloads = NO_CODEC,
 ): Promise<DecisionRecord> {
+  assertStorableInputs('engine.decideApproval', { requestId, decidedBy: decision.decidedBy, note: decision.note });
   try {
     const result = await pool.query(
       'select runledger.decide_approval(p_request_id => $1, p_approved => $2, p_decided_by => $3, p_note => $4) as decision',
@@ -89,6 +91,7 @@ export async function decideApproval(
 }
 
 export async function cancelRun(pool: pg.Pool, runId: string, reason?: string): Promise<RunStatus> {
+  assertStorableInputs('engine.cancel', { runId, reason });
   try {
     const result = await pool.query('select runledger.cancel_run(p_run_id => $1, p_reason => $2) as status', [runId, reason ?? null]);
     return result.rows[0].status;
@@ -103,6 +106,7 @@ export async function cancelRun(pool: pg.Pool, runId: string, reason?: string): 
  * run's status when nothing is left to compensate.
  */
 export async function compensateRun(pool: pg.Pool, runId: string, reason?: string): Promise<RunStatus> {
+  assertStorableInputs('engine.compensate', { runId, reason });
   try {
     const result = await pool.query('select runledger.compensate_run(p_run_id => $1, p_reason => $2) as status', [runId, reason ?? null]);
     return result.rows[0].status;
@@ -118,7 +122,8 @@ export async function resolveOperation(
   payloads: Payloads = NO_CODEC,
 ): Promise<'SUCCEEDED' | 'FAILED'> {
   // A SUCCEEDED operation's result is a payload; a FAILED one's is its error, which stays clear like every error.
-  const text = toJsonText(resolution.result, 'resolveOperation result');
+  assertStorableInputs('engine.resolveOperation', { operationId, resolvedBy: resolution.resolvedBy });
+  const text = inputJsonText(resolution.result, 'resolveOperation result');
   const resultText = resolution.status === 'SUCCEEDED' ? payloads.optionalText(text) : text;
   try {
     const result = await pool.query(
@@ -132,6 +137,7 @@ export async function resolveOperation(
 }
 
 export async function forkRun(pool: pg.Pool, runId: string, fromStep: number, version?: string): Promise<string> {
+  assertStorableInputs('engine.fork', { runId, version });
   try {
     const result = await pool.query('select runledger.fork_run(p_run_id => $1, p_from_step => $2, p_version => $3) as run_id', [
       runId,

@@ -2,7 +2,7 @@ import { newId } from '../core/ids.js';
 import { ConfigError, InvalidInputError, PayloadTooLargeError, RunFailedError, fromPgError } from '../core/errors.js';
 import { toInstant, toMs, type Duration } from '../core/duration.js';
 import type pg from 'pg';
-import { toJsonText } from '../core/json.js';
+import { inputJsonText, toJsonText } from '../core/json.js';
 import type { RunRecord } from './runs.js';
 import type { Jsonify } from '../core/jsonify.js';
 import { TERMINAL_STATES } from '../core/states.js';
@@ -135,7 +135,7 @@ export async function startRun<O, In>(
       runId: runIdAsked,
       workflow: workflow.name,
       inputText,
-      optionsText: JSON.stringify(sqlOptions),
+      optionsText: inputJsonText(sqlOptions, 'engine.start options')!,
       ...(local ? { claimFor: { workerId: local.workerId, leaseMs: local.leaseMs } } : {}),
     });
     runId = row.run_id;
@@ -197,7 +197,7 @@ export async function startMany<O, In>(
   try {
     const result = await host.deps.pool.query(
       'select runledger.start_runs(p_workflow => $1, p_inputs => $2::jsonb, p_options => $3::jsonb) as run_ids',
-      [workflow.name, `[${texts.map((t) => t ?? 'null').join(',')}]`, JSON.stringify(sqlOptions)],
+      [workflow.name, `[${texts.map((t) => t ?? 'null').join(',')}]`, inputJsonText(sqlOptions, 'engine.startMany options')],
     );
     runIds = result.rows[0].run_ids;
   } catch (error) {

@@ -1,4 +1,4 @@
--- 0035_dead_letter_errors: a run that ends DEAD_LETTER carries the last error that put it there.
+-- 0034_dead_letter_errors: a run that ends DEAD_LETTER carries the last error that put it there.
 --
 -- Redefines (released in 0002 and 0003; sql/README.md rule 3):
 --   runledger._release_run(text, bigint, bigint, text, boolean, jsonb)
@@ -183,4 +183,4 @@ begin
 end;
 $$;
 
-insert into runledger.migrations (version, name) values (35, '0035_dead_letter_errors');
+insert into runledger.migrations (version, name) values (34, '0034_dead_letter_errors');
