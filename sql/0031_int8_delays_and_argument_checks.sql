@@ -6,6 +6,8 @@
 --                                           and the result is a time PostgreSQL holds
 --   runledger._instant(text, what)          a text as a finite timestamptz; RL003 for anything else
 --                                           ('infinity', '-infinity', unparsable text)
+--   runledger._give_back_grants(functions)  for a migration that dropped and created functions again:
+--                                           the roles role_functions names get execute on them back
 -- Redefines (released in 0004, 0006, 0007, 0008, 0016; sql/README.md rule 3):
 --   runledger._dispatch, runledger._make_runnable,
 --   runledger._operation_park, runledger._retry_wait, runledger._record_retry
@@ -385,10 +387,10 @@ $$;
 comment on function runledger.resolve_operation(text, text, jsonb, text) is
   'Operator action: settles an UNKNOWN operation as SUCCEEDED (with its result) or FAILED, and wakes the run waiting on it. Returns the status set. A status other than SUCCEEDED or FAILED (null included): RL003. Recorded in audit_log.';
 
-select runledger._secure_functions();
 -- The dropped functions lost their grants: each role given them by role_functions gets them
 -- back (grant_roles() does the same for every role, when the migrating role may run it).
-do $$
+create function runledger._give_back_grants(p_functions text[]) returns void
+language plpgsql volatile as $$
 declare
   v_grant record;
 begin
@@ -396,12 +398,17 @@ begin
     select f.role_name, p.oid::regprocedure as fn
       from runledger.role_functions f
       join pg_proc p on p.pronamespace = 'runledger'::regnamespace and p.proname = f.function_name
-     where f.function_name in ('_dispatch', '_make_runnable', '_operation_park', '_record_retry', '_retry_wait')
+     where f.function_name = any(p_functions)
        and exists (select from pg_roles r where r.rolname = f.role_name)
   loop
     execute format('grant execute on function %s to %I', v_grant.fn, v_grant.role_name);
   end loop;
 end;
 $$;
+comment on function runledger._give_back_grants(text[]) is
+  'For a migration that dropped and created functions again (a new signature): each existing role that role_functions gives one of p_functions gets execute on it again.';
+
+select runledger._secure_functions();
+select runledger._give_back_grants(array['_dispatch', '_make_runnable', '_operation_park', '_record_retry', '_retry_wait']);
 
 insert into runledger.migrations (version, name) values (31, '0031_int8_delays_and_argument_checks');

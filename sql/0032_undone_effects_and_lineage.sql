@@ -335,22 +335,7 @@ comment on function runledger.migrate_runs(text, text, text, int) is
   'Operator action: migrate_run for the PENDING, WAITING and DEAD_LETTER runs of workflow@from_version, oldest first, at most limit of them (the canary form). Returns a row per run: marked true for the runs it marked; false, with the reason, for a run it left on its version (another transaction held it locked at that moment: call again; its compensations undid an operation: fork it instead). Recorded in audit_log as one action, the runs it left included.';
 
 select runledger._secure_functions();
--- The dropped functions lost their grants: each role given them by role_functions gets them
--- back (grant_roles() does the same for every role, when the migrating role may run it).
-do $$
-declare
-  v_grant record;
-begin
-  for v_grant in
-    select f.role_name, p.oid::regprocedure as fn
-      from runledger.role_functions f
-      join pg_proc p on p.pronamespace = 'runledger'::regnamespace and p.proname = f.function_name
-     where f.function_name in ('migrate_runs', '_migrate_runs')
-       and exists (select from pg_roles r where r.rolname = f.role_name)
-  loop
-    execute format('grant execute on function %s to %I', v_grant.fn, v_grant.role_name);
-  end loop;
-end;
-$$;
+-- The dropped functions lost their grants: the roles role_functions names get them back.
+select runledger._give_back_grants(array['migrate_runs', '_migrate_runs']);
 
 insert into runledger.migrations (version, name) values (32, '0032_undone_effects_and_lineage');

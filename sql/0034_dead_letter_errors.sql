@@ -166,21 +166,7 @@ comment on function runledger._recover_expired(int) is
   'Sweeper, run by every live worker: each RUNNING run whose lease expired goes back to PENDING counting one recovery attempt and is re-dispatched, or, past max_recovery_attempts, to DEAD_LETTER with its termination record and the error LEASE_EXPIRED (runs.error, evidence.last_error) (through _finish_run: parent woken, queue slot freed). Attempts count expiries since the last progress: an expired execution that committed a checkpoint under its fencing token (_made_progress) starts the count again at 1. A CANCELLING one with compensations due is left without an owner for the next claim (counting an attempt; past max_recovery_attempts they are given up on, event compensations_abandoned); without, or given up on, it ends CANCELLED (or with its stop_record). Marks silent workers stopped. Returns how many runs it handled.';
 
 select runledger._secure_functions();
--- The dropped functions lost their grants: each role given them by role_functions gets them back.
-do $$
-declare
-  v_grant record;
-begin
-  for v_grant in
-    select f.role_name, p.oid::regprocedure as fn
-      from runledger.role_functions f
-      join pg_proc p on p.pronamespace = 'runledger'::regnamespace and p.proname = f.function_name
-     where f.function_name in ('_release_run', '_dead_letter_run')
-       and exists (select from pg_roles r where r.rolname = f.role_name)
-  loop
-    execute format('grant execute on function %s to %I', v_grant.fn, v_grant.role_name);
-  end loop;
-end;
-$$;
+-- The dropped functions lost their grants: the roles role_functions names get them back.
+select runledger._give_back_grants(array['_release_run', '_dead_letter_run']);
 
 insert into runledger.migrations (version, name) values (34, '0034_dead_letter_errors');

@@ -2841,6 +2841,26 @@ end;
 $function$;
 COMMENT ON FUNCTION runledger._fork_run(text,integer,text) IS 'The action behind runledger.fork_run (which records it in audit_log): Operator action: starts a new run of the same workflow and input that reuses the source run''s checkpoints before step from_step (0 = start over) and runs the rest, on the source''s version or on version (a registered version of the workflow, with its manifest). Returns the new run_id. Operations copied this way are not compensated by the fork. The fork''s lineage_id is the source''s (or the source''s run id). RL005 when a checkpoint it would copy is of an operation a compensation undid (runledger._undone_operations: fork from before it). A NOTICE lists the operations from from_step on whose idempotency key holds the source''s run id (made from ctx.runId, the fork calls them again under a new key).';
 
+CREATE OR REPLACE FUNCTION runledger._give_back_grants(p_functions text[])
+ RETURNS void
+ LANGUAGE plpgsql
+AS $function$
+declare
+  v_grant record;
+begin
+  for v_grant in
+    select f.role_name, p.oid::regprocedure as fn
+      from runledger.role_functions f
+      join pg_proc p on p.pronamespace = 'runledger'::regnamespace and p.proname = f.function_name
+     where f.function_name = any(p_functions)
+       and exists (select from pg_roles r where r.rolname = f.role_name)
+  loop
+    execute format('grant execute on function %s to %I', v_grant.fn, v_grant.role_name);
+  end loop;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._give_back_grants(text[]) IS 'For a migration that dropped and created functions again (a new signature): each existing role that role_functions gives one of p_functions gets execute on it again.';
+
 CREATE OR REPLACE FUNCTION runledger._heartbeat(p_worker_id text, p_lease_ms integer, p_except text[] DEFAULT '{}'::text[])
  RETURNS text[]
  LANGUAGE plpgsql
