@@ -8,12 +8,10 @@
  * as they were, and it stops, changing nothing, when a view of another schema reads the
  * columns it would change.
  */
-import pg from 'pg';
-import { ulid } from 'ulid';
-import { describe, expect, inject, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { loadMigrations } from '../../src/index.js';
-import { withDatabase } from '../setup/global-setup.js';
 import { useTestEngine } from '../helpers/test-engine.js';
+import { runMigration, withEmptyDatabase } from '../helpers/empty-database.js';
 
 const { db } = useTestEngine({ engine: false });
 
@@ -40,34 +38,6 @@ const DEPENDENTS = `
     from pg_trigger t join pg_class c on c.oid = t.tgrelid
    where c.relnamespace = 'runledger'::regnamespace and not t.tgisinternal
   order by 1`;
-
-async function withEmptyDatabase(use: (client: pg.Client) => Promise<void>): Promise<void> {
-  const adminUrl = inject('adminUrl');
-  const name = `rl_collation_${ulid().toLowerCase()}`;
-  const admin = new pg.Client({ connectionString: adminUrl });
-  await admin.connect();
-  await admin.query(`create database ${name}`);
-  const client = new pg.Client({ connectionString: withDatabase(adminUrl, name) });
-  try {
-    await client.connect();
-    await use(client);
-  } finally {
-    await client.end().catch(() => {});
-    await admin.query(`drop database if exists ${name} with (force)`);
-    await admin.end();
-  }
-}
-
-async function runMigration(client: pg.Client, text: string): Promise<void> {
-  await client.query('begin');
-  try {
-    await client.query(text);
-    await client.query('commit');
-  } catch (error) {
-    await client.query('rollback');
-    throw error;
-  }
-}
 
 describe('text columns of runledger', () => {
   it('are all COLLATE "C"', async () => {
@@ -102,7 +72,7 @@ describe('migration 0030_bytewise_text', () => {
 
   it('makes the views, policies and triggers it drops again as they were', async () => {
     expect(bytewise.name).toBe('0030_bytewise_text');
-    await withEmptyDatabase(async (client) => {
+    await withEmptyDatabase('rl_collation', async (client) => {
       for (const m of before) await runMigration(client, m.text);
       // A grant to a role whose name needs quoting (regrole::text already quotes it) is made again as it was.
       await client.query(`do $$ begin if not exists (select from pg_roles where rolname = 'Report Reader') then create role "Report Reader"; end if; end $$`);
@@ -122,7 +92,7 @@ describe('migration 0030_bytewise_text', () => {
   });
 
   it('stops before changing anything when a view of another schema reads the columns, and names it', async () => {
-    await withEmptyDatabase(async (client) => {
+    await withEmptyDatabase('rl_collation', async (client) => {
       for (const m of before) await runMigration(client, m.text);
       await client.query('create view public.my_runs as select run_id, status from runledger.runs');
       const notBytewiseBefore = (await client.query(NOT_BYTEWISE)).rows;

@@ -6,39 +6,9 @@
  * handed it at once. The behaviour with isolation on, through real workers, is in
  * test/tenants.test.ts ("sessions belong to a tenant").
  */
-import pg from 'pg';
-import { ulid } from 'ulid';
-import { describe, expect, inject, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { loadMigrations } from '../../src/index.js';
-import { withDatabase } from '../setup/global-setup.js';
-
-async function withEmptyDatabase(use: (client: pg.Client) => Promise<void>): Promise<void> {
-  const adminUrl = inject('adminUrl');
-  const name = `rl_tenant_sessions_${ulid().toLowerCase()}`;
-  const admin = new pg.Client({ connectionString: adminUrl });
-  await admin.connect();
-  await admin.query(`create database ${name}`);
-  const client = new pg.Client({ connectionString: withDatabase(adminUrl, name) });
-  try {
-    await client.connect();
-    await use(client);
-  } finally {
-    await client.end().catch(() => {});
-    await admin.query(`drop database if exists ${name} with (force)`);
-    await admin.end();
-  }
-}
-
-async function runMigration(client: pg.Client, text: string): Promise<void> {
-  await client.query('begin');
-  try {
-    await client.query(text);
-    await client.query('commit');
-  } catch (error) {
-    await client.query('rollback');
-    throw error;
-  }
-}
+import { runMigration, withEmptyDatabase } from '../helpers/empty-database.js';
 
 describe('migration 0033_tenant_sessions_and_shared_actions', () => {
   const migrations = loadMigrations();
@@ -46,7 +16,7 @@ describe('migration 0033_tenant_sessions_and_shared_actions', () => {
 
   it('gives each existing session the tenant of its runs, and a run queued across tenants its own session', async () => {
     expect(tenantSessions.name).toBe('0033_tenant_sessions_and_shared_actions');
-    await withEmptyDatabase(async (client) => {
+    await withEmptyDatabase('rl_tenant_sessions', async (client) => {
       for (const m of migrations.filter((m) => m.version < 33)) await runMigration(client, m.text);
       await client.query(
         `insert into runledger.workflows (workflow_name, workflow_version, queue_name, max_recovery_attempts) values ('w', '1', 'default', 3)`,
