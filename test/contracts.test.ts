@@ -56,8 +56,8 @@ describe('SQLSTATEs', () => {
     expect([...raised].sort()).toEqual(Object.keys(SQLSTATES).sort());
   });
 
-  it("the README's error table lists each SQLSTATE with its code", () => {
-    const rows = read('README.md')
+  it("docs/errors.md's error table lists each SQLSTATE with its code", () => {
+    const rows = read('docs/errors.md')
       .split('\n')
       .filter((line) => /^\|[^|]*\|[^|]*\| RL\d{3} \|/.test(line))
       .map((line) => line.split('|').map((cell) => cell.trim()));

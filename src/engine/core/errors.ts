@@ -290,7 +290,7 @@ export interface SerializedError {
 }
 
 /**
- * Every SQLSTATE the SQL functions raise, in one table: the README's error table
+ * Every SQLSTATE the SQL functions raise, in one table: the error table of docs/errors.md
  * and sql/ are checked against it (test/contracts.test.ts). The first seven reach
  * callers as RunledgerError classes; the last three are answers to the worker about
  * a run it executes, handled in run/halts.ts, never shown to callers.
