@@ -5,7 +5,7 @@ import { ulid } from 'ulid';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { Engine } from '../src/index.js';
 import { claimRun } from './helpers/claim.js';
-import { runCli } from './helpers/cli.js';
+import { runCli, runCliProcess } from './helpers/cli.js';
 import { waitFor } from './helpers/database.js';
 import { useTestEngine } from './helpers/test-engine.js';
 import { register as registerOrders } from './fixtures/cli-workflows.js';
@@ -14,12 +14,15 @@ import { register as registerOrders } from './fixtures/cli-workflows.js';
  * The CLI as a script uses it (issue 17, item 6): `--json` on every read command, output
  * piped (never cut), input from a file or stdin and checked against the module's schema,
  * `approve --run`, the "N of M" line of `runs`, lost workers told from stopped ones, exit
- * codes and `--help`. A real `runledger` process against this file's database.
+ * codes and `--help`. The command runs in this process (runCliMain) against this file's
+ * database, and as a real `runledger` process where the process is the point: a pipe that
+ * FORCE_COLOR cannot colour, an exit that a module's open handle cannot hold up.
  */
 
 const t = useTestEngine();
 const { db } = t;
 const cli = (args: string[], env: Record<string, string> = {}, stdin?: string) => runCli(db.url, args, env, stdin);
+const cliProcess = (args: string[], env: Record<string, string> = {}) => runCliProcess(db.url, args, env);
 const MODULE = 'test/fixtures/cli-workflows.ts';
 const LONG_NAME = 'support-agent-escalation-with-long-name';
 
@@ -154,7 +157,7 @@ describe('--json on every read command', () => {
 describe('runs', () => {
   it('piped, a long workflow name is never cut, whatever COLUMNS says, and nothing is coloured', async () => {
     const runId = await unserved(LONG_NAME);
-    const listed = await cli(['runs', '--workflow', LONG_NAME], { COLUMNS: '80', FORCE_COLOR: '1' });
+    const listed = await cliProcess(['runs', '--workflow', LONG_NAME], { COLUMNS: '80', FORCE_COLOR: '1' });
     expect(listed.code).toBe(0);
     expect(listed.stdout).toMatch(new RegExp(`${runId}\\s+${LONG_NAME}@1\\s+PENDING\\s+-\\s+\\S+ ago\\n`));
     expect(listed.stdout).not.toContain('…');
@@ -345,7 +348,7 @@ describe('exit codes and help', () => {
     const file = join(tmpdir(), `runledger-busy-module-${process.pid}-${ulid()}.mjs`);
     await writeFile(file, 'setInterval(() => {}, 1000);\nexport const nothing = 1;\n');
     // Before, the process printed its error and then never exited: this test timed out.
-    const out = await cli(['worker', '--module', file]).finally(() => rm(file, { force: true }));
+    const out = await cliProcess(['worker', '--module', file]).finally(() => rm(file, { force: true }));
     expect(out.code).toBe(1);
     expect(out.stderr).toContain('error [MODULE]:');
     expect(out.stderr).toContain('must export register(engine)');

@@ -8,12 +8,14 @@ import { useTestEngine } from './helpers/test-engine.js';
 import { claimRun } from './helpers/claim.js';
 import { withDatabase } from './setup/global-setup.js';
 import { createTestClock, createTestEngine } from '../src/testing/index.js';
-import { runCli } from './helpers/cli.js';
+import { runCli, runCliProcess } from './helpers/cli.js';
 
 /**
- * The `runledger` command as an operator runs it: a real process
- * (`node --import tsx src/cli/main.ts ...`) against this file's database, checked by
- * its exit code, its output and the tables it changed. Workflows run in an
+ * The `runledger` command as an operator runs it, against this file's database, checked by
+ * its exit code, its output and the tables it changed: run in this process (runCliMain, as
+ * src/cli/main.ts runs it), and as a real process (`node --import tsx src/cli/main.ts ...`)
+ * where the exit code and stderr of the program itself are the point (MIGRATION_MISMATCH,
+ * the exit codes of usage errors and failures). Workflows run in an
  * in-process worker; states no workflow reaches quickly (a dead-lettered run, an
  * operation whose outcome is unknown) are made with the same SQL the engine uses.
  */
@@ -28,6 +30,7 @@ const tracked = stoppedAfterEach();
 let flows: ReturnType<typeof defineFlows>;
 
 const cli = (args: string[], env: Record<string, string> = {}) => runCli(db.url, args, env);
+const cliProcess = (args: string[], env: Record<string, string> = {}) => runCliProcess(db.url, args, env);
 
 function defineFlows(e: Engine) {
   const mark = (runId: string, step: string) => e.pool.query('insert into cli_steps (run_id, step) values ($1, $2)', [runId, step]);
@@ -100,7 +103,7 @@ describe('runledger migrate', () => {
     const saved = (await db.pool.query(`select checksum from runledger.migrations where name = '0002_runs'`)).rows[0].checksum;
     await db.pool.query(`update runledger.migrations set checksum = repeat('0', 64) where name = '0002_runs'`);
     try {
-      const result = await cli(['migrate']);
+      const result = await cliProcess(['migrate']);
       expect(result).toMatchObject({ code: 1, stdout: '' });
       expect(result.stderr).toMatch(
         /^error \[MIGRATION_MISMATCH\]: runledger migration 0002_runs \(checksum differs\) .*different build of runledger.*\n$/,
@@ -382,10 +385,10 @@ describe('runledger set-queue, queues', () => {
 describe('errors', () => {
   it('usage errors exit 2; failures exit 1 with the runledger error code', async () => {
     const [unknownCommand, noDatabase, badJson, missingRun] = await Promise.all([
-      cli(['frobnicate']),
-      cli(['runs'], { DATABASE_URL: '' }),
-      cli(['start', 'cli-two', '{bad']),
-      cli(['cancel', `no-such-run-${ulid()}`]),
+      cliProcess(['frobnicate']),
+      cliProcess(['runs'], { DATABASE_URL: '' }),
+      cliProcess(['start', 'cli-two', '{bad']),
+      cliProcess(['cancel', `no-such-run-${ulid()}`]),
     ]);
     expect(unknownCommand).toMatchObject({ code: 2, stdout: '' });
     expect(unknownCommand.stderr).toMatch(/^error \[USAGE\]: unknown command "frobnicate"/);

@@ -1,15 +1,15 @@
 /** Text output for the CLI: borderless tables that fit the terminal, times, durations, JSON. */
 import Table from 'cli-table3';
+import { cliIo } from './shared.js';
 
 /**
  * The width tables and wrapped values fit: the terminal's width when stdout is one
- * (COLUMNS when the terminal does not say), and no limit at all when stdout is a pipe
- * or a file, so `runledger runs | grep ...` never sees a cell cut with '…'.
+ * (COLUMNS when the terminal does not say: cliIo().columns), and no limit at all when
+ * stdout is a pipe or a file, so `runledger runs | grep ...` never sees a cell cut with '…'.
  */
 export function screenWidth(): number {
-  if (!process.stdout.isTTY) return Infinity;
-  const columns = process.stdout.columns || Number(process.env.COLUMNS) || 80;
-  return Math.max(60, columns);
+  const columns = cliIo().columns;
+  return columns === undefined ? Infinity : Math.max(60, columns);
 }
 
 const GAP = 2;
@@ -137,7 +137,7 @@ export function wrap(text: string, width: number, maxLines = 3): string[] {
 }
 
 export function print(line = ''): void {
-  process.stdout.write(`${line}\n`);
+  cliIo().stdout.write(`${line}\n`);
 }
 
 /**

@@ -2,129 +2,11 @@
 /**
  * `runledger`: the operator's command line. Every command is a thin layer over
  * the engine or a documented SQL function, so what it shows and does is what
- * psql shows and does.
- *
- * Exit codes: 0 done, 1 refused or failed (`error [CODE]: message` on stderr, CODE the
- * runledger error code: NOT_FOUND, INVALID_STATE, PERMISSION_DENIED ...), 2 it could not be
- * attempted (usage, no database, not available yet).
+ * psql shows and does. The commands and their exit codes: src/cli/run.ts; this
+ * file runs them with the process's own streams and environment.
  */
-import { RUNTIME_VERSION } from '../engine/core/version.js';
-import { approvals } from './commands/approvals.js';
-import { approve } from './commands/approve.js';
-import { audit } from './commands/audit.js';
-import { cancel } from './commands/cancel.js';
-import { compensate } from './commands/compensate.js';
-import { deadLetter } from './commands/dead-letter.js';
-import { dev } from './commands/dev.js';
-import { doctor } from './commands/doctor.js';
-import { fork } from './commands/fork.js';
-import { migrate } from './commands/migrate.js';
-import { migrateRun } from './commands/migrate-run.js';
-import { prune } from './commands/prune.js';
-import { retention } from './commands/retention.js';
-import { queues } from './commands/queues.js';
-import { resolve } from './commands/resolve.js';
-import { retry } from './commands/retry.js';
-import { runs } from './commands/runs.js';
-import { session } from './commands/session.js';
-import { setQueue } from './commands/set-queue.js';
-import { show } from './commands/show.js';
-import { signal } from './commands/signal.js';
-import { start } from './commands/start.js';
-import { tail } from './commands/tail.js';
-import { ui } from './commands/ui.js';
-import { unknown } from './commands/unknown.js';
-import { waiting } from './commands/waiting.js';
-import { worker } from './commands/worker.js';
-import { workers } from './commands/workers.js';
-import { versions } from './commands/versions.js';
-import { CliError, EXIT_USAGE, describeError, logFormat, type Command } from './shared.js';
-
-/** In the order `runledger --help` lists them: set up, look, act, clean up. */
-const COMMANDS: Record<string, Command> = {
-  migrate,
-  worker,
-  start,
-  runs,
-  show,
-  tail,
-  waiting,
-  approvals,
-  session,
-  unknown,
-  'dead-letter': deadLetter,
-  queues,
-  workers,
-  versions,
-  doctor,
-  audit,
-  signal,
-  approve,
-  resolve,
-  cancel,
-  compensate,
-  retry,
-  fork,
-  'migrate-run': migrateRun,
-  'set-queue': setQueue,
-  retention,
-  prune,
-  ui,
-  dev,
-};
-
-function usage(): string {
-  const width = Math.max(...Object.keys(COMMANDS).map((name) => name.length));
-  const lines = Object.entries(COMMANDS).map(([name, command]) => `  ${name.padEnd(width)}  ${command.summary}`);
-  return [
-    'usage: runledger COMMAND [options]     (runledger COMMAND --help: its options and examples)',
-    '',
-    ...lines,
-    '',
-    'Connection: --database-url URL, or the DATABASE_URL environment variable.',
-    'Read commands take --json: one JSON document on stdout, keys as the SQL columns.',
-    'Exit codes: 0 done, 1 refused or failed (error [CODE]: message on stderr), 2 usage error or no database.',
-  ].join('\n');
-}
-
-/** The command is the first argument that is neither an option nor --database-url's value, so the URL may come first. */
-function splitCommand(args: string[]): { name: string | undefined; rest: string[] } {
-  for (let i = 0; i < args.length; i++) {
-    const arg = args[i]!;
-    if (arg === '--database-url') {
-      i++;
-      continue;
-    }
-    if (!arg.startsWith('-')) return { name: arg, rest: [...args.slice(0, i), ...args.slice(i + 1)] };
-  }
-  return { name: undefined, rest: args };
-}
-
-async function main(args: string[]): Promise<number> {
-  const { name, rest } = splitCommand(args);
-  if (name === 'help' && rest[0] !== undefined && COMMANDS[rest[0]]) {
-    // `runledger help runs` is `runledger runs --help`.
-    await COMMANDS[rest[0]]!.run(['--help']);
-    return 0;
-  }
-  if (name === undefined || name === 'help') {
-    const asked = name === 'help' || rest.includes('--help') || rest.includes('-h');
-    (asked ? process.stdout : process.stderr).write(`${usage()}\n`);
-    return asked ? 0 : EXIT_USAGE;
-  }
-  const command = COMMANDS[name];
-  try {
-    if (!command) throw new CliError('USAGE', `unknown command ${JSON.stringify(name)}; runledger --help lists them`);
-    // A bad setting is refused by every command, not only by those that happen to log.
-    logFormat();
-    await command.run(rest);
-    return 0;
-  } catch (error) {
-    const { line, exitCode } = describeError(error);
-    process.stderr.write(`${line}\n`);
-    return exitCode;
-  }
-}
+import { runCliMain } from './run.js';
+import { PROCESS_IO } from './shared.js';
 
 // `runledger runs | head` closes the pipe early: that is the reader's choice, not an error.
 process.stdout.on('error', (error: NodeJS.ErrnoException) => {
@@ -132,12 +14,8 @@ process.stdout.on('error', (error: NodeJS.ErrnoException) => {
   throw error;
 });
 
-if (process.argv[2] === '--version' && process.argv.length === 3) {
-  process.stdout.write(`runledger ${RUNTIME_VERSION}\n`);
-} else {
-  process.exitCode = await main(process.argv.slice(2));
-  // A refused command exits with its code even when something it loaded keeps the event loop
-  // alive (a --module that opens a pool or starts a worker at import): once the loop has had
-  // a second to drain on its own, exit.
-  if (process.exitCode !== 0) setTimeout(() => process.exit(), 1000).unref();
-}
+process.exitCode = await runCliMain(process.argv.slice(2), PROCESS_IO);
+// A refused command exits with its code even when something it loaded keeps the event loop
+// alive (a --module that opens a pool or starts a worker at import): once the loop has had
+// a second to drain on its own, exit.
+if (process.exitCode !== 0) setTimeout(() => process.exit(), 1000).unref();

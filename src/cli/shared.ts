@@ -1,4 +1,5 @@
-/** What every command shares: argument parsing, the connection, errors and exit codes. */
+/** What every command shares: its input and output, argument parsing, the connection, errors and exit codes. */
+import { AsyncLocalStorage } from 'node:async_hooks';
 import { readFile } from 'node:fs/promises';
 import { createRequire } from 'node:module';
 import { parseArgs, type ParseArgsConfig } from 'node:util';
@@ -8,6 +9,58 @@ import { engineLog, type Logger, type LogFunction } from '../engine/core/log.js'
 import { fromPgError } from '../engine/core/errors.js';
 import { aesGcmCodec, type PayloadCodec } from '../engine/core/codec.js';
 import { NO_CODEC, Payloads } from '../engine/core/payloads.js';
+
+/**
+ * Where a command writes and what it reads: the process's streams and environment when
+ * `runledger` runs as a program (src/cli/main.ts), strings in memory when a test runs it
+ * in its own process (runCliMain, src/cli/run.ts). Commands never touch process.stdout,
+ * process.stderr, process.stdin or process.env themselves: they ask cliIo().
+ */
+export interface CliIo {
+  stdout: { write(text: string): unknown };
+  stderr: { write(text: string): unknown };
+  /** What `-` reads (JSON input from stdin); absent: no input at all (an empty stdin). */
+  stdin?: AsyncIterable<Buffer | string> & { isTTY?: boolean };
+  /** DATABASE_URL, RUNLEDGER_LOG_FORMAT, RUNLEDGER_KEYS ... */
+  env: NodeJS.ProcessEnv;
+  /** The terminal's width when stdout is a terminal; absent when it is a pipe or a file (tables are never cut then). */
+  columns?: number;
+}
+
+/**
+ * The process's own streams and environment: what `runledger` the program uses. stdin and
+ * the width are read when asked for (a command that reads no input never opens stdin).
+ */
+export const PROCESS_IO: CliIo = {
+  get stdout() {
+    return process.stdout;
+  },
+  get stderr() {
+    return process.stderr;
+  },
+  get stdin() {
+    return process.stdin;
+  },
+  get env() {
+    return process.env;
+  },
+  get columns() {
+    return process.stdout.isTTY ? process.stdout.columns || Number(process.env.COLUMNS) || 80 : undefined;
+  },
+};
+
+// Per call, not per module: calls made at once in one process (tests) each see their own.
+const ioStore = new AsyncLocalStorage<CliIo>();
+
+/** The input and output of the command running now (the process's own outside runCliMain). */
+export function cliIo(): CliIo {
+  return ioStore.getStore() ?? PROCESS_IO;
+}
+
+/** Runs `fn` with `io` as what cliIo() returns, for it and everything it awaits. */
+export function withCliIo<T>(io: CliIo, fn: () => Promise<T>): Promise<T> {
+  return ioStore.run(io, fn);
+}
 
 /** Exit codes: 0 done, 1 the command failed, 2 the command could not be attempted (usage, no database, not available). */
 export const EXIT_FAILED = 1;
@@ -122,7 +175,7 @@ export function parse(
     throw new CliError('USAGE', `${(error as Error).message.split('. To specify')[0]}\nusage: ${command.usage}`);
   }
   if (parsed.values.help) {
-    process.stdout.write(`${helpText(command, options)}\n`);
+    cliIo().stdout.write(`${helpText(command, options)}\n`);
     return undefined;
   }
   const { min = 0, max = 0 } = positionals;
@@ -153,7 +206,8 @@ export async function jsonArgument(raw: string | undefined, what: string): Promi
   if (raw === undefined) return undefined;
   let text = raw;
   if (raw === '-') {
-    if (process.stdin.isTTY) process.stderr.write(`reading ${what} from stdin (end with Ctrl-D) ...\n`);
+    const io = cliIo();
+    if (io.stdin?.isTTY) io.stderr.write(`reading ${what} from stdin (end with Ctrl-D) ...\n`);
     text = await readStdin();
   } else if (raw.startsWith('@')) {
     try {
@@ -172,7 +226,8 @@ export async function jsonArgument(raw: string | undefined, what: string): Promi
 
 async function readStdin(): Promise<string> {
   const chunks: Buffer[] = [];
-  for await (const chunk of process.stdin) chunks.push(chunk as Buffer);
+  const stdin = cliIo().stdin;
+  if (stdin) for await (const chunk of stdin) chunks.push(typeof chunk === 'string' ? Buffer.from(chunk) : chunk);
   return Buffer.concat(chunks).toString('utf8');
 }
 
@@ -183,20 +238,25 @@ export function requiredOption(command: Command, values: Parsed['values'], name:
   return value;
 }
 
-/** pino, loaded only when JSON logs are asked for: synchronous writes to stderr, so a line is out before the process exits. */
+/**
+ * pino, loaded only when JSON logs are asked for: synchronous writes to stderr, so a line is
+ * out before the process exits (the process's fd 2, or the stderr of runCliMain's caller).
+ */
 function jsonLogger(verbose: boolean): Logger {
   const pino = createRequire(import.meta.url)('pino') as typeof import('pino').default;
-  return pino({ level: verbose ? 'info' : 'warn' }, pino.destination({ fd: 2, sync: true }));
+  const stderr = cliIo().stderr;
+  const destination = stderr === process.stderr ? pino.destination({ fd: 2, sync: true }) : { write: (line: string) => stderr.write(line) };
+  return pino({ level: verbose ? 'info' : 'warn' }, destination);
 }
 
 export function databaseUrl(values: Parsed['values']): string {
-  const url = (values['database-url'] as string | undefined) ?? process.env.DATABASE_URL;
+  const url = (values['database-url'] as string | undefined) ?? cliIo().env.DATABASE_URL;
   if (!url) throw new CliError('NO_DATABASE', 'no database: pass --database-url postgres://... or set DATABASE_URL');
   return url;
 }
 
 /** RUNLEDGER_LOG_FORMAT: text (the default) or json; anything else is refused with CONFIG (exit 2) by every command. */
-export function logFormat(env: NodeJS.ProcessEnv = process.env): 'text' | 'json' {
+export function logFormat(env: NodeJS.ProcessEnv = cliIo().env): 'text' | 'json' {
   const format = env.RUNLEDGER_LOG_FORMAT?.trim().toLowerCase();
   if (!format || format === 'text') return 'text';
   if (format === 'json') return 'json';
@@ -208,12 +268,13 @@ export function logFormat(env: NodeJS.ProcessEnv = process.env): 'text' | 'json'
  * RUNLEDGER_LOG_FORMAT=json writes them as pino's JSON lines instead (for a log collector):
  * `{"level":40,"time":...,"component":"runledger","runId":...,"workflow":...,"msg":...}`.
  */
-export function cliLog(verbose = false, env: NodeJS.ProcessEnv = process.env): LogFunction {
+export function cliLog(verbose = false, env: NodeJS.ProcessEnv = cliIo().env): LogFunction {
   if (logFormat(env) === 'json') return engineLog(jsonLogger(verbose)).log;
+  const stderr = cliIo().stderr;
   return (level, message, meta) => {
     if (level === 'info' && !verbose) return;
     const detail = meta ? ` ${JSON.stringify(meta, (key, value) => (key === 'stack' ? undefined : value))}` : '';
-    process.stderr.write(`${new Date().toISOString()} ${level} ${message}${detail}\n`);
+    stderr.write(`${new Date().toISOString()} ${level} ${message}${detail}\n`);
   };
 }
 
@@ -244,7 +305,7 @@ export async function openEngine(
  * an aesGcmCodec, so `worker` encrypts what it stores and `show`, `tail`, `session`,
  * `approvals` decode what they print (docs/security.md). Unset: none, payloads in clear.
  */
-export function cliCodec(env: NodeJS.ProcessEnv = process.env): PayloadCodec | undefined {
+export function cliCodec(env: NodeJS.ProcessEnv = cliIo().env): PayloadCodec | undefined {
   const spec = env.RUNLEDGER_KEYS?.trim();
   if (!spec) {
     if (env.RUNLEDGER_ACTIVE_KEY) throw new CliError('CONFIG', 'RUNLEDGER_ACTIVE_KEY is set but RUNLEDGER_KEYS is not', EXIT_USAGE);

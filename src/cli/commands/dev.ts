@@ -3,7 +3,7 @@ import pg from 'pg';
 import type { Engine } from '../../engine/index.js';
 import { print } from '../format.js';
 import { loadRegister } from '../module.js';
-import { CliError, cliCodec, cliLog, intOption, parse, type Command, type Parsed, untilSignal } from '../shared.js';
+import { CliError, cliCodec, cliLog, intOption, parse, type Command, type Parsed, untilSignal, cliIo } from '../shared.js';
 
 /** The database `dev` uses on its embedded server; a server of the user's (DATABASE_URL) is used as given. */
 export const DEV_DATABASE = 'runledger_dev';
@@ -45,7 +45,7 @@ export const dev: Command = {
     if (typeof values.module !== 'string') throw new CliError('USAGE', `--module is required\nusage: ${dev.usage}`);
     const port = intOption(values, 'port', 0) ?? 3100;
     const concurrency = intOption(values, 'concurrency', 1) ?? 8;
-    const token = (values.token as string | undefined) ?? process.env.RUNLEDGER_UI_TOKEN ?? madeUpToken();
+    const token = (values.token as string | undefined) ?? cliIo().env.RUNLEDGER_UI_TOKEN ?? madeUpToken();
     const register = await loadRegister(values.module);
 
     const stack = new ShutdownStack();
@@ -102,7 +102,7 @@ interface DevDatabase {
 }
 
 async function openDatabase(values: Parsed['values'], stack: ShutdownStack): Promise<DevDatabase> {
-  const given = (values['database-url'] as string | undefined) ?? process.env.DATABASE_URL;
+  const given = (values['database-url'] as string | undefined) ?? cliIo().env.DATABASE_URL;
   if (given) return { url: given };
   const dataDir = (values['data-dir'] as string | undefined) ?? DEFAULT_DATA_DIR;
   print(`no DATABASE_URL: starting an embedded PostgreSQL with its data in ${dataDir} ...`);
@@ -146,7 +146,7 @@ class ShutdownStack {
       try {
         await step.stop();
       } catch (error) {
-        process.stderr.write(`error stopping the ${step.name}: ${(error as Error).message}\n`);
+        cliIo().stderr.write(`error stopping the ${step.name}: ${(error as Error).message}\n`);
       }
     }
     this.steps.length = 0;

@@ -1,7 +1,7 @@
 import { print } from '../format.js';
 import { forkRun } from '../../engine/client/operator.js';
 import { forkKeyWarnings, forkKeyWarningText } from '../../engine/client/fork-keys.js';
-import { intOption, parse, requiredOption, withPool, type Command } from '../shared.js';
+import { intOption, parse, requiredOption, withPool, type Command, cliIo } from '../shared.js';
 
 /**
  * Through runledger.fork_run. Prints only the new run's id, like `start`, so
@@ -37,7 +37,7 @@ export const fork: Command = {
       const fork = await forkRun(pool, runId, fromStep, parsed.values.version as string | undefined);
       return { fork, warning: forkKeyWarningText(fork, runId, await forkKeyWarnings(pool, runId, fromStep)) };
     });
-    if (warning) process.stderr.write(`warning: ${warning}\n`);
+    if (warning) cliIo().stderr.write(`warning: ${warning}\n`);
     print(forked);
   },
 };

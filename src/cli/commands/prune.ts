@@ -1,6 +1,6 @@
 import { pgCode } from '../../engine/db/pg-errors.js';
 import { print, printJson, renderTable } from '../format.js';
-import { CliError, intOption, JSON_OPTION, parse, withPool, type Command } from '../shared.js';
+import { CliError, intOption, JSON_OPTION, parse, withPool, type Command, cliIo } from '../shared.js';
 
 /** PostgreSQL's "that is not an interval" SQLSTATEs: a typo in --older-than is a usage error. */
 const BAD_INTERVAL = ['22007', '22008', '22P02', '22015'];
@@ -88,7 +88,7 @@ export const prune: Command = {
         if (batches > 0 && (reportedAt === undefined || Date.now() - reportedAt >= PROGRESS_EVERY_MS)) {
           // A long prune is not silent; stderr, so that --json's stdout stays one document.
           const sofar = [...totals].flatMap(([kind, n]) => (n > 0 ? [`${kind} ${n}`] : [])).join(', ');
-          process.stderr.write(`prune: ${batches} batch(es) so far, removed ${sofar}; going on\n`);
+          cliIo().stderr.write(`prune: ${batches} batch(es) so far, removed ${sofar}; going on\n`);
           reportedAt = Date.now();
         }
         const result = await pool.query<{ kind: string; removed: string }>(

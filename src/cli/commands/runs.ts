@@ -1,6 +1,6 @@
 import { RUN_STATES, type RunStatus } from '../../engine/core/states.js';
 import { ago, print, printJson, renderTable } from '../format.js';
-import { CliError, JSON_OPTION, intOption, limitOption, parse, withPool, type Command } from '../shared.js';
+import { CliError, JSON_OPTION, intOption, limitOption, parse, withPool, type Command, cliIo } from '../shared.js';
 
 /** How far `runs` counts the runs that match beyond the page: a bounded count, never a full one. */
 export const COUNT_BEYOND = 1000;
@@ -74,7 +74,7 @@ export const runs: Command = {
         : undefined;
     if (values.json) {
       printJson(list);
-      if (more) process.stderr.write(`${more}\n`);
+      if (more) cliIo().stderr.write(`${more}\n`);
       return;
     }
     if (list.length === 0) {

@@ -1,5 +1,5 @@
 import { DEFAULT_STREAM_TOPIC, STREAM_TOPIC_PATTERN } from '../../engine/core/stream-topic.js';
-import { CliError, intOption, parse, withEngine, type Command } from '../shared.js';
+import { CliError, intOption, parse, withEngine, type Command, cliIo } from '../shared.js';
 
 /**
  * `runledger tail RUN_ID [TOPIC]`: a run's durable stream as it is written, until it is
@@ -44,16 +44,16 @@ export const tail: Command = {
         let atLineStart = true;
         for await (const { offset, chunk, attempt } of engine.readStream(runId, topic, { fromOffset, signal: stop.signal })) {
           if (json) {
-            process.stdout.write(`${JSON.stringify({ offset, chunk, attempt })}\n`);
+            cliIo().stdout.write(`${JSON.stringify({ offset, chunk, attempt })}\n`);
           } else if (typeof chunk === 'string') {
-            process.stdout.write(chunk);
+            cliIo().stdout.write(chunk);
             if (chunk !== '') atLineStart = chunk.endsWith('\n');
           } else {
-            process.stdout.write(`${atLineStart ? '' : '\n'}${JSON.stringify(chunk)}\n`);
+            cliIo().stdout.write(`${atLineStart ? '' : '\n'}${JSON.stringify(chunk)}\n`);
             atLineStart = true;
           }
         }
-        if (!atLineStart) process.stdout.write('\n');
+        if (!atLineStart) cliIo().stdout.write('\n');
       } finally {
         process.off('SIGINT', onInterrupt);
       }
@@ -70,7 +70,7 @@ async function hintOtherTopics(
   const { rows } = await pool.query('select topic from runledger.streams where run_id = $1 order by topic', [runId]);
   const topics = rows.map((row) => row.topic);
   if (topics.length > 0 && !topics.includes(topic)) {
-    process.stderr.write(
+    cliIo().stderr.write(
       `run ${runId} has no stream on topic '${topic}' yet; its streams: ${topics.join(', ')} (runledger tail ${runId} TOPIC)\n`,
     );
   }

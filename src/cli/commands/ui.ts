@@ -1,5 +1,5 @@
 import { print } from '../format.js';
-import { CliError, cliCodec, cliLog, databaseUrl, intOption, parse, type Command, untilSignal } from '../shared.js';
+import { CliError, cliCodec, cliLog, databaseUrl, intOption, parse, type Command, untilSignal, cliIo } from '../shared.js';
 
 /** The web console until SIGINT/SIGTERM (src/console/server.ts, docs/console.md). */
 export const ui: Command = {
@@ -25,7 +25,7 @@ export const ui: Command = {
     const { values } = parsed;
     const port = intOption(values, 'port', 0) ?? 3100;
     if (port > 65_535) throw new CliError('USAGE', `--port must be at most 65535, got ${port}`);
-    const token = (values.token as string | undefined) ?? process.env.RUNLEDGER_UI_TOKEN ?? undefined;
+    const token = (values.token as string | undefined) ?? cliIo().env.RUNLEDGER_UI_TOKEN ?? undefined;
     const codec = cliCodec();
     // The console (hono, its pages) is loaded only by this command.
     const { startConsole } = await import('../../console/server.js');

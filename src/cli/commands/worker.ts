@@ -2,7 +2,7 @@ import { print } from '../format.js';
 import { loadRegister } from '../module.js';
 import { constants as osConstants } from 'node:os';
 import { SHUTDOWN_TIMEOUT_MS_DEFAULT } from '../../index.js';
-import { CliError, EXIT_FAILED, intOption, openEngine, parse, type Command, untilSignal } from '../shared.js';
+import { CliError, EXIT_FAILED, intOption, openEngine, parse, type Command, untilSignal, cliIo } from '../shared.js';
 import { METRICS_HOST_DEFAULT, startPrometheusEndpoint } from '../../engine/observe/prometheus.js';
 
 /** On a second signal: the most the release of what is still held may take before the process exits. */
@@ -129,7 +129,7 @@ export const worker: Command = {
       // stop() bounds its own waits; this is the backstop for anything it cannot bound.
       const backstop = setTimeout(
         () => {
-          process.stderr.write('worker: the stop did not finish in time; exiting (leases still held expire on their own)\n');
+          cliIo().stderr.write('worker: the stop did not finish in time; exiting (leases still held expire on their own)\n');
           process.exit(EXIT_FAILED);
         },
         (graceMs ?? SHUTDOWN_TIMEOUT_MS_DEFAULT) + STOP_BACKSTOP_MS,
