@@ -1,5 +1,5 @@
 import { fileURLToPath } from 'node:url';
-import { describe, expect, it, onTestFailed } from 'vitest';
+import { afterEach, describe, expect, it, onTestFailed } from 'vitest';
 import { waitFor } from './helpers/database.js';
 import { useTestEngine } from './helpers/test-engine.js';
 import { stoppedAfterEach } from './helpers/cleanup.js';
@@ -13,6 +13,12 @@ import { runCli } from './helpers/cli.js';
  */
 const t = useTestEngine();
 const { db } = t;
+// Registered before stoppedAfterEach so that it runs after it (afterEach hooks run in reverse):
+// the workers a test killed count as stopped for the next one, whose checks of the live
+// workers (migrate_run's "no live worker serves ...") must not see them for two lease lengths.
+afterEach(async () => {
+  await db.pool.query('update runledger.workers set stopped_at = runledger.now() where stopped_at is null');
+});
 const { processes } = stoppedAfterEach();
 const SCRIPT = fileURLToPath(new URL('./fixtures/version-worker.ts', import.meta.url));
 
