@@ -5,7 +5,7 @@ import type { StepContext } from '../steps/context.js';
 import { UNREADABLE, type Execution } from '../engine/run/execution.js';
 import { NO_CODEC, type Payloads } from '../engine/core/payloads.js';
 import { InvalidInputError, PayloadTooLargeError } from '../engine/core/errors.js';
-import { toJsonText } from '../engine/core/json.js';
+import { assertStorable, toJsonText } from '../engine/core/json.js';
 import { executionOf } from './execution-of.js';
 
 /** An artifact's content (text or bytes, stored once by sha256), or a reference to where it lives. */
@@ -79,6 +79,7 @@ function checkName(name: unknown): asserts name is string {
   if (typeof name !== 'string' || name.length === 0 || name.length > NAME_MAX) {
     throw new InvalidInputError(`artifact name must be a string of 1 to ${NAME_MAX} characters, got ${JSON.stringify(name)}`);
   }
+  assertStorable(name, 'artifact name');
 }
 
 function sha256Of(bytes: Uint8Array): string {
@@ -124,7 +125,8 @@ export async function recordArtifact(ctx: StepContext, exec: Execution, name: st
   checkName(name);
   const prepared = prepare(name, content);
   if (prepared.kind === 'content') checkSize(`artifact ${name}`, prepared.bytes.byteLength);
-  exec.checkPayload(prepared.kind === 'content' ? prepared.bytes : prepared.ref, `the content of artifact ${JSON.stringify(name)}`);
+  if (prepared.kind === 'content') exec.checkPayload(prepared.bytes, `the content of artifact ${JSON.stringify(name)}`);
+  else exec.checkText(prepared.ref, `the content of artifact ${JSON.stringify(name)}`);
   // The position the transaction below takes (taken synchronously, before any await).
   const position = exec.stepsTaken;
   const runId = exec.runId;

@@ -92,7 +92,7 @@ export async function runOperation<T>(
   if (!(await flushPending(exec))) return exec.suspend();
   if (exec.stopping) return exec.noNewStep();
   const key = options.idempotencyKey ?? `${exec.runId}:${seq}:${name}`;
-  exec.checkPayload(key, `idempotency key of operation ${JSON.stringify(name)}`);
+  exec.checkText(key, `idempotency key of operation ${JSON.stringify(name)}`);
   const retryPending = recorded?.[2] === 'WAITING';
 
   return exec.inStep(async (): Promise<Jsonify<T>> => {
@@ -316,7 +316,7 @@ async function record<T>(
     }
   }
   try {
-    exec.checkPayload(externalResourceId, `the external resource id of operation ${JSON.stringify(at.name)}`);
+    exec.checkText(externalResourceId, `the external resource id of operation ${JSON.stringify(at.name)}`);
   } catch (error) {
     failure = error;
     stored = undefined;

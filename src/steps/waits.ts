@@ -97,7 +97,7 @@ export async function requestApproval(exec: Execution, name: string, request: Ap
     }
   }
   exec.checkPayload(toJsonText(request.evidence, `approval ${name} evidence`), `the evidence of approval ${JSON.stringify(name)}`);
-  exec.checkPayload(request.action, `the action of approval ${JSON.stringify(name)}`);
+  exec.checkText(request.action, `the action of approval ${JSON.stringify(name)}`);
   const output = await runWait(exec, name, 'approval', {
     // What is asked is the run's data too: with a codec, approvals.action holds its envelope's JSON text.
     action: exec.payloads.note(request.action),

@@ -277,8 +277,6 @@ export class Execution {
    * (SECRET_IN_PAYLOAD, naming the secret and `what`, never the value).
    */
   checkPayload(payload: string | Uint8Array | undefined | null, what: string): void {
-    // A text PostgreSQL cannot store fails the call that made it, not a statement other runs share.
-    if (typeof payload === 'string') assertStorable(payload, what);
     if (!this.masks.hasSecrets) return;
     const secret = this.masks.secretIn(payload);
     if (secret === undefined) return;
@@ -287,6 +285,15 @@ export class Execution {
         'Use a secret inside the step that needs it, and return what the call produced, never the secret.',
       { secret, payload: what },
     );
+  }
+  /**
+   * checkPayload for a plain text the workflow gave (a key, an id, an approval's action),
+   * not JSON text: one PostgreSQL cannot store (NUL, a lone surrogate) fails the call that
+   * made it, not a statement other runs share. JSON text was checked by toJsonText.
+   */
+  checkText(text: string | undefined | null, what: string): void {
+    if (typeof text === 'string') assertStorable(text, what);
+    this.checkPayload(text, what);
   }
 
   /** ctx.secret: the value of secret `name`, from the engine's resolver, once per execution. */
