@@ -31,36 +31,13 @@ module.exports = {
     {
       name: 'no-circular',
       severity: 'error',
-      comment:
-        'No import circles. The one allowed: core/workflow.ts names the WorkflowContext type that ' +
-        'agents/context.ts implements (a workflow function receives the context, the context starts child workflows); ' +
-        'it is a type-only import, erased at build.',
+      comment: 'No import circles, not even type-only ones.',
       from: {},
-      to: { circular: true, viaOnly: { pathNot: '^src/engine/core/workflow\\.ts$' } },
+      to: { circular: true },
     },
-    {
-      ...layerRule('core', layer('core')),
-      // The allowed triangle above, and only as a type.
-      to: { path: '^src/', pathNot: [layer('core')] },
-      from: { path: layer('core'), pathNot: '^src/engine/core/workflow\\.ts$' },
-    },
-    {
-      name: 'layer-core-workflow',
-      severity: 'error',
-      comment: 'core/workflow.ts may name the WorkflowContext type, nothing else above core, and only as a type',
-      from: { path: '^src/engine/core/workflow\\.ts$' },
-      to: { path: '^src/', pathNot: [layer('core'), '^src/agents/context\\.ts$'] },
-    },
-    {
-      name: 'layer-core-workflow-type-only',
-      severity: 'error',
-      comment: 'core/workflow.ts imports agents/context.ts as a type only',
-      from: { path: '^src/engine/core/workflow\\.ts$' },
-      to: { path: '^src/agents/context\\.ts$', dependencyTypesNot: ['type-only'] },
-    },
+    layerRule('core', layer('core')),
     layerRule('observe', layer('observe')),
     layerRule('db', layer('db')),
-    layerRule('observe', layer('observe')),
     layerRule('client', layer('client')),
     layerRule('run', layer('run')),
     layerRule('steps', '^src/steps/'),

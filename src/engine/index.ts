@@ -57,6 +57,8 @@ import { RUNTIME_VERSION } from './core/version.js';
 export type { MeterProviderLike } from './observe/metrics.js';
 export type { SecretResolver } from './core/secrets.js';
 export type { TracerProviderLike } from './observe/tracing.js';
+// ctx's members are merged into core's WorkflowContext by agents/context.ts: whoever sees the Engine type sees them.
+export type { WorkflowContext } from '../agents/context.js';
 
 export interface EngineOptions {
   /** PostgreSQL URL; default process.env.DATABASE_URL. */

@@ -6,7 +6,7 @@ import { RUNTIME_MANIFEST } from './version.js';
 import { toJsonText } from './json.js';
 import { checkMigrations, type MigrateFunction } from './migration.js';
 import { Redaction } from './redaction.js';
-import type { WorkflowContext } from '../../agents/context.js';
+import type { WorkflowContext } from './workflow-context.js';
 
 /** Workflow, queue and version names: safe in task identifiers and never spliced into SQL. */
 export const NAME_PATTERN = /^[A-Za-z0-9][A-Za-z0-9_.-]{0,49}$/;
