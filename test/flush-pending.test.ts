@@ -23,7 +23,18 @@ describe('flushPending', () => {
     const runId = await startRun();
     const claimed = await claimOne(runId, 'wk-flush');
     const deps = { pool: db.pool, db: undefined as never, maxPayloadBytes: 1 << 20, log: () => {}, registerWorkflow: async () => {} };
-    const exec = new Execution(runId, BigInt(claimed.fencing_token), 1, [], deps, Date.now());
+    const exec = new Execution(
+      {
+        runId,
+        fencingToken: BigInt(claimed.fencing_token),
+        attempt: 1,
+        checkpoints: [],
+        claimedAt: Date.now(),
+        workflowName: claimed.workflow_name,
+        workflowVersion: claimed.workflow_version,
+      },
+      deps,
+    );
     exec.pendingCheckpoint = {
       seq: 0,
       name: 'a',

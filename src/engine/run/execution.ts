@@ -20,7 +20,7 @@ import { NO_CODEC, type Payloads } from '../core/payloads.js';
 import { Masker, type Redaction, type RedactSource } from '../core/redaction.js';
 import { assertStorable } from '../core/json.js';
 import { checkSecretName, type SecretResolver } from '../core/secrets.js';
-import type { Workflow } from '../core/workflow.js';
+import { workflowKey, type Workflow } from '../core/workflow.js';
 import type { CrashHook } from '../core/crash-points.js';
 import type { RunledgerDatabase } from '../db/schema.js';
 import type { CommitItem, CommitResult } from './commit-items.js';
@@ -33,7 +33,7 @@ export interface ChargeToSend {
   json: string | null;
 }
 
-/** The no-progress policy of the run's workflow for ctx.progress, set by the worker when it claims the run. */
+/** The no-progress policy of the run's workflow for ctx.progress, set by the worker once the run's context exists. */
 export interface NoProgressPolicy {
   limit: number;
   /** The workflow's onNoProgress, bound to the run's context; called once. */
@@ -101,6 +101,37 @@ export interface RunLimits {
   maxSteps: number | null;
   budget: number | null;
   budgetSpent: number;
+}
+
+/**
+ * What an execution starts from: the run as this worker claimed it (runledger._claim_batch,
+ * its payloads decoded) and the code that executes it. Fixed for the whole execution.
+ */
+export interface RunClaim {
+  runId: string;
+  /** The claim's new fencing token: every write of this execution is fenced by it. */
+  fencingToken: bigint;
+  /** 1 for the first execution of the run; +1 for every recovery after a lost lease. */
+  attempt: number;
+  /** The run's history, by step position: what the replay returns without running anything. */
+  checkpoints: ReadonlyArray<CheckpointRow>;
+  /** Date.now() at the claim (the worker's heartbeat compares it with its own sends). */
+  claimedAt: number;
+  workflowName: string;
+  workflowVersion: string;
+  /** runs.lineage_id: the run a chain of forks started from; none for a run never forked. */
+  lineageId?: string | null;
+  limits?: RunLimits;
+  /** The run's budgets as claimed (budget-state.ts budgetStateOf); none: no limits, nothing spent. */
+  budget?: BudgetState;
+  /** Last heartbeat progress per step position. */
+  progress?: Record<string, unknown> | null;
+  /** Lease length of the worker executing this run (for step heartbeats); default 30 s. */
+  leaseMs?: number;
+  /** The definition this worker serves the run with; none if it serves none (the run is then given back). */
+  workflow?: Pick<Workflow, 'versionManifest' | 'redaction'>;
+  /** This execution's span while a tracer provider records. */
+  trace?: ExecutionTrace;
 }
 
 /** How long a cancelled run's step in flight may take to finish and record its result. */
@@ -196,41 +227,23 @@ export class Execution {
   pendingCheckpoint: CheckpointRecord | undefined;
   /** The deferred checkpoint's write while it is on its way (see flushPending). */
   flushing: Promise<boolean> | undefined;
-  /** Lease length of the worker executing this run (for step heartbeats). */
-  leaseMs = 30_000;
-  /** workflow@version of the run (core/workflow.ts workflowKey). */
-  workflowKey = '';
-  #lineageId: string | undefined;
-  /** ctx.lineageId: the run a chain of forks started from (runs.lineage_id, set at claim), or this run. */
-  get lineageId(): string {
-    return this.#lineageId ?? this.runId;
-  }
-  set lineageId(lineageId: string) {
-    this.#lineageId = lineageId;
-  }
-  /** Last heartbeat progress per step position, loaded at claim. */
-  progress: Record<string, unknown> = {};
   /** What ctx.charge charged since the last checkpoint, per dimension; it commits with the next one. */
   pendingCharge: BudgetAmounts = {};
   /**
    * The run's budgets as this execution last saw them: as claimed, then kept up to date
    * by its own charges (and by what ctx.chargeNow's write returns).
    */
-  budgetState: BudgetState = { limits: {}, spent: {} };
-  /** The workflow's no-progress policy for ctx.progress (set by the worker at claim), and the rounds counted so far. */
+  budgetState: BudgetState;
+  /**
+   * The workflow's no-progress policy for ctx.progress. Set by the worker after
+   * construction, the one field that is: its onNoProgress is bound to the run's context,
+   * which is built on this execution.
+   */
   noProgressPolicy: NoProgressPolicy | undefined;
+  /** The rounds ctx.progress counted so far in this execution (created by its first call). */
   progressState: ProgressState | undefined;
-  /** The version manifest of the code executing the run: a non-determinism's evidence names it. */
-  codeManifest: Readonly<Record<string, unknown>> | undefined;
   /** ctx.patched's answer per patch id, so every call in one execution gets the same. */
   readonly patches = new Map<string, boolean>();
-  /** This execution's span (set by the worker at claim) while a tracer provider records; undefined otherwise. */
-  trace: ExecutionTrace | undefined;
-  /** The run's workflow name and version (for the secrets resolver). */
-  workflowName = '';
-  workflowVersion = '';
-  /** The workflow's redact paths (set by the worker at claim). */
-  redaction: Redaction | undefined;
   /**
    * The values this execution keeps out of what it writes: the secrets it resolved, and
    * the values its redact paths selected in the input, the step results, the signals and
@@ -262,14 +275,13 @@ export class Execution {
   }
 
   #runLog: LogFunction | undefined;
-  /** Bound once the worker has set the workflow (at claim); a line before that carries the run id alone. */
+  /** The engine's log bound to the run's fields, once. */
   private runLog(): LogFunction {
     if (this.#runLog) return this.#runLog;
     const fields: RunLogFields = { runId: this.runId, workflow: this.workflowName, version: this.workflowVersion || undefined };
     const { logFor, log } = this.deps;
-    const bound: LogFunction = logFor ? logFor(fields) : (level, message, meta) => log(level, message, { ...fields, ...meta });
-    if (this.workflowName) this.#runLog = bound;
-    return bound;
+    this.#runLog = logFor ? logFor(fields) : (level, message, meta) => log(level, message, { ...fields, ...meta });
+    return this.#runLog;
   }
 
   /**
@@ -393,15 +405,50 @@ export class Execution {
   readonly pendingCalls = new Map<number, PendingCall>();
   private callNumber = 0;
 
+  readonly runId: string;
+  readonly fencingToken: bigint;
+  readonly attempt: number;
+  readonly checkpoints: ReadonlyArray<CheckpointRow>;
+  readonly claimedAt: number;
+  readonly limits: RunLimits;
+  /** The run's workflow name and version (its log lines, metrics, the secrets resolver). */
+  readonly workflowName: string;
+  readonly workflowVersion: string;
+  /** workflow@version of the run (core/workflow.ts workflowKey). */
+  readonly workflowKey: string;
+  /** ctx.lineageId: the run a chain of forks started from (runs.lineage_id), or this run. */
+  readonly lineageId: string;
+  /** Last heartbeat progress per step position, loaded at claim. */
+  readonly progress: Readonly<Record<string, unknown>>;
+  /** Lease length of the worker executing this run (for step heartbeats). */
+  readonly leaseMs: number;
+  /** The version manifest of the code executing the run: a non-determinism's evidence names it. */
+  readonly codeManifest: Readonly<Record<string, unknown>> | undefined;
+  /** The workflow's redact paths. */
+  readonly redaction: Redaction | undefined;
+  /** This execution's span while a tracer provider records; undefined otherwise. */
+  readonly trace: ExecutionTrace | undefined;
+
   constructor(
-    readonly runId: string,
-    readonly fencingToken: bigint,
-    readonly attempt: number,
-    readonly checkpoints: ReadonlyArray<CheckpointRow>,
+    claim: RunClaim,
     readonly deps: ExecutionDeps,
-    readonly claimedAt: number,
-    readonly limits: RunLimits = { maxSteps: null, budget: null, budgetSpent: 0 },
   ) {
+    this.runId = claim.runId;
+    this.fencingToken = claim.fencingToken;
+    this.attempt = claim.attempt;
+    this.checkpoints = claim.checkpoints;
+    this.claimedAt = claim.claimedAt;
+    this.limits = claim.limits ?? { maxSteps: null, budget: null, budgetSpent: 0 };
+    this.budgetState = claim.budget ?? { limits: {}, spent: {} };
+    this.workflowName = claim.workflowName;
+    this.workflowVersion = claim.workflowVersion;
+    this.workflowKey = workflowKey(claim.workflowName, claim.workflowVersion);
+    this.lineageId = claim.lineageId || claim.runId;
+    this.progress = claim.progress ?? {};
+    this.leaseMs = claim.leaseMs ?? 30_000;
+    this.codeManifest = claim.workflow?.versionManifest;
+    this.redaction = claim.workflow?.redaction;
+    this.trace = claim.trace;
     this.halted = new Promise((resolve) => (this.resolveHalt = resolve));
   }
 

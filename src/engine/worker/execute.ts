@@ -11,9 +11,8 @@ import { streamsFlushed } from '../../steps/stream.js';
 import { checkPayloadSize, toJsonText } from '../core/json.js';
 import { storableJson, storableText } from '../core/storable.js';
 import { isConnectionError, pgCode } from '../db/pg-errors.js';
-import { workflowKey, type Verdict, type Workflow } from '../core/workflow.js';
+import type { Verdict, Workflow } from '../core/workflow.js';
 import { budgetStateOf } from '../run/budget-state.js';
-import type { ExecutionTrace } from '../observe/tracing.js';
 
 /** How long an infrastructure failure keeps a released run off the workers. */
 export const RELEASE_DELAY_MS = 1_000;
@@ -47,32 +46,37 @@ export async function executeClaimed(run: ClaimedRun, options: ExecuteOptions): 
   } catch (error) {
     unreadable = error;
   }
+  const workflow = options.resolveWorkflow(run.workflow_name, run.workflow_version);
+  const attempt = run.recovery_attempts + 1;
   const exec = new Execution(
-    run.run_id,
-    BigInt(run.fencing_token),
-    run.recovery_attempts + 1,
-    (decoded ?? run).checkpoints,
-    deps,
-    Date.now(),
     {
-      maxSteps: run.max_steps,
-      budget: run.budget === null ? null : Number(run.budget),
-      budgetSpent: Number(run.budget_spent),
+      runId,
+      fencingToken: BigInt(run.fencing_token),
+      attempt,
+      checkpoints: (decoded ?? run).checkpoints,
+      claimedAt: Date.now(),
+      workflowName: run.workflow_name,
+      workflowVersion: run.workflow_version,
+      lineageId: run.lineage_id,
+      limits: {
+        maxSteps: run.max_steps,
+        budget: run.budget === null ? null : Number(run.budget),
+        budgetSpent: Number(run.budget_spent),
+      },
+      budget: budgetStateOf(run),
+      progress: (decoded ?? run).progress,
+      leaseMs: options.leaseMs,
+      workflow,
+      trace: deps.tracing?.startExecution(run, attempt),
     },
+    deps,
   );
-  exec.budgetState = budgetStateOf(run);
-  exec.leaseMs = options.leaseMs;
-  exec.workflowKey = workflowKey(run.workflow_name, run.workflow_version);
-  exec.workflowName = run.workflow_name;
-  exec.workflowVersion = run.workflow_version;
-  if (run.lineage_id) exec.lineageId = run.lineage_id;
-  exec.progress = (decoded ?? run).progress ?? {};
-  exec.trace = traceExecution(exec, run);
+  recordTrace(exec);
   if (run.checkpoints.length > 0) deps.metrics?.resumed(run.workflow_name, run.workflow_version, run.recovery_attempts > 0);
   if (run.cancel_requested) exec.startCancelled();
   options.track(exec);
   try {
-    if (decoded) await replay(exec, decoded, options);
+    if (decoded) await replay(exec, decoded, workflow, options);
     else await releaseUnreadable(exec, unreadable);
   } catch (error) {
     // Our own bookkeeping failed (database unreachable...): give the run back, or let its lease expire.
@@ -87,12 +91,12 @@ export async function executeClaimed(run: ClaimedRun, options: ExecuteOptions): 
 }
 
 /**
- * This execution's span, when a tracer provider records (observe/tracing.ts); its
+ * This execution's span, when a tracer provider records (observe/tracing.ts): its
  * traceparent is recorded on the run (fenced, not awaited) for the next execution to link to.
  */
-function traceExecution(exec: Execution, run: ClaimedRun): ExecutionTrace | undefined {
-  const trace = exec.deps.tracing?.startExecution(run, exec.attempt);
-  if (!trace) return undefined;
+function recordTrace(exec: Execution): void {
+  const { trace } = exec;
+  if (!trace) return;
   exec.deps.pool
     .query('select runledger._trace_execution(p_run_id => $1, p_token => $2, p_traceparent => $3)', [
       exec.runId,
@@ -102,7 +106,6 @@ function traceExecution(exec: Execution, run: ClaimedRun): ExecutionTrace | unde
     .catch((error: unknown) =>
       exec.log('warn', `run ${exec.runId}: could not record the execution's span`, { error: serializeError(error) }),
     );
-  return trace;
 }
 
 /**
@@ -139,18 +142,15 @@ async function releaseUnreadable(exec: Execution, error: unknown): Promise<void>
 }
 
 /** The workflow replayed from its checkpoints and run on, and how it ended recorded. */
-async function replay(exec: Execution, run: ClaimedRun, options: ExecuteOptions): Promise<void> {
+async function replay(exec: Execution, run: ClaimedRun, workflow: Workflow<any, any> | undefined, options: ExecuteOptions): Promise<void> {
   const { deps } = options;
   const runId = run.run_id;
-  const workflow = options.resolveWorkflow(run.workflow_name, run.workflow_version);
   if (!workflow) {
     // Dispatch is per (workflow, version), so this only happens if a definition vanished mid-process.
     await release(exec, RELEASE_DELAY_MS, 'workflow_not_served');
     return;
   }
   const policyVersion = `${workflow.name}@${workflow.version}`;
-  exec.codeManifest = workflow.versionManifest;
-  exec.redaction = workflow.redaction;
   exec.observe({ root: 'input' }, run.input);
   let input: unknown = run.input;
   if (workflow.inputSchema) {
