@@ -90,7 +90,8 @@ GW_CALL=$(per "$(count gw "$(gw_series 100)")" "$(count gw "$(gw_series 600)")" 
 # A drained run: what a worker's group commit costs the server to complete a claimed
 # one-step run and claim the next, in batches of 16 (concurrency 16). Each statement
 # commits the batch the statement before it claimed and claims the next 16, through
-# _commit_and_claim_flat (_commit_and_claim in builds that do not have it); the table
+# _commit_and_claim with the claimed runs in columns (named _commit_and_claim_flat in builds
+# before 0.2.0; in the oldest builds only the JSON form exists); the table
 # claimed carries the claim from one statement to the next. The items are built in SQL,
 # the same way for every build (the worker builds them as JSON text).
 step "runledger: claimed and completed one-step runs (batches of 16)"
@@ -105,8 +106,9 @@ printf '%s\n' "create table public.claimed (run_id text, token text)" \
   | single drain >/dev/null
 POLICY=$(echo "select policy_version from runledger.runs limit 1" | single drain | grep -o 'policy_version = "[^"]*"' | cut -d'"' -f2)
 ITEMS="select coalesce(jsonb_agg(jsonb_build_object('op','complete','run_id',run_id,'token',token,'seq',0,'name','only','kind','step','status','SUCCEEDED','step_output',1,'attempts',1,'started_ms_ago',0,'output',null,'policy_version','$POLICY'::text)), '[]') as j from claimed"
-if echo "select count(*) from pg_proc where proname = '_commit_and_claim_flat'" | single drain | grep -q 'count = "1"'; then
-  BATCH="with items as ($ITEMS), cc as (select c.* from items, runledger._commit_and_claim_flat(items.j, 'w1', array['default'], array['bulk@v1'], 16, 30000) c), d as (delete from claimed), ins as (insert into claimed select cc.run_id, cc.fencing_token::text from cc where cc.item is null and cc.run_id is not null returning 1) select (select count(*) from cc where code is not null) as failed, (select count(*) from ins) as claimed;"
+FLAT_FN=$(echo "select coalesce((select proname from pg_proc where proname = '_commit_and_claim_flat'), (select proname from pg_proc where proname = '_commit_and_claim' and not 'claimed' = any(proargnames)), 'none') as f" | single drain | grep -o 'f = "[^"]*"' | cut -d'"' -f2)
+if [ "$FLAT_FN" != none ]; then
+  BATCH="with items as ($ITEMS), cc as (select c.* from items, runledger.${FLAT_FN}(items.j, 'w1', array['default'], array['bulk@v1'], 16, 30000) c), d as (delete from claimed), ins as (insert into claimed select cc.run_id, cc.fencing_token::text from cc where cc.item is null and cc.run_id is not null returning 1) select (select count(*) from cc where code is not null) as failed, (select count(*) from ins) as claimed;"
 else
   BATCH="with items as ($ITEMS), cc as (select c.* from items, runledger._commit_and_claim(items.j, 'w1', array['default'], array['bulk@v1'], 16, 30000) c), d as (delete from claimed), ins as (insert into claimed select cc.claimed->>'run_id', cc.claimed->>'fencing_token' from cc where cc.claimed->>'run_id' is not null returning 1) select (select count(*) from cc where code is not null) as failed, (select count(*) from ins) as claimed;"
 fi

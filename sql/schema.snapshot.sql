@@ -964,7 +964,7 @@ begin
     select coalesce(array_agg(ch.run_id order by ch.ord), '{}') into v_first from chosen ch;
   end if;
   if current_setting('runledger.admit_defer', true) = 'on' then
-    -- A group commit that claims next (_commit_and_claim_flat): the claim takes the runs it
+    -- A group commit that claims next (_commit_and_claim): the claim takes the runs it
     -- can straight from PENDING to RUNNING, and _admit_deferred admits the rest after it, so
     -- a run the same transaction claims is written once rather than twice.
     perform set_config('runledger.admit_deferred',
@@ -994,7 +994,7 @@ begin
   return v_count;
 end;
 $function$;
-COMMENT ON FUNCTION runledger._admit(text,integer) IS 'Admission for one queue, under its row lock: fills free slots (concurrency, per-key concurrency, rate limit; none when paused) with PENDING runs by priority (lower first), then fair turns across concurrency keys, then age, and dispatches them. Work-conserving. A round of at most 64 free slots first tries _admit_first_turns (the oldest waiting runs); otherwise, or when those do not settle it, it reads the head of every key with runs waiting. Under the setting runledger.admit_defer (a group commit with a claim, _commit_and_claim_flat) it leaves the round''s runs, with their admitted_at, to that claim and _admit_deferred. Returns how many it admitted.';
+COMMENT ON FUNCTION runledger._admit(text,integer) IS 'Admission for one queue, under its row lock: fills free slots (concurrency, per-key concurrency, rate limit; none when paused) with PENDING runs by priority (lower first), then fair turns across concurrency keys, then age, and dispatches them. Work-conserving. A round of at most 64 free slots first tries _admit_first_turns (the oldest waiting runs); otherwise, or when those do not settle it, it reads the head of every key with runs waiting. Under the setting runledger.admit_defer (a group commit with a claim, _commit_and_claim) it leaves the round''s runs, with their admitted_at, to that claim and _admit_deferred. Returns how many it admitted.';
 
 CREATE OR REPLACE FUNCTION runledger._admit_all(p_limit integer DEFAULT 1000)
  RETURNS integer
@@ -1052,7 +1052,7 @@ begin
    where r.run_id = d.id and r.status = 'PENDING' and r.admitted is not true;
 end;
 $function$;
-COMMENT ON FUNCTION runledger._admit_deferred() IS 'The end of _commit_and_claim_flat: admits the runs that admission rounds chose while the group commit deferred them (setting runledger.admit_deferred) and that its claim did not take, with the admitted_at each round gave them; clears the deferral.';
+COMMENT ON FUNCTION runledger._admit_deferred() IS 'The end of _commit_and_claim: admits the runs that admission rounds chose while the group commit deferred them (setting runledger.admit_deferred) and that its claim did not take, with the admitted_at each round gave them; clears the deferral.';
 
 CREATE OR REPLACE FUNCTION runledger._admit_first_turns(p_queue text, p_free integer, p_now timestamp with time zone)
  RETURNS text[]
@@ -1330,7 +1330,7 @@ CREATE OR REPLACE FUNCTION runledger._caller()
  STABLE PARALLEL SAFE
 AS $function$
   -- The role the caller acts as. current_user is the function's owner inside a SECURITY
-  -- DEFINER function (every public action is one, 0017_roles.sql); the setting `role`
+  -- DEFINER function (every public action is one, 0014_security.sql); the setting `role`
   -- keeps what SET ROLE chose, and is 'none' when the login acts as itself.
   select case when current_setting('role') = 'none' then session_user::text else current_setting('role') end
 $function$;
@@ -1591,7 +1591,7 @@ begin
     when tg_op = 'UPDATE' and old.status is distinct from new.status
          and (old.status::text || '>' || new.status::text) <> all (runledger._transition_pairs()) then 'runs_transition'
     -- An unbounded class plus length(), not {0,199}: a bounded repetition expands into a
-    -- large automaton (about 19 us per row against 0.4 us). A run_id never changes: an
+    -- large automaton, costly for every inserted row. A run_id never changes: an
     -- UPDATE is checked only if it changes one.
     when (tg_op = 'INSERT' or new.run_id is distinct from old.run_id)
          and (new.run_id !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]*$' or length(new.run_id) > 200) then 'runs_run_id_check'
@@ -1824,7 +1824,7 @@ begin
          limit p_limit - cardinality(v_ids)
          for update skip locked);
       -- Then the runs this transaction's admission rounds chose and deferred to this claim
-      -- (_commit_and_claim_flat), in their rounds' order: each goes from PENDING to RUNNING
+      -- (_commit_and_claim), in their rounds' order: each goes from PENDING to RUNNING
       -- in the one update below, with the admitted_at its round gave it; _admit_deferred
       -- admits the ones left. (`admitted is not true`: see _admit_deferred.)
       v_deferred := nullif(current_setting('runledger.admit_deferred', true), '')::jsonb;
@@ -1911,7 +1911,7 @@ begin
   end if;
 end;
 $function$;
-COMMENT ON FUNCTION runledger._claim_batch(text,text[],text[],integer,integer,text[]) IS 'Worker claim of up to p_limit runnable runs of the given queues and workflow@version keys, in one statement: CANCELLING runs without an owner, then due timers, then admitted PENDING runs by priority and age; in a queue with limits, by admitted_at, then the runs its own transaction''s admission rounds deferred to it (_commit_and_claim_flat). Rows are locked FOR UPDATE SKIP LOCKED, so workers never wait on each other. Each becomes RUNNING with fencing_token + 1 and a lease, and is returned with its checkpoints (and its traceparent and the previous execution''s, for tracing, and its lineage_id, null for a run never forked). Runs past their deadline are TERMINATED on the way; a due timer in a queue with limits is woken into admission. When fewer than p_limit were claimed, a last row with run_id null gives next_due_in_ms, the milliseconds until the next delayed start or timer on the database clock (null if none). p_reclaim_except (the runs the worker is executing) also takes back this worker''s other runs: a claim whose reply was lost.';
+COMMENT ON FUNCTION runledger._claim_batch(text,text[],text[],integer,integer,text[]) IS 'Worker claim of up to p_limit runnable runs of the given queues and workflow@version keys, in one statement: CANCELLING runs without an owner, then due timers, then admitted PENDING runs by priority and age; in a queue with limits, by admitted_at, then the runs its own transaction''s admission rounds deferred to it (_commit_and_claim). Rows are locked FOR UPDATE SKIP LOCKED, so workers never wait on each other. Each becomes RUNNING with fencing_token + 1 and a lease, and is returned with its checkpoints (and its traceparent and the previous execution''s, for tracing, and its lineage_id, null for a run never forked). Runs past their deadline are TERMINATED on the way; a due timer in a queue with limits is woken into admission. When fewer than p_limit were claimed, a last row with run_id null gives next_due_in_ms, the milliseconds until the next delayed start or timer on the database clock (null if none). p_reclaim_except (the runs the worker is executing) also takes back this worker''s other runs: a claim whose reply was lost.';
 
 CREATE OR REPLACE FUNCTION runledger._clear_retention(p_kind text, p_workflow_name text DEFAULT NULL::text)
  RETURNS boolean
@@ -1927,29 +1927,6 @@ $function$;
 COMMENT ON FUNCTION runledger._clear_retention(text,text) IS 'The action behind runledger.clear_retention (which records it in audit_log): removes one rule; returns whether there was one.';
 
 CREATE OR REPLACE FUNCTION runledger._commit_and_claim(p_items jsonb, p_worker_id text, p_queues text[], p_workflows text[], p_limit integer, p_lease_ms integer)
- RETURNS TABLE(item integer, code text, message text, run_status text, claimed jsonb)
- LANGUAGE plpgsql
- SECURITY DEFINER
- SET enable_seqscan TO 'off'
- SET jit TO 'off'
- SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
-AS $function$
-begin
-  return query select b.item, b.code, b.message, b.run_status, null::jsonb from runledger._commit_batch(p_items) b;
-  begin
-    -- Rows as _claim_batch returns them (a claimed run each, and the row with only
-    -- next_due_in_ms when fewer than p_limit were claimed), one JSON object per row.
-    return query select null::int, null::text, null::text, null::text, to_jsonb(c)
-      from runledger._claim_batch(p_worker_id, p_queues, p_workflows, p_limit, p_lease_ms) c;
-  exception when others then
-    -- The items stand; only the claim is lost (its runs stay claimable).
-    return query select null::int, sqlstate::text, sqlerrm, null::text, null::jsonb;
-  end;
-end;
-$function$;
-COMMENT ON FUNCTION runledger._commit_and_claim(jsonb,text,text[],text[],integer,integer) IS 'Group commit (_commit_batch) and then a claim (_claim_batch) in one transaction. Rows with item set answer the items; rows with item null carry the claim''s rows as JSON in claimed, or, when the claim failed, its SQLSTATE and message (the items are committed regardless).';
-
-CREATE OR REPLACE FUNCTION runledger._commit_and_claim_flat(p_items jsonb, p_worker_id text, p_queues text[], p_workflows text[], p_limit integer, p_lease_ms integer)
  RETURNS TABLE(item integer, code text, message text, run_status text, run_id text, workflow_name text, workflow_version text, input jsonb, fencing_token bigint, recovery_attempts integer, max_steps integer, budget numeric, budget_spent numeric, budget_limits jsonb, budget_used jsonb, cancel_requested boolean, checkpoints jsonb, progress jsonb, next_due_in_ms bigint, traceparent text, execution_traceparent text, lineage_id text)
  LANGUAGE plpgsql
  SECURITY DEFINER
@@ -1986,7 +1963,7 @@ begin
   perform runledger._admit_deferred();
 end;
 $function$;
-COMMENT ON FUNCTION runledger._commit_and_claim_flat(jsonb,text,text[],text[],integer,integer) IS 'Group commit (_commit_batch) and then a claim (_claim_batch) in one transaction; the commit''s admission rounds defer their runs to the claim, which takes what it can from PENDING straight to RUNNING, and _admit_deferred admits the rest. Rows with item set answer the items; rows with item null carry the claim''s rows in _claim_batch''s columns, or, when the claim failed, its SQLSTATE and message in code and message (the items are committed regardless). _commit_and_claim does the same with the claimed runs as JSON.';
+COMMENT ON FUNCTION runledger._commit_and_claim(jsonb,text,text[],text[],integer,integer) IS 'Group commit (_commit_batch) and then a claim (_claim_batch) in one transaction; the commit''s admission rounds defer their runs to the claim, which takes what it can from PENDING straight to RUNNING, and _admit_deferred admits the rest. Rows with item set answer the items; rows with item null carry the claim''s rows in _claim_batch''s columns, or, when the claim failed, its SQLSTATE and message in code and message (the items are committed regardless). _commit_and_claim does the same with the claimed runs as JSON.';
 
 CREATE OR REPLACE FUNCTION runledger._commit_batch(p_items jsonb)
  RETURNS TABLE(item integer, code text, message text, run_status text)
@@ -2150,7 +2127,7 @@ begin
        -- By run_id alone: the completions drive the join (a function scan, estimated at one
        -- row whatever the statistics say), each finding its run by the primary key. With
        -- `and r.run_id = any(v_ids)` too, every probe sorted the whole array again (its
-       -- index condition is prepared per probe): 34,000 instructions per completed run.
+       -- index condition is prepared per probe).
        and r.run_id = e.value->>'run_id'
     returning r.run_id, r.fencing_token, r.parent_run_id, r.queue_name, r.termination_evidence
   ), logged as (
@@ -2815,7 +2792,7 @@ begin
     v_now + (v_src.deadline_at - v_src.created_at), v_src.max_recovery_attempts,
     v_manifest || jsonb_build_object('forked_from', p_run_id, 'from_step', p_from_step),
     v_src.max_steps, v_src.budget, v_src.no_progress, v_src.retry_budget, v_src.policy_version, v_now, v_now,
-    -- ctx.lineageId: the run the chain of forks started from (0032_undone_effects_and_lineage.sql).
+    -- ctx.lineageId: the run the chain of forks started from.
     coalesce(v_src.lineage_id, v_src.run_id));
   -- Finished checkpoints before from_step are reused: those steps do not run again in the fork.
   insert into runledger.steps (run_id, seq, name, kind, status, output, error, attempts, started_at, finished_at, fencing_token, output_hash)
@@ -3625,7 +3602,7 @@ begin
       elsif v_kind = 'session_entries' then
         -- Whole idle sessions (free, nobody queued): a batch takes sessions until their
         -- entries reach p_batch (at least one session, however long its history).
-        -- A session is keyed by its id and tenant (0033_tenant_sessions_and_shared_actions.sql).
+        -- A session is keyed by its id and tenant.
         if p_dry_run then
           select coalesce(sum(s.entry_count), 0) into v_n from runledger.sessions s
            where s.holder_run_id is null and s.updated_at < v_cutoff
@@ -4330,7 +4307,7 @@ CREATE OR REPLACE FUNCTION runledger._session_check_id(p_session_id text)
  IMMUTABLE
 AS $function$
 begin
-  -- Unbounded class plus length(): see the note on runs_run_id_insert in 0001_schema.sql.
+  -- Unbounded class plus length(): as for a run_id (_check_run, 0002_runs.sql).
   -- At most 92 characters, so that the wake-up topic 'session:<id>' fits a topic's 100.
   if p_session_id is null or p_session_id !~ '^[A-Za-z0-9][A-Za-z0-9_.:/-]*$' or length(p_session_id) > 92 then
     raise exception using errcode = 'RL003',
@@ -4450,7 +4427,7 @@ begin
   if exists (select 1 from runledger.session_waiters w where w.run_id = new.run_id)
      or exists (select 1 from runledger.sessions s where s.holder_run_id = new.run_id) then
     delete from runledger.session_waiters where run_id = new.run_id;
-    -- A run holds only sessions of its own tenant (0033_tenant_sessions_and_shared_actions.sql).
+    -- A run holds only sessions of its own tenant.
     for v_session in
       select s.session_id from runledger.sessions s where s.holder_run_id = new.run_id order by s.session_id for update
     loop
@@ -4648,7 +4625,7 @@ begin
   v_t.budget_spent := 0;
   -- The row, then its events: nothing is logged when ON CONFLICT kept the row out. Two
   -- plain statements cost less than one that joins the inserted row to a list of events
-  -- and sorts them (its executor set-up: 5 % of a start_run call, callgrind, PostgreSQL 15).
+  -- and sorts them.
   insert into runledger.runs (
     run_id, workflow_name, workflow_version, queue_name, status, input, admitted, not_before, priority, concurrency_key,
     idempotency_key, tenant_id, parent_run_id, deadline_at, max_recovery_attempts, version_manifest, max_steps, budget,
@@ -4973,8 +4950,7 @@ begin
   v_t.workflow_name := v_wf.workflow_name;
   v_t.workflow_version := v_wf.workflow_version;
   v_t.queue_name := v_queue;
-  -- The rule of _queue_limited, written out: the call cost 27,000 instructions, 3 % of a
-  -- start_run call (callgrind, PostgreSQL 15).
+  -- The rule of _queue_limited, written out (a call per start costs more than the rule).
   v_t.admitted := not exists (select 1 from runledger.queues q
                                where q.name = v_queue
                                  and (q.concurrency is not null or q.per_key_concurrency is not null
@@ -5007,8 +4983,7 @@ begin
   v_t.retry_budget := (v_opts->>'retry_budget')::int;
   -- The policy a run is held to, named by what it contains: kept in its termination record.
   -- Most runs have no limit but max_recovery_attempts: their text is written out as jsonb
-  -- prints it (keys by length), which costs a sixth of building the jsonb object and
-  -- printing it (30,000 instructions, 4 % of a start_run call; callgrind, PostgreSQL 15).
+  -- prints it (keys by length), far cheaper than building the jsonb object and printing it.
   -- test/sql/start-run.test.ts checks that both give the same name.
   if v_deadline is null and v_opts->'max_steps' is null and v_opts->'budget' is null and v_opts->'no_progress' is null
      and (v_opts->'max_recovery_attempts' is null or jsonb_typeof(v_opts->'max_recovery_attempts') = 'number') then
@@ -5638,7 +5613,7 @@ AS $function$
 declare
   v_found boolean;
 begin
-  -- The rules apply to every tenant's data (0018_tenants.sql).
+  -- The rules apply to every tenant's data (0014_security.sql).
   perform runledger._check_not_tenant_bound('clear_retention');
   v_found := runledger._clear_retention(p_kind, p_workflow_name);
   perform runledger._audit('clear_retention', null, p_kind, jsonb_build_object('workflow_name', p_workflow_name), to_jsonb(v_found));
@@ -6136,7 +6111,7 @@ AS $function$
 declare
   v_queue runledger.queues;
 begin
-  -- Queues are shared by every tenant (0018_tenants.sql).
+  -- Queues are shared by every tenant (0014_security.sql).
   perform runledger._check_not_tenant_bound('set_queue');
   v_queue := runledger._set_queue(p_name, p_options);
   perform runledger._audit('set_queue', null, p_name, p_options, to_jsonb(v_queue));
@@ -6154,7 +6129,7 @@ CREATE OR REPLACE FUNCTION runledger.set_retention(p_kind text, p_keep interval,
  SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 begin
-  -- The rules apply to every tenant's data (0018_tenants.sql).
+  -- The rules apply to every tenant's data (0014_security.sql).
   perform runledger._check_not_tenant_bound('set_retention');
   perform runledger._set_retention(p_kind, p_keep, p_workflow_name);
   perform runledger._audit('set_retention', null, p_kind,
@@ -6199,8 +6174,7 @@ declare
   -- Ids made here are ULIDs that sort in input order: this statement's milliseconds (10
   -- characters) and 35 random bits (7), both drawn once, then the input's position as 9
   -- decimal digits (Crockford base32 characters too; a jsonb array holds at most 2^28 - 1
-  -- elements, fewer than 10^9). Per row that is one lpad: encoding 80 bits per row cost
-  -- 8 % of a row's instructions (callgrind, PostgreSQL 15). Two statements in the same
+  -- elements, fewer than 10^9). Per row that is one lpad, not 80 bits encoded. Two statements in the same
   -- millisecond collide only if their 35 random bits do, and then the second fails on the
   -- primary key (23505) rather than taking the first one's runs for its own.
   v_id_prefix text := runledger._base32_10((extract(epoch from clock_timestamp()) * 1000)::bigint)

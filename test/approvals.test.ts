@@ -19,7 +19,7 @@ const ROLES = [SENIOR, MEMBER, OUTSIDER];
 beforeAll(async () => {
   for (const role of ROLES) {
     await db.pool.query(`create role ${role} nologin`);
-    // What an operator's login is given (0017_roles.sql): the operator actions and reads.
+    // What an operator's login is given (sql/0014_security.sql): the operator actions and reads.
     await db.pool.query(`grant runledger_operator to ${role}`);
   }
   await db.pool.query(`grant ${SENIOR} to ${MEMBER}`);

@@ -5,7 +5,7 @@ import { createTestClock, createTestEngine } from '../src/testing/index.js';
 import { useTestEngine } from './helpers/test-engine.js';
 
 /**
- * Artifacts (src/agents/artifact.ts, sql/0014_artifacts.sql): recorded exactly once with
+ * Artifacts (src/agents/artifact.ts, sql/0012_agents.sql): recorded exactly once with
  * their step's checkpoint, content stored once by sha256 across runs, and a 50 MB step
  * result stored by reference so the checkpoint stays small, read back equal on a replay.
  * Crashes are in-process (crashAt, manual workers, a test clock): no process is needed to

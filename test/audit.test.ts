@@ -25,7 +25,7 @@ let parent: Workflow<any, any>;
 let failing: Workflow<any, any>;
 beforeAll(async () => {
   await db.pool.query(`create role ${ROLE} nologin`);
-  // What an operator's login is given (0017_roles.sql): the operator actions and reads.
+  // What an operator's login is given (sql/0014_security.sql): the operator actions and reads.
   await db.pool.query(`grant runledger_operator to ${ROLE}`);
   operator = new pg.Client({ connectionString: db.url });
   await operator.connect();

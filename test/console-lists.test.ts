@@ -1,7 +1,7 @@
 /**
  * The console's run lists on a table with history and statistics that lag: each page with a
  * status or workflow filter is a merge of (status, workflow) ranges of runs_console
- * (sql/0021_console.sql). This file checks, on 30,000 runs of six workflows inserted after
+ * (sql/0011_views.sql). This file checks, on 30,000 runs of six workflows inserted after
  * the table was analysed empty, that every page and count equals the plain query it stands
  * for (the same filters, `order by run_id`), page after page in both directions, and that
  * no plan reads runs by sequential scan.

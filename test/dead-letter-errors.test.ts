@@ -8,7 +8,7 @@ import { waitFor } from './helpers/database.js';
 /**
  * A run that ends DEAD_LETTER carries the last error that put it there (class, code,
  * message, SQLSTATE) in runs.error and in evidence.last_error: never error = NULL
- * (sql/0034_dead_letter_errors.sql, docs/state-machine.md).
+ * (sql/0004_claim_and_leases.sql, docs/state-machine.md).
  */
 const t = useTestEngine({ engine: { codec: aesGcmCodec({ keys: { k1: randomBytes(32).toString('base64') }, activeKey: 'k1' }) } });
 const { db } = t;

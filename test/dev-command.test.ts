@@ -7,6 +7,7 @@
  *   the worker recorded as stopped (not lost: it released its lease and said so).
  * - Without any database: it starts an embedded PostgreSQL in the given data folder, the
  *   console answers, and SIGINT stops the server too (its port refuses connections after).
+ *   Started again on a dev database another build migrated, it makes that database again.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
@@ -14,6 +15,7 @@ import { createConnection } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import pg from 'pg';
 import { afterAll, describe, expect, it } from 'vitest';
 import { useTestEngine } from './helpers/test-engine.js';
 import { waitFor } from './helpers/database.js';
@@ -129,9 +131,33 @@ describe('runledger dev', () => {
       const serverDir = await printed(dev, 'data folder');
       const port = Number(new URL(url).port);
       expect(await portOpen(port)).toBe(true);
+      // As a build of runledger with other migrations leaves it (0.1.0's, say): one checksum differs.
+      const tamper = new pg.Client({ connectionString: url });
+      await tamper.connect();
+      await tamper.query(`update runledger.migrations set checksum = repeat('0', 64) where version = 2`);
+      await tamper.query(`create table public.left_by_the_other_build (id int)`);
+      await tamper.end();
       dev.child.kill('SIGINT');
       expect(await dev.exited).toBe(0);
       expect(await portOpen(port)).toBe(false);
+
+      // Started again on that data folder: the dev database is made again and migrated, not refused.
+      const again = startDev(['--module', 'test/fixtures/cli-workflows.ts', '--port', '0', '--data-dir', dataDir], env);
+      const againConsole = await printed(again, 'console', 120_000);
+      expect(again.output()).toMatch(/the dev database was migrated by another build of runledger \(.*0002_runs.*\): making it again/);
+      expect((await fetch(againConsole)).status).toBe(200);
+      const check = new pg.Client({ connectionString: await printed(again, 'DATABASE_URL') });
+      await check.connect();
+      try {
+        const leftovers = await check.query(`select to_regclass('public.left_by_the_other_build') as t`);
+        expect(leftovers.rows[0].t).toBeNull();
+        const sums = await check.query(`select count(*)::int as n from runledger.migrations where checksum = repeat('0', 64)`);
+        expect(sums.rows[0].n).toBe(0);
+      } finally {
+        await check.end();
+      }
+      again.child.kill('SIGINT');
+      expect(await again.exited).toBe(0);
       rmSync(serverDir, { recursive: true, force: true });
     } finally {
       rmSync(dataDir, { recursive: true, force: true });

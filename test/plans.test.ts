@@ -303,7 +303,7 @@ const READY_CLAIM =
 
 /**
  * _claim_batch keeps one generic plan per statement (plan_cache_mode = force_generic_plan,
- * sql/0019_tracing.sql): the read of the ready runs must be runs_ready read in its own order,
+ * sql/0004_claim_and_leases.sql): the read of the ready runs must be runs_ready read in its own order,
  * the first rows only, whatever the statistics said when the plan was made; a sort would
  * read every ready run of the queue on each claim.
  */
@@ -337,7 +337,7 @@ function expectBatchedStartsAndAdmission(found: ScenarioFindings): void {
       s.query,
     ).toEqual(['Index Scan on runs using runs_pkey']);
   }
-  // A group commit with a claim defers its rounds' runs to the claim (_commit_and_claim_flat):
+  // A group commit with a claim defers its rounds' runs to the claim (_commit_and_claim):
   // the claim reads them, and _admit_deferred admits the rest, by their key too.
   const deferred = found.statements.filter(
     (x) =>
@@ -467,7 +467,7 @@ async function newDatabaseScenario(target: TestDatabase): Promise<ScenarioFindin
 
 /**
  * One admission round deferred to a claim, as a group commit with a claim runs it
- * (_commit_and_claim_flat): the round chooses three runs of a queue with limits, the claim
+ * (_commit_and_claim): the round chooses three runs of a queue with limits, the claim
  * takes one of them from PENDING straight to RUNNING, and _admit_deferred admits the other
  * two. Driven here rather than left to the worker, whose group commits defer a round only
  * when a completion frees a slot while runs wait: whether that happens while the plans are

@@ -6,7 +6,7 @@ import { runCli } from './helpers/cli.js';
 import type { Engine } from '../src/index.js';
 
 /**
- * Retention (sql/0020_retention.sql, docs/retention.md): runledger.prune_due applies the
+ * Retention (sql/0013_retention.sql, docs/retention.md): runledger.prune_due applies the
  * rules of runledger.retention per kind and per workflow, in batches, and never removes a
  * run that is not finished, the source of a live fork lineage, the parent or child of a
  * live run, or a run whose idempotency key a rule still holds. The workers apply it on

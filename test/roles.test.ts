@@ -8,7 +8,7 @@ import { sqlState } from './helpers/sql-errors.js';
 import { useTestEngine } from './helpers/test-engine.js';
 
 /**
- * The three database roles (sql/0017_roles.sql): each may do exactly its list and is
+ * The three database roles (sql/0014_security.sql): each may do exactly its list and is
  * refused the rest with 42501; no role writes a table; the listed functions are SECURITY
  * DEFINER with a search_path a caller's schema cannot hijack, except the pure ones, which
  * run as their caller and are inlined (sql/0023_inlined_functions.sql); and a worker and an
@@ -79,7 +79,6 @@ const EXPECTED: Record<string, string[]> = {
     '_trace_execution',
     '_commit_batch',
     '_commit_and_claim',
-    '_commit_and_claim_flat',
     '_checkpoint',
     '_checkpoint_outcome',
     '_charge_now',

@@ -5,7 +5,7 @@ import { useTestEngine } from './helpers/test-engine.js';
 import { runCli } from './helpers/cli.js';
 
 /**
- * Sessions (src/agents/session.ts, sql/0013_sessions.sql) with an in-process worker:
+ * Sessions (src/agents/session.ts, sql/0012_agents.sql) with an in-process worker:
  * two runs on one session are serialised (the second WAITING, holding no worker), a run
  * that ends in any way lets the next one in, bad input is refused with a code and stores
  * nothing, and the history reads the same from SQL, the CLI and the workflow. The crash

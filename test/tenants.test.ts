@@ -6,13 +6,13 @@ import { sqlState } from './helpers/sql-errors.js';
 import { useTestEngine } from './helpers/test-engine.js';
 
 /**
- * Tenant isolation (sql/0018_tenants.sql): once runledger.enable_tenant_isolation() has
+ * Tenant isolation (sql/0014_security.sql): once runledger.enable_tenant_isolation() has
  * run, a reader or operator whose session names a tenant sees and acts on that tenant's
  * runs only (runs, steps, events, signals, approvals, operations, streams, sessions,
  * audit rows, and every view), a session naming none sees nothing, workers see all, and
  * a child run or a fork keeps its tenant. What every tenant shares (queues, retention rules,
  * pruning, artifact blobs) is refused to a tenant's operator, and an agent session belongs
- * to the tenant of the runs that use it (sql/0033_tenant_sessions_and_shared_actions.sql).
+ * to the tenant of the runs that use it.
  */
 const t = useTestEngine({ engine: false });
 const { db } = t;

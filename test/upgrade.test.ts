@@ -14,9 +14,11 @@
  * 4. Three migrators of this build at once on a second database left by the previous
  *    release: all three succeed (the losers wait for the winner's lock and find nothing to do).
  *
- * The previous release is the last one before this build's migrations: bump
- * PREVIOUS_RELEASE when a release lands. Without that commit in the git history (a shallow
- * clone, a tarball) the test is skipped with the reason printed as a warning.
+ * The previous release is the commit that last changed sql/released.sha256 (cutting a release
+ * lists its files there, sql/README.md), so the drill follows each release by itself:
+ * between releases it upgrades across every migration written since, and at a release it
+ * runs the released build's workers beside this build's. Without that commit in the git
+ * history (a tarball) the test is skipped with the reason printed as a warning.
  */
 import { execFileSync } from 'node:child_process';
 import { mkdtempSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
@@ -31,22 +33,26 @@ import { FIXTURE_TABLES } from './fixtures/workflows.js';
 import { waitFor } from './helpers/database.js';
 import { spawnWorker, type WorkerProcess } from './helpers/worker-process.js';
 
-/** main at the end of the stop that shipped migrations 0001–0018. */
-const PREVIOUS_RELEASE = '4a17a179cd489baf9496f6997ca6f158ba78f506';
 const ROOT = fileURLToPath(new URL('..', import.meta.url));
 const UPGRADE_WORKER = fileURLToPath(new URL('./fixtures/upgrade-worker.ts', import.meta.url));
 
-function previousReleaseMissing(): string | undefined {
+/** The commit of the last release: the last to change sql/released.sha256. */
+function previousRelease(): { commit: string } | { missing: string } {
   try {
-    execFileSync('git', ['-C', ROOT, 'cat-file', '-e', `${PREVIOUS_RELEASE}^{commit}`], { stdio: 'ignore' });
-    return undefined;
-  } catch {
-    return `commit ${PREVIOUS_RELEASE} is not in this checkout's git history`;
+    const commit = execFileSync('git', ['-C', ROOT, 'log', '-1', '--format=%H', '--', 'sql/released.sha256'], {
+      encoding: 'utf8',
+      stdio: ['ignore', 'pipe', 'ignore'],
+    }).trim();
+    return commit ? { commit } : { missing: 'no commit in this checkout changed sql/released.sha256' };
+  } catch (error) {
+    return { missing: `no git history here (${(error as Error).message.split('\n')[0]})` };
   }
 }
 
-const missing = previousReleaseMissing();
-if (missing) console.warn(`UPGRADE DRILL SKIPPED: ${missing} (a shallow clone or a tarball); run it in a full clone`);
+const release = previousRelease();
+const missing = 'missing' in release ? release.missing : undefined;
+const PREVIOUS_RELEASE = 'commit' in release ? release.commit : '';
+if (missing) console.warn(`UPGRADE DRILL SKIPPED: ${missing} (a tarball); run it in a git clone`);
 
 const adminUrl = inject('adminUrl');
 const databases: string[] = [];

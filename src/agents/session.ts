@@ -18,7 +18,7 @@ export type SessionRole = 'system' | 'user' | 'assistant' | 'tool';
 export const SESSION_ROLES: readonly SessionRole[] = ['system', 'user', 'assistant', 'tool'];
 
 /**
- * A session id is a name (the same rule as sql/0013_sessions.sql): letters, digits and
+ * A session id is a name (the same rule as sql/0012_agents.sql): letters, digits and
  * `_ . : / -`, starting with a letter or digit, at most 92 characters, so that its
  * wake-up topic `session:<id>` fits a topic's 100.
  */
@@ -167,7 +167,7 @@ class HeldSession implements Session {
       created_at: Date;
     }>(
       // The session of this run's tenant: another tenant's session of the same id is another
-      // history (sql/0033_tenant_sessions_and_shared_actions.sql).
+      // history.
       `select seq, role, content, run_id, step_position, created_at from runledger.session_entries
         where session_id = $1 and tenant_id = coalesce((select r.tenant_id from runledger.runs r where r.run_id = $3), '')
           and (seq <= $2 or (run_id = $3 and step_position < $4))

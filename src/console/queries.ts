@@ -1,5 +1,5 @@
 /**
- * What the console reads: the views and tables psql users read (sql/0010_views.sql), and
+ * What the console reads: the views and tables psql users read (sql/0011_views.sql), and
  * the queries the CLI shares (src/engine/client/reads.ts). Every list is bounded.
  */
 import type pg from 'pg';
@@ -96,7 +96,7 @@ const WORKFLOWS_IN_STATUS = `
  *
  * Without a status or workflow filter the page is a range of the primary key. With one, it
  * is the first rows of a merge: each (status, workflow) pair the filters allow is a range of
- * runs_console (sql/0021_console.sql) already in run_id order, read up to a page each.
+ * runs_console (sql/0011_views.sql) already in run_id order, read up to a page each.
  */
 export async function listRuns(
   pool: pg.Pool,
@@ -157,7 +157,7 @@ export const COUNT_CAP = 10_000;
  * status link would list).
  *
  * Without another filter, each status is counted up to COUNT_CAP + 1 (COUNT_CAP + 1 reads
- * "more than COUNT_CAP"): an index-only range of runs_console (sql/0021_console.sql) per
+ * "more than COUNT_CAP"): an index-only range of runs_console (sql/0011_views.sql) per
  * status that stops at the cap, so the cost does not grow with the table. An exact count of
  * every status read the whole index: about 100 ms at 1,000,000 runs, and growing.
  *

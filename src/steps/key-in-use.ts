@@ -3,7 +3,7 @@ import { pgCode } from '../engine/db/pg-errors.js';
 import { constraintViolation } from '../engine/run/halts.js';
 import type { Execution } from '../engine/run/execution.js';
 
-/** The partial unique index on operations.idempotency_key (sql/0006_operations.sql): one operation per key, forks aside. */
+/** The partial unique index on operations.idempotency_key (sql/0007_operations.sql): one operation per key, forks aside. */
 const KEY_INDEX = 'operations_idempotency_key';
 
 /** An operation's intent was refused because another run's operation holds its idempotency key. */

@@ -31,7 +31,7 @@ export function stepItem(
   };
 }
 
-/** The group commit (runledger._commit_batch) and the completion fast path (sql/0009_group_commit.sql), in plain SQL. */
+/** The group commit (runledger._commit_batch) and the completion fast path (sql/0005_steps_and_commit.sql), in plain SQL. */
 export function commitHelpers(db: TestDatabase) {
   const { getRun, events } = runHelpers(db);
 

@@ -171,7 +171,7 @@ export async function schemaSnapshot(client: pg.ClientBase, schema = 'runledger'
     ).rows;
     const lines = columns.map((c) => {
       let line = `  ${c.name} ${c.type}`;
-      // A collation other than the type's own (sql/0030_bytewise_text.sql: "C" on every text column).
+      // A collation other than the type's own ("C" on every text column, sql/README.md).
       if (c.collation != null) line += ` COLLATE ${c.collation}`;
       if (c.generated === 's') line += ` GENERATED ALWAYS AS (${c.default}) STORED`;
       else if (c.default != null) line += ` DEFAULT ${c.default}`;

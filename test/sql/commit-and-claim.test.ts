@@ -1,7 +1,6 @@
 /**
- * runledger._commit_and_claim_flat, the worker's group commit with a claim riding on it:
- * the items' answers, then the claim's rows in _claim_batch's own columns (and
- * _commit_and_claim, which earlier builds' workers still call, with the same claim as JSON).
+ * runledger._commit_and_claim, the worker's group commit with a claim riding on it:
+ * the items' answers, then the claim's rows in _claim_batch's own columns.
  */
 import { describe, expect, it } from 'vitest';
 import pg from 'pg';
@@ -30,7 +29,7 @@ async function drainQueue(): Promise<void> {
   await db.pool.query(`select * from runledger._claim_batch('drainer', array['default'], array['w@1'], 100000, 60000)`);
 }
 
-describe('runledger._commit_and_claim_flat', () => {
+describe('runledger._commit_and_claim', () => {
   it('answers each item, then returns the claimed runs in _claim_batch columns and the next-due row', async () => {
     await drainQueue();
     const done = await startRun();
@@ -38,7 +37,7 @@ describe('runledger._commit_and_claim_flat', () => {
     const next = await startRun({}, { n: 2 });
 
     const { rows } = await db.pool.query(
-      `select ${COLUMNS} from runledger._commit_and_claim_flat($1::jsonb, 'wk-flat', array['default'], array['w@1'], 5, 30000)`,
+      `select ${COLUMNS} from runledger._commit_and_claim($1::jsonb, 'wk-flat', array['default'], array['w@1'], 5, 30000)`,
       [JSON.stringify([completion(done, token)])],
     );
     // The item: committed, the run succeeded with its output.
@@ -71,7 +70,7 @@ describe('runledger._commit_and_claim_flat', () => {
     const done = await startRun();
     const token = Number((await claimOne(done)).fencing_token);
     const { rows } = await db.pool.query(
-      `select ${COLUMNS} from runledger._commit_and_claim_flat($1::jsonb, 'wk-flat', array['default'], array['w@1'], 0, 30000)`,
+      `select ${COLUMNS} from runledger._commit_and_claim($1::jsonb, 'wk-flat', array['default'], array['w@1'], 0, 30000)`,
       [JSON.stringify([completion(done, token)])],
     );
     expect(rows).toHaveLength(2);
@@ -80,22 +79,6 @@ describe('runledger._commit_and_claim_flat', () => {
     expect(rows[1]).toMatchObject({ item: null, code: 'RL003', run_id: null });
     expect(rows[1].message).toMatch(/limit must be >= 1/);
     expect((await getRun(done))?.status).toBe('SUCCEEDED');
-  });
-
-  it('claims what _commit_and_claim claims, which still returns the runs as JSON', async () => {
-    await drainQueue();
-    const first = await startRun({}, { n: 'a' });
-    const second = await startRun({}, { n: 'b' });
-    const flat = await db.pool.query(
-      `select ${COLUMNS} from runledger._commit_and_claim_flat('[]'::jsonb, 'wk-a', array['default'], array['w@1'], 1, 30000)`,
-    );
-    const json = await db.pool.query(
-      `select item, code, claimed from runledger._commit_and_claim('[]'::jsonb, 'wk-b', array['default'], array['w@1'], 1, 30000)`,
-    );
-    expect(flat.rows.map((r) => r.run_id)).toEqual([first]);
-    expect(json.rows.map((r) => r.claimed?.run_id)).toEqual([second]);
-    const { item: _item, code: _code, message: _message, run_status: _status, ...columns } = flat.rows[0];
-    expect(Object.keys(json.rows[0].claimed).sort()).toEqual(Object.keys(columns).sort());
   });
 
   describe('in a queue with limits', () => {
@@ -124,7 +107,7 @@ describe('runledger._commit_and_claim_flat', () => {
       try {
         await client.query('begin');
         const { rows } = await client.query(
-          `select ${COLUMNS} from runledger._commit_and_claim_flat($1::jsonb, 'wk-flat', array['flat-limited'], array['w@1'], 2, 30000)`,
+          `select ${COLUMNS} from runledger._commit_and_claim($1::jsonb, 'wk-flat', array['flat-limited'], array['w@1'], 2, 30000)`,
           [JSON.stringify(held.slice(0, 3).map((r) => completion(r.run_id!, Number(r.fencing_token))))],
         );
         // Three completions, two claims, one admission: each a row version of runs. (Admitting
@@ -165,7 +148,7 @@ describe('runledger._commit_and_claim_flat', () => {
       // Runs 4 and 5 are of workflow v, which wk-flat does not serve.
       const { ids, held } = await limitedQueue('flat-other', 2, 7, (i) => (i === 2 || i === 3 ? 'v' : 'w'));
       const served = await db.pool.query(
-        `select ${COLUMNS} from runledger._commit_and_claim_flat($1::jsonb, 'wk-flat', array['flat-other'], array['w@1'], 5, 30000)`,
+        `select ${COLUMNS} from runledger._commit_and_claim($1::jsonb, 'wk-flat', array['flat-other'], array['w@1'], 5, 30000)`,
         [JSON.stringify(held.map((r) => completion(r.run_id!, Number(r.fencing_token))))],
       );
       // The round chose runs 2 and 3 (workflow v): admitted, not claimed.
@@ -177,7 +160,7 @@ describe('runledger._commit_and_claim_flat', () => {
       // A claim that fails (limit 0 is refused) undoes only itself: the round's runs are admitted.
       const v = await claimBatch(db.pool, 'wk-v', ['flat-other'], ['v@1'], 2);
       const failed = await db.pool.query(
-        `select ${COLUMNS} from runledger._commit_and_claim_flat($1::jsonb, 'wk-flat', array['flat-other'], array['w@1'], 0, 30000)`,
+        `select ${COLUMNS} from runledger._commit_and_claim($1::jsonb, 'wk-flat', array['flat-other'], array['w@1'], 0, 30000)`,
         [JSON.stringify(v.filter((r) => r.run_id).map((r) => completion(r.run_id!, Number(r.fencing_token))))],
       );
       expect(failed.rows.at(-1)).toMatchObject({ item: null, code: 'RL003' });

@@ -1,20 +1,29 @@
 /**
- * Each function of schema runledger has one definition in sql/NNNN_*.sql, in the file of
- * its concept, until the first release (sql/README.md). Read from the files themselves:
- * the catalog shows only the last definition, not how many files made it.
+ * Each function of schema runledger is defined once in the released files (the 0.2.0
+ * baseline: one file per concept), and at most once more among the files newer than the
+ * last release, which may redefine only what a release holds (sql/README.md, rules 2 and 3).
+ * Read from the files themselves: the catalog shows only the last definition, not how many
+ * files made it.
  */
-import { readFileSync, readdirSync } from 'node:fs';
+import { mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
 
 const SQL_DIR = fileURLToPath(new URL('../../sql/', import.meta.url));
 
 /**
- * The version of the last migration of the first release; null while nothing is
- * released. After it, a change to a function is a new file that redefines it, and only
- * files newer than this one may do so.
+ * The version of the last migration of the last release (0.2.0: 0001–0014), the newest file
+ * sql/released.sha256 lists. A change to a released function is a new file that redefines
+ * it; only files newer than this one may.
  */
-const LAST_RELEASED_MIGRATION: number | null = 18;
+const LAST_RELEASED_MIGRATION = Math.max(
+  ...readFileSync(`${SQL_DIR}/released.sha256`, 'utf8')
+    .trim()
+    .split('\n')
+    .map((line) => Number(line.split(/\s+/)[1]!.slice(0, 4))),
+);
 
 interface Definition {
   name: string;
@@ -23,11 +32,11 @@ interface Definition {
 }
 
 /** Every `create [or replace] function runledger.x(` outside comments and strings of function bodies. */
-function definitions(): Definition[] {
+function definitions(dir = SQL_DIR): Definition[] {
   const found: Definition[] = [];
-  for (const file of readdirSync(SQL_DIR).filter((f) => /^\d{4}_[a-z0-9_]+\.sql$/.test(f)).sort()) {
+  for (const file of readdirSync(dir).filter((f) => /^\d{4}_[a-z0-9_]+\.sql$/.test(f)).sort()) {
     // Line comments out; function bodies ($$ ... $$) out, so a name in a body is not a definition.
-    const text = readFileSync(`${SQL_DIR}/${file}`, 'utf8')
+    const text = readFileSync(`${dir}/${file}`, 'utf8')
       .replace(/--[^\n]*/g, '')
       .replace(/\$\$[\s\S]*?\$\$/g, '$$$$');
     for (const match of text.matchAll(/\bcreate\s+(?:or\s+replace\s+)?function\s+runledger\.("?)([a-z_][a-z0-9_]*)\1\s*\(/gi)) {
@@ -37,35 +46,43 @@ function definitions(): Definition[] {
   return found;
 }
 
+/** Every breach of the rules: a name created twice in the released files, or twice among the newer ones. */
+function breaches(defs: Definition[], released: number): string[] {
+  const out: string[] = [];
+  const group = (list: Definition[]) => {
+    const byName = new Map<string, string[]>();
+    for (const d of list) byName.set(d.name, [...(byName.get(d.name) ?? []), d.file]);
+    return [...byName.entries()].filter(([, files]) => files.length > 1);
+  };
+  for (const [name, files] of group(defs.filter((d) => d.version <= released))) out.push(`${name}: ${files.join(', ')} (released)`);
+  for (const [name, files] of group(defs.filter((d) => d.version > released))) out.push(`${name}: ${files.join(', ')} (after the release)`);
+  return out;
+}
+
 describe('sql/ function definitions', () => {
-  it('finds the functions (so the check below is not vacuous)', () => {
+  it('finds the functions and the release (so the check below is not vacuous)', () => {
+    expect(LAST_RELEASED_MIGRATION).toBe(14);
     const names = new Set(definitions().map((d) => d.name));
-    expect(names.size).toBeGreaterThan(50);
+    expect(names.size).toBeGreaterThan(150);
     expect([...names]).toEqual(expect.arrayContaining(['start_run', '_claim_batch', '_commit_batch', '_admit']));
   });
 
-  it('creates each function once, in one file (redefinitions only in files after the first release)', () => {
-    const byName = new Map<string, Definition[]>();
-    for (const d of definitions()) byName.set(d.name, [...(byName.get(d.name) ?? []), d]);
-    const twice = [...byName.entries()]
-      .filter(([, defs]) => {
-        const first = defs[0]!;
-        const later = defs.slice(1);
-        const released = LAST_RELEASED_MIGRATION;
-        // Before the release a function is folded into its concept's file; after it, only newer files redefine.
-        return later.length > 0 && (released === null || first.version > released || later.some((d) => d.version <= released));
-      })
-      .map(([name, defs]) => `${name}: ${defs.map((d) => d.file).join(', ')}`);
-    expect(twice, `functions defined more than once (fold them into one definition, see sql/README.md):\n${twice.join('\n')}`).toEqual([]);
+  it('creates each function once in the released files, and at most once more after them', () => {
+    const found = breaches(definitions(), LAST_RELEASED_MIGRATION);
+    expect(found, `functions defined more than once (see sql/README.md, rule 2):\n${found.join('\n')}`).toEqual([]);
   });
 
-  it('defines each function at most once among the files not released yet (rule 2 among themselves)', () => {
-    const released = LAST_RELEASED_MIGRATION;
-    const unreleased = definitions().filter((d) => released === null || d.version > released);
-    const files = new Map<string, string[]>();
-    for (const d of unreleased) files.set(d.name, [...(files.get(d.name) ?? []), d.file]);
-    const twice = [...files.entries()].filter(([, fs]) => fs.length > 1).map(([name, fs]) => `${name}: ${fs.join(', ')}`);
-    expect(unreleased.length, 'there are unreleased definitions to check').toBeGreaterThan(0);
-    expect(twice, `functions defined again in a later unreleased file (edit the first one in place):\n${twice.join('\n')}`).toEqual([]);
+  it('reports a function defined twice (the check can fail)', () => {
+    const dir = mkdtempSync(join(tmpdir(), 'runledger-definitions-'));
+    try {
+      writeFileSync(join(dir, '0001_a.sql'), 'create function runledger.f() returns int language sql as $$ select 1 $$;\n');
+      writeFileSync(join(dir, '0002_b.sql'), '-- create function runledger.g( in a comment is no definition\ncreate or replace function runledger.f() returns int language sql as $$ select 2 $$;\n');
+      writeFileSync(join(dir, '0003_c.sql'), 'create function runledger.g() returns int language sql as $$ select runledger.f() $$;\ncreate function runledger.g() returns int language sql as $$ select 3 $$;\n');
+      const defs = definitions(dir);
+      expect(breaches(defs, 2)).toEqual(['f: 0001_a.sql, 0002_b.sql (released)', 'g: 0003_c.sql, 0003_c.sql (after the release)']);
+      expect(breaches(defs, 1)).toEqual(['g: 0003_c.sql, 0003_c.sql (after the release)']);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 });

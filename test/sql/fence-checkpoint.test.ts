@@ -193,7 +193,7 @@ describe('claim / fence protocol (_claim_batch, _checkpoint, _fence, _complete_r
       fencing_token,
       JSON.stringify(evidence),
     ]);
-    // Without p_error (psql, an older worker) the error is built from the reason and evidence (0034).
+    // Without p_error (psql, an older worker) the error is built from the reason and evidence.
     const error = { name: 'DeadLettered', code: 'NON_DETERMINISM', message: 'dead-lettered: NON_DETERMINISM' };
     const recorded = { ...evidence, last_error: error };
     expect(await getRun(runId)).toMatchObject({

@@ -116,7 +116,7 @@ describe('runledger._recover_expired', () => {
         kind: 'dead_lettered',
         detail: { status: 'DEAD_LETTER', reason: 'MAX_RECOVERY_ATTEMPTS', evidence: run?.termination_evidence, error: run?.error },
       });
-      // Why: the lease of its last owner expired once too often (0034).
+      // Why: the lease of its last owner expired once too often.
       expect(run?.error).toEqual({
         name: 'LeaseExpired',
         code: 'LEASE_EXPIRED',

@@ -64,7 +64,7 @@ describe('runledger.retry_run', () => {
           previous_status: 'DEAD_LETTER',
           termination_reason: 'MAX_RECOVERY_ATTEMPTS',
           termination_evidence: dead?.termination_evidence,
-          // The error it was dead-lettered with (0034) is kept in the record too.
+          // The error it was dead-lettered with is kept in the record too.
           error: dead?.error,
         },
       });

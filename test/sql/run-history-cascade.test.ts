@@ -1,5 +1,5 @@
 /**
- * events.run_id and steps.run_id have no foreign key (0026_lean_run_rows): the
+ * events.run_id and steps.run_id have no foreign key (sql/0002_runs.sql): the
  * statement-level triggers on runs delete a deleted run's events and checkpoints and empty
  * both tables on TRUNCATE, as ON DELETE CASCADE did. The delete reads them by their keys
  * (run_id first) whatever the statistics say.

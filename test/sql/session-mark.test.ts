@@ -1,5 +1,5 @@
 /**
- * runs_session_release fires only for runs marked in_sessions (0027_status_change_checks):
+ * runs_session_release fires only for runs marked in_sessions (sql/0012_agents.sql):
  * a run that never held a session nor queued for one ends without the trigger's query, and
  * every path that makes a run a holder or a waiter marks it. Runs are claimed and completed
  * through the engine's SQL functions; the trigger's calls are counted in the transaction that

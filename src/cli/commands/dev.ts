@@ -1,6 +1,7 @@
 import { randomBytes } from 'node:crypto';
 import pg from 'pg';
 import type { Engine } from '../../engine/index.js';
+import { MigrationMismatchError } from '../../engine/core/errors.js';
 import { print } from '../format.js';
 import { loadRegister } from '../module.js';
 import { CliError, cliCodec, cliLog, intOption, parse, type Command, type Parsed, untilSignal, cliIo } from '../shared.js';
@@ -51,10 +52,21 @@ export const dev: Command = {
     const stack = new ShutdownStack();
     try {
       const database = await openDatabase(values, stack);
-      const engine = await devEngine(database.url, concurrency);
+      let engine = await devEngine(database.url, concurrency);
       stack.push('engine', () => engine.close());
       print('migrating ...');
-      await engine.migrate();
+      try {
+        await engine.migrate();
+      } catch (error) {
+        // The embedded dev database is runledger dev's own: one another build migrated (an
+        // older release's schema, say) is made again rather than refused.
+        if (!(error instanceof MigrationMismatchError) || !database.remake) throw error;
+        print(`the dev database was migrated by another build of runledger (${error.message.split('\n')[0]}): making it again`);
+        await engine.close();
+        await database.remake();
+        engine = await devEngine(database.url, concurrency);
+        await engine.migrate();
+      }
       await register(engine);
       const running = await engine.runWorker({ concurrency });
       stack.push('worker', async () => {
@@ -99,6 +111,8 @@ interface DevDatabase {
   url: string;
   /** The embedded server's data folder (as root it may be a copy elsewhere); none for a server of the user's. */
   dataDir?: string;
+  /** Drops and creates the dev database again: only on the embedded server, never on a server of the user's. */
+  remake?: () => Promise<void>;
 }
 
 async function openDatabase(values: Parsed['values'], stack: ShutdownStack): Promise<DevDatabase> {
@@ -115,15 +129,25 @@ async function openDatabase(values: Parsed['values'], stack: ShutdownStack): Pro
   // The server is stopped last, by the stack: the worker needs it to release its runs.
   const server = await startEmbeddedPostgres({ dataDir, stopOnSignal: false });
   stack.push('database', () => server.stop());
-  const admin = new pg.Client({ connectionString: server.connectionString });
-  await admin.connect();
-  try {
+  const asAdmin = async (use: (admin: pg.Client) => Promise<void>) => {
+    const admin = new pg.Client({ connectionString: server.connectionString });
+    await admin.connect();
+    try {
+      await use(admin);
+    } finally {
+      await admin.end();
+    }
+  };
+  await asAdmin(async (admin) => {
     const exists = await admin.query('select 1 from pg_database where datname = $1', [DEV_DATABASE]);
     if (exists.rowCount === 0) await admin.query(`create database ${DEV_DATABASE}`);
-  } finally {
-    await admin.end();
-  }
-  return { url: server.urlFor(DEV_DATABASE), dataDir: server.dataDir };
+  });
+  const remake = () =>
+    asAdmin(async (admin) => {
+      await admin.query(`drop database if exists ${DEV_DATABASE} with (force)`);
+      await admin.query(`create database ${DEV_DATABASE}`);
+    });
+  return { url: server.urlFor(DEV_DATABASE), dataDir: server.dataDir, remake };
 }
 
 async function devEngine(url: string, concurrency: number): Promise<Engine> {

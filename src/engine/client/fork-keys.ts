@@ -12,7 +12,7 @@ export interface ForkKeyWarning {
  * The operations of `runId` at or after step `fromStep` (the ones a fork from there runs
  * again) whose idempotency key holds `runId`: made from ctx.runId, such a key is new in
  * the fork, which then calls the operation again (a second payment). The same list as
- * fork_run's NOTICE (sql/0020_retention.sql, _fork_run). A key made from ctx.lineageId
+ * fork_run's NOTICE (sql/0013_retention.sql, _fork_run). A key made from ctx.lineageId
  * holds the run id too when the run was never forked (`neverForked`).
  */
 export async function forkKeyWarnings(

@@ -328,7 +328,7 @@ const CLASS_OF_CODE: Partial<Record<ErrorCode, new (message: string, options?: {
   NOT_ALLOWED: NotAllowedError,
 };
 
-/** PostgreSQL's own SQLSTATE for a role refused a function or table (runledger's roles, sql/0017_roles.sql). */
+/** PostgreSQL's own SQLSTATE for a role refused a function or table (runledger's roles, sql/0014_security.sql). */
 const INSUFFICIENT_PRIVILEGE = '42501';
 
 /** Maps a pg error raised by a runledger SQL function to its RunledgerError; other errors pass through. */

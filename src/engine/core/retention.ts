@@ -1,5 +1,5 @@
 /**
- * The kinds of data runledger.retention keeps for a while (sql/0020_retention.sql,
+ * The kinds of data runledger.retention keeps for a while (sql/0013_retention.sql,
  * docs/retention.md), in the order runledger.prune_due applies them.
  */
 export const RETENTION_KINDS = ['idempotency', 'events', 'signals', 'streams', 'runs', 'session_entries', 'audit_log'] as const;

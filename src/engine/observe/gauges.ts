@@ -7,7 +7,7 @@ import { WAIT_KINDS } from '../core/states.js';
  * Unfinished runs per queue, status and wait kind, in one statement, plus every configured
  * queue (so an empty one reports 0). The predicate `created_at > '-infinity'` is that of
  * the partial index runs_console (status, workflow_name, run_id): the statement reads the index
- * entries of unfinished runs only, never the finished millions (sql/0021_console.sql).
+ * entries of unfinished runs only, never the finished millions (sql/0011_views.sql).
  */
 export const GAUGES_SQL = `
   select r.queue_name, r.status::text as status, r.wait_kind, count(*)::int as runs,

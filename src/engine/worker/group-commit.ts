@@ -38,7 +38,7 @@ const BATCH_SQL = 'select item, code, message, run_status from runledger._commit
 const BATCH_AND_CLAIM_SQL =
   'select item, code, message, run_status, run_id, workflow_name, workflow_version, input, fencing_token, recovery_attempts, max_steps, ' +
   'budget, budget_spent, budget_limits, budget_used, cancel_requested, checkpoints, progress, next_due_in_ms, traceparent, execution_traceparent, lineage_id ' +
-  'from runledger._commit_and_claim_flat(p_items => $1::jsonb, p_worker_id => $2, p_queues => $3, p_workflows => $4, p_limit => $5, p_lease_ms => $6)';
+  'from runledger._commit_and_claim(p_items => $1::jsonb, p_worker_id => $2, p_queues => $3, p_workflows => $4, p_limit => $5, p_lease_ms => $6)';
 
 /** run_id is the second field of every item; run ids never contain quotes (rule runs_run_id_check of the trigger runs_invariants). */
 const RUN_ID = /"run_id":"([^"]*)"/;
@@ -209,7 +209,7 @@ export class GroupCommit implements CommitQueue {
   }
 }
 
-/** A claim's row of _commit_and_claim_flat without the item's columns: what _claim_batch returns. */
+/** A claim's row of _commit_and_claim without the item's columns: what _claim_batch returns. */
 function claimRowOf(row: BatchRow): ClaimRow {
   const { item: _item, code: _code, message: _message, run_status: _status, ...claimed } = row;
   return claimed as ClaimRow;

@@ -1,52 +1,17 @@
--- 0020_retention: how long each kind of finished data is kept, and the pruning that applies it.
+-- 0013_retention: retention rules, owner settings and maintenance leases.
 --
---   runledger.retention               keep interval per kind of data, per workflow (workflow_name null = every other workflow)
---   runledger.owner_settings          one row of settings only the schema's owner writes: audit_log_min_keep (and, 0023, test_clock)
---   runledger._owner_settings_changed() trigger function: a change of owner_settings is recorded in audit_log
---   runledger._audit_log_min_keep()   the floor under any audit_log rule (owner_settings.audit_log_min_keep, default 365 days)
---   runledger.maintenance             one row per cluster-wide maintenance task: the worker that runs it now, when it last ran
---   runledger._retention_key_held()   true while an idempotency rule still holds a finished run's key
---   runledger._retention_fork_live()  true while a run the fork lineage of a run leads to is not finished
---   runledger._prune_due()            one batch per kind of what the retention table says is due (or the counts, dry-run)
---   runledger.prune_due()             public (operator, worker): the same, recorded in audit_log when it removed anything
---   runledger._set_retention()        sets one rule
---   runledger.set_retention()         public (operator): the same, recorded in audit_log
---   runledger._clear_retention()      removes one rule
---   runledger.clear_retention()       public (operator): the same, recorded in audit_log
---   runledger._maintenance_begin()    a worker takes a due cluster-wide task (a lease), or is told another has it
---   runledger._maintenance_end()      the worker lets go of it, with what it did
---   indexes runs_retention, runs_idempotency_retention, runs_forked_from, signals_run, artifacts_run, sessions_idle, audit_log_at
--- Redefines (released in 0011 and 0016; sql/README.md rule 3):
---   runledger._fork_run()             reads its source FOR KEY SHARE, so a fork and the pruning of its source do not cross;
---                                     refuses to copy an undone operation's checkpoint, sets the fork's lineage_id and
---                                     gives a NOTICE of keys made from the source's run id (0032_undone_effects_and_lineage.sql)
---   the comment on runledger.audit_log   names the retention actions
---
--- Kinds (docs/retention.md):
---   runs             finished runs, with everything they own (steps, events, operations, signals,
---                    approvals, progress, streams, artifact rows: on delete cascade)
---   events           the history (events) of finished runs, kept shorter than the run row
---   idempotency      the idempotency key of finished runs (runs.idempotency_key): once cleared, a
---                    start with the same key makes a new run. While no idempotency rule applies, a
---                    key lives as long as its run; while one holds it, the run is kept too
---   signals          the signals of finished runs
---   streams          the stream chunks and ends of finished runs
---   session_entries  sessions (with their entries) no run holds or queues for, idle that long
---   audit_log        operator records older than that (no workflow: the log is not per run), never
---                    younger than owner_settings.audit_log_min_keep (a floor only the owner lowers);
---                    the records of retention changes (set_retention, clear_retention,
---                    owner_settings) are never removed
--- A run is never removed while it is not terminal, while a run forked from it (or from a fork
--- of it) or a child of it is not terminal, while its parent is not terminal, or while its
--- idempotency key is held. No row means keep forever; no rule is seeded.
--- The rules and the pass over them are shared by every tenant: with tenant isolation on,
--- an operator bound to a tenant is refused set_retention, clear_retention and prune_due
--- (42501, _check_not_tenant_bound of 0018_tenants.sql).
+-- tables: retention, maintenance
+-- indexes: retention_rule, runs_retention, runs_idempotency_retention, signals_run, artifacts_run,
+--   sessions_idle, audit_log_at
+-- triggers: owner_settings_audit
+-- functions: _owner_settings_changed, _audit_log_min_keep, _retention_key_held, _retention_fork_live,
+--   _prune_due, prune_due, _set_retention, set_retention, _clear_retention, clear_retention,
+--   _maintenance_begin, _maintenance_end
 
 create table runledger.retention (
-  kind          text not null,
+  kind          text collate "C" not null,
   -- null: the default for every workflow without a rule of its own for this kind.
-  workflow_name text,
+  workflow_name text collate "C",
   -- null: keep forever (a workflow's own null rule overrides the default's interval).
   keep          interval,
   updated_at    timestamptz not null default runledger.now(),
@@ -54,22 +19,10 @@ create table runledger.retention (
   constraint retention_keep check (keep is null or keep >= interval '0'),
   constraint retention_per_workflow check (workflow_name is null or kind in ('runs', 'events', 'idempotency', 'signals', 'streams'))
 );
-create unique index retention_rule on runledger.retention (kind, coalesce(workflow_name, ''));
 comment on table runledger.retention is
   'How long each kind of finished data is kept (runs, events, idempotency, signals, streams, session_entries, audit_log), per workflow (workflow_name null = the default for workflows without their own rule; session_entries and audit_log have only the default). keep null = forever; no row = forever (idempotency: the key lives as long as its run). Applied by runledger.prune_due(), which workers call on their own (retentionIntervalMs). See docs/retention.md.';
 
--- What only the schema's owner decides: no role may write a table (0017_roles.sql), and no
--- function an operator may call writes this one. One row; a missing row means the defaults.
-create table runledger.owner_settings (
-  one                boolean primary key default true,
-  -- The audit log is kept at least this long, whatever rule an operator sets for audit_log.
-  audit_log_min_keep interval not null default interval '365 days',
-  constraint owner_settings_one check (one),
-  constraint owner_settings_audit_log_min_keep check (audit_log_min_keep >= interval '0')
-);
-insert into runledger.owner_settings default values;
-comment on table runledger.owner_settings is
-  'Settings only the schema''s owner changes (with UPDATE; no runledger role may write a table, and no function writes this one), one row: audit_log_min_keep, the floor under the audit_log retention rule (default 365 days: set_retention refuses a shorter one with 42501, and prune_due never removes a younger record); test_clock (0023_inlined_functions.sql). Every change is recorded in audit_log (action owner_settings), and those records are never pruned.';
+create unique index retention_rule on runledger.retention (kind, coalesce(workflow_name, ''));
 
 create function runledger._owner_settings_changed() returns trigger
 language plpgsql as $$
@@ -84,6 +37,7 @@ end;
 $$;
 comment on function runledger._owner_settings_changed() is
   'Trigger function of owner_settings_audit: records a change of runledger.owner_settings in audit_log (action owner_settings, the old and new values, by the login that made it).';
+
 create trigger owner_settings_audit after insert or update or delete on runledger.owner_settings
   for each row execute function runledger._owner_settings_changed();
 comment on trigger owner_settings_audit on runledger.owner_settings is
@@ -97,9 +51,9 @@ comment on function runledger._audit_log_min_keep() is
   'How long the audit log is kept at least: owner_settings.audit_log_min_keep (365 days when the row is missing). set_retention refuses a shorter audit_log rule; prune_due never removes a younger record.';
 
 create table runledger.maintenance (
-  task        text primary key,
+  task        text collate "C" primary key,
   -- The worker running the task now (lease_until in the future), or the last one that did.
-  worker_id   text,
+  worker_id   text collate "C",
   started_at  timestamptz,
   lease_until timestamptz,
   finished_at timestamptz,
@@ -111,18 +65,21 @@ comment on table runledger.maintenance is
 -- Finished runs by when they finished, for retention: only terminal statuses (sql/README.md, "Plans").
 create index runs_retention on runledger.runs (finished_at)
   where status in ('SUCCEEDED', 'FAILED', 'CANCELLED', 'TERMINATED', 'DEAD_LETTER');
+
 -- Finished runs still holding an idempotency key: a cleared key leaves the index.
 create index runs_idempotency_retention on runledger.runs (finished_at)
   where idempotency_key is not null and status in ('SUCCEEDED', 'FAILED', 'CANCELLED', 'TERMINATED', 'DEAD_LETTER');
--- The forks of a run (fork_run writes forked_from into the manifest).
-create index runs_forked_from on runledger.runs ((version_manifest->>'forked_from')) where version_manifest ? 'forked_from';
+
 -- A run's signals and artifacts, whatever their state: for the signals kind, and for the
 -- cascades of a run's delete (signals_unconsumed and the artifacts' partial unique indexes
 -- do not cover every row, so each deleted run read both tables whole before).
 create index signals_run on runledger.signals (run_id);
+
 create index artifacts_run on runledger.artifacts (run_id);
+
 -- Free sessions by how long they have been idle.
 create index sessions_idle on runledger.sessions (updated_at) where holder_run_id is null;
+
 create index audit_log_at on runledger.audit_log (at);
 
 create function runledger._retention_key_held(p_workflow text, p_finished_at timestamptz) returns boolean
@@ -314,7 +271,7 @@ begin
       elsif v_kind = 'session_entries' then
         -- Whole idle sessions (free, nobody queued): a batch takes sessions until their
         -- entries reach p_batch (at least one session, however long its history).
-        -- A session is keyed by its id and tenant (0033_tenant_sessions_and_shared_actions.sql).
+        -- A session is keyed by its id and tenant.
         if p_dry_run then
           select coalesce(sum(s.entry_count), 0) into v_n from runledger.sessions s
            where s.holder_run_id is null and s.updated_at < v_cutoff
@@ -423,7 +380,7 @@ create function runledger.set_retention(p_kind text, p_keep interval, p_workflow
 language plpgsql volatile
 set enable_seqscan = off set jit = off as $$
 begin
-  -- The rules apply to every tenant's data (0018_tenants.sql).
+  -- The rules apply to every tenant's data (0014_security.sql).
   perform runledger._check_not_tenant_bound('set_retention');
   perform runledger._set_retention(p_kind, p_keep, p_workflow_name);
   perform runledger._audit('set_retention', null, p_kind,
@@ -450,7 +407,7 @@ set enable_seqscan = off set jit = off as $$
 declare
   v_found boolean;
 begin
-  -- The rules apply to every tenant's data (0018_tenants.sql).
+  -- The rules apply to every tenant's data (0014_security.sql).
   perform runledger._check_not_tenant_bound('clear_retention');
   v_found := runledger._clear_retention(p_kind, p_workflow_name);
   perform runledger._audit('clear_retention', null, p_kind, jsonb_build_object('workflow_name', p_workflow_name), to_jsonb(v_found));
@@ -497,103 +454,4 @@ $$;
 comment on function runledger._maintenance_end(text, text, jsonb, bigint) is
   'The worker holding a task''s lease renews it (p_lease_ms) or lets it go (null), recording what it did; false when the lease is no longer its own (expired and taken, or never held), and it should stop.';
 
--- Retention is set and applied by operators; the workers apply it on their own.
-insert into runledger.role_functions (role_name, function_name)
-select 'runledger_operator', f from unnest(array['prune_due', 'set_retention', 'clear_retention']) f
-union all
-select 'runledger_worker', f from unnest(array['prune_due', '_maintenance_begin', '_maintenance_end']) f;
--- A fork reads its source FOR KEY SHARE: prune_due skips (SKIP LOCKED) a run being forked,
--- and a fork waits for a prune that holds the source. Redefines 0011's _fork_run (rule 3).
-create or replace function runledger._fork_run(p_run_id text, p_from_step int, p_version text default null) returns text
-language plpgsql volatile
-set enable_seqscan = off set jit = off as $$
-declare
-  v_src  runledger.runs;
-  v_id   text := runledger._new_id();
-  v_done int;
-  v_now  timestamptz := runledger.now();
-  v_manifest jsonb;
-  v_undone jsonb;
-  v_keys   text;
-begin
-  -- FOR KEY SHARE: retention (prune_due) skips the source while the fork is being made.
-  select * into v_src from runledger.runs where run_id = p_run_id for key share;
-  if not found then
-    raise exception using errcode = 'RL002', message = format('fork_run: run %L not found', p_run_id);
-  end if;
-  select count(*) into v_done from runledger.steps where run_id = p_run_id and status <> 'WAITING';
-  if p_from_step is null or p_from_step < 0 or p_from_step > v_done then
-    raise exception using errcode = 'RL003',
-      message = format('fork_run: from_step must be between 0 and %s (the checkpoints of run %s), not %s', v_done, p_run_id, p_from_step);
-  end if;
-  -- A copied checkpoint of an operation whose effect a compensation undid would let the fork
-  -- go on as if it stood (ship against a refunded charge): fork from before it, which calls
-  -- the operation again (_operation_begin: a new attempt under its key).
-  v_undone := runledger._undone_operations(p_run_id, p_from_step);
-  if v_undone <> '[]'::jsonb then
-    raise exception using errcode = 'RL005', message = runledger._undone_refusal('fork_run', p_run_id, v_undone);
-  end if;
-  v_manifest := v_src.version_manifest;
-  if p_version is not null and p_version <> v_src.workflow_version then
-    -- The fork runs on another version's code (after a fix, or past a non-determinism):
-    -- it takes that version's manifest, as a run started on it would.
-    select w.manifest into v_manifest from runledger.workflows w
-     where w.workflow_name = v_src.workflow_name and w.workflow_version = p_version;
-    if not found then
-      raise exception using errcode = 'RL006',
-        message = format('fork_run: workflow %s has no version %L registered (a worker or engine that defines it registers it)', v_src.workflow_name, p_version);
-    end if;
-    v_manifest := coalesce(v_manifest, '{}');
-  end if;
-  insert into runledger.runs (
-    run_id, workflow_name, workflow_version, queue_name, input, priority, concurrency_key, tenant_id,
-    deadline_at, max_recovery_attempts, version_manifest, max_steps, budget, no_progress, retry_budget,
-    policy_version, created_at, updated_at, lineage_id)
-  values (
-    v_id, v_src.workflow_name, coalesce(p_version, v_src.workflow_version), v_src.queue_name, v_src.input, v_src.priority, v_src.concurrency_key,
-    v_src.tenant_id,
-    -- The fork gets the same lifetime the source had, counted from now.
-    v_now + (v_src.deadline_at - v_src.created_at), v_src.max_recovery_attempts,
-    v_manifest || jsonb_build_object('forked_from', p_run_id, 'from_step', p_from_step),
-    v_src.max_steps, v_src.budget, v_src.no_progress, v_src.retry_budget, v_src.policy_version, v_now, v_now,
-    -- ctx.lineageId: the run the chain of forks started from (0032_undone_effects_and_lineage.sql).
-    coalesce(v_src.lineage_id, v_src.run_id));
-  -- Finished checkpoints before from_step are reused: those steps do not run again in the fork.
-  insert into runledger.steps (run_id, seq, name, kind, status, output, error, attempts, started_at, finished_at, fencing_token, output_hash)
-  select v_id, s.seq, s.name, s.kind, s.status, s.output, s.error, s.attempts, s.started_at, s.finished_at, 0, s.output_hash
-    from runledger.steps s
-   where s.run_id = p_run_id and s.seq < p_from_step and s.status <> 'WAITING';
-  insert into runledger.events (run_id, kind, detail, at) values
-    (v_id, 'created', jsonb_build_object('forked_from', p_run_id, 'from_step', p_from_step,
-                                          'from_version', v_src.workflow_version, 'version', coalesce(p_version, v_src.workflow_version)), v_now),
-    (p_run_id, 'forked', jsonb_build_object('fork', v_id, 'from_step', p_from_step, 'version', coalesce(p_version, v_src.workflow_version)), v_now);
-  -- The operations the fork runs again whose key holds the source's run id: made from ctx.runId,
-  -- such a key is new in the fork, which then calls again (a second payment). Said, not refused:
-  -- a key made from ctx.lineageId holds it too when the source was never forked.
-  select string_agg(format('%s (step %s, key %s)', o.name, o.seq, o.idempotency_key), ', ' order by o.seq) into v_keys
-    from runledger.operations o
-   where o.run_id = p_run_id and o.seq >= p_from_step and strpos(o.idempotency_key, p_run_id) > 0;
-  if v_keys is not null then
-    raise notice using message = runledger._fork_key_notice(v_id, p_run_id, v_src.lineage_id is null, v_keys);
-  end if;
-  perform runledger._make_runnable(v_id, 0);
-  return v_id;
-end;
-$$;
-comment on function runledger._fork_run(text, int, text) is
-  'The action behind runledger.fork_run (which records it in audit_log): Operator action: starts a new run of the same workflow and input that reuses the source run''s checkpoints before step from_step (0 = start over) and runs the rest, on the source''s version or on version (a registered version of the workflow, with its manifest). Returns the new run_id. Operations copied this way are not compensated by the fork. The fork''s lineage_id is the source''s (or the source''s run id). RL005 when a checkpoint it would copy is of an operation a compensation undid (runledger._undone_operations: fork from before it). A NOTICE lists the operations from from_step on whose idempotency key holds the source''s run id (made from ctx.runId, the fork calls them again under a new key).';
-
-comment on table runledger.audit_log is
-  'One row per operator action (send_signal, decide_approval, cancel_run, compensate_run, retry_run, resolve_operation, fork_run, migrate_run, migrate_runs, set_queue, prune, release_session, delete_session, prune_artifact_blobs; and prune_due, set_retention, clear_retention of 0020_retention.sql, and owner_settings, a change of runledger.owner_settings by the schema''s owner), written in the same transaction as the action: who (db_user = session_user, db_role = runledger._caller(), asserted_by = the name the caller gave), what, on which run and target, with which arguments, and what it returned. Kept when runs are pruned; the audit_log retention rule never removes a record younger than owner_settings.audit_log_min_keep, nor one of set_retention, clear_retention or owner_settings.';
-
--- The new functions, and _fork_run (create or replace drops SECURITY DEFINER and the fixed search_path): secured.
-select runledger._secure_functions();
-do $$
-begin
-  if exists (select from pg_roles where rolname = current_user and (rolsuper or rolcreaterole)) then
-    perform runledger.grant_roles();
-  end if;
-end;
-$$;
-
-insert into runledger.migrations (version, name) values (20, '0020_retention');
+insert into runledger.migrations (version, name) values (13, '0013_retention');

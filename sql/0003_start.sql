@@ -1,39 +1,12 @@
--- 0019_tracing: OpenTelemetry support (docs/observability.md#traces).
+-- 0003_start: starting runs: one, many, from the engine with a claim, from SQL.
 --
--- Defines:
---   runs.traceparent, runs.execution_traceparent   the caller's W3C traceparent at start, and the latest execution's span
---   runledger._is_traceparent(text)                a W3C traceparent (the traceparent option, runs.traceparent)
---   runledger._trace_execution(...)                records the span of a run's execution, for the next one to link to
--- Redefines (released in 0002 and 0008; sql/README.md rule 3):
---   runledger._start_template, runledger._start, runledger.start_runs   the traceparent start option, stored on the run
---                                                  (start_runs also: new runs by a plain INSERT, in one pass;
---                                                  all three: an unknown option is RL003, run_at and deadline
---                                                  are finite times and a delay is int8 ms, through
---                                                  0031's _instant and _ms_after)
---   runledger._claim_batch, runledger._start_claimed                    return the run's traceparents with the claim
---                                                  (_claim_batch also its lineage_id, a column of
---                                                  0032_undone_effects_and_lineage.sql; _start_claimed
---                                                  leaves a fork to the claims)
--- A worker of the previous release keeps working on this schema: the claims return two more
--- columns, which it does not read, and a start without the option stores null.
+-- functions: _start_template, _start, start_run, start_runs, _start_claimed, _is_traceparent, _start_many
 
-alter table runledger.runs add column traceparent text, add column execution_traceparent text;
-comment on column runledger.runs.traceparent is
-  'The W3C traceparent (00-<trace id>-<span id>-<flags>) of the context the run was started in (engine.start, or the traceparent option of start_run / start_runs); null when it was started outside a trace. Every execution of the run opens its span under it, so all of them, after crashes and on other workers, belong to one trace.';
-comment on column runledger.runs.execution_traceparent is
-  'The W3C traceparent of the span of the run''s latest execution, written by the worker that claimed it (runledger._trace_execution) when it records traces: the next execution links its span to it. Null when no execution was traced.';
-
--- W3C Trace Context, version 00: 00-<trace id: 32 hex>-<parent span id: 16 hex>-<flags: 2 hex>,
--- lower case, neither id all zeros.
-create function runledger._is_traceparent(p text) returns boolean
-language sql immutable parallel safe as $$
-  select p ~ '^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$'
-     and substr(p, 4, 32) <> repeat('0', 32) and substr(p, 37, 16) <> repeat('0', 16)
-$$;
-comment on function runledger._is_traceparent(text) is
-  'True when p is a W3C traceparent of version 00 (00-<32 hex trace id>-<16 hex span id>-<2 hex flags>, lower case, neither id all zeros): the form runs.traceparent and runs.execution_traceparent hold.';
-
-create or replace function runledger._start_template(p_workflow text, p_options jsonb, p_caller text default 'start_run')
+-- What every run started with these options gets, worked out once: the start_run and
+-- start_runs options checked (RL003), the workflow version resolved (RL006), limits
+-- merged, and the columns a new run row takes from them, as a runs row without an id or
+-- input. The caller fills in run_id, input, idempotency_key and parent_run_id.
+create function runledger._start_template(p_workflow text, p_options jsonb, p_caller text default 'start_run')
 returns runledger.runs
 language plpgsql volatile as $$
 declare
@@ -157,8 +130,7 @@ begin
   v_t.workflow_name := v_wf.workflow_name;
   v_t.workflow_version := v_wf.workflow_version;
   v_t.queue_name := v_queue;
-  -- The rule of _queue_limited, written out: the call cost 27,000 instructions, 3 % of a
-  -- start_run call (callgrind, PostgreSQL 15).
+  -- The rule of _queue_limited, written out (a call per start costs more than the rule).
   v_t.admitted := not exists (select 1 from runledger.queues q
                                where q.name = v_queue
                                  and (q.concurrency is not null or q.per_key_concurrency is not null
@@ -191,8 +163,7 @@ begin
   v_t.retry_budget := (v_opts->>'retry_budget')::int;
   -- The policy a run is held to, named by what it contains: kept in its termination record.
   -- Most runs have no limit but max_recovery_attempts: their text is written out as jsonb
-  -- prints it (keys by length), which costs a sixth of building the jsonb object and
-  -- printing it (30,000 instructions, 4 % of a start_run call; callgrind, PostgreSQL 15).
+  -- prints it (keys by length), far cheaper than building the jsonb object and printing it.
   -- test/sql/start-run.test.ts checks that both give the same name.
   if v_deadline is null and v_opts->'max_steps' is null and v_opts->'budget' is null and v_opts->'no_progress' is null
      and (v_opts->'max_recovery_attempts' is null or jsonb_typeof(v_opts->'max_recovery_attempts') = 'number') then
@@ -212,7 +183,13 @@ $$;
 comment on function runledger._start_template(text, jsonb, text) is
   'The checks and the resolution start_run and start_runs share: validates the options (RL003), resolves the registered workflow version (RL006), merges its limits, and returns the runs row a new run starts from (no run_id or input), with admitted set by whether its queue has limits.';
 
-create or replace function runledger._start(
+-- The start of one run, for start_run and for _start_claimed: the new row and its created
+-- event, then admission or the announcement. Given a worker (_start_claimed), a run that
+-- could be claimed at once is inserted already claimed for it (RUNNING, fencing token 1,
+-- leased) with its claimed event beside the created one: one row version and one events
+-- statement where an insert then a claim's update took two of each. An idempotent start
+-- returns the existing run with inserted false (never claimed here).
+create function runledger._start(
   p_workflow text, p_input jsonb, p_options jsonb, p_worker_id text default null, p_lease_ms int default null,
   out run runledger.runs, out inserted boolean)
 language plpgsql volatile as $$
@@ -249,7 +226,7 @@ begin
   v_t.budget_spent := 0;
   -- The row, then its events: nothing is logged when ON CONFLICT kept the row out. Two
   -- plain statements cost less than one that joins the inserted row to a list of events
-  -- and sorts them (its executor set-up: 5 % of a start_run call, callgrind, PostgreSQL 15).
+  -- and sorts them.
   insert into runledger.runs (
     run_id, workflow_name, workflow_version, queue_name, status, input, admitted, not_before, priority, concurrency_key,
     idempotency_key, tenant_id, parent_run_id, deadline_at, max_recovery_attempts, version_manifest, max_steps, budget,
@@ -308,17 +285,24 @@ $$;
 comment on function runledger._start(text, jsonb, jsonb, text, int) is
   'One run started (start_run, _start_claimed): checks, the row and its created event, then admission or the announcement. Given p_worker_id and p_lease_ms, a run that is runnable at once (admitted, not delayed, within its deadline) is inserted claimed for that worker, with its claimed event. Returns the row (as inserted, or the existing run of an idempotent start) and whether it was inserted.';
 
+create function runledger.start_run(p_workflow text, p_input jsonb, p_options jsonb default '{}')
+returns text
+language plpgsql volatile
+set enable_seqscan = off set jit = off as $$
+begin
+  return (runledger._start(p_workflow, p_input, p_options)).run.run_id;
+end;
+$$;
 comment on function runledger.start_run(text, jsonb, jsonb) is
   'Starts a run of a registered workflow and dispatches it (or leaves it to its queue''s admission); returns run_id. Options: run_at (delayed start at a timestamp, compared with runledger.now()) or run_in_ms (delayed start this many ms after now on the database clock), run_id, idempotency_key (same key or run_id returns the existing run), queue, priority, concurrency_key, version, max_recovery_attempts, limits overriding the workflow''s: deadline (interval or timestamp), max_steps, budget, no_progress; traceparent (a W3C traceparent the run''s executions are traced under, see runs.traceparent); and notify (default true): false starts an immediately runnable run without waking the queue''s workers by NOTIFY, for a caller whose own worker claims it (engine.start does so when its process''s worker has a free slot; other workers find the run at their next poll). An unknown option is RL003 (naming it and the known ones), as are run_at or a deadline that is not a finite time PostgreSQL holds (infinity, -infinity, unparsable text) and run_in_ms outside 0 to 2^53 - 1.';
 
 -- start_runs builds its rows in one pass over the inputs (ROWS FROM: the inputs and the
 -- per-input arrays side by side, no materialized copy, no sort), and inserts them without
 -- ON CONFLICT when the caller gives no run ids or idempotency keys: speculative insertion
--- looks every row up in each unique index first (about 14,000 instructions a row of
--- 171,000, callgrind, PostgreSQL 15), and ids made here are new. engine.startMany leaves the
+-- looks every row up in each unique index first, and ids made here are new. engine.startMany leaves the
 -- ids to it unless given ids or keys. Reading `v_opts->'run_ids'->>i` per row instead copied
 -- the whole run_ids array for every row (quadratic in the batch size).
-create or replace function runledger.start_runs(p_workflow text, p_inputs jsonb, p_options jsonb default '{}')
+create function runledger.start_runs(p_workflow text, p_inputs jsonb, p_options jsonb default '{}')
 returns text[]
 language plpgsql volatile
 set enable_seqscan = off set jit = off as $$
@@ -336,8 +320,7 @@ declare
   -- Ids made here are ULIDs that sort in input order: this statement's milliseconds (10
   -- characters) and 35 random bits (7), both drawn once, then the input's position as 9
   -- decimal digits (Crockford base32 characters too; a jsonb array holds at most 2^28 - 1
-  -- elements, fewer than 10^9). Per row that is one lpad: encoding 80 bits per row cost
-  -- 8 % of a row's instructions (callgrind, PostgreSQL 15). Two statements in the same
+  -- elements, fewer than 10^9). Per row that is one lpad, not 80 bits encoded. Two statements in the same
   -- millisecond collide only if their 35 random bits do, and then the second fails on the
   -- primary key (23505) rather than taking the first one's runs for its own.
   v_id_prefix text := runledger._base32_10((extract(epoch from clock_timestamp()) * 1000)::bigint)
@@ -469,186 +452,13 @@ $$;
 comment on function runledger.start_runs(text, jsonb, jsonb) is
   'Starts one run of a registered workflow per element of the JSON array p_inputs, in one statement, and announces its queue once; returns the run ids in input order. Options as start_run''s (an unknown one is RL003), for every run, except run_ids, idempotency_keys and concurrency_keys: arrays with one entry per input (null for none). An input whose run_id or idempotency key already has a run gives that run''s id (idempotent, per input); a run_id of another workflow is RL005. Without run_ids and idempotency_keys every run is new and gets an id made here (a ULID, in input order).';
 
--- The claims return two more columns: a new return type, so the functions are dropped and
--- created again (their grants with them, given back below).
-drop function runledger._claim_batch(text, text[], text[], int, int, text[]);
--- Its statements keep one plan per session (plan_cache_mode = force_generic_plan). Their
--- limits are parameters, and a generic plan with an unknown limit is estimated to read a
--- tenth of the index, so PL/pgSQL's cost test kept choosing a custom plan: the claim of
--- the ready runs and the deadline check were planned again on every call, each about
--- 0.45 ms on runs with its twenty indexes (pg_stat_statements, a worker draining one-step
--- runs at concurrency 16: about a fifth of the server's time per drained run). The
--- generic plans are the same index scans (test/plans.test.ts checks them, made on a table
--- the statistics call empty and on one never analysed).
-create function runledger._claim_batch(
-  p_worker_id text, p_queues text[], p_workflows text[], p_limit int, p_lease_ms int,
-  p_reclaim_except text[] default null)
-returns table (
-  run_id text, workflow_name text, workflow_version text, input jsonb, fencing_token bigint,
-  recovery_attempts int, max_steps int, budget numeric, budget_spent numeric, budget_limits jsonb, budget_used jsonb,
-  cancel_requested boolean, checkpoints jsonb, progress jsonb, next_due_in_ms bigint,
-  traceparent text, execution_traceparent text, lineage_id text)
-language plpgsql volatile
-set enable_seqscan = off set jit = off set plan_cache_mode = force_generic_plan as $$
-declare
-  v_now   timestamptz := runledger.now();
-  v_ids   text[] := '{}';
-  v_queue text;
-  v_seen  text[] := '{}';
-  v_limited boolean;
-  v_next  timestamptz;
-  v_deferred     jsonb;
-  v_deferred_ids text[];
-  v_deferred_at  timestamptz[];
-begin
-  if p_limit is null or p_limit < 1 then
-    raise exception using errcode = 'RL003', message = format('_claim_batch: limit must be >= 1, not %s', p_limit);
-  end if;
-  if p_queues is null or p_workflows is null then
-    raise exception using errcode = 'RL003', message = '_claim_batch: queues and workflows must be arrays (empty claims nothing)';
-  end if;
-  if p_reclaim_except is not null then
-    -- A claim whose reply was lost may have committed: take back this worker's runs
-    -- that it is not executing (new token), before anything else.
-    v_ids := array(
-      select r.run_id from runledger.runs r
-       where r.lease_owner = p_worker_id and r.status in ('RUNNING', 'CANCELLING')
-         and not (r.run_id = any(p_reclaim_except))
-       limit p_limit
-       for update skip locked);
-  end if;
-
-  foreach v_queue in array p_queues loop
-    exit when cardinality(v_ids) >= p_limit;
-    continue when v_queue = any(v_seen); -- a queue named twice is looked at once
-    v_seen := v_seen || v_queue;
-    -- A run past its deadline is never put back to work: it ends here instead.
-    perform runledger._stop_unowned((d.r).run_id, 'TERMINATED', 'DEADLINE', runledger._deadline_evidence(d.r, v_now))
-       from (select r from runledger.runs r
-              where r.deadline_at <= v_now and r.status in ('PENDING', 'WAITING') and r.queue_name = v_queue
-              limit p_limit
-              for update skip locked) d;
-    -- A cancelled run whose owner died before its compensations finished.
-    v_ids := v_ids || array(
-      select r.run_id from runledger.runs r
-       where r.queue_name = v_queue and r.status = 'CANCELLING' and r.lease_owner is null
-         and (r.workflow_name || '@' || r.workflow_version) = any(p_workflows)
-       limit p_limit - cardinality(v_ids)
-       for update skip locked);
-    v_limited := runledger._queue_limited(v_queue);
-    if v_limited then
-      -- In a queue with limits a due timer wakes the run into admission instead.
-      perform runledger._wake(t.run_id, t.wait_kind, t.wait_key)
-         from (select r.run_id, r.wait_kind, r.wait_key from runledger.runs r
-                where r.queue_name = v_queue and r.status = 'WAITING' and r.wake_at <= v_now
-                  and (r.deadline_at is null or r.deadline_at > v_now)
-                order by r.wake_at
-                limit p_limit
-                for update skip locked) t;
-      -- Admitted runs in the order admission chose (priority, fair turns across keys,
-      -- age), so a claim with fewer free slots than admitted runs keeps that order. At
-      -- most the queue's concurrency is admitted and unclaimed: the sort is small.
-      v_ids := v_ids || array(
-        select r.run_id from runledger.runs r
-         where r.queue_name = v_queue and r.status = 'PENDING' and r.admitted
-           and (r.not_before is null or r.not_before <= v_now)
-           and (r.deadline_at is null or r.deadline_at > v_now)
-           and (r.workflow_name || '@' || r.workflow_version) = any(p_workflows)
-         order by r.admitted_at nulls first, r.priority, r.created_at
-         limit p_limit - cardinality(v_ids)
-         for update skip locked);
-      -- Then the runs this transaction's admission rounds chose and deferred to this claim
-      -- (_commit_and_claim_flat), in their rounds' order: each goes from PENDING to RUNNING
-      -- in the one update below, with the admitted_at its round gave it; _admit_deferred
-      -- admits the ones left. (`admitted is not true`: see _admit_deferred.)
-      v_deferred := nullif(current_setting('runledger.admit_deferred', true), '')::jsonb;
-      if v_deferred is not null and cardinality(v_ids) < p_limit then
-        v_ids := v_ids || array(
-          select r.run_id
-            from jsonb_to_recordset(v_deferred) d(q text, id text, at timestamptz)
-            join runledger.runs r on r.run_id = d.id
-           where d.q = v_queue and r.status = 'PENDING' and r.admitted is not true
-             and (r.deadline_at is null or r.deadline_at > v_now)
-             and (r.workflow_name || '@' || r.workflow_version) = any(p_workflows)
-           order by d.at
-           limit p_limit - cardinality(v_ids)
-           for update of r skip locked);
-        select array_agg(d.id), array_agg(d.at) into v_deferred_ids, v_deferred_at
-          from jsonb_to_recordset(v_deferred) d(id text, at timestamptz);
-      end if;
-      continue;
-    else
-      -- Runs already under way (a sleep ended, a wait timed out, a retry backoff passed) go first.
-      v_ids := v_ids || array(
-        select r.run_id from runledger.runs r
-         where r.queue_name = v_queue and r.status = 'WAITING' and r.wake_at <= v_now
-           and (r.deadline_at is null or r.deadline_at > v_now)
-           and (r.workflow_name || '@' || r.workflow_version) = any(p_workflows)
-         order by r.wake_at
-         limit p_limit - cardinality(v_ids)
-         for update skip locked);
-    end if;
-    v_ids := v_ids || array(
-      select r.run_id from runledger.runs r
-       where r.queue_name = v_queue and r.status = 'PENDING' and r.admitted
-         and (r.not_before is null or r.not_before <= v_now)
-         -- Past its deadline: ended above, or by the next claim or the deadline sweep; never claimed.
-         and (r.deadline_at is null or r.deadline_at > v_now)
-         and (r.workflow_name || '@' || r.workflow_version) = any(p_workflows)
-       order by r.priority, r.created_at
-       limit p_limit - cardinality(v_ids)
-       for update skip locked);
-  end loop;
-
-  if cardinality(v_ids) > 0 then
-    -- Compare-and-set on the rows locked above: a new fencing token and a lease for each.
-    return query
-      with claimed as (
-        update runledger.runs r
-           set status = case when r.status = 'CANCELLING' then 'CANCELLING'::runledger.run_status else 'RUNNING' end,
-               fencing_token = r.fencing_token + 1, lease_owner = p_worker_id,
-               wait_kind = null, wait_key = null, wake_at = null, admitted = false,
-               admitted_at = coalesce(v_deferred_at[array_position(v_deferred_ids, r.run_id)], r.admitted_at),
-               lease_expires_at = v_now + make_interval(secs => p_lease_ms / 1000.0),
-               started_at = coalesce(r.started_at, v_now), updated_at = v_now
-         where r.run_id = any(v_ids)
-        returning r.*
-      ), logged as (
-        insert into runledger.events (run_id, kind, detail, fencing_token, at)
-        select c.run_id, 'claimed', jsonb_build_object('worker', p_worker_id), c.fencing_token, v_now from claimed c
-      )
-      select c.run_id, c.workflow_name, c.workflow_version, c.input, c.fencing_token,
-             c.recovery_attempts, c.max_steps, c.budget, c.budget_spent, c.budget_limits, c.budget_used, c.status = 'CANCELLING',
-             -- output wrapped in a one-element array so JSON null and "no value" (SQL NULL) stay distinct.
-             coalesce((select jsonb_agg(jsonb_build_array(s.seq, s.name, s.status,
-                                          case when s.output is null then null else jsonb_build_array(s.output) end,
-                                          s.error, s.kind) order by s.seq)
-                         from runledger.steps s where s.run_id = c.run_id), '[]'::jsonb),
-             (select jsonb_object_agg(p.seq::text, p.progress) from runledger.step_progress p where p.run_id = c.run_id),
-             null::bigint, c.traceparent, c.execution_traceparent, c.lineage_id
-        from claimed c;
-  end if;
-
-  if cardinality(v_ids) < p_limit then
-    -- Nothing more is runnable now: say in how long something next will be (a delay on
-    -- the database clock, so the worker's clock plays no part in when it claims again).
-    foreach v_queue in array v_seen loop
-      v_next := least(v_next,
-        (select min(r.not_before) from runledger.runs r
-          where r.queue_name = v_queue and r.status = 'PENDING' and r.admitted and r.not_before > v_now),
-        (select min(r.wake_at) from runledger.runs r
-          where r.queue_name = v_queue and r.status = 'WAITING' and r.wake_at > v_now));
-    end loop;
-    return query select null::text, null::text, null::text, null::jsonb, null::bigint, null::int, null::int,
-                        null::numeric, null::numeric, null::jsonb, null::jsonb, null::boolean, null::jsonb, null::jsonb,
-                        ceil(extract(epoch from v_next - v_now) * 1000)::bigint, null::text, null::text, null::text;
-  end if;
-end;
-$$;
-comment on function runledger._claim_batch(text, text[], text[], int, int, text[]) is
-  'Worker claim of up to p_limit runnable runs of the given queues and workflow@version keys, in one statement: CANCELLING runs without an owner, then due timers, then admitted PENDING runs by priority and age; in a queue with limits, by admitted_at, then the runs its own transaction''s admission rounds deferred to it (_commit_and_claim_flat). Rows are locked FOR UPDATE SKIP LOCKED, so workers never wait on each other. Each becomes RUNNING with fencing_token + 1 and a lease, and is returned with its checkpoints (and its traceparent and the previous execution''s, for tracing, and its lineage_id, null for a run never forked). Runs past their deadline are TERMINATED on the way; a due timer in a queue with limits is woken into admission. When fewer than p_limit were claimed, a last row with run_id null gives next_due_in_ms, the milliseconds until the next delayed start or timer on the database clock (null if none). p_reclaim_except (the runs the worker is executing) also takes back this worker''s other runs: a claim whose reply was lost.';
-
-drop function runledger._start_claimed(text, jsonb, jsonb, text, int);
+-- engine.start in a process whose own worker has a free slot: the start and the claim in
+-- one transaction. The worker is spared a claim, and the run the wait for it (a claim
+-- round trip after the start's commit). Only the run start_run just made or found is
+-- claimed, and only while it is PENDING and admitted (in a queue with limits: admission
+-- let it in at once, so it holds a slot already), runnable now, never claimed
+-- (fencing_token 0), of the version the worker serves and within its deadline; anything
+-- else is left to the queue's workers and comes back unclaimed.
 create function runledger._start_claimed(
   p_workflow text, p_input jsonb, p_options jsonb, p_worker_id text, p_lease_ms int)
 returns table (
@@ -713,37 +523,64 @@ $$;
 comment on function runledger._start_claimed(text, jsonb, jsonb, text, int) is
   'engine.start for a run its own process''s worker takes: the run is started as start_run starts it (without NOTIFY) and claimed for p_worker_id with a lease of p_lease_ms in the same transaction, as _claim_batch would claim it: a new run that is runnable at once is inserted claimed (runledger._start), an existing never-claimed runnable one (an idempotent start, or one its queue''s admission just let in) is claimed by an update. Returns one row: claimed true with the claimed run''s fields, or claimed false (a run already claimed or of another version, a delayed start, a run admission held back, a deadline already past), in which case the run is announced as start_run announces it.';
 
--- Tracing: the worker that claimed a run records the span of this execution, so the next
--- execution (after a crash, on another worker) can link to it. Fenced by the token: a worker
--- that lost the run writes nothing. Not an event: it changes nothing about the run.
-create function runledger._trace_execution(p_run_id text, p_token bigint, p_traceparent text) returns boolean
+-- W3C Trace Context, version 00: 00-<trace id: 32 hex>-<parent span id: 16 hex>-<flags: 2 hex>,
+-- lower case, neither id all zeros.
+create function runledger._is_traceparent(p text) returns boolean
+language sql immutable parallel safe as $$
+  select p ~ '^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$'
+     and substr(p, 4, 32) <> repeat('0', 32) and substr(p, 37, 16) <> repeat('0', 16)
+$$;
+comment on function runledger._is_traceparent(text) is
+  'True when p is a W3C traceparent of version 00 (00-<32 hex trace id>-<16 hex span id>-<2 hex flags>, lower case, neither id all zeros): the form runs.traceparent and runs.execution_traceparent hold.';
+
+create function runledger._start_many(p_items jsonb)
+returns table (
+  item int, run_id text, claimed boolean, workflow_name text, workflow_version text, input jsonb, fencing_token bigint,
+  recovery_attempts int, max_steps int, budget numeric, budget_spent numeric, budget_limits jsonb, budget_used jsonb,
+  traceparent text)
 language plpgsql volatile
 set enable_seqscan = off set jit = off as $$
+declare
+  v_item  jsonb;
+  v_index int := 0;
 begin
-  if p_traceparent is null or not runledger._is_traceparent(p_traceparent) then
+  if jsonb_typeof(p_items) is distinct from 'array' then
     raise exception using errcode = 'RL003',
-      message = format('_trace_execution: %L is not a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>)', p_traceparent);
+      message = format('_start_many: items must be a JSON array, not %s', coalesce(jsonb_typeof(p_items), 'null'));
   end if;
-  update runledger.runs r set execution_traceparent = p_traceparent
-   where r.run_id = p_run_id and r.fencing_token = p_token and r.lease_owner is not null;
-  return found;
+  -- No subtransaction per item: an error undoes the whole statement, and the caller sends
+  -- each of its items again alone, so every start gets its own answer. Errors are rare
+  -- (the engine checks the inputs first); a subtransaction per item would cost every batch.
+  -- Queues with limits admit once each at the end, in name order (_admit_later,
+  -- _admit_collected), as a group commit does: a batch that took one queue's row lock per
+  -- item, in its items' order, could wait on a group commit that holds another's.
+  perform set_config('runledger.admit_pending', ',', true);
+  for v_item in select value from jsonb_array_elements(p_items) loop
+    if jsonb_typeof(v_item) <> 'object'
+       or (v_item ? 'worker_id' and (jsonb_typeof(v_item->'lease_ms') is distinct from 'number' or v_item->>'lease_ms' !~ '^\d{1,9}$')) then
+      raise exception using errcode = 'RL003',
+        message = format('_start_many: item %s must be an object {workflow, input, options[, worker_id, lease_ms (a whole number)]}, not %s',
+                         v_index, left(v_item::text, 200));
+    end if;
+    if v_item ? 'worker_id' then
+      return query
+        select v_index, s.run_id, s.claimed, s.workflow_name, s.workflow_version, s.input, s.fencing_token, s.recovery_attempts,
+               s.max_steps, s.budget, s.budget_spent, s.budget_limits, s.budget_used, s.traceparent
+          from runledger._start_claimed(v_item->>'workflow', v_item->'input', v_item->'options', v_item->>'worker_id',
+                                        (v_item->>'lease_ms')::int) s;
+    else
+      -- As start_run (its announcement included: identical notifications of one transaction are sent once).
+      return query
+        select v_index, (s.run).run_id, false, null::text, null::text, null::jsonb, null::bigint, null::int, null::int,
+               null::numeric, null::numeric, null::jsonb, null::jsonb, null::text
+          from runledger._start(v_item->>'workflow', v_item->'input', v_item->'options') s;
+    end if;
+    v_index := v_index + 1;
+  end loop;
+  perform runledger._admit_collected();
 end;
 $$;
-comment on function runledger._trace_execution(text, bigint, text) is
-  'Records p_traceparent, the span of the execution that holds the run with fencing token p_token, in runs.execution_traceparent (the next execution''s span links to it). Returns false, writing nothing, when that execution no longer holds the run. RL003 for a value that is not a W3C traceparent.';
+comment on function runledger._start_many(jsonb) is
+  'Several engine.start calls of one process in one transaction, one per element of p_items ({workflow, input, options, worker_id, lease_ms}), in order: with worker_id, runledger._start_claimed (the run claimed for that worker of the calling process when it can be); without, the start start_run makes. Queues with limits admit once each at the end, in name order (so a run of such a queue is not claimed at its start here; admission announces it). One row per item, numbered from 0, with _start_claimed''s columns (claimed false and nulls for a start without a worker). An error in any item undoes them all (the engine then starts each alone).';
 
-insert into runledger.role_functions (role_name, function_name) values ('runledger_worker', '_trace_execution');
-select runledger._secure_functions();
--- The dropped functions lost their grants: give the worker role back what it had, and the
--- new function (grant_roles() does the same for every role, when the migrating role may run it).
-do $$
-begin
-  if exists (select from pg_roles where rolname = 'runledger_worker') then
-    grant execute on function runledger._claim_batch(text, text[], text[], int, int, text[]) to runledger_worker;
-    grant execute on function runledger._start_claimed(text, jsonb, jsonb, text, int) to runledger_worker;
-    grant execute on function runledger._trace_execution(text, bigint, text) to runledger_worker;
-  end if;
-end;
-$$;
-
-insert into runledger.migrations (version, name) values (19, '0019_tracing');
+insert into runledger.migrations (version, name) values (3, '0003_start');

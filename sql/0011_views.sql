@@ -1,15 +1,8 @@
--- 0010_views: what operators read in psql.
+-- 0011_views: the views psql users read.
 --
---   runledger.active              runs not yet finished, with their owner and lease
---   runledger.dead_letter         runs parked out of the automatic path, with why
---   runledger.run_timeline        one run's history: events and step checkpoints in time order
---   runledger.waiting             runs waiting, holding no worker: for what, since and until when
---   runledger.approval_inbox      pending approval requests
---   runledger.unknown_operations  external operations whose outcome is UNKNOWN
---   runledger.queue_stats         per queue and key: depth, running, oldest pending, limits
---   runledger.live_workers        workers not stopped and heard from within their lease
---   runledger.stranded_runs       PENDING and WAITING runs whose version no live worker serves
---   runledger.version_stats       runs per workflow, version and runtime: per status, oldest waiting, live workers
+-- indexes: runs_console
+-- views: active, dead_letter, run_timeline, waiting, approval_inbox, unknown_operations, queue_stats,
+--   live_workers, stranded_runs, version_stats, patches
 
 create view runledger.active as
 select r.run_id, r.workflow_name, r.workflow_version, r.queue_name, r.status, r.wait_kind, r.wake_at,
@@ -143,4 +136,56 @@ select s.workflow_name, s.workflow_version, s.runtime,
 comment on view runledger.version_stats is
   'Runs per (workflow, version, runtime version): how many, how many are still active, the count per status, the oldest PENDING or WAITING run, and how many live workers serve that version. A version with no active runs can be retired; one with active runs and no live worker has stranded runs.';
 
-insert into runledger.migrations (version, name) values (10, '0010_views');
+create view runledger.patches as
+with taken as (
+  select r.workflow_name, r.workflow_version, substr(s.name, 8) as patch,
+         count(*) as runs_taken,
+         count(*) filter (where r.status not in ('SUCCEEDED', 'CANCELLED', 'TERMINATED')) as replayable_taken,
+         min(s.finished_at) as first_taken_at
+    from runledger.steps s
+    join runledger.runs r on r.run_id = s.run_id
+   where s.name like '@patch:%'
+   group by r.workflow_name, r.workflow_version, substr(s.name, 8))
+select t.workflow_name, t.workflow_version, t.patch, t.runs_taken, t.replayable_taken, t.first_taken_at,
+       b.replayable_before
+  from taken t
+  cross join lateral (
+    select count(*) as replayable_before
+      from runledger.runs o
+     where o.workflow_name = t.workflow_name and o.workflow_version = t.workflow_version
+       and o.status not in ('SUCCEEDED', 'CANCELLED', 'TERMINATED') and o.created_at < t.first_taken_at
+       and not exists (select 1 from runledger.steps p where p.run_id = o.run_id and p.name = '@patch:' || t.patch)) b;
+comment on view runledger.patches is
+  'Per workflow version and patch (ctx.patched): runs that took it, how many of them may still execute or replay (not SUCCEEDED, CANCELLED or TERMINATED), when it was first taken, and replayable_before: runs from before the patch that did not take it and may still replay, so still need the old branch. At replayable_before = 0 the old branch can go (ctx.deprecatePatch); at replayable_taken = 0 the deprecatePatch call can go too.';
+
+-- The index of the web console's run lists (runledger ui, docs/console.md):
+--   runs_console (status, workflow_name, run_id): a page of runs in some statuses and of
+--   some workflow, newest first, by keyset; the counts per status; the gauges' unfinished runs
+--
+-- The console lists runs by run_id descending (ULIDs: newest first) with `run_id < $before`,
+-- never by OFFSET, so a deep page costs what the first one does. Without a status or workflow
+-- filter the primary key serves. With one, the console reads this index one (status,
+-- workflow) pair at a time, each a range already in run_id order, and merges the pairs' first
+-- rows (src/console/queries.ts): with a workflow, the pairs are that workflow's statuses (at
+-- most nine); without one, the workflows that have runs in the status are found in the index
+-- itself, one probe each. The counts per status and the unfinished runs of the gauges are a
+-- range of its leading column (index-only). Queue and concurrency-key filters go by the
+-- primary key and skip rows that do not match (docs/console.md measures both).
+--
+-- One index, not one per filter: every run writes an entry when it starts and at every change
+-- of status (the change is never a HOT update: status is in the predicates of the claim's
+-- indexes), so every index here is paid by every run.
+--
+-- Partial on a predicate that is always true (created_at is set on insert) but that no
+-- statement of the engine names, and the console's queries repeat it to use it. It holds
+-- run_id as its last column, so a `run_id = ...` could be served by walking the whole index;
+-- on a table the statistics call empty the planner finds that as cheap as the primary key.
+-- Not partial, such an index is taken for lookups of one run by `run_id = ... and status in
+-- (...)` with a plan cached while the table was empty, and by the group commit's completion
+-- UPDATE on a new database never analysed (test/plans.test.ts checks both): a walk of every
+-- run per completion once the table has grown.
+create index runs_console on runledger.runs (status, workflow_name, run_id) where created_at > '-infinity';
+comment on index runledger.runs_console is
+  'The console''s run lists and counts per status (src/console/queries.ts): one range per (status, workflow) pair, in run_id order. Partial on created_at > ''-infinity'' (always true), which only the console''s and the gauges'' queries name.';
+
+insert into runledger.migrations (version, name) values (11, '0011_views');

@@ -1,53 +1,44 @@
--- 0004_waits: durable waits. The run waits, not the worker: a waiting run holds no
--- lease, no worker slot and no connection; it is rows and index entries.
+-- 0006_waits: durable waits: timers, signals, approvals, child runs.
 --
---   runledger.signals            the durable inbox (signal_id deduplicates)
---   runledger.approvals          human approval requests and their decisions (audit evidence)
---   runledger._wake(...)         compare-and-set: a run waiting for (kind, key) back to PENDING
---   runledger._end_wait(...)     a wait step finished with its result
---   runledger._wait(...)         one round trip: fence, record the wait, finish it if it can,
---                                else park the run WAITING until its timer is due
---   runledger.send_signal(...)   public: deliver a signal, wake the run waiting on its topic
---   runledger.decide_approval()  public: first decision wins; wakes the run
---   runledger._start_child(...)  start a child run and checkpoint its id in one transaction
---   runledger._wake_parent(...)  a child reached a terminal state: wake its waiting parent
---   runledger._wake_due(...)     sweeper: WAITING runs whose wake time passed and no worker claimed
---
--- Their views (runledger.waiting, runledger.approval_inbox) are in 0010_views.sql.
+-- tables: signals, approvals, approval_votes
+-- indexes: signals_unconsumed
+-- functions: _wake, _end_wait, _wait, _send_signal, _approval_votes, _decide_approval, _start_child,
+--   _wake_parent, _wake_due
 
 create table runledger.signals (
-  signal_id    text primary key check (length(signal_id) between 1 and 200),
-  run_id       text not null references runledger.runs (run_id) on delete cascade,
-  topic        text not null,
+  signal_id    text collate "C" primary key check (length(signal_id) between 1 and 200),
+  run_id       text collate "C" not null references runledger.runs (run_id) on delete cascade,
+  topic        text collate "C" not null,
   payload      jsonb,
   received_at  timestamptz not null default runledger.now(),
   consumed_seq int,
   consumed_at  timestamptz
 );
-create index signals_unconsumed on runledger.signals (run_id, topic, received_at) where consumed_seq is null;
 comment on table runledger.signals is
   'Durable signal inbox. A signal_id is accepted once; a signal sent before the run waits is kept until a wait on its topic consumes it (consumed_seq = the consuming step).';
 
+create index signals_unconsumed on runledger.signals (run_id, topic, received_at) where consumed_seq is null;
+
 create table runledger.approvals (
-  request_id   text primary key,
-  run_id       text not null references runledger.runs (run_id) on delete cascade,
+  request_id   text collate "C" primary key,
+  run_id       text collate "C" not null references runledger.runs (run_id) on delete cascade,
   seq          int not null,
-  name         text not null,
-  action       text not null,
+  name         text collate "C" not null,
+  action       text collate "C" not null,
   evidence     jsonb,
   -- Names given by deciders, or database roles (checked by the deciding role's membership).
-  approvers    text[],
+  approvers    text[] collate "C",
   -- How many approving decisions end the wait (requires: { count, of }); one rejection ends it at once.
   required     int not null default 1 check (required >= 1),
   requested_at timestamptz not null default runledger.now(),
   expires_at   timestamptz,
   decision     boolean,
-  decided_by   text,
+  decided_by   text collate "C",
   -- Who decided, as the database knows it: the login (session_user) and the role it acted as (runledger._caller(): SET ROLE's role, else the login).
-  decided_db_user text,
-  decided_db_role text,
+  decided_db_user text collate "C",
+  decided_db_role text collate "C",
   decided_at   timestamptz,
-  note         text,
+  note         text collate "C",
   unique (run_id, seq),
   constraint approvals_decision_complete check ((decision is null) = (decided_at is null and decided_by is null))
 );
@@ -56,13 +47,13 @@ comment on table runledger.approvals is
 
 -- The decisions on a request that needs more than one (requires: { count, of }).
 create table runledger.approval_votes (
-  request_id text not null references runledger.approvals (request_id) on delete cascade,
+  request_id text collate "C" not null references runledger.approvals (request_id) on delete cascade,
   -- Who: the name given, or for a role approver the login that decided.
-  voter      text not null,
+  voter      text collate "C" not null,
   approved   boolean not null,
-  note       text,
-  db_user    text not null default session_user,
-  db_role    text not null default runledger._caller(),
+  note       text collate "C",
+  db_user    text collate "C" not null default session_user,
+  db_role    text collate "C" not null default runledger._caller(),
   decided_at timestamptz not null default runledger.now(),
   primary key (request_id, voter)
 );
@@ -126,10 +117,15 @@ begin
   -- First encounter: the wake time (timeout) is computed once, on the database clock, and kept.
   select * into v_step from runledger.steps where run_id = p_run_id and seq = p_seq;
   if not found then
-    v_wake_at := case
-      when p_spec ? 'until' then (p_spec->>'until')::timestamptz
-      when p_spec ? 'timeout_ms' then v_now + make_interval(secs => (p_spec->>'timeout_ms')::numeric / 1000.0)
-    end;
+    if p_spec ? 'until' then
+      v_wake_at := runledger._instant(p_spec->>'until', format('run %s: %s %s until', p_run_id, p_kind, p_name));
+    elsif p_spec ? 'timeout_ms' then
+      if jsonb_typeof(p_spec->'timeout_ms') <> 'number' then
+        raise exception using errcode = 'RL003',
+          message = format('run %s: %s %s: timeout_ms must be a number of milliseconds, not %s', p_run_id, p_kind, p_name, p_spec->'timeout_ms');
+      end if;
+      v_wake_at := runledger._ms_after(v_now, (p_spec->>'timeout_ms')::numeric, format('run %s: %s %s timeout_ms', p_run_id, p_kind, p_name));
+    end if;
     if p_kind = 'sleep' and v_wake_at is null then
       -- A timer without a wake-up time would wait forever.
       raise exception using errcode = 'RL003', message = format('run %s: sleep %s has no duration or time (spec %s)', p_run_id, p_name, p_spec);
@@ -195,7 +191,8 @@ begin
   end if;
 
   -- Park the run: WAITING, no lease, woken by its timer (the earlier of the wait's wake
-  -- time and the run's deadline), a signal, a decision or a child's end.
+  -- time and the run's deadline), a signal, a decision or a child's end. The delay is a
+  -- bigint of milliseconds: a timer may be months or years ahead.
   v_wake_at := least(v_wake_at, v_run.deadline_at);
   update runledger.runs
      set status = 'WAITING', wait_kind = case p_kind when 'sleep' then 'timer' else p_kind end, wait_key = v_key,
@@ -204,13 +201,13 @@ begin
   perform runledger._slot_freed(p_run_id);
   if v_wake_at is not null then
     perform runledger._dispatch(p_run_id, v_run.queue_name,
-      greatest(0, ceil(extract(epoch from v_wake_at - v_now) * 1000))::int);
+      greatest(0, ceil(extract(epoch from v_wake_at - v_now) * 1000))::bigint);
   end if;
   return query select false, null::jsonb;
 end;
 $$;
 comment on function runledger._wait(text, bigint, int, text, text, jsonb) is
-  'A durable wait at step p_seq (sleep, signal, approval, child), in one round trip: fences, records the wait once (its wake time is a checkpoint), ends it when it can (consuming a signal, reading a decision or a child''s end, or timing out) in the same transaction, else parks the run WAITING without a lease and schedules its timer.';
+  'A durable wait at step p_seq (sleep, signal, approval, child), in one round trip: fences, records the wait once (its wake time is a checkpoint: until, a finite timestamp, or timeout_ms, milliseconds from 0 to 2^53 - 1 after now; RL003 otherwise), ends it when it can (consuming a signal, reading a decision or a child''s end, or timing out) in the same transaction, else parks the run WAITING without a lease and schedules its timer.';
 
 create function runledger._send_signal(p_run_id text, p_topic text, p_payload jsonb, p_signal_id text default null)
 returns boolean
@@ -222,6 +219,11 @@ declare
 begin
   if p_topic is null or p_topic !~ '^[A-Za-z0-9][A-Za-z0-9_.:/-]*$' or length(p_topic) > 100 then
     raise exception using errcode = 'RL003', message = format('send_signal: invalid topic %L', p_topic);
+  end if;
+  -- The inbox's check (signal_id of 1 to 200 characters) would raise a raw 23514.
+  if length(v_id) not between 1 and 200 then
+    raise exception using errcode = 'RL003',
+      message = format('send_signal: signal_id must be 1 to 200 characters, not %s', length(v_id));
   end if;
   if pg_column_size(p_payload) > runledger._max_payload_bytes() then
     raise exception using errcode = 'RL004', message = format('send_signal: payload over the limit of %s bytes', runledger._max_payload_bytes());
@@ -250,7 +252,7 @@ begin
 end;
 $$;
 comment on function runledger._send_signal(text, text, jsonb, text) is
-  'The action behind runledger.send_signal (which records it in audit_log): Delivers a signal to a run''s durable inbox; returns false (changing nothing) when signal_id was already accepted. Wakes the run if it waits on this topic; otherwise the signal waits for a later wait. Unknown run: RL002; finished run: RL005.';
+  'The action behind runledger.send_signal (which records it in audit_log): Delivers a signal to a run''s durable inbox; returns false (changing nothing) when signal_id was already accepted. Wakes the run if it waits on this topic; otherwise the signal waits for a later wait. Invalid topic or a signal_id that is not 1 to 200 characters: RL003; unknown run: RL002; finished run: RL005.';
 
 create function runledger._approval_votes(p_request_id text) returns jsonb
 language sql stable as $$
@@ -410,4 +412,4 @@ $$;
 comment on function runledger._wake_due(int, int) is
   'Sweeper: wakes WAITING runs whose wake time passed more than p_grace_ms ago (workers claim due timers themselves; this covers queues no live worker claims from, and clocks moved by runledger.fake_now). Returns how many.';
 
-insert into runledger.migrations (version, name) values (4, '0004_waits');
+insert into runledger.migrations (version, name) values (6, '0006_waits');

@@ -1,22 +1,12 @@
--- 0005_termination: runs stop for durable, explained reasons.
+-- 0008_termination: cancel, deadlines, budgets, step and no-progress limits.
 --
---   runledger.cancel_run(run_id, reason)   public: cancel now (PENDING, WAITING) or ask the owner (RUNNING)
---   runledger._charge / _check_progress    budget and no-progress limits, checked with each checkpoint
---   runledger._add_amounts(...)            budget amounts added per dimension
---   runledger._as_charge / _charge_fits    a charge as an object; whether it passes no limit (group commit's fast path)
---   runledger._charge_now(...)             a fenced charge committed on its own (ctx.chargeNow)
---   runledger._terminate_run(...)           fenced policy stop by the owner (deadline, max steps)
---   runledger._finish_cancel(...)           fenced end of a CANCELLING run by its owner
---   runledger._stop_unowned(...)            ends a run that holds no worker (PENDING, WAITING)
---   runledger._cancel_children(...)         cancels a run's unfinished children
---   runledger._deadline_evidence(...)       the evidence of a DEADLINE stop of a run that holds no worker
---   runledger._enforce_deadlines(...)       sweeper: waiting and pending runs past their deadline
---
--- Every stop writes the termination record (reason, evidence, time, policy version) with
--- the status change, in one transaction. A terminal run is never claimed again.
---
--- Error codes: RL008 CANCELLED (a step that began after the cancel request may not
--- record its result), RL009 DEADLINE (nothing commits past the deadline).
+-- indexes: runs_deadline
+-- functions: _cancel_children, _stop_unowned, _stop_for_compensations, _cancel_run, _finish_cancel,
+--   _terminate_run, _charge, _no_charge, _as_charge, _charge_fits, _add_amounts, _charge_now,
+--   _check_progress, _deadline_evidence, _enforce_deadlines
+
+-- Deadlines are enforced by a sweep over runs that hold no worker.
+create index runs_deadline on runledger.runs (deadline_at) where status in ('PENDING', 'WAITING') and deadline_at is not null;
 
 create function runledger._cancel_children(p_run_id text, p_reason text) returns int
 language plpgsql volatile as $$
@@ -359,4 +349,4 @@ $$;
 comment on function runledger._enforce_deadlines(int) is
   'Sweeper: PENDING and WAITING runs past their deadline end TERMINATED (DEADLINE), exactly once, with the deadline as evidence. Honours runledger.fake_now. Returns how many.';
 
-insert into runledger.migrations (version, name) values (5, '0005_termination');
+insert into runledger.migrations (version, name) values (8, '0008_termination');

@@ -1,58 +1,49 @@
--- 0006_operations: the operation ledger for external side effects, retries with
--- backoff, and heartbeats for long steps.
+-- 0007_operations: the operation ledger, step retries and heartbeats, compensations.
 --
---   runledger.operations          the ledger: intent (STARTED) commits before the call; the
---                                 outcome commits with the step's checkpoint
---   runledger.step_progress       last heartbeat progress of a step still running
---   runledger._operation_begin    records the intent, or reports what a replay finds
---   runledger._operation_finish   records the outcome (with the step checkpoint: _operation_checkpoint)
---   runledger._operation_park     waits for an operator (or a later reconcile) on an UNKNOWN outcome
---   runledger.resolve_operation   public: an operator settles an UNKNOWN operation
---   runledger._record_retry       counts a retry against the run's retry budget, with its error
---   runledger._retry_wait         a long backoff as a durable wait: the worker is freed
---   runledger._heartbeat_step     a long step renews its run's lease and stores its progress
---   runledger._compensation_*     saga compensations, each recorded so none runs twice (own fence:
---                                 past the deadline too); _compensations_due says whether any is left
---   runledger.compensate_run      public: runs a finished run's compensations not DONE (again)
---
--- Its view runledger.unknown_operations (what is UNKNOWN now, for which run, since when)
--- is in 0010_views.sql.
+-- tables: operations, step_progress
+-- indexes: operations_idempotency_key, operations_unknown
+-- functions: _operation_begin, _operation_finish, _operation_park, _resolve_operation, _record_retry,
+--   _retry_wait, _heartbeat_step, _compensation_fence, _compensations_due, _compensation_summary,
+--   _compensation_begin, _compensation_finish, _compensate_run, _operation_checkpoint, _undone_operations,
+--   _undone_refusal
 
 create table runledger.operations (
-  operation_id         text primary key,
-  run_id               text not null references runledger.runs (run_id) on delete cascade,
+  operation_id         text collate "C" primary key,
+  run_id               text collate "C" not null references runledger.runs (run_id) on delete cascade,
   seq                  int not null,
-  name                 text not null,
-  idempotency_key      text not null,
-  status               text not null check (status in ('PLANNED', 'STARTED', 'SUCCEEDED', 'FAILED', 'UNKNOWN')),
-  external_resource_id text,
+  name                 text collate "C" not null,
+  idempotency_key      text collate "C" not null,
+  status               text collate "C" not null check (status in ('PLANNED', 'STARTED', 'SUCCEEDED', 'FAILED', 'UNKNOWN')),
+  external_resource_id text collate "C",
   result               jsonb,
   error                jsonb,
   attempts             int not null default 1,
   compensable          boolean not null default false,
-  compensation_status  text check (compensation_status in ('STARTED', 'DONE', 'FAILED')),
+  compensation_status  text collate "C" check (compensation_status in ('STARTED', 'DONE', 'FAILED')),
   compensation_error   jsonb,
   started_at           timestamptz not null default runledger.now(),
   updated_at           timestamptz not null default runledger.now(),
   finished_at          timestamptz,
-  resolved_by          text,
+  resolved_by          text collate "C",
   -- A fork's row under a key an ancestor run (fork_run) already used: the ancestor's
   -- operation it reused (SUCCEEDED) or attempts again. Not a foreign key: prune may
   -- delete the ancestor, and the fork's row keeps its history.
-  prior_operation_id   text,
+  prior_operation_id   text collate "C",
   unique (run_id, seq)
 );
--- An idempotency key is used by one operation, except by the forks of the run that used
--- it: their rows name that operation (prior_operation_id).
-create unique index operations_idempotency_key on runledger.operations (idempotency_key) where prior_operation_id is null;
-create index operations_unknown on runledger.operations (updated_at) where status = 'UNKNOWN';
 comment on table runledger.operations is
   'Operation ledger: one row per external side effect (ctx.operation). STARTED (with its idempotency key) commits before the call; SUCCEEDED or FAILED commits with the step checkpoint; a STARTED row found on replay is UNKNOWN until reconcile, an idempotent retry or an operator (resolve_operation) settles it. An idempotency key is unique, except in the forks of the run that used it (prior_operation_id); retry_run puts a FAILED one back to PLANNED (attempts 0), to be called again with the same key.';
 comment on column runledger.operations.prior_operation_id is
   'In a fork (fork_run): the operation of an ancestor run with the same idempotency key. The fork reused its result (status SUCCEEDED, attempts 0, event operation_reused) or, when it had not succeeded, made a new attempt under the same key (event operation_attempted_by_fork on the ancestor).';
 
+-- An idempotency key is used by one operation, except by the forks of the run that used
+-- it: their rows name that operation (prior_operation_id).
+create unique index operations_idempotency_key on runledger.operations (idempotency_key) where prior_operation_id is null;
+
+create index operations_unknown on runledger.operations (updated_at) where status = 'UNKNOWN';
+
 create table runledger.step_progress (
-  run_id     text not null references runledger.runs (run_id) on delete cascade,
+  run_id     text collate "C" not null references runledger.runs (run_id) on delete cascade,
   seq        int not null,
   progress   jsonb,
   updated_at timestamptz not null default runledger.now(),
@@ -154,13 +145,13 @@ $$;
 comment on function runledger._operation_finish(text, bigint, text, text, jsonb, jsonb, text, text) is
   'Fenced: records an operation''s outcome; called in the same transaction as the step checkpoint that follows it.';
 
-create function runledger._operation_park(p_run_id text, p_token bigint, p_seq int, p_operation_id text, p_retry_in_ms int)
+create function runledger._operation_park(p_run_id text, p_token bigint, p_seq int, p_operation_id text, p_retry_in_ms bigint)
 returns void
 language plpgsql volatile
 set enable_seqscan = off set jit = off as $$
 declare
   v_run runledger.runs := runledger._fence(p_run_id, p_token);
-  v_wake timestamptz := case when p_retry_in_ms is not null then runledger.now() + make_interval(secs => p_retry_in_ms / 1000.0) end;
+  v_wake timestamptz := runledger._ms_after(runledger.now(), p_retry_in_ms, '_operation_park: p_retry_in_ms');
 begin
   -- Never a silent retry of a call that may have happened: the run waits (holding nothing)
   -- for resolve_operation, or until the next reconcile attempt when a reconciler said "unknown".
@@ -173,11 +164,11 @@ begin
   values (p_run_id, 'waiting_for_reconcile', jsonb_build_object('operation_id', p_operation_id, 'seq', p_seq, 'retry_in_ms', p_retry_in_ms), p_token);
   if least(v_wake, v_run.deadline_at) is not null then
     perform runledger._dispatch(p_run_id, v_run.queue_name,
-      greatest(0, ceil(extract(epoch from least(v_wake, v_run.deadline_at) - runledger.now()) * 1000))::int);
+      greatest(0, ceil(extract(epoch from least(v_wake, v_run.deadline_at) - runledger.now()) * 1000))::bigint);
   end if;
 end;
 $$;
-comment on function runledger._operation_park(text, bigint, int, text, int) is
+comment on function runledger._operation_park(text, bigint, int, text, bigint) is
   'Fenced: an UNKNOWN operation that cannot be settled automatically parks the run WAITING (wait_kind reconcile) until resolve_operation, or until p_retry_in_ms for the next reconcile.';
 
 create function runledger._resolve_operation(p_operation_id text, p_status text, p_result jsonb default null, p_resolved_by text default null)
@@ -185,7 +176,8 @@ returns text
 language plpgsql volatile
 set enable_seqscan = off set jit = off as $$
 declare
-  v_op runledger.operations;
+  v_op  runledger.operations;
+  v_run runledger.runs;
 begin
   if p_status not in ('SUCCEEDED', 'FAILED') then
     raise exception using errcode = 'RL003', message = format('resolve_operation: status must be SUCCEEDED or FAILED, not %L', p_status);
@@ -196,6 +188,22 @@ begin
   end if;
   if v_op.status not in ('UNKNOWN', 'STARTED') then
     raise exception using errcode = 'RL005', message = format('resolve_operation: operation %s is %s, not UNKNOWN', p_operation_id, v_op.status);
+  end if;
+  -- A worker executes the run: the call may be in flight, and the worker records its outcome
+  -- (over the operator's). An expired lease too: until recovery takes the run back, the
+  -- worker holding it may still write. Once no worker holds it, its writes are fenced off.
+  select * into v_run from runledger.runs r where r.run_id = v_op.run_id;
+  if v_run.status in ('RUNNING', 'CANCELLING') and v_run.lease_owner is not null then
+    raise exception using errcode = 'RL005',
+      message = format('resolve_operation: operation %s (%s) is %s and its run %s is executed by worker %s (lease %s %s): '
+                       'its call may still be in flight, and that worker records the outcome. Wait: a call whose outcome is '
+                       'lost leaves the operation UNKNOWN and the run waiting for you (runledger.unknown_operations)%s; '
+                       'or cancel the run (cancel_run)',
+                       p_operation_id, v_op.name, v_op.status, v_op.run_id, v_run.lease_owner,
+                       case when v_run.lease_expires_at > runledger.now() then 'until' else 'expired at' end,
+                       v_run.lease_expires_at,
+                       case when v_run.lease_expires_at > runledger.now() then ''
+                            else ' once recovery has taken the run back from that worker' end);
   end if;
   update runledger.operations
      set status = p_status, result = case when p_status = 'SUCCEEDED' then p_result end,
@@ -209,9 +217,9 @@ begin
 end;
 $$;
 comment on function runledger._resolve_operation(text, text, jsonb, text) is
-  'The action behind runledger.resolve_operation (which records it in audit_log): Operator action: settles an UNKNOWN operation as SUCCEEDED (p_result is its result) or FAILED (p_result is the error), and wakes the run waiting on it. Returns the status set.';
+  'The action behind runledger.resolve_operation (which records it in audit_log): Operator action: settles an UNKNOWN (or STARTED) operation as SUCCEEDED (p_result is its result) or FAILED (p_result is the error), and wakes the run waiting on it. Returns the status set. RL005 while a worker holds the operation''s run (RUNNING or CANCELLING with an owner, its lease live or expired and not yet recovered): its call may be in flight and the worker records the outcome; wait, or cancel the run.';
 
-create function runledger._record_retry(p_run_id text, p_token bigint, p_seq int, p_name text, p_attempt int, p_error jsonb, p_delay_ms int)
+create function runledger._record_retry(p_run_id text, p_token bigint, p_seq int, p_name text, p_attempt int, p_error jsonb, p_delay_ms bigint)
 returns boolean
 language plpgsql volatile
 set enable_seqscan = off set jit = off as $$
@@ -231,16 +239,16 @@ begin
   return true;
 end;
 $$;
-comment on function runledger._record_retry(text, bigint, int, text, int, jsonb, int) is
+comment on function runledger._record_retry(text, bigint, int, text, int, jsonb, bigint) is
   'Fenced: records a failed attempt of a step (its error and the backoff before the next) and spends one retry of the run''s retry budget; false when the budget is used up (the step then fails).';
 
-create function runledger._retry_wait(p_run_id text, p_token bigint, p_seq int, p_name text, p_kind text, p_attempt int, p_delay_ms int)
+create function runledger._retry_wait(p_run_id text, p_token bigint, p_seq int, p_name text, p_kind text, p_attempt int, p_delay_ms bigint)
 returns void
 language plpgsql volatile
 set enable_seqscan = off set jit = off as $$
 declare
   v_run  runledger.runs := runledger._fence(p_run_id, p_token);
-  v_wake timestamptz := runledger.now() + make_interval(secs => p_delay_ms / 1000.0);
+  v_wake timestamptz := runledger._ms_after(runledger.now(), p_delay_ms, '_retry_wait: p_delay_ms');
 begin
   -- The step position keeps a WAITING row with the attempt reached; the next attempt after
   -- the backoff reads it. The worker is freed meanwhile.
@@ -255,10 +263,10 @@ begin
    where run_id = p_run_id;
   perform runledger._slot_freed(p_run_id);
   perform runledger._dispatch(p_run_id, v_run.queue_name,
-    greatest(0, ceil(extract(epoch from least(v_wake, v_run.deadline_at) - runledger.now()) * 1000))::int);
+    greatest(0, ceil(extract(epoch from least(v_wake, v_run.deadline_at) - runledger.now()) * 1000))::bigint);
 end;
 $$;
-comment on function runledger._retry_wait(text, bigint, int, text, text, int, int) is
+comment on function runledger._retry_wait(text, bigint, int, text, text, int, bigint) is
   'Fenced: a backoff too long to sleep in memory becomes a durable wait (wait_kind retry): the step keeps a WAITING row with the attempt reached and the run waits, holding no worker, until the next attempt is due.';
 
 create function runledger._heartbeat_step(p_run_id text, p_token bigint, p_seq int, p_progress jsonb, p_lease_ms int)
@@ -434,4 +442,42 @@ $$;
 comment on function runledger._operation_checkpoint(text, bigint, int, text, text, text, jsonb, jsonb, text, int, bigint, jsonb) is
   'Fenced: records an operation''s outcome in the ledger and its step checkpoint in one transaction. p_status UNKNOWN (an invalid reconcile answer): the step checkpoint is FAILED with p_error, the ledger row stays UNKNOWN and an operation_reconcile_invalid event holds the error.';
 
-insert into runledger.migrations (version, name) values (6, '0006_operations');
+create function runledger._undone_operations(p_run_id text, p_before_seq int default null) returns jsonb
+language sql stable
+set enable_seqscan = off set jit = off as $$
+  -- An operation checkpoint names its ledger row (output.operationId). A fork's copied or
+  -- reused checkpoint names a row of an ancestor (copied: that row; reused: the fork's own
+  -- row, attempts 0, whose effect is the ancestor's, prior_operation_id): the effect is the
+  -- ancestor's, and its undo counts too.
+  select coalesce(jsonb_agg(jsonb_build_object('seq', s.seq, 'name', s.name, 'operation_id', coalesce(p.operation_id, o.operation_id),
+                                               'run_id', coalesce(p.run_id, o.run_id),
+                                               'compensation', coalesce(p.compensation_status, o.compensation_status))
+                            order by s.seq), '[]'::jsonb)
+    from runledger.steps s
+    join runledger.operations o on o.operation_id = s.output->>'operationId'
+    left join runledger.operations p on o.attempts = 0 and p.operation_id = o.prior_operation_id
+   where s.run_id = p_run_id and s.kind = 'operation' and s.status = 'SUCCEEDED'
+     and (p_before_seq is null or s.seq < p_before_seq)
+     and coalesce(p.compensation_status, o.compensation_status) is not null
+$$;
+comment on function runledger._undone_operations(text, int) is
+  'The operation checkpoints of a run (those before p_before_seq; all when null) whose effect a compensation undid (compensation_status DONE) or tried to (STARTED: cut short, FAILED), the ancestor''s operation for a checkpoint a fork copied or reused: a JSON array of {seq, name, operation_id, run_id, compensation}, by seq; [] when there is none. retry_run, migrate_run and fork_run refuse to go on from such a checkpoint.';
+
+create function runledger._undone_refusal(p_what text, p_run_id text, p_undone jsonb) returns text
+language sql immutable as $$
+  select format('%s: run %s has operations whose effects were undone by compensations (%s); going on from its checkpoints '
+                'would act as if they stood. To do that work again, fork the run from step %s or earlier '
+                '(runledger fork %s --from %s, or select runledger.fork_run(%L, %s)): the fork calls each undone operation '
+                'again, as a new attempt under its idempotency key%s',
+                p_what, p_run_id,
+                (select string_agg(format('%s at step %s: compensation %s', u->>'name', u->>'seq', u->>'compensation'), ', ' order by (u->>'seq')::int)
+                   from jsonb_array_elements(p_undone) u),
+                p_undone->0->>'seq', p_run_id, p_undone->0->>'seq', p_run_id, p_undone->0->>'seq',
+                case when exists (select from jsonb_array_elements(p_undone) u where u->>'compensation' <> 'DONE')
+                     then '. A compensation FAILED or cut short (STARTED) is finished first: compensate_run tries it again'
+                     else '' end)
+$$;
+comment on function runledger._undone_refusal(text, text, jsonb) is
+  'The message of the RL005 that retry_run, migrate_run and fork_run raise for a run with undone operations (runledger._undone_operations): names each, and says to fork the run from the first one''s step (and to finish a FAILED or STARTED compensation with compensate_run first).';
+
+insert into runledger.migrations (version, name) values (7, '0007_operations');
