@@ -191,7 +191,7 @@ comment on function runledger._start_template(text, jsonb, text) is
 -- returns the existing run with inserted false (never claimed here).
 create function runledger._start(
   p_workflow text, p_input jsonb, p_options jsonb, p_worker_id text default null, p_lease_ms int default null,
-  out run runledger.runs, out inserted boolean)
+  p_admit boolean default true, out run runledger.runs, out inserted boolean)
 language plpgsql volatile as $$
 declare
   v_t   runledger.runs;
@@ -270,8 +270,11 @@ begin
     return;
   end if;
   if not v_t.admitted then
-    -- At once; inside _start_many, once per queue at the end of the batch (as in a group commit).
-    perform runledger._admit_later(v_t.queue_name);
+    -- A queue with limits: admission at once, unless the caller admits at its end
+    -- (p_admit false: _start_many, once per queue, as a group commit does).
+    if p_admit then
+      perform runledger._admit(v_t.queue_name);
+    end if;
   elsif v_t.not_before is not null or coalesce((p_options->>'notify')::boolean, true) then
     -- notify false: the caller's own worker claims the run (engine.start in a process whose
     -- worker has a free slot), so no other worker is woken for it.
@@ -282,8 +285,8 @@ begin
   inserted := true;
 end;
 $$;
-comment on function runledger._start(text, jsonb, jsonb, text, int) is
-  'One run started (start_run, _start_claimed): checks, the row and its created event, then admission or the announcement. Given p_worker_id and p_lease_ms, a run that is runnable at once (admitted, not delayed, within its deadline) is inserted claimed for that worker, with its claimed event. Returns the row (as inserted, or the existing run of an idempotent start) and whether it was inserted.';
+comment on function runledger._start(text, jsonb, jsonb, text, int, boolean) is
+  'One run started (start_run, _start_claimed): checks, the row and its created event, then admission (unless p_admit is false: the caller admits the queue at its end) or the announcement. Given p_worker_id and p_lease_ms, a run that is runnable at once (admitted, not delayed, within its deadline) is inserted claimed for that worker, with its claimed event. Returns the row (as inserted, or the existing run of an idempotent start) and whether it was inserted.';
 
 create function runledger.start_run(p_workflow text, p_input jsonb, p_options jsonb default '{}')
 returns text
@@ -460,7 +463,7 @@ comment on function runledger.start_runs(text, jsonb, jsonb) is
 -- (fencing_token 0), of the version the worker serves and within its deadline; anything
 -- else is left to the queue's workers and comes back unclaimed.
 create function runledger._start_claimed(
-  p_workflow text, p_input jsonb, p_options jsonb, p_worker_id text, p_lease_ms int)
+  p_workflow text, p_input jsonb, p_options jsonb, p_worker_id text, p_lease_ms int, p_admit boolean default true)
 returns table (
   run_id text, claimed boolean, workflow_name text, workflow_version text, input jsonb, fencing_token bigint,
   recovery_attempts int, max_steps int, budget numeric, budget_spent numeric, budget_limits jsonb, budget_used jsonb,
@@ -477,7 +480,7 @@ begin
     raise exception using errcode = 'RL003', message = '_start_claimed: a worker id and a lease of at least 1 ms are required';
   end if;
   -- A new run that is runnable at once is inserted already claimed (runledger._start).
-  v_started := runledger._start(p_workflow, p_input, coalesce(p_options, '{}') || '{"notify": false}', p_worker_id, p_lease_ms);
+  v_started := runledger._start(p_workflow, p_input, coalesce(p_options, '{}') || '{"notify": false}', p_worker_id, p_lease_ms, p_admit);
   v_run := v_started.run;
   v_claimed := v_started.inserted and v_run.status = 'RUNNING';
   if not v_claimed then
@@ -520,8 +523,8 @@ begin
   end if;
 end;
 $$;
-comment on function runledger._start_claimed(text, jsonb, jsonb, text, int) is
-  'engine.start for a run its own process''s worker takes: the run is started as start_run starts it (without NOTIFY) and claimed for p_worker_id with a lease of p_lease_ms in the same transaction, as _claim_batch would claim it: a new run that is runnable at once is inserted claimed (runledger._start), an existing never-claimed runnable one (an idempotent start, or one its queue''s admission just let in) is claimed by an update. Returns one row: claimed true with the claimed run''s fields, or claimed false (a run already claimed or of another version, a delayed start, a run admission held back, a deadline already past), in which case the run is announced as start_run announces it.';
+comment on function runledger._start_claimed(text, jsonb, jsonb, text, int, boolean) is
+  'engine.start for a run its own process''s worker takes: the run is started as start_run starts it (without NOTIFY) and claimed for p_worker_id with a lease of p_lease_ms in the same transaction, as _claim_batch would claim it: a new run that is runnable at once is inserted claimed (runledger._start), an existing never-claimed runnable one (an idempotent start, or one its queue''s admission just let in) is claimed by an update. Returns one row: claimed true with the claimed run''s fields, or claimed false (a run already claimed or of another version, a delayed start, a run admission held back, a deadline already past), in which case the run is announced as start_run announces it. p_admit false leaves the admission of a queue with limits to the caller (_start_many).';
 
 -- W3C Trace Context, version 00: 00-<trace id: 32 hex>-<parent span id: 16 hex>-<flags: 2 hex>,
 -- lower case, neither id all zeros.
@@ -541,8 +544,11 @@ returns table (
 language plpgsql volatile
 set enable_seqscan = off set jit = off as $$
 declare
-  v_item  jsonb;
-  v_index int := 0;
+  v_item    jsonb;
+  v_index   int := 0;
+  v_claim   record;
+  v_started record;
+  v_ids     text[] := '{}';
 begin
   if jsonb_typeof(p_items) is distinct from 'array' then
     raise exception using errcode = 'RL003',
@@ -551,10 +557,9 @@ begin
   -- No subtransaction per item: an error undoes the whole statement, and the caller sends
   -- each of its items again alone, so every start gets its own answer. Errors are rare
   -- (the engine checks the inputs first); a subtransaction per item would cost every batch.
-  -- Queues with limits admit once each at the end, in name order (_admit_later,
-  -- _admit_collected), as a group commit does: a batch that took one queue's row lock per
-  -- item, in its items' order, could wait on a group commit that holds another's.
-  perform set_config('runledger.admit_pending', ',', true);
+  -- Queues with limits admit once each at the end, in name order (_admit_queues), as a
+  -- group commit does: a batch that took one queue's row lock per item, in its items'
+  -- order, could wait on a group commit that holds another's.
   for v_item in select value from jsonb_array_elements(p_items) loop
     if jsonb_typeof(v_item) <> 'object'
        or (v_item ? 'worker_id' and (jsonb_typeof(v_item->'lease_ms') is distinct from 'number' or v_item->>'lease_ms' !~ '^\d{1,9}$')) then
@@ -563,21 +568,28 @@ begin
                          v_index, left(v_item::text, 200));
     end if;
     if v_item ? 'worker_id' then
+      select * into v_claim
+        from runledger._start_claimed(v_item->>'workflow', v_item->'input', v_item->'options', v_item->>'worker_id',
+                                      (v_item->>'lease_ms')::int, p_admit => false);
+      v_ids := v_ids || v_claim.run_id;
       return query
-        select v_index, s.run_id, s.claimed, s.workflow_name, s.workflow_version, s.input, s.fencing_token, s.recovery_attempts,
-               s.max_steps, s.budget, s.budget_spent, s.budget_limits, s.budget_used, s.traceparent
-          from runledger._start_claimed(v_item->>'workflow', v_item->'input', v_item->'options', v_item->>'worker_id',
-                                        (v_item->>'lease_ms')::int) s;
+        select v_index, v_claim.run_id, v_claim.claimed, v_claim.workflow_name, v_claim.workflow_version, v_claim.input,
+               v_claim.fencing_token, v_claim.recovery_attempts, v_claim.max_steps, v_claim.budget, v_claim.budget_spent,
+               v_claim.budget_limits, v_claim.budget_used, v_claim.traceparent;
     else
       -- As start_run (its announcement included: identical notifications of one transaction are sent once).
+      select * into v_started from runledger._start(v_item->>'workflow', v_item->'input', v_item->'options', p_admit => false);
+      v_ids := v_ids || (v_started.run).run_id;
       return query
-        select v_index, (s.run).run_id, false, null::text, null::text, null::jsonb, null::bigint, null::int, null::int,
-               null::numeric, null::numeric, null::jsonb, null::jsonb, null::text
-          from runledger._start(v_item->>'workflow', v_item->'input', v_item->'options') s;
+        select v_index, (v_started.run).run_id, false, null::text, null::text, null::jsonb, null::bigint, null::int, null::int,
+               null::numeric, null::numeric, null::jsonb, null::jsonb, null::text;
     end if;
     v_index := v_index + 1;
   end loop;
-  perform runledger._admit_collected();
+  -- The queues of the runs started here (those with limits admit). Found by run_id alone: a
+  -- status in the condition would prove the predicate of runs_admission_key, and a plan cached
+  -- while the table was empty walks it whole (test/plans.test.ts).
+  perform runledger._admit_queues(array(select r.queue_name from runledger.runs r where r.run_id = any(v_ids)));
 end;
 $$;
 comment on function runledger._start_many(jsonb) is

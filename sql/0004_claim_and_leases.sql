@@ -342,11 +342,12 @@ comment on function runledger._dispatch(text, text, bigint) is
 -- limits are parameters, and a generic plan with an unknown limit is estimated to read a
 -- tenth of the index, so PL/pgSQL's cost test kept choosing a custom plan: the claim of
 -- the ready runs and the deadline check were planned again on every call, a large share of
--- a drained run's server time on runs with its many indexes. The generic plans are the same index scans (test/plans.test.ts checks them, made on a table
--- the statistics call empty and on one never analysed).
+-- a drained run's server time on runs with its many indexes. The generic plans are the
+-- same index scans (test/plans.test.ts checks them, made on a table the statistics call
+-- empty and on one never analysed).
 create function runledger._claim_batch(
   p_worker_id text, p_queues text[], p_workflows text[], p_limit int, p_lease_ms int,
-  p_reclaim_except text[] default null)
+  p_reclaim_except text[] default null, p_deferred jsonb default null)
 returns table (
   run_id text, workflow_name text, workflow_version text, input jsonb, fencing_token bigint,
   recovery_attempts int, max_steps int, budget numeric, budget_spent numeric, budget_limits jsonb, budget_used jsonb,
@@ -361,7 +362,7 @@ declare
   v_seen  text[] := '{}';
   v_limited boolean;
   v_next  timestamptz;
-  v_deferred     jsonb;
+  v_deferred     jsonb := p_deferred;
   v_deferred_ids text[];
   v_deferred_at  timestamptz[];
 begin
@@ -421,11 +422,10 @@ begin
          order by r.admitted_at nulls first, r.priority, r.created_at
          limit p_limit - cardinality(v_ids)
          for update skip locked);
-      -- Then the runs this transaction's admission rounds chose and deferred to this claim
-      -- (_commit_and_claim), in their rounds' order: each goes from PENDING to RUNNING
-      -- in the one update below, with the admitted_at its round gave it; _admit_deferred
-      -- admits the ones left. (`admitted is not true`: see _admit_deferred.)
-      v_deferred := nullif(current_setting('runledger.admit_deferred', true), '')::jsonb;
+      -- Then the runs the admission rounds of a group commit chose and handed to this claim
+      -- (p_deferred, from _commit_and_claim), in their rounds' order: each goes from PENDING
+      -- to RUNNING in the one update below, with the admitted_at its round gave it;
+      -- _admit_deferred admits the ones left. (`admitted is not true`: see _admit_deferred.)
       if v_deferred is not null and cardinality(v_ids) < p_limit then
         v_ids := v_ids || array(
           select r.run_id
@@ -509,8 +509,8 @@ begin
   end if;
 end;
 $$;
-comment on function runledger._claim_batch(text, text[], text[], int, int, text[]) is
-  'Worker claim of up to p_limit runnable runs of the given queues and workflow@version keys, in one statement: CANCELLING runs without an owner, then due timers, then admitted PENDING runs by priority and age; in a queue with limits, by admitted_at, then the runs its own transaction''s admission rounds deferred to it (_commit_and_claim). Rows are locked FOR UPDATE SKIP LOCKED, so workers never wait on each other. Each becomes RUNNING with fencing_token + 1 and a lease, and is returned with its checkpoints (and its traceparent and the previous execution''s, for tracing, and its lineage_id, null for a run never forked). Runs past their deadline are TERMINATED on the way; a due timer in a queue with limits is woken into admission. When fewer than p_limit were claimed, a last row with run_id null gives next_due_in_ms, the milliseconds until the next delayed start or timer on the database clock (null if none). p_reclaim_except (the runs the worker is executing) also takes back this worker''s other runs: a claim whose reply was lost.';
+comment on function runledger._claim_batch(text, text[], text[], int, int, text[], jsonb) is
+  'Worker claim of up to p_limit runnable runs of the given queues and workflow@version keys, in one statement: CANCELLING runs without an owner, then due timers, then admitted PENDING runs by priority and age; in a queue with limits, by admitted_at, then the runs p_deferred names (the admission rounds of a group commit with a claim, _commit_and_claim, hand it theirs). Rows are locked FOR UPDATE SKIP LOCKED, so workers never wait on each other. Each becomes RUNNING with fencing_token + 1 and a lease, and is returned with its checkpoints (and its traceparent and the previous execution''s, for tracing, and its lineage_id, null for a run never forked). Runs past their deadline are TERMINATED on the way; a due timer in a queue with limits is woken into admission. When fewer than p_limit were claimed, a last row with run_id null gives next_due_in_ms, the milliseconds until the next delayed start or timer on the database clock (null if none). p_reclaim_except (the runs the worker is executing) also takes back this worker''s other runs: a claim whose reply was lost.';
 
 -- Tracing: the worker that claimed a run records the span of this execution, so the next
 -- execution (after a crash, on another worker) can link to it. Fenced by the token: a worker

@@ -2,7 +2,7 @@
 --
 -- functions: _completed_evidence, _made_progress, _started_at, _checkpoint_row, _checkpoint,
 --   _checkpoint_outcome, _announce_finished, _finished, _finish_run, _complete_run,
---   _complete_with_checkpoint, _fail_run, _commit_fast, _commit_batch, _commit_and_claim
+--   _complete_with_checkpoint, _fail_run, _commit_fast, _commit_items, _commit_batch, _commit_and_claim
 
 -- STABLE, as jsonb_build_object is: an IMMUTABLE SQL function whose body calls a STABLE
 -- one is not inlined, and would run through the SQL-function executor for every completed
@@ -163,7 +163,9 @@ begin
   if p_parent is not null then
     perform runledger._wake(p_parent, 'child', p_run_id);
   end if;
-  perform runledger._admit_later(p_queue);
+  if runledger._queue_limited(p_queue) then
+    perform runledger._admit(p_queue);
+  end if;
 end;
 $$;
 comment on function runledger._finished(text, bigint, runledger.run_status, text, jsonb, jsonb, text, text, timestamptz) is
@@ -316,8 +318,6 @@ declare
   v_written   int;
   v_parents   text[];
   v_children  text[];
-  v_queues    text[];
-  v_queue     text;
   v_done      text[];
   i           int;
 begin
@@ -411,20 +411,16 @@ begin
   )
   select array_agg(d.parent_run_id) filter (where d.parent_run_id is not null),
          array_agg(d.run_id) filter (where d.parent_run_id is not null),
-         array_agg(distinct d.queue_name),
          array_agg(d.run_id)
-    into v_parents, v_children, v_queues, v_done
+    into v_parents, v_children, v_done
     from done d;
-  -- As _finished: tell the callers awaiting these runs (one notification for the batch),
-  -- wake the parents, and admit the next runs of queues with limits.
+  -- As _finished: tell the callers awaiting these runs (one notification for the batch) and
+  -- wake the parents; the batch admits the next runs of their queues at its end.
   if v_done is not null then
     perform runledger._announce_finished(v_done);
   end if;
   for i in 1 .. coalesce(cardinality(v_parents), 0) loop
     perform runledger._wake(v_parents[i], 'child', v_children[i]);
-  end loop;
-  foreach v_queue in array coalesce(v_queues, '{}') loop
-    perform runledger._admit_later(v_queue);
   end loop;
   return v_fast;
 end;
@@ -432,8 +428,8 @@ $$;
 comment on function runledger._commit_fast(jsonb) is
   'The fast part of _commit_batch: locks every run of the batch in run_id order, then writes together the items that are plain checkpoints or completions with their last step of RUNNING runs under their token, before the deadline, with no charge or one within every limit (_charge_fits; it is added to the run''s budgets), without a no-progress limit (the checks _checkpoint and _complete_with_checkpoint make). Returns the indexes it wrote; raises (and is undone as a whole) when one of them cannot be written.';
 
-create function runledger._commit_batch(p_items jsonb)
-returns table (item int, code text, message text, run_status text)
+create function runledger._commit_items(p_items jsonb)
+returns table (item int, code text, message text, run_status text, freed_queue text, admitted boolean)
 language plpgsql volatile
 set enable_seqscan = off set jit = off as $$
 declare
@@ -441,12 +437,11 @@ declare
   v_index int := 0;
   v_run runledger.runs;
   v_fast int[] := '{}';
+  v_careful_completions boolean;
 begin
   if jsonb_typeof(p_items) is distinct from 'array' then
     raise exception using errcode = 'RL003', message = format('_commit_batch: items must be a JSON array, not %s', coalesce(jsonb_typeof(p_items), 'null'));
   end if;
-  -- Slots freed by the batch's completions are refilled once per queue, at the end.
-  perform set_config('runledger.admit_pending', ',', true);
   if jsonb_array_length(p_items) > 1 then
     begin
       v_fast := runledger._commit_fast(p_items);
@@ -454,13 +449,33 @@ begin
       v_fast := '{}'; -- undone: every item takes the careful path below
     end;
   end if;
+  -- A completion on the careful path admits its queue's next runs itself (_finished), after
+  -- the fast part, so its round also refills what the fast part freed; the caller admits the
+  -- other queues of the fast completions at its end. Before several completions take queue
+  -- locks one by one, the queues of every completion are locked in name order, as the end
+  -- locks them (_admit_queues), so two batches cannot wait on each other in a cycle.
+  select bool_or(e.value->>'op' = 'complete' and (e.ord - 1)::int <> all(v_fast)) into v_careful_completions
+    from jsonb_array_elements(p_items) with ordinality e(value, ord);
+  if v_careful_completions and jsonb_array_length(p_items) > 1 then
+    perform 1 from runledger.queues q
+     where q.name in (select r.queue_name from runledger.runs r
+                       where r.run_id in (select e.value->>'run_id' from jsonb_array_elements(p_items) e where e.value->>'op' = 'complete'))
+       and runledger._queue_limited(q.name)
+     order by q.name
+     for update of q;
+  end if;
   for v_item in select value from jsonb_array_elements(p_items) loop
     item := v_index;
     code := null;
     message := null;
     run_status := null;
+    freed_queue := null;
+    admitted := false;
     if v_index = any(v_fast) then
       run_status := case when v_item->>'op' = 'checkpoint' then 'RUNNING' else 'SUCCEEDED' end;
+      if v_item->>'op' = 'complete' then
+        select r.queue_name into freed_queue from runledger.runs r where r.run_id = v_item->>'run_id';
+      end if;
     else
       begin
         if v_item->>'op' = 'checkpoint' then
@@ -483,6 +498,11 @@ begin
           -- SUCCEEDED, or how the completion ended the run instead (a charge past its budget).
           select r.status into run_status from runledger.runs r where r.run_id = v_item->>'run_id';
         end if;
+        if run_status not in ('RUNNING', 'CANCELLING') then
+          -- The run left its slot, and the write that ended it admitted its queue (_finished).
+          select r.queue_name into freed_queue from runledger.runs r where r.run_id = v_item->>'run_id';
+          admitted := true;
+        end if;
       exception when others then
         code := sqlstate;
         message := sqlerrm;
@@ -491,7 +511,34 @@ begin
     return next;
     v_index := v_index + 1;
   end loop;
-  perform runledger._admit_collected();
+end;
+$$;
+comment on function runledger._commit_items(jsonb) is
+  'The items of a group commit (_commit_batch, _commit_and_claim), in one transaction: the common ones together (_commit_fast), the others one by one, each in a subtransaction. One row per item: its index, the SQLSTATE and message of its error (null when it committed), the run''s status after it, freed_queue, the queue of a run whose slot the item freed, and admitted: true when that queue''s admission round already ran after it (the careful path ends a run through _finished, which admits). The caller admits at its end the freed queues no round covered.';
+
+create function runledger._commit_batch(p_items jsonb)
+returns table (item int, code text, message text, run_status text)
+language plpgsql volatile
+set enable_seqscan = off set jit = off as $$
+declare
+  v_row     record;
+  v_queues  text[] := '{}';
+  v_covered text[] := '{}';
+begin
+  for v_row in select * from runledger._commit_items(p_items) loop
+    item := v_row.item;
+    code := v_row.code;
+    message := v_row.message;
+    run_status := v_row.run_status;
+    if v_row.freed_queue is not null and not v_row.admitted then
+      v_queues := v_queues || v_row.freed_queue;
+    elsif v_row.admitted then
+      v_covered := v_covered || v_row.freed_queue;
+    end if;
+    return next;
+  end loop;
+  -- Slots freed by the fast completions are refilled once per queue, at the end.
+  perform runledger._admit_queues(array(select q from unnest(v_queues) q where q <> all(v_covered)));
 end;
 $$;
 comment on function runledger._commit_batch(jsonb) is
@@ -507,15 +554,29 @@ returns table (
   traceparent text, execution_traceparent text, lineage_id text)
 language plpgsql volatile
 set enable_seqscan = off set jit = off as $$
+declare
+  v_row      record;
+  v_queues   text[] := '{}';
+  v_covered  text[] := '{}';
+  v_deferred jsonb;
 begin
-  -- The admission rounds of the commit leave their runs to the claim below (see _admit):
-  -- a run it takes is written once, from PENDING to RUNNING; the rest are admitted at the end.
-  perform set_config('runledger.admit_defer', 'on', true);
-  return query select b.item, b.code, b.message, b.run_status,
-                      null::text, null::text, null::text, null::jsonb, null::bigint, null::int, null::int,
-                      null::numeric, null::numeric, null::jsonb, null::jsonb, null::boolean, null::jsonb, null::jsonb,
-                      null::bigint, null::text, null::text, null::text
-                 from runledger._commit_batch(p_items) b;
+  -- The items' rows (the claim's columns null).
+  for v_row in select * from runledger._commit_items(p_items) loop
+    item := v_row.item;
+    code := v_row.code;
+    message := v_row.message;
+    run_status := v_row.run_status;
+    if v_row.freed_queue is not null and not v_row.admitted then
+      v_queues := v_queues || v_row.freed_queue;
+    elsif v_row.admitted then
+      v_covered := v_covered || v_row.freed_queue;
+    end if;
+    return next;
+  end loop;
+  -- The admission rounds of the slots the commit freed choose their runs but leave them to
+  -- the claim below: a run it takes is written once, from PENDING to RUNNING; the rest are
+  -- admitted at the end.
+  v_deferred := runledger._admit_queues(array(select q from unnest(v_queues) q where q <> all(v_covered)), true);
   begin
     -- Rows as _claim_batch returns them (a claimed run each, and the row with only
     -- next_due_in_ms when fewer than p_limit were claimed), with item null.
@@ -524,7 +585,7 @@ begin
                         c.recovery_attempts, c.max_steps, c.budget, c.budget_spent, c.budget_limits, c.budget_used,
                         c.cancel_requested, c.checkpoints, c.progress, c.next_due_in_ms,
                         c.traceparent, c.execution_traceparent, c.lineage_id
-                   from runledger._claim_batch(p_worker_id, p_queues, p_workflows, p_limit, p_lease_ms) c;
+                   from runledger._claim_batch(p_worker_id, p_queues, p_workflows, p_limit, p_lease_ms, p_deferred => v_deferred) c;
   exception when others then
     -- The items stand; only the claim is lost (its runs stay claimable).
     return query select null::int, sqlstate::text, sqlerrm, null::text,
@@ -533,10 +594,10 @@ begin
                         null::bigint, null::text, null::text, null::text;
   end;
   -- After the claim or its failure (which undid only what the claim did).
-  perform runledger._admit_deferred();
+  perform runledger._admit_deferred(v_deferred);
 end;
 $$;
 comment on function runledger._commit_and_claim(jsonb, text, text[], text[], int, int) is
-  'Group commit (_commit_batch) and then a claim (_claim_batch) in one transaction; the commit''s admission rounds defer their runs to the claim, which takes what it can from PENDING straight to RUNNING, and _admit_deferred admits the rest. Rows with item set answer the items; rows with item null carry the claim''s rows in _claim_batch''s columns, or, when the claim failed, its SQLSTATE and message in code and message (the items are committed regardless). _commit_and_claim does the same with the claimed runs as JSON.';
+  'Group commit (_commit_items) and then a claim (_claim_batch) in one transaction; the admission rounds of the slots the commit freed (_admit_queues) hand their runs to the claim (p_deferred), which takes what it can from PENDING straight to RUNNING, and _admit_deferred admits the rest. Rows with item set answer the items; rows with item null carry the claim''s rows in _claim_batch''s columns, or, when the claim failed, its SQLSTATE and message in code and message (the items are committed regardless).';
 
 insert into runledger.migrations (version, name) values (5, '0005_steps_and_commit');

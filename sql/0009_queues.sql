@@ -2,7 +2,7 @@
 --
 -- tables: queues, admissions
 -- indexes: runs_admission_key, runs_queue_active, admissions_window, runs_admission_order
--- functions: _queue_limited, _admit, _admit_later, _admit_collected, _make_runnable, _slot_freed, _admit_all,
+-- functions: _queue_limited, _admit_round, _admit, _admit_queues, _make_runnable, _slot_freed, _admit_all,
 --   _set_queue, _admit_first_turns, _admit_deferred
 
 -- Admission picks from the runs not yet admitted, per queue, by priority then age.
@@ -50,7 +50,8 @@ comment on function runledger._queue_limited(text) is 'True when the queue has a
 -- fair turns, age), and _claim_batch takes a limited queue's admitted runs in that order.
 -- With one timestamp for the round, a claim with fewer free slots than the round took
 -- the oldest first, and a tenant with a long backlog got ahead of the others again.
-create function runledger._admit(p_queue text, p_max int default 1000) returns int
+create function runledger._admit_round(p_queue text, p_max int default 1000)
+returns table (run_id text, admitted_at timestamptz)
 language plpgsql volatile
 set enable_seqscan = off set jit = off as $$
 declare
@@ -66,7 +67,7 @@ begin
   -- then consistent, whatever number of workers and starts run concurrently.
   select * into v_q from runledger.queues where name = p_queue for update;
   if not found or v_q.paused then
-    return 0;
+    return;
   end if;
   if v_q.concurrency is not null then
     select count(*) into v_active from runledger.runs r
@@ -80,7 +81,7 @@ begin
     v_free := least(v_free, v_q.rate_limit_max - v_recent);
   end if;
   if v_free <= 0 then
-    return 0;
+    return;
   end if;
 
   -- A round with few free slots is most often settled by the queue's oldest waiting runs
@@ -149,84 +150,67 @@ begin
        limit v_free)
     select coalesce(array_agg(ch.run_id order by ch.ord), '{}') into v_first from chosen ch;
   end if;
-  if current_setting('runledger.admit_defer', true) = 'on' then
-    -- A group commit that claims next (_commit_and_claim): the claim takes the runs it
-    -- can straight from PENDING to RUNNING, and _admit_deferred admits the rest after it, so
-    -- a run the same transaction claims is written once rather than twice.
-    perform set_config('runledger.admit_deferred',
-      (coalesce(nullif(current_setting('runledger.admit_deferred', true), '')::jsonb, '[]')
-        || coalesce((select jsonb_agg(jsonb_build_object('q', p_queue, 'id', f.run_id,
-                                                           'at', v_now + (f.ord - 1) * interval '1 microsecond') order by f.ord)
-                       from unnest(v_first) with ordinality f(run_id, ord)), '[]'))::text, true);
-    v_count := cardinality(v_first);
-  else
-    -- One microsecond apart, in the round's order: workers claim admitted runs by
-    -- admitted_at, so a claim smaller than this round keeps its fairness. Found by run_id,
-    -- with no status in the condition: `status = 'PENDING' and not admitted` would prove the
-    -- predicate of runs_admission_key and runs_admission_order, and a plan cached while the
-    -- table was empty walked runs_admission_key for each run (test/plans.test.ts, PostgreSQL 17).
-    update runledger.runs r
-       set admitted = true, admitted_at = v_now + (f.ord - 1) * interval '1 microsecond'
-      from unnest(v_first) with ordinality f(run_id, ord)
-     where r.run_id = f.run_id and not r.admitted;
-    get diagnostics v_count = row_count;
-  end if;
+  v_count := cardinality(v_first);
   if v_count > 0 then
     perform runledger._dispatch(null, p_queue); -- one announcement for the round
     if v_q.rate_limit_max is not null then
       insert into runledger.admissions (queue_name, admitted_at) select p_queue, v_now from generate_series(1, v_count);
     end if;
   end if;
+  -- One microsecond apart, in the round's order: workers claim admitted runs by
+  -- admitted_at, so a claim smaller than this round keeps its fairness.
+  return query select f.run_id, v_now + (f.ord - 1) * interval '1 microsecond'
+                 from unnest(v_first) with ordinality f(run_id, ord) order by f.ord;
+end;
+$$;
+comment on function runledger._admit_round(text, int) is
+  'An admission round for one queue, under its row lock (held to the end of the transaction): the PENDING runs that fill its free slots (concurrency, per-key concurrency, rate limit; none when paused) by priority (lower first), then fair turns across concurrency keys, then age, each with the admitted_at that keeps that order. Work-conserving. Records the round in admissions (a rate-limited queue) and dispatches it, but leaves the runs as they are: _admit writes them admitted; a group commit with a claim (_commit_and_claim) hands them to its claim first. A round of at most 64 free slots first tries _admit_first_turns (the oldest waiting runs); otherwise, or when those do not settle it, it reads the head of every key with runs waiting.';
+
+create function runledger._admit(p_queue text, p_max int default 1000) returns int
+language plpgsql volatile
+set enable_seqscan = off set jit = off as $$
+declare
+  v_count int;
+begin
+  -- Found by run_id, with no status in the condition: `status = 'PENDING' and not admitted`
+  -- would prove the predicate of runs_admission_key and runs_admission_order, and a plan
+  -- cached while the table was empty walked runs_admission_key for each run
+  -- (test/plans.test.ts, PostgreSQL 17).
+  update runledger.runs r
+     set admitted = true, admitted_at = c.admitted_at
+    from runledger._admit_round(p_queue, p_max) c
+   where r.run_id = c.run_id and not r.admitted;
+  get diagnostics v_count = row_count;
   return v_count;
 end;
 $$;
 comment on function runledger._admit(text, int) is
-  'Admission for one queue, under its row lock: fills free slots (concurrency, per-key concurrency, rate limit; none when paused) with PENDING runs by priority (lower first), then fair turns across concurrency keys, then age, and dispatches them. Work-conserving. A round of at most 64 free slots first tries _admit_first_turns (the oldest waiting runs); otherwise, or when those do not settle it, it reads the head of every key with runs waiting. Under the setting runledger.admit_defer (a group commit with a claim, _commit_and_claim) it leaves the round''s runs, with their admitted_at, to that claim and _admit_deferred. Returns how many it admitted.';
+  'Admission for one queue: an _admit_round, its runs written admitted with the admitted_at the round gave each. Returns how many it admitted.';
 
--- A group commit (_commit_batch) frees many slots in one transaction. Each completion in
--- it asks for admission here; the batch admits once per queue at its end (_admit_collected)
--- instead of once per completion, since every round reads each waiting key of the queue.
--- The queues asked for are kept in a transaction-local setting, so a completion undone
--- by its subtransaction takes its request with it. Outside a batch this admits at once.
-create function runledger._admit_later(p_queue text) returns void
-language plpgsql volatile as $$
+-- A batch (a group commit, _start_many) that freed slots in or started runs in several
+-- queues admits each once, at its end, in name order: two such transactions take the queues'
+-- row locks in the same order and cannot wait on each other in a cycle (in the order of
+-- their items, two workers completing runs of two queues with limits could deadlock).
+create function runledger._admit_queues(p_queues text[], p_defer boolean default false) returns jsonb
+language plpgsql volatile
+set enable_seqscan = off set jit = off as $$
 declare
-  v_pending text := current_setting('runledger.admit_pending', true);
+  v_queue    text;
+  v_deferred jsonb := '[]';
 begin
-  if not runledger._queue_limited(p_queue) then
-    return;
-  end if;
-  if coalesce(v_pending, '') = '' then
-    perform runledger._admit(p_queue);
-  elsif position(',' || p_queue || ',' in v_pending) = 0 then
-    -- Queue names hold no comma (queues_name_check).
-    perform set_config('runledger.admit_pending', v_pending || p_queue || ',', true);
-  end if;
-end;
-$$;
-comment on function runledger._admit_later(text) is
-  'A slot of p_queue was freed: admits now (a queue with limits), or, inside _commit_batch, once per queue at the end of the batch.';
-
--- The queues a group commit (or a batch of starts, _start_many) freed slots in or started runs
--- in are admitted in name order, so two such transactions take the queues' row locks in the
--- same order and cannot wait on each other in a cycle (they took them in the order of their
--- items before: two workers completing runs of two queues with limits could deadlock).
-create function runledger._admit_collected() returns void
-language plpgsql volatile as $$
-declare
-  v_pending text := current_setting('runledger.admit_pending', true);
-  v_queue   text;
-begin
-  perform set_config('runledger.admit_pending', '', true);
-  for v_queue in
-    select distinct q from unnest(string_to_array(trim(both ',' from coalesce(v_pending, '')), ',')) q where q <> '' order by q
-  loop
-    perform runledger._admit(v_queue);
+  for v_queue in select distinct q from unnest(p_queues) q where runledger._queue_limited(q) order by q loop
+    if p_defer then
+      v_deferred := v_deferred || coalesce((select jsonb_agg(jsonb_build_object('q', v_queue, 'id', c.run_id, 'at', c.admitted_at))
+                                              from runledger._admit_round(v_queue) c), '[]');
+    else
+      perform runledger._admit(v_queue);
+    end if;
   end loop;
+  return case when p_defer then v_deferred end;
 end;
 $$;
-comment on function runledger._admit_collected() is
-  'The end of a group commit (or of _start_many): one admission round for each queue whose slots its completions freed or that its starts added runs to (see _admit_later), in name order, so that concurrent ones lock the queues in the same order.';
+comment on function runledger._admit_queues(text[], boolean) is
+  'The end of a batch: an admission round for each queue of p_queues that has limits, in name order, so that concurrent batches lock the queues in the same order. With p_defer (a group commit with a claim, _commit_and_claim) the rounds'' runs are not written: they are returned as [{q, id, at}] for the claim (_claim_batch''s p_deferred) and for _admit_deferred; otherwise null.';
 
 create function runledger._make_runnable(p_run_id text, p_delay_ms bigint default 0) returns void
 language plpgsql volatile
@@ -258,7 +242,9 @@ declare
   v_queue text;
 begin
   select queue_name into v_queue from runledger.runs where run_id = p_run_id;
-  perform runledger._admit_later(v_queue);
+  if runledger._queue_limited(v_queue) then
+    perform runledger._admit(v_queue);
+  end if;
 end;
 $$;
 comment on function runledger._slot_freed(text) is
@@ -384,30 +370,26 @@ $$;
 comment on function runledger._admit_first_turns(text, int, timestamptz) is
   'Part of _admit: the p_free runs an admission round of p_queue takes, in its order, when they are all first turns of the smallest priority waiting (heads of keys with no run in a slot) found among the queue''s 4 × p_free + 32 oldest due waiting runs (index runs_admission_order); null when those do not settle the round. Reads only; the caller holds the queue''s row lock.';
 
--- The runs admission rounds chose while a group commit deferred them (runledger.admit_defer,
--- set by _commit_and_claim) and its claim did not take: admitted now, each with the
--- admitted_at its round gave it, so the order of every later claim is the round's. A run
--- that is no longer waiting (cancelled, ended by its deadline) is left as it is.
-create function runledger._admit_deferred() returns void
+-- The runs the rounds of a group commit with a claim chose (_admit_queues with p_defer) and
+-- its claim did not take: admitted now, each with the admitted_at its round gave it, so the
+-- order of every later claim is the round's. A run that is no longer waiting (cancelled,
+-- ended by its deadline) is left as it is.
+create function runledger._admit_deferred(p_deferred jsonb) returns void
 language plpgsql volatile
 set enable_seqscan = off set jit = off as $$
-declare
-  v_deferred jsonb := nullif(current_setting('runledger.admit_deferred', true), '')::jsonb;
 begin
-  perform set_config('runledger.admit_defer', '', true);
-  perform set_config('runledger.admit_deferred', '', true);
-  if v_deferred is null then
+  if p_deferred is null or jsonb_array_length(p_deferred) = 0 then
     return;
   end if;
   -- `admitted is not true` rather than `not admitted`, so that no plan walks
   -- runs_admission_key for each run (see _admit).
   update runledger.runs r
      set admitted = true, admitted_at = d.at
-    from jsonb_to_recordset(v_deferred) d(id text, at timestamptz)
+    from jsonb_to_recordset(p_deferred) d(id text, at timestamptz)
    where r.run_id = d.id and r.status = 'PENDING' and r.admitted is not true;
 end;
 $$;
-comment on function runledger._admit_deferred() is
-  'The end of _commit_and_claim: admits the runs that admission rounds chose while the group commit deferred them (setting runledger.admit_deferred) and that its claim did not take, with the admitted_at each round gave them; clears the deferral.';
+comment on function runledger._admit_deferred(jsonb) is
+  'The end of _commit_and_claim: admits the runs its admission rounds chose (p_deferred, [{q, id, at}], from _admit_queues) and its claim did not take, with the admitted_at each round gave them.';
 
 insert into runledger.migrations (version, name) values (9, '0009_queues');

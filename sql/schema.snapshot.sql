@@ -868,6 +868,129 @@ CREATE OR REPLACE FUNCTION runledger._admit(p_queue text, p_max integer DEFAULT 
  SET jit TO 'off'
 AS $function$
 declare
+  v_count int;
+begin
+  -- Found by run_id, with no status in the condition: `status = 'PENDING' and not admitted`
+  -- would prove the predicate of runs_admission_key and runs_admission_order, and a plan
+  -- cached while the table was empty walked runs_admission_key for each run
+  -- (test/plans.test.ts, PostgreSQL 17).
+  update runledger.runs r
+     set admitted = true, admitted_at = c.admitted_at
+    from runledger._admit_round(p_queue, p_max) c
+   where r.run_id = c.run_id and not r.admitted;
+  get diagnostics v_count = row_count;
+  return v_count;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._admit(text,integer) IS 'Admission for one queue: an _admit_round, its runs written admitted with the admitted_at the round gave each. Returns how many it admitted.';
+
+CREATE OR REPLACE FUNCTION runledger._admit_all(p_limit integer DEFAULT 1000)
+ RETURNS integer
+ LANGUAGE sql
+ SECURITY DEFINER
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
+AS $function$
+  -- Sweeper: rate-limit windows that opened, and queues whose limits were raised.
+  select coalesce(sum(runledger._admit(q.name, p_limit)), 0)::int
+    from runledger.queues q
+   where not q.paused
+     and exists (select 1 from runledger.runs r where r.queue_name = q.name and r.status = 'PENDING' and not r.admitted)
+$function$;
+COMMENT ON FUNCTION runledger._admit_all(integer) IS 'Sweeper: runs admission for every queue with runs waiting for it (a rate-limit window that opened, a raised limit). Returns how many runs it admitted.';
+
+CREATE OR REPLACE FUNCTION runledger._admit_deferred(p_deferred jsonb)
+ RETURNS void
+ LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+AS $function$
+begin
+  if p_deferred is null or jsonb_array_length(p_deferred) = 0 then
+    return;
+  end if;
+  -- `admitted is not true` rather than `not admitted`, so that no plan walks
+  -- runs_admission_key for each run (see _admit).
+  update runledger.runs r
+     set admitted = true, admitted_at = d.at
+    from jsonb_to_recordset(p_deferred) d(id text, at timestamptz)
+   where r.run_id = d.id and r.status = 'PENDING' and r.admitted is not true;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._admit_deferred(jsonb) IS 'The end of _commit_and_claim: admits the runs its admission rounds chose (p_deferred, [{q, id, at}], from _admit_queues) and its claim did not take, with the admitted_at each round gave them.';
+
+CREATE OR REPLACE FUNCTION runledger._admit_first_turns(p_queue text, p_free integer, p_now timestamp with time zone)
+ RETURNS text[]
+ LANGUAGE plpgsql
+ STABLE
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+AS $function$
+declare
+  v_ids text[];
+begin
+  if p_free is null or p_free < 1 then
+    return null;
+  end if;
+  with oldest as materialized (
+    select r.run_id, coalesce(r.concurrency_key, '') as k, r.priority, r.created_at
+      from runledger.runs r
+     where r.queue_name = p_queue and r.status = 'PENDING' and not r.admitted
+       and (r.not_before is null or r.not_before <= p_now)
+     order by r.priority, r.created_at, r.run_id
+     limit 4 * p_free + 32),
+  heads as (
+    select distinct on (o.k) o.run_id, o.k, o.priority, o.created_at
+      from oldest o
+     order by o.k, o.priority, o.created_at, o.run_id),
+  busy as (
+    select distinct coalesce(r.concurrency_key, '') as k from runledger.runs r
+     where r.queue_name = p_queue and (r.status in ('RUNNING', 'CANCELLING') or (r.status = 'PENDING' and r.admitted)))
+  select array_agg(f.run_id order by f.created_at, f.run_id) into v_ids
+    from (select h.run_id, h.created_at from heads h
+           where h.priority = (select min(o.priority) from oldest o)
+             and not exists (select 1 from busy b where b.k = h.k)
+           order by h.created_at, h.run_id
+           limit p_free) f;
+  if coalesce(cardinality(v_ids), 0) < p_free then
+    return null;
+  end if;
+  return v_ids;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._admit_first_turns(text,integer,timestamp with time zone) IS 'Part of _admit: the p_free runs an admission round of p_queue takes, in its order, when they are all first turns of the smallest priority waiting (heads of keys with no run in a slot) found among the queue''s 4 × p_free + 32 oldest due waiting runs (index runs_admission_order); null when those do not settle the round. Reads only; the caller holds the queue''s row lock.';
+
+CREATE OR REPLACE FUNCTION runledger._admit_queues(p_queues text[], p_defer boolean DEFAULT false)
+ RETURNS jsonb
+ LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+AS $function$
+declare
+  v_queue    text;
+  v_deferred jsonb := '[]';
+begin
+  for v_queue in select distinct q from unnest(p_queues) q where runledger._queue_limited(q) order by q loop
+    if p_defer then
+      v_deferred := v_deferred || coalesce((select jsonb_agg(jsonb_build_object('q', v_queue, 'id', c.run_id, 'at', c.admitted_at))
+                                              from runledger._admit_round(v_queue) c), '[]');
+    else
+      perform runledger._admit(v_queue);
+    end if;
+  end loop;
+  return case when p_defer then v_deferred end;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._admit_queues(text[],boolean) IS 'The end of a batch: an admission round for each queue of p_queues that has limits, in name order, so that concurrent batches lock the queues in the same order. With p_defer (a group commit with a claim, _commit_and_claim) the rounds'' runs are not written: they are returned as [{q, id, at}] for the claim (_claim_batch''s p_deferred) and for _admit_deferred; otherwise null.';
+
+CREATE OR REPLACE FUNCTION runledger._admit_round(p_queue text, p_max integer DEFAULT 1000)
+ RETURNS TABLE(run_id text, admitted_at timestamp with time zone)
+ LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+AS $function$
+declare
   v_q      runledger.queues;
   v_now    timestamptz := runledger.now();
   v_active int;
@@ -880,7 +1003,7 @@ begin
   -- then consistent, whatever number of workers and starts run concurrently.
   select * into v_q from runledger.queues where name = p_queue for update;
   if not found or v_q.paused then
-    return 0;
+    return;
   end if;
   if v_q.concurrency is not null then
     select count(*) into v_active from runledger.runs r
@@ -894,7 +1017,7 @@ begin
     v_free := least(v_free, v_q.rate_limit_max - v_recent);
   end if;
   if v_free <= 0 then
-    return 0;
+    return;
   end if;
 
   -- A round with few free slots is most often settled by the queue's oldest waiting runs
@@ -963,157 +1086,20 @@ begin
        limit v_free)
     select coalesce(array_agg(ch.run_id order by ch.ord), '{}') into v_first from chosen ch;
   end if;
-  if current_setting('runledger.admit_defer', true) = 'on' then
-    -- A group commit that claims next (_commit_and_claim): the claim takes the runs it
-    -- can straight from PENDING to RUNNING, and _admit_deferred admits the rest after it, so
-    -- a run the same transaction claims is written once rather than twice.
-    perform set_config('runledger.admit_deferred',
-      (coalesce(nullif(current_setting('runledger.admit_deferred', true), '')::jsonb, '[]')
-        || coalesce((select jsonb_agg(jsonb_build_object('q', p_queue, 'id', f.run_id,
-                                                           'at', v_now + (f.ord - 1) * interval '1 microsecond') order by f.ord)
-                       from unnest(v_first) with ordinality f(run_id, ord)), '[]'))::text, true);
-    v_count := cardinality(v_first);
-  else
-    -- One microsecond apart, in the round's order: workers claim admitted runs by
-    -- admitted_at, so a claim smaller than this round keeps its fairness. Found by run_id,
-    -- with no status in the condition: `status = 'PENDING' and not admitted` would prove the
-    -- predicate of runs_admission_key and runs_admission_order, and a plan cached while the
-    -- table was empty walked runs_admission_key for each run (test/plans.test.ts, PostgreSQL 17).
-    update runledger.runs r
-       set admitted = true, admitted_at = v_now + (f.ord - 1) * interval '1 microsecond'
-      from unnest(v_first) with ordinality f(run_id, ord)
-     where r.run_id = f.run_id and not r.admitted;
-    get diagnostics v_count = row_count;
-  end if;
+  v_count := cardinality(v_first);
   if v_count > 0 then
     perform runledger._dispatch(null, p_queue); -- one announcement for the round
     if v_q.rate_limit_max is not null then
       insert into runledger.admissions (queue_name, admitted_at) select p_queue, v_now from generate_series(1, v_count);
     end if;
   end if;
-  return v_count;
+  -- One microsecond apart, in the round's order: workers claim admitted runs by
+  -- admitted_at, so a claim smaller than this round keeps its fairness.
+  return query select f.run_id, v_now + (f.ord - 1) * interval '1 microsecond'
+                 from unnest(v_first) with ordinality f(run_id, ord) order by f.ord;
 end;
 $function$;
-COMMENT ON FUNCTION runledger._admit(text,integer) IS 'Admission for one queue, under its row lock: fills free slots (concurrency, per-key concurrency, rate limit; none when paused) with PENDING runs by priority (lower first), then fair turns across concurrency keys, then age, and dispatches them. Work-conserving. A round of at most 64 free slots first tries _admit_first_turns (the oldest waiting runs); otherwise, or when those do not settle it, it reads the head of every key with runs waiting. Under the setting runledger.admit_defer (a group commit with a claim, _commit_and_claim) it leaves the round''s runs, with their admitted_at, to that claim and _admit_deferred. Returns how many it admitted.';
-
-CREATE OR REPLACE FUNCTION runledger._admit_all(p_limit integer DEFAULT 1000)
- RETURNS integer
- LANGUAGE sql
- SECURITY DEFINER
- SET enable_seqscan TO 'off'
- SET jit TO 'off'
- SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
-AS $function$
-  -- Sweeper: rate-limit windows that opened, and queues whose limits were raised.
-  select coalesce(sum(runledger._admit(q.name, p_limit)), 0)::int
-    from runledger.queues q
-   where not q.paused
-     and exists (select 1 from runledger.runs r where r.queue_name = q.name and r.status = 'PENDING' and not r.admitted)
-$function$;
-COMMENT ON FUNCTION runledger._admit_all(integer) IS 'Sweeper: runs admission for every queue with runs waiting for it (a rate-limit window that opened, a raised limit). Returns how many runs it admitted.';
-
-CREATE OR REPLACE FUNCTION runledger._admit_collected()
- RETURNS void
- LANGUAGE plpgsql
-AS $function$
-declare
-  v_pending text := current_setting('runledger.admit_pending', true);
-  v_queue   text;
-begin
-  perform set_config('runledger.admit_pending', '', true);
-  for v_queue in
-    select distinct q from unnest(string_to_array(trim(both ',' from coalesce(v_pending, '')), ',')) q where q <> '' order by q
-  loop
-    perform runledger._admit(v_queue);
-  end loop;
-end;
-$function$;
-COMMENT ON FUNCTION runledger._admit_collected() IS 'The end of a group commit (or of _start_many): one admission round for each queue whose slots its completions freed or that its starts added runs to (see _admit_later), in name order, so that concurrent ones lock the queues in the same order.';
-
-CREATE OR REPLACE FUNCTION runledger._admit_deferred()
- RETURNS void
- LANGUAGE plpgsql
- SET enable_seqscan TO 'off'
- SET jit TO 'off'
-AS $function$
-declare
-  v_deferred jsonb := nullif(current_setting('runledger.admit_deferred', true), '')::jsonb;
-begin
-  perform set_config('runledger.admit_defer', '', true);
-  perform set_config('runledger.admit_deferred', '', true);
-  if v_deferred is null then
-    return;
-  end if;
-  -- `admitted is not true` rather than `not admitted`, so that no plan walks
-  -- runs_admission_key for each run (see _admit).
-  update runledger.runs r
-     set admitted = true, admitted_at = d.at
-    from jsonb_to_recordset(v_deferred) d(id text, at timestamptz)
-   where r.run_id = d.id and r.status = 'PENDING' and r.admitted is not true;
-end;
-$function$;
-COMMENT ON FUNCTION runledger._admit_deferred() IS 'The end of _commit_and_claim: admits the runs that admission rounds chose while the group commit deferred them (setting runledger.admit_deferred) and that its claim did not take, with the admitted_at each round gave them; clears the deferral.';
-
-CREATE OR REPLACE FUNCTION runledger._admit_first_turns(p_queue text, p_free integer, p_now timestamp with time zone)
- RETURNS text[]
- LANGUAGE plpgsql
- STABLE
- SET enable_seqscan TO 'off'
- SET jit TO 'off'
-AS $function$
-declare
-  v_ids text[];
-begin
-  if p_free is null or p_free < 1 then
-    return null;
-  end if;
-  with oldest as materialized (
-    select r.run_id, coalesce(r.concurrency_key, '') as k, r.priority, r.created_at
-      from runledger.runs r
-     where r.queue_name = p_queue and r.status = 'PENDING' and not r.admitted
-       and (r.not_before is null or r.not_before <= p_now)
-     order by r.priority, r.created_at, r.run_id
-     limit 4 * p_free + 32),
-  heads as (
-    select distinct on (o.k) o.run_id, o.k, o.priority, o.created_at
-      from oldest o
-     order by o.k, o.priority, o.created_at, o.run_id),
-  busy as (
-    select distinct coalesce(r.concurrency_key, '') as k from runledger.runs r
-     where r.queue_name = p_queue and (r.status in ('RUNNING', 'CANCELLING') or (r.status = 'PENDING' and r.admitted)))
-  select array_agg(f.run_id order by f.created_at, f.run_id) into v_ids
-    from (select h.run_id, h.created_at from heads h
-           where h.priority = (select min(o.priority) from oldest o)
-             and not exists (select 1 from busy b where b.k = h.k)
-           order by h.created_at, h.run_id
-           limit p_free) f;
-  if coalesce(cardinality(v_ids), 0) < p_free then
-    return null;
-  end if;
-  return v_ids;
-end;
-$function$;
-COMMENT ON FUNCTION runledger._admit_first_turns(text,integer,timestamp with time zone) IS 'Part of _admit: the p_free runs an admission round of p_queue takes, in its order, when they are all first turns of the smallest priority waiting (heads of keys with no run in a slot) found among the queue''s 4 × p_free + 32 oldest due waiting runs (index runs_admission_order); null when those do not settle the round. Reads only; the caller holds the queue''s row lock.';
-
-CREATE OR REPLACE FUNCTION runledger._admit_later(p_queue text)
- RETURNS void
- LANGUAGE plpgsql
-AS $function$
-declare
-  v_pending text := current_setting('runledger.admit_pending', true);
-begin
-  if not runledger._queue_limited(p_queue) then
-    return;
-  end if;
-  if coalesce(v_pending, '') = '' then
-    perform runledger._admit(p_queue);
-  elsif position(',' || p_queue || ',' in v_pending) = 0 then
-    -- Queue names hold no comma (queues_name_check).
-    perform set_config('runledger.admit_pending', v_pending || p_queue || ',', true);
-  end if;
-end;
-$function$;
-COMMENT ON FUNCTION runledger._admit_later(text) IS 'A slot of p_queue was freed: admits now (a queue with limits), or, inside _commit_batch, once per queue at the end of the batch.';
+COMMENT ON FUNCTION runledger._admit_round(text,integer) IS 'An admission round for one queue, under its row lock (held to the end of the transaction): the PENDING runs that fill its free slots (concurrency, per-key concurrency, rate limit; none when paused) by priority (lower first), then fair turns across concurrency keys, then age, each with the admitted_at that keeps that order. Work-conserving. Records the round in admissions (a rate-limited queue) and dispatches it, but leaves the runs as they are: _admit writes them admitted; a group commit with a claim (_commit_and_claim) hands them to its claim first. A round of at most 64 free slots first tries _admit_first_turns (the oldest waiting runs); otherwise, or when those do not settle it, it reads the head of every key with runs waiting.';
 
 CREATE OR REPLACE FUNCTION runledger._announce_finished(p_run_ids text[])
  RETURNS void
@@ -1747,7 +1733,7 @@ end;
 $function$;
 COMMENT ON FUNCTION runledger._checkpoint_row(text,bigint,integer,text,text,text,jsonb,jsonb,integer,bigint,jsonb) IS 'The body of _checkpoint: fenced checkpoint write (see _checkpoint), returning the run row as it is after the checkpoint (its status says whether a policy ended it).';
 
-CREATE OR REPLACE FUNCTION runledger._claim_batch(p_worker_id text, p_queues text[], p_workflows text[], p_limit integer, p_lease_ms integer, p_reclaim_except text[] DEFAULT NULL::text[])
+CREATE OR REPLACE FUNCTION runledger._claim_batch(p_worker_id text, p_queues text[], p_workflows text[], p_limit integer, p_lease_ms integer, p_reclaim_except text[] DEFAULT NULL::text[], p_deferred jsonb DEFAULT NULL::jsonb)
  RETURNS TABLE(run_id text, workflow_name text, workflow_version text, input jsonb, fencing_token bigint, recovery_attempts integer, max_steps integer, budget numeric, budget_spent numeric, budget_limits jsonb, budget_used jsonb, cancel_requested boolean, checkpoints jsonb, progress jsonb, next_due_in_ms bigint, traceparent text, execution_traceparent text, lineage_id text)
  LANGUAGE plpgsql
  SECURITY DEFINER
@@ -1763,7 +1749,7 @@ declare
   v_seen  text[] := '{}';
   v_limited boolean;
   v_next  timestamptz;
-  v_deferred     jsonb;
+  v_deferred     jsonb := p_deferred;
   v_deferred_ids text[];
   v_deferred_at  timestamptz[];
 begin
@@ -1823,11 +1809,10 @@ begin
          order by r.admitted_at nulls first, r.priority, r.created_at
          limit p_limit - cardinality(v_ids)
          for update skip locked);
-      -- Then the runs this transaction's admission rounds chose and deferred to this claim
-      -- (_commit_and_claim), in their rounds' order: each goes from PENDING to RUNNING
-      -- in the one update below, with the admitted_at its round gave it; _admit_deferred
-      -- admits the ones left. (`admitted is not true`: see _admit_deferred.)
-      v_deferred := nullif(current_setting('runledger.admit_deferred', true), '')::jsonb;
+      -- Then the runs the admission rounds of a group commit chose and handed to this claim
+      -- (p_deferred, from _commit_and_claim), in their rounds' order: each goes from PENDING
+      -- to RUNNING in the one update below, with the admitted_at its round gave it;
+      -- _admit_deferred admits the ones left. (`admitted is not true`: see _admit_deferred.)
       if v_deferred is not null and cardinality(v_ids) < p_limit then
         v_ids := v_ids || array(
           select r.run_id
@@ -1911,7 +1896,7 @@ begin
   end if;
 end;
 $function$;
-COMMENT ON FUNCTION runledger._claim_batch(text,text[],text[],integer,integer,text[]) IS 'Worker claim of up to p_limit runnable runs of the given queues and workflow@version keys, in one statement: CANCELLING runs without an owner, then due timers, then admitted PENDING runs by priority and age; in a queue with limits, by admitted_at, then the runs its own transaction''s admission rounds deferred to it (_commit_and_claim). Rows are locked FOR UPDATE SKIP LOCKED, so workers never wait on each other. Each becomes RUNNING with fencing_token + 1 and a lease, and is returned with its checkpoints (and its traceparent and the previous execution''s, for tracing, and its lineage_id, null for a run never forked). Runs past their deadline are TERMINATED on the way; a due timer in a queue with limits is woken into admission. When fewer than p_limit were claimed, a last row with run_id null gives next_due_in_ms, the milliseconds until the next delayed start or timer on the database clock (null if none). p_reclaim_except (the runs the worker is executing) also takes back this worker''s other runs: a claim whose reply was lost.';
+COMMENT ON FUNCTION runledger._claim_batch(text,text[],text[],integer,integer,text[],jsonb) IS 'Worker claim of up to p_limit runnable runs of the given queues and workflow@version keys, in one statement: CANCELLING runs without an owner, then due timers, then admitted PENDING runs by priority and age; in a queue with limits, by admitted_at, then the runs p_deferred names (the admission rounds of a group commit with a claim, _commit_and_claim, hand it theirs). Rows are locked FOR UPDATE SKIP LOCKED, so workers never wait on each other. Each becomes RUNNING with fencing_token + 1 and a lease, and is returned with its checkpoints (and its traceparent and the previous execution''s, for tracing, and its lineage_id, null for a run never forked). Runs past their deadline are TERMINATED on the way; a due timer in a queue with limits is woken into admission. When fewer than p_limit were claimed, a last row with run_id null gives next_due_in_ms, the milliseconds until the next delayed start or timer on the database clock (null if none). p_reclaim_except (the runs the worker is executing) also takes back this worker''s other runs: a claim whose reply was lost.';
 
 CREATE OR REPLACE FUNCTION runledger._clear_retention(p_kind text, p_workflow_name text DEFAULT NULL::text)
  RETURNS boolean
@@ -1934,15 +1919,29 @@ CREATE OR REPLACE FUNCTION runledger._commit_and_claim(p_items jsonb, p_worker_i
  SET jit TO 'off'
  SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
+declare
+  v_row      record;
+  v_queues   text[] := '{}';
+  v_covered  text[] := '{}';
+  v_deferred jsonb;
 begin
-  -- The admission rounds of the commit leave their runs to the claim below (see _admit):
-  -- a run it takes is written once, from PENDING to RUNNING; the rest are admitted at the end.
-  perform set_config('runledger.admit_defer', 'on', true);
-  return query select b.item, b.code, b.message, b.run_status,
-                      null::text, null::text, null::text, null::jsonb, null::bigint, null::int, null::int,
-                      null::numeric, null::numeric, null::jsonb, null::jsonb, null::boolean, null::jsonb, null::jsonb,
-                      null::bigint, null::text, null::text, null::text
-                 from runledger._commit_batch(p_items) b;
+  -- The items' rows (the claim's columns null).
+  for v_row in select * from runledger._commit_items(p_items) loop
+    item := v_row.item;
+    code := v_row.code;
+    message := v_row.message;
+    run_status := v_row.run_status;
+    if v_row.freed_queue is not null and not v_row.admitted then
+      v_queues := v_queues || v_row.freed_queue;
+    elsif v_row.admitted then
+      v_covered := v_covered || v_row.freed_queue;
+    end if;
+    return next;
+  end loop;
+  -- The admission rounds of the slots the commit freed choose their runs but leave them to
+  -- the claim below: a run it takes is written once, from PENDING to RUNNING; the rest are
+  -- admitted at the end.
+  v_deferred := runledger._admit_queues(array(select q from unnest(v_queues) q where q <> all(v_covered)), true);
   begin
     -- Rows as _claim_batch returns them (a claimed run each, and the row with only
     -- next_due_in_ms when fewer than p_limit were claimed), with item null.
@@ -1951,7 +1950,7 @@ begin
                         c.recovery_attempts, c.max_steps, c.budget, c.budget_spent, c.budget_limits, c.budget_used,
                         c.cancel_requested, c.checkpoints, c.progress, c.next_due_in_ms,
                         c.traceparent, c.execution_traceparent, c.lineage_id
-                   from runledger._claim_batch(p_worker_id, p_queues, p_workflows, p_limit, p_lease_ms) c;
+                   from runledger._claim_batch(p_worker_id, p_queues, p_workflows, p_limit, p_lease_ms, p_deferred => v_deferred) c;
   exception when others then
     -- The items stand; only the claim is lost (its runs stay claimable).
     return query select null::int, sqlstate::text, sqlerrm, null::text,
@@ -1960,10 +1959,10 @@ begin
                         null::bigint, null::text, null::text, null::text;
   end;
   -- After the claim or its failure (which undid only what the claim did).
-  perform runledger._admit_deferred();
+  perform runledger._admit_deferred(v_deferred);
 end;
 $function$;
-COMMENT ON FUNCTION runledger._commit_and_claim(jsonb,text,text[],text[],integer,integer) IS 'Group commit (_commit_batch) and then a claim (_claim_batch) in one transaction; the commit''s admission rounds defer their runs to the claim, which takes what it can from PENDING straight to RUNNING, and _admit_deferred admits the rest. Rows with item set answer the items; rows with item null carry the claim''s rows in _claim_batch''s columns, or, when the claim failed, its SQLSTATE and message in code and message (the items are committed regardless). _commit_and_claim does the same with the claimed runs as JSON.';
+COMMENT ON FUNCTION runledger._commit_and_claim(jsonb,text,text[],text[],integer,integer) IS 'Group commit (_commit_items) and then a claim (_claim_batch) in one transaction; the admission rounds of the slots the commit freed (_admit_queues) hand their runs to the claim (p_deferred), which takes what it can from PENDING straight to RUNNING, and _admit_deferred admits the rest. Rows with item set answer the items; rows with item null carry the claim''s rows in _claim_batch''s columns, or, when the claim failed, its SQLSTATE and message in code and message (the items are committed regardless).';
 
 CREATE OR REPLACE FUNCTION runledger._commit_batch(p_items jsonb)
  RETURNS TABLE(item integer, code text, message text, run_status text)
@@ -1974,61 +1973,24 @@ CREATE OR REPLACE FUNCTION runledger._commit_batch(p_items jsonb)
  SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 declare
-  v_item jsonb;
-  v_index int := 0;
-  v_run runledger.runs;
-  v_fast int[] := '{}';
+  v_row     record;
+  v_queues  text[] := '{}';
+  v_covered text[] := '{}';
 begin
-  if jsonb_typeof(p_items) is distinct from 'array' then
-    raise exception using errcode = 'RL003', message = format('_commit_batch: items must be a JSON array, not %s', coalesce(jsonb_typeof(p_items), 'null'));
-  end if;
-  -- Slots freed by the batch's completions are refilled once per queue, at the end.
-  perform set_config('runledger.admit_pending', ',', true);
-  if jsonb_array_length(p_items) > 1 then
-    begin
-      v_fast := runledger._commit_fast(p_items);
-    exception when others then
-      v_fast := '{}'; -- undone: every item takes the careful path below
-    end;
-  end if;
-  for v_item in select value from jsonb_array_elements(p_items) loop
-    item := v_index;
-    code := null;
-    message := null;
-    run_status := null;
-    if v_index = any(v_fast) then
-      run_status := case when v_item->>'op' = 'checkpoint' then 'RUNNING' else 'SUCCEEDED' end;
-    else
-      begin
-        if v_item->>'op' = 'checkpoint' then
-          v_run := runledger._checkpoint_row(v_item->>'run_id', (v_item->>'token')::bigint, (v_item->>'seq')::int,
-            v_item->>'name', v_item->>'kind', v_item->>'status', v_item->'output', v_item->'error',
-            (v_item->>'attempts')::int, (v_item->>'started_ms_ago')::bigint, v_item->'charge');
-          run_status := v_run.status;
-        elsif v_item->>'op' = 'complete' and v_item ? 'seq' then
-          perform runledger._complete_with_checkpoint(v_item->>'run_id', (v_item->>'token')::bigint, (v_item->>'seq')::int,
-            v_item->>'name', v_item->>'kind', v_item->>'status', v_item->'step_output', v_item->'error',
-            (v_item->>'attempts')::int, (v_item->>'started_ms_ago')::bigint, v_item->'charge',
-            v_item->'output', v_item->>'policy_version', v_item->'verification');
-        elsif v_item->>'op' = 'complete' then
-          perform runledger._complete_run(v_item->>'run_id', (v_item->>'token')::bigint, v_item->'output',
-            v_item->>'policy_version', v_item->'charge', v_item->'verification');
-        else
-          raise exception using errcode = 'RL003', message = format('_commit_batch: unknown op %L', v_item->>'op');
-        end if;
-        if v_item->>'op' = 'complete' then
-          -- SUCCEEDED, or how the completion ended the run instead (a charge past its budget).
-          select r.status into run_status from runledger.runs r where r.run_id = v_item->>'run_id';
-        end if;
-      exception when others then
-        code := sqlstate;
-        message := sqlerrm;
-      end;
+  for v_row in select * from runledger._commit_items(p_items) loop
+    item := v_row.item;
+    code := v_row.code;
+    message := v_row.message;
+    run_status := v_row.run_status;
+    if v_row.freed_queue is not null and not v_row.admitted then
+      v_queues := v_queues || v_row.freed_queue;
+    elsif v_row.admitted then
+      v_covered := v_covered || v_row.freed_queue;
     end if;
     return next;
-    v_index := v_index + 1;
   end loop;
-  perform runledger._admit_collected();
+  -- Slots freed by the fast completions are refilled once per queue, at the end.
+  perform runledger._admit_queues(array(select q from unnest(v_queues) q where q <> all(v_covered)));
 end;
 $function$;
 COMMENT ON FUNCTION runledger._commit_batch(jsonb) IS 'Group commit for a worker: a JSON array of items, each {"op": "checkpoint"} (the arguments of _checkpoint by name: run_id, token, seq, name, kind, status, output, error, attempts, started_ms_ago, charge (absent when none)) or {"op": "complete"} (those of _complete_run, or of _complete_with_checkpoint when it has "seq"; the step''s result is "step_output"; "verification" the evidence of the workflow''s verify), done in one transaction: the common ones together (_commit_fast), the others one by one, each in a subtransaction. One row per item: its index, the SQLSTATE and message of its error (null when it committed), and the run''s status after it (a completion: SUCCEEDED, or the status a charge past the budget ended it with).';
@@ -2044,8 +2006,6 @@ declare
   v_written   int;
   v_parents   text[];
   v_children  text[];
-  v_queues    text[];
-  v_queue     text;
   v_done      text[];
   i           int;
 begin
@@ -2139,25 +2099,110 @@ begin
   )
   select array_agg(d.parent_run_id) filter (where d.parent_run_id is not null),
          array_agg(d.run_id) filter (where d.parent_run_id is not null),
-         array_agg(distinct d.queue_name),
          array_agg(d.run_id)
-    into v_parents, v_children, v_queues, v_done
+    into v_parents, v_children, v_done
     from done d;
-  -- As _finished: tell the callers awaiting these runs (one notification for the batch),
-  -- wake the parents, and admit the next runs of queues with limits.
+  -- As _finished: tell the callers awaiting these runs (one notification for the batch) and
+  -- wake the parents; the batch admits the next runs of their queues at its end.
   if v_done is not null then
     perform runledger._announce_finished(v_done);
   end if;
   for i in 1 .. coalesce(cardinality(v_parents), 0) loop
     perform runledger._wake(v_parents[i], 'child', v_children[i]);
   end loop;
-  foreach v_queue in array coalesce(v_queues, '{}') loop
-    perform runledger._admit_later(v_queue);
-  end loop;
   return v_fast;
 end;
 $function$;
 COMMENT ON FUNCTION runledger._commit_fast(jsonb) IS 'The fast part of _commit_batch: locks every run of the batch in run_id order, then writes together the items that are plain checkpoints or completions with their last step of RUNNING runs under their token, before the deadline, with no charge or one within every limit (_charge_fits; it is added to the run''s budgets), without a no-progress limit (the checks _checkpoint and _complete_with_checkpoint make). Returns the indexes it wrote; raises (and is undone as a whole) when one of them cannot be written.';
+
+CREATE OR REPLACE FUNCTION runledger._commit_items(p_items jsonb)
+ RETURNS TABLE(item integer, code text, message text, run_status text, freed_queue text, admitted boolean)
+ LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+AS $function$
+declare
+  v_item jsonb;
+  v_index int := 0;
+  v_run runledger.runs;
+  v_fast int[] := '{}';
+  v_careful_completions boolean;
+begin
+  if jsonb_typeof(p_items) is distinct from 'array' then
+    raise exception using errcode = 'RL003', message = format('_commit_batch: items must be a JSON array, not %s', coalesce(jsonb_typeof(p_items), 'null'));
+  end if;
+  if jsonb_array_length(p_items) > 1 then
+    begin
+      v_fast := runledger._commit_fast(p_items);
+    exception when others then
+      v_fast := '{}'; -- undone: every item takes the careful path below
+    end;
+  end if;
+  -- A completion on the careful path admits its queue's next runs itself (_finished), after
+  -- the fast part, so its round also refills what the fast part freed; the caller admits the
+  -- other queues of the fast completions at its end. Before several completions take queue
+  -- locks one by one, the queues of every completion are locked in name order, as the end
+  -- locks them (_admit_queues), so two batches cannot wait on each other in a cycle.
+  select bool_or(e.value->>'op' = 'complete' and (e.ord - 1)::int <> all(v_fast)) into v_careful_completions
+    from jsonb_array_elements(p_items) with ordinality e(value, ord);
+  if v_careful_completions and jsonb_array_length(p_items) > 1 then
+    perform 1 from runledger.queues q
+     where q.name in (select r.queue_name from runledger.runs r
+                       where r.run_id in (select e.value->>'run_id' from jsonb_array_elements(p_items) e where e.value->>'op' = 'complete'))
+       and runledger._queue_limited(q.name)
+     order by q.name
+     for update of q;
+  end if;
+  for v_item in select value from jsonb_array_elements(p_items) loop
+    item := v_index;
+    code := null;
+    message := null;
+    run_status := null;
+    freed_queue := null;
+    admitted := false;
+    if v_index = any(v_fast) then
+      run_status := case when v_item->>'op' = 'checkpoint' then 'RUNNING' else 'SUCCEEDED' end;
+      if v_item->>'op' = 'complete' then
+        select r.queue_name into freed_queue from runledger.runs r where r.run_id = v_item->>'run_id';
+      end if;
+    else
+      begin
+        if v_item->>'op' = 'checkpoint' then
+          v_run := runledger._checkpoint_row(v_item->>'run_id', (v_item->>'token')::bigint, (v_item->>'seq')::int,
+            v_item->>'name', v_item->>'kind', v_item->>'status', v_item->'output', v_item->'error',
+            (v_item->>'attempts')::int, (v_item->>'started_ms_ago')::bigint, v_item->'charge');
+          run_status := v_run.status;
+        elsif v_item->>'op' = 'complete' and v_item ? 'seq' then
+          perform runledger._complete_with_checkpoint(v_item->>'run_id', (v_item->>'token')::bigint, (v_item->>'seq')::int,
+            v_item->>'name', v_item->>'kind', v_item->>'status', v_item->'step_output', v_item->'error',
+            (v_item->>'attempts')::int, (v_item->>'started_ms_ago')::bigint, v_item->'charge',
+            v_item->'output', v_item->>'policy_version', v_item->'verification');
+        elsif v_item->>'op' = 'complete' then
+          perform runledger._complete_run(v_item->>'run_id', (v_item->>'token')::bigint, v_item->'output',
+            v_item->>'policy_version', v_item->'charge', v_item->'verification');
+        else
+          raise exception using errcode = 'RL003', message = format('_commit_batch: unknown op %L', v_item->>'op');
+        end if;
+        if v_item->>'op' = 'complete' then
+          -- SUCCEEDED, or how the completion ended the run instead (a charge past its budget).
+          select r.status into run_status from runledger.runs r where r.run_id = v_item->>'run_id';
+        end if;
+        if run_status not in ('RUNNING', 'CANCELLING') then
+          -- The run left its slot, and the write that ended it admitted its queue (_finished).
+          select r.queue_name into freed_queue from runledger.runs r where r.run_id = v_item->>'run_id';
+          admitted := true;
+        end if;
+      exception when others then
+        code := sqlstate;
+        message := sqlerrm;
+      end;
+    end if;
+    return next;
+    v_index := v_index + 1;
+  end loop;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._commit_items(jsonb) IS 'The items of a group commit (_commit_batch, _commit_and_claim), in one transaction: the common ones together (_commit_fast), the others one by one, each in a subtransaction. One row per item: its index, the SQLSTATE and message of its error (null when it committed), the run''s status after it, freed_queue, the queue of a run whose slot the item freed, and admitted: true when that queue''s admission round already ran after it (the careful path ends a run through _finished, which admits). The caller admits at its end the freed queues no round covered.';
 
 CREATE OR REPLACE FUNCTION runledger._compensate_run(p_run_id text, p_reason text DEFAULT NULL::text)
  RETURNS text
@@ -2716,7 +2761,9 @@ begin
   if p_parent is not null then
     perform runledger._wake(p_parent, 'child', p_run_id);
   end if;
-  perform runledger._admit_later(p_queue);
+  if runledger._queue_limited(p_queue) then
+    perform runledger._admit(p_queue);
+  end if;
 end;
 $function$;
 COMMENT ON FUNCTION runledger._finished(text,bigint,runledger.run_status,text,jsonb,jsonb,text,text,timestamp with time zone) IS 'After a run''s row moved to a terminal status: writes its event, notifies runledger_finished with its id, wakes its parent (p_parent) and admits the next run of its queue if the queue has limits.';
@@ -4583,12 +4630,14 @@ declare
   v_queue text;
 begin
   select queue_name into v_queue from runledger.runs where run_id = p_run_id;
-  perform runledger._admit_later(v_queue);
+  if runledger._queue_limited(v_queue) then
+    perform runledger._admit(v_queue);
+  end if;
 end;
 $function$;
 COMMENT ON FUNCTION runledger._slot_freed(text) IS 'Called when a run leaves its slot (finished, waiting, cancelled): admits the next run of a queue with limits.';
 
-CREATE OR REPLACE FUNCTION runledger._start(p_workflow text, p_input jsonb, p_options jsonb, p_worker_id text DEFAULT NULL::text, p_lease_ms integer DEFAULT NULL::integer, OUT run runledger.runs, OUT inserted boolean)
+CREATE OR REPLACE FUNCTION runledger._start(p_workflow text, p_input jsonb, p_options jsonb, p_worker_id text DEFAULT NULL::text, p_lease_ms integer DEFAULT NULL::integer, p_admit boolean DEFAULT true, OUT run runledger.runs, OUT inserted boolean)
  RETURNS record
  LANGUAGE plpgsql
 AS $function$
@@ -4669,8 +4718,11 @@ begin
     return;
   end if;
   if not v_t.admitted then
-    -- At once; inside _start_many, once per queue at the end of the batch (as in a group commit).
-    perform runledger._admit_later(v_t.queue_name);
+    -- A queue with limits: admission at once, unless the caller admits at its end
+    -- (p_admit false: _start_many, once per queue, as a group commit does).
+    if p_admit then
+      perform runledger._admit(v_t.queue_name);
+    end if;
   elsif v_t.not_before is not null or coalesce((p_options->>'notify')::boolean, true) then
     -- notify false: the caller's own worker claims the run (engine.start in a process whose
     -- worker has a free slot), so no other worker is woken for it.
@@ -4681,7 +4733,7 @@ begin
   inserted := true;
 end;
 $function$;
-COMMENT ON FUNCTION runledger._start(text,jsonb,jsonb,text,integer) IS 'One run started (start_run, _start_claimed): checks, the row and its created event, then admission or the announcement. Given p_worker_id and p_lease_ms, a run that is runnable at once (admitted, not delayed, within its deadline) is inserted claimed for that worker, with its claimed event. Returns the row (as inserted, or the existing run of an idempotent start) and whether it was inserted.';
+COMMENT ON FUNCTION runledger._start(text,jsonb,jsonb,text,integer,boolean) IS 'One run started (start_run, _start_claimed): checks, the row and its created event, then admission (unless p_admit is false: the caller admits the queue at its end) or the announcement. Given p_worker_id and p_lease_ms, a run that is runnable at once (admitted, not delayed, within its deadline) is inserted claimed for that worker, with its claimed event. Returns the row (as inserted, or the existing run of an idempotent start) and whether it was inserted.';
 
 CREATE OR REPLACE FUNCTION runledger._start_child(p_run_id text, p_token bigint, p_seq integer, p_name text, p_workflow text, p_input jsonb, p_options jsonb)
  RETURNS text
@@ -4712,7 +4764,7 @@ end;
 $function$;
 COMMENT ON FUNCTION runledger._start_child(text,bigint,integer,text,text,jsonb,jsonb) IS 'Starts a child run (id = parent id || ''.'' || seq, parent_run_id set, parent''s deadline inherited) and checkpoints its id, in one transaction.';
 
-CREATE OR REPLACE FUNCTION runledger._start_claimed(p_workflow text, p_input jsonb, p_options jsonb, p_worker_id text, p_lease_ms integer)
+CREATE OR REPLACE FUNCTION runledger._start_claimed(p_workflow text, p_input jsonb, p_options jsonb, p_worker_id text, p_lease_ms integer, p_admit boolean DEFAULT true)
  RETURNS TABLE(run_id text, claimed boolean, workflow_name text, workflow_version text, input jsonb, fencing_token bigint, recovery_attempts integer, max_steps integer, budget numeric, budget_spent numeric, budget_limits jsonb, budget_used jsonb, traceparent text)
  LANGUAGE plpgsql
  SECURITY DEFINER
@@ -4730,7 +4782,7 @@ begin
     raise exception using errcode = 'RL003', message = '_start_claimed: a worker id and a lease of at least 1 ms are required';
   end if;
   -- A new run that is runnable at once is inserted already claimed (runledger._start).
-  v_started := runledger._start(p_workflow, p_input, coalesce(p_options, '{}') || '{"notify": false}', p_worker_id, p_lease_ms);
+  v_started := runledger._start(p_workflow, p_input, coalesce(p_options, '{}') || '{"notify": false}', p_worker_id, p_lease_ms, p_admit);
   v_run := v_started.run;
   v_claimed := v_started.inserted and v_run.status = 'RUNNING';
   if not v_claimed then
@@ -4773,7 +4825,7 @@ begin
   end if;
 end;
 $function$;
-COMMENT ON FUNCTION runledger._start_claimed(text,jsonb,jsonb,text,integer) IS 'engine.start for a run its own process''s worker takes: the run is started as start_run starts it (without NOTIFY) and claimed for p_worker_id with a lease of p_lease_ms in the same transaction, as _claim_batch would claim it: a new run that is runnable at once is inserted claimed (runledger._start), an existing never-claimed runnable one (an idempotent start, or one its queue''s admission just let in) is claimed by an update. Returns one row: claimed true with the claimed run''s fields, or claimed false (a run already claimed or of another version, a delayed start, a run admission held back, a deadline already past), in which case the run is announced as start_run announces it.';
+COMMENT ON FUNCTION runledger._start_claimed(text,jsonb,jsonb,text,integer,boolean) IS 'engine.start for a run its own process''s worker takes: the run is started as start_run starts it (without NOTIFY) and claimed for p_worker_id with a lease of p_lease_ms in the same transaction, as _claim_batch would claim it: a new run that is runnable at once is inserted claimed (runledger._start), an existing never-claimed runnable one (an idempotent start, or one its queue''s admission just let in) is claimed by an update. Returns one row: claimed true with the claimed run''s fields, or claimed false (a run already claimed or of another version, a delayed start, a run admission held back, a deadline already past), in which case the run is announced as start_run announces it. p_admit false leaves the admission of a queue with limits to the caller (_start_many).';
 
 CREATE OR REPLACE FUNCTION runledger._start_many(p_items jsonb)
  RETURNS TABLE(item integer, run_id text, claimed boolean, workflow_name text, workflow_version text, input jsonb, fencing_token bigint, recovery_attempts integer, max_steps integer, budget numeric, budget_spent numeric, budget_limits jsonb, budget_used jsonb, traceparent text)
@@ -4784,8 +4836,11 @@ CREATE OR REPLACE FUNCTION runledger._start_many(p_items jsonb)
  SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 declare
-  v_item  jsonb;
-  v_index int := 0;
+  v_item    jsonb;
+  v_index   int := 0;
+  v_claim   record;
+  v_started record;
+  v_ids     text[] := '{}';
 begin
   if jsonb_typeof(p_items) is distinct from 'array' then
     raise exception using errcode = 'RL003',
@@ -4794,10 +4849,9 @@ begin
   -- No subtransaction per item: an error undoes the whole statement, and the caller sends
   -- each of its items again alone, so every start gets its own answer. Errors are rare
   -- (the engine checks the inputs first); a subtransaction per item would cost every batch.
-  -- Queues with limits admit once each at the end, in name order (_admit_later,
-  -- _admit_collected), as a group commit does: a batch that took one queue's row lock per
-  -- item, in its items' order, could wait on a group commit that holds another's.
-  perform set_config('runledger.admit_pending', ',', true);
+  -- Queues with limits admit once each at the end, in name order (_admit_queues), as a
+  -- group commit does: a batch that took one queue's row lock per item, in its items'
+  -- order, could wait on a group commit that holds another's.
   for v_item in select value from jsonb_array_elements(p_items) loop
     if jsonb_typeof(v_item) <> 'object'
        or (v_item ? 'worker_id' and (jsonb_typeof(v_item->'lease_ms') is distinct from 'number' or v_item->>'lease_ms' !~ '^\d{1,9}$')) then
@@ -4806,21 +4860,28 @@ begin
                          v_index, left(v_item::text, 200));
     end if;
     if v_item ? 'worker_id' then
+      select * into v_claim
+        from runledger._start_claimed(v_item->>'workflow', v_item->'input', v_item->'options', v_item->>'worker_id',
+                                      (v_item->>'lease_ms')::int, p_admit => false);
+      v_ids := v_ids || v_claim.run_id;
       return query
-        select v_index, s.run_id, s.claimed, s.workflow_name, s.workflow_version, s.input, s.fencing_token, s.recovery_attempts,
-               s.max_steps, s.budget, s.budget_spent, s.budget_limits, s.budget_used, s.traceparent
-          from runledger._start_claimed(v_item->>'workflow', v_item->'input', v_item->'options', v_item->>'worker_id',
-                                        (v_item->>'lease_ms')::int) s;
+        select v_index, v_claim.run_id, v_claim.claimed, v_claim.workflow_name, v_claim.workflow_version, v_claim.input,
+               v_claim.fencing_token, v_claim.recovery_attempts, v_claim.max_steps, v_claim.budget, v_claim.budget_spent,
+               v_claim.budget_limits, v_claim.budget_used, v_claim.traceparent;
     else
       -- As start_run (its announcement included: identical notifications of one transaction are sent once).
+      select * into v_started from runledger._start(v_item->>'workflow', v_item->'input', v_item->'options', p_admit => false);
+      v_ids := v_ids || (v_started.run).run_id;
       return query
-        select v_index, (s.run).run_id, false, null::text, null::text, null::jsonb, null::bigint, null::int, null::int,
-               null::numeric, null::numeric, null::jsonb, null::jsonb, null::text
-          from runledger._start(v_item->>'workflow', v_item->'input', v_item->'options') s;
+        select v_index, (v_started.run).run_id, false, null::text, null::text, null::jsonb, null::bigint, null::int, null::int,
+               null::numeric, null::numeric, null::jsonb, null::jsonb, null::text;
     end if;
     v_index := v_index + 1;
   end loop;
-  perform runledger._admit_collected();
+  -- The queues of the runs started here (those with limits admit). Found by run_id alone: a
+  -- status in the condition would prove the predicate of runs_admission_key, and a plan cached
+  -- while the table was empty walks it whole (test/plans.test.ts).
+  perform runledger._admit_queues(array(select r.queue_name from runledger.runs r where r.run_id = any(v_ids)));
 end;
 $function$;
 COMMENT ON FUNCTION runledger._start_many(jsonb) IS 'Several engine.start calls of one process in one transaction, one per element of p_items ({workflow, input, options, worker_id, lease_ms}), in order: with worker_id, runledger._start_claimed (the run claimed for that worker of the calling process when it can be); without, the start start_run makes. Queues with limits admit once each at the end, in name order (so a run of such a queue is not claimed at its start here; admission announces it). One row per item, numbered from 0, with _start_claimed''s columns (claimed false and nulls for a start without a worker). An error in any item undoes them all (the engine then starts each alone).';

@@ -318,7 +318,7 @@ function expectBatchedStartsAndAdmission(found: ScenarioFindings): void {
   expect(queries.some((q) => q.startsWith('select item, run_id, claimed') && q.includes('_start_many'))).toBe(true);
   // _admit_first_turns's read of the oldest waiting runs, and its update of the runs it chose.
   expect(queries.some((q) => q.startsWith('with oldest as materialized'))).toBe(true);
-  expect(queries.some((q) => q.startsWith('update runledger.runs r set admitted = true') && q.includes('unnest(v_first)'))).toBe(true);
+  expect(queries.some((q) => q.startsWith('update runledger.runs r set admitted = true') && q.includes('_admit_round('))).toBe(true);
   // The oldest waiting runs are read in the order of runs_admission_order, a few of them; the
   // other index of waiting runs (by key first) would read the queue's every waiting run and sort.
   for (const s of found.statements.filter((x) => x.query.startsWith('with oldest as materialized'))) {
@@ -330,10 +330,10 @@ function expectBatchedStartsAndAdmission(found: ScenarioFindings): void {
   }
   // The runs it chose are admitted by their key.
   for (const s of found.statements.filter(
-    (x) => x.query.startsWith('update runledger.runs r set admitted = true') && x.query.includes('unnest(v_first)'),
+    (x) => x.query.startsWith('update runledger.runs r set admitted = true') && x.query.includes('_admit_round('),
   )) {
     expect(
-      s.scans.filter((scan) => scan !== 'ModifyTable on runs'),
+      s.scans.filter((scan) => scan !== 'ModifyTable on runs' && !scan.startsWith('Function Scan')),
       s.query,
     ).toEqual(['Index Scan on runs using runs_pkey']);
   }
@@ -468,8 +468,8 @@ async function newDatabaseScenario(target: TestDatabase): Promise<ScenarioFindin
 /**
  * One admission round deferred to a claim, as a group commit with a claim runs it
  * (_commit_and_claim): the round chooses three runs of a queue with limits, the claim
- * takes one of them from PENDING straight to RUNNING, and _admit_deferred admits the other
- * two. Driven here rather than left to the worker, whose group commits defer a round only
+ * takes one of them (its p_deferred) from PENDING straight to RUNNING, and _admit_deferred
+ * admits the other two. Driven here rather than left to the worker, whose group commits defer a round only
  * when a completion frees a slot while runs wait: whether that happens while the plans are
  * recorded depends on timing. Rolled back, so the worker never meets these runs.
  */
@@ -490,17 +490,18 @@ async function deferredAdmissionRound(explained: pg.Pool, target: TestDatabase):
        select 'deferred-' || g, 'plan-deferred', '1', $1, 'PENDING', '{}' from generate_series(1, 6) g`,
       [queue],
     );
-    await client.query(`select set_config('runledger.admit_defer', 'on', true)`);
     recording = wasRecording;
-    const chosen = await client.query<{ n: number }>(`select runledger._admit($1) as n`, [queue]);
-    expect(chosen.rows[0]!.n).toBe(3);
+    const chosen = await client.query<{ deferred: unknown[] }>(`select runledger._admit_queues(array[$1], true) as deferred`, [queue]);
+    const deferred = chosen.rows[0]!.deferred;
+    expect(deferred).toHaveLength(3);
     const claimed = await client.query(
-      `select run_id from runledger._claim_batch('plans-deferred-claimer', array[$1], array['plan-deferred@1'], 1, 60000)
+      `select run_id from runledger._claim_batch('plans-deferred-claimer', array[$1], array['plan-deferred@1'], 1, 60000,
+                                                 p_deferred => $2::jsonb)
         where run_id is not null`,
-      [queue],
+      [queue, JSON.stringify(deferred)],
     );
     expect(claimed.rows).toHaveLength(1);
-    await client.query(`select runledger._admit_deferred()`);
+    await client.query(`select runledger._admit_deferred($1::jsonb)`, [JSON.stringify(deferred)]);
     // The check is the test's too: recording resumes after the rollback.
     recording = false;
     const states = await client.query<{ status: string; admitted: boolean; n: number }>(

@@ -10,6 +10,7 @@ import { claimBatch, claimHelpers } from '../helpers/claim.js';
 import { checkpointHelpers } from '../helpers/checkpoint.js';
 import { commitHelpers, stepItem } from '../helpers/commit.js';
 import { sqlState } from '../helpers/sql-errors.js';
+import { waitFor } from '../helpers/database.js';
 
 const { db } = useTestEngine({ engine: false, prepare: registerWorkflowW });
 const { startRun, getRun, steps, events } = runHelpers(db);
@@ -143,6 +144,43 @@ describe('runledger._commit_batch', () => {
     );
     // Both freed slots were refilled, oldest first; the fifth run still waits for one.
     expect(admitted.rows.map((row) => row.run_id)).toEqual(ids.slice(2, 4));
+  });
+
+  it('locks the queues of its completions in name order before it writes any alone (two batches cannot deadlock)', async () => {
+    for (const queue of ['lock-a', 'lock-b']) await db.pool.query(`select runledger.set_queue($1, '{"concurrency": 5}')`, [queue]);
+    // A no-progress limit keeps a completion off the fast path: each is written alone and
+    // runs its own queue's admission round.
+    const inB = await startRun({ queue: 'lock-b', no_progress: 3 }, { q: 'b' });
+    const inA = await startRun({ queue: 'lock-a', no_progress: 3 }, { q: 'a' });
+    const claimed = (await claimBatch(db.pool, 'wk-lock', ['lock-a', 'lock-b'], ['w@1'], 10)).filter((row) => row.run_id !== null);
+    const token = (runId: string) => claimed.find((row) => row.run_id === runId)!.fencing_token;
+    expect(claimed).toHaveLength(2);
+    const other = new pg.Client({ connectionString: db.url });
+    await other.connect();
+    try {
+      // Another transaction holds lock-a's row, as a concurrent batch of the other worker would.
+      await other.query('begin');
+      await other.query(`select 1 from runledger.queues where name = 'lock-a' for update`);
+      // The batch completes lock-b's run first, then lock-a's.
+      const batch = commitBatch([
+        { op: 'complete', run_id: inB, token: token(inB), output: 1, policy_version: 'p/1', charge: 0 },
+        { op: 'complete', run_id: inA, token: token(inA), output: 2, policy_version: 'p/1', charge: 0 },
+      ]);
+      await waitFor('the batch to wait for the row of lock-a', async () => {
+        const waiting = await db.pool.query(
+          `select count(*)::int as n from pg_stat_activity where wait_event_type = 'Lock' and query like '%_commit_batch%' and pid <> pg_backend_pid()`,
+        );
+        return waiting.rows[0].n === 1;
+      });
+      // It took lock-a first, in name order, and so holds nothing the other transaction needs:
+      // lock-b's row is free (an item-order lock would hold it, and the two would deadlock).
+      await expect(other.query(`select 1 from runledger.queues where name = 'lock-b' for update nowait`)).resolves.toBeDefined();
+      await other.query('commit');
+      expect((await batch).map((row) => row.code)).toEqual([null, null]);
+    } finally {
+      await other.end();
+    }
+    expect([(await getRun(inA))?.status, (await getRun(inB))?.status]).toEqual(['SUCCEEDED', 'SUCCEEDED']);
   });
 
   it('commits each item on its own: rows in order with their codes; the failed items change nothing, the others commit', async () => {
