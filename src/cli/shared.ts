@@ -372,7 +372,7 @@ export function describeError(thrown: unknown): { line: string; exitCode: number
  * `again`, a second signal calls it. Its listener is added in the first one's handler,
  * before that one is removed: a process with no listener for a signal is killed by it,
  * and a second signal sent as soon as the stop's first line was printed once landed in
- * that gap (test/engine/worker/sigterm.test.ts, "a second SIGINT ... forces the exit (130)").
+ * that gap (test/engine/worker/sigterm.slow.test.ts, "a second SIGINT ... forces the exit (130)").
  */
 export function untilSignal(again?: (signal: NodeJS.Signals) => void): Promise<NodeJS.Signals> {
   return new Promise((done) => {

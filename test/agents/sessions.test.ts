@@ -9,7 +9,7 @@ import { runCli } from '../helpers/cli.js';
  * two runs on one session are serialised (the second WAITING, holding no worker), a run
  * that ends in any way lets the next one in, bad input is refused with a code and stores
  * nothing, and the history reads the same from SQL, the CLI and the workflow. The crash
- * cases, with real processes, are in test/agents/session-crash.test.ts.
+ * cases, with real processes, are in test/agents/session-crash.slow.test.ts.
  */
 const MAX_PAYLOAD = 64 * 1024;
 const t = useTestEngine({ engine: { maxPayloadBytes: MAX_PAYLOAD } });

@@ -17,7 +17,7 @@ import { runCli } from '../helpers/cli.js';
 /**
  * Durable streams (ctx.stream, engine.readStream, the SSE helper, `runledger tail`):
  * chunks stored once per offset and read live, in order, exactly once. The crash case
- * with real processes is test/steps/streams-crash.test.ts.
+ * with real processes is test/steps/streams-crash.slow.test.ts.
  */
 const t = useTestEngine({
   engine: { maxPayloadBytes: 4_096 },

@@ -11,10 +11,10 @@
  * (transaction step writing model_effects) -> done; a rejection fails the run.
  *
  * Replay: a failure prints fast-check's seed and path; rerun with
- * MODEL_SEED=<seed> MODEL_PATH=<path> npx vitest run test/model.test.ts.
+ * MODEL_SEED=<seed> MODEL_PATH=<path> npx vitest run test/model.slow.test.ts.
  * MODEL_RUNS widens the search (default 20 sequences of 3 starts and up to 14 commands, which fits CI).
  * Crashes are in-process (`crashAt` with action 'halt': the worker stops writing and
- * heartbeating as a killed process would); real SIGKILLs are in test/engine/worker/crash.test.ts.
+ * heartbeating as a killed process would); real SIGKILLs are in test/engine/worker/crash.slow.test.ts.
  */
 import { fc, test } from '@fast-check/vitest';
 import { afterAll, beforeAll, describe, expect } from 'vitest';
