@@ -41,7 +41,7 @@ create table runledger.owner_settings (
   test_clock         boolean not null default false
 );
 comment on table runledger.owner_settings is
-  'Settings only the schema''s owner changes (with UPDATE; no runledger role may write a table, and no function writes this one), one row: audit_log_min_keep, the floor under the audit_log retention rule (default 365 days: set_retention refuses a shorter one with 42501, and prune_due never removes a younger record); test_clock (0023_inlined_functions.sql). Every change is recorded in audit_log (action owner_settings), and those records are never pruned.';
+  'Settings only the schema''s owner changes (with UPDATE; no runledger role may write a table, and no function writes this one), one row: audit_log_min_keep, the floor under the audit_log retention rule (default 365 days: set_retention refuses a shorter one with 42501, and prune_due never removes a younger record); test_clock. Every change is recorded in audit_log (action owner_settings), and those records are never pruned.';
 comment on column runledger.owner_settings.test_clock is
   'The test clock: while true, runledger.now() honours the session settings runledger.fake_now and runledger.clock_offset of every session; while false (the default), it is the database''s clock whatever a session sets. For test databases only (runledger/testing switches it on in the ones it makes).';
 
@@ -72,7 +72,7 @@ language sql volatile parallel safe as $$
               else runledger._test_clock_now() end
 $$;
 comment on function runledger.now() is
-  'Current time for every runledger function: clock_timestamp(). Where the schema''s owner switched the test clock on (owner_settings.test_clock), a session''s setting runledger.fake_now (a frozen instant) or runledger.clock_offset (an interval: a clock running ahead or behind) moves it for that session; elsewhere those settings change nothing. Runs as its caller, so the planner inlines it (0023_inlined_functions.sql).';
+  'Current time for every runledger function: clock_timestamp(). Where the schema''s owner switched the test clock on (owner_settings.test_clock), a session''s setting runledger.fake_now (a frozen instant) or runledger.clock_offset (an interval: a clock running ahead or behind) moves it for that session; elsewhere those settings change nothing. Runs as its caller, so the planner inlines it.';
 
 create function runledger._caller() returns text
 language sql stable parallel safe as $$

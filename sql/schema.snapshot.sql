@@ -122,7 +122,7 @@ CREATE TABLE runledger.audit_log (
   arguments jsonb DEFAULT '{}'::jsonb NOT NULL,
   result jsonb
 );
-COMMENT ON TABLE runledger.audit_log IS 'One row per operator action (send_signal, decide_approval, cancel_run, compensate_run, retry_run, resolve_operation, fork_run, migrate_run, migrate_runs, set_queue, prune, release_session, delete_session, prune_artifact_blobs; and prune_due, set_retention, clear_retention of 0020_retention.sql, and owner_settings, a change of runledger.owner_settings by the schema''s owner), written in the same transaction as the action: who (db_user = session_user, db_role = runledger._caller(), asserted_by = the name the caller gave), what, on which run and target, with which arguments, and what it returned. Kept when runs are pruned; the audit_log retention rule never removes a record younger than owner_settings.audit_log_min_keep, nor one of set_retention, clear_retention or owner_settings.';
+COMMENT ON TABLE runledger.audit_log IS 'One row per operator action (send_signal, decide_approval, cancel_run, compensate_run, retry_run, resolve_operation, fork_run, migrate_run, migrate_runs, set_queue, prune, release_session, delete_session, prune_artifact_blobs; and prune_due, set_retention, clear_retention (0013_retention.sql), and owner_settings, a change of runledger.owner_settings by the schema''s owner), written in the same transaction as the action: who (db_user = session_user, db_role = runledger._caller(), asserted_by = the name the caller gave), what, on which run and target, with which arguments, and what it returned. Kept when runs are pruned; the audit_log retention rule never removes a record younger than owner_settings.audit_log_min_keep, nor one of set_retention, clear_retention or owner_settings.';
 ALTER TABLE runledger.audit_log ADD CONSTRAINT audit_log_pkey PRIMARY KEY (audit_id);
 CREATE INDEX audit_log_at ON runledger.audit_log USING btree (at);
 CREATE UNIQUE INDEX audit_log_pkey ON runledger.audit_log USING btree (audit_id);
@@ -202,7 +202,7 @@ CREATE TABLE runledger.owner_settings (
   audit_log_min_keep interval DEFAULT '365 days'::interval NOT NULL,
   test_clock boolean DEFAULT false NOT NULL
 );
-COMMENT ON TABLE runledger.owner_settings IS 'Settings only the schema''s owner changes (with UPDATE; no runledger role may write a table, and no function writes this one), one row: audit_log_min_keep, the floor under the audit_log retention rule (default 365 days: set_retention refuses a shorter one with 42501, and prune_due never removes a younger record); test_clock (0023_inlined_functions.sql). Every change is recorded in audit_log (action owner_settings), and those records are never pruned.';
+COMMENT ON TABLE runledger.owner_settings IS 'Settings only the schema''s owner changes (with UPDATE; no runledger role may write a table, and no function writes this one), one row: audit_log_min_keep, the floor under the audit_log retention rule (default 365 days: set_retention refuses a shorter one with 42501, and prune_due never removes a younger record); test_clock. Every change is recorded in audit_log (action owner_settings), and those records are never pruned.';
 COMMENT ON COLUMN runledger.owner_settings.test_clock IS 'The test clock: while true, runledger.now() honours the session settings runledger.fake_now and runledger.clock_offset of every session; while false (the default), it is the database''s clock whatever a session sets. For test databases only (runledger/testing switches it on in the ones it makes).';
 ALTER TABLE runledger.owner_settings ADD CONSTRAINT owner_settings_audit_log_min_keep CHECK ((audit_log_min_keep >= '00:00:00'::interval));
 ALTER TABLE runledger.owner_settings ADD CONSTRAINT owner_settings_one CHECK (one);
@@ -5928,7 +5928,7 @@ AS $function$
               then pg_catalog.clock_timestamp()
               else runledger._test_clock_now() end
 $function$;
-COMMENT ON FUNCTION runledger.now() IS 'Current time for every runledger function: clock_timestamp(). Where the schema''s owner switched the test clock on (owner_settings.test_clock), a session''s setting runledger.fake_now (a frozen instant) or runledger.clock_offset (an interval: a clock running ahead or behind) moves it for that session; elsewhere those settings change nothing. Runs as its caller, so the planner inlines it (0023_inlined_functions.sql).';
+COMMENT ON FUNCTION runledger.now() IS 'Current time for every runledger function: clock_timestamp(). Where the schema''s owner switched the test clock on (owner_settings.test_clock), a session''s setting runledger.fake_now (a frozen instant) or runledger.clock_offset (an interval: a clock running ahead or behind) moves it for that session; elsewhere those settings change nothing. Runs as its caller, so the planner inlines it.';
 
 CREATE OR REPLACE FUNCTION runledger.prune(p_older_than interval)
  RETURNS bigint

@@ -11,7 +11,7 @@ import { useTestEngine } from './helpers/test-engine.js';
  * The three database roles (sql/0014_security.sql): each may do exactly its list and is
  * refused the rest with 42501; no role writes a table; the listed functions are SECURITY
  * DEFINER with a search_path a caller's schema cannot hijack, except the pure ones, which
- * run as their caller and are inlined (sql/0023_inlined_functions.sql); and a worker and an
+ * run as their caller and are inlined (sql/0001_schema.sql, sql/0014_security.sql); and a worker and an
  * operator that log in with nothing but their role run a workflow end to end.
  */
 const t = useTestEngine({ engine: false });
