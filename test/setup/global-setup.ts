@@ -1,6 +1,6 @@
 import pg from 'pg';
 import type { TestProject } from 'vitest/node';
-import { ensureTestTemplate, withDatabase } from '../../src/testing/index.js';
+import { createTestDatabase, ensureTestTemplate, withDatabase, type TestDatabase } from '../../src/testing/index.js';
 import { startEmbeddedPostgres, type EmbeddedPostgres } from '../../src/dev/index.js';
 
 declare module 'vitest' {
@@ -9,12 +9,15 @@ declare module 'vitest' {
     adminUrl: string;
     /** Migrated template every test file clones. */
     templateDatabase: string;
+    /** One migrated database every file shares for rollback-per-test SQL (test/helpers/test-tx.ts). */
+    sharedDatabaseUrl: string;
   }
 }
 
 let embedded: EmbeddedPostgres | undefined;
 let adminUrl: string;
 let templateDatabase: string;
+let shared: TestDatabase | undefined;
 
 /**
  * DATABASE_URL set: the suite uses that server. Unset: an embedded PostgreSQL in a
@@ -33,11 +36,16 @@ export async function setup(project: TestProject): Promise<void> {
   templateDatabase = `runledger_template_${process.pid}`;
   await dropDatabase(templateDatabase);
   await ensureTestTemplate({ adminUrl, template: templateDatabase });
+  // One clone for the whole run: tests through test/helpers/test-tx.ts work in a transaction
+  // rolled back at their end, so they leave nothing behind for the next.
+  shared = await createTestDatabase({ adminUrl, template: templateDatabase });
   project.provide('adminUrl', adminUrl);
   project.provide('templateDatabase', templateDatabase);
+  project.provide('sharedDatabaseUrl', shared.url);
 }
 
 export async function teardown(): Promise<void> {
+  await shared?.drop();
   await dropDatabase(templateDatabase);
   await embedded?.stop();
 }
