@@ -32,7 +32,12 @@ describe('the release', () => {
       .map((line) => line.split(/\s+/) as [string, string]);
     expect(listed.length).toBeGreaterThan(0);
     const changed = listed
-      .filter(([sum, file]) => createHash('sha256').update(read(`sql/${file}`), 'utf8').digest('hex') !== sum)
+      .filter(
+        ([sum, file]) =>
+          createHash('sha256')
+            .update(read(`sql/${file}`), 'utf8')
+            .digest('hex') !== sum,
+      )
       .map(([, file]) => file);
     expect(changed, 'released migrations must never change: write a new numbered file (sql/README.md)').toEqual([]);
     const newest = Math.max(...listed.map(([, file]) => Number(file.slice(0, 4))));
