@@ -19,6 +19,10 @@
  * commit. Inside the transaction `now()` stands still at its start; move runledger.now()
  * with `set local runledger.fake_now` (the shared database has the test clock on).
  *
+ * Files run side by side on the shared database: a row two open transactions both write (the
+ * same workflow registered, the same queue set) makes the second wait until the first test
+ * ends. Name what a file registers after the file (the test below registers `test-tx-probe`).
+ *
  * A statement that fails aborts the transaction: wrap a call that is meant to fail in
  * `inSavepoint(tx, ...)`, which rolls back to before it and rethrows its error. A test that
  * commits or rolls back `tx` itself fails, since what it committed would stay behind.
