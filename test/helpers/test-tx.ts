@@ -21,7 +21,7 @@
  *
  * Files run side by side on the shared database: a row two open transactions both write (the
  * same workflow registered, the same queue set) makes the second wait until the first test
- * ends. Name what a file registers after the file (the test below registers `test-tx-probe`).
+ * ends. Name what a file registers after the file (test-tx.test.ts registers `test-tx-probe`).
  *
  * A statement that fails aborts the transaction: wrap a call that is meant to fail in
  * `inSavepoint(tx, ...)`, which rolls back to before it and rethrows its error. A test that
