@@ -2,13 +2,12 @@ import { configDefaults, defineConfig } from 'vitest/config';
 
 /**
  * The slow tier: tests that kill worker processes (SIGKILL, SIGSTOP, SIGTERM drains), resume
- * storms and long drills, a browser. Their files are named *.slow.test.ts; the three below keep
- * their names for now (sql/README.md cites test/plans.test.ts; the migration tests belong to
- * the work on sql/) and join the tier by path. `npm test` runs both tiers; CI runs the fast one
+ * storms and long drills, a browser, the plans on a loaded database, the upgrade drill. Their files
+ * are named *.slow.test.ts. `npm test` runs both tiers; CI runs the fast one
  * on every PostgreSQL and Node it tries (`npm run test:fast`) and the slow one once
  * (`npm run test:slow`).
  */
-export const SLOW_TESTS = ['test/**/*.slow.test.ts', 'test/plans.test.ts', 'test/upgrade.test.ts', 'test/migrations.test.ts'];
+export const SLOW_TESTS = ['test/**/*.slow.test.ts'];
 
 /** The fault drills start and kill PostgreSQL servers of their own for minutes: `npm run test:drills` (vitest.drills.config.ts). */
 export const DRILLS = 'test/drills/**';

@@ -588,7 +588,7 @@ begin
   end loop;
   -- The queues of the runs started here (those with limits admit). Found by run_id alone: a
   -- status in the condition would prove the predicate of runs_admission_key, and a plan cached
-  -- while the table was empty walks it whole (test/plans.test.ts).
+  -- while the table was empty walks it whole (test/plans.slow.test.ts).
   perform runledger._admit_queues(array(select r.queue_name from runledger.runs r where r.run_id = any(v_ids)));
 end;
 $$;

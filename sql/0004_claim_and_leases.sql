@@ -9,7 +9,7 @@
 -- lease, not the statuses that hold one: the fenced writes look up one executing run by
 -- `run_id = ... and status in ('RUNNING', 'CANCELLING')`, which would prove an index on
 -- those statuses usable, and a generic plan cached while the table was empty took it over
--- the primary key (test/plans.test.ts caught it). `lease_expires_at < now` proves this one.
+-- the primary key (test/plans.slow.test.ts caught it). `lease_expires_at < now` proves this one.
 create index runs_lease_expiry on runledger.runs (lease_expires_at)
   where lease_expires_at is not null;
 
@@ -343,7 +343,7 @@ comment on function runledger._dispatch(text, text, bigint) is
 -- tenth of the index, so PL/pgSQL's cost test kept choosing a custom plan: the claim of
 -- the ready runs and the deadline check were planned again on every call, a large share of
 -- a drained run's server time on runs with its many indexes. The generic plans are the
--- same index scans (test/plans.test.ts checks them, made on a table the statistics call
+-- same index scans (test/plans.slow.test.ts checks them, made on a table the statistics call
 -- empty and on one never analysed).
 create function runledger._claim_batch(
   p_worker_id text, p_queues text[], p_workflows text[], p_limit int, p_lease_ms int,

@@ -175,7 +175,7 @@ begin
   -- Found by run_id, with no status in the condition: `status = 'PENDING' and not admitted`
   -- would prove the predicate of runs_admission_key and runs_admission_order, and a plan
   -- cached while the table was empty walked runs_admission_key for each run
-  -- (test/plans.test.ts, PostgreSQL 17).
+  -- (test/plans.slow.test.ts, PostgreSQL 17).
   update runledger.runs r
      set admitted = true, admitted_at = c.admitted_at
     from runledger._admit_round(p_queue, p_max) c

@@ -182,7 +182,7 @@ comment on view runledger.patches is
 -- on a table the statistics call empty the planner finds that as cheap as the primary key.
 -- Not partial, such an index is taken for lookups of one run by `run_id = ... and status in
 -- (...)` with a plan cached while the table was empty, and by the group commit's completion
--- UPDATE on a new database never analysed (test/plans.test.ts checks both): a walk of every
+-- UPDATE on a new database never analysed (test/plans.slow.test.ts checks both): a walk of every
 -- run per completion once the table has grown.
 create index runs_console on runledger.runs (status, workflow_name, run_id) where created_at > '-infinity';
 comment on index runledger.runs_console is

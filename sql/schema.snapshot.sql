@@ -873,7 +873,7 @@ begin
   -- Found by run_id, with no status in the condition: `status = 'PENDING' and not admitted`
   -- would prove the predicate of runs_admission_key and runs_admission_order, and a plan
   -- cached while the table was empty walked runs_admission_key for each run
-  -- (test/plans.test.ts, PostgreSQL 17).
+  -- (test/plans.slow.test.ts, PostgreSQL 17).
   update runledger.runs r
      set admitted = true, admitted_at = c.admitted_at
     from runledger._admit_round(p_queue, p_max) c
@@ -4880,7 +4880,7 @@ begin
   end loop;
   -- The queues of the runs started here (those with limits admit). Found by run_id alone: a
   -- status in the condition would prove the predicate of runs_admission_key, and a plan cached
-  -- while the table was empty walks it whole (test/plans.test.ts).
+  -- while the table was empty walks it whole (test/plans.slow.test.ts).
   perform runledger._admit_queues(array(select r.queue_name from runledger.runs r where r.run_id = any(v_ids)));
 end;
 $function$;

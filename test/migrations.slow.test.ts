@@ -9,7 +9,7 @@ import { runCli } from './helpers/cli.js';
 /**
  * Run migrations in one process: what migrate_run refuses (and leaves unchanged), what a
  * migrate may return and what is refused as a failed migration, and the canary form.
- * (Migrations across real worker processes: test/versions.test.ts.)
+ * (Migrations across real worker processes: test/engine/worker/versions.slow.test.ts.)
  */
 const t = useTestEngine();
 const { db } = t;
