@@ -1,8 +1,7 @@
-import type { TestDatabase } from './database.js';
-import type { Queryable } from './runs.js';
+import type { Queryable, SqlDb } from './runs.js';
 
 /** runledger._checkpoint of a 'step', as the worker writes one. */
-export function checkpointHelpers(db: TestDatabase) {
+export function checkpointHelpers(db: SqlDb) {
   async function checkpoint(
     runId: string,
     token: number,

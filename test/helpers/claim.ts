@@ -1,7 +1,6 @@
 import pg from 'pg';
 import { expect } from 'vitest';
-import type { TestDatabase } from './database.js';
-import { runHelpers, type Queryable } from './runs.js';
+import { runHelpers, type Queryable, type SqlDb } from './runs.js';
 
 /** A claimed run as the worker receives it from runledger._claim_batch (the fields tests look at). */
 export interface Claimed {
@@ -74,11 +73,15 @@ export async function claimBatch(
  * row-locked from a second session while it runs: its SKIP LOCKED passes over them, and
  * the claim takes this run or nothing. Returns the claimed run ([] when not claimable).
  *
+ * In a test's transaction (`db` is `{ pool: tx }`) no second session sees the other runs to
+ * lock them: a probe under a savepoint, rolled back, makes sure the claim can take no other
+ * run, and fails the test otherwise (claim each run as it is started there instead).
+ *
  * `reclaim`: the worker lost the reply of an earlier claim (p_reclaim_except = '{}').
  * `on`: the session of the claim, e.g. one whose runledger.fake_now is the clock.
  */
 export async function claimRun(
-  db: TestDatabase,
+  db: SqlDb,
   runId: string,
   options: { worker?: string; leaseMs?: number; on?: Queryable; reclaim?: boolean } = {},
 ): Promise<Claimed[]> {
@@ -113,6 +116,23 @@ export async function claimRun(
   // Alone in its queue: no locks, so concurrent claims of the run really race.
   if (!(await db.pool.query(`select exists (select 1 ${othersSql}) as any`, othersArgs)).rows[0].any) return claim();
 
+  if (db.url === undefined) {
+    const on = options.on ?? db.pool;
+    await on.query('savepoint claim_run_probe');
+    let others: string[];
+    try {
+      const rows = await claimBatch(on, worker, [run.queue_name], [`${run.workflow_name}@${run.workflow_version}`], PROBE_LIMIT, {
+        reclaimExcept: options.reclaim ? [] : undefined,
+      });
+      others = claimedIds(rows).filter((id) => id !== runId);
+    } finally {
+      await on.query('rollback to savepoint claim_run_probe');
+      await on.query('release savepoint claim_run_probe');
+    }
+    expect(others, `in a test transaction nothing but ${runId} is claimable in its queue (claim each run as it is started)`).toEqual([]);
+    return claim();
+  }
+
   const locker = new pg.Client({ connectionString: db.url });
   await locker.connect();
   try {
@@ -130,9 +150,9 @@ export async function claimRun(
   }
 }
 
-/** The claim helpers of one test database, with the defaults the SQL tests use (worker wk-1, 30 s lease). */
-export function claimHelpers(db: TestDatabase) {
-  const { startRun } = runHelpers(db);
+/** The claim helpers of one test database or test transaction, with the defaults the SQL tests use (worker wk-1, 30 s lease; reclaimedRun starts `defaults.workflow`, else w). */
+export function claimHelpers(db: SqlDb, defaults: { workflow?: string } = {}) {
+  const { startRun } = runHelpers(db, defaults);
 
   function claim(runId: string, worker = 'wk-1', leaseMs = 30_000, on: Queryable = db.pool, reclaim?: boolean): Promise<Claimed[]> {
     return claimRun(db, runId, { worker, leaseMs, on, reclaim });
@@ -149,7 +169,8 @@ export function claimHelpers(db: TestDatabase) {
    * workflow@version (or the ones given), in a transaction that is rolled back, so nothing
    * changes. The limit is larger than any queue here, so the run comes back exactly when it
    * is claimable, and the sentinel row (run_id null) is always there with next_due_in_ms.
-   * `on`: a session whose runledger.fake_now is the clock of the probe.
+   * `on`: a session whose runledger.fake_now is the clock of the probe. In a test's
+   * transaction the probe runs under a savepoint of it instead.
    */
   async function claimable(
     runId: string,
@@ -160,19 +181,35 @@ export function claimHelpers(db: TestDatabase) {
     expect(run, `run ${runId}`).toBeDefined();
     const queues = options.queues ?? [run!.queue_name];
     const workflows = options.workflows ?? [`${run!.workflow_name}@${run!.workflow_version}`];
-    const client = options.on ?? (await db.pool.connect());
-    try {
+    const probe = async (client: Queryable) => {
+      const rows = await claimBatch(client, 'wk-probe', queues, workflows, PROBE_LIMIT);
+      expect(claimedIds(rows).filter((id) => id === runId).length, `${runId} claimed at most once`).toBeLessThanOrEqual(1);
+      expect(sentinels(rows), 'fewer runs than the limit: one sentinel row').toHaveLength(1);
+      return { claimed: claimedIds(rows).includes(runId), nextDueInMs: sentinels(rows)[0]!.next_due_in_ms };
+    };
+    const rolledBack = async (client: pg.ClientBase) => {
       await client.query('begin');
       try {
-        const rows = await claimBatch(client, 'wk-probe', queues, workflows, PROBE_LIMIT);
-        expect(claimedIds(rows).filter((id) => id === runId).length, `${runId} claimed at most once`).toBeLessThanOrEqual(1);
-        expect(sentinels(rows), 'fewer runs than the limit: one sentinel row').toHaveLength(1);
-        return { claimed: claimedIds(rows).includes(runId), nextDueInMs: sentinels(rows)[0]!.next_due_in_ms };
+        return await probe(client);
       } finally {
         await client.query('rollback');
       }
+    };
+    if (options.on) return rolledBack(options.on);
+    if (db.url === undefined) {
+      await db.pool.query('savepoint claimable_probe');
+      try {
+        return await probe(db.pool);
+      } finally {
+        await db.pool.query('rollback to savepoint claimable_probe');
+        await db.pool.query('release savepoint claimable_probe');
+      }
+    }
+    const client = await db.pool.connect();
+    try {
+      return await rolledBack(client);
     } finally {
-      if (!options.on) (client as pg.PoolClient).release();
+      client.release();
     }
   }
 

@@ -1,6 +1,5 @@
 import pg from 'pg';
-import type { TestDatabase } from './database.js';
-import { runHelpers, type Queryable } from './runs.js';
+import { runHelpers, type Queryable, type SqlDb } from './runs.js';
 
 export interface BatchResultRow {
   item: number;
@@ -32,7 +31,7 @@ export function stepItem(
 }
 
 /** The group commit (runledger._commit_batch) and the completion fast path (sql/0005_steps_and_commit.sql), in plain SQL. */
-export function commitHelpers(db: TestDatabase) {
+export function commitHelpers(db: SqlDb) {
   const { getRun, events } = runHelpers(db);
 
   /** runledger._commit_batch over a JSON array of items (plain objects here). */
@@ -52,6 +51,7 @@ export function commitHelpers(db: TestDatabase) {
     items: unknown[],
     functions: string[],
   ): Promise<{ rows: BatchResultRow[]; calls: Record<string, number> }> {
+    if (db.url === undefined) throw new Error('commitBatchCounting commits on a connection of its own: not in a test transaction');
     const client = new pg.Client({ connectionString: db.url });
     await client.connect();
     try {
@@ -88,9 +88,13 @@ export function commitHelpers(db: TestDatabase) {
    * Calls runledger._complete_with_checkpoint in `client` and says which path it took: the
    * general path goes through _checkpoint_row, the fast path does not (counted with
    * track_functions, per transaction). A call that raises rejects with its SQLSTATE.
+   *
+   * The call commits, in a transaction of its own; on a client already inside one (a test's
+   * transaction, test/helpers/test-tx.ts) it runs under a savepoint instead, and the calls
+   * are those the transaction's count gained.
    */
   async function completeWithCheckpoint(
-    client: pg.Client,
+    client: pg.ClientBase,
     args: {
       runId: string;
       token: number;
@@ -104,9 +108,18 @@ export function commitHelpers(db: TestDatabase) {
       status?: string;
     },
   ): Promise<'fast' | 'general'> {
+    const inTransaction = client.getTransactionStatus() === 'T';
+    const checkpointRowCalls = async () =>
+      (
+        await client.query(
+          `select coalesce(pg_stat_get_xact_function_calls(
+                    'runledger._checkpoint_row(text, bigint, int, text, text, text, jsonb, jsonb, int, bigint, jsonb)'::regprocedure), 0)::int as n`,
+        )
+      ).rows[0].n as number;
     await client.query(`set track_functions = 'pl'`);
-    await client.query('begin');
+    await client.query(inTransaction ? 'savepoint complete_with_checkpoint' : 'begin');
     try {
+      const before = inTransaction ? await checkpointRowCalls() : 0;
       await client.query(
         `select runledger._complete_with_checkpoint($1, $2, $3, $4, 'step', $5, $6::jsonb, null, $7,
                                                    coalesce($8::bigint, 0), $9::jsonb, $10::jsonb, 'p/1')`,
@@ -123,14 +136,12 @@ export function commitHelpers(db: TestDatabase) {
           args.output === undefined ? null : JSON.stringify(args.output),
         ],
       );
-      const calls = await client.query(
-        `select coalesce(pg_stat_get_xact_function_calls(
-                  'runledger._checkpoint_row(text, bigint, int, text, text, text, jsonb, jsonb, int, bigint, jsonb)'::regprocedure), 0)::int as n`,
-      );
-      await client.query('commit');
-      return calls.rows[0].n === 0 ? 'fast' : 'general';
+      const calls = (await checkpointRowCalls()) - before;
+      await client.query(inTransaction ? 'release savepoint complete_with_checkpoint' : 'commit');
+      return calls === 0 ? 'fast' : 'general';
     } catch (error) {
-      await client.query('rollback');
+      await client.query(inTransaction ? 'rollback to savepoint complete_with_checkpoint' : 'rollback');
+      if (inTransaction) await client.query('release savepoint complete_with_checkpoint');
       throw error;
     }
   }

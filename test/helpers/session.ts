@@ -23,6 +23,11 @@ export async function setNow(client: pg.Client, at: string): Promise<void> {
   await client.query(`select set_config('runledger.fake_now', $1, false)`, [at]);
 }
 
+/** Moves the clock of a test's transaction (test/helpers/test-tx.ts): `set local`, gone with the transaction. */
+export async function setNowLocal(tx: pg.ClientBase, at: string): Promise<void> {
+  await tx.query(`select set_config('runledger.fake_now', $1, true)`, [at]);
+}
+
 /** `seconds` after the ISO time `base`, as an ISO string (for setNow and for comparing stored times). */
 export function at(base: string, seconds: number): string {
   return new Date(Date.parse(base) + seconds * 1000).toISOString();

@@ -3,29 +3,39 @@
  * hands it to the next claim, counting attempts, and past max_recovery_attempts gives
  * the compensations up and ends the run with the record it stopped with.
  *
- * Clock: the session's runledger.fake_now is in 2004, so the leases set there are expired
- * moments later while no other test's leases are.
+ * The test runs in a transaction on the shared database, rolled back at its end
+ * (test/helpers/test-tx.ts), on a workflow named after the file. Clock: the transaction's
+ * runledger.fake_now is in 2004, so the leases set there are expired moments later, and
+ * the only runs _recover_expired sees are the test's own.
  */
-import { describe, expect, it } from 'vitest';
-import { useTestEngine } from '../helpers/test-engine.js';
-import { at, sessionHelpers, setNow } from '../helpers/session.js';
-import { runHelpers, registerWorkflowW } from '../helpers/runs.js';
+import { describe, expect } from 'vitest';
+import { txTest } from '../helpers/test-tx.js';
+import { at, setNowLocal } from '../helpers/session.js';
+import { runHelpers, newRunId, registerWorkflow, type TxDb } from '../helpers/runs.js';
 import { claimRun } from '../helpers/claim.js';
 import { insertRun } from '../helpers/run-factory.js';
 
-const { db } = useTestEngine({ engine: false, prepare: registerWorkflowW });
-const { session } = sessionHelpers(db);
-const { getRun, events } = runHelpers(db);
+const WORKFLOW = 'compensation-recovery';
+
+const it = txTest.extend<{ db: TxDb }>({
+  db: async ({ tx }, use) => {
+    await registerWorkflow(tx, WORKFLOW);
+    await use({ pool: tx });
+  },
+});
 
 describe('recovery of a stopping run', () => {
-  it('hands it to the next claim after each expiry, then gives up after max_recovery_attempts (compensations_abandoned)', async () => {
+  it('hands it to the next claim after each expiry, then gives up after max_recovery_attempts (compensations_abandoned)', async ({ db }) => {
+    const { getRun, events } = runHelpers(db);
     const base = '2004-01-01T00:00:00Z';
     const stopRecord = { status: 'TERMINATED', reason: 'DEADLINE', evidence: { deadline_at: base }, was: 'WAITING' };
     const runId = await insertRun(db.pool, {
+      runId: newRunId('compensation-recovery'),
+      workflow: WORKFLOW,
       status: 'CANCELLING',
       leaseOwner: null,
       leaseExpiresAt: null,
-      queue: 'stopping',
+      queue: 'compensation-recovery-stopping',
       columns: { max_recovery_attempts: 2, stop_record: JSON.stringify(stopRecord), cancel_requested_at: new Date(base) },
     });
     await db.pool.query(
@@ -33,20 +43,18 @@ describe('recovery of a stopping run', () => {
        values ($1, $2, 0, 'book', $3, 'SUCCEEDED', true)`,
       [`op-${runId}`, runId, `book-${runId}`],
     );
-    await session(async (client) => {
-      for (let attempt = 1; attempt <= 3; attempt++) {
-        await setNow(client, at(base, attempt * 10));
-        const [claimed] = await claimRun(db, runId, { worker: `wk-${attempt}`, leaseMs: 1_000, on: client });
-        expect(claimed, `claim ${attempt}`).toBeDefined();
-        // The worker dies before the compensation is recorded: its lease runs out.
-        await setNow(client, at(base, attempt * 10 + 2));
-        expect((await client.query('select runledger._recover_expired() as n')).rows[0].n).toBe(1);
-        const run = await getRun(runId);
-        if (attempt < 3) {
-          expect(run).toMatchObject({ status: 'CANCELLING', lease_owner: null, recovery_attempts: attempt });
-        }
+    for (let attempt = 1; attempt <= 3; attempt++) {
+      await setNowLocal(db.pool, at(base, attempt * 10));
+      const [claimed] = await claimRun(db, runId, { worker: `wk-${attempt}`, leaseMs: 1_000 });
+      expect(claimed, `claim ${attempt}`).toBeDefined();
+      // The worker dies before the compensation is recorded: its lease runs out.
+      await setNowLocal(db.pool, at(base, attempt * 10 + 2));
+      expect((await db.pool.query('select runledger._recover_expired() as n')).rows[0].n).toBe(1);
+      const run = await getRun(runId);
+      if (attempt < 3) {
+        expect(run).toMatchObject({ status: 'CANCELLING', lease_owner: null, recovery_attempts: attempt });
       }
-    });
+    }
     const ended = await getRun(runId);
     expect(ended).toMatchObject({ status: 'TERMINATED', termination_reason: 'DEADLINE', stop_record: null, lease_owner: null });
     expect(ended?.termination_evidence).toEqual({ deadline_at: base, compensations: { done: 0, failed: [], not_run: ['book'] } });
