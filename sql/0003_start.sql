@@ -548,7 +548,8 @@ declare
   v_index   int := 0;
   v_claim   record;
   v_started record;
-  v_ids     text[] := '{}';
+  v_unclaimed text[] := '{}';
+  v_queues    text[] := '{}';
 begin
   if jsonb_typeof(p_items) is distinct from 'array' then
     raise exception using errcode = 'RL003',
@@ -571,7 +572,9 @@ begin
       select * into v_claim
         from runledger._start_claimed(v_item->>'workflow', v_item->'input', v_item->'options', v_item->>'worker_id',
                                       (v_item->>'lease_ms')::int, p_admit => false);
-      v_ids := v_ids || v_claim.run_id;
+      if not v_claim.claimed then
+        v_unclaimed := v_unclaimed || v_claim.run_id;
+      end if;
       return query
         select v_index, v_claim.run_id, v_claim.claimed, v_claim.workflow_name, v_claim.workflow_version, v_claim.input,
                v_claim.fencing_token, v_claim.recovery_attempts, v_claim.max_steps, v_claim.budget, v_claim.budget_spent,
@@ -579,17 +582,23 @@ begin
     else
       -- As start_run (its announcement included: identical notifications of one transaction are sent once).
       select * into v_started from runledger._start(v_item->>'workflow', v_item->'input', v_item->'options', p_admit => false);
-      v_ids := v_ids || (v_started.run).run_id;
+      if v_started.inserted and not (v_started.run).admitted then
+        v_queues := v_queues || (v_started.run).queue_name;
+      end if;
       return query
         select v_index, (v_started.run).run_id, false, null::text, null::text, null::jsonb, null::bigint, null::int, null::int,
                null::numeric, null::numeric, null::jsonb, null::jsonb, null::text;
     end if;
     v_index := v_index + 1;
   end loop;
-  -- The queues of the runs started here (those with limits admit). Found by run_id alone: a
-  -- status in the condition would prove the predicate of runs_admission_key, and a plan cached
-  -- while the table was empty walks it whole (test/plans.slow.test.ts).
-  perform runledger._admit_queues(array(select r.queue_name from runledger.runs r where r.run_id = any(v_ids)));
+  -- The queues of the runs started here that wait for admission: a new run not admitted, and
+  -- the queue of a run its worker could not claim (those with limits admit). Found by run_id
+  -- alone: a status in the condition would prove the predicate of runs_admission_key, and a
+  -- plan cached while the table was empty walks it whole (test/plans.slow.test.ts).
+  if cardinality(v_unclaimed) > 0 then
+    v_queues := v_queues || array(select r.queue_name from runledger.runs r where r.run_id = any(v_unclaimed));
+  end if;
+  perform runledger._admit_queues(v_queues);
 end;
 $$;
 comment on function runledger._start_many(jsonb) is

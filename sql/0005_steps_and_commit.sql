@@ -309,7 +309,7 @@ comment on function runledger._fail_run(text, bigint, jsonb, text, text, jsonb) 
 -- whose fast part failed (it is undone as a whole), goes through the same functions as a
 -- single write, each in its own subtransaction (_commit_batch): one item's error (a lost
 -- lease, a deadline, a cancel) is reported for that item alone and undoes only its own writes.
-create function runledger._commit_fast(p_items jsonb) returns int[]
+create function runledger._commit_fast(p_items jsonb, out written int[], out freed_queues text[])
 language plpgsql volatile as $$
 declare
   v_now       timestamptz := runledger.now();
@@ -353,7 +353,8 @@ begin
      and l.no_progress is null and (l.deadline_at is null or l.deadline_at > v_now)
      and it.of_run = 1;
   if v_fast is null then
-    return '{}';
+    written := '{}';
+    return;
   end if;
 
   -- The checkpoints (and the last steps of the completions). A position that already
@@ -411,8 +412,9 @@ begin
   )
   select array_agg(d.parent_run_id) filter (where d.parent_run_id is not null),
          array_agg(d.run_id) filter (where d.parent_run_id is not null),
+         array_agg(distinct d.queue_name),
          array_agg(d.run_id)
-    into v_parents, v_children, v_done
+    into v_parents, v_children, freed_queues, v_done
     from done d;
   -- As _finished: tell the callers awaiting these runs (one notification for the batch) and
   -- wake the parents; the batch admits the next runs of their queues at its end.
@@ -422,14 +424,14 @@ begin
   for i in 1 .. coalesce(cardinality(v_parents), 0) loop
     perform runledger._wake(v_parents[i], 'child', v_children[i]);
   end loop;
-  return v_fast;
+  written := v_fast;
 end;
 $$;
 comment on function runledger._commit_fast(jsonb) is
-  'The fast part of _commit_batch: locks every run of the batch in run_id order, then writes together the items that are plain checkpoints or completions with their last step of RUNNING runs under their token, before the deadline, with no charge or one within every limit (_charge_fits; it is added to the run''s budgets), without a no-progress limit (the checks _checkpoint and _complete_with_checkpoint make). Returns the indexes it wrote; raises (and is undone as a whole) when one of them cannot be written.';
+  'The fast part of _commit_batch: locks every run of the batch in run_id order, then writes together the items that are plain checkpoints or completions with their last step of RUNNING runs under their token, before the deadline, with no charge or one within every limit (_charge_fits; it is added to the run''s budgets), without a no-progress limit (the checks _checkpoint and _complete_with_checkpoint make). Returns the indexes it wrote and the queues of the runs it completed (the batch admits them at its end); raises (and is undone as a whole) when one of them cannot be written.';
 
 create function runledger._commit_items(p_items jsonb)
-returns table (item int, code text, message text, run_status text, freed_queue text, admitted boolean)
+returns table (item int, code text, message text, run_status text, admit_queues text[])
 language plpgsql volatile
 set enable_seqscan = off set jit = off as $$
 declare
@@ -437,6 +439,8 @@ declare
   v_index int := 0;
   v_run runledger.runs;
   v_fast int[] := '{}';
+  v_fast_queues text[];
+  v_covered text[] := '{}';
   v_careful_completions boolean;
 begin
   if jsonb_typeof(p_items) is distinct from 'array' then
@@ -444,9 +448,11 @@ begin
   end if;
   if jsonb_array_length(p_items) > 1 then
     begin
-      v_fast := runledger._commit_fast(p_items);
+      select f.written, f.freed_queues into v_fast, v_fast_queues from runledger._commit_fast(p_items) f;
+      v_fast := coalesce(v_fast, '{}');
     exception when others then
       v_fast := '{}'; -- undone: every item takes the careful path below
+      v_fast_queues := null;
     end;
   end if;
   -- A completion on the careful path admits its queue's next runs itself (_finished), after
@@ -454,9 +460,11 @@ begin
   -- other queues of the fast completions at its end. Before several completions take queue
   -- locks one by one, the queues of every completion are locked in name order, as the end
   -- locks them (_admit_queues), so two batches cannot wait on each other in a cycle.
-  select bool_or(e.value->>'op' = 'complete' and (e.ord - 1)::int <> all(v_fast)) into v_careful_completions
-    from jsonb_array_elements(p_items) with ordinality e(value, ord);
-  if v_careful_completions and jsonb_array_length(p_items) > 1 then
+  if cardinality(v_fast) < jsonb_array_length(p_items) and jsonb_array_length(p_items) > 1 then
+    select bool_or(e.value->>'op' = 'complete' and (e.ord - 1)::int <> all(v_fast)) into v_careful_completions
+      from jsonb_array_elements(p_items) with ordinality e(value, ord);
+  end if;
+  if v_careful_completions then
     perform 1 from runledger.queues q
      where q.name in (select r.queue_name from runledger.runs r
                        where r.run_id in (select e.value->>'run_id' from jsonb_array_elements(p_items) e where e.value->>'op' = 'complete'))
@@ -469,13 +477,9 @@ begin
     code := null;
     message := null;
     run_status := null;
-    freed_queue := null;
-    admitted := false;
+    admit_queues := null;
     if v_index = any(v_fast) then
       run_status := case when v_item->>'op' = 'checkpoint' then 'RUNNING' else 'SUCCEEDED' end;
-      if v_item->>'op' = 'complete' then
-        select r.queue_name into freed_queue from runledger.runs r where r.run_id = v_item->>'run_id';
-      end if;
     else
       begin
         if v_item->>'op' = 'checkpoint' then
@@ -500,8 +504,7 @@ begin
         end if;
         if run_status not in ('RUNNING', 'CANCELLING') then
           -- The run left its slot, and the write that ended it admitted its queue (_finished).
-          select r.queue_name into freed_queue from runledger.runs r where r.run_id = v_item->>'run_id';
-          admitted := true;
+          v_covered := v_covered || (select r.queue_name from runledger.runs r where r.run_id = v_item->>'run_id');
         end if;
       exception when others then
         code := sqlstate;
@@ -511,34 +514,39 @@ begin
     return next;
     v_index := v_index + 1;
   end loop;
+  -- The closing row: the queues whose slots the fast part freed and no round covered since.
+  item := null;
+  code := null;
+  message := null;
+  run_status := null;
+  admit_queues := array(select q from unnest(v_fast_queues) q where q <> all(v_covered));
+  return next;
 end;
 $$;
 comment on function runledger._commit_items(jsonb) is
-  'The items of a group commit (_commit_batch, _commit_and_claim), in one transaction: the common ones together (_commit_fast), the others one by one, each in a subtransaction. One row per item: its index, the SQLSTATE and message of its error (null when it committed), the run''s status after it, freed_queue, the queue of a run whose slot the item freed, and admitted: true when that queue''s admission round already ran after it (the careful path ends a run through _finished, which admits). The caller admits at its end the freed queues no round covered.';
+  'The items of a group commit (_commit_batch, _commit_and_claim), in one transaction: the common ones together (_commit_fast), the others one by one, each in a subtransaction (a completion there ends its run through _finished, which admits its queue, after the fast part, so that round covers the fast completions of the queue too). One row per item: its index, the SQLSTATE and message of its error (null when it committed) and the run''s status after it; then a closing row with item null and admit_queues, the queues whose slots the fast part freed and no round has covered, for the caller to admit at its end.';
 
 create function runledger._commit_batch(p_items jsonb)
 returns table (item int, code text, message text, run_status text)
 language plpgsql volatile
 set enable_seqscan = off set jit = off as $$
 declare
-  v_row     record;
-  v_queues  text[] := '{}';
-  v_covered text[] := '{}';
+  v_row    record;
+  v_queues text[];
 begin
   for v_row in select * from runledger._commit_items(p_items) loop
+    if v_row.item is null then
+      v_queues := v_row.admit_queues;
+      continue;
+    end if;
     item := v_row.item;
     code := v_row.code;
     message := v_row.message;
     run_status := v_row.run_status;
-    if v_row.freed_queue is not null and not v_row.admitted then
-      v_queues := v_queues || v_row.freed_queue;
-    elsif v_row.admitted then
-      v_covered := v_covered || v_row.freed_queue;
-    end if;
     return next;
   end loop;
   -- Slots freed by the fast completions are refilled once per queue, at the end.
-  perform runledger._admit_queues(array(select q from unnest(v_queues) q where q <> all(v_covered)));
+  perform runledger._admit_queues(v_queues);
 end;
 $$;
 comment on function runledger._commit_batch(jsonb) is
@@ -556,27 +564,25 @@ language plpgsql volatile
 set enable_seqscan = off set jit = off as $$
 declare
   v_row      record;
-  v_queues   text[] := '{}';
-  v_covered  text[] := '{}';
+  v_queues   text[];
   v_deferred jsonb;
 begin
   -- The items' rows (the claim's columns null).
   for v_row in select * from runledger._commit_items(p_items) loop
+    if v_row.item is null then
+      v_queues := v_row.admit_queues;
+      continue;
+    end if;
     item := v_row.item;
     code := v_row.code;
     message := v_row.message;
     run_status := v_row.run_status;
-    if v_row.freed_queue is not null and not v_row.admitted then
-      v_queues := v_queues || v_row.freed_queue;
-    elsif v_row.admitted then
-      v_covered := v_covered || v_row.freed_queue;
-    end if;
     return next;
   end loop;
   -- The admission rounds of the slots the commit freed choose their runs but leave them to
   -- the claim below: a run it takes is written once, from PENDING to RUNNING; the rest are
   -- admitted at the end.
-  v_deferred := runledger._admit_queues(array(select q from unnest(v_queues) q where q <> all(v_covered)), true);
+  v_deferred := runledger._admit_queues(v_queues, true);
   begin
     -- Rows as _claim_batch returns them (a claimed run each, and the row with only
     -- next_due_in_ms when fewer than p_limit were claimed), with item null.

@@ -198,6 +198,9 @@ declare
   v_queue    text;
   v_deferred jsonb := '[]';
 begin
+  if coalesce(cardinality(p_queues), 0) = 0 then
+    return case when p_defer then '[]'::jsonb end;
+  end if;
   for v_queue in select distinct q from unnest(p_queues) q where runledger._queue_limited(q) order by q loop
     if p_defer then
       v_deferred := v_deferred || coalesce((select jsonb_agg(jsonb_build_object('q', v_queue, 'id', c.run_id, 'at', c.admitted_at))

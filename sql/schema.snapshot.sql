@@ -971,6 +971,9 @@ declare
   v_queue    text;
   v_deferred jsonb := '[]';
 begin
+  if coalesce(cardinality(p_queues), 0) = 0 then
+    return case when p_defer then '[]'::jsonb end;
+  end if;
   for v_queue in select distinct q from unnest(p_queues) q where runledger._queue_limited(q) order by q loop
     if p_defer then
       v_deferred := v_deferred || coalesce((select jsonb_agg(jsonb_build_object('q', v_queue, 'id', c.run_id, 'at', c.admitted_at))
@@ -1921,27 +1924,25 @@ CREATE OR REPLACE FUNCTION runledger._commit_and_claim(p_items jsonb, p_worker_i
 AS $function$
 declare
   v_row      record;
-  v_queues   text[] := '{}';
-  v_covered  text[] := '{}';
+  v_queues   text[];
   v_deferred jsonb;
 begin
   -- The items' rows (the claim's columns null).
   for v_row in select * from runledger._commit_items(p_items) loop
+    if v_row.item is null then
+      v_queues := v_row.admit_queues;
+      continue;
+    end if;
     item := v_row.item;
     code := v_row.code;
     message := v_row.message;
     run_status := v_row.run_status;
-    if v_row.freed_queue is not null and not v_row.admitted then
-      v_queues := v_queues || v_row.freed_queue;
-    elsif v_row.admitted then
-      v_covered := v_covered || v_row.freed_queue;
-    end if;
     return next;
   end loop;
   -- The admission rounds of the slots the commit freed choose their runs but leave them to
   -- the claim below: a run it takes is written once, from PENDING to RUNNING; the rest are
   -- admitted at the end.
-  v_deferred := runledger._admit_queues(array(select q from unnest(v_queues) q where q <> all(v_covered)), true);
+  v_deferred := runledger._admit_queues(v_queues, true);
   begin
     -- Rows as _claim_batch returns them (a claimed run each, and the row with only
     -- next_due_in_ms when fewer than p_limit were claimed), with item null.
@@ -1973,30 +1974,28 @@ CREATE OR REPLACE FUNCTION runledger._commit_batch(p_items jsonb)
  SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 declare
-  v_row     record;
-  v_queues  text[] := '{}';
-  v_covered text[] := '{}';
+  v_row    record;
+  v_queues text[];
 begin
   for v_row in select * from runledger._commit_items(p_items) loop
+    if v_row.item is null then
+      v_queues := v_row.admit_queues;
+      continue;
+    end if;
     item := v_row.item;
     code := v_row.code;
     message := v_row.message;
     run_status := v_row.run_status;
-    if v_row.freed_queue is not null and not v_row.admitted then
-      v_queues := v_queues || v_row.freed_queue;
-    elsif v_row.admitted then
-      v_covered := v_covered || v_row.freed_queue;
-    end if;
     return next;
   end loop;
   -- Slots freed by the fast completions are refilled once per queue, at the end.
-  perform runledger._admit_queues(array(select q from unnest(v_queues) q where q <> all(v_covered)));
+  perform runledger._admit_queues(v_queues);
 end;
 $function$;
 COMMENT ON FUNCTION runledger._commit_batch(jsonb) IS 'Group commit for a worker: a JSON array of items, each {"op": "checkpoint"} (the arguments of _checkpoint by name: run_id, token, seq, name, kind, status, output, error, attempts, started_ms_ago, charge (absent when none)) or {"op": "complete"} (those of _complete_run, or of _complete_with_checkpoint when it has "seq"; the step''s result is "step_output"; "verification" the evidence of the workflow''s verify), done in one transaction: the common ones together (_commit_fast), the others one by one, each in a subtransaction. One row per item: its index, the SQLSTATE and message of its error (null when it committed), and the run''s status after it (a completion: SUCCEEDED, or the status a charge past the budget ended it with).';
 
-CREATE OR REPLACE FUNCTION runledger._commit_fast(p_items jsonb)
- RETURNS integer[]
+CREATE OR REPLACE FUNCTION runledger._commit_fast(p_items jsonb, OUT written integer[], OUT freed_queues text[])
+ RETURNS record
  LANGUAGE plpgsql
 AS $function$
 declare
@@ -2041,7 +2040,8 @@ begin
      and l.no_progress is null and (l.deadline_at is null or l.deadline_at > v_now)
      and it.of_run = 1;
   if v_fast is null then
-    return '{}';
+    written := '{}';
+    return;
   end if;
 
   -- The checkpoints (and the last steps of the completions). A position that already
@@ -2099,8 +2099,9 @@ begin
   )
   select array_agg(d.parent_run_id) filter (where d.parent_run_id is not null),
          array_agg(d.run_id) filter (where d.parent_run_id is not null),
+         array_agg(distinct d.queue_name),
          array_agg(d.run_id)
-    into v_parents, v_children, v_done
+    into v_parents, v_children, freed_queues, v_done
     from done d;
   -- As _finished: tell the callers awaiting these runs (one notification for the batch) and
   -- wake the parents; the batch admits the next runs of their queues at its end.
@@ -2110,13 +2111,13 @@ begin
   for i in 1 .. coalesce(cardinality(v_parents), 0) loop
     perform runledger._wake(v_parents[i], 'child', v_children[i]);
   end loop;
-  return v_fast;
+  written := v_fast;
 end;
 $function$;
-COMMENT ON FUNCTION runledger._commit_fast(jsonb) IS 'The fast part of _commit_batch: locks every run of the batch in run_id order, then writes together the items that are plain checkpoints or completions with their last step of RUNNING runs under their token, before the deadline, with no charge or one within every limit (_charge_fits; it is added to the run''s budgets), without a no-progress limit (the checks _checkpoint and _complete_with_checkpoint make). Returns the indexes it wrote; raises (and is undone as a whole) when one of them cannot be written.';
+COMMENT ON FUNCTION runledger._commit_fast(jsonb) IS 'The fast part of _commit_batch: locks every run of the batch in run_id order, then writes together the items that are plain checkpoints or completions with their last step of RUNNING runs under their token, before the deadline, with no charge or one within every limit (_charge_fits; it is added to the run''s budgets), without a no-progress limit (the checks _checkpoint and _complete_with_checkpoint make). Returns the indexes it wrote and the queues of the runs it completed (the batch admits them at its end); raises (and is undone as a whole) when one of them cannot be written.';
 
 CREATE OR REPLACE FUNCTION runledger._commit_items(p_items jsonb)
- RETURNS TABLE(item integer, code text, message text, run_status text, freed_queue text, admitted boolean)
+ RETURNS TABLE(item integer, code text, message text, run_status text, admit_queues text[])
  LANGUAGE plpgsql
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
@@ -2126,6 +2127,8 @@ declare
   v_index int := 0;
   v_run runledger.runs;
   v_fast int[] := '{}';
+  v_fast_queues text[];
+  v_covered text[] := '{}';
   v_careful_completions boolean;
 begin
   if jsonb_typeof(p_items) is distinct from 'array' then
@@ -2133,9 +2136,11 @@ begin
   end if;
   if jsonb_array_length(p_items) > 1 then
     begin
-      v_fast := runledger._commit_fast(p_items);
+      select f.written, f.freed_queues into v_fast, v_fast_queues from runledger._commit_fast(p_items) f;
+      v_fast := coalesce(v_fast, '{}');
     exception when others then
       v_fast := '{}'; -- undone: every item takes the careful path below
+      v_fast_queues := null;
     end;
   end if;
   -- A completion on the careful path admits its queue's next runs itself (_finished), after
@@ -2143,9 +2148,11 @@ begin
   -- other queues of the fast completions at its end. Before several completions take queue
   -- locks one by one, the queues of every completion are locked in name order, as the end
   -- locks them (_admit_queues), so two batches cannot wait on each other in a cycle.
-  select bool_or(e.value->>'op' = 'complete' and (e.ord - 1)::int <> all(v_fast)) into v_careful_completions
-    from jsonb_array_elements(p_items) with ordinality e(value, ord);
-  if v_careful_completions and jsonb_array_length(p_items) > 1 then
+  if cardinality(v_fast) < jsonb_array_length(p_items) and jsonb_array_length(p_items) > 1 then
+    select bool_or(e.value->>'op' = 'complete' and (e.ord - 1)::int <> all(v_fast)) into v_careful_completions
+      from jsonb_array_elements(p_items) with ordinality e(value, ord);
+  end if;
+  if v_careful_completions then
     perform 1 from runledger.queues q
      where q.name in (select r.queue_name from runledger.runs r
                        where r.run_id in (select e.value->>'run_id' from jsonb_array_elements(p_items) e where e.value->>'op' = 'complete'))
@@ -2158,13 +2165,9 @@ begin
     code := null;
     message := null;
     run_status := null;
-    freed_queue := null;
-    admitted := false;
+    admit_queues := null;
     if v_index = any(v_fast) then
       run_status := case when v_item->>'op' = 'checkpoint' then 'RUNNING' else 'SUCCEEDED' end;
-      if v_item->>'op' = 'complete' then
-        select r.queue_name into freed_queue from runledger.runs r where r.run_id = v_item->>'run_id';
-      end if;
     else
       begin
         if v_item->>'op' = 'checkpoint' then
@@ -2189,8 +2192,7 @@ begin
         end if;
         if run_status not in ('RUNNING', 'CANCELLING') then
           -- The run left its slot, and the write that ended it admitted its queue (_finished).
-          select r.queue_name into freed_queue from runledger.runs r where r.run_id = v_item->>'run_id';
-          admitted := true;
+          v_covered := v_covered || (select r.queue_name from runledger.runs r where r.run_id = v_item->>'run_id');
         end if;
       exception when others then
         code := sqlstate;
@@ -2200,9 +2202,16 @@ begin
     return next;
     v_index := v_index + 1;
   end loop;
+  -- The closing row: the queues whose slots the fast part freed and no round covered since.
+  item := null;
+  code := null;
+  message := null;
+  run_status := null;
+  admit_queues := array(select q from unnest(v_fast_queues) q where q <> all(v_covered));
+  return next;
 end;
 $function$;
-COMMENT ON FUNCTION runledger._commit_items(jsonb) IS 'The items of a group commit (_commit_batch, _commit_and_claim), in one transaction: the common ones together (_commit_fast), the others one by one, each in a subtransaction. One row per item: its index, the SQLSTATE and message of its error (null when it committed), the run''s status after it, freed_queue, the queue of a run whose slot the item freed, and admitted: true when that queue''s admission round already ran after it (the careful path ends a run through _finished, which admits). The caller admits at its end the freed queues no round covered.';
+COMMENT ON FUNCTION runledger._commit_items(jsonb) IS 'The items of a group commit (_commit_batch, _commit_and_claim), in one transaction: the common ones together (_commit_fast), the others one by one, each in a subtransaction (a completion there ends its run through _finished, which admits its queue, after the fast part, so that round covers the fast completions of the queue too). One row per item: its index, the SQLSTATE and message of its error (null when it committed) and the run''s status after it; then a closing row with item null and admit_queues, the queues whose slots the fast part freed and no round has covered, for the caller to admit at its end.';
 
 CREATE OR REPLACE FUNCTION runledger._compensate_run(p_run_id text, p_reason text DEFAULT NULL::text)
  RETURNS text
@@ -4840,7 +4849,8 @@ declare
   v_index   int := 0;
   v_claim   record;
   v_started record;
-  v_ids     text[] := '{}';
+  v_unclaimed text[] := '{}';
+  v_queues    text[] := '{}';
 begin
   if jsonb_typeof(p_items) is distinct from 'array' then
     raise exception using errcode = 'RL003',
@@ -4863,7 +4873,9 @@ begin
       select * into v_claim
         from runledger._start_claimed(v_item->>'workflow', v_item->'input', v_item->'options', v_item->>'worker_id',
                                       (v_item->>'lease_ms')::int, p_admit => false);
-      v_ids := v_ids || v_claim.run_id;
+      if not v_claim.claimed then
+        v_unclaimed := v_unclaimed || v_claim.run_id;
+      end if;
       return query
         select v_index, v_claim.run_id, v_claim.claimed, v_claim.workflow_name, v_claim.workflow_version, v_claim.input,
                v_claim.fencing_token, v_claim.recovery_attempts, v_claim.max_steps, v_claim.budget, v_claim.budget_spent,
@@ -4871,17 +4883,23 @@ begin
     else
       -- As start_run (its announcement included: identical notifications of one transaction are sent once).
       select * into v_started from runledger._start(v_item->>'workflow', v_item->'input', v_item->'options', p_admit => false);
-      v_ids := v_ids || (v_started.run).run_id;
+      if v_started.inserted and not (v_started.run).admitted then
+        v_queues := v_queues || (v_started.run).queue_name;
+      end if;
       return query
         select v_index, (v_started.run).run_id, false, null::text, null::text, null::jsonb, null::bigint, null::int, null::int,
                null::numeric, null::numeric, null::jsonb, null::jsonb, null::text;
     end if;
     v_index := v_index + 1;
   end loop;
-  -- The queues of the runs started here (those with limits admit). Found by run_id alone: a
-  -- status in the condition would prove the predicate of runs_admission_key, and a plan cached
-  -- while the table was empty walks it whole (test/plans.slow.test.ts).
-  perform runledger._admit_queues(array(select r.queue_name from runledger.runs r where r.run_id = any(v_ids)));
+  -- The queues of the runs started here that wait for admission: a new run not admitted, and
+  -- the queue of a run its worker could not claim (those with limits admit). Found by run_id
+  -- alone: a status in the condition would prove the predicate of runs_admission_key, and a
+  -- plan cached while the table was empty walks it whole (test/plans.slow.test.ts).
+  if cardinality(v_unclaimed) > 0 then
+    v_queues := v_queues || array(select r.queue_name from runledger.runs r where r.run_id = any(v_unclaimed));
+  end if;
+  perform runledger._admit_queues(v_queues);
 end;
 $function$;
 COMMENT ON FUNCTION runledger._start_many(jsonb) IS 'Several engine.start calls of one process in one transaction, one per element of p_items ({workflow, input, options, worker_id, lease_ms}), in order: with worker_id, runledger._start_claimed (the run claimed for that worker of the calling process when it can be); without, the start start_run makes. Queues with limits admit once each at the end, in name order (so a run of such a queue is not claimed at its start here; admission announces it). One row per item, numbered from 0, with _start_claimed''s columns (claimed false and nulls for a start without a worker). An error in any item undoes them all (the engine then starts each alone).';
