@@ -4876,19 +4876,43 @@ begin
       if not v_claim.claimed then
         v_unclaimed := v_unclaimed || v_claim.run_id;
       end if;
-      return query
-        select v_index, v_claim.run_id, v_claim.claimed, v_claim.workflow_name, v_claim.workflow_version, v_claim.input,
-               v_claim.fencing_token, v_claim.recovery_attempts, v_claim.max_steps, v_claim.budget, v_claim.budget_spent,
-               v_claim.budget_limits, v_claim.budget_used, v_claim.traceparent;
+      -- The row by assignments (PL/pgSQL's simple expressions), not a query per item.
+      item := v_index;
+      run_id := v_claim.run_id;
+      claimed := v_claim.claimed;
+      workflow_name := v_claim.workflow_name;
+      workflow_version := v_claim.workflow_version;
+      input := v_claim.input;
+      fencing_token := v_claim.fencing_token;
+      recovery_attempts := v_claim.recovery_attempts;
+      max_steps := v_claim.max_steps;
+      budget := v_claim.budget;
+      budget_spent := v_claim.budget_spent;
+      budget_limits := v_claim.budget_limits;
+      budget_used := v_claim.budget_used;
+      traceparent := v_claim.traceparent;
+      return next;
     else
       -- As start_run (its announcement included: identical notifications of one transaction are sent once).
       select * into v_started from runledger._start(v_item->>'workflow', v_item->'input', v_item->'options', p_admit => false);
       if v_started.inserted and not (v_started.run).admitted then
         v_queues := v_queues || (v_started.run).queue_name;
       end if;
-      return query
-        select v_index, (v_started.run).run_id, false, null::text, null::text, null::jsonb, null::bigint, null::int, null::int,
-               null::numeric, null::numeric, null::jsonb, null::jsonb, null::text;
+      item := v_index;
+      run_id := (v_started.run).run_id;
+      claimed := false;
+      workflow_name := null;
+      workflow_version := null;
+      input := null;
+      fencing_token := null;
+      recovery_attempts := null;
+      max_steps := null;
+      budget := null;
+      budget_spent := null;
+      budget_limits := null;
+      budget_used := null;
+      traceparent := null;
+      return next;
     end if;
     v_index := v_index + 1;
   end loop;
