@@ -231,7 +231,11 @@ const writers = new WeakMap<Execution, Map<string, StreamWriter>>();
 export function openStream(exec: Execution, topic: string): DurableStream {
   checkStreamTopic(topic, 'ctx.stream');
   let byTopic = writers.get(exec);
-  if (!byTopic) writers.set(exec, (byTopic = new Map()));
+  if (!byTopic) {
+    writers.set(exec, (byTopic = new Map()));
+    // The run's terminal write (run/finish.ts) waits for every chunk written.
+    exec.onBeforeEnd(() => streamsFlushed(exec));
+  }
   let writer = byTopic.get(topic);
   if (!writer) byTopic.set(topic, (writer = new StreamWriter(exec, topic)));
   return writer;

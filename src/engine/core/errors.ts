@@ -310,7 +310,7 @@ export const SQLSTATES = {
 
 export type Sqlstate = keyof typeof SQLSTATES;
 
-/** The named SQLSTATEs the worker reacts to (run/halts.ts, worker/execute.ts). */
+/** The named SQLSTATEs the worker reacts to (run/halts.ts, run/finish.ts). */
 export const SQLSTATE = {
   LEASE_LOST: 'RL001',
   CANCEL_REQUESTED: 'RL008',

@@ -457,6 +457,25 @@ export class Execution {
     return this.haltReason !== undefined || this.cancelRequested || this.ended !== undefined;
   }
 
+  /** What must be stored before the run's terminal write (registered by steps/stream.ts: the chunks its writers hold). */
+  readonly #beforeEnd: Array<() => Promise<boolean> | undefined> = [];
+
+  /** Registers a flush the run's terminal write waits for: it answers undefined when nothing is pending, else whether all was stored. */
+  onBeforeEnd(flush: () => Promise<boolean> | undefined): void {
+    this.#beforeEnd.push(flush);
+  }
+
+  /**
+   * Waits for what must be stored before the run ends (onBeforeEnd): undefined when nothing
+   * is pending (the hot path pays nothing); else true once stored, false when something was
+   * lost because the execution halted (the run must not end without it).
+   */
+  flushBeforeEnd(): Promise<boolean> | undefined {
+    const pending = this.#beforeEnd.map((flush) => flush()).filter((p): p is Promise<boolean> => p !== undefined);
+    if (pending.length === 0) return undefined;
+    return Promise.all(pending).then((all) => all.every(Boolean));
+  }
+
   /** Marks the execution ended (the first reason given stays): see `ended`. */
   end(how: string): void {
     this.ended ??= how;
