@@ -2,7 +2,8 @@
 # bench/instructions.sh: server instructions per started run, counted by callgrind, for
 # runledger's start_runs (per row) and start_run (per call) and graphile-worker's add_jobs
 # (per job) and add_job (per call); and per drained run, runledger's group commit
-# completing claimed one-step runs and claiming the next, in batches of 16.
+# completing claimed one-step runs and claiming the next, in batches of 16 (DRAIN_BATCH=1:
+# batches of one, a worker running one run at a time).
 #
 # Why instructions: on a shared 2-core machine the wall-clock rate of the same build swings
 # by 30 % and more between runs, and a change worth 10 % cannot be seen. Instructions
@@ -15,6 +16,7 @@
 #   ./instructions.sh                      # this checkout's build
 #   RUNLEDGER_ROOT=/path/to/other/checkout ./instructions.sh   # another build (its dist/ and sql/)
 #   PG_BIN=/usr/lib/postgresql/15/bin ./instructions.sh         # the PostgreSQL binaries to count
+#   DRAIN_ONLY=1 DRAIN_BATCH=1 ./instructions.sh               # only the drained run, in batches of one
 # Needs valgrind, and PostgreSQL server binaries (initdb, pg_ctl, postgres). Runs as root
 # with a postgres user (as on the CI machines) or as any other non-root user. A throw-away
 # cluster on port 5499 in a temporary folder; nothing else is touched. About 8 minutes.
@@ -78,6 +80,8 @@ rl_batches() { echo "select count(*) from (select cardinality(runledger.start_ru
 gw_series() { echo "select count(graphile_worker.add_job('t', json_build_object('n', i, 's', 0))) from generate_series(1,$1) i;"; }
 gw_batches() { echo "select count(*) from (select (select count(*) from graphile_worker.add_jobs(array(select row('t', json_build_object('n', n, 's', b), null, null, null, null, null, null)::graphile_worker.job_spec from generate_series(1,1000) n))) from generate_series(1,$1) b) x;"; }
 
+# DRAIN_ONLY=1 counts only the drained run (about 3 minutes).
+if [ -z "${DRAIN_ONLY:-}" ]; then
 step "runledger start_runs (batches of 1,000)"
 RL_ROW=$(per "$(count rl "$(rl_batches 1)")" "$(count rl "$(rl_batches 3)")" 2000)
 step "runledger start_run"
@@ -86,6 +90,7 @@ step "graphile-worker add_jobs (batches of 1,000)"
 GW_ROW=$(per "$(count gw "$(gw_batches 1)")" "$(count gw "$(gw_batches 3)")" 2000)
 step "graphile-worker add_job"
 GW_CALL=$(per "$(count gw "$(gw_series 100)")" "$(count gw "$(gw_series 600)")" 500)
+fi
 
 # A drained run: what a worker's group commit costs the server to complete a claimed
 # one-step run and claim the next, in batches of 16 (concurrency 16). Each statement
@@ -94,7 +99,8 @@ GW_CALL=$(per "$(count gw "$(gw_series 100)")" "$(count gw "$(gw_series 600)")" 
 # before 0.2.0; in the oldest builds only the JSON form exists); the table
 # claimed carries the claim from one statement to the next. The items are built in SQL,
 # the same way for every build (the worker builds them as JSON text).
-step "runledger: claimed and completed one-step runs (batches of 16)"
+BATCH_SIZE="${DRAIN_BATCH:-16}"
+step "runledger: claimed and completed one-step runs (batches of $BATCH_SIZE)"
 single() { "${AS[@]}" "$PG_BIN/postgres --single -D $DATA $1" 2>/dev/null; }
 printf 'drop database if exists drain\ncreate database drain template rl\n' | single postgres >/dev/null
 # The runs table analysed once loaded, as autovacuum leaves a user's queue that holds runs:
@@ -108,26 +114,28 @@ POLICY=$(echo "select policy_version from runledger.runs limit 1" | single drain
 ITEMS="select coalesce(jsonb_agg(jsonb_build_object('op','complete','run_id',run_id,'token',token,'seq',0,'name','only','kind','step','status','SUCCEEDED','step_output',1,'attempts',1,'started_ms_ago',0,'output',null,'policy_version','$POLICY'::text)), '[]') as j from claimed"
 FLAT_FN=$(echo "select coalesce((select proname from pg_proc where proname = '_commit_and_claim_flat'), (select proname from pg_proc where proname = '_commit_and_claim' and not 'claimed' = any(proargnames)), 'none') as f" | single drain | grep -o 'f = "[^"]*"' | cut -d'"' -f2)
 if [ "$FLAT_FN" != none ]; then
-  BATCH="with items as ($ITEMS), cc as (select c.* from items, runledger.${FLAT_FN}(items.j, 'w1', array['default'], array['bulk@v1'], 16, 30000) c), d as (delete from claimed), ins as (insert into claimed select cc.run_id, cc.fencing_token::text from cc where cc.item is null and cc.run_id is not null returning 1) select (select count(*) from cc where code is not null) as failed, (select count(*) from ins) as claimed;"
+  BATCH="with items as ($ITEMS), cc as (select c.* from items, runledger.${FLAT_FN}(items.j, 'w1', array['default'], array['bulk@v1'], $BATCH_SIZE, 30000) c), d as (delete from claimed), ins as (insert into claimed select cc.run_id, cc.fencing_token::text from cc where cc.item is null and cc.run_id is not null returning 1) select (select count(*) from cc where code is not null) as failed, (select count(*) from ins) as claimed;"
 else
-  BATCH="with items as ($ITEMS), cc as (select c.* from items, runledger._commit_and_claim(items.j, 'w1', array['default'], array['bulk@v1'], 16, 30000) c), d as (delete from claimed), ins as (insert into claimed select cc.claimed->>'run_id', cc.claimed->>'fencing_token' from cc where cc.claimed->>'run_id' is not null returning 1) select (select count(*) from cc where code is not null) as failed, (select count(*) from ins) as claimed;"
+  BATCH="with items as ($ITEMS), cc as (select c.* from items, runledger._commit_and_claim(items.j, 'w1', array['default'], array['bulk@v1'], $BATCH_SIZE, 30000) c), d as (delete from claimed), ins as (insert into claimed select cc.claimed->>'run_id', cc.claimed->>'fencing_token' from cc where cc.claimed->>'run_id' is not null returning 1) select (select count(*) from cc where code is not null) as failed, (select count(*) from ins) as claimed;"
 fi
 batches() { for _ in $(seq 1 "$1"); do echo "$BATCH"; done; }
 DRAIN_11=$(count drain "$(batches 11)")
 DRAIN_51=$(count drain "$(batches 51)")
-# Every statement must have claimed 16 runs and failed no item, or the figure counts something else.
-if [ "$(grep -c 'claimed = "16"' "$WORK/out.log")" != 51 ] || grep -q 'failed = "[1-9]' "$WORK/out.log"; then
-  echo "instructions.sh: a drain statement failed an item or claimed fewer than 16 runs:" >&2
+# Every statement must have claimed a full batch and failed no item, or the figure counts something else.
+if [ "$(grep -c "claimed = \"$BATCH_SIZE\"" "$WORK/out.log")" != 51 ] || grep -q 'failed = "[1-9]' "$WORK/out.log"; then
+  echo "instructions.sh: a drain statement failed an item or claimed fewer than $BATCH_SIZE runs:" >&2
   grep -E 'ERROR|failed = |claimed = ' "$WORK/out.log" | sort | uniq -c >&2
   exit 1
 fi
-RL_DRAIN=$(per "$DRAIN_11" "$DRAIN_51" 640)
+RL_DRAIN=$(per "$DRAIN_11" "$DRAIN_51" $((40 * BATCH_SIZE)))
 
+if [ -z "${DRAIN_ONLY:-}" ]; then
 echo "| server instructions per started run ($("$PG_BIN/postgres" --version)) | runledger ($(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')) | graphile-worker | graphile-worker ÷ runledger |"
 echo "| --- | ---: | ---: | ---: |"
 echo "| a row of a batch of 1,000 (start_runs / add_jobs) | $RL_ROW | $GW_ROW | $(awk "BEGIN { printf \"%.2f\", $GW_ROW / $RL_ROW }") |"
 echo "| one call (start_run with notify false / add_job) | $RL_CALL | $GW_CALL | $(awk "BEGIN { printf \"%.2f\", $GW_CALL / $RL_CALL }") |"
+fi
 echo
 echo "| server instructions per drained run ($("$PG_BIN/postgres" --version)) | runledger ($(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')) |"
 echo "| --- | ---: |"
-echo "| a one-step run claimed and completed by a group commit with a claim, batches of 16 (a table of ${DRAIN_RUNS_K:-20},000 runs, analysed) | $RL_DRAIN |"
+echo "| a one-step run claimed and completed by a group commit with a claim, batches of $BATCH_SIZE (a table of ${DRAIN_RUNS_K:-20},000 runs, analysed) | $RL_DRAIN |"

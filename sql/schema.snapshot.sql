@@ -1997,6 +1997,7 @@ COMMENT ON FUNCTION runledger._commit_batch(jsonb) IS 'Group commit for a worker
 CREATE OR REPLACE FUNCTION runledger._commit_fast(p_items jsonb, OUT written integer[], OUT freed_queues text[])
  RETURNS record
  LANGUAGE plpgsql
+ SET plan_cache_mode TO 'force_generic_plan'
 AS $function$
 declare
   v_now       timestamptz := runledger.now();
@@ -2006,6 +2007,7 @@ declare
   v_parents   text[];
   v_children  text[];
   v_done      text[];
+  v_charged   boolean;
   i           int;
 begin
   -- Every run of the batch, locked in run_id order (as the heartbeat locks them), and
@@ -2028,7 +2030,7 @@ begin
      order by r.run_id
        for update
   )
-  select array_agg(it.idx) into v_fast
+  select array_agg(it.idx), bool_or(not runledger._no_charge(it.v->'charge')) into v_fast, v_charged
     from items it
     join locked l on l.run_id = it.run_id
    where it.v->>'op' in ('checkpoint', 'complete') and it.v ? 'seq'
@@ -2064,14 +2066,16 @@ begin
   end if;
 
   -- The charges of the fast items, each within every limit (checked above).
-  update runledger.runs r
-     set budget_spent = r.budget_spent + coalesce((c.charge->>'units')::numeric, 0),
-         budget_used = case when c.charge - 'units' = '{}'::jsonb then r.budget_used
-                            else runledger._add_amounts(r.budget_used, c.charge - 'units') end
-    from (select e.value->>'run_id' as run_id, runledger._as_charge(e.value->'charge') as charge
-            from jsonb_array_elements(p_items) with ordinality e
-           where (e.ordinality - 1)::int = any(v_fast) and not runledger._no_charge(e.value->'charge')) c
-   where r.run_id = c.run_id and r.run_id = any(v_ids);
+  if v_charged then
+    update runledger.runs r
+       set budget_spent = r.budget_spent + coalesce((c.charge->>'units')::numeric, 0),
+           budget_used = case when c.charge - 'units' = '{}'::jsonb then r.budget_used
+                              else runledger._add_amounts(r.budget_used, c.charge - 'units') end
+      from (select e.value->>'run_id' as run_id, runledger._as_charge(e.value->'charge') as charge
+              from jsonb_array_elements(p_items) with ordinality e
+             where (e.ordinality - 1)::int = any(v_fast) and not runledger._no_charge(e.value->'charge')) c
+     where r.run_id = c.run_id and r.run_id = any(v_ids);
+  end if;
 
   -- The completions: the run row and its termination record, then the event.
   with done as (
@@ -2114,7 +2118,7 @@ begin
   written := v_fast;
 end;
 $function$;
-COMMENT ON FUNCTION runledger._commit_fast(jsonb) IS 'The fast part of _commit_batch: locks every run of the batch in run_id order, then writes together the items that are plain checkpoints or completions with their last step of RUNNING runs under their token, before the deadline, with no charge or one within every limit (_charge_fits; it is added to the run''s budgets), without a no-progress limit (the checks _checkpoint and _complete_with_checkpoint make). Returns the indexes it wrote and the queues of the runs it completed (the batch admits them at its end); raises (and is undone as a whole) when one of them cannot be written.';
+COMMENT ON FUNCTION runledger._commit_fast(jsonb) IS 'The fast part of every group commit (_commit_items), a batch of one included: locks every run of the batch in run_id order, then writes together the items that are plain checkpoints or completions with their last step of RUNNING runs under their token, before the deadline, with no charge or one within every limit (_charge_fits; it is added to the run''s budgets), without a no-progress limit (the checks _checkpoint and _complete_with_checkpoint make). Returns the indexes it wrote and the queues of the runs it completed (the batch admits them at its end); raises (and is undone as a whole) when one of them cannot be written.';
 
 CREATE OR REPLACE FUNCTION runledger._commit_items(p_items jsonb)
  RETURNS TABLE(item integer, code text, message text, run_status text, admit_queues text[])
@@ -2134,7 +2138,11 @@ begin
   if jsonb_typeof(p_items) is distinct from 'array' then
     raise exception using errcode = 'RL003', message = format('_commit_batch: items must be a JSON array, not %s', coalesce(jsonb_typeof(p_items), 'null'));
   end if;
-  if jsonb_array_length(p_items) > 1 then
+  -- Every batch, one item included, tries the fast part first: it is the one place a
+  -- plain checkpoint or a completion with its last step is written; the items it leaves
+  -- (a charge past a limit, a no-progress limit, a stale token, a cancel under way...) take
+  -- the general path below.
+  if jsonb_array_length(p_items) > 0 then
     begin
       select f.written, f.freed_queues into v_fast, v_fast_queues from runledger._commit_fast(p_items) f;
       v_fast := coalesce(v_fast, '{}');
@@ -2211,7 +2219,7 @@ begin
   return next;
 end;
 $function$;
-COMMENT ON FUNCTION runledger._commit_items(jsonb) IS 'The items of a group commit (_commit_batch, _commit_and_claim), in one transaction: the common ones together (_commit_fast), the others one by one, each in a subtransaction (a completion there ends its run through _finished, which admits its queue, after the fast part, so that round covers the fast completions of the queue too). One row per item: its index, the SQLSTATE and message of its error (null when it committed) and the run''s status after it; then a closing row with item null and admit_queues, the queues whose slots the fast part freed and no round has covered, for the caller to admit at its end.';
+COMMENT ON FUNCTION runledger._commit_items(jsonb) IS 'The items of a group commit (_commit_batch, _commit_and_claim), in one transaction: the common ones together (_commit_fast, for a batch of one too), the others one by one, each in a subtransaction (a completion there ends its run through _finished, which admits its queue, after the fast part, so that round covers the fast completions of the queue too). One row per item: its index, the SQLSTATE and message of its error (null when it committed) and the run''s status after it; then a closing row with item null and admit_queues, the queues whose slots the fast part freed and no round has covered, for the caller to admit at its end.';
 
 CREATE OR REPLACE FUNCTION runledger._compensate_run(p_run_id text, p_reason text DEFAULT NULL::text)
  RETURNS text
@@ -2380,49 +2388,12 @@ COMMENT ON FUNCTION runledger._complete_run(text,bigint,jsonb,text,jsonb,jsonb) 
 CREATE OR REPLACE FUNCTION runledger._complete_with_checkpoint(p_run_id text, p_token bigint, p_seq integer, p_name text, p_kind text, p_status text, p_step_output jsonb, p_error jsonb, p_attempts integer, p_started_ms_ago bigint, p_charge jsonb, p_output jsonb, p_policy_version text, p_verification jsonb DEFAULT NULL::jsonb)
  RETURNS void
  LANGUAGE plpgsql
- SECURITY DEFINER
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
- SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 declare
-  v_now      timestamptz := runledger.now();
-  v_run      runledger.runs;
-  v_parent   text;
-  v_queue    text;
-  v_evidence jsonb;
+  v_run runledger.runs;
 begin
-  -- The run's last step and its completion in one transaction (one round trip). The
-  -- common case: a RUNNING run under this token, before its deadline, completes in one
-  -- update. The run is locked by its key and checked here (sql/README.md, "Plans that
-  -- cannot go stale"). A run with a no-progress limit, a charge or a cancel under way, or
-  -- a stale token, takes the general path below, which also says what failed.
-  select * into v_run from runledger.runs r where r.run_id = p_run_id for update;
-  if runledger._no_charge(p_charge) and v_run.fencing_token = p_token and v_run.status = 'RUNNING' and v_run.no_progress is null
-     and (v_run.deadline_at is null or v_run.deadline_at > v_now) then
-    update runledger.runs r
-       set status = 'SUCCEEDED', output = p_output, error = null, finished_at = v_now, updated_at = v_now,
-           lease_owner = null, lease_expires_at = null, wait_kind = null, wait_key = null, wake_at = null,
-           termination_reason = 'COMPLETED', terminated_at = v_now,
-           policy_version = coalesce(r.policy_version, p_policy_version),
-           -- The step below is not written yet (or only as a retry's WAITING row): count it once.
-           termination_evidence = runledger._completed_evidence(
-             (select count(*) from runledger.steps s where s.run_id = p_run_id and s.seq <> p_seq) + 1, r, p_verification)
-     where r.run_id = p_run_id
-    returning r.parent_run_id, r.queue_name, r.termination_evidence into v_parent, v_queue, v_evidence;
-    insert into runledger.steps (run_id, seq, name, kind, status, output, error, attempts, started_at, finished_at, fencing_token)
-    values (p_run_id, p_seq, p_name, p_kind, p_status, p_step_output, p_error, p_attempts,
-            runledger._started_at(v_now, p_started_ms_ago), v_now, p_token)
-    on conflict (run_id, seq) do update
-       set status = excluded.status, output = excluded.output, error = excluded.error, attempts = excluded.attempts,
-           finished_at = excluded.finished_at, fencing_token = excluded.fencing_token
-     where runledger.steps.status = 'WAITING' and runledger.steps.name = excluded.name;
-    if not found then
-      raise exception using errcode = 'RL010', message = format('run %s: step %s already has a checkpoint', p_run_id, p_seq);
-    end if;
-    perform runledger._finished(p_run_id, p_token, 'SUCCEEDED', 'COMPLETED', null, v_evidence, v_parent, v_queue, v_now);
-    return;
-  end if;
   -- The checkpoint's fence locks the run's row; the completion's finds it locked.
   v_run := runledger._checkpoint_row(p_run_id, p_token, p_seq, p_name, p_kind, p_status, p_step_output, p_error,
                                      p_attempts, p_started_ms_ago, p_charge);
@@ -2433,7 +2404,7 @@ begin
   end if;
 end;
 $function$;
-COMMENT ON FUNCTION runledger._complete_with_checkpoint(text,bigint,integer,text,text,text,jsonb,jsonb,integer,bigint,jsonb,jsonb,text,jsonb) IS 'Fenced: writes the last step''s checkpoint and completes the run in one transaction (unless the checkpoint itself ended the run, e.g. over budget).';
+COMMENT ON FUNCTION runledger._complete_with_checkpoint(text,bigint,integer,text,text,text,jsonb,jsonb,integer,bigint,jsonb,jsonb,text,jsonb) IS 'Fenced, the general path of a completion with its last step: writes the step''s checkpoint (_checkpoint_row: charge, no-progress limit) and completes the run (_finish_run) in one transaction, unless the checkpoint itself ended the run (e.g. over budget). The common case is written by _commit_fast.';
 
 CREATE OR REPLACE FUNCTION runledger._completed_evidence(p_steps bigint, p_run runledger.runs, p_verification jsonb)
  RETURNS jsonb

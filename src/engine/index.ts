@@ -2,7 +2,7 @@ import { Kysely, PostgresDialect } from 'kysely';
 import pg from 'pg';
 import { z } from 'zod';
 import { ConfigError } from './core/errors.js';
-import { resultSchemaKey, type ExecutionDeps } from './run/execution.js';
+import { resultSchemaKey, type EngineDeps } from './run/execution.js';
 import { checkResolvedResult } from '../steps/operation.js';
 import { connectionTimeouts, guardPool, QUERY_TIMEOUT_MS_DEFAULT } from './db/pools.js';
 import { CrashPoints, validateCrashPoints, type CrashPoint } from './core/crash-points.js';
@@ -323,7 +323,7 @@ export function createEngine<DB = any>(options: EngineOptions = {}): Engine<DB> 
   };
   const resultSchemas = new Map<string, z.ZodType<unknown>>();
   const payloads = options.codec ? new Payloads(options.codec) : NO_CODEC;
-  const deps: ExecutionDeps = {
+  const deps: EngineDeps = {
     pool,
     db,
     maxPayloadBytes: options.maxPayloadBytes ?? MAX_PAYLOAD_BYTES_DEFAULT,

@@ -30,7 +30,7 @@ export function stepItem(
   };
 }
 
-/** The group commit (runledger._commit_batch) and the completion fast path (sql/0005_steps_and_commit.sql), in plain SQL. */
+/** The group commit (runledger._commit_batch) and its two paths for a completion (sql/0005_steps_and_commit.sql), in plain SQL. */
 export function commitHelpers(db: SqlDb) {
   const { getRun, events } = runHelpers(db);
 
@@ -85,9 +85,10 @@ export function commitHelpers(db: SqlDb) {
   }
 
   /**
-   * Calls runledger._complete_with_checkpoint in `client` and says which path it took: the
-   * general path goes through _checkpoint_row, the fast path does not (counted with
-   * track_functions, per transaction). A call that raises rejects with its SQLSTATE.
+   * Completes a run with its last step as a worker does: a group commit of one complete item
+   * (runledger._commit_batch) in `client`, and says which path wrote it: the fast part
+   * (_commit_fast) or the general path (_complete_with_checkpoint), counted with
+   * track_functions, per transaction. An item that failed rejects with its SQLSTATE (`code`).
    *
    * The call commits, in a transaction of its own; on a client already inside one (a test's
    * transaction, test/helpers/test-tx.ts) it runs under a savepoint instead, and the calls
@@ -109,34 +110,32 @@ export function commitHelpers(db: SqlDb) {
     },
   ): Promise<'fast' | 'general'> {
     const inTransaction = client.getTransactionStatus() === 'T';
-    const checkpointRowCalls = async () =>
+    const generalPathCalls = async () =>
       (
         await client.query(
           `select coalesce(pg_stat_get_xact_function_calls(
-                    'runledger._checkpoint_row(text, bigint, int, text, text, text, jsonb, jsonb, int, bigint, jsonb)'::regprocedure), 0)::int as n`,
+                    'runledger._complete_with_checkpoint(text, bigint, int, text, text, text, jsonb, jsonb, int, bigint, jsonb, jsonb, text, jsonb)'::regprocedure), 0)::int as n`,
         )
       ).rows[0].n as number;
+    const item = {
+      op: 'complete',
+      ...stepItem(args.runId, args.token, args.seq, args.name, {
+        status: args.status ?? 'SUCCEEDED',
+        attempts: args.attempts ?? 1,
+        started_ms_ago: args.startedMsAgo ?? 0,
+        charge: args.charge ?? null,
+      }),
+      ...(args.stepOutput === undefined ? {} : { step_output: args.stepOutput }),
+      ...(args.output === undefined ? {} : { output: args.output }),
+      policy_version: 'p/1',
+    };
     await client.query(`set track_functions = 'pl'`);
     await client.query(inTransaction ? 'savepoint complete_with_checkpoint' : 'begin');
     try {
-      const before = inTransaction ? await checkpointRowCalls() : 0;
-      await client.query(
-        `select runledger._complete_with_checkpoint($1, $2, $3, $4, 'step', $5, $6::jsonb, null, $7,
-                                                   coalesce($8::bigint, 0), $9::jsonb, $10::jsonb, 'p/1')`,
-        [
-          args.runId,
-          args.token,
-          args.seq,
-          args.name,
-          args.status ?? 'SUCCEEDED',
-          args.stepOutput === undefined ? null : JSON.stringify(args.stepOutput),
-          args.attempts ?? 1,
-          args.startedMsAgo ?? null,
-          args.charge === undefined ? null : JSON.stringify(args.charge),
-          args.output === undefined ? null : JSON.stringify(args.output),
-        ],
-      );
-      const calls = (await checkpointRowCalls()) - before;
+      const before = inTransaction ? await generalPathCalls() : 0;
+      const [row] = await commitBatch([item], client);
+      if (row?.code) throw Object.assign(new Error(row.message ?? row.code), { code: row.code });
+      const calls = (await generalPathCalls()) - before;
       await client.query(inTransaction ? 'release savepoint complete_with_checkpoint' : 'commit');
       return calls === 0 ? 'fast' : 'general';
     } catch (error) {

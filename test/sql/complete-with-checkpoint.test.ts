@@ -1,6 +1,8 @@
 /**
- * runledger._complete_with_checkpoint, the completion with its last step in one call: the
- * fast path and the general path give the same rows, and refuse the same things.
+ * A completion with its last step, as a worker sends it (a group commit of one complete
+ * item): the fast path (_commit_fast, the set-based part of every group commit) and the
+ * general path (runledger._complete_with_checkpoint) give the same rows, and refuse the
+ * same things.
  *
  * Each test runs in a transaction on the shared database, rolled back at its end
  * (test/helpers/test-tx.ts), on a workflow named after the file; its clock is the
@@ -36,10 +38,11 @@ const it = txTest.extend<{ db: TxDb; h: ReturnType<typeof helpers> }>({
   },
 });
 
-describe('runledger._complete_with_checkpoint', () => {
+describe('a completion with its last step: _commit_fast and runledger._complete_with_checkpoint', () => {
   const variants = [
     { label: 'fast path (charge 0, RUNNING, no no_progress limit, before its deadline)', path: 'fast', charge: 0, options: {}, spent: 0 },
-    { label: 'general path (a charge)', path: 'general', charge: 1.5, options: {}, spent: 1.5 },
+    { label: 'fast path (a charge within the budget)', path: 'fast', charge: 1.5, options: {}, spent: 1.5 },
+    { label: 'general path (a no_progress limit, with a charge)', path: 'general', charge: 1.5, options: { no_progress: 5 }, spent: 1.5 },
     { label: 'general path (a no_progress limit)', path: 'general', charge: 0, options: { no_progress: 5 }, spent: 0 },
   ] as const;
 

@@ -19,10 +19,6 @@ export const CHECKPOINT_PARAMS = [
   'p_charge',
 ] as const;
 
-export const CHECKPOINT_SQL =
-  'select pid, run_status from runledger._checkpoint(p_run_id => $1, p_token => $2, p_seq => $3, p_name => $4, p_kind => $5, ' +
-  'p_status => $6, p_output => $7::jsonb, p_error => $8::jsonb, p_attempts => $9, p_started_ms_ago => $10, p_charge => $11::jsonb)';
-
 export type { CheckpointRecord } from './execution.js';
 
 /** The checkpoint's arguments; the step's start goes as the time elapsed since it, measured now (call it just before sending). */
@@ -59,17 +55,9 @@ export function stepItemValues(exec: Execution, record: CheckpointRecord, charge
   };
 }
 
-/** One fenced checkpoint write: through the worker's group commit when there is one. Returns the run's status. */
+/** One fenced checkpoint write, an item of the worker's group commit. Returns the run's status. */
 async function sendCheckpoint(exec: Execution, record: CheckpointRecord, charge: ChargeToSend): Promise<string | undefined> {
-  if (exec.deps.commits)
-    return (await exec.deps.commits.submit(checkpointItem(stepItemValues(exec, record, charge)), false, exec.trace?.ref)).runStatus;
-  const result = await exec.deps.pool.query({
-    name: 'runledger_checkpoint',
-    text: CHECKPOINT_SQL,
-    values: checkpointValues(exec, record, charge),
-  });
-  exec.deps.metrics?.commit('checkpoint');
-  return result.rows[0]?.run_status;
+  return (await exec.deps.commits.submit(checkpointItem(stepItemValues(exec, record, charge)), false, exec.trace?.ref)).runStatus;
 }
 
 export type WriteResult = { ok: true } | { ok: false; halted: true };
@@ -77,8 +65,8 @@ export type WriteResult = { ok: true } | { ok: false; halted: true };
 const WRITE_TRIES = 5;
 
 /**
- * Writes a checkpoint in one round trip: in its own transaction, or in the worker's
- * group commit with the checkpoints of other runs ready at the same moment.
+ * Writes a checkpoint in one round trip: in the worker's group commit, with the
+ * checkpoints of other runs ready at the same moment (alone, a batch of one).
  * A stale fencing token halts the execution (lease lost). A connection lost
  * mid-write leaves the outcome unknown: it is resolved by reading whether the
  * checkpoint committed, and written again only if it did not.

@@ -156,6 +156,9 @@ export interface CommitQueue {
   submit(item: CommitItem, completes?: boolean, trace?: SpanRef): Promise<CommitResult>;
 }
 
+/** What the engine shares with each of its workers: an execution's dependencies but the worker's own group commit. */
+export type EngineDeps = Omit<ExecutionDeps, 'commits'>;
+
 export interface ExecutionDeps {
   pool: pg.Pool;
   db: Kysely<RunledgerDatabase>;
@@ -165,8 +168,8 @@ export interface ExecutionDeps {
   logFor?: (fields: RunLogFields) => LogFunction;
   /** The engine option `secrets`: what ctx.secret resolves names with. */
   secrets?: SecretResolver;
-  /** The worker's group commit for plain checkpoints and completions; without it each is its own transaction. */
-  commits?: CommitQueue;
+  /** The worker's group commit: every plain checkpoint and every completion is an item of it (a batch of one when alone). */
+  commits: CommitQueue;
   /** Crash points (tests only, engine option crashAt), bound to the worker that dies at one. */
   crash?: CrashHook;
   /** Makes a workflow startable from SQL (child runs are started by runledger.start_run). */

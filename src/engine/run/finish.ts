@@ -1,7 +1,7 @@
 import { SQLSTATE, serializeError } from '../core/errors.js';
 import { storableJson, storableText } from '../core/storable.js';
 import { isConnectionError, pgCode } from '../db/pg-errors.js';
-import { checkpointValues, stepItemValues } from './checkpoint.js';
+import { stepItemValues } from './checkpoint.js';
 import { completeItem } from './commit-items.js';
 import { runCompensations } from './compensate.js';
 import type { CheckpointRecord, Execution } from './execution.js';
@@ -17,8 +17,8 @@ export const RELEASE_DELAY_MS = 1_000;
 const FINISH_TRIES = 5;
 
 /**
- * Success: the output (and the last step's deferred checkpoint) in one transaction, through
- * the group commit when there is one. `output.stored` is written; `output.clear` is what a
+ * Success: the output (and the last step's deferred checkpoint) in one transaction, an item
+ * of the worker's group commit. `output.stored` is written; `output.clear` is what a
  * caller of this process awaiting the run is handed (engine.start's handle).
  */
 export async function complete(
@@ -31,35 +31,19 @@ export async function complete(
   const { commits } = exec.deps;
   // The run ends with this write: whatever is pending goes with it, once (with the last step when there is one).
   const charge = exec.takeCharge();
-  const outputText = output.stored;
-  if (commits) {
-    const item = completeItem({
-      runId: exec.runId,
-      token: exec.fencingToken.toString(),
-      outputText,
-      policyVersion,
-      charge: charge.json,
-      ...(verificationJson === undefined ? {} : { verificationJson }),
-      ...(last ? { step: stepItemValues(exec, last, charge) } : {}),
-    });
-    await fencedWrite(exec, async () => {
-      const result = await commits.submit(item, true, exec.trace?.ref);
-      if (result.runStatus === 'SUCCEEDED') exec.succeeded = { outputText: output.clear };
-    });
-  } else if (last) {
-    const [, , ...stepValues] = checkpointValues(exec, last, charge);
-    await finish(
-      exec,
-      'runledger._complete_with_checkpoint(p_run_id => $1, p_token => $2, p_seq => $3, p_name => $4, p_kind => $5, p_status => $6, p_step_output => $7::jsonb, p_error => $8::jsonb, p_attempts => $9, p_started_ms_ago => $10, p_charge => $11::jsonb, p_output => $12::jsonb, p_policy_version => $13, p_verification => $14::jsonb)',
-      [...stepValues, outputText ?? null, policyVersion, verificationJson ?? null],
-    );
-  } else {
-    await finish(
-      exec,
-      'runledger._complete_run(p_run_id => $1, p_token => $2, p_output => $3::jsonb, p_policy_version => $4, p_charge => $5::jsonb, p_verification => $6::jsonb)',
-      [outputText ?? null, policyVersion, charge.json, verificationJson ?? null],
-    );
-  }
+  const item = completeItem({
+    runId: exec.runId,
+    token: exec.fencingToken.toString(),
+    outputText: output.stored,
+    policyVersion,
+    charge: charge.json,
+    ...(verificationJson === undefined ? {} : { verificationJson }),
+    ...(last ? { step: stepItemValues(exec, last, charge) } : {}),
+  });
+  await fencedWrite(exec, async () => {
+    const result = await commits.submit(item, true, exec.trace?.ref);
+    if (result.runStatus === 'SUCCEEDED') exec.succeeded = { outputText: output.clear };
+  });
 }
 
 /** The error a _fail_run call stores (JSON text), or a dead letter's reason, for the span. */

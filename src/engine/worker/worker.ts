@@ -12,7 +12,7 @@ import { createHeartbeat } from './heartbeat.js';
 import { createSweeper } from './sweeper.js';
 import { createRetention, RETENTION_INTERVAL_MS_DEFAULT } from './retention.js';
 import { cronTaskIdentifier, crontabFor, fireSchedule, type Schedule, type StartScheduled } from '../client/schedules.js';
-import type { Execution, ExecutionDeps } from '../run/execution.js';
+import type { EngineDeps, Execution } from '../run/execution.js';
 import type { CrashPoints } from '../core/crash-points.js';
 import { deadAfterCrash } from './dead-pool.js';
 import { FinishedLookup } from '../observe/finished.js';
@@ -134,7 +134,7 @@ export function workerHost(option: string | undefined, env: NodeJS.ProcessEnv = 
 export const DRAIN_ROUNDS_MAX = 1_000;
 
 export interface WorkerHost {
-  deps: ExecutionDeps;
+  deps: EngineDeps;
   crashPoints: CrashPoints;
   poolConfig: pg.PoolConfig;
   workflows: ReadonlyArray<Workflow<any, any>>;
@@ -192,7 +192,7 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
     deps.log('warn', `crash point ${point.when}${point.step ? `:${point.step}` : ''} reached at ${name}: the worker stops as if killed`);
     die();
   });
-  const deps: ExecutionDeps = { ...host.deps, pool, ...(crash ? { crash } : {}) };
+  const deps: EngineDeps = { ...host.deps, pool, ...(crash ? { crash } : {}) };
   const { metrics } = deps;
   if (metrics) deps.finishedRuns = new FinishedLookup(deps.pool, metrics);
 

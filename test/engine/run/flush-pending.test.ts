@@ -8,6 +8,7 @@ import pg from 'pg';
 import { describe, expect, it } from 'vitest';
 import { Execution } from '../../../src/engine/run/execution.js';
 import { flushPending } from '../../../src/engine/run/checkpoint.js';
+import { GroupCommit } from '../../../src/engine/worker/group-commit.js';
 import { monotonicMark } from '../../../src/engine/core/duration.js';
 import { useTestEngine } from '../../helpers/test-engine.js';
 import { registerWorkflowW, runHelpers } from '../../helpers/runs.js';
@@ -22,7 +23,16 @@ describe('flushPending', () => {
   it('a second call (the halt) waits for the write the first call (the next step) has on its way', async () => {
     const runId = await startRun();
     const claimed = await claimOne(runId, 'wk-flush');
-    const deps = { pool: db.pool, db: undefined as never, maxPayloadBytes: 1 << 20, log: () => {}, registerWorkflow: async () => {} };
+    // The checkpoint goes as a worker sends it: an item of a group commit (here a batch of one).
+    const commits = new GroupCommit(db.pool, 1, 64);
+    const deps = {
+      pool: db.pool,
+      db: undefined as never,
+      maxPayloadBytes: 1 << 20,
+      log: () => {},
+      registerWorkflow: async () => {},
+      commits,
+    };
     const exec = new Execution(
       {
         runId,
@@ -55,7 +65,7 @@ describe('flushPending', () => {
       const first = flushPending(exec);
       await waitFor('the checkpoint write to wait for the row lock', async () => {
         const waiting = await db.pool.query(
-          `select count(*)::int as n from pg_stat_activity where wait_event_type = 'Lock' and query like '%runledger._checkpoint%'`,
+          `select count(*)::int as n from pg_stat_activity where wait_event_type = 'Lock' and query like '%runledger._commit_batch%'`,
         );
         return waiting.rows[0].n === 1;
       });
