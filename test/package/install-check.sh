@@ -90,17 +90,33 @@ check_app() {
   echo "   tsc type-checks a file that imports runledger: ok"
 }
 
-echo "== app 1: npm install <tarball>"
-write_app "$WORK/app-tarball"
-(cd "$WORK/app-tarball" && npm install "${quiet[@]}" "$tarball" typescript@5 @types/node@20 >/dev/null)
-check_app "$WORK/app-tarball"
-lap
+app_tarball() {
+  echo "== app 1: npm install <tarball>"
+  write_app "$WORK/app-tarball"
+  (cd "$WORK/app-tarball" && npm install "${quiet[@]}" "$tarball" typescript@5 @types/node@20 >/dev/null)
+  check_app "$WORK/app-tarball"
+}
 
-echo "== app 2: npm install git+file://<fresh clone> (npm clones it, installs its dev dependencies and runs prepare)"
-write_app "$WORK/app-git"
-(cd "$WORK/app-git" && npm install "${quiet[@]}" "git+file://$WORK/fresh" typescript@5 @types/node@20 >/dev/null)
-[ -f "$WORK/app-git/node_modules/runledger/dist/index.js" ] || { echo "the git install has no dist/index.js" >&2; exit 1; }
-check_app "$WORK/app-git"
+app_git() {
+  echo "== app 2: npm install git+file://<fresh clone> (npm clones it, installs its dev dependencies and runs prepare)"
+  write_app "$WORK/app-git"
+  (cd "$WORK/app-git" && npm install "${quiet[@]}" "git+file://$WORK/fresh" typescript@5 @types/node@20 >/dev/null)
+  [ -f "$WORK/app-git/node_modules/runledger/dist/index.js" ] || { echo "the git install has no dist/index.js" >&2; exit 1; }
+  check_app "$WORK/app-git"
+}
+
+# The two apps install side by side (mostly waiting on npm); each one's output is shown
+# whole, in order, and either failing fails the check.
+(set -e; app_tarball) >"$WORK/app-tarball.log" 2>&1 &
+tarball_pid=$!
+(set -e; app_git) >"$WORK/app-git.log" 2>&1 &
+git_pid=$!
+status=0
+wait "$tarball_pid" || status=1
+cat "$WORK/app-tarball.log"
+wait "$git_pid" || status=1
+cat "$WORK/app-git.log"
+[ "$status" -eq 0 ] || { echo "an app failed to install or type-check runledger" >&2; exit 1; }
 lap
 
 echo "== install check passed in $(($(date +%s) - started)) s"
