@@ -268,4 +268,8 @@ $$;
 comment on function runledger._commit_items(jsonb) is
   'The items of a group commit (_commit_batch, _commit_and_claim), in one transaction: the common ones together (_commit_fast, for a batch of one too), the others one by one, each in a subtransaction (a completion there ends its run through _finished, which admits its queue, after the fast part, so that round covers the fast completions of the queue too). One row per item: its index, the SQLSTATE and message of its error (null when it committed) and the run''s status after it; then a closing row with item null and admit_queues, the queues whose slots the fast part freed and no round has covered, for the caller to admit at its end.';
 
+-- CREATE OR REPLACE gave the redefined functions the attributes written above: the granted
+-- ones (_complete_with_checkpoint) are made SECURITY DEFINER with their fixed search_path again.
+select runledger._secure_functions();
+
 insert into runledger.migrations (version, name) values (15, '0015_completion');

@@ -2388,8 +2388,10 @@ COMMENT ON FUNCTION runledger._complete_run(text,bigint,jsonb,text,jsonb,jsonb) 
 CREATE OR REPLACE FUNCTION runledger._complete_with_checkpoint(p_run_id text, p_token bigint, p_seq integer, p_name text, p_kind text, p_status text, p_step_output jsonb, p_error jsonb, p_attempts integer, p_started_ms_ago bigint, p_charge jsonb, p_output jsonb, p_policy_version text, p_verification jsonb DEFAULT NULL::jsonb)
  RETURNS void
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 declare
   v_run runledger.runs;
