@@ -80,7 +80,7 @@ rl_batches() { echo "select count(*) from (select cardinality(runledger.start_ru
 gw_series() { echo "select count(graphile_worker.add_job('t', json_build_object('n', i, 's', 0))) from generate_series(1,$1) i;"; }
 gw_batches() { echo "select count(*) from (select (select count(*) from graphile_worker.add_jobs(array(select row('t', json_build_object('n', n, 's', b), null, null, null, null, null, null)::graphile_worker.job_spec from generate_series(1,1000) n))) from generate_series(1,$1) b) x;"; }
 
-# DRAIN_ONLY=1 counts only the drained run (about 3 minutes).
+# DRAIN_ONLY=1 counts only the drained run and engine.start's _start_many (under a minute).
 if [ -z "${DRAIN_ONLY:-}" ]; then
 step "runledger start_runs (batches of 1,000)"
 RL_ROW=$(per "$(count rl "$(rl_batches 1)")" "$(count rl "$(rl_batches 3)")" 2000)
@@ -129,6 +129,12 @@ if [ "$(grep -c "claimed = \"$BATCH_SIZE\"" "$WORK/out.log")" != 51 ] || grep -q
 fi
 RL_DRAIN=$(per "$DRAIN_11" "$DRAIN_51" $((40 * BATCH_SIZE)))
 
+# engine.start in a process whose worker has free slots: _start_many with BATCH_SIZE items,
+# each inserted already claimed for that worker (the closed loop's other statement).
+step "runledger: engine.start through _start_many, claimed at insert (batches of $BATCH_SIZE)"
+rl_many() { echo "select count(*) from (select (select count(*) from runledger._start_many((select jsonb_agg(jsonb_build_object('workflow', 'bulk', 'input', jsonb_build_object('n', g, 'b', b), 'options', '{}'::jsonb, 'worker_id', 'w1', 'lease_ms', 30000)) from generate_series(1, $BATCH_SIZE) g))) from generate_series(1, $1) b) x;"; }
+RL_MANY=$(per "$(count rl "$(rl_many 20)")" "$(count rl "$(rl_many 120)")" $((100 * BATCH_SIZE)))
+
 if [ -z "${DRAIN_ONLY:-}" ]; then
 echo "| server instructions per started run ($("$PG_BIN/postgres" --version)) | runledger ($(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')) | graphile-worker | graphile-worker ÷ runledger |"
 echo "| --- | ---: | ---: | ---: |"
@@ -139,3 +145,4 @@ echo
 echo "| server instructions per drained run ($("$PG_BIN/postgres" --version)) | runledger ($(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')) |"
 echo "| --- | ---: |"
 echo "| a one-step run claimed and completed by a group commit with a claim, batches of $BATCH_SIZE (a table of ${DRAIN_RUNS_K:-20},000 runs, analysed) | $RL_DRAIN |"
+echo "| a run started and claimed for its worker (engine.start: _start_many), batches of $BATCH_SIZE | $RL_MANY |"
