@@ -59,6 +59,15 @@ function breaches(defs: Definition[], released: number): string[] {
   return out;
 }
 
+/** The rows of sql/README.md's table under "Where a function's live definition is": [name, released in, live in]. */
+function readmeRedefinitions(readme: string): string[][] {
+  const section = readme.split(/^## /m).find((part) => part.startsWith("Where a function's live definition is")) ?? '';
+  return section
+    .split('\n')
+    .filter((line) => /^\| `/.test(line))
+    .map((line) => line.split('|').slice(1, 4).map((cell) => cell.trim().replace(/`/g, '')));
+}
+
 describe('sql/ function definitions', () => {
   it('finds the functions and the release (so the check below is not vacuous)', () => {
     expect(LAST_RELEASED_MIGRATION).toBe(14);
@@ -70,6 +79,28 @@ describe('sql/ function definitions', () => {
   it('creates each function once in the released files, and at most once more after them', () => {
     const found = breaches(definitions(), LAST_RELEASED_MIGRATION);
     expect(found, `functions defined more than once (see sql/README.md, rule 2):\n${found.join('\n')}`).toEqual([]);
+  });
+
+  it('lists every redefinition after the release in sql/README.md and in the redefining file\'s header', () => {
+    const defs = definitions();
+    const released = new Map(defs.filter((d) => d.version <= LAST_RELEASED_MIGRATION).map((d) => [d.name, d.file]));
+    const redefined = defs
+      .filter((d) => d.version > LAST_RELEASED_MIGRATION && released.has(d.name))
+      .map((d) => [d.name, released.get(d.name)!, d.file])
+      .sort(([a], [b]) => (a! < b! ? -1 : 1));
+    expect(redefined.length).toBeGreaterThan(0); // 0015_completion.sql redefines three
+    expect(readmeRedefinitions(readFileSync(`${SQL_DIR}/README.md`, 'utf8'))).toEqual(redefined);
+    for (const [name, , file] of redefined) {
+      const header = readFileSync(`${SQL_DIR}/${file}`, 'utf8').match(/^-- redefines: (.*)$/m)?.[1] ?? '';
+      expect(header.split(/,\s*/), `${file}'s "-- redefines:" header`).toContain(name);
+    }
+  });
+
+  it('reads the table of redefinitions (the check can fail)', () => {
+    const table = '| function | released in | live definition in |\n| --- | --- | --- |\n| `f` | `0001_a.sql` | `0002_b.sql` |\n';
+    expect(readmeRedefinitions(`## Where a function's live definition is\n\ntext\n\n${table}\n## Next\n| \`g\` | x | y |\n`)).toEqual([
+      ['f', '0001_a.sql', '0002_b.sql'],
+    ]);
   });
 
   it('reports a function defined twice (the check can fail)', () => {
