@@ -68,6 +68,37 @@ module.exports = {
       to: { path: '^src/console/' },
     },
     {
+      name: 'framework-adapters-use-public-entries',
+      severity: 'error',
+      comment:
+        'the framework adapters (src/ai, src/openai-agents and their shared src/adapters) are built as a user would build ' +
+        'them: on the public entries (src/index.ts, src/agents/index.ts), never on engine, steps or agents internals',
+      from: { path: ['^src/ai/', '^src/openai-agents/', '^src/adapters/'] },
+      to: { path: '^src/', pathNot: ['^src/ai/', '^src/openai-agents/', '^src/adapters/', '^src/index\\.ts$', '^src/agents/index\\.ts$'] },
+    },
+    {
+      name: 'framework-adapters-stay-optional',
+      severity: 'error',
+      comment:
+        'nothing but the adapters imports them: the main entry and runledger/agents load without the AI SDK or the Agents SDK installed',
+      from: { path: '^src/', pathNot: ['^src/ai/', '^src/openai-agents/', '^src/adapters/'] },
+      to: { path: ['^src/ai/', '^src/openai-agents/', '^src/adapters/'] },
+    },
+    {
+      name: 'frameworks-only-in-their-adapter',
+      severity: 'error',
+      comment: "a framework package is imported only by its adapter: 'ai' and '@ai-sdk/*' by src/ai, '@openai/agents*' by src/openai-agents",
+      from: { path: '^src/', pathNot: ['^src/ai/'] },
+      to: { path: ['node_modules/ai/', 'node_modules/@ai-sdk/'], dependencyTypesNot: ['type-only'] },
+    },
+    {
+      name: 'agents-sdk-only-in-its-adapter',
+      severity: 'error',
+      comment: "'@openai/agents*' is imported only by src/openai-agents",
+      from: { path: '^src/', pathNot: ['^src/openai-agents/'] },
+      to: { path: 'node_modules/@openai/' },
+    },
+    {
       name: 'no-unresolvable',
       severity: 'error',
       from: {},
@@ -76,7 +107,8 @@ module.exports = {
   ],
   options: {
     doNotFollow: { path: 'node_modules' },
-    includeOnly: '^src/',
+    // node_modules only for the framework packages, which the rules above keep inside their adapters.
+    includeOnly: ['^src/', '^node_modules/ai/', '^node_modules/@ai-sdk/', '^node_modules/@openai/'],
     tsPreCompilationDeps: true,
     tsConfig: { fileName: 'tsconfig.json' },
     enhancedResolveOptions: {

@@ -10,9 +10,9 @@ import type {
 import { APICallError, wrapLanguageModel } from 'ai';
 import type { WorkflowContext } from '../agents/index.js';
 import type { RetryPolicy } from '../index.js';
-import { nextModelStep } from './run-state.js';
+import { nextModelStep } from '../adapters/run-state.js';
 import { fromStored, toStored } from './stored.js';
-import { recordReplyToolCalls } from './tool-order.js';
+import { recordReplyToolCalls } from '../adapters/reply-order.js';
 import { uiChunkOfPart, UI_STREAM_TOPIC } from './ui-chunks.js';
 import { cappedOutputTokens, chargeOf, chargeUsage } from './usage.js';
 

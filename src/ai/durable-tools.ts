@@ -2,7 +2,7 @@ import type { ToolExecutionOptions, ToolSet } from 'ai';
 import { z } from 'zod';
 import { defineTool, type SideEffect, type WorkflowContext } from '../agents/index.js';
 import type { Duration, ReconcileAnswer, RetryPolicy } from '../index.js';
-import { takeTurn } from './tool-order.js';
+import { takeTurn } from '../adapters/reply-order.js';
 import { UI_STREAM_TOPIC } from './ui-chunks.js';
 
 /** How runledger runs one AI SDK tool: its side effect, its key, how a lost outcome is found, who approves it. */

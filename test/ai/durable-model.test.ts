@@ -58,7 +58,10 @@ const steps = async (runId: string) =>
   }>;
 
 async function approveWhenAsked(runId: string) {
-  await waitFor('the approval request', async () => (await db.pool.query("select 1 from runledger.approvals where run_id = $1 and decided_at is null", [runId])).rowCount === 1);
+  await waitFor(
+    'the approval request',
+    async () => (await db.pool.query('select 1 from runledger.approvals where run_id = $1 and decided_at is null', [runId])).rowCount === 1,
+  );
   const { request_id } = (await db.pool.query('select request_id from runledger.approvals where run_id = $1', [runId])).rows[0];
   await t.engine.decideApproval(request_id, { approved: true, decidedBy: 'ops' });
 }
@@ -96,7 +99,13 @@ describe('durableModel and durableTools under generateText', () => {
                 },
               }),
             },
-            { refund: { sideEffect: 'external', idempotencyKey: ({ input }) => `refund-${input.orderId}`, needsApproval: { approvers: ['ops'] } } },
+            {
+              refund: {
+                sideEffect: 'external',
+                idempotencyKey: ({ input }) => `refund-${input.orderId}`,
+                needsApproval: { approvers: ['ops'] },
+              },
+            },
           ),
           stopWhen: stepCountIs(5),
           prompt: input.task,
@@ -112,7 +121,15 @@ describe('durableModel and durableTools under generateText', () => {
     expect(calls).toHaveLength(3);
     expect(effects).toEqual({ lookup: 1, refund: 1 });
     const names = (await steps(handle.runId)).map((s) => s.name);
-    expect(names).toEqual(['model:mock:1', 'tool:lookup', 'model:mock:2', 'tool:refund:approval', 'tool:refund:key', 'tool:refund', 'model:mock:3']);
+    expect(names).toEqual([
+      'model:mock:1',
+      'tool:lookup',
+      'model:mock:2',
+      'tool:refund:approval',
+      'tool:refund:key',
+      'tool:refund',
+      'model:mock:3',
+    ]);
     const op = (await db.pool.query('select idempotency_key, status from runledger.operations where run_id = $1', [handle.runId])).rows;
     expect(op).toEqual([{ idempotency_key: 'refund-o-1', status: 'SUCCEEDED' }]);
     const run = (await db.pool.query('select budget_used from runledger.runs where run_id = $1', [handle.runId])).rows[0];
@@ -133,12 +150,16 @@ describe('durableModel and durableTools under generateText', () => {
         stopWhen: stepCountIs(3),
         prompt: 'send',
       });
-      const part = result.steps[0]!.content.find((p) => p.type === 'tool-error') as { error: { code: string; message: string } } | undefined;
+      const part = result.steps[0]!.content.find((p) => p.type === 'tool-error') as
+        { error: { code: string; message: string } } | undefined;
       return { code: part?.error.code, message: part?.error.message };
     });
     await worker();
     const handle = await t.engine.start(wf, undefined);
-    await waitFor('the approval request', async () => (await db.pool.query('select 1 from runledger.approvals where run_id = $1', [handle.runId])).rowCount === 1);
+    await waitFor(
+      'the approval request',
+      async () => (await db.pool.query('select 1 from runledger.approvals where run_id = $1', [handle.runId])).rowCount === 1,
+    );
     const { request_id } = (await db.pool.query('select request_id from runledger.approvals where run_id = $1', [handle.runId])).rows[0];
     await t.engine.decideApproval(request_id, { approved: false, decidedBy: 'ops', note: 'too risky' });
     const toolError = await handle.result();

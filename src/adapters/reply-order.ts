@@ -1,23 +1,23 @@
 import type { WorkflowContext } from '../agents/index.js';
-import { aiStateOf } from './run-state.js';
+import { adapterStateOf } from './run-state.js';
 
 /**
  * Tool executions take their step positions in the order of the model's reply.
  *
  * A run replays by position: the k-th ctx call of an execution must be the k-th of every
- * execution. The AI SDK starts the tool calls of one reply concurrently, and each reaches
+ * execution. A framework (the AI SDK, the Agents SDK) starts the tool calls of one reply concurrently, and each reaches
  * its `execute` after a few awaits of its own (input checks, the user's callbacks), so
  * the order they arrive in is not promised. Each durable tool waits here for its turn in
  * the reply's order (the reply is checkpointed, so the order is the same on replay). A
  * call of the reply that has not arrived ARRIVAL_GRACE_MS after a later one did is passed
- * over: the AI SDK did not execute it (invalid input, a tool without execute, a
+ * over: the framework did not execute it (invalid input, a tool without execute, a
  * provider-executed tool), or a callback of the user's held it that long, and then the
  * order is the order of arrival.
  */
 export const ARRIVAL_GRACE_MS = 25;
 
 export function recordReplyToolCalls(ctx: WorkflowContext, step: string, toolCallIds: string[]): void {
-  const state = aiStateOf(ctx);
+  const state = adapterStateOf(ctx);
   for (const release of state.order.waiting.values()) release();
   state.reply = { step, toolCallIds };
   state.order = { next: 0, waiting: new Map(), started: new Set(), skipScheduled: false };
@@ -25,7 +25,7 @@ export function recordReplyToolCalls(ctx: WorkflowContext, step: string, toolCal
 
 /** Resolves when tool call `toolCallId` may take its position; gives the model step that asked for it, when known. */
 export function takeTurn(ctx: WorkflowContext, toolCallId: string): Promise<string | undefined> {
-  const state = aiStateOf(ctx);
+  const state = adapterStateOf(ctx);
   const reply = state.reply;
   if (!reply || !reply.toolCallIds.includes(toolCallId) || state.order.started.has(toolCallId)) {
     return Promise.resolve(reply?.toolCallIds.includes(toolCallId) ? reply.step : undefined);
@@ -39,7 +39,7 @@ export function takeTurn(ctx: WorkflowContext, toolCallId: string): Promise<stri
 }
 
 function pump(ctx: WorkflowContext): void {
-  const state = aiStateOf(ctx);
+  const state = adapterStateOf(ctx);
   const ids = state.reply?.toolCallIds ?? [];
   const order = state.order;
   while (order.next < ids.length) {
