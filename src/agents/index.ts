@@ -26,4 +26,6 @@ export { isLargeValueRef, LARGE_VALUE_THRESHOLD_BYTES, loadLarge, MAX_ARTIFACT_B
 export type { ArtifactContent, ArtifactContentRead, ArtifactRecord, LargeValueRef } from './artifact.js';
 export { SessionNotHeldError, SessionTimeoutError } from '../engine/core/errors.js';
 export { runAgent, completeTool, AgentIncompleteError } from './loop.js';
+export { agentTool } from './agent-tool.js';
+export type { AgentTool, AgentToolOptions } from './agent-tool.js';
 export type { AgentOutcome, CompleteArgs, RunAgentOptions } from './loop.js';

@@ -1,10 +1,11 @@
 import { z } from 'zod';
 import { RunledgerError } from '../engine/core/errors.js';
-import type { Verdict } from '../engine/core/workflow.js';
+import type { Verdict, Workflow } from '../engine/core/workflow.js';
 import type { WorkflowContext } from './context.js';
 import type { ChatMessage, Model, ToolCall } from './model.js';
 import type { Session, SessionEntry, StoredSessionEntry } from './session.js';
 import { defineTool, type Tool, type ToolResult } from './tool.js';
+import { isAgentTool } from './agent-tool.js';
 
 export interface RunAgentOptions {
   model: Model;
@@ -17,6 +18,14 @@ export interface RunAgentOptions {
   session?: Session;
   /** At most this many turns in this call (default 50); the run's `turns` budget, if any, stops it too. */
   limits?: { turns?: number };
+  /**
+   * A reply in plain text (no tool call) is the answer, as `{ summary: text }`, checked by
+   * `verify` like a `complete` call: what most models do when they are done, AI SDK
+   * providers included. Default false: the model is asked to call a tool or `complete`.
+   */
+  endOnText?: boolean;
+  /** The most output tokens a model call may produce; the run's token budget lowers it, never raises it. */
+  maxOutputTokens?: number;
   /**
    * Checks the model's `complete` call before the loop ends: a refusal goes back to the
    * model as the tool's result, and the loop goes on (within the limits).
@@ -85,10 +94,21 @@ export async function runAgent(ctx: WorkflowContext, options: RunAgentOptions): 
     // evidence); any other turn is charged with the model call's checkpoint.
     if ((ctx.budget.remaining().turns ?? 1) < 1) await ctx.chargeNow({ turns: 1 });
     else ctx.charge({ turns: 1 });
-    const reply = await ctx.generate(options.model, { messages: [...messages], tools });
+    const reply = await ctx.generate(options.model, {
+      messages: [...messages],
+      tools,
+      ...(options.maxOutputTokens !== undefined ? { maxOutputTokens: options.maxOutputTokens } : {}),
+    });
     await remember([{ role: 'assistant', content: { text: reply.message.content, toolCalls: reply.message.toolCalls ?? [] } }]);
     const calls = reply.message.toolCalls ?? [];
     if (calls.length === 0) {
+      const text = reply.message.content?.trim() ?? '';
+      if (options.endOnText && text !== '') {
+        const verdict = options.verify ? await options.verify({ summary: text }, ctx) : { ok: true as const };
+        if (verdict.ok) return { answer: { summary: text }, turns: turn, evidence: verdict.evidence };
+        await remember([{ role: 'user', content: { text: `That answer was not accepted: ${verdict.reason}` } }]);
+        continue;
+      }
       await remember([{ role: 'user', content: { text: 'Call one of the tools, or `complete` when the task is done.' } }]);
       continue;
     }
@@ -122,9 +142,34 @@ async function answer(ctx: WorkflowContext, call: ToolCall, tools: Array<Tool<an
       observation: { ok: false, error: { code: 'UNKNOWN_TOOL', message: `no tool ${JSON.stringify(call.name)}; the tools are ${known}` } },
     };
   }
-  const result = await ctx.callTool(tool, call.arguments, { name: `tool:${tool.name}` });
+  const result = isAgentTool(tool)
+    ? await runChildAgent(ctx, tool, call)
+    : await ctx.callTool(tool, call.arguments, { name: `tool:${tool.name}` });
   await options.afterTool?.(call, result);
   return { observation: result };
+}
+
+/** An agent tool: its arguments checked, then the agent as a child run, waited for durably; its failure is the observation. */
+async function runChildAgent(
+  ctx: WorkflowContext,
+  tool: Tool<any, any> & { agent: Workflow<any, any, any> },
+  call: ToolCall,
+): Promise<ToolResult<unknown>> {
+  const parsed = tool.input.safeParse(call.arguments);
+  if (!parsed.success) {
+    return {
+      ok: false,
+      error: { code: 'INVALID_TOOL_ARGUMENTS', message: `the arguments of ${tool.name} do not match its schema: ${parsed.error.message}` },
+    };
+  }
+  ctx.charge({ toolCalls: 1 });
+  try {
+    const output = await ctx.runChild(tool.agent, parsed.data, { name: `agent:${tool.name}` });
+    return { ok: true, result: output as never };
+  } catch (error) {
+    if ((error as { code?: string })?.code !== 'CHILD_FAILED') throw error;
+    return { ok: false, error: { code: 'TOOL_FAILED', message: `${tool.name} failed: ${(error as Error).message}` } };
+  }
 }
 
 /** A session entry as the model's message. */

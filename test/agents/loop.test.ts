@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { z } from 'zod';
-import { defineTool, runAgent, scriptedModel, type ScriptedReply } from '../../src/index.js';
+import { agentTool, defineTool, runAgent, scriptedModel, type ScriptedReply } from '../../src/index.js';
 import { useTestEngine } from '../helpers/test-engine.js';
 import { queueWorkers } from '../helpers/cleanup.js';
 
@@ -125,5 +125,75 @@ describe('runAgent', () => {
     expect(blobs.rows).toHaveLength(1);
     const seen = model.calls[1]!.messages.at(-1)!;
     expect(JSON.parse(seen.content!).result.text).toHaveLength(512 * 1024);
+  });
+
+  it('endOnText: a plain-text reply is the answer, checked by verify; a refusal goes back to the model', async () => {
+    const model = scriptedModel('text-model', [{ content: 'draft' }, { content: 'The answer is 42.' }]);
+    const wf = t.engine.workflow({ name: 'loop-text', queue: 'loop' }, async (ctx) =>
+      runAgent(ctx, {
+        model,
+        tools: [lookup],
+        instructions: 'x',
+        task: 'y',
+        endOnText: true,
+        verify: ({ summary }) =>
+          summary.includes('42') ? { ok: true, evidence: { checked: summary } } : { ok: false, reason: 'no number in it' },
+      }),
+    );
+    await worker();
+    const handle = await t.engine.start(wf, undefined);
+    await expect(handle.result()).resolves.toEqual({
+      answer: { summary: 'The answer is 42.' },
+      turns: 2,
+      evidence: { checked: 'The answer is 42.' },
+    });
+    expect(model.calls[1]!.messages.at(-1)).toMatchObject({ role: 'user', content: 'That answer was not accepted: no number in it' });
+  });
+
+  it('without endOnText a plain-text reply does not end the loop', async () => {
+    const model = scriptedModel('text-nag-model', [{ content: 'done?' }, call('complete', { summary: 'done' })]);
+    const wf = t.engine.workflow({ name: 'loop-text-nag', queue: 'loop' }, async (ctx) =>
+      runAgent(ctx, { model, tools: [], instructions: 'x', task: 'y' }),
+    );
+    await worker();
+    await expect((await t.engine.start(wf, undefined)).result()).resolves.toMatchObject({ answer: { summary: 'done' }, turns: 2 });
+  });
+
+  it('maxOutputTokens is the caller’s cap, lowered by the token budget, never raised', async () => {
+    const model = scriptedModel('cap-model', [{ content: 'a' }]);
+    const small = scriptedModel('cap-model-small', [{ content: 'b' }]);
+    const wf = t.engine.workflow({ name: 'loop-cap', queue: 'loop', limits: { budget: { tokens: 500 } } }, async (ctx) => {
+      await runAgent(ctx, { model, tools: [], instructions: 'x', task: 'y', endOnText: true, maxOutputTokens: 4_000 });
+      await runAgent(ctx, { model: small, tools: [], instructions: 'x', task: 'y', endOnText: true, maxOutputTokens: 16 });
+      return 'ok';
+    });
+    await worker();
+    await expect((await t.engine.start(wf, undefined)).result()).resolves.toBe('ok');
+    expect(model.calls[0]!.maxOutputTokens).toBe(500);
+    expect(small.calls[0]!.maxOutputTokens).toBe(16);
+  });
+
+  it('an agent as a tool runs as a child run of its own; its answer is the tool result', async () => {
+    const researcher = t.engine.workflow({ name: 'loop-researcher', queue: 'loop' }, async (ctx, input: { topic: string }) => {
+      const inner = scriptedModel('researcher-model', [call('complete', { summary: `notes on ${input.topic}` })]);
+      return (await runAgent(ctx, { model: inner, tools: [], instructions: 'Research.', task: input.topic })).answer.summary;
+    });
+    const research = agentTool(researcher, { description: 'Researches a topic', input: z.object({ topic: z.string() }) });
+    const model = scriptedModel('lead-model', [
+      call('loop-researcher', { topic: 'queues' }, 'r1'),
+      call('complete', { summary: 'wrote it' }),
+    ]);
+    const wf = t.engine.workflow({ name: 'loop-lead', queue: 'loop', limits: { budget: { toolCalls: 5 } } }, async (ctx) =>
+      runAgent(ctx, { model, tools: [research], instructions: 'Lead.', task: 'write about queues' }),
+    );
+    await worker();
+    const handle = await t.engine.start(wf, undefined);
+    await expect(handle.result()).resolves.toMatchObject({ answer: { summary: 'wrote it' } });
+    const seen = JSON.parse(model.calls[1]!.messages.at(-1)!.content!);
+    expect(seen).toEqual({ ok: true, result: 'notes on queues' });
+    const child = (await db.pool.query("select status, parent_run_id from runledger.runs where workflow_name = 'loop-researcher'")).rows;
+    expect(child).toEqual([{ status: 'SUCCEEDED', parent_run_id: handle.runId }]);
+    const run = (await db.pool.query('select budget_used from runledger.runs where run_id = $1', [handle.runId])).rows[0];
+    expect(run.budget_used).toMatchObject({ tool_calls: 1 });
   });
 });
