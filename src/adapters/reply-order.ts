@@ -16,10 +16,10 @@ import { adapterStateOf } from './run-state.js';
  */
 export const ARRIVAL_GRACE_MS = 25;
 
-export function recordReplyToolCalls(ctx: WorkflowContext, step: string, toolCallIds: string[]): void {
+export function recordReplyToolCalls(ctx: WorkflowContext, step: string, toolCallIds: string[], streamed = false): void {
   const state = adapterStateOf(ctx);
   for (const release of state.order.waiting.values()) release();
-  state.reply = { step, toolCallIds };
+  state.reply = { step, toolCallIds, streamed };
   state.order = { next: 0, waiting: new Map(), started: new Set(), skipScheduled: false };
 }
 
@@ -65,4 +65,9 @@ function pump(ctx: WorkflowContext): void {
     }
     pump(ctx);
   }, ARRIVAL_GRACE_MS);
+}
+
+/** Whether the latest reply was streamed: only then does a UI follow the run's stream, and tool results go there too. */
+export function replyStreamed(ctx: WorkflowContext): boolean {
+  return adapterStateOf(ctx).reply?.streamed ?? false;
 }

@@ -10,8 +10,8 @@ import type { WorkflowContext } from '../agents/index.js';
  */
 export interface AdapterRunState {
   modelCalls: Map<string, number>;
-  /** The latest reply's tool calls: which model call they came from, and their ids in order. */
-  reply: { step: string; toolCallIds: string[] } | undefined;
+  /** The latest reply's tool calls: which model call they came from, their ids in order, and whether it was streamed. */
+  reply: { step: string; toolCallIds: string[]; streamed: boolean } | undefined;
   order: ToolOrderState;
 }
 

@@ -110,7 +110,7 @@ export function durableModel(ctx: WorkflowContext, model: LanguageModelV4, optio
       );
       const recorded = fromStored(stored) as RecordedStream;
       const parts = recorded.parts as LanguageModelV4StreamPart[];
-      recordReplyToolCalls(ctx, step, toolCallIdsOf(parts));
+      recordReplyToolCalls(ctx, step, toolCallIdsOf(parts), uiTopic !== false);
       return { stream: streamOf(parts), ...(recorded.response ? { response: recorded.response } : {}) } as LanguageModelV4StreamResult;
     },
   };

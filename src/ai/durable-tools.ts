@@ -2,7 +2,7 @@ import type { ToolExecutionOptions, ToolSet } from 'ai';
 import { z } from 'zod';
 import { defineTool, type SideEffect, type WorkflowContext } from '../agents/index.js';
 import type { Duration, ReconcileAnswer, RetryPolicy } from '../index.js';
-import { takeTurn } from '../adapters/reply-order.js';
+import { replyStreamed, takeTurn } from '../adapters/reply-order.js';
 import { UI_STREAM_TOPIC } from './ui-chunks.js';
 
 /** How runledger runs one AI SDK tool: its side effect, its key, how a lost outcome is found, who approves it. */
@@ -41,7 +41,8 @@ export class DurableToolError extends Error {
  * call id (or the contract's `idempotencyKey`), `reconcile` settling an outcome a crash
  * lost; `needsApproval` is a durable approval. Each call is charged `{ toolCalls: 1 }`. A
  * refusal or a failure reaches the model as the tool's error, as the AI SDK shows errors.
- * The result also goes to the run's UI stream as `tool-output-available`.
+ * Under a streamed model call (streamText) the result also goes to the run's UI stream as
+ * `tool-output-available`.
  */
 export function durableTools<T extends ToolSet>(
   ctx: WorkflowContext,
@@ -81,7 +82,8 @@ export function durableTools<T extends ToolSet>(
           : {}),
         ...(contract.retry ? { retry: contract.retry } : {}),
         run: async (args, info) => {
-          const live = uiTopic ? ctx.stream(uiTopic) : undefined;
+          // A UI follows the run's stream when the model streams (streamText): the result goes there beside the model's parts.
+          const live = uiTopic && replyStreamed(ctx) ? ctx.stream(uiTopic) : undefined;
           try {
             const output = await lastValue(execute(args, { ...callOptions, abortSignal: info.signal }));
             if (live) void live.write({ type: 'tool-output-available', toolCallId: callOptions.toolCallId, output: output ?? null });
