@@ -1,4 +1,4 @@
-/** Plumbing for examples/demo.ts: the database, the crashing child process, the report. */
+/** Plumbing for the demos (examples/demo.ts and the agent demos): the database, worker processes, the report. */
 import { spawn } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { resolve } from 'node:path';
@@ -216,4 +216,26 @@ export function printPsqlHelp(url: string, runIds: string[], embedded: boolean):
     console.log('\nThe embedded server stops when the demo exits; to paste the commands above while it runs,');
     console.log('start the demo with `npm run demo -- --keep` (it waits for Ctrl-C), or set DATABASE_URL.');
   }
+}
+
+export interface DemoWorker {
+  pid: number;
+  /** Resolves with the signal that ended the process, or its exit code. */
+  exited: Promise<string>;
+  output(): string;
+  kill(): void;
+}
+
+/** Spawns a demo's worker script (`node --import tsx <script>`) with `env` and resolves once it printed "ready". */
+export async function spawnDemoWorker(script: string, env: Record<string, string>): Promise<DemoWorker> {
+  const child = spawn(process.execPath, ['--import', 'tsx', script], {
+    env: { ...process.env, ...env },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  let output = '';
+  child.stdout.on('data', (c) => (output += c));
+  child.stderr.on('data', (c) => (output += c));
+  const exited = new Promise<string>((resolve) => child.on('exit', (code, signal) => resolve(signal ?? String(code))));
+  await waitFor(`worker ${child.pid} ready`, async () => (output.includes('ready ') ? true : undefined));
+  return { pid: child.pid!, exited, output: () => output, kill: () => child.kill('SIGKILL') };
 }

@@ -13,12 +13,11 @@
  *
  * Same database as `npm run demo` (runledger_demo): DATABASE_URL's server, or an embedded one.
  */
-import { spawn } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import { rmSync } from 'node:fs';
 import { dirname } from 'node:path';
 import { createEngine } from '../../src/index.js';
-import { openDatabase, waitFor, waitTerminal, type DemoDatabase } from '../demo-support.js';
+import { openDatabase, spawnDemoWorker, waitFor, waitTerminal, type DemoDatabase } from '../demo-support.js';
 import { defineCodingAgent, SENIOR } from './agent.js';
 import { startGitProvider } from './git-provider.js';
 import { workspaceDir } from './repo.js';
@@ -43,18 +42,14 @@ const check = (ok: boolean, what: string) => {
 };
 
 async function spawnWorker(crash: boolean) {
-  const child = spawn(process.execPath, ['--import', 'tsx', WORKER], {
-    env: { ...process.env, DATABASE_URL: database.url, PROVIDER_URL: provider.url, CRASH_AFTER_MERGE: crash ? '1' : '0' },
-    stdio: ['ignore', 'pipe', 'pipe'],
+  const worker = await spawnDemoWorker(WORKER, {
+    DATABASE_URL: database.url,
+    PROVIDER_URL: provider.url,
+    CRASH_AFTER_MERGE: crash ? '1' : '0',
   });
-  children.push({ kill: () => child.kill('SIGKILL') });
-  workerPids.push(child.pid!);
-  let output = '';
-  child.stdout.on('data', (c) => (output += c));
-  child.stderr.on('data', (c) => (output += c));
-  const exited = new Promise<string>((resolve) => child.on('exit', (code, signal) => resolve(signal ?? String(code))));
-  await waitFor(`worker ${child.pid} ready`, async () => (output.includes('ready ') ? true : undefined));
-  return { pid: child.pid!, exited, output: () => output };
+  children.push(worker);
+  workerPids.push(worker.pid);
+  return worker;
 }
 
 let exitCode = 0;
