@@ -1,5 +1,5 @@
 import type { LanguageModelV4CallOptions, LanguageModelV4GenerateResult, LanguageModelV4StreamPart } from '@ai-sdk/provider';
-import { generateText, stepCountIs, streamText, tool } from 'ai';
+import { generateText, stepCountIs, streamText, tool, ToolLoopAgent } from 'ai';
 import { MockLanguageModelV4, simulateReadableStream } from 'ai/test';
 import { describe, expect, it } from 'vitest';
 import { z } from 'zod';
@@ -212,6 +212,39 @@ describe('durableModel and durableTools under generateText', () => {
     // fast reached execute first, but slow holds the earlier position, as in the reply.
     expect([...ran].sort()).toEqual(['fast', 'slow']);
     expect((await steps(handle.runId)).map((s) => s.name)).toEqual(['model:mock:1', 'tool:slow', 'tool:fast', 'model:mock:2']);
+  });
+});
+
+describe('durableModel under ToolLoopAgent', () => {
+  it('an agent object built in the workflow with the wrapped model and tools is durable the same way', async () => {
+    const { model, calls } = scripted([
+      toolCallReply([{ id: 'k1', name: 'lookup', input: { orderId: 'o-9' } }]),
+      textReply('o-9 is paid.'),
+    ]);
+    let lookups = 0;
+    const wf = t.engine.workflow({ name: 'ai-agent-object', queue: 'ai-sdk' }, async (ctx) => {
+      const agent = new ToolLoopAgent({
+        model: durableModel(ctx, model),
+        instructions: 'Answer about orders.',
+        tools: durableTools(ctx, {
+          lookup: tool({
+            inputSchema: z.object({ orderId: z.string() }),
+            execute: async ({ orderId }) => (lookups++, { orderId, paid: true }),
+          }),
+        }),
+        stopWhen: stepCountIs(4),
+      });
+      const result = await agent.generate({ prompt: 'Is o-9 paid?' });
+      await ctx.requestApproval('go-on', { action: 'go on' });
+      return result.text;
+    });
+    await worker();
+    const handle = await t.engine.start(wf, undefined);
+    await approveWhenAsked(handle.runId);
+    await expect(handle.result()).resolves.toBe('o-9 is paid.');
+    expect(calls).toHaveLength(2);
+    expect(lookups).toBe(1);
+    expect((await steps(handle.runId)).map((s) => s.name)).toEqual(['model:mock:1', 'tool:lookup', 'model:mock:2', 'go-on']);
   });
 });
 
