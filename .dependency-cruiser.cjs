@@ -87,7 +87,8 @@ module.exports = {
     {
       name: 'frameworks-only-in-their-adapter',
       severity: 'error',
-      comment: "a framework package is imported only by its adapter: 'ai' and '@ai-sdk/*' by src/ai, '@openai/agents*' by src/openai-agents",
+      comment:
+        "a framework package is imported only by its adapter: 'ai' and '@ai-sdk/*' by src/ai, '@openai/agents*' by src/openai-agents",
       from: { path: '^src/', pathNot: ['^src/ai/'] },
       to: { path: ['node_modules/ai/', 'node_modules/@ai-sdk/'], dependencyTypesNot: ['type-only'] },
     },

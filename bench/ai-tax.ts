@@ -51,7 +51,12 @@ pg.Client.prototype.query = function countedQuery(this: PgModule.Client, ...args
 } as typeof pg.Client.prototype.query;
 
 type Kind = 'model' | 'tool';
-interface Sample { kind: Kind; pos: number; ms: number; trips: number }
+interface Sample {
+  kind: Kind;
+  pos: number;
+  ms: number;
+  trips: number;
+}
 const samples: Record<'plain' | 'durable', Sample[]> = { plain: [], durable: [] };
 const loops: Record<'plain' | 'durable', number[]> = { plain: [], durable: [] };
 let recording = false;
@@ -63,7 +68,8 @@ const usage = {
 };
 function reply(options: LanguageModelV4CallOptions): LanguageModelV4GenerateResult {
   const done = options.prompt.filter((m) => m.role === 'tool').length;
-  if (done >= 2) return { content: [{ type: 'text', text: 'found it' }], finishReason: { unified: 'stop', raw: 'stop' }, usage, warnings: [] };
+  if (done >= 2)
+    return { content: [{ type: 'text', text: 'found it' }], finishReason: { unified: 'stop', raw: 'stop' }, usage, warnings: [] };
   return {
     content: [{ type: 'tool-call', toolCallId: `call-${done + 1}`, toolName: 'lookup', input: JSON.stringify({ q: `q${done + 1}` }) }],
     finishReason: { unified: 'tool-calls', raw: 'tool_calls' },
@@ -121,7 +127,12 @@ try {
   const queue = 'ai-tax';
   const wf = engine.workflow({ name: 'ai-tax', queue }, async (ctx, input: { question: string }) => {
     const sink: Sample[] = [];
-    const text = await agentLoop(durableModel(ctx, mockModel()), durableTools(ctx, { lookup }, {}, TOOLS_UI ? {} : { uiStream: false }), sink, input.question);
+    const text = await agentLoop(
+      durableModel(ctx, mockModel()),
+      durableTools(ctx, { lookup }, {}, TOOLS_UI ? {} : { uiStream: false }),
+      sink,
+      input.question,
+    );
     if (recording) samples.durable.push(...sink);
     return text;
   });
@@ -175,7 +186,11 @@ try {
     ...rows,
   ].join('\n');
   const positions = [
-    ['model', 1], ['tool', 1], ['model', 2], ['tool', 2], ['model', 3],
+    ['model', 1],
+    ['tool', 1],
+    ['model', 2],
+    ['tool', 2],
+    ['model', 3],
   ] as const;
   const byPosition = [
     '| call in the loop | plain ms p50 | durable ms p50 / p99 | round trips (mean) |',
@@ -216,7 +231,13 @@ process during the call (the worker's background queries included when they fall
   const old = existsSync(REPORT) ? readFileSync(REPORT, 'utf8') : header;
   const cut = old.indexOf('\n## Server: ');
   const preamble = cut < 0 ? old.trimEnd() + '\n' : old.slice(0, cut + 1);
-  const others = cut < 0 ? [] : old.slice(cut + 1).split(/\n(?=## Server: )/).filter((s) => !s.startsWith(`## Server: ${key} `));
+  const others =
+    cut < 0
+      ? []
+      : old
+          .slice(cut + 1)
+          .split(/\n(?=## Server: )/)
+          .filter((s) => !s.startsWith(`## Server: ${key} `));
   writeFileSync(REPORT, [preamble.trimEnd(), ...others.map((s) => s.trimEnd()), section.trimEnd()].join('\n\n') + '\n');
   console.log(`report written to ${REPORT}`);
 } finally {

@@ -53,8 +53,7 @@ const modelCalls = async (runId: string) =>
   ).rows;
 const runRow = async (runId: string) =>
   (await db.pool.query('select status, output, recovery_attempts from runledger.runs where run_id = $1', [runId])).rows[0];
-const finished = (runId: string) =>
-  waitFor(`run ${runId} finished`, async () => (await runRow(runId)).status === 'SUCCEEDED', 60_000);
+const finished = (runId: string) => waitFor(`run ${runId} finished`, async () => (await runRow(runId)).status === 'SUCCEEDED', 60_000);
 
 /** Runs the workflow with the first worker killed at `failpoint`, then a second worker; returns the run id once it succeeded. */
 async function crashAndRecover(start: () => Promise<{ runId: string }>, failpoint: string): Promise<string> {
