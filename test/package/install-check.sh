@@ -95,6 +95,40 @@ app_tarball() {
   write_app "$WORK/app-tarball"
   (cd "$WORK/app-tarball" && npm install "${quiet[@]}" "$tarball" typescript@5 @types/node@20 >/dev/null)
   check_app "$WORK/app-tarball"
+  check_ai_app "$WORK/app-tarball"
+}
+
+# A user of the AI SDK: runledger/ai resolves with its types once `ai` is installed beside runledger (an optional peer).
+check_ai_app() {
+  local app="$1"
+  cat >"$app/check-ai.ts" <<'TS'
+import { generateText, tool } from 'ai';
+import { MockLanguageModelV4 } from 'ai/test';
+import { z } from 'zod';
+import { createEngine } from 'runledger';
+import { durableModel, durableTools } from 'runledger/ai';
+
+const engine = createEngine({ connectionString: process.env.DATABASE_URL });
+export const agent = engine.workflow({ name: 'agent' }, async (ctx, input: { prompt: string }) => {
+  const result = await generateText({
+    model: durableModel(ctx, new MockLanguageModelV4()),
+    tools: durableTools(ctx, { echo: tool({ inputSchema: z.object({ text: z.string() }), execute: async ({ text }) => text }) }),
+    prompt: input.prompt,
+  });
+  return result.text;
+});
+TS
+  cat >"$app/run-ai.mjs" <<'JS'
+import { durableModel } from 'runledger/ai';
+if (typeof durableModel !== 'function') throw new Error('durableModel is not a function');
+console.log('   import { durableModel } from "runledger/ai": ok');
+JS
+  # @types/json-schema: the AI SDK's own declarations need it when libraries are type-checked too (skipLibCheck false).
+  (cd "$app" && npm install "${quiet[@]}" ai@7 zod@4 @types/json-schema >/dev/null 2>&1)
+  (cd "$app" && node run-ai.mjs)
+  (cd "$app" && node -e 'const fs = require("fs"); const c = JSON.parse(fs.readFileSync("tsconfig.json", "utf8")); c.files = ["check-ai.ts"]; fs.writeFileSync("tsconfig.ai.json", JSON.stringify(c, null, 2));')
+  (cd "$app" && npx tsc -p tsconfig.ai.json)
+  echo "   tsc type-checks a file that imports runledger/ai with ai installed: ok"
 }
 
 app_git() {
