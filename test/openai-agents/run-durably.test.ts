@@ -90,8 +90,8 @@ describe('runAgentDurably', () => {
     expect(callIds).toEqual(['c1', 'c2']);
     const results = items.filter((i) => i.type === 'function_call_result').map((i) => i.callId);
     expect(results).toEqual(['c1', 'c2']);
-    const ids = history.filter((c) => c.marker === 'transaction').map((c) => c.operationId);
-    expect(new Set(ids).size).toBe(ids.length);
+    // Each user message once too (the task), whatever the replays.
+    expect(items.filter((i) => i.role === 'user')).toHaveLength(1);
   });
 
   it('a rejected approval reaches the model as the tool’s refusal and the tool never runs', async () => {
