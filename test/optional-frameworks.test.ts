@@ -18,7 +18,7 @@ const hooks = join(scratch, 'hooks.mjs');
 writeFileSync(
   hooks,
   `export async function resolve(specifier, context, next) {
-  if (specifier === 'ai' || specifier.startsWith('ai/') || specifier.startsWith('@ai-sdk/') || specifier.startsWith('@openai/')) {
+  if (specifier === 'ai' || specifier.startsWith('ai/') || specifier.startsWith('@ai-sdk/') || specifier.startsWith('@openai/') || specifier.startsWith('@langchain/')) {
     const error = new Error('blocked for this test: ' + specifier);
     error.code = 'ERR_MODULE_NOT_FOUND';
     throw error;
@@ -50,7 +50,7 @@ function load(entry: string) {
 }
 
 describe('the framework adapters are optional', () => {
-  it.each(['src/index.ts', 'src/agents/index.ts'])('%s loads without ai, @ai-sdk/* and @openai/*', (entry) => {
+  it.each(['src/index.ts', 'src/agents/index.ts'])('%s loads without ai, @ai-sdk/*, @openai/* and @langchain/*', (entry) => {
     const result = load(entry);
     expect(result.stderr).not.toContain('blocked for this test');
     expect(result.stdout.trim()).toBe('loaded');
@@ -59,6 +59,7 @@ describe('the framework adapters are optional', () => {
   it.each([
     ['src/ai/index.ts', 'ai'],
     ['src/openai-agents/index.ts', '@openai/agents-core'],
+    ['src/langgraph/index.ts', '@langchain/'],
   ])('%s needs its framework', (entry, framework) => {
     const result = load(entry);
     expect(result.status).not.toBe(0);

@@ -112,6 +112,9 @@ const EXPECTED: Record<string, string[]> = {
     'prune_due',
     '_maintenance_begin',
     '_maintenance_end',
+    '_graph_put',
+    '_graph_put_writes',
+    '_graph_delete_thread',
   ],
 };
 const ROLES = Object.keys(EXPECTED);

@@ -308,6 +308,35 @@ export const RUNLEDGER_TABLES = {
     step_position: 'int4 null',
     created_at: 'timestamptz default',
   },
+  'runledger.graph_checkpoints': {
+    thread_id: 'text',
+    checkpoint_ns: 'text default',
+    checkpoint_id: 'text',
+    parent_checkpoint_id: 'text null',
+    checkpoint: 'jsonb',
+    metadata: 'jsonb default',
+    run_id: 'text null',
+    created_at: 'timestamptz default',
+  },
+  'runledger.graph_blobs': {
+    thread_id: 'text',
+    checkpoint_ns: 'text default',
+    channel: 'text',
+    version: 'text',
+    type: 'text',
+    blob: 'bytea null',
+  },
+  'runledger.graph_writes': {
+    thread_id: 'text',
+    checkpoint_ns: 'text default',
+    checkpoint_id: 'text',
+    task_id: 'text',
+    idx: 'int4',
+    channel: 'text',
+    type: 'text null',
+    blob: 'bytea',
+    task_path: 'text default',
+  },
 } as const satisfies Record<string, Record<string, ColumnSpec>>;
 
 /** The PostgreSQL types runledger's tables use (udt_name), and what node-postgres gives and takes for each. */

@@ -1,0 +1,6 @@
+/**
+ * runledger/langgraph: LangGraph.js on runledger (docs/langgraph.md). `@langchain/langgraph`
+ * is an optional peer dependency; the main entry never imports this one.
+ */
+export { RunledgerSaver } from './saver.js';
+export type { RunledgerSaverOptions, SaverPool } from './saver.js';
