@@ -74,7 +74,10 @@ module.exports = {
         'the framework adapters (src/ai, src/openai-agents and their shared src/adapters) are built as a user would build ' +
         'them: on the public entries (src/index.ts, src/agents/index.ts), never on engine, steps or agents internals',
       from: { path: ['^src/ai/', '^src/openai-agents/', '^src/langgraph/', '^src/adapters/'] },
-      to: { path: '^src/', pathNot: ['^src/ai/', '^src/openai-agents/', '^src/langgraph/', '^src/adapters/', '^src/index\\.ts$', '^src/agents/index\\.ts$'] },
+      to: {
+        path: '^src/',
+        pathNot: ['^src/ai/', '^src/openai-agents/', '^src/langgraph/', '^src/adapters/', '^src/index\\.ts$', '^src/agents/index\\.ts$'],
+      },
     },
     {
       name: 'framework-adapters-stay-optional',
