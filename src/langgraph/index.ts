@@ -4,3 +4,5 @@
  */
 export { RunledgerSaver } from './saver.js';
 export type { RunledgerSaverOptions, SaverPool } from './saver.js';
+export { runGraph, graphResumeTopic } from './run-graph.js';
+export type { GraphInterrupt, GraphLike, RunGraphOptions, RunGraphResult } from './run-graph.js';

@@ -1,0 +1,118 @@
+import { Annotation, END, interrupt, START, StateGraph } from '@langchain/langgraph';
+import { describe, expect, it } from 'vitest';
+import { graphResumeTopic, RunledgerSaver, runGraph } from '../../src/langgraph/index.js';
+import { useTestEngine } from '../helpers/test-engine.js';
+import { queueWorkers } from '../helpers/cleanup.js';
+import { waitFor } from '../helpers/database.js';
+
+/**
+ * runGraph: a LangGraph thread as a runledger run. An interrupt() is a durable wait answered
+ * by a signal (or an approval); the graph resumes with the answer; each node runs once; the
+ * thread's checkpoints are in runledger's tables, with the run that wrote them.
+ */
+const t = useTestEngine();
+const { db } = t;
+const worker = queueWorkers(() => t.engine, 'graphs');
+
+const ran: string[] = [];
+const State = Annotation.Root({
+  order: Annotation<string>(),
+  amount: Annotation<number>(),
+  decision: Annotation<unknown>(),
+  shipped: Annotation<boolean>(),
+});
+function refundGraph(saver: RunledgerSaver) {
+  return new StateGraph(State)
+    .addNode('price', (s) => (ran.push(`price:${s.order}`), { amount: 42 }))
+    .addNode('ask', (s) => {
+      const decision = interrupt({ question: `refund ${s.amount} on ${s.order}?` });
+      ran.push(`ask:${s.order}`);
+      return { decision };
+    })
+    .addNode('ship', (s) => (ran.push(`ship:${s.order}`), { shipped: true }))
+    .addEdge(START, 'price')
+    .addEdge('price', 'ask')
+    .addEdge('ask', 'ship')
+    .addEdge('ship', END)
+    .compile({ checkpointer: saver });
+}
+
+describe('runGraph', () => {
+  it('an interrupt waits durably for a signal; the answer resumes the graph; each node runs once', async () => {
+    const saver = new RunledgerSaver(t.engine.pool);
+    const graph = refundGraph(saver);
+    const wf = t.engine.workflow({ name: 'graph-signal', queue: 'graphs' }, async (ctx, input: { order: string }) =>
+      runGraph(ctx, graph, { order: input.order }, { thread_id: `refund-${input.order}` }),
+    );
+    await worker();
+    const handle = await t.engine.start(wf, { order: 'g-1' });
+    await waitFor('the run to wait', async () => (await t.engine.getRun(handle.runId))?.status === 'WAITING');
+    expect(ran.filter((r) => r.endsWith('g-1'))).toEqual(['price:g-1']);
+    expect(await t.engine.signal(handle.runId, graphResumeTopic('refund-g-1'), 'approved by ops')).toBe(true);
+    const result = await handle.result();
+    expect(result.output).toEqual({ order: 'g-1', amount: 42, decision: 'approved by ops', shipped: true });
+    expect(result.interrupts).toMatchObject([{ value: { question: 'refund 42 on g-1?' }, resume: 'approved by ops' }]);
+    // price ran once: the replay after the wait did not run it again; ask ran its rest once, with the answer.
+    expect(ran.filter((r) => r.endsWith('g-1'))).toEqual(['price:g-1', 'ask:g-1', 'ship:g-1']);
+    const thread = (
+      await db.pool.query(`select checkpoints, latest_run_id, pending_writes from runledger.graph_threads where thread_id = 'refund-g-1'`)
+    ).rows[0];
+    expect(thread).toMatchObject({ latest_run_id: handle.runId, pending_writes: 0 });
+    expect(thread.checkpoints).toBeGreaterThanOrEqual(4);
+  });
+
+  it("interrupts: 'approval' makes the interrupt an approval; the decision is the resume value", async () => {
+    const saver = new RunledgerSaver(t.engine.pool);
+    const graph = refundGraph(saver);
+    const wf = t.engine.workflow({ name: 'graph-approval', queue: 'graphs' }, async (ctx, input: { order: string }) =>
+      runGraph(ctx, graph, { order: input.order }, { thread_id: `refund-${input.order}`, interrupts: 'approval', approvers: ['ops'] }),
+    );
+    await worker();
+    const handle = await t.engine.start(wf, { order: 'g-2' });
+    const request = await waitFor(
+      'the approval',
+      async () => (await db.pool.query('select request_id, evidence from runledger.approvals where run_id = $1', [handle.runId])).rows[0],
+    );
+    expect(request.evidence).toMatchObject({ thread_id: 'refund-g-2', interrupts: [{ value: { question: 'refund 42 on g-2?' } }] });
+    await t.engine.decideApproval(request.request_id, { approved: true, decidedBy: 'ops', note: 'fine' });
+    const result = await handle.result();
+    expect(result.output).toMatchObject({ decision: { approved: true, decidedBy: 'ops', note: 'fine' }, shipped: true });
+  });
+
+  it('one runner per thread: a second run on the thread waits until the first ends', async () => {
+    const saver = new RunledgerSaver(t.engine.pool);
+    const graph = refundGraph(saver);
+    const wf = t.engine.workflow({ name: 'graph-exclusive', queue: 'graphs' }, async (ctx, input: { order: string }) =>
+      runGraph(ctx, graph, { order: input.order }, { thread_id: 'shared-thread' }),
+    );
+    await worker();
+    const first = await t.engine.start(wf, { order: 'g-3' });
+    await waitFor('the first run to wait on its interrupt', async () => (await t.engine.getRun(first.runId))?.status === 'WAITING');
+    const second = await t.engine.start(wf, { order: 'g-4' });
+    await waitFor('the second run to wait for the thread', async () => (await t.engine.getRun(second.runId))?.status === 'WAITING');
+    expect(ran).not.toContain('price:g-4');
+    await t.engine.signal(first.runId, graphResumeTopic('shared-thread'), 'yes');
+    await expect(first.result()).resolves.toMatchObject({ output: { order: 'g-3', shipped: true } });
+    await waitFor(
+      'the second run to reach its interrupt',
+      async () => ran.includes('price:g-4') && (await t.engine.getRun(second.runId))?.status === 'WAITING',
+    );
+    await t.engine.signal(second.runId, graphResumeTopic('shared-thread'), 'yes again');
+    await expect(second.result()).resolves.toMatchObject({ output: { order: 'g-4', decision: 'yes again' } });
+  });
+
+  it('refuses a graph compiled without a RunledgerSaver, and a thread id that is not a plain name', async () => {
+    const plain = new StateGraph(State)
+      .addNode('x', () => ({}))
+      .addEdge(START, 'x')
+      .compile();
+    const wf = t.engine.workflow({ name: 'graph-refused', queue: 'graphs' }, async (ctx, input: { thread: string; plain: boolean }) =>
+      runGraph(ctx, input.plain ? plain : refundGraph(new RunledgerSaver(t.engine.pool)), {}, { thread_id: input.thread }),
+    );
+    await worker();
+    await expect((await t.engine.start(wf, { thread: 'ok', plain: true })).result()).rejects.toThrow(
+      /compile the graph with a RunledgerSaver/,
+    );
+    await expect((await t.engine.start(wf, { thread: 'not ok!', plain: false })).result()).rejects.toThrow(/thread_id/);
+  });
+});
