@@ -239,3 +239,40 @@ export async function spawnDemoWorker(script: string, env: Record<string, string
   await waitFor(`worker ${child.pid} ready`, async () => (output.includes('ready ') ? true : undefined));
   return { pid: child.pid!, exited, output: () => output, kill: () => child.kill('SIGKILL') };
 }
+
+/** The run's first undecided approval request, once it is asked. */
+export async function approvalAsked(engine: Engine, runId: string): Promise<{ request_id: string; action: string; evidence: unknown }> {
+  return waitFor('the approval request', async () => {
+    const { rows } = await engine.pool.query(
+      `select request_id, action, evidence from runledger.approvals where run_id = $1 and decision is null`,
+      [runId],
+    );
+    return rows[0] as { request_id: string; action: string; evidence: unknown } | undefined;
+  });
+}
+
+/** How a demo worker that should kill itself ended: 'SIGKILL', its exit code, or a note after 60 s (its output is printed then). */
+export async function killedWorker(worker: DemoWorker): Promise<string> {
+  const how = await Promise.race([
+    worker.exited,
+    new Promise<string>((resolve) => setTimeout(() => resolve('still running after 60 s'), 60_000).unref()),
+  ]);
+  if (how !== 'SIGKILL') console.log(worker.output().slice(-2000));
+  return how;
+}
+
+/** A run's operation `name` from the ledger: status, key and the operation events it went through. */
+export async function operationHistory(
+  engine: Engine,
+  runId: string,
+  name: string,
+): Promise<{ status: string; idempotency_key: string; history: string } | undefined> {
+  const { rows } = await engine.pool.query(
+    `select o.status, o.idempotency_key,
+            (select string_agg(e.kind, ' -> ' order by e.event_id) from runledger.events e
+              where e.run_id = o.run_id and e.kind like 'operation%' and e.detail->>'operation_id' = o.operation_id) as history
+       from runledger.operations o where o.run_id = $1 and o.name = $2`,
+    [runId, name],
+  );
+  return rows[0];
+}

@@ -17,7 +17,16 @@
  */
 import { fileURLToPath } from 'node:url';
 import { createEngine } from '../../src/index.js';
-import { openDatabase, spawnDemoWorker, waitFor, waitTerminal, type DemoDatabase, type DemoWorker } from '../demo-support.js';
+import {
+  approvalAsked,
+  killedWorker,
+  openDatabase,
+  operationHistory,
+  spawnDemoWorker,
+  waitTerminal,
+  type DemoDatabase,
+  type DemoWorker,
+} from '../demo-support.js';
 import { APPROVER, defineRefundAgent } from './agent.js';
 import { startPayments } from './payments.js';
 
@@ -60,24 +69,14 @@ try {
   const first = await spawnWorker(true);
   const handle = await engine.start(agent, { orderId, message: `Hi, please refund order ${orderId}. The headphones broke.` });
   console.log(`   run ${handle.runId} on worker pid ${first.pid}`);
-  const request = await waitFor('the approval request', async () => {
-    const { rows } = await engine.pool.query(
-      `select request_id, action, evidence from runledger.approvals where run_id = $1 and decision is null`,
-      [handle.runId],
-    );
-    return rows[0] as { request_id: string; action: string; evidence: unknown } | undefined;
-  });
+  const request = await approvalAsked(engine, handle.runId);
   const waiting = await engine.getRun(handle.runId);
   console.log(`   the agent asks ${APPROVER} to approve "${request.action}" ${JSON.stringify(request.evidence)}`);
   console.log(`   the run is ${waiting?.status}, holding no worker; ${APPROVER} approves from SQL`);
   await engine.pool.query(`select runledger.decide_approval($1, true, $2, 'ok, broken on arrival')`, [request.request_id, APPROVER]);
 
   console.log('\n2. The worker refunds, and is killed before the outcome is checkpointed');
-  const how = await Promise.race([
-    first.exited,
-    new Promise<string>((resolve) => setTimeout(() => resolve('still running after 60 s'), 60_000).unref()),
-  ]);
-  if (how !== 'SIGKILL') console.log(first.output().slice(-2000));
+  const how = await killedWorker(first);
   console.log(
     `   worker pid ${first.pid} ended by ${how}; the provider has ${payments.refunds().length} refund(s) from ${payments.posts()} request(s)`,
   );
@@ -94,18 +93,10 @@ try {
     `the run SUCCEEDED with the AI SDK's answer: ${JSON.stringify((run.output as { answer?: string })?.answer)}`,
   );
   check(payments.refunds().length === 1 && payments.posts() === 1, `refunded once at the provider (${payments.posts()} refund request)`);
-  const { rows: ops } = await engine.pool.query(
-    `select o.status, o.idempotency_key,
-            (select string_agg(e.kind, ' -> ' order by e.event_id) from runledger.events e
-              where e.run_id = o.run_id and e.kind like 'operation%' and e.detail->>'operation_id' = o.operation_id) as history
-       from runledger.operations o where o.run_id = $1 and o.name = 'tool:refund'`,
-    [handle.runId],
-  );
-  console.log(`   operation tool:refund: ${JSON.stringify(ops[0])}`);
+  const op = await operationHistory(engine, handle.runId, 'tool:refund');
+  console.log(`   operation tool:refund: ${JSON.stringify(op)}`);
   check(
-    ops[0]?.status === 'SUCCEEDED' &&
-      ops[0]?.idempotency_key === `refund-${orderId}` &&
-      String(ops[0]?.history).includes('operation_unknown'),
+    op?.status === 'SUCCEEDED' && op?.idempotency_key === `refund-${orderId}` && String(op?.history).includes('operation_unknown'),
     `the refund went through the operation ledger with key refund-${orderId}: UNKNOWN after the crash, settled by reconcile`,
   );
   const { rows: steps } = await engine.pool.query(`select name, status from runledger.steps where run_id = $1 order by seq`, [

@@ -17,7 +17,15 @@ import { fileURLToPath } from 'node:url';
 import { rmSync } from 'node:fs';
 import { dirname } from 'node:path';
 import { createEngine } from '../../src/index.js';
-import { openDatabase, spawnDemoWorker, waitFor, waitTerminal, type DemoDatabase } from '../demo-support.js';
+import {
+  approvalAsked,
+  killedWorker,
+  openDatabase,
+  operationHistory,
+  spawnDemoWorker,
+  waitTerminal,
+  type DemoDatabase,
+} from '../demo-support.js';
 import { defineCodingAgent, SENIOR } from './agent.js';
 import { startGitProvider } from './git-provider.js';
 import { workspaceDir } from './repo.js';
@@ -65,13 +73,7 @@ try {
   const first = await spawnWorker(true);
   const handle = await engine.start(agent, { pr: PR, task: `price(999, 19) returns 1188; it should be 1189. Fix it and merge PR ${PR}.` });
   console.log(`   run ${handle.runId} on worker pid ${first.pid}`);
-  const request = await waitFor('the approval request', async () => {
-    const { rows } = await engine.pool.query(
-      `select request_id, action, evidence from runledger.approvals where run_id = $1 and decision is null`,
-      [handle.runId],
-    );
-    return rows[0] as { request_id: string; action: string; evidence: unknown } | undefined;
-  });
+  const request = await approvalAsked(engine, handle.runId);
   const waiting = await engine.getRun(handle.runId);
   console.log(`   the agent asks ${SENIOR} to approve "${request.action}" ${JSON.stringify(request.evidence)}`);
   console.log(`   the run is ${waiting?.status}, holding no worker; ${SENIOR} approves from SQL in a moment`);
@@ -79,11 +81,7 @@ try {
   await engine.pool.query(`select runledger.decide_approval($1, true, $2, 'LGTM')`, [request.request_id, SENIOR]);
 
   console.log('\n2. The worker merges, and is killed before the outcome is checkpointed');
-  const how = await Promise.race([
-    first.exited,
-    new Promise<string>((resolve) => setTimeout(() => resolve('still running after 60 s'), 60_000).unref()),
-  ]);
-  if (how !== 'SIGKILL') console.log(first.output().slice(-2000));
+  const how = await killedWorker(first);
   console.log(
     `   worker pid ${first.pid} ended by ${how}; the provider has ${provider.merges().length} merge(s) from ${provider.requests()} request(s)`,
   );
@@ -99,16 +97,10 @@ try {
   const evidence = run.terminationEvidence as { verification?: { merged?: boolean; tests?: string } };
   check(evidence.verification?.merged === true, `verify passed with evidence: ${JSON.stringify(evidence.verification?.tests)}`);
   check(provider.merges().length === 1 && provider.requests() === 1, `merged once at the provider (${provider.requests()} merge request)`);
-  const { rows: ops } = await engine.pool.query(
-    `select o.status, o.idempotency_key, o.attempts,
-            (select string_agg(e.kind, ' -> ' order by e.event_id) from runledger.events e
-              where e.run_id = o.run_id and e.kind like 'operation%' and e.detail->>'operation_id' = o.operation_id) as history
-       from runledger.operations o where o.run_id = $1 and o.name = 'tool:merge_pr'`,
-    [handle.runId],
-  );
-  console.log(`   operation tool:merge_pr: ${JSON.stringify(ops[0])}`);
+  const op = await operationHistory(engine, handle.runId, 'tool:merge_pr');
+  console.log(`   operation tool:merge_pr: ${JSON.stringify(op)}`);
   check(
-    ops[0]?.status === 'SUCCEEDED' && ops[0]?.idempotency_key === `pr-${PR}-merge` && String(ops[0]?.history).includes('operation_unknown'),
+    op?.status === 'SUCCEEDED' && op?.idempotency_key === `pr-${PR}-merge` && String(op?.history).includes('operation_unknown'),
     `the merge went through the operation ledger with key pr-${PR}-merge: UNKNOWN after the crash, settled by reconcile`,
   );
   const { rows: entries } = await engine.pool.query(
