@@ -116,3 +116,31 @@ describe('runGraph', () => {
     await expect((await t.engine.start(wf, { thread: 'not ok!', plain: false })).result()).rejects.toThrow(/thread_id/);
   });
 });
+
+describe('RunledgerSaver on its own', () => {
+  it('fromConnString and setup() as the official saver: a graph invoked without runledger checkpoints into runledger.graph_* and resumes from them', async () => {
+    const saver = RunledgerSaver.fromConnString(db.url);
+    try {
+      await saver.setup();
+      await saver.setup(); // again: nothing to do
+      const graph = refundGraph(saver);
+      const config = { configurable: { thread_id: 'standalone-1' } };
+      const first = (await graph.invoke({ order: 's-1' }, config)) as { __interrupt__?: unknown[] };
+      expect(first.__interrupt__).toHaveLength(1);
+      const { Command } = await import('@langchain/langgraph');
+      // A new saver and graph object (another process, in effect) resumes the thread from the tables.
+      const again = refundGraph(RunledgerSaver.fromConnString(db.url));
+      const done = await again.invoke(new Command({ resume: 'ok' }), config);
+      expect(done).toMatchObject({ order: 's-1', amount: 42, decision: 'ok', shipped: true });
+      await (again.checkpointer as RunledgerSaver).end();
+      const thread = (
+        await db.pool.query(`select checkpoints, latest_run_id from runledger.graph_threads where thread_id = 'standalone-1'`)
+      ).rows[0];
+      expect(thread.latest_run_id).toBeNull();
+      expect(thread.checkpoints).toBeGreaterThanOrEqual(4);
+      expect(ran.filter((r) => r.endsWith('s-1'))).toEqual(['price:s-1', 'ask:s-1', 'ship:s-1']);
+    } finally {
+      await saver.end();
+    }
+  });
+});
