@@ -55,7 +55,8 @@ comment on table runledger.graph_writes is
 create function runledger._graph_put(
   p_thread_id text, p_ns text, p_checkpoint_id text, p_parent_id text, p_checkpoint jsonb, p_metadata jsonb,
   p_channels text[], p_versions text[], p_types text[], p_blobs bytea[], p_run_id text default null)
-returns void language plpgsql volatile as $$
+returns void language plpgsql volatile
+set enable_seqscan = off set jit = off as $$
 begin
   if p_thread_id is null or p_checkpoint_id is null or p_checkpoint is null then
     raise exception using errcode = 'RL003', message = '_graph_put: thread_id, checkpoint_id and checkpoint are required';
@@ -76,7 +77,8 @@ comment on function runledger._graph_put(text, text, text, text, jsonb, jsonb, t
 create function runledger._graph_put_writes(
   p_thread_id text, p_ns text, p_checkpoint_id text, p_task_id text, p_task_path text,
   p_idx int[], p_channels text[], p_types text[], p_blobs bytea[], p_replace boolean)
-returns void language plpgsql volatile as $$
+returns void language plpgsql volatile
+set enable_seqscan = off set jit = off as $$
 begin
   if p_replace then
     insert into runledger.graph_writes (thread_id, checkpoint_ns, checkpoint_id, task_id, idx, channel, type, blob, task_path)
@@ -96,7 +98,8 @@ comment on function runledger._graph_put_writes(text, text, text, text, text, in
   'RunledgerSaver.putWrites: a task''s writes after a checkpoint, in one transaction. A regular write is kept as first written (a task run again writes the same); the special channels (errors, interrupts, resumes: p_replace) replace what was there, as LangGraph asks.';
 
 create function runledger._graph_delete_thread(p_thread_id text) returns void
-language sql volatile as $$
+language sql volatile
+set enable_seqscan = off set jit = off as $$
   delete from runledger.graph_writes where thread_id = p_thread_id;
   delete from runledger.graph_blobs where thread_id = p_thread_id;
   delete from runledger.graph_checkpoints where thread_id = p_thread_id;

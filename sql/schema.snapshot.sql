@@ -2927,6 +2927,8 @@ CREATE OR REPLACE FUNCTION runledger._graph_delete_thread(p_thread_id text)
  RETURNS void
  LANGUAGE sql
  SECURITY DEFINER
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
  SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
   delete from runledger.graph_writes where thread_id = p_thread_id;
@@ -2939,6 +2941,8 @@ CREATE OR REPLACE FUNCTION runledger._graph_put(p_thread_id text, p_ns text, p_c
  RETURNS void
  LANGUAGE plpgsql
  SECURITY DEFINER
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
  SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 begin
@@ -2961,6 +2965,8 @@ CREATE OR REPLACE FUNCTION runledger._graph_put_writes(p_thread_id text, p_ns te
  RETURNS void
  LANGUAGE plpgsql
  SECURITY DEFINER
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
  SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 begin

@@ -183,19 +183,11 @@ export class RunledgerSaver extends BaseCheckpointSaver {
     }
     const [, metadataBytes] = await this.serde.dumpsTyped(metadata);
     const metadataJson = new TextDecoder().decode(metadataBytes).replace(/\\u0000|\0/g, '');
-    await this.pool.query('select runledger._graph_put($1, $2, $3, $4, $5, $6::jsonb, $7, $8, $9, $10, $11)', [
-      thread_id,
-      checkpoint_ns,
-      checkpoint.id,
-      checkpoint_id ?? null,
-      stored,
-      metadataJson,
-      channels,
-      versions,
-      types,
-      blobs,
-      this.runId,
-    ]);
+    await this.pool.query(
+      'select runledger._graph_put(p_thread_id => $1, p_ns => $2, p_checkpoint_id => $3, p_parent_id => $4, p_checkpoint => $5, ' +
+        'p_metadata => $6::jsonb, p_channels => $7, p_versions => $8, p_types => $9, p_blobs => $10, p_run_id => $11)',
+      [thread_id, checkpoint_ns, checkpoint.id, checkpoint_id ?? null, stored, metadataJson, channels, versions, types, blobs, this.runId],
+    );
     return { configurable: { thread_id, checkpoint_ns, checkpoint_id: checkpoint.id } };
   }
 
@@ -213,22 +205,15 @@ export class RunledgerSaver extends BaseCheckpointSaver {
       blobs.push(Buffer.from(bytes));
     }
     const replace = writes.every(([channel]) => channel in WRITES_IDX_MAP);
-    await this.pool.query('select runledger._graph_put_writes($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)', [
-      thread_id,
-      checkpoint_ns,
-      checkpoint_id,
-      taskId,
-      taskPath,
-      idx,
-      channels,
-      types,
-      blobs,
-      replace,
-    ]);
+    await this.pool.query(
+      'select runledger._graph_put_writes(p_thread_id => $1, p_ns => $2, p_checkpoint_id => $3, p_task_id => $4, p_task_path => $5, ' +
+        'p_idx => $6, p_channels => $7, p_types => $8, p_blobs => $9, p_replace => $10)',
+      [thread_id, checkpoint_ns, checkpoint_id, taskId, taskPath, idx, channels, types, blobs, replace],
+    );
   }
 
   async deleteThread(threadId: string): Promise<void> {
-    await this.pool.query('select runledger._graph_delete_thread($1)', [threadId]);
+    await this.pool.query('select runledger._graph_delete_thread(p_thread_id => $1)', [threadId]);
   }
 
   async #tuple(row: Row): Promise<CheckpointTuple> {
