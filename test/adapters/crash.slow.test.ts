@@ -12,7 +12,8 @@ import { defineFrameworkWorkflows, MODEL_CALLS_TABLE } from '../fixtures/framewo
  * killed after the refund service accepted the external call and before its outcome was
  * recorded, and after a model call's checkpoint. The next worker finishes the run: the
  * refund happened once, no checkpointed model call was made again, the session holds each
- * item once, and the answer is the one a run without the crash gives.
+ * item once, and the answer is the one a run without the crash gives (the scripted model's,
+ * asserted in full: each test checks the whole output).
  */
 let service: TicketService;
 const t = useTestEngine({
@@ -67,14 +68,6 @@ async function crashAndRecover(start: () => Promise<{ runId: string }>, failpoin
 }
 
 describe('runledger/ai: generateText with durableModel and durableTools, SIGKILLed', () => {
-  it('the answer without a crash (the reference)', async () => {
-    await worker();
-    const { runId } = await t.engine.start(flows.aiRefund, { orderId: 'o-ref' });
-    await finished(runId);
-    expect((await runRow(runId)).output).toEqual({ text: 'Refunded 30 on o-ref.', refund: { id: 'T-1' } });
-    expect((await modelCalls(runId)).map((r) => r.calls)).toEqual([1, 1, 1]);
-  });
-
   it('killed after the refund service accepted the call: refunded once (found by reconcile), no model call made again, the same answer', async () => {
     const runId = await crashAndRecover(() => t.engine.start(flows.aiRefund, { orderId: 'o-1' }), 'after-call:tool:refund');
     expect((await runRow(runId)).output).toEqual({ text: 'Refunded 30 on o-1.', refund: { id: 'T-1' } });
@@ -104,13 +97,6 @@ describe('runledger/openai-agents: runAgentDurably with runledgerSession, SIGKIL
       .map((r) => r.content)
       .filter((c) => 'item' in c)
       .map((c) => c.item);
-
-  it('the answer without a crash (the reference)', async () => {
-    await worker();
-    const { runId } = await t.engine.start(flows.agentsRefund, { orderId: 'o-ref', sessionId: 'crash-ref' });
-    await finished(runId);
-    expect((await runRow(runId)).output).toEqual({ text: 'Refunded on o-ref.' });
-  });
 
   it('killed after the refund service accepted the call: refunded once, no model call made again, each session item once, the same answer', async () => {
     const runId = await crashAndRecover(

@@ -93,7 +93,8 @@ check_app() {
 app_tarball() {
   echo "== app 1: npm install <tarball>"
   write_app "$WORK/app-tarball"
-  (cd "$WORK/app-tarball" && npm install "${quiet[@]}" "$tarball" typescript@5 @types/node@20 >/dev/null)
+  # ai, zod and @types/json-schema for check_ai_app below, in the same install (one resolution).
+  (cd "$WORK/app-tarball" && npm install "${quiet[@]}" "$tarball" typescript@5 @types/node@20 ai@7 zod@4 @types/json-schema >/dev/null)
   check_app "$WORK/app-tarball"
   check_ai_app "$WORK/app-tarball"
 }
@@ -123,8 +124,8 @@ import { durableModel } from 'runledger/ai';
 if (typeof durableModel !== 'function') throw new Error('durableModel is not a function');
 console.log('   import { durableModel } from "runledger/ai": ok');
 JS
-  # @types/json-schema: the AI SDK's own declarations need it when libraries are type-checked too (skipLibCheck false).
-  (cd "$app" && npm install "${quiet[@]}" ai@7 zod@4 @types/json-schema >/dev/null 2>&1)
+  # Installed with the app (app_tarball): ai, zod, and @types/json-schema, which the AI SDK's own
+  # declarations need when libraries are type-checked too (skipLibCheck false).
   (cd "$app" && node run-ai.mjs)
   (cd "$app" && node -e 'const fs = require("fs"); const c = JSON.parse(fs.readFileSync("tsconfig.json", "utf8")); c.files = ["check-ai.ts"]; fs.writeFileSync("tsconfig.ai.json", JSON.stringify(c, null, 2));')
   (cd "$app" && npx tsc -p tsconfig.ai.json)
