@@ -12,6 +12,7 @@
  *   cd bench && DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres npx tsx ai-tax.ts
  *   cd bench && EMBEDDED=1 npx tsx ai-tax.ts     # embedded PostgreSQL (runledger/dev, ../.runledger/bench-pg)
  *   UI_STREAM=0 ...                               # durableTools with uiStream: false (no UI chunk write per tool call)
+ *   HISTORY=100000 ...                            # a database with history: N finished runs loaded before the warm-up, no ANALYZE
  *
  * Imports the build (../dist). Not a test: it prints figures and writes its server's section
  * of the report (REPORT, default results/2026-12-07-ai-tax.md; other sections are kept), it asserts nothing.
@@ -29,12 +30,16 @@ import { z } from 'zod';
 import { createEngine } from '../dist/index.js';
 import { durableModel, durableTools } from '../dist/ai/index.js';
 import { startEmbeddedPostgres } from '../dist/dev/index.js';
+import { config } from './lib/config.js';
+import { withAdmin } from './lib/db.js';
+import { loadHistory } from './lib/history.js';
 
 const pg = createRequire(new URL('../dist/index.js', import.meta.url))('pg') as typeof PgModule;
 const LOOPS = Number(process.env.LOOPS ?? 300);
 const WARMUP = Number(process.env.WARMUP ?? 20);
 const TARGET_MS = 2;
 const TOOLS_UI = process.env.UI_STREAM !== '0'; // UI_STREAM=0: durableTools(..., { uiStream: false }), no UI chunk per tool call
+const HISTORY = Number(process.env.HISTORY ?? 0); // HISTORY=N: bench/lib/history.ts's history with N finished runs, statistics left as they are
 const REPORT = process.env.REPORT ?? new URL('./results/2026-12-07-ai-tax.md', import.meta.url).pathname;
 const here = fileURLToPath(new URL('.', import.meta.url));
 const embedded =
@@ -124,8 +129,9 @@ url.pathname = `/${database}`;
 const engine = createEngine({ connectionString: url.toString(), log: () => {} });
 try {
   await engine.migrate();
-  const queue = 'ai-tax';
-  const wf = engine.workflow({ name: 'ai-tax', queue }, async (ctx, input: { question: string }) => {
+  // the workflow and queue of bench/lib/history.ts's finished runs, so that with HISTORY the measured runs join that history
+  const queue = 'default';
+  const wf = engine.workflow({ name: 'bench', queue }, async (ctx, input: { question: string }) => {
     const sink: Sample[] = [];
     const text = await agentLoop(
       durableModel(ctx, mockModel()),
@@ -142,7 +148,10 @@ try {
     const sink: Sample[] = [];
     const t0 = performance.now();
     const text = await agentLoop(mockModel(), { lookup }, sink, `question ${i}`);
-    if (recording) (samples.plain.push(...sink), loops.plain.push(performance.now() - t0));
+    if (recording) {
+      samples.plain.push(...sink);
+      loops.plain.push(performance.now() - t0);
+    }
     return text;
   };
   const durableLoop = async (i: number) => {
@@ -151,7 +160,22 @@ try {
     if (recording) loops.durable.push(performance.now() - t0);
     return text;
   };
-  for (let i = 0; i < WARMUP; i++) (await plainLoop(i), await durableLoop(i));
+  // HISTORY=N: N SUCCEEDED runs of 'bench' (3 steps, 3 events each) and BENCH_HISTORY_WAITING (10,000) WAITING runs of another
+  // workflow, loaded by set-based SQL; no ANALYZE after it: the tables have no column statistics until autovacuum analyses them
+  const statsSql = `select current_setting('autovacuum') as autovacuum, coalesce(sum(analyze_count + autoanalyze_count), 0)::int as analyzes
+    from pg_stat_user_tables where schemaname = 'runledger' and relname in ('runs', 'steps', 'events')`;
+  let history = '';
+  if (HISTORY > 0) {
+    config.historyFinished = HISTORY;
+    const load = await loadHistory('runledger', url.toString());
+    const mb = (load.historyBytes / 1e6).toFixed(0);
+    history = `${HISTORY.toLocaleString('en')} SUCCEEDED runs of the measured workflow over the last 7 days (3 steps and 3 events each) and ${config.historyWaiting.toLocaleString('en')} WAITING runs of another workflow (2 steps and 3 events each) were loaded before the warm-up (bench/lib/history.ts: ${load.historyLoadSeconds.toFixed(1)} s, ${mb} MB); no ANALYZE afterwards, as when autovacuum has not caught up.`;
+    console.log(history);
+  }
+  for (let i = 0; i < WARMUP; i++) {
+    await plainLoop(i);
+    await durableLoop(i);
+  }
   recording = true;
   const q0 = queries;
   for (let i = 0; i < LOOPS; i++) {
@@ -160,6 +184,10 @@ try {
   }
   const tripsPerLoop = (queries - q0) / LOOPS;
   await worker.stop();
+  if (HISTORY > 0) {
+    const { autovacuum, analyzes } = (await withAdmin(url.toString(), (c) => c.query(statsSql))).rows[0];
+    history += ` The server's autovacuum setting: ${autovacuum}; ANALYZE or autoanalyze runs of runledger.runs, steps and events by the end of the measurement: ${analyzes}.`;
+  }
 
   const sorted = (xs: number[]) => [...xs].sort((a, b) => a - b);
   const pct = (xs: number[], p: number) => sorted(xs)[Math.min(xs.length - 1, Math.floor((p / 100) * xs.length))] ?? NaN;
@@ -204,11 +232,11 @@ try {
   const verdict = `Target (≤ ${TARGET_MS} ms p50 added per call): model call ${holds('model')} (${f(added.model.p50)} ms), 'none' tool call ${holds('tool')} (${f(added.tool.p50)} ms).`;
   console.log(`${table}\n\n${byPosition}\n\n${verdict}`);
 
-  const key = `${embedded ? 'embedded' : `${url.hostname}:${url.port || 5432}`}${TOOLS_UI ? '' : ', tools with uiStream false'}`;
+  const key = `${embedded ? 'embedded' : `${url.hostname}:${url.port || 5432}`}${TOOLS_UI ? '' : ', tools with uiStream false'}${HISTORY ? `, ${HISTORY.toLocaleString('en')} runs of history, statistics not refreshed` : ''}`;
   const section = `## Server: ${key} (${pgVersion})
 
 ${LOOPS} loops each after ${WARMUP} warm-up loops of each, plain and durable in turn; ${cpus().length} × ${cpus()[0]?.model ?? 'cpu'}, Node ${process.version},
-${new Date().toISOString().slice(0, 16)}Z. ${embedded ? 'Embedded server (runledger/dev startEmbeddedPostgres, ../.runledger/bench-pg, fsync on).' : 'Server from DATABASE_URL.'}
+${new Date().toISOString().slice(0, 16)}Z. ${embedded ? 'Embedded server (runledger/dev startEmbeddedPostgres, ../.runledger/bench-pg, fsync on).' : 'Server from DATABASE_URL.'}${history ? `\n\n${history}` : ''}
 
 ${table}
 
