@@ -102,6 +102,7 @@ export {
   SecretNotFoundError,
   PayloadKeyMissingError,
   PayloadUnreadableError,
+  StepTimeoutError,
 } from './engine/core/errors.js';
 export type { MigrateFunction, MigrationArgs, MigrationPlan, MigratedCheckpoint, RecordedCheckpoint } from './engine/core/migration.js';
 export type { MigrateRunOptions, MigrateRunsResult, MigrationOutcome } from './engine/client/migrations.js';

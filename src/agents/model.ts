@@ -1,6 +1,7 @@
 import { ConfigError } from '../engine/core/errors.js';
 import type { StepContext } from '../steps/context.js';
 import type { RetryPolicy } from '../steps/retry.js';
+import type { Duration } from '../engine/core/duration.js';
 import { ModelError } from './errors.js';
 import { toolSpecOf, type Tool, type ToolError, type ToolSpec } from './tool.js';
 
@@ -78,6 +79,8 @@ export interface GenerateRequest {
   maxOutputTokens?: number;
   /** Retries of the call; default MODEL_RETRY_DEFAULT (retryable ModelErrors only). */
   retry?: RetryPolicy;
+  /** How long one attempt of the call may take; past it the call is aborted and fails with STEP_TIMEOUT, into `retry`. */
+  timeout?: Duration;
 }
 
 /** The model's reply as checkpointed: its tool calls checked against the tools offered (see ToolCall.error). */
@@ -156,7 +159,7 @@ export async function generate(ctx: StepContext, model: Model, request: Generate
       await stream.flush();
       return checkedReply(reply as ModelReply, usage, offered, model.name);
     },
-    { retry: request.retry ?? MODEL_RETRY_DEFAULT },
+    { retry: request.retry ?? MODEL_RETRY_DEFAULT, ...(request.timeout !== undefined ? { timeout: request.timeout } : {}) },
   ) as Promise<GenerateResult>;
 }
 

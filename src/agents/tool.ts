@@ -4,6 +4,7 @@ import { toMs, type Duration } from '../engine/core/duration.js';
 import type { Jsonify } from '../engine/core/jsonify.js';
 import { UNREADABLE, type Execution } from '../engine/run/execution.js';
 import type { StepContext } from '../steps/context.js';
+import { stepTimeoutMs } from '../steps/step.js';
 import type { ReconcileAnswer } from '../steps/operation.js';
 import type { RetryPolicy } from '../steps/retry.js';
 import { loadLarge } from './artifact.js';
@@ -94,6 +95,8 @@ export interface ToolDefinition<A, R> {
   /** Names the external resource the call created, for the ledger. */
   externalResourceId?: (result: Jsonify<R>) => string | undefined;
   retry?: RetryPolicy;
+  /** 'none' tools: how long one attempt may run; past it the call is aborted and fails with STEP_TIMEOUT, into `retry`. */
+  timeout?: Duration;
   /** 'observe' (default): a failure is the observation TOOL_FAILED; 'throw': it fails the call (StepFailedError), so the run unless caught. */
   onError?: 'observe' | 'throw';
 }
@@ -138,6 +141,12 @@ export function defineTool<A, R>(tool: ToolDefinition<A, R>): Tool<A, R> {
     throw new ConfigError(`${what}: approvers must be a list of names`);
   }
   if (tool.approvalTimeout !== undefined) toMs(tool.approvalTimeout, `${what}: approvalTimeout`);
+  if (tool.timeout !== undefined && tool.sideEffect !== 'none') {
+    throw new ConfigError(
+      `${what}: timeout is for 'none' tools so far: a call with an effect that timed out may have happened (its outcome is the ledger's)`,
+    );
+  }
+  if (tool.timeout !== undefined) stepTimeoutMs(tool.timeout, `${what}: timeout`);
   if (tool.onError !== undefined && tool.onError !== 'observe' && tool.onError !== 'throw') {
     throw new ConfigError(`${what}: onError must be 'observe' or 'throw'`);
   }
@@ -271,7 +280,7 @@ export async function callTool<A, R>(
           });
           return encodeToolResult(ctx, tool.name, value);
         },
-        tool.retry ? { retry: tool.retry } : {},
+        { ...(tool.retry ? { retry: tool.retry } : {}), ...(tool.timeout !== undefined ? { timeout: tool.timeout } : {}) },
       ),
     );
   }

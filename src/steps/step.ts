@@ -1,6 +1,8 @@
-import { monotonicMark, msSince } from '../engine/core/duration.js';
+import { monotonicMark, msSince, toMs, type Duration } from '../engine/core/duration.js';
+import { ConfigError } from '../engine/core/errors.js';
 import { flushPending, writeCheckpoint } from '../engine/run/checkpoint.js';
 import type { Execution } from '../engine/run/execution.js';
+import { attemptWithTimeout } from './attempt.js';
 import { heartbeatStep } from './heartbeat.js';
 import { streamsFlushed } from './stream.js';
 import { encodeOutput, replayCheckpoint, stepFailure } from './replay.js';
@@ -21,6 +23,25 @@ export type StepFunction<T> = (info: StepInfo) => Promise<T> | T;
 
 export interface StepOptions {
   retry?: RetryPolicy;
+  /**
+   * How long one attempt may run: past it the attempt's signal fires and the attempt fails
+   * with STEP_TIMEOUT, into the retry policy (a retry gets the full timeout again). It bounds
+   * an attempt, not the step: the run's deadline bounds the run, and the lease only says the
+   * worker is alive (a long step heartbeats). Default: none.
+   */
+  timeout?: Duration;
+}
+
+/** The longest timer Node.js keeps (about 24.8 days); a longer one would fire at once. */
+const MAX_TIMEOUT_MS = 2_147_483_647;
+
+/** A step's timeout in milliseconds: from 1 ms to about 24.8 days (Node's longest timer), else a ConfigError. */
+export function stepTimeoutMs(timeout: Duration | undefined, what: string): number | undefined {
+  if (timeout === undefined) return undefined;
+  const ms = toMs(timeout, what);
+  if (ms < 1 || ms > MAX_TIMEOUT_MS)
+    throw new ConfigError(`${what}: ${JSON.stringify(timeout)} is not from 1 ms to ${MAX_TIMEOUT_MS} ms (about 24.8 days)`);
+  return ms;
 }
 
 /** The attempt a step position resumes at: after a durable backoff its WAITING row holds the attempt reached. */
@@ -37,6 +58,7 @@ export function resumeAttempt(recorded: readonly unknown[] | undefined): number 
  */
 export async function runStep<T>(exec: Execution, name: string, fn: StepFunction<T>, options: StepOptions = {}): Promise<T> {
   const policy = resolveRetryPolicy(options.retry, `step ${JSON.stringify(name)}`);
+  const timeoutMs = stepTimeoutMs(options.timeout, `step ${JSON.stringify(name)}: timeout`);
   const position = exec.takeStep(name, 'step');
   if (!position) return exec.suspend();
   if (position.recorded && position.recorded[2] !== 'WAITING') return replayCheckpoint<T>(position.recorded);
@@ -49,13 +71,15 @@ export async function runStep<T>(exec: Execution, name: string, fn: StepFunction
       const startedAt = monotonicMark();
       let outcome: { ok: true; text: string | undefined; value: unknown } | { ok: false; error: unknown };
       try {
-        const info: StepInfo = {
-          signal: exec.abortController.signal,
-          attempt,
-          progress: exec.progress[String(seq)],
-          heartbeat: (progress) => heartbeatStep(exec, seq, progress),
-        };
-        const result = await (exec.trace ? exec.trace.child('step', name, seq, attempt, () => fn(info)) : fn(info));
+        const result = await attemptWithTimeout(exec, name, attempt, timeoutMs, (signal) => {
+          const info: StepInfo = {
+            signal,
+            attempt,
+            progress: exec.progress[String(seq)],
+            heartbeat: (progress) => heartbeatStep(exec, seq, progress),
+          };
+          return exec.trace ? exec.trace.child('step', name, seq, attempt, () => fn(info)) : fn(info);
+        });
         outcome = { ok: true, ...encodeOutput(exec, name, result) };
       } catch (error) {
         outcome = { ok: false, error };

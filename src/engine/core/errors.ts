@@ -34,6 +34,7 @@ export type ErrorCode =
   | 'MODEL_ERROR'
   | 'SESSION_NOT_HELD'
   | 'SESSION_TIMEOUT'
+  | 'STEP_TIMEOUT'
   | 'MIGRATION_FAILED'
   | 'SECRET_IN_PAYLOAD'
   | 'SECRET_NOT_FOUND'
@@ -231,6 +232,13 @@ export class SessionNotHeldError extends RunledgerError {
 export class SessionTimeoutError extends RunledgerError {
   constructor(message: string, details: Record<string, unknown>) {
     super('SESSION_TIMEOUT', message, { details });
+  }
+}
+
+/** A step's attempt ran past its `timeout`: it was aborted (its signal fired) and failed into the step's retry policy. */
+export class StepTimeoutError extends RunledgerError {
+  constructor(message: string, details: Record<string, unknown>) {
+    super('STEP_TIMEOUT', message, { details });
   }
 }
 
