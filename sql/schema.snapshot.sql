@@ -271,6 +271,44 @@ ALTER TABLE runledger.queues ADD CONSTRAINT queues_rate_limit_max_check CHECK ((
 ALTER TABLE runledger.queues ADD CONSTRAINT queues_rate_limit_period_ms_check CHECK ((rate_limit_period_ms > 0));
 CREATE UNIQUE INDEX queues_pkey ON runledger.queues USING btree (name);
 
+CREATE TABLE runledger.rate_limit_calls (
+  key text COLLATE "C" NOT NULL,
+  at timestamp with time zone NOT NULL,
+  run_id text COLLATE "C" NOT NULL,
+  seq integer NOT NULL
+);
+COMMENT ON TABLE runledger.rate_limit_calls IS 'The calls let through on each limited key within its last window (older ones are deleted as new ones come): when, and by which run and step position.';
+ALTER TABLE runledger.rate_limit_calls ADD CONSTRAINT rate_limit_calls_key_fkey FOREIGN KEY (key) REFERENCES runledger.rate_limit_keys(key) ON DELETE CASCADE;
+CREATE INDEX rate_limit_calls_key_at ON runledger.rate_limit_calls USING btree (key, at);
+
+CREATE TABLE runledger.rate_limit_keys (
+  key text COLLATE "C" NOT NULL,
+  max_calls integer,
+  per interval,
+  paused_until timestamp with time zone,
+  pause_reason jsonb,
+  updated_at timestamp with time zone DEFAULT runledger.now() NOT NULL
+);
+COMMENT ON TABLE runledger.rate_limit_keys IS 'Shared rate limits (set_rate_limit): at most max_calls calls in any window of length per for every step, operation, tool or model call that names the key, across every run and worker; paused_until (pause_rate_limit, or a call that failed with Retry-After) lets no call through before it. max_calls null: the key only carries pauses.';
+ALTER TABLE runledger.rate_limit_keys ADD CONSTRAINT rate_limit_keys_check CHECK (((max_calls IS NULL) = (per IS NULL)));
+ALTER TABLE runledger.rate_limit_keys ADD CONSTRAINT rate_limit_keys_key_check CHECK ((key ~ '^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,99}$'::text));
+ALTER TABLE runledger.rate_limit_keys ADD CONSTRAINT rate_limit_keys_max_calls_check CHECK (((max_calls >= 1) AND (max_calls <= 1000000)));
+ALTER TABLE runledger.rate_limit_keys ADD CONSTRAINT rate_limit_keys_per_check CHECK (((per > '00:00:00'::interval) AND (per <= '1 day'::interval)));
+ALTER TABLE runledger.rate_limit_keys ADD CONSTRAINT rate_limit_keys_pkey PRIMARY KEY (key);
+CREATE UNIQUE INDEX rate_limit_keys_pkey ON runledger.rate_limit_keys USING btree (key);
+
+CREATE TABLE runledger.rate_limit_waiters (
+  run_id text COLLATE "C" NOT NULL,
+  seq integer NOT NULL,
+  key text COLLATE "C" NOT NULL,
+  since timestamp with time zone DEFAULT runledger.now() NOT NULL,
+  until timestamp with time zone NOT NULL
+);
+COMMENT ON TABLE runledger.rate_limit_waiters IS 'Step positions refused a permit and waiting for one (in a worker''s memory, or as a WAITING run with wait_kind rate_limit): which key, since when, until when. The row goes when the permit is given; rows of finished runs are not counted by the view rate_limits.';
+ALTER TABLE runledger.rate_limit_waiters ADD CONSTRAINT rate_limit_waiters_pkey PRIMARY KEY (run_id, seq);
+CREATE INDEX rate_limit_waiters_key ON runledger.rate_limit_waiters USING btree (key);
+CREATE UNIQUE INDEX rate_limit_waiters_pkey ON runledger.rate_limit_waiters USING btree (run_id, seq);
+
 CREATE TABLE runledger.retention (
   kind text COLLATE "C" NOT NULL,
   workflow_name text COLLATE "C",
@@ -342,7 +380,8 @@ CREATE TABLE runledger.runs (
   traceparent text COLLATE "C",
   execution_traceparent text COLLATE "C",
   in_sessions boolean,
-  lineage_id text COLLATE "C"
+  lineage_id text COLLATE "C",
+  debounce_key text COLLATE "C"
 );
 COMMENT ON TABLE runledger.runs IS 'One row per workflow run: status, lease (owner, expiry, fencing token), recovery attempts and the termination record (reason, evidence, time, policy version).';
 COMMENT ON COLUMN runledger.runs.wait_key IS 'What a WAITING run waits for: the signal topic, the approval request id or the child run id (null for timers).';
@@ -358,6 +397,7 @@ COMMENT ON COLUMN runledger.runs.traceparent IS 'The W3C traceparent (00-<trace 
 COMMENT ON COLUMN runledger.runs.execution_traceparent IS 'The W3C traceparent of the span of the run''s latest execution, written by the worker that claimed it (runledger._trace_execution) when it records traces: the next execution links its span to it. Null when no execution was traced.';
 COMMENT ON COLUMN runledger.runs.in_sessions IS 'True once the run has held a session or queued for one (set by triggers on sessions and session_waiters); null otherwise. When such a run ends, runs_session_release lets go of its sessions and its places in their queues.';
 COMMENT ON COLUMN runledger.runs.lineage_id IS 'The run a chain of forks started from: fork_run sets it to its source''s lineage_id, or to the source''s run_id when the source was never forked. Null for a run that was never forked (its lineage is itself). ctx.lineageId is this, or run_id when null: an idempotency key made from it is the same in every fork of the run (and in its retries, which keep the run id).';
+COMMENT ON COLUMN runledger.runs.debounce_key IS 'The debounce key of a run started with the start option debounce (start_run): while the run has not started, starts of the same workflow with this key collapse into it (its input replaced, its start delayed again).';
 ALTER TABLE runledger.runs ADD CONSTRAINT runs_parent_run_id_fkey FOREIGN KEY (parent_run_id) REFERENCES runledger.runs(run_id) ON DELETE SET NULL;
 ALTER TABLE runledger.runs ADD CONSTRAINT runs_pkey PRIMARY KEY (run_id);
 CREATE INDEX runs_admission_key ON runledger.runs USING btree (queue_name, COALESCE(concurrency_key, ''::text), priority, created_at, run_id) WHERE ((status = 'PENDING'::runledger.run_status) AND (NOT admitted));
@@ -366,6 +406,7 @@ CREATE INDEX runs_cancelling_unowned ON runledger.runs USING btree (queue_name) 
 CREATE INDEX runs_console ON runledger.runs USING btree (status, workflow_name, run_id) WHERE (created_at > '-infinity'::timestamp with time zone);
 COMMENT ON INDEX runledger.runs_console IS 'The console''s run lists and counts per status (src/console/queries.ts): one range per (status, workflow) pair, in run_id order. Partial on created_at > ''-infinity'' (always true), which only the console''s and the gauges'' queries name.';
 CREATE INDEX runs_deadline ON runledger.runs USING btree (deadline_at) WHERE ((status = ANY (ARRAY['PENDING'::runledger.run_status, 'WAITING'::runledger.run_status])) AND (deadline_at IS NOT NULL));
+CREATE UNIQUE INDEX runs_debounce_pending ON runledger.runs USING btree (workflow_name, debounce_key, tenant_id) NULLS NOT DISTINCT WHERE ((debounce_key IS NOT NULL) AND (status = 'PENDING'::runledger.run_status) AND (started_at IS NULL));
 CREATE INDEX runs_finished ON runledger.runs USING btree (status, created_at) WHERE (status = ANY (ARRAY['SUCCEEDED'::runledger.run_status, 'FAILED'::runledger.run_status, 'CANCELLED'::runledger.run_status, 'TERMINATED'::runledger.run_status, 'DEAD_LETTER'::runledger.run_status]));
 CREATE INDEX runs_forked_from ON runledger.runs USING btree (((version_manifest ->> 'forked_from'::text))) WHERE (version_manifest ? 'forked_from'::text);
 CREATE UNIQUE INDEX runs_idempotency_key ON runledger.runs USING btree (workflow_name, idempotency_key) WHERE (idempotency_key IS NOT NULL);
@@ -737,6 +778,36 @@ CREATE VIEW runledger.queue_stats AS
   WHERE r.status = ANY (ARRAY['PENDING'::runledger.run_status, 'RUNNING'::runledger.run_status, 'CANCELLING'::runledger.run_status, 'WAITING'::runledger.run_status])
   GROUP BY GROUPING SETS ((r.queue_name), (r.queue_name, r.concurrency_key));
 COMMENT ON VIEW runledger.queue_stats IS 'Per queue (queue_total = true) and per concurrency key: runs waiting for admission, dispatched, running, waiting, the oldest pending age, and the queue''s limits. For dashboards and alerts.';
+
+CREATE VIEW runledger.rate_limits AS
+ SELECT key,
+    max_calls,
+    per,
+    (( SELECT count(*) AS count
+           FROM runledger.rate_limit_calls c
+          WHERE c.key = k.key AND c.at > (runledger.now() - (k.per + LEAST(k.per * 0.1::double precision, '00:00:01'::interval)))))::integer AS calls_in_window,
+    ( SELECT min(c.at) + (k.per + LEAST(k.per * 0.1::double precision, '00:00:01'::interval))
+           FROM runledger.rate_limit_calls c
+          WHERE c.key = k.key AND c.at > (runledger.now() - (k.per + LEAST(k.per * 0.1::double precision, '00:00:01'::interval)))) AS next_place_at,
+        CASE
+            WHEN paused_until > runledger.now() THEN paused_until
+            ELSE NULL::timestamp with time zone
+        END AS paused_until,
+        CASE
+            WHEN paused_until > runledger.now() THEN pause_reason
+            ELSE NULL::jsonb
+        END AS pause_reason,
+    (( SELECT count(*) AS count
+           FROM runledger.rate_limit_waiters w
+             JOIN runledger.runs r ON r.run_id = w.run_id
+          WHERE w.key = k.key AND NOT runledger.is_terminal(r.status)))::integer AS waiters,
+    ( SELECT min(w.since) AS min
+           FROM runledger.rate_limit_waiters w
+             JOIN runledger.runs r ON r.run_id = w.run_id
+          WHERE w.key = k.key AND NOT runledger.is_terminal(r.status)) AS oldest_waiter_since,
+    updated_at
+   FROM runledger.rate_limit_keys k;
+COMMENT ON VIEW runledger.rate_limits IS 'Each shared rate limit key: its limit (max_calls per per; null: pauses only), the calls let through in the current window and when the window next frees a place, its pause (paused_until and why, while it lasts), and the step positions waiting for a permit (in memory or as WAITING runs) with the oldest one''s wait start.';
 
 CREATE VIEW runledger.run_timeline AS
  SELECT e.run_id,
@@ -3832,6 +3903,143 @@ AS $function$
 $function$;
 COMMENT ON FUNCTION runledger._random_40(boolean) IS 'A random whole number below 2^40 (from gen_random_uuid).';
 
+CREATE OR REPLACE FUNCTION runledger._rate_limit_acquire(p_run_id text, p_token bigint, p_seq integer, p_key text)
+ RETURNS TABLE(granted boolean, wait_ms bigint)
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
+AS $function$
+declare
+  v_now   timestamptz;
+  v_limit runledger.rate_limit_keys;
+  v_since timestamptz;
+  v_ahead int;
+  v_used  int := 0;
+  v_place int;
+  v_at    timestamptz;
+  v_until timestamptz;
+  v_hold  interval;
+begin
+  perform runledger._fence(p_run_id, p_token);
+  select * into v_limit from runledger.rate_limit_keys k where k.key = p_key for update;
+  -- Read after the lock (runledger.now() is the clock, not the transaction's start): a caller
+  -- that waited for the lock counts the calls let through meanwhile.
+  v_now := runledger.now();
+  if v_limit.key is null then
+    delete from runledger.rate_limit_waiters w where w.run_id = p_run_id and w.seq = p_seq;
+    return query select true, 0::bigint;
+    return;
+  end if;
+  -- A call holds its place for per and a tenth more (at most a second): it reaches the
+  -- provider a little after its permit, later when the worker's event loop is busy, and
+  -- without the margin two calls a window apart by their permits could land closer at the
+  -- provider. (The view rate_limits counts the same way.)
+  v_hold := v_limit.per + least(v_limit.per * 0.1, interval '1 second');
+  -- Those ahead: callers of the key waiting since before this one (all of them, for a new
+  -- caller), whose runs go on and who came back when their place was due (one gone for
+  -- longer than a window, its worker stopped or its queue paused, holds up nobody).
+  select w.since into v_since from runledger.rate_limit_waiters w where w.run_id = p_run_id and w.seq = p_seq;
+  select count(*) into v_ahead from runledger.rate_limit_waiters w join runledger.runs r on r.run_id = w.run_id
+   where w.key = p_key and (w.run_id, w.seq) <> (p_run_id, p_seq) and (v_since is null or w.since < v_since)
+     and w.until > v_now - coalesce(v_hold, interval '1 second') and not runledger.is_terminal(r.status);
+  if v_limit.paused_until > v_now then
+    v_until := v_limit.paused_until + case when v_limit.max_calls is null then interval '0' else v_hold * (v_ahead / v_limit.max_calls) end;
+  elsif v_limit.max_calls is not null then
+    delete from runledger.rate_limit_calls c where c.key = p_key and c.at <= v_now - v_hold;
+    select count(*) into v_used from runledger.rate_limit_calls c where c.key = p_key;
+    if v_used + v_ahead >= v_limit.max_calls then
+      -- This caller's place is the (v_place + 1)-th to free: the calls in the window free
+      -- theirs oldest first, one window on, and the places after them a window later each.
+      v_place := v_used + v_ahead - v_limit.max_calls;
+      if v_used = 0 then
+        v_until := v_now + v_hold * (1 + v_place / v_limit.max_calls);
+      else
+        select c.at into v_at from runledger.rate_limit_calls c where c.key = p_key order by c.at offset v_place % v_used limit 1;
+        v_until := v_at + v_hold * (1 + v_place / v_used);
+      end if;
+    end if;
+  end if;
+  if v_until is null then
+    if v_limit.max_calls is not null then
+      insert into runledger.rate_limit_calls (key, at, run_id, seq) values (p_key, v_now, p_run_id, p_seq);
+    end if;
+    delete from runledger.rate_limit_waiters w where w.run_id = p_run_id and w.seq = p_seq;
+    return query select true, 0::bigint;
+    return;
+  end if;
+  insert into runledger.rate_limit_waiters (run_id, seq, key, since, until) values (p_run_id, p_seq, p_key, v_now, v_until)
+  on conflict on constraint rate_limit_waiters_pkey do update set key = excluded.key, until = excluded.until;
+  return query select false, greatest(1, ceil(extract(epoch from v_until - v_now) * 1000))::bigint;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._rate_limit_acquire(text,bigint,integer,text) IS 'Fenced: a permit for one attempt of the call at (run, seq) on a shared rate limit key, first come first served: granted (the call logged in rate_limit_calls) when the key is not paused and the places left in the window (max_calls, each held for per and a tenth more, at most a second) outnumber the callers waiting since before this one; else not granted, with the milliseconds until this caller''s place is due (counting those ahead) or the pause ends, and the caller kept in rate_limit_waiters (its first since kept, which holds its place in line). A waiter whose run ended, or who has not come back for a window after its place was due, is not counted ahead. A key with no row is not limited.';
+
+CREATE OR REPLACE FUNCTION runledger._rate_limit_pause(p_run_id text, p_token bigint, p_key text, p_ms bigint, p_reason jsonb)
+ RETURNS timestamp with time zone
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
+AS $function$
+declare
+  v_until timestamptz;
+begin
+  perform runledger._fence(p_run_id, p_token);
+  v_until := runledger._ms_after(runledger.now(), p_ms, '_rate_limit_pause: p_ms');
+  insert into runledger.rate_limit_keys as k (key, paused_until, pause_reason)
+  values (p_key, v_until, p_reason || jsonb_build_object('run_id', p_run_id))
+  on conflict (key) do update
+     set paused_until = greatest(k.paused_until, excluded.paused_until),
+         pause_reason = case when k.paused_until >= excluded.paused_until then k.pause_reason else excluded.pause_reason end,
+         updated_at = runledger.now();
+  insert into runledger.events (run_id, kind, detail, fencing_token)
+  values (p_run_id, 'rate_limit_paused', jsonb_build_object('key', p_key, 'until', v_until, 'reason', p_reason), p_token);
+  return (select paused_until from runledger.rate_limit_keys where key = p_key);
+end;
+$function$;
+COMMENT ON FUNCTION runledger._rate_limit_pause(text,bigint,text,bigint,jsonb) IS 'Fenced: a call on a shared rate limit key failed with a Retry-After (RetryAfterError, or HTTP 429/503 carrying one): the key is paused for every run for p_ms from now (a longer pause already set stays), with the reason; recorded as the run''s event rate_limit_paused. Returns the key''s paused_until.';
+
+CREATE OR REPLACE FUNCTION runledger._rate_limit_wait(p_run_id text, p_token bigint, p_seq integer, p_name text, p_kind text, p_attempt integer, p_key text, p_wait_ms bigint)
+ RETURNS void
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
+AS $function$
+declare
+  v_run  runledger.runs := runledger._fence(p_run_id, p_token);
+  v_wake timestamptz := runledger._ms_after(runledger.now(), p_wait_ms, '_rate_limit_wait: p_wait_ms');
+begin
+  -- attempt is the attempt already made: the one waiting for its permit is the next.
+  insert into runledger.steps (run_id, seq, name, kind, status, output, attempts, started_at, finished_at, fencing_token)
+  values (p_run_id, p_seq, p_name, p_kind, 'WAITING',
+          jsonb_build_object('attempt', p_attempt - 1, 'wake_at', v_wake, 'rate_limit', p_key), p_attempt - 1,
+          runledger.now(), runledger.now(), p_token)
+  on conflict (run_id, seq) do update set output = excluded.output, attempts = excluded.attempts, fencing_token = excluded.fencing_token
+   where runledger.steps.status = 'WAITING';
+  if p_kind = 'operation' then
+    -- The operation's intent (STARTED) was recorded but the call was not made: it waits for the
+    -- permit, so the ledger says PLANNED (called when the run resumes), never UNKNOWN.
+    update runledger.operations o set status = 'PLANNED', attempts = greatest(o.attempts - 1, 0), updated_at = runledger.now()
+     where o.run_id = p_run_id and o.seq = p_seq and o.status = 'STARTED';
+  end if;
+  update runledger.runs
+     set status = 'WAITING', wait_kind = 'rate_limit', wait_key = p_key, wake_at = least(v_wake, v_run.deadline_at),
+         lease_owner = null, lease_expires_at = null, updated_at = runledger.now()
+   where run_id = p_run_id;
+  insert into runledger.events (run_id, kind, detail, fencing_token)
+  values (p_run_id, 'rate_limit_wait', jsonb_build_object('seq', p_seq, 'name', p_name, 'key', p_key, 'wake_at', v_wake), p_token);
+  perform runledger._slot_freed(p_run_id);
+  perform runledger._dispatch(p_run_id, v_run.queue_name,
+    greatest(0, ceil(extract(epoch from least(v_wake, v_run.deadline_at) - runledger.now()) * 1000))::bigint);
+end;
+$function$;
+COMMENT ON FUNCTION runledger._rate_limit_wait(text,bigint,integer,text,text,integer,text,bigint) IS 'Fenced: a step position refused a permit for longer than it waits in memory becomes a durable wait (wait_kind rate_limit, wait_key the key): the step keeps a WAITING row with the attempt reached, and the run waits, holding no worker, until the permit is expected; it then asks again. An operation''s STARTED ledger row (its call not made) goes back to PLANNED.';
+
 CREATE OR REPLACE FUNCTION runledger._record_artifact(p_run_id text, p_position integer, p_name text, p_kind text, p_sha256 text, p_size bigint, p_content bytea, p_ref text)
  RETURNS jsonb
  LANGUAGE plpgsql
@@ -4928,6 +5136,64 @@ end;
 $function$;
 COMMENT ON FUNCTION runledger._start_claimed(text,jsonb,jsonb,text,integer,boolean) IS 'engine.start for a run its own process''s worker takes: the run is started as start_run starts it (without NOTIFY) and claimed for p_worker_id with a lease of p_lease_ms in the same transaction, as _claim_batch would claim it: a new run that is runnable at once is inserted claimed (runledger._start), an existing never-claimed runnable one (an idempotent start, or one its queue''s admission just let in) is claimed by an update. Returns one row: claimed true with the claimed run''s fields, or claimed false (a run already claimed or of another version, a delayed start, a run admission held back, a deadline already past), in which case the run is announced as start_run announces it. p_admit false leaves the admission of a queue with limits to the caller (_start_many).';
 
+CREATE OR REPLACE FUNCTION runledger._start_debounced(p_workflow text, p_input jsonb, p_options jsonb)
+ RETURNS text
+ LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+AS $function$
+declare
+  v_debounce jsonb := p_options->'debounce';
+  v_key      text;
+  v_ms       numeric;
+  v_run      runledger.runs;
+  v_t        runledger.runs;
+  v_not_before timestamptz;
+begin
+  if jsonb_typeof(v_debounce) is distinct from 'object' or jsonb_typeof(v_debounce->'key') is distinct from 'string'
+     or jsonb_typeof(v_debounce->'delay_ms') is distinct from 'number' or (v_debounce - 'key' - 'delay_ms') <> '{}' then
+    raise exception using errcode = 'RL003',
+      message = format('start_run(%s): debounce must be {"key": text, "delay_ms": number}, not %s', p_workflow, v_debounce);
+  end if;
+  v_key := v_debounce->>'key';
+  v_ms := (v_debounce->>'delay_ms')::numeric;
+  if length(v_key) not between 1 and 200 then
+    raise exception using errcode = 'RL003', message = format('start_run(%s): the debounce key must be 1 to 200 characters', p_workflow);
+  end if;
+  if p_options ?| array['run_at', 'run_in_ms', 'run_id', 'idempotency_key'] then
+    raise exception using errcode = 'RL003',
+      message = format('start_run(%s): debounce decides the run''s id and start time: it does not go with run_at, run_in_ms, run_id or idempotency_key', p_workflow);
+  end if;
+  -- The run a plain start would make (its options checked, its tenant decided): a key is the
+  -- tenant's own, and a start never changes another tenant's run.
+  v_t := runledger._start_template(p_workflow, p_options - 'debounce');
+  -- Checks the delay (0 to 2^53 - 1 ms) before anything is written.
+  v_not_before := runledger._ms_after(runledger.now(), v_ms, format('start_run(%s): debounce delay_ms', p_workflow));
+  -- Starts of one key take turns: the second finds the first's run.
+  perform pg_advisory_xact_lock(hashtextextended(format('runledger.debounce:%s:%s:%s', p_workflow, v_t.tenant_id, v_key), 0));
+  select * into v_run from runledger.runs r
+   where r.workflow_name = p_workflow and r.debounce_key = v_key and r.tenant_id is not distinct from v_t.tenant_id
+     and r.status = 'PENDING' and r.started_at is null
+   for update;
+  if found then
+    if pg_column_size(p_input) > runledger._max_payload_bytes() then
+      raise exception using errcode = 'RL004',
+        message = format('start_run: input is %s bytes, over the limit of %s', pg_column_size(p_input), runledger._max_payload_bytes());
+    end if;
+    update runledger.runs set input = p_input, not_before = v_not_before, updated_at = runledger.now()
+     where run_id = v_run.run_id;
+    insert into runledger.events (run_id, kind, detail)
+    values (v_run.run_id, 'debounced', jsonb_build_object('key', v_key, 'not_before', v_not_before));
+    perform runledger._dispatch(v_run.run_id, v_run.queue_name, ceil(v_ms)::bigint);
+    return v_run.run_id;
+  end if;
+  v_run := (runledger._start(p_workflow, p_input, (p_options - 'debounce') || jsonb_build_object('run_in_ms', ceil(v_ms)::bigint))).run;
+  update runledger.runs set debounce_key = v_key where run_id = v_run.run_id;
+  return v_run.run_id;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._start_debounced(text,jsonb,jsonb) IS 'start_run with the option debounce {key, delay_ms}: the run of this workflow, key and tenant that has not started yet (PENDING, never claimed) gets the new input and starts delay_ms from now instead (event debounced), and its id is returned; else a new run, delayed by delay_ms, carrying the key. Starts of one key are serialised by an advisory lock. RL003 for a malformed debounce, or with run_at, run_in_ms, run_id or idempotency_key.';
+
 CREATE OR REPLACE FUNCTION runledger._start_many(p_items jsonb)
  RETURNS TABLE(item integer, run_id text, claimed boolean, workflow_name text, workflow_version text, input jsonb, fencing_token bigint, recovery_attempts integer, max_steps integer, budget numeric, budget_spent numeric, budget_limits jsonb, budget_used jsonb, traceparent text)
  LANGUAGE plpgsql
@@ -5780,6 +6046,30 @@ end;
 $function$;
 COMMENT ON FUNCTION runledger._wake_parent(text) IS 'Called when a run reaches a terminal state: wakes its parent if the parent waits for it.';
 
+CREATE OR REPLACE FUNCTION runledger._wake_rate_limited(p_key text)
+ RETURNS integer
+ LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+AS $function$
+declare
+  v_woken int := 0;
+  v_run_id text;
+begin
+  for v_run_id in
+    select r.run_id from runledger.runs r
+     where r.status = 'WAITING' and r.wait_kind = 'rate_limit' and r.wait_key = p_key
+       and r.run_id in (select w.run_id from runledger.rate_limit_waiters w where w.key = p_key)
+  loop
+    if runledger._wake(v_run_id, 'rate_limit', p_key) then
+      v_woken := v_woken + 1;
+    end if;
+  end loop;
+  return v_woken;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._wake_rate_limited(text) IS 'Wakes the runs parked on a rate limit key (wait_kind rate_limit) so they ask for a permit again; run when the key''s limit or pause changes. Returns how many it woke.';
+
 CREATE OR REPLACE FUNCTION runledger.cancel_run(p_run_id text, p_reason text DEFAULT NULL::text)
  RETURNS text
  LANGUAGE plpgsql
@@ -5851,6 +6141,27 @@ begin
 end;
 $function$;
 COMMENT ON FUNCTION runledger.decide_approval(text,boolean,text,text) IS 'Decides a pending approval request. The first decision wins and stays as audit evidence (with the deciding login and role); later calls return it with recorded = false. An approver outside the request''s list: RL007; expired request: RL005. Wakes the waiting run. Recorded in audit_log.';
+
+CREATE OR REPLACE FUNCTION runledger.delete_rate_limit(p_key text)
+ RETURNS boolean
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
+AS $function$
+declare
+  v_found boolean;
+begin
+  perform runledger._check_not_tenant_bound('delete_rate_limit');
+  delete from runledger.rate_limit_keys where key = p_key;
+  v_found := found;
+  perform runledger._wake_rate_limited(p_key);
+  perform runledger._audit('delete_rate_limit', null, p_key, null, to_jsonb(v_found));
+  return v_found;
+end;
+$function$;
+COMMENT ON FUNCTION runledger.delete_rate_limit(text) IS 'Operator action: removes the key (its limit, its pause, its log of calls): calls naming it are no longer limited, and the runs waiting on it are woken. False when there was no such key. Recorded in audit_log.';
 
 CREATE OR REPLACE FUNCTION runledger.delete_session(p_session_id text)
  RETURNS integer
@@ -6064,6 +6375,35 @@ AS $function$
 $function$;
 COMMENT ON FUNCTION runledger.now() IS 'Current time for every runledger function: clock_timestamp(). Where the schema''s owner switched the test clock on (owner_settings.test_clock), a session''s setting runledger.fake_now (a frozen instant) or runledger.clock_offset (an interval: a clock running ahead or behind) moves it for that session; elsewhere those settings change nothing. Runs as its caller, so the planner inlines it.';
 
+CREATE OR REPLACE FUNCTION runledger.pause_rate_limit(p_key text, p_until timestamp with time zone, p_note text DEFAULT NULL::text)
+ RETURNS runledger.rate_limit_keys
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
+AS $function$
+declare
+  v_limit runledger.rate_limit_keys;
+begin
+  perform runledger._check_not_tenant_bound('pause_rate_limit');
+  if p_key is null or p_key !~ '^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,99}$' then
+    raise exception using errcode = 'RL003', message = format('pause_rate_limit: key %s is not a valid key', coalesce(quote_literal(p_key), 'null'));
+  end if;
+  if p_until is null or not isfinite(p_until) then
+    raise exception using errcode = 'RL003', message = format('pause_rate_limit(%s): until must be a finite time', p_key);
+  end if;
+  insert into runledger.rate_limit_keys as k (key, paused_until, pause_reason)
+  values (p_key, p_until, jsonb_build_object('by', runledger._caller(), 'note', p_note))
+  on conflict (key) do update set paused_until = excluded.paused_until, pause_reason = excluded.pause_reason, updated_at = runledger.now()
+  returning * into v_limit;
+  perform runledger._wake_rate_limited(p_key);
+  perform runledger._audit('pause_rate_limit', null, p_key, jsonb_build_object('until', p_until, 'note', p_note), to_jsonb(v_limit));
+  return v_limit;
+end;
+$function$;
+COMMENT ON FUNCTION runledger.pause_rate_limit(text,timestamp with time zone,text) IS 'Operator action: no call on the key before p_until, for every run (the circuit opened by hand; a time in the past lifts a pause). Replaces the key''s pause and wakes the runs waiting on it to ask again. Returns the key''s row. Recorded in audit_log.';
+
 CREATE OR REPLACE FUNCTION runledger.prune(p_older_than interval)
  RETURNS bigint
  LANGUAGE plpgsql
@@ -6200,6 +6540,30 @@ end;
 $function$;
 COMMENT ON FUNCTION runledger.resolve_operation(text,text,jsonb,text) IS 'Operator action: settles an UNKNOWN operation as SUCCEEDED (with its result) or FAILED, and wakes the run waiting on it. Returns the status set. A status other than SUCCEEDED or FAILED (null included): RL003. Recorded in audit_log.';
 
+CREATE OR REPLACE FUNCTION runledger.resume_rate_limit(p_key text)
+ RETURNS runledger.rate_limit_keys
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
+AS $function$
+declare
+  v_limit runledger.rate_limit_keys;
+begin
+  perform runledger._check_not_tenant_bound('resume_rate_limit');
+  update runledger.rate_limit_keys set paused_until = null, pause_reason = null, updated_at = runledger.now()
+   where key = p_key returning * into v_limit;
+  if not found then
+    raise exception using errcode = 'RL002', message = format('resume_rate_limit: no rate limit key %s', coalesce(quote_literal(p_key), 'null'));
+  end if;
+  perform runledger._wake_rate_limited(p_key);
+  perform runledger._audit('resume_rate_limit', null, p_key, null, to_jsonb(v_limit));
+  return v_limit;
+end;
+$function$;
+COMMENT ON FUNCTION runledger.resume_rate_limit(text) IS 'Operator action: lifts the key''s pause now (calls go through again within its limit) and wakes the runs waiting on it. RL002 for an unknown key. Recorded in audit_log.';
+
 CREATE OR REPLACE FUNCTION runledger.retry_run(p_run_id text)
  RETURNS text
  LANGUAGE plpgsql
@@ -6315,6 +6679,38 @@ end;
 $function$;
 COMMENT ON FUNCTION runledger.set_queue(text,jsonb) IS 'Operator action: creates or changes a queue''s limits (concurrency, per_key_concurrency, rate_limit_max, rate_limit_period_ms) and pause; returns its row. Recorded in audit_log.';
 
+CREATE OR REPLACE FUNCTION runledger.set_rate_limit(p_key text, p_max integer, p_per interval)
+ RETURNS runledger.rate_limit_keys
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
+AS $function$
+declare
+  v_limit runledger.rate_limit_keys;
+begin
+  -- Keys are shared by every tenant, as queues are (0014_security.sql).
+  perform runledger._check_not_tenant_bound('set_rate_limit');
+  if p_key is null or p_key !~ '^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,99}$' then
+    raise exception using errcode = 'RL003',
+      message = format('set_rate_limit: key %s is not 1 to 100 characters of [A-Za-z0-9_.:/-] starting with a letter or digit', coalesce(quote_literal(p_key), 'null'));
+  end if;
+  if (p_max is null) <> (p_per is null) or p_max not between 1 and 1000000 or p_per <= interval '0' or p_per > interval '1 day' then
+    raise exception using errcode = 'RL003',
+      message = format('set_rate_limit(%s): max must be 1 to 1000000 calls and per an interval above 0 up to 1 day (both null: no limit on calls), not %s per %s',
+                       p_key, coalesce(p_max::text, 'null'), coalesce(p_per::text, 'null'));
+  end if;
+  insert into runledger.rate_limit_keys as k (key, max_calls, per) values (p_key, p_max, p_per)
+  on conflict (key) do update set max_calls = excluded.max_calls, per = excluded.per, updated_at = runledger.now()
+  returning * into v_limit;
+  perform runledger._wake_rate_limited(p_key);
+  perform runledger._audit('set_rate_limit', null, p_key, jsonb_build_object('max', p_max, 'per', p_per::text), to_jsonb(v_limit));
+  return v_limit;
+end;
+$function$;
+COMMENT ON FUNCTION runledger.set_rate_limit(text,integer,interval) IS 'Operator action: at most p_max calls in any window of length p_per for every step, operation, tool and model call that names the key (rateLimit), across every run and worker; both null: no limit on calls (pauses still apply). Creates or changes the key and wakes the runs waiting on it to ask again. Returns the key''s row. Refused (42501) to an operator bound to a tenant: keys are shared. Recorded in audit_log.';
+
 CREATE OR REPLACE FUNCTION runledger.set_retention(p_kind text, p_keep interval, p_workflow_name text DEFAULT NULL::text)
  RETURNS void
  LANGUAGE plpgsql
@@ -6342,10 +6738,13 @@ CREATE OR REPLACE FUNCTION runledger.start_run(p_workflow text, p_input jsonb, p
  SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 begin
+  if p_options ? 'debounce' then
+    return runledger._start_debounced(p_workflow, p_input, p_options);
+  end if;
   return (runledger._start(p_workflow, p_input, p_options)).run.run_id;
 end;
 $function$;
-COMMENT ON FUNCTION runledger.start_run(text,jsonb,jsonb) IS 'Starts a run of a registered workflow and dispatches it (or leaves it to its queue''s admission); returns run_id. Options: run_at (delayed start at a timestamp, compared with runledger.now()) or run_in_ms (delayed start this many ms after now on the database clock), run_id, idempotency_key (same key or run_id returns the existing run), queue, priority, concurrency_key, version, max_recovery_attempts, limits overriding the workflow''s: deadline (interval or timestamp), max_steps, budget, no_progress; traceparent (a W3C traceparent the run''s executions are traced under, see runs.traceparent); and notify (default true): false starts an immediately runnable run without waking the queue''s workers by NOTIFY, for a caller whose own worker claims it (engine.start does so when its process''s worker has a free slot; other workers find the run at their next poll). An unknown option is RL003 (naming it and the known ones), as are run_at or a deadline that is not a finite time PostgreSQL holds (infinity, -infinity, unparsable text) and run_in_ms outside 0 to 2^53 - 1.';
+COMMENT ON FUNCTION runledger.start_run(text,jsonb,jsonb) IS 'Starts a run of a registered workflow and dispatches it (or leaves it to its queue''s admission); returns run_id. Options: run_at (delayed start at a timestamp, compared with runledger.now()) or run_in_ms (delayed start this many ms after now on the database clock), run_id, idempotency_key (same key or run_id returns the existing run), queue, priority, concurrency_key, version, max_recovery_attempts, limits overriding the workflow''s: deadline (interval or timestamp), max_steps, budget, no_progress; traceparent (a W3C traceparent the run''s executions are traced under, see runs.traceparent); notify (default true): false starts an immediately runnable run without waking the queue''s workers by NOTIFY, for a caller whose own worker claims it (engine.start does so when its process''s worker has a free slot; other workers find the run at their next poll); and debounce {key, delay_ms}: starts of the workflow with the same key collapse into one run that starts delay_ms after the last of them, with its input (_start_debounced). An unknown option is RL003 (naming it and the known ones), as are run_at or a deadline that is not a finite time PostgreSQL holds (infinity, -infinity, unparsable text) and run_in_ms outside 0 to 2^53 - 1.';
 
 CREATE OR REPLACE FUNCTION runledger.start_runs(p_workflow text, p_inputs jsonb, p_options jsonb DEFAULT '{}'::jsonb)
  RETURNS text[]
@@ -6524,6 +6923,6 @@ CREATE OR REPLACE FUNCTION runledger.wait_kinds()
  LANGUAGE sql
  IMMUTABLE
 AS $function$
-  select array['timer', 'signal', 'approval', 'child', 'retry', 'reconcile']
+  select array['timer', 'signal', 'approval', 'child', 'retry', 'reconcile', 'rate_limit']
 $function$;
 COMMENT ON FUNCTION runledger.wait_kinds() IS 'What a WAITING run waits for (runs.wait_kind); see docs/state-machine.md.';

@@ -59,6 +59,7 @@ export { loadMigrations } from './engine/db/migrate.js';
 export { StepContext } from './steps/context.js';
 export * from './agents/index.js';
 export type { StepFunction, StepInfo, StepOptions } from './steps/step.js';
+export type { ExecOptions, ExecResult } from './steps/exec.js';
 export type { OperationFunction, OperationOptions, ReconcileAnswer } from './steps/operation.js';
 export type { RetryPolicy } from './steps/retry.js';
 export type { TransactionFunction } from './steps/transaction.js';
@@ -71,6 +72,8 @@ export type { SseOptions, SseSource } from './engine/client/sse.js';
 export { DEFAULT_STREAM_TOPIC } from './engine/core/stream-topic.js';
 export type { Duration } from './engine/core/duration.js';
 export type { QueueOptions, QueueRecord } from './engine/client/queues.js';
+export type { RateLimitOptions, RateLimitRecord } from './engine/client/rate-limits.js';
+export { RetryAfterError } from './steps/retry-after.js';
 export type { Schedule, ScheduleOptions } from './engine/client/schedules.js';
 export {
   RunledgerError,

@@ -57,6 +57,10 @@ const EXPECTED: Record<string, string[]> = {
     'prune_due',
     'set_retention',
     'clear_retention',
+    'set_rate_limit',
+    'pause_rate_limit',
+    'resume_rate_limit',
+    'delete_rate_limit',
   ],
   runledger_worker: [
     ...READS,
@@ -115,6 +119,9 @@ const EXPECTED: Record<string, string[]> = {
     '_graph_put',
     '_graph_put_writes',
     '_graph_delete_thread',
+    '_rate_limit_acquire',
+    '_rate_limit_pause',
+    '_rate_limit_wait',
   ],
 };
 const ROLES = Object.keys(EXPECTED);

@@ -81,6 +81,8 @@ export interface GenerateRequest {
   retry?: RetryPolicy;
   /** How long one attempt of the call may take; past it the call is aborted and fails with STEP_TIMEOUT, into `retry`. */
   timeout?: Duration;
+  /** A shared rate limit key (engine.setRateLimit, e.g. the provider's): each attempt waits for a permit; a Retry-After (429/503) pauses it for every run. */
+  rateLimit?: string;
 }
 
 /** The model's reply as checkpointed: its tool calls checked against the tools offered (see ToolCall.error). */
@@ -159,7 +161,11 @@ export async function generate(ctx: StepContext, model: Model, request: Generate
       await stream.flush();
       return checkedReply(reply as ModelReply, usage, offered, model.name);
     },
-    { retry: request.retry ?? MODEL_RETRY_DEFAULT, ...(request.timeout !== undefined ? { timeout: request.timeout } : {}) },
+    {
+      retry: request.retry ?? MODEL_RETRY_DEFAULT,
+      ...(request.timeout !== undefined ? { timeout: request.timeout } : {}),
+      ...(request.rateLimit !== undefined ? { rateLimit: request.rateLimit } : {}),
+    },
   ) as Promise<GenerateResult>;
 }
 

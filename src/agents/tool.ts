@@ -5,6 +5,7 @@ import type { Jsonify } from '../engine/core/jsonify.js';
 import { UNREADABLE, type Execution } from '../engine/run/execution.js';
 import type { StepContext } from '../steps/context.js';
 import { stepTimeoutMs } from '../steps/step.js';
+import { checkRateLimitKey } from '../steps/rate-limit.js';
 import type { ReconcileAnswer } from '../steps/operation.js';
 import type { RetryPolicy } from '../steps/retry.js';
 import { loadLarge } from './artifact.js';
@@ -97,6 +98,8 @@ export interface ToolDefinition<A, R> {
   retry?: RetryPolicy;
   /** 'none' tools: how long one attempt may run; past it the call is aborted and fails with STEP_TIMEOUT, into `retry`. */
   timeout?: Duration;
+  /** A shared rate limit key (engine.setRateLimit): each call waits for a permit on it, across every run and worker; a Retry-After pauses it for all. */
+  rateLimit?: string;
   /** 'observe' (default): a failure is the observation TOOL_FAILED; 'throw': it fails the call (StepFailedError), so the run unless caught. */
   onError?: 'observe' | 'throw';
 }
@@ -147,6 +150,7 @@ export function defineTool<A, R>(tool: ToolDefinition<A, R>): Tool<A, R> {
     );
   }
   if (tool.timeout !== undefined) stepTimeoutMs(tool.timeout, `${what}: timeout`);
+  checkRateLimitKey(tool.rateLimit, what);
   if (tool.onError !== undefined && tool.onError !== 'observe' && tool.onError !== 'throw') {
     throw new ConfigError(`${what}: onError must be 'observe' or 'throw'`);
   }
@@ -280,7 +284,11 @@ export async function callTool<A, R>(
           });
           return encodeToolResult(ctx, tool.name, value);
         },
-        { ...(tool.retry ? { retry: tool.retry } : {}), ...(tool.timeout !== undefined ? { timeout: tool.timeout } : {}) },
+        {
+          ...(tool.retry ? { retry: tool.retry } : {}),
+          ...(tool.timeout !== undefined ? { timeout: tool.timeout } : {}),
+          ...(tool.rateLimit !== undefined ? { rateLimit: tool.rateLimit } : {}),
+        },
       ),
     );
   }
@@ -317,6 +325,7 @@ export async function callTool<A, R>(
         idempotencyKey: key,
         idempotent: tool.sideEffect === 'idempotent',
         ...(tool.retry ? { retry: tool.retry } : {}),
+        ...(tool.rateLimit !== undefined ? { rateLimit: tool.rateLimit } : {}),
         ...(tool.output ? { result: tool.output } : {}),
         ...(tool.externalResourceId ? { externalResourceId: tool.externalResourceId as (result: unknown) => string | undefined } : {}),
         ...(reconcile

@@ -28,6 +28,11 @@ export interface DurableModelOptions {
    */
   retry?: RetryPolicy;
   /**
+   * A shared rate limit key (engine.setRateLimit, e.g. the provider's): each call waits for a
+   * permit on it across every run and worker, and a 429/503 with Retry-After pauses it for all.
+   */
+  rateLimit?: string;
+  /**
    * The durable stream a streamed call's output goes to as AI SDK UI message chunks, live,
    * while the call runs (read it with uiMessageStreamResponse); default 'ui'. `false`: none.
    */
@@ -60,6 +65,7 @@ interface RecordedStream {
 export function durableModel(ctx: WorkflowContext, model: LanguageModelV4, options: DurableModelOptions = {}): LanguageModelV4 {
   const name = options.name ?? model.modelId;
   const retry = options.retry ?? AI_MODEL_RETRY_DEFAULT;
+  const stepOptions = { retry, ...(options.rateLimit !== undefined ? { rateLimit: options.rateLimit } : {}) };
   const uiTopic = options.uiStream === undefined ? UI_STREAM_TOPIC : options.uiStream;
 
   const middleware: LanguageModelV4Middleware = {
@@ -75,7 +81,7 @@ export function durableModel(ctx: WorkflowContext, model: LanguageModelV4, optio
           await chargeUsage(ctx, chargeOf(result.usage, options.costUsd));
           return toStored(recordable(result)) as object;
         },
-        { retry },
+        stepOptions,
       );
       const result = fromStored(stored) as LanguageModelV4GenerateResult;
       recordReplyToolCalls(ctx, step, toolCallIdsOf(result.content));
@@ -106,7 +112,7 @@ export function durableModel(ctx: WorkflowContext, model: LanguageModelV4, optio
           const recorded: RecordedStream = { parts, ...(response?.headers ? { response: { headers: response.headers } } : {}) };
           return toStored(recorded) as object;
         },
-        { retry },
+        stepOptions,
       );
       const recorded = fromStored(stored) as RecordedStream;
       const parts = recorded.parts as LanguageModelV4StreamPart[];

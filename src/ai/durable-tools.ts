@@ -19,6 +19,8 @@ export interface ToolContract<Input = any, Output = unknown> {
   needsApproval?: boolean | { approvers?: string[]; timeout?: Duration; when?: (input: Input) => boolean };
   /** Retries of the call inside its step or operation; default none. */
   retry?: RetryPolicy;
+  /** A shared rate limit key (engine.setRateLimit): each call waits for a permit on it; a Retry-After pauses it for every run. */
+  rateLimit?: string;
 }
 
 /** A tool's failure as the AI SDK shows it to the model (a tool-error), with runledger's code. */
@@ -81,6 +83,7 @@ export function durableTools<T extends ToolSet>(
             }
           : {}),
         ...(contract.retry ? { retry: contract.retry } : {}),
+        ...(contract.rateLimit !== undefined ? { rateLimit: contract.rateLimit } : {}),
         run: async (args, info) => {
           // A UI follows the run's stream when the model streams (streamText): the result goes there beside the model's parts.
           const live = uiTopic && replyStreamed(ctx) ? ctx.stream(uiTopic) : undefined;

@@ -9,6 +9,7 @@ import { CrashPoints, validateCrashPoints, type CrashPoint } from './core/crash-
 import { migrate } from './db/migrate.js';
 import { multiHostClient, parseMultiHost } from './db/multi-host.js';
 import { setQueue, type QueueOptions, type QueueRecord } from './client/queues.js';
+import { pauseRateLimit, setRateLimit, type RateLimitOptions, type RateLimitRecord } from './client/rate-limits.js';
 import { defineSchedule, type Schedule, type ScheduleOptions, type StartScheduled } from './client/schedules.js';
 import {
   cancelRun,
@@ -37,6 +38,7 @@ import { StartBatcher } from './client/start-batch.js';
 import { ResultWatch } from './client/results.js';
 import { readStream, StreamWatch, type ReadStreamOptions, type StreamChunk } from './client/streams.js';
 import type { RunStatus } from './core/states.js';
+import type { Duration } from './core/duration.js';
 import type { Jsonify } from './core/jsonify.js';
 import type { RunledgerDatabase } from './db/schema.js';
 import { startWorker, type LocalWorker, type Worker, type WorkerOptions } from './worker/worker.js';
@@ -181,6 +183,14 @@ export interface Engine<DB = any> {
   schedule<In>(options: ScheduleOptions<In>): Schedule;
   /** Creates or changes a queue's limits (enforced by admission in SQL across all workers). */
   setQueue(name: string, options: QueueOptions): Promise<QueueRecord>;
+  /**
+   * A limit shared by every run and worker on the calls that name `key` (`rateLimit: key` on a
+   * step, operation, tool or model call): at most `max` in any window of `per`; `null` takes the
+   * limit off (pauses still apply). Runs waiting on the key ask again at once.
+   */
+  setRateLimit(key: string, options: RateLimitOptions | null): Promise<RateLimitRecord>;
+  /** No call on `key` before `until` (a Date, or a duration from now), for every run: the circuit opened by hand. */
+  pauseRateLimit(key: string, until: Date | Duration, note?: string): Promise<RateLimitRecord>;
   migrate(): Promise<{ applied: string[] }>;
   /** Starts a run; `input` is the schema's input type. `handle.result()` gives the output in its stored JSON form. */
   start<I, O, In>(workflow: Workflow<I, O, In>, input: In, options?: StartOptions): Promise<RunHandle<Jsonify<O>>>;
@@ -394,6 +404,8 @@ export function createEngine<DB = any>(options: EngineOptions = {}): Engine<DB> 
       return schedule;
     },
     setQueue: (name, queueOptions) => setQueue(pool, name, queueOptions),
+    setRateLimit: (key, limit) => setRateLimit(pool, key, limit),
+    pauseRateLimit: (key, until, note) => pauseRateLimit(pool, key, until, note),
     migrate: () => migrate(pool, (message) => log('info', message)),
     start: (workflow, input, startOptions) => startRun(startHost, workflow, input, startOptions),
     handle: (workflowOrRunId: Workflow<any, any, any> | string, maybeRunId?: string) => {

@@ -7,6 +7,7 @@ import * as waits from './waits.js';
 
 import { runStep, type StepFunction, type StepOptions } from './step.js';
 import { runOperation, type OperationFunction, type OperationOptions } from './operation.js';
+import { runExec, type ExecOptions, type ExecResult } from './exec.js';
 import { heartbeatCurrent } from './heartbeat.js';
 import { runTransaction, type TransactionFunction } from './transaction.js';
 import { openStream, type DurableStream } from './stream.js';
@@ -101,6 +102,20 @@ export class StepContext<DB = any> {
     return this.#observed(
       { root: 'step', name },
       this.#exec.track('operation', name, () => runOperation(this.#exec, name, options, fn)),
+    );
+  }
+
+  /**
+   * Runs a child process as a step, in a process group of its own: on cancel, the run's
+   * deadline, the attempt's `timeout` or a lost lease the group gets SIGTERM, then SIGKILL
+   * after `grace` (default 5 s), and a cancelled run ends only once the kill is confirmed.
+   * The result (exit code or signal, output tails, duration) is checkpointed; a non-zero exit
+   * code is a result, not a failure. At least once, like a step.
+   */
+  exec(name: string, options: ExecOptions): Promise<ExecResult> {
+    return this.#observed(
+      { root: 'step', name },
+      this.#exec.track('exec', name, () => runExec(this.#exec, name, options)),
     );
   }
 

@@ -12,6 +12,7 @@ import { encodeOutput, stepFailure } from './replay.js';
 import { decideRetry, resolveRetryPolicy, type RetryPolicy } from './retry.js';
 import { resumeAttempt } from './step.js';
 import { isKeyInUse, keyInUse } from './key-in-use.js';
+import { acquirePermit, checkRateLimitKey, pauseOnRetryAfter } from './rate-limit.js';
 import { toMs } from '../engine/core/duration.js';
 import { storableJson } from '../engine/core/storable.js';
 
@@ -42,6 +43,12 @@ export interface OperationOptions<T> {
    * the run with INVALID_INPUT naming the operation (see docs/operations.md).
    */
   result?: ZodType<T>;
+  /**
+   * A shared rate limit key (set_rate_limit / engine.setRateLimit): each call first waits for a
+   * permit on it, across every run and worker (a long wait holds no worker and leaves the ledger
+   * row PLANNED, not UNKNOWN), and a call that fails with a Retry-After pauses the key for every run.
+   */
+  rateLimit?: string;
 }
 
 export type OperationFunction<T> = (info: {
@@ -79,6 +86,7 @@ export async function runOperation<T>(
 ): Promise<Jsonify<T>> {
   const policy = resolveRetryPolicy(options.retry, `operation ${JSON.stringify(name)}`);
   if (options.reconcileEveryMs !== undefined) toMs(options.reconcileEveryMs, `operation ${JSON.stringify(name)}: reconcileEveryMs`);
+  const rateLimit = checkRateLimitKey(options.rateLimit, `operation ${JSON.stringify(name)}`);
   const position = exec.takeStep(name, 'operation');
   if (!position) return exec.suspend();
   const { seq, recorded } = position;
@@ -118,6 +126,8 @@ export async function runOperation<T>(
       if (!row || exec.haltReason) return exec.suspend();
       let outcome: Outcome<T> | undefined;
       if (row.status === 'STARTED') {
+        // Started by this execution (a STARTED row found on replay comes back UNKNOWN): not called yet.
+        if (rateLimit && !(await acquirePermit(exec, rateLimit, { seq, name, kind: 'operation' }, attempt))) return exec.suspend();
         try {
           const info = {
             idempotencyKey: row.idempotency_key,
@@ -166,6 +176,8 @@ export async function runOperation<T>(
         return park(exec, seq, row.operation_id, null);
       }
       if (exec.haltReason) return exec.suspend();
+      if (!outcome.ok && rateLimit && row.status === 'STARTED' && !(await pauseOnRetryAfter(exec, rateLimit, outcome.error)))
+        return exec.suspend();
 
       if (!outcome.ok && !outcome.keepUnknown && !exec.cancelRequested) {
         const decision = await decideRetry(exec, policy, { seq, name, kind: 'operation' }, attempt, outcome.error);

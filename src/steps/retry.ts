@@ -3,6 +3,7 @@ import { MAX_DURATION_MS } from '../engine/core/duration.js';
 import { haltOnDbError } from '../engine/run/halts.js';
 import type { Execution } from '../engine/run/execution.js';
 import { streamsFlushed } from './stream.js';
+import { retryAfterMs } from './retry-after.js';
 
 export interface RetryPolicy {
   /** Attempts in all, the first included; default 1 (no retry). */
@@ -70,7 +71,8 @@ export async function decideRetry(
   error: unknown,
 ): Promise<RetryDecision> {
   if (attempt >= policy.maxAttempts || !isRetryable(policy, error)) return { kind: 'fail' };
-  const delay = backoffMs(policy, attempt);
+  // A provider that said when to call again is not called before then.
+  const delay = Math.max(backoffMs(policy, attempt), retryAfterMs(error) ?? 0);
   try {
     return await recordAndWait(exec, policy, position, attempt, error, delay);
   } catch (dbError) {

@@ -3,6 +3,7 @@ import { ConfigError } from '../engine/core/errors.js';
 import { flushPending, writeCheckpoint } from '../engine/run/checkpoint.js';
 import type { Execution } from '../engine/run/execution.js';
 import { attemptWithTimeout } from './attempt.js';
+import { acquirePermit, checkRateLimitKey, pauseOnRetryAfter } from './rate-limit.js';
 import { heartbeatStep } from './heartbeat.js';
 import { streamsFlushed } from './stream.js';
 import { encodeOutput, replayCheckpoint, stepFailure } from './replay.js';
@@ -30,6 +31,12 @@ export interface StepOptions {
    * worker is alive (a long step heartbeats). Default: none.
    */
   timeout?: Duration;
+  /**
+   * A shared rate limit key (set_rate_limit / engine.setRateLimit): each attempt first waits
+   * for a permit on it, across every run and worker (a long wait holds no worker), and an
+   * attempt that fails with a Retry-After pauses the key for every run. Default: none.
+   */
+  rateLimit?: string;
 }
 
 /** The longest timer Node.js keeps (about 24.8 days); a longer one would fire at once. */
@@ -59,6 +66,7 @@ export function resumeAttempt(recorded: readonly unknown[] | undefined): number 
 export async function runStep<T>(exec: Execution, name: string, fn: StepFunction<T>, options: StepOptions = {}): Promise<T> {
   const policy = resolveRetryPolicy(options.retry, `step ${JSON.stringify(name)}`);
   const timeoutMs = stepTimeoutMs(options.timeout, `step ${JSON.stringify(name)}: timeout`);
+  const rateLimit = checkRateLimitKey(options.rateLimit, `step ${JSON.stringify(name)}`);
   const position = exec.takeStep(name, 'step');
   if (!position) return exec.suspend();
   if (position.recorded && position.recorded[2] !== 'WAITING') return replayCheckpoint<T>(position.recorded);
@@ -68,6 +76,7 @@ export async function runStep<T>(exec: Execution, name: string, fn: StepFunction
   const firstAttempt = resumeAttempt(position.recorded);
   return exec.inStep(async () => {
     for (let attempt = firstAttempt; ;) {
+      if (rateLimit && !(await acquirePermit(exec, rateLimit, { seq, name, kind: 'step' }, attempt))) return exec.suspend<T>();
       const startedAt = monotonicMark();
       let outcome: { ok: true; text: string | undefined; value: unknown } | { ok: false; error: unknown };
       try {
@@ -85,6 +94,7 @@ export async function runStep<T>(exec: Execution, name: string, fn: StepFunction
         outcome = { ok: false, error };
       }
       if (exec.haltReason) return exec.suspend<T>();
+      if (!outcome.ok && rateLimit && !(await pauseOnRetryAfter(exec, rateLimit, outcome.error))) return exec.suspend<T>();
       if (!outcome.ok && !exec.cancelRequested) {
         const decision = await decideRetry(exec, policy, { seq, name, kind: 'step' }, attempt, outcome.error);
         if (decision.kind === 'suspended') return exec.suspend<T>();

@@ -44,6 +44,12 @@ export interface StartOptions {
    * default: the caller's active span (OpenTelemetry context), if any. null: none.
    */
   traceparent?: string | null;
+  /**
+   * Starts with the same `key` (per workflow and tenant) closer together than `delay` collapse
+   * into one run: it starts `delay` after the last of them, with the last input, and each
+   * start returns its id (docs/queues.md#debounce). Not with runId, idempotencyKey or runAt.
+   */
+  debounce?: { key: string; delay: Duration };
 }
 
 /** `O` is the output as stored: `engine.start` gives `RunHandle<Jsonify<O>>` for a workflow returning `O`. */
@@ -118,6 +124,7 @@ export async function startRun<O, In>(
   const inputText = checkedInput(host, workflow, input, `input for workflow ${workflow.name}`);
   await host.registerWorkflow(workflow);
   const sqlOptions = startOptionsToSql(workflow, options, 'start');
+  if (options.debounce !== undefined) return startDebounced(host, workflow, inputText, sqlOptions, options);
   const runIdAsked = options.runId ?? newId();
   sqlOptions.run_id = runIdAsked;
   if (options.idempotencyKey !== undefined) sqlOptions.idempotency_key = options.idempotencyKey;
@@ -151,8 +158,42 @@ export async function startRun<O, In>(
   return handleFor<Jsonify<O>>(host, runId, ranHere);
 }
 
+/** A debounced start: start_run on its own (no batch, no local claim: the run starts later, and maybe as another start's run). */
+async function startDebounced<O>(
+  host: StartHost,
+  workflow: Workflow<any, O, any>,
+  inputText: string | undefined,
+  sqlOptions: Record<string, unknown>,
+  options: StartOptions,
+): Promise<RunHandle<Jsonify<O>>> {
+  const debounce = options.debounce!;
+  if (
+    typeof debounce !== 'object' ||
+    debounce === null ||
+    typeof debounce.key !== 'string' ||
+    debounce.key === '' ||
+    debounce.key.length > 200
+  )
+    throw new InvalidInputError(`start: debounce must be { key, delay } with a key of 1 to 200 characters`);
+  for (const excluded of ['runId', 'idempotencyKey', 'runAt'] as const) {
+    if (options[excluded] !== undefined)
+      throw new InvalidInputError(`start: debounce decides the run's id and start time: it does not go with ${excluded}`);
+  }
+  sqlOptions.debounce = { key: debounce.key, delay_ms: Math.round(asInvalidInput(() => toMs(debounce.delay, 'start: debounce.delay'))) };
+  if (options.concurrencyKey !== undefined) sqlOptions.concurrency_key = options.concurrencyKey;
+  try {
+    const result = await host.deps.pool.query(
+      'select runledger.start_run(p_workflow => $1, p_input => $2::jsonb, p_options => $3::jsonb) as run_id',
+      [workflow.name, inputText ?? null, inputJsonText(sqlOptions, 'engine.start options')],
+    );
+    return handleFor<Jsonify<O>>(host, result.rows[0].run_id as string, undefined);
+  } catch (error) {
+    throw fromPgError(error);
+  }
+}
+
 /** Options of engine.startMany: those of start for every run, and the per-run ones as arrays in input order. */
-export interface StartManyOptions extends Omit<StartOptions, 'runId' | 'idempotencyKey' | 'concurrencyKey'> {
+export interface StartManyOptions extends Omit<StartOptions, 'runId' | 'idempotencyKey' | 'concurrencyKey' | 'debounce'> {
   /** One per input (undefined: a new ULID). */
   runIds?: Array<string | undefined>;
   /** One per input (undefined: none). An input whose key already has a run gets that run's handle. */
@@ -308,9 +349,12 @@ const START_OPTIONS: ReadonlyArray<keyof StartOptions> = [
   'budget',
   'noProgress',
   'traceparent',
+  'debounce',
 ];
 const START_MANY_OPTIONS: ReadonlyArray<keyof StartManyOptions> = [
-  ...(START_OPTIONS.filter((name) => !['runId', 'idempotencyKey', 'concurrencyKey'].includes(name)) as Array<keyof StartManyOptions>),
+  ...(START_OPTIONS.filter((name) => !['runId', 'idempotencyKey', 'concurrencyKey', 'debounce'].includes(name)) as Array<
+    keyof StartManyOptions
+  >),
   'runIds',
   'idempotencyKeys',
   'concurrencyKeys',

@@ -107,6 +107,6 @@ export const COMPENSATION_STATUSES = ['STARTED', 'DONE', 'FAILED'] as const;
 export type CompensationStatus = (typeof COMPENSATION_STATUSES)[number];
 
 /** What a WAITING run waits for (runs.wait_kind). */
-export const WAIT_KINDS = ['timer', 'signal', 'approval', 'child', 'retry', 'reconcile'] as const;
+export const WAIT_KINDS = ['timer', 'signal', 'approval', 'child', 'retry', 'reconcile', 'rate_limit'] as const;
 
 export type WaitKind = (typeof WAIT_KINDS)[number];

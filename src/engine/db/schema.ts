@@ -92,6 +92,7 @@ export const RUNLEDGER_TABLES = {
     execution_traceparent: 'text null',
     in_sessions: 'bool null',
     lineage_id: 'text null',
+    debounce_key: 'text null',
   },
   'runledger.steps': {
     run_id: 'text',
@@ -336,6 +337,27 @@ export const RUNLEDGER_TABLES = {
     type: 'text null',
     blob: 'bytea',
     task_path: 'text default',
+  },
+  'runledger.rate_limit_keys': {
+    key: 'text',
+    max_calls: 'int4 null',
+    per: 'interval null',
+    paused_until: 'timestamptz null',
+    pause_reason: 'jsonb null',
+    updated_at: 'timestamptz default',
+  },
+  'runledger.rate_limit_calls': {
+    key: 'text',
+    at: 'timestamptz',
+    run_id: 'text',
+    seq: 'int4',
+  },
+  'runledger.rate_limit_waiters': {
+    run_id: 'text',
+    seq: 'int4',
+    key: 'text',
+    since: 'timestamptz default',
+    until: 'timestamptz',
   },
 } as const satisfies Record<string, Record<string, ColumnSpec>>;
 

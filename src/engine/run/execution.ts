@@ -531,7 +531,21 @@ export class Execution {
     this.cancelRequested = true;
     this.abortController.abort('cancelled');
     if (this.inFlight === 0) this.halt({ kind: 'cancelled' });
-    else setTimeout(() => this.halt({ kind: 'cancelled' }), graceMs).unref();
+    else
+      setTimeout(() => {
+        // A child process being killed (ctx.exec) holds the end until its kill is confirmed.
+        if (this.#cancelHolds.size === 0) this.halt({ kind: 'cancelled' });
+        else void Promise.allSettled([...this.#cancelHolds]).then(() => this.halt({ kind: 'cancelled' }));
+      }, graceMs).unref();
+  }
+
+  readonly #cancelHolds = new Set<Promise<unknown>>();
+
+  /** Keeps a cancelled run from ending before `settled` settles (past the cancel grace too): a kill in progress. */
+  holdCancel(settled: Promise<unknown>): void {
+    this.#cancelHolds.add(settled);
+    const release = () => void this.#cancelHolds.delete(settled);
+    settled.then(release, release);
   }
 
   /** The engine's payload codec, or none. */
