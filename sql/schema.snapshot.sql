@@ -128,6 +128,29 @@ CREATE INDEX audit_log_at ON runledger.audit_log USING btree (at);
 CREATE UNIQUE INDEX audit_log_pkey ON runledger.audit_log USING btree (audit_id);
 CREATE INDEX audit_log_run ON runledger.audit_log USING btree (run_id, audit_id) WHERE (run_id IS NOT NULL);
 
+CREATE TABLE runledger.environments (
+  env_id text COLLATE "C" NOT NULL,
+  run_id text COLLATE "C" NOT NULL,
+  workflow_name text COLLATE "C" NOT NULL,
+  workflow_version text COLLATE "C" NOT NULL,
+  manifest jsonb NOT NULL,
+  seq integer NOT NULL,
+  attempt integer NOT NULL,
+  created_at timestamp with time zone DEFAULT runledger.now() NOT NULL,
+  reclaim_owner text COLLATE "C",
+  reclaim_until timestamp with time zone,
+  reclaim_attempts integer DEFAULT 0 NOT NULL,
+  reclaimed_at timestamp with time zone,
+  reclaimed_status text COLLATE "C",
+  last_error jsonb
+);
+COMMENT ON TABLE runledger.environments IS 'Execution environments of runs (engine.workflow({ environment })): the manifest each attempt of the create step made, the worker reclaiming it (reclaim_owner until reclaim_until), and the last reclaim: when, for which run status, how many attempts, the last error. Reclaimed once the run finishes, whatever its status; again after a retry_run when the run finishes again.';
+ALTER TABLE runledger.environments ADD CONSTRAINT environments_pkey PRIMARY KEY (env_id);
+ALTER TABLE runledger.environments ADD CONSTRAINT environments_run_id_fkey FOREIGN KEY (run_id) REFERENCES runledger.runs(run_id) ON DELETE CASCADE;
+CREATE UNIQUE INDEX environments_pkey ON runledger.environments USING btree (env_id);
+CREATE INDEX environments_run ON runledger.environments USING btree (run_id);
+CREATE INDEX environments_unreclaimed ON runledger.environments USING btree (workflow_name, workflow_version) WHERE (reclaimed_at IS NULL);
+
 CREATE TABLE runledger.events (
   event_id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
   run_id text COLLATE "C" NOT NULL,
@@ -676,6 +699,62 @@ CREATE VIEW runledger.artifact_list AS
    FROM runledger.artifacts a
      JOIN runledger.runs r ON r.run_id = a.run_id;
 COMMENT ON VIEW runledger.artifact_list IS 'Every artifact and stored value with its run and workflow, sha256, size, and where its content is: stored (in artifact_blobs) or ref (elsewhere). engine.readArtifact(artifactId) reads the content.';
+
+CREATE VIEW runledger.cost_stats AS
+ WITH per_run AS (
+         SELECT r.workflow_name,
+            r.workflow_version,
+            r.version_manifest ->> 'runtime'::text AS runtime_version,
+            r.version_manifest ->> 'checkpointSchema'::text AS checkpoint_schema_version,
+            COALESCE(r.version_manifest -> 'manifest'::text, '{}'::jsonb) AS manifest,
+            r.status,
+            r.termination_reason,
+            r.status = 'SUCCEEDED'::runledger.run_status AND r.termination_evidence ? 'verification'::text AS verified,
+            r.budget_spent AS units,
+            COALESCE((r.budget_used ->> 'tokens'::text)::numeric, 0::numeric) AS tokens,
+            COALESCE((r.budget_used ->> 'cost_usd'::text)::numeric, 0::numeric) AS cost_usd,
+            COALESCE((r.budget_used ->> 'tool_calls'::text)::numeric, 0::numeric) AS tool_calls,
+            COALESCE((r.budget_used ->> 'turns'::text)::numeric, 0::numeric) AS turns,
+            (( SELECT COALESCE(sum(EXTRACT(epoch FROM
+                        CASE
+                            WHEN s.status = 'WAITING'::text THEN runledger.now()
+                            ELSE s.finished_at
+                        END - s.started_at)), 0::numeric) AS "coalesce"
+                   FROM runledger.steps s
+                  WHERE s.run_id = r.run_id AND (s.kind = ANY (ARRAY['sleep'::text, 'signal'::text, 'approval'::text, 'child'::text])))) / 86400.0 AS waiting_days,
+            (COALESCE(pg_column_size(r.input), 0) + COALESCE(pg_column_size(r.output), 0) + COALESCE(pg_column_size(r.error), 0) + (( SELECT COALESCE(sum(COALESCE(pg_column_size(s.output), 0) + COALESCE(pg_column_size(s.error), 0)), 0::bigint) AS "coalesce"
+                   FROM runledger.steps s
+                  WHERE s.run_id = r.run_id)) + (( SELECT COALESCE(sum(pg_column_size(c.chunk)), 0::bigint) AS "coalesce"
+                   FROM runledger.stream_chunks c
+                  WHERE c.run_id = r.run_id)))::numeric + (( SELECT COALESCE(sum(a.size), 0::numeric) AS "coalesce"
+                   FROM runledger.artifacts a
+                  WHERE a.run_id = r.run_id AND a.blob IS NOT NULL)) AS bytes
+           FROM runledger.runs r
+        )
+ SELECT workflow_name,
+    workflow_version,
+    runtime_version,
+    checkpoint_schema_version,
+    manifest,
+    count(*) AS runs,
+    count(*) FILTER (WHERE status = 'SUCCEEDED'::runledger.run_status) AS succeeded,
+    count(*) FILTER (WHERE verified) AS verified_succeeded,
+    count(*) FILTER (WHERE status = ANY (ARRAY['FAILED'::runledger.run_status, 'TERMINATED'::runledger.run_status, 'DEAD_LETTER'::runledger.run_status, 'CANCELLED'::runledger.run_status])) AS not_succeeded,
+    count(*) FILTER (WHERE termination_reason = 'POLICY'::text) AS stopped_by_policy,
+    sum(units) AS units,
+    sum(tokens) AS tokens,
+    sum(cost_usd) AS cost_usd,
+    sum(tool_calls) AS tool_calls,
+    sum(turns) AS turns,
+    sum(cost_usd) / NULLIF(count(*) FILTER (WHERE verified), 0)::numeric AS cost_usd_per_verified_run,
+    sum(tokens) / NULLIF(count(*) FILTER (WHERE verified), 0)::numeric AS tokens_per_verified_run,
+    sum(cost_usd) / NULLIF(count(*) FILTER (WHERE status = 'SUCCEEDED'::runledger.run_status), 0)::numeric AS cost_usd_per_succeeded_run,
+    sum(waiting_days) AS waiting_run_days,
+    count(*) FILTER (WHERE status = 'WAITING'::runledger.run_status) AS waiting_now,
+    (sum(bytes) / count(*)::numeric)::bigint AS bytes_per_run
+   FROM per_run p
+  GROUP BY workflow_name, workflow_version, runtime_version, checkpoint_schema_version, manifest;
+COMMENT ON VIEW runledger.cost_stats IS 'What runs cost, per workflow, version, runtime version, checkpoint schema version and version manifest (the user''s manifest: agent, prompt, tool versions): runs, succeeded and verified succeeded runs (SUCCEEDED with the evidence of a verify), runs that did not succeed and those a policy stopped; spend per budget dimension (units, tokens, cost_usd, tool_calls, turns); cost and tokens per verified successful run (the spend of every run, failed ones included, over the verified ones) and cost per succeeded run; run-days spent in durable waits (sleep, signal, approval, child; ongoing waits counted to now) and runs waiting now; bytes stored per run (input, output, error, checkpoints, stream chunks, stored artifacts). Reads every run and its history.';
 
 CREATE VIEW runledger.dead_letter AS
  SELECT run_id,
@@ -2762,6 +2841,98 @@ begin
 end;
 $function$;
 COMMENT ON FUNCTION runledger._enforce_deadlines(integer) IS 'Sweeper: PENDING and WAITING runs past their deadline end TERMINATED (DEADLINE), exactly once, with the deadline as evidence. Honours runledger.fake_now. Returns how many.';
+
+CREATE OR REPLACE FUNCTION runledger._environment_reclaimed(p_env_id text, p_worker_id text, p_error jsonb, p_retry_in_ms integer)
+ RETURNS boolean
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
+AS $function$
+declare
+  v_env runledger.environments;
+begin
+  select * into v_env from runledger.environments e where e.env_id = p_env_id for update;
+  if not found or v_env.reclaim_owner is distinct from p_worker_id then
+    return false; -- the lease went to another worker meanwhile: its outcome is the one kept
+  end if;
+  if p_error is null then
+    update runledger.environments e
+       set reclaimed_at = runledger.now(), reclaimed_status = (select r.status::text from runledger.runs r where r.run_id = e.run_id),
+           reclaim_owner = null, reclaim_until = null, last_error = null
+     where e.env_id = p_env_id;
+    insert into runledger.events (run_id, kind, detail)
+    values (v_env.run_id, 'environment_reclaimed', jsonb_build_object('env_id', p_env_id, 'by', p_worker_id, 'attempts', v_env.reclaim_attempts));
+  else
+    update runledger.environments e
+       set reclaim_owner = null, reclaim_until = runledger._ms_after(runledger.now(), p_retry_in_ms, '_environment_reclaimed: p_retry_in_ms'),
+           last_error = p_error
+     where e.env_id = p_env_id;
+    insert into runledger.events (run_id, kind, detail)
+    values (v_env.run_id, 'environment_reclaim_failed', jsonb_build_object('env_id', p_env_id, 'by', p_worker_id,
+            'attempts', v_env.reclaim_attempts, 'error', p_error, 'retry_in_ms', p_retry_in_ms));
+  end if;
+  return true;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._environment_reclaimed(text,text,jsonb,integer) IS 'The outcome of a leased reclaim: p_error null records it reclaimed (for the run''s current status) and ends the lease; else the error is kept and the environment is due again after p_retry_in_ms. False when the lease is no longer p_worker_id''s (its outcome is not recorded).';
+
+CREATE OR REPLACE FUNCTION runledger._environment_record(p_run_id text, p_token bigint, p_seq integer, p_attempt integer, p_manifest jsonb)
+ RETURNS text
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
+AS $function$
+declare
+  v_run runledger.runs := runledger._fence(p_run_id, p_token);
+  v_id  text := runledger._new_id();
+begin
+  insert into runledger.environments (env_id, run_id, workflow_name, workflow_version, manifest, seq, attempt)
+  values (v_id, p_run_id, v_run.workflow_name, v_run.workflow_version, p_manifest, p_seq, p_attempt);
+  insert into runledger.events (run_id, kind, detail, fencing_token)
+  values (p_run_id, 'environment_created', jsonb_build_object('env_id', v_id, 'seq', p_seq, 'attempt', p_attempt), p_token);
+  return v_id;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._environment_record(text,bigint,integer,integer,jsonb) IS 'Fenced: records the environment an attempt of a run''s environment create step made (its manifest), before the step''s checkpoint; returns its env_id.';
+
+CREATE OR REPLACE FUNCTION runledger._environments_due(p_worker_id text, p_workflows text[], p_limit integer, p_lease_ms integer, p_run_id text DEFAULT NULL::text)
+ RETURNS TABLE(env_id text, run_id text, workflow_name text, workflow_version text, manifest jsonb, run_status text, attempts integer)
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
+AS $function$
+#variable_conflict use_column
+declare
+  v_now timestamptz := runledger.now();
+begin
+  return query
+  with due as (
+    select e.env_id from runledger.environments e join runledger.runs r on r.run_id = e.run_id
+     where (p_run_id is null or e.run_id = p_run_id)
+       and (e.workflow_name || '@' || e.workflow_version) = any(p_workflows)
+       and runledger.is_terminal(r.status)
+       and (e.reclaimed_at is null or e.reclaimed_at < r.finished_at)
+       and (e.reclaim_until is null or e.reclaim_until < v_now)
+     order by r.finished_at
+     limit p_limit
+       for update of e skip locked)
+  , leased as (
+  update runledger.environments e
+     set reclaim_owner = p_worker_id, reclaim_until = runledger._ms_after(v_now, p_lease_ms, '_environments_due: p_lease_ms'),
+         reclaim_attempts = e.reclaim_attempts + 1
+    from due, runledger.runs r
+   where e.env_id = due.env_id and r.run_id = e.run_id
+  returning e.env_id, e.run_id, e.workflow_name, e.workflow_version, e.manifest, r.status::text as run_status, e.reclaim_attempts)
+  select l.env_id, l.run_id, l.workflow_name, l.workflow_version, l.manifest, l.run_status, l.reclaim_attempts from leased l;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._environments_due(text,text[],integer,integer,text) IS 'Leases to p_worker_id up to p_limit environments due for reclaim: their run finished (any terminal status) after their last reclaim, their workflow@version is in p_workflows, and no other worker holds them (reclaim_until passed). Each lease counts a reclaim attempt. p_run_id limits it to one run''s.';
 
 CREATE OR REPLACE FUNCTION runledger._fail_run(p_run_id text, p_token bigint, p_error jsonb, p_policy_version text, p_reason text DEFAULT 'FAILED'::text, p_evidence jsonb DEFAULT NULL::jsonb)
  RETURNS void
@@ -6914,7 +7085,7 @@ CREATE OR REPLACE FUNCTION runledger.termination_reasons()
  IMMUTABLE
 AS $function$
   select array['COMPLETED', 'FAILED', 'CANCELLED', 'DEADLINE', 'MAX_STEPS', 'BUDGET', 'NO_PROGRESS',
-               'MAX_RECOVERY_ATTEMPTS', 'NON_DETERMINISM', 'UNVERIFIED']
+               'MAX_RECOVERY_ATTEMPTS', 'NON_DETERMINISM', 'UNVERIFIED', 'POLICY']
 $function$;
 COMMENT ON FUNCTION runledger.termination_reasons() IS 'Why a terminal run stopped (runs.termination_reason); see docs/termination.md for the evidence of each.';
 

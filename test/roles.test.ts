@@ -122,6 +122,9 @@ const EXPECTED: Record<string, string[]> = {
     '_rate_limit_acquire',
     '_rate_limit_pause',
     '_rate_limit_wait',
+    '_environment_record',
+    '_environments_due',
+    '_environment_reclaimed',
   ],
 };
 const ROLES = Object.keys(EXPECTED);

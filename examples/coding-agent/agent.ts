@@ -11,7 +11,7 @@
 import type pg from 'pg';
 import { z } from 'zod';
 import { defineTool, runAgent, scriptedModel, type Engine, type ScriptedReply } from '../../src/index.js';
-import { ensureWorkspace, readWorkspaceFile, renderDiff, runTests, writeFile, type FileChange } from './repo.js';
+import { ensureWorkspace, readWorkspaceFile, removeWorkspaces, renderDiff, runTests, writeFile, type FileChange } from './repo.js';
 
 export const SENIOR = 'senior.sam';
 
@@ -71,7 +71,7 @@ export function defineCodingAgent(engine: Engine, options: { providerUrl: string
     description: 'Runs the project tests in the workspace.',
     input: z.object({}),
     sideEffect: 'none',
-    run: async (_args, { runId }) => runTests((await workspace(runId)).dir),
+    run: async (_args, { runId, signal }) => runTests((await workspace(runId)).dir, signal),
   });
   const mergePr = defineTool({
     name: 'merge_pr',
@@ -99,21 +99,32 @@ export function defineCodingAgent(engine: Engine, options: { providerUrl: string
     },
   });
 
-  const checkMerged = async (runId: string, pr: number) => {
+  const checkMerged = async (runId: string, pr: number, signal: AbortSignal) => {
     const { dir, rebuilt } = await workspace(runId);
-    const tests = runTests(dir);
+    const tests = await runTests(dir, signal);
     const merge = await fetch(`${providerUrl}/pulls/${pr}/merge?key=pr-${pr}-merge`);
-    return { tests, merged: merge.ok, rebuiltWorkspace: rebuilt, pid: process.pid };
+    return { tests, merged: merge.ok, rebuiltWorkspace: rebuilt || rebuiltHere.has(runId), pid: process.pid };
   };
+  // The runs whose workspace this process rebuilt from the run's history (the environment's rehydrate).
+  const rebuiltHere = new Set<string>();
 
   return engine.workflow(
     {
       name: 'coding-agent',
       input: z.object({ pr: z.number().int().positive(), task: z.string() }),
+      // The workspace is the run's environment: made at the start, rebuilt from the recorded
+      // diff on a worker that lacks it (after a crash), removed when the run has ended.
+      environment: {
+        create: (ctx) => ({ base: 'price@v1', dir: ensureWorkspace(ctx.runId, []).dir }),
+        rehydrate: async (ctx) => {
+          if (ensureWorkspace(ctx.runId, await recordedChanges(engine.pool, ctx.runId)).rebuilt) rebuiltHere.add(ctx.runId);
+        },
+        reclaim: (_manifest, { runId }) => void removeWorkspaces(runId),
+      },
       limits: { deadline: '7d', budget: { tokens: 50_000, costUsd: 1, toolCalls: 20, turns: 12 }, noProgress: 4 },
       // SUCCEEDED only with the evidence: the tests pass on the merged code and the provider has the merge.
       verify: async (output, ctx, input) => {
-        const check = await ctx.step('final-check', () => checkMerged(ctx.runId, input.pr));
+        const check = await ctx.step('final-check', ({ signal }) => checkMerged(ctx.runId, input.pr, signal));
         return check.tests.passed && check.merged
           ? { ok: true, evidence: { tests: check.tests.output, merged: true, output } }
           : { ok: false, reason: check.tests.passed ? 'the provider has no merge' : `tests fail: ${check.tests.output}` };
@@ -135,7 +146,7 @@ export function defineCodingAgent(engine: Engine, options: { providerUrl: string
           }
         },
         verify: async () => {
-          const check = await ctx.step('check-complete', () => checkMerged(ctx.runId, input.pr));
+          const check = await ctx.step('check-complete', ({ signal }) => checkMerged(ctx.runId, input.pr, signal));
           return check.tests.passed && check.merged ? { ok: true, evidence: check } : { ok: false, reason: 'not merged or tests fail' };
         },
       });

@@ -14,7 +14,7 @@
  * Same database as `npm run demo` (runledger_demo): DATABASE_URL's server, or an embedded one.
  */
 import { fileURLToPath } from 'node:url';
-import { rmSync } from 'node:fs';
+import { existsSync, rmSync } from 'node:fs';
 import { dirname } from 'node:path';
 import { createEngine } from '../../src/index.js';
 import {
@@ -23,6 +23,7 @@ import {
   openDatabase,
   operationHistory,
   spawnDemoWorker,
+  waitFor,
   waitTerminal,
   type DemoDatabase,
 } from '../demo-support.js';
@@ -121,6 +122,18 @@ try {
   check(
     final?.rebuiltWorkspace === true && final.pid === second.pid && final.tests.passed,
     `the second worker (pid ${second.pid}) rebuilt the workspace from the recorded diff, and the tests pass there`,
+  );
+  // The workspace is the run's environment: reclaimed once the run ended, by the worker that finished it.
+  const reclaimed = await waitFor('the workspace environment reclaimed', async () => {
+    const { rows } = await engine.pool.query(
+      `select count(*) filter (where reclaimed_status = 'SUCCEEDED')::int as done, count(*)::int as made from runledger.environments where run_id = $1`,
+      [handle.runId],
+    );
+    return rows[0].done === rows[0].made && rows[0].made > 0 ? rows[0] : undefined;
+  });
+  check(
+    reclaimed !== undefined && !existsSync(workspaceDir(handle.runId, String(second.pid))),
+    `the workspace environment was reclaimed once the run ended (${reclaimed?.made ?? 0} made, all reclaimed), and its directory is gone`,
   );
   const { rows: diff } = await engine.pool.query(`select name, size, sha256 from runledger.artifacts where run_id = $1`, [handle.runId]);
   console.log(`   artifacts: ${diff.map((d) => `${d.name} (${d.size} bytes, sha256 ${String(d.sha256).slice(0, 12)})`).join(', ')}`);

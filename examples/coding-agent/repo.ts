@@ -5,10 +5,10 @@
  * base files and the diff the run recorded as an artifact. The workspace is a cache;
  * the run's history is the truth.
  */
-import { mkdirSync, readFileSync, rmSync, writeFileSync, existsSync } from 'node:fs';
-import { spawnSync } from 'node:child_process';
+import { mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync, existsSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
+import { runCommand } from '../../src/index.js';
 
 /** The project at the pull request's base: `price()` truncates where it should round. */
 export const BASE_FILES: Record<string, string> = {
@@ -38,6 +38,20 @@ export function workspaceDir(runId: string, pid = String(process.pid)): string {
   return join(tmpdir(), 'runledger-coding-agent', pid, runId);
 }
 
+/** Removes the run's workspace from every process's directory (the environment's reclaim: a crashed worker's copy too). */
+export function removeWorkspaces(runId: string): number {
+  const root = join(tmpdir(), 'runledger-coding-agent');
+  let removed = 0;
+  for (const pid of existsSync(root) ? readdirSync(root) : []) {
+    const dir = join(root, pid, runId);
+    if (existsSync(dir)) {
+      rmSync(dir, { recursive: true, force: true });
+      removed++;
+    }
+  }
+  return removed;
+}
+
 /** The run's workspace in this process; created from the base files plus `changes` where it is missing. */
 export function ensureWorkspace(runId: string, changes: FileChange[]): { dir: string; rebuilt: boolean } {
   const dir = workspaceDir(runId);
@@ -59,11 +73,18 @@ export function writeFile(dir: string, path: string, text: string): void {
   writeFileSync(join(dir, path), text);
 }
 
-/** Runs the project's tests in the workspace: `{ passed, output }`. */
-export function runTests(dir: string): { passed: boolean; output: string } {
-  const result = spawnSync(process.execPath, ['test/price.test.js'], { cwd: dir, encoding: 'utf8', timeout: 20_000 });
-  const output = `${result.stdout}${result.stderr}`.trim().split('\n').slice(-3).join('\n');
-  return { passed: result.status === 0, output };
+/**
+ * Runs the project's tests in the workspace: `{ passed, output }`. Through runCommand (what
+ * ctx.exec runs): the test process gets a process group of its own, killed with the run when
+ * it is cancelled (the step's signal), when it runs past 20 s, or when this worker dies.
+ */
+export async function runTests(dir: string, signal: AbortSignal): Promise<{ passed: boolean; output: string }> {
+  const result = await runCommand(
+    { command: process.execPath, args: ['test/price.test.js'], cwd: dir, timeout: '20s' },
+    { signal, name: 'tests' },
+  );
+  const output = `${result.stdoutTail}${result.stderrTail}`.trim().split('\n').slice(-3).join('\n');
+  return { passed: result.exitCode === 0, output };
 }
 
 /** A unified-looking diff of the changes, for people (the artifact keeps the structured form too). */

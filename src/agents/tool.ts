@@ -6,7 +6,8 @@ import { UNREADABLE, type Execution } from '../engine/run/execution.js';
 import type { StepContext } from '../steps/context.js';
 import { stepTimeoutMs } from '../steps/step.js';
 import { checkRateLimitKey } from '../steps/rate-limit.js';
-import type { ReconcileAnswer } from '../steps/operation.js';
+import { fromToolCall, type ReconcileAnswer } from '../steps/operation.js';
+import { allowedByPolicy } from '../steps/policy.js';
 import type { RetryPolicy } from '../steps/retry.js';
 import { loadLarge } from './artifact.js';
 import { encodeToolResult } from './tool-result.js';
@@ -96,7 +97,12 @@ export interface ToolDefinition<A, R> {
   /** Names the external resource the call created, for the ledger. */
   externalResourceId?: (result: Jsonify<R>) => string | undefined;
   retry?: RetryPolicy;
-  /** 'none' tools: how long one attempt may run; past it the call is aborted and fails with STEP_TIMEOUT, into `retry`. */
+  /**
+   * How long one call may run; past it the call is aborted (STEP_TIMEOUT). A 'none' tool's
+   * attempt fails into `retry`; a call with an effect may have happened: an 'idempotent' one is
+   * called again within `retry`, an 'external' one is UNKNOWN in the ledger (`reconcile` or an
+   * operator settles it), as after a crash.
+   */
   timeout?: Duration;
   /** A shared rate limit key (engine.setRateLimit): each call waits for a permit on it, across every run and worker; a Retry-After pauses it for all. */
   rateLimit?: string;
@@ -144,11 +150,6 @@ export function defineTool<A, R>(tool: ToolDefinition<A, R>): Tool<A, R> {
     throw new ConfigError(`${what}: approvers must be a list of names`);
   }
   if (tool.approvalTimeout !== undefined) toMs(tool.approvalTimeout, `${what}: approvalTimeout`);
-  if (tool.timeout !== undefined && tool.sideEffect !== 'none') {
-    throw new ConfigError(
-      `${what}: timeout is for 'none' tools so far: a call with an effect that timed out may have happened (its outcome is the ledger's)`,
-    );
-  }
   if (tool.timeout !== undefined) stepTimeoutMs(tool.timeout, `${what}: timeout`);
   checkRateLimitKey(tool.rateLimit, what);
   if (tool.onError !== undefined && tool.onError !== 'observe' && tool.onError !== 'throw') {
@@ -237,6 +238,8 @@ export async function callTool<A, R>(
   }
   const data = parsed.data;
   const givenKey = businessKey(tool, data, options);
+  // The workflow's policy, asked before the call's first position (its approval, key check or call) is taken.
+  if (!allowedByPolicy(exec, { kind: 'tool', name: tool.name, args: data, sideEffect: tool.sideEffect })) return exec.suspend();
 
   if (typeof tool.needsApproval === 'function' ? tool.needsApproval(data) : tool.needsApproval) {
     const decision = await ctx.requestApproval(`${name}:approval`, {
@@ -321,11 +324,12 @@ export async function callTool<A, R>(
     tool,
     ctx.operation<unknown>(
       name,
-      {
+      fromToolCall<unknown>({
         idempotencyKey: key,
         idempotent: tool.sideEffect === 'idempotent',
         ...(tool.retry ? { retry: tool.retry } : {}),
         ...(tool.rateLimit !== undefined ? { rateLimit: tool.rateLimit } : {}),
+        ...(tool.timeout !== undefined ? { timeout: tool.timeout } : {}),
         ...(tool.output ? { result: tool.output } : {}),
         ...(tool.externalResourceId ? { externalResourceId: tool.externalResourceId as (result: unknown) => string | undefined } : {}),
         ...(reconcile
@@ -343,7 +347,7 @@ export async function callTool<A, R>(
                 compensate({ result: result as Jsonify<R>, idempotencyKey, args: data, signal }),
             }
           : {}),
-      },
+      }),
       async (info) => {
         await charge();
         const value = await tool.run(data, {

@@ -69,6 +69,11 @@ export class StepContext<DB = any> {
     return this.#exec.attempt;
   }
 
+  /** The run's environment manifest (the workflow's `environment`), once made or replayed; undefined without one. */
+  get environment(): unknown {
+    return this.#exec.environment;
+  }
+
   /** Fires when the run is cancelled or this worker lost its lease. */
   get abortSignal(): AbortSignal {
     return this.#exec.abortController.signal;

@@ -1,6 +1,6 @@
 import { flushPending } from '../engine/run/checkpoint.js';
 import type { ZodType } from 'zod';
-import { InvalidInputError, InvalidReconcileAnswerError, type SerializedError } from '../engine/core/errors.js';
+import { InvalidInputError, InvalidReconcileAnswerError, StepTimeoutError, type SerializedError } from '../engine/core/errors.js';
 import { monotonicMark, msSince } from '../engine/core/duration.js';
 import { committed } from '../engine/run/checkpoint.js';
 import { haltOnDbError } from '../engine/run/halts.js';
@@ -10,10 +10,12 @@ import { streamsFlushed } from './stream.js';
 import type { Jsonify } from '../engine/core/jsonify.js';
 import { encodeOutput, stepFailure } from './replay.js';
 import { decideRetry, resolveRetryPolicy, type RetryPolicy } from './retry.js';
-import { resumeAttempt } from './step.js';
+import { resumeAttempt, stepTimeoutMs } from './step.js';
+import { attemptWithTimeout } from './attempt.js';
 import { isKeyInUse, keyInUse } from './key-in-use.js';
 import { acquirePermit, checkRateLimitKey, pauseOnRetryAfter } from './rate-limit.js';
-import { toMs } from '../engine/core/duration.js';
+import { allowedByPolicy } from './policy.js';
+import { toMs, type Duration } from '../engine/core/duration.js';
 import { storableJson } from '../engine/core/storable.js';
 
 export type ReconcileAnswer<T> =
@@ -49,6 +51,21 @@ export interface OperationOptions<T> {
    * row PLANNED, not UNKNOWN), and a call that fails with a Retry-After pauses the key for every run.
    */
   rateLimit?: string;
+  /**
+   * How long one call may run: past it its signal fires and the attempt ends with STEP_TIMEOUT.
+   * The call may have happened, so its outcome is unknown: an `idempotent` operation is called
+   * again within `retry` (same key); any other is UNKNOWN in the ledger, settled by `reconcile`
+   * or an operator, as after a crash during the call.
+   */
+  timeout?: Duration;
+}
+
+/** Marks the options of an operation a tool call makes (src/agents/tool.ts): the policy was asked about the tool call. */
+const FROM_TOOL_CALL = Symbol('runledger.fromToolCall');
+
+/** The options of the operation a tool call makes: the workflow's policy is not asked again about it. */
+export function fromToolCall<T>(options: OperationOptions<T>): OperationOptions<T> {
+  return Object.assign(options, { [FROM_TOOL_CALL]: true });
 }
 
 export type OperationFunction<T> = (info: {
@@ -87,6 +104,13 @@ export async function runOperation<T>(
   const policy = resolveRetryPolicy(options.retry, `operation ${JSON.stringify(name)}`);
   if (options.reconcileEveryMs !== undefined) toMs(options.reconcileEveryMs, `operation ${JSON.stringify(name)}: reconcileEveryMs`);
   const rateLimit = checkRateLimitKey(options.rateLimit, `operation ${JSON.stringify(name)}`);
+  const timeoutMs = stepTimeoutMs(options.timeout, `operation ${JSON.stringify(name)}: timeout`);
+  const policyAction = {
+    kind: 'operation' as const,
+    name,
+    idempotencyKey: options.idempotencyKey ?? `${exec.runId}:${exec.stepsTaken}:${name}`,
+  };
+  if (!(options as { [FROM_TOOL_CALL]?: boolean })[FROM_TOOL_CALL] && !allowedByPolicy(exec, policyAction)) return exec.suspend();
   const position = exec.takeStep(name, 'operation');
   if (!position) return exec.suspend();
   const { seq, recorded } = position;
@@ -128,18 +152,27 @@ export async function runOperation<T>(
       if (row.status === 'STARTED') {
         // Started by this execution (a STARTED row found on replay comes back UNKNOWN): not called yet.
         if (rateLimit && !(await acquirePermit(exec, rateLimit, { seq, name, kind: 'operation' }, attempt))) return exec.suspend();
+        const started = row;
         try {
-          const info = {
-            idempotencyKey: row.idempotency_key,
-            operationId: row.operation_id,
-            signal: exec.abortController.signal,
-            attempt: row.attempts,
-            heartbeat: (progress?: unknown) => heartbeatStep(exec, seq, progress),
-          };
-          const value = await (exec.trace ? exec.trace.child('operation', name, seq, row.attempts, () => fn(info)) : fn(info));
+          const value = await attemptWithTimeout(exec, name, started.attempts, timeoutMs, (signal) => {
+            const info = {
+              idempotencyKey: started.idempotency_key,
+              operationId: started.operation_id,
+              signal,
+              attempt: started.attempts,
+              heartbeat: (progress?: unknown) => heartbeatStep(exec, seq, progress),
+            };
+            return exec.trace ? exec.trace.child('operation', name, seq, started.attempts, () => fn(info)) : fn(info);
+          });
           outcome = { ok: true, value };
         } catch (error) {
           outcome = { ok: false, error };
+          if (error instanceof StepTimeoutError && !options.idempotent && !exec.haltReason) {
+            // The call may have happened: its outcome is unknown, as after a crash during it.
+            exec.log('warn', `run ${exec.runId}: operation ${JSON.stringify(name)} ran past its timeout: its outcome is unknown`);
+            row = await begin(false);
+            continue;
+          }
         }
       } else if (row.status === 'SUCCEEDED') {
         // Settled by an operator or a reconciler: an operator's JSON is checked against the schema.

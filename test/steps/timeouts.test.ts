@@ -3,6 +3,7 @@ import { z } from 'zod';
 import { defineModel, defineTool } from '../../src/index.js';
 import { useTestEngine } from '../helpers/test-engine.js';
 import { queueWorkers } from '../helpers/cleanup.js';
+import { waitFor } from '../helpers/database.js';
 
 /**
  * Step timeouts: an attempt past its `timeout` is aborted (its signal fires) and fails with
@@ -104,11 +105,71 @@ describe('step timeouts', () => {
     expect(result.model).toBe('STEP_TIMEOUT');
     expect(result.tool).toMatchObject({ ok: false, error: { code: 'TOOL_FAILED', details: { errorCode: 'STEP_TIMEOUT' } } });
     expect(() =>
-      defineTool({ name: 'wire', description: 'Wires', input: z.object({}), sideEffect: 'external', timeout: '1s', run: () => 1 }),
-    ).toThrow(/timeout is for 'none' tools/);
-    expect(() =>
       defineTool({ name: 'zero', description: 'Zero', input: z.object({}), sideEffect: 'none', timeout: 0, run: () => 1 }),
     ).toThrow(/not from 1 ms/);
     await expect((await t.engine.start(refused, undefined)).result()).rejects.toThrow(/about 24.8 days/);
+  });
+
+  it('an operation past its timeout has an unknown outcome: reconcile settles it; an idempotent one is called again with its key', async () => {
+    const calls: string[] = [];
+    const wf = t.engine.workflow({ name: 'timeout-operations', queue: 'timeouts' }, async (ctx) => {
+      // Never answers: its outcome is UNKNOWN, and reconcile says the provider has it.
+      const settled = await ctx.operation(
+        'wire',
+        {
+          timeout: '100ms',
+          reconcile: async ({ idempotencyKey }) => ({ status: 'succeeded', result: `found ${idempotencyKey}` }),
+        },
+        async ({ idempotencyKey, signal }) => (calls.push(`wire ${idempotencyKey}`), never(signal)),
+      );
+      // Idempotent: the second attempt, same key, answers in time.
+      const again = await ctx.operation(
+        'charge',
+        { timeout: '100ms', idempotent: true, idempotencyKey: `charge-${ctx.runId}`, retry: { maxAttempts: 2, initialDelayMs: 10 } },
+        async ({ idempotencyKey, attempt, signal }) => {
+          calls.push(`charge ${idempotencyKey} ${attempt}`);
+          return attempt === 1 ? never(signal) : `charged ${attempt}`;
+        },
+      );
+      return { settled, again };
+    });
+    await worker();
+    const handle = await t.engine.start(wf, undefined);
+    const result = await handle.result();
+    expect(result.settled).toMatch(/^found /);
+    expect(result.again).toBe('charged 2');
+    expect(calls).toEqual([expect.stringMatching(/^wire /), `charge charge-${handle.runId} 1`, `charge charge-${handle.runId} 2`]);
+    const events = await db.pool.query(`select kind from runledger.events where run_id = $1 and kind = 'operation_unknown'`, [
+      handle.runId,
+    ]);
+    expect(events.rows).toHaveLength(1);
+    const ledger = await db.pool.query(`select name, status, attempts from runledger.operations where run_id = $1 order by seq`, [
+      handle.runId,
+    ]);
+    expect(ledger.rows).toEqual([
+      { name: 'wire', status: 'SUCCEEDED', attempts: 1 },
+      { name: 'charge', status: 'SUCCEEDED', attempts: 2 },
+    ]);
+  });
+
+  it('an external tool past its timeout is UNKNOWN and waits for an operator when it has no reconcile', async () => {
+    const wire = defineTool({
+      name: 'wire',
+      description: 'Wires money',
+      input: z.object({}),
+      sideEffect: 'external',
+      timeout: '100ms',
+      run: (_args, { signal }) => never(signal),
+    });
+    const wf = t.engine.workflow({ name: 'timeout-tool-effect', queue: 'timeouts' }, async (ctx) => ctx.callTool(wire, {}));
+    await worker();
+    const handle = await t.engine.start(wf, undefined);
+    const parked = await waitFor('the run waiting for reconcile', async () => {
+      const row = (await db.pool.query(`select status, wait_kind from runledger.runs where run_id = $1`, [handle.runId])).rows[0];
+      return row.wait_kind === 'reconcile' ? row : undefined;
+    });
+    expect(parked.status).toBe('WAITING');
+    const unknown = await db.pool.query(`select name from runledger.unknown_operations where run_id = $1`, [handle.runId]);
+    expect(unknown.rows).toEqual([{ name: 'tool:wire' }]);
   });
 });

@@ -79,6 +79,7 @@ export const TERMINATION_REASONS = [
   'MAX_RECOVERY_ATTEMPTS',
   'NON_DETERMINISM',
   'UNVERIFIED',
+  'POLICY',
 ] as const;
 
 export type TerminationReason = (typeof TERMINATION_REASONS)[number];

@@ -7,6 +7,8 @@ import { toJsonText } from './json.js';
 import { checkMigrations, type MigrateFunction } from './migration.js';
 import { Redaction } from './redaction.js';
 import type { WorkflowContext } from './workflow-context.js';
+import type { PolicyFunction } from './policy.js';
+import type { EnvironmentSpec } from './environment.js';
 
 /** Workflow, queue and version names: safe in task identifiers and never spliced into SQL. */
 export const NAME_PATTERN = /^[A-Za-z0-9][A-Za-z0-9_.-]{0,49}$/;
@@ -114,6 +116,31 @@ export interface WorkflowOptions<I, In = I> {
    * docs/security.md#redaction.
    */
   redact?: string[];
+  /**
+   * Asked before each tool call, operation and ctx.exec is first taken: nothing (or true)
+   * allows it; `{ refuse: reason, evidence? }` ends the run TERMINATED with the reason POLICY
+   * and the action, reason and evidence as its record, distinct from FAILED. Synchronous (no
+   * I/O); a policy that throws refuses. See docs/termination.md#policy.
+   */
+  policy?: PolicyFunction;
+  /**
+   * The run's execution environment: made once per run (`create`, checkpointed as the step
+   * `@environment`), rebuilt on a worker that lacks it (`rehydrate`), released when the run
+   * finishes whatever its status (`reclaim`). `ctx.environment` is its manifest. See
+   * docs/environments.md.
+   */
+  environment?: EnvironmentSpec<any>;
+}
+
+function checkEnvironment(environment: EnvironmentSpec | undefined, name: string): void {
+  if (environment === undefined) return;
+  if (typeof environment !== 'object' || environment === null)
+    throw new ConfigError(`workflow ${name}: environment must be { create, rehydrate?, reclaim }`);
+  for (const key of ['create', 'reclaim'] as const) {
+    if (typeof environment[key] !== 'function') throw new ConfigError(`workflow ${name}: environment.${key} must be a function`);
+  }
+  if (environment.rehydrate !== undefined && typeof environment.rehydrate !== 'function')
+    throw new ConfigError(`workflow ${name}: environment.rehydrate must be a function`);
 }
 
 export type Verdict = { ok: true; evidence?: unknown } | { ok: false; reason: string; evidence?: unknown };
@@ -150,6 +177,8 @@ export interface Workflow<I = unknown, O = unknown, In = I> {
   /** Migrations into this version, by the version a run comes from. */
   readonly migrations: ReadonlyMap<string, MigrateFunction>;
   readonly onNoProgress: WorkflowOptions<I, In>['onNoProgress'];
+  readonly policy: PolicyFunction | undefined;
+  readonly environment: EnvironmentSpec<any> | undefined;
   /** The redact paths, compiled; undefined for none. */
   readonly redaction: Redaction | undefined;
 }
@@ -184,6 +213,9 @@ export function defineWorkflow<I, O, In = I, DB = any>(
     throw new ConfigError(`workflow ${options.name}: verify must be a function`);
   if (options.onNoProgress !== undefined && typeof options.onNoProgress !== 'function')
     throw new ConfigError(`workflow ${options.name}: onNoProgress must be a function`);
+  if (options.policy !== undefined && typeof options.policy !== 'function')
+    throw new ConfigError(`workflow ${options.name}: policy must be a function`);
+  checkEnvironment(options.environment, options.name);
   limitsToSql(options.limits ?? {}, `workflow ${options.name}`);
   const redaction = Redaction.compile(options.redact, `workflow ${options.name}`);
   return Object.freeze({
@@ -196,6 +228,8 @@ export function defineWorkflow<I, O, In = I, DB = any>(
     fn,
     verify: options.verify,
     onNoProgress: options.onNoProgress,
+    policy: options.policy,
+    environment: options.environment,
     redaction,
     migrations,
     versionManifest: Object.freeze({

@@ -4,7 +4,10 @@ import { TERMINAL_STATUSES, type EngineMetrics, type FinishedRun } from './metri
 /** The columns a FinishedRun is read with, from runledger.runs aliased r. */
 export const FINISHED_RUN_COLUMNS =
   'r.run_id, r.workflow_name, r.workflow_version, r.status, r.termination_reason, ' +
-  'extract(epoch from r.finished_at - r.created_at)::float8 as duration_s';
+  'extract(epoch from r.finished_at - r.created_at)::float8 as duration_s, ' +
+  "r.version_manifest->>'runtime' as runtime, r.version_manifest->'manifest' as manifest, " +
+  "(r.budget_used->>'cost_usd')::float8 as cost_usd, (r.budget_used->>'tokens')::float8 as tokens, " +
+  "coalesce(r.termination_evidence ? 'verification', false) as verified";
 
 const LOOKUP_SQL =
   `select ${FINISHED_RUN_COLUMNS} from runledger.runs r where r.run_id = any($1::text[]) ` +

@@ -33,6 +33,27 @@ export interface FinishedRun {
   termination_reason: string | null;
   /** finished_at - created_at, in seconds, on the database clock. */
   duration_s: number | null;
+  /** The runtime it started with (version manifest), and the workflow's own manifest: the buckets of the cost figures. */
+  runtime?: string | null;
+  manifest?: Record<string, unknown> | null;
+  /** What it spent (budget_used), and whether a verify accepted its output. */
+  cost_usd?: number | null;
+  tokens?: number | null;
+  verified?: boolean;
+}
+
+/** At most this many entries of a workflow's manifest become attributes (strings and numbers, short): a bounded cardinality. */
+const MANIFEST_ATTRIBUTES = 5;
+
+/** The version buckets of a finished run's figures, beside workflow and version: the runtime, and the manifest's short entries as `manifest.<key>`. */
+export function versionAttributes(run: FinishedRun): Record<string, string> {
+  const out: Record<string, string> = { runtime: run.runtime ?? '' };
+  const entries = Object.entries(run.manifest ?? {})
+    .filter(([, value]) => (typeof value === 'string' && value.length <= 64) || typeof value === 'number')
+    .sort(([a], [b]) => (a < b ? -1 : 1))
+    .slice(0, MANIFEST_ATTRIBUTES);
+  for (const [key, value] of entries) out[`manifest.${key}`] = String(value);
+  return out;
 }
 
 /** Where a commit of run state came from; see runledger.commits. */
@@ -109,14 +130,27 @@ function instruments(meter: Meter): EngineMetrics {
   const leaseLost = counter('runledger.lease.lost', 'Executions that found their lease taken over and let the run go');
   const recoveries = counter('runledger.recoveries', "Runs whose lease had expired, handled by this process's sweeper, by outcome");
   const deadLetters = counter('runledger.dead_letters', 'Runs this process moved to DEAD_LETTER, by reason');
+  const costUsd = meter.createCounter('runledger.run.cost_usd', {
+    description:
+      'What the runs this process ended spent (budget dimension cost_usd), by version, runtime, manifest entries, status and verified',
+    unit: 'USD',
+  });
+  const tokens = meter.createCounter('runledger.run.tokens', {
+    description: 'The tokens the runs this process ended spent, by version, runtime, manifest entries, status and verified',
+    unit: '{token}',
+  });
   const groupCommit: Attributes = { kind: 'group' };
   return {
     meter,
     runsStarted: (workflow, version, count) => started.add(count, { workflow, version }),
     runFinished(run) {
       const attributes = { workflow: run.workflow_name, version: run.workflow_version, status: run.status };
-      finished.add(1, { ...attributes, reason: run.termination_reason ?? '' });
-      if (run.duration_s !== null) runDuration.record(Math.max(0, run.duration_s), attributes);
+      const buckets = versionAttributes(run);
+      finished.add(1, { ...attributes, reason: run.termination_reason ?? '', verified: run.verified === true, ...buckets });
+      if (run.duration_s !== null) runDuration.record(Math.max(0, run.duration_s), { ...attributes, ...buckets });
+      const spent = { ...attributes, verified: run.verified === true, ...buckets };
+      if (run.cost_usd) costUsd.add(run.cost_usd, spent);
+      if (run.tokens) tokens.add(run.tokens, spent);
       if (run.status === 'DEAD_LETTER') {
         deadLetters.add(1, { workflow: run.workflow_name, version: run.workflow_version, reason: run.termination_reason ?? '' });
       }

@@ -59,6 +59,7 @@ export type CompensationFunction = (info: { result: unknown; idempotencyKey: str
 import type { StepKind } from '../core/states.js';
 import type { EngineMetrics } from '../observe/metrics.js';
 import type { FinishedLookup } from '../observe/finished.js';
+import type { PolicyFunction } from '../core/policy.js';
 export type { StepKind } from '../core/states.js';
 
 /** One checkpoint as loaded at claim time: [seq, name, status, output, error, kind]. */
@@ -77,7 +78,7 @@ export type Halt =
   /** Cancel requested: the step in flight has finished; the run ends CANCELLED. */
   | { kind: 'cancelled' }
   /** A policy stops the run (deadline, max steps); the worker records the termination. */
-  | { kind: 'terminate'; reason: 'DEADLINE' | 'MAX_STEPS' | 'NO_PROGRESS'; evidence: Record<string, unknown> }
+  | { kind: 'terminate'; reason: 'DEADLINE' | 'MAX_STEPS' | 'NO_PROGRESS' | 'POLICY'; evidence: Record<string, unknown> }
   /** The worker crashed at a crash point (tests): it writes nothing more, its lease runs out. */
   | { kind: 'crashed' }
   /** The run already ended in the database (a checkpoint tripped its budget or no-progress limit). */
@@ -180,6 +181,8 @@ export interface ExecutionDeps {
    * an operator's result against them before writing it.
    */
   resultSchemas?: Map<string, ZodType<unknown>>;
+  /** The runs whose environment (WorkflowOptions.environment) this worker process has: made or rebuilt here, not reclaimed since. */
+  localEnvironments?: Set<string>;
   /** A terminal write of this run committed (or may have): the engine's callers awaiting it read it now. */
   finished?: (runId: string) => void;
   /** The engine's payload codec (createEngine's `codec`); none: payloads are stored in clear. */
@@ -243,6 +246,10 @@ export class Execution {
    * which is built on this execution.
    */
   noProgressPolicy: NoProgressPolicy | undefined;
+  /** The run's environment manifest (WorkflowOptions.environment), once its step ran or replayed: ctx.environment. */
+  environment: unknown = undefined;
+  /** The workflow's policy (WorkflowOptions.policy), asked before each action is first taken; set by the worker. */
+  policy: PolicyFunction | undefined;
   /** The rounds ctx.progress counted so far in this execution (created by its first call). */
   progressState: ProgressState | undefined;
   /** ctx.patched's answer per patch id, so every call in one execution gets the same. */

@@ -7,6 +7,7 @@ import { runCompensations } from './compensate.js';
 import type { Execution, Halt } from './execution.js';
 import { complete, failRun, finish, release, RELEASE_DELAY_MS } from './finish.js';
 import { finishStopping, handleHalt } from './on-halt.js';
+import { establishEnvironment } from './environment.js';
 
 /**
  * The ctx a workflow function receives for one execution, and its verify run through that
@@ -55,6 +56,7 @@ export async function runWorkflow(
   }
 
   const { ctx, verify: verifyThrough } = open(exec);
+  exec.policy = workflow.policy;
   if (workflow.limits.noProgress !== undefined) {
     const onNoProgress = workflow.onNoProgress;
     exec.noProgressPolicy = {
@@ -78,7 +80,15 @@ export async function runWorkflow(
   };
   const verify = workflow.verify;
   // With a trace, the workflow runs with this execution's span active: the application's own spans nest under it.
-  const started = exec.trace ? exec.trace.within(() => workflow.fn(ctx, input)) : workflow.fn(ctx, input);
+  const environment = workflow.environment;
+  // The environment is made (or rebuilt here) before the function: its step is the run's first.
+  const fn = environment
+    ? async () => {
+        await establishEnvironment(exec, ctx, environment, input);
+        return workflow.fn(ctx, input);
+      }
+    : () => workflow.fn(ctx, input);
+  const started = exec.trace ? exec.trace.within(fn) : fn();
   const settled = started.then((value) => {
     // The output's redacted values are known before verify builds its evidence from it.
     exec.observe({ root: 'output' }, storedForm(value));

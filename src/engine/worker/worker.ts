@@ -10,6 +10,7 @@ import { Dispatcher, type ClaimedRun } from './dispatcher.js';
 import { GroupCommit } from './group-commit.js';
 import { createHeartbeat } from './heartbeat.js';
 import { createSweeper } from './sweeper.js';
+import { createReclaimer } from './reclaimer.js';
 import { createRetention, RETENTION_INTERVAL_MS_DEFAULT } from './retention.js';
 import { cronTaskIdentifier, crontabFor, fireSchedule, type Schedule, type StartScheduled } from '../client/schedules.js';
 import type { EngineDeps, Execution } from '../run/execution.js';
@@ -192,7 +193,20 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
     deps.log('warn', `crash point ${point.when}${point.step ? `:${point.step}` : ''} reached at ${name}: the worker stops as if killed`);
     die();
   });
-  const deps: EngineDeps = { ...host.deps, pool, ...(crash ? { crash } : {}) };
+  // Environments (WorkflowOptions.environment) this process has, and its reclaimer, bound below.
+  const localEnvironments = new Set<string>();
+  let reclaimer: ReturnType<typeof createReclaimer> | undefined;
+  const deps: EngineDeps = {
+    ...host.deps,
+    pool,
+    localEnvironments,
+    // A run that finished here has its environments reclaimed at once, by this worker.
+    finished: (runId) => {
+      host.deps.finished?.(runId);
+      void reclaimer?.run(runId);
+    },
+    ...(crash ? { crash } : {}),
+  };
   const { metrics } = deps;
   if (metrics) deps.finishedRuns = new FinishedLookup(deps.pool, metrics);
 
@@ -266,8 +280,12 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
     ...(deps.payloads ? { payloads: deps.payloads } : {}),
     ...(crash ? { crash } : {}),
   });
+  reclaimer = createReclaimer({ pool: deps.pool, workerId, served, log: deps.log, local: localEnvironments });
   const sweep = oneAtATime(async () => {
     await sweeper();
+    // Environments of runs that finished without their worker (a cancel while waiting, a dead letter, a crash).
+    if (manual) await reclaimer?.run();
+    else void reclaimer?.run();
     // A manual worker's runOnce() includes the migrations; a running worker's sweep only
     // starts them, so a long batch of migrations never delays lease recovery.
     if (manual) await migrator.run();
@@ -436,7 +454,14 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
         // A sweep or heartbeat still on its way finishes first: none may query the pool after
         // stop() returned (engine.close() ends the pool next).
         await within(
-          Promise.all([sweep.settled(), retention.settled(), heartbeat.settled(), migrator.stop(), deps.finishedRuns?.settled()]),
+          Promise.all([
+            sweep.settled(),
+            retention.settled(),
+            heartbeat.settled(),
+            migrator.stop(),
+            reclaimer?.settled(),
+            deps.finishedRuns?.settled(),
+          ]),
           STOP_QUERY_MS,
         );
         await releaseHeld(STOP_QUERY_MS);

@@ -1,5 +1,5 @@
 import { randomBytes } from 'node:crypto';
-import { afterAll, describe, expect, it, onTestFailed } from 'vitest';
+import { afterAll, describe, expect, it } from 'vitest';
 import {
   aesGcmCodec,
   createEngine,
@@ -22,9 +22,7 @@ import { startConsole } from '../../../src/console/server.js';
 import { createTestClock, createTestEngine, type TestClock } from '../../../src/testing/index.js';
 import { useTestEngine } from '../../helpers/test-engine.js';
 import { waitFor } from '../../helpers/database.js';
-import { spawnWorker } from '../../helpers/worker-process.js';
-import { stoppedAfterEach } from '../../helpers/cleanup.js';
-import { createFixtureTables, defineFixtureWorkflows } from '../../fixtures/workflows.js';
+import { whereStored as storedIn } from '../../helpers/where-stored.js';
 
 /**
  * The payload codec (createEngine({ codec }), aesGcmCodec): every user payload is stored as
@@ -54,29 +52,6 @@ function engineWith(options: Partial<EngineOptions> = {}): Engine {
 }
 
 const one = async <T = Record<string, unknown>>(text: string, values: unknown[] = []) => (await db.pool.query(text, values)).rows[0] as T;
-
-/**
- * Every text, varchar, json, jsonb and text[] column of every runledger table where the
- * text occurs, and every bytea column holding its UTF-8 bytes: "table.column" per hit.
- */
-async function whereStored(text: string): Promise<string[]> {
-  const columns = await db.pool.query<{ table_name: string; column_name: string; data_type: string }>(
-    `select c.table_name, c.column_name, c.data_type
-       from information_schema.columns c
-       join information_schema.tables t on t.table_schema = c.table_schema and t.table_name = c.table_name
-      where c.table_schema = 'runledger' and t.table_type = 'BASE TABLE'
-        and c.data_type in ('text', 'character varying', 'json', 'jsonb', 'ARRAY', 'bytea')
-      order by 1, 2`,
-  );
-  expect(columns.rows.length).toBeGreaterThan(50);
-  const hits: string[] = [];
-  for (const { table_name: table, column_name: column, data_type: type } of columns.rows) {
-    const where = type === 'bytea' ? `position(convert_to($1, 'UTF8') in "${column}") > 0` : `"${column}"::text like '%' || $1 || '%'`;
-    const { n } = await one<{ n: number }>(`select count(*)::int as n from runledger."${table}" where ${where}`, [text]);
-    if (n > 0) hits.push(`${table}.${column}`);
-  }
-  return hits;
-}
 
 const model = scriptedModel('codec-model', (messages) => ({ content: `answer: ${String(messages.at(-1)?.content)}` }), {
   streamChunkSize: 1_000,
@@ -301,7 +276,7 @@ describe('with aesGcmCodec on', () => {
     });
 
     // Nowhere in the schema in clear, not in one text, json, jsonb, text[] or bytea column.
-    expect(await whereStored(MARKER)).toEqual([]);
+    expect(await storedIn(db.pool, MARKER)).toEqual([]);
 
     // What psql and the views show: envelopes naming the key, as JSON.
     const stored = await one<Record<string, unknown>>(
@@ -346,7 +321,7 @@ describe('with aesGcmCodec on', () => {
     await plainWorker.drain();
     expect((await clear.getRun(control.runId))?.status).toBe('SUCCEEDED');
     expect(await invalidReconcile({}, plainWorker, CONTROL)).toContain(`"by":"${CONTROL}"`);
-    expect(await whereStored(CONTROL)).toEqual(
+    expect(await storedIn(db.pool, CONTROL)).toEqual(
       expect.arrayContaining([
         'runs.input',
         'runs.output',
@@ -647,56 +622,6 @@ describe('migrations', () => {
     } finally {
       await worker.stop();
     }
-  });
-});
-
-describe('a worker process SIGKILLed', () => {
-  const { processes } = stoppedAfterEach();
-  const spawn = async (env: Record<string, string> = {}) => {
-    const w = await spawnWorker({ DATABASE_URL: db.url, LEASE_MS: '1000', CONCURRENCY: '4', CODEC_KEY: K1.toString('base64'), ...env });
-    processes.push(w);
-    onTestFailed(() => console.error(`--- worker ${w.pid} output ---\n${w.output().slice(-4000)}`));
-    return w;
-  };
-
-  it('before a checkpoint: the next process replays the encrypted checkpoints and re-runs only that step', async () => {
-    await createFixtureTables(db.pool);
-    const engine = createTestEngine({ connectionString: db.url, codec: k1Only() });
-    engines.push(engine);
-    const { order } = defineFixtureWorkflows(engine);
-    const runIds: string[] = [];
-    for (let i = 1; i <= 3; i++) runIds.push((await engine.start(order, { item: `sealed${i}`, amount: i })).runId);
-    const doomed = await spawn({ RUNLEDGER_FAILPOINTS: 'before-checkpoint:charge' });
-    expect((await doomed.exited).signal).toBe('SIGKILL');
-    const load = await one<{ n: number; key: string }>(
-      `select count(*)::int as n, min(output->>'$enc') as key from runledger.steps where run_id = any($1) and name = 'load'`,
-      [runIds],
-    );
-    expect(load.n).toBeGreaterThan(0);
-    expect(load.key).toBe('k1');
-
-    await spawn();
-    await waitFor('the orders to finish', async () =>
-      (await engine.listRuns({ workflow: 'order' })).every((r) => !runIds.includes(r.runId) || r.status === 'SUCCEEDED'),
-    );
-    for (const [i, runId] of runIds.entries()) {
-      expect(await engine.getRun(runId)).toMatchObject({
-        status: 'SUCCEEDED',
-        input: { item: `sealed${i + 1}` },
-        output: { charged: (i + 1) * 100 },
-      });
-    }
-    // A step checkpointed by the first process (token 1) never ran again; the step the crash cut off did.
-    const facts = await db.pool.query<{ name: string; token: number; executions: number }>(
-      `select s.name, s.fencing_token::int as token,
-              (select count(*)::int from step_executions e where e.run_id = s.run_id and e.step = s.name) as executions
-         from runledger.steps s where s.run_id = any($1)`,
-      [runIds],
-    );
-    expect(facts.rows).toHaveLength(3 * 4);
-    for (const fact of facts.rows.filter((f) => f.token === 1)) expect(fact).toMatchObject({ executions: 1 });
-    expect(facts.rows.filter((f) => f.name === 'charge' && f.executions === 2).length).toBeGreaterThanOrEqual(1);
-    expect(await whereStored('sealed1')).toEqual([]);
   });
 });
 

@@ -103,6 +103,8 @@ describe('counters and histograms', () => {
       version: '3',
       status: 'SUCCEEDED',
       reason: 'COMPLETED',
+      verified: false,
+      runtime: expect.stringMatching(/^runledger@/),
     });
     expect(point(metrics, 'runledger.runs.finished', { workflow: 'm-fails' })?.attributes).toMatchObject({
       status: 'FAILED',
@@ -168,6 +170,48 @@ describe('counters and histograms', () => {
     expect(value(point(metrics, 'runledger.dead_letters', { workflow: 'm-poison' }))).toBe(1);
     expect(value(point(metrics, 'runledger.recoveries', { outcome: 'dead_letter' }))).toBe(1);
     expect(value(point(metrics, 'runledger.runs.finished', { workflow: 'm-poison', status: 'DEAD_LETTER' }))).toBe(1);
+  });
+
+  it('counts what runs spent, by version, runtime, manifest entries and verified (the cost of a verified run)', async () => {
+    const agent = engine.workflow(
+      {
+        name: 'm-agent',
+        version: '2',
+        queue: 'm-cost',
+        manifest: { agent: 'a7', prompt: 'p3', tools: { git: 'v1' } },
+        limits: { budget: { tokens: 10_000, costUsd: 10 } },
+        verify: (output) => (output === 'good' ? { ok: true } : { ok: false, reason: 'bad' }),
+      },
+      async (ctx, input: { good: boolean }) => {
+        await ctx.step('call', () => ctx.charge({ tokens: 120, costUsd: 0.25 }));
+        return input.good ? 'good' : 'bad';
+      },
+    );
+    const costWorker = await engine.runWorker({ manual: true, leaseMs: 500, queues: ['m-cost'] });
+    try {
+      const handles = await engine.startMany(agent, [{ good: true }, { good: true }, { good: false }]);
+      await costWorker.drain();
+      await Promise.allSettled(handles.map((h) => h.result()));
+      const metrics = await waitFor('the spend counted', async () => {
+        const m = await collect(reader);
+        return value(point(m, 'runledger.run.cost_usd', { workflow: 'm-agent', verified: false })) === 0.25 ? m : undefined;
+      });
+      const verified = point(metrics, 'runledger.run.cost_usd', { workflow: 'm-agent', verified: true });
+      expect(value(verified)).toBe(0.5);
+      expect(verified?.attributes).toEqual({
+        workflow: 'm-agent',
+        version: '2',
+        status: 'SUCCEEDED',
+        verified: true,
+        runtime: expect.stringMatching(/^runledger@/),
+        'manifest.agent': 'a7',
+        'manifest.prompt': 'p3',
+      });
+      expect(value(point(metrics, 'runledger.run.tokens', { workflow: 'm-agent', verified: true }))).toBe(240);
+      expect(value(point(metrics, 'runledger.runs.finished', { workflow: 'm-agent', reason: 'UNVERIFIED' }))).toBe(1);
+    } finally {
+      await costWorker.stop();
+    }
   });
 
   it('counts a lease lost and a recovery back to PENDING', async () => {
