@@ -1,5 +1,4 @@
 import { configDefaults, defineConfig } from 'vitest/config';
-import { longestFirst } from './test/setup/longest-first.js';
 
 /**
  * The slow tier: tests that kill worker processes (SIGKILL, SIGSTOP, SIGTERM drains), resume
@@ -28,30 +27,5 @@ export default defineConfig({
     minWorkers: 1,
     testTimeout: 60_000,
     hookTimeout: 120_000,
-    // The files that took longest on the 2-core CI machine (npm test, PostgreSQL 15), so none
-    // starts last and runs alone.
-    sequence: {
-      sequencer: longestFirst([
-        'test/engine/worker/crash.slow.test.ts',
-        'test/steps/operations.slow.test.ts',
-        'test/engine/worker/sigterm.slow.test.ts',
-        'test/plans.slow.test.ts',
-        'test/adapters/crash.slow.test.ts',
-        'test/engine/worker/versions.slow.test.ts',
-        'test/engine/worker/half-open.slow.test.ts',
-        'test/agents/session-crash.slow.test.ts',
-        'test/upgrade.slow.test.ts',
-        'test/resume-storm.slow.test.ts',
-        'test/engine/client/queues.slow.test.ts',
-        'test/clock-skew.slow.test.ts',
-        'test/cli/cli.test.ts',
-        'test/entry-points.test.ts',
-        'test/engine/core/codec.test.ts',
-        'test/agents/artifacts.test.ts',
-        'test/steps/rate-limits.test.ts',
-        'test/cli/json.test.ts',
-        'test/engine/run/compensations.test.ts',
-      ]),
-    },
   },
 });

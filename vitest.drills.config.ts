@@ -1,5 +1,4 @@
 import { defineConfig } from 'vitest/config';
-import { longestFirst } from './test/setup/longest-first.js';
 
 /**
  * `npm run test:drills`: the slow fault drills (test/drills/), two files at a time. The restart
@@ -17,9 +16,6 @@ export default defineConfig({
     maxWorkers: 2,
     minWorkers: 1,
     fileParallelism: true,
-    // The storm (about 4 minutes) in one slot from the start, the restart and failover drills
-    // one after the other in the other.
-    sequence: { sequencer: longestFirst(['test/drills/resume-storm.test.ts']) },
     testTimeout: 600_000,
     hookTimeout: 180_000,
   },
