@@ -42,9 +42,16 @@ class Tail {
     this.#size += chunk.length;
     while (this.#chunks.length > 1 && this.#size - this.#chunks[0]!.length >= this.limit) this.#size -= this.#chunks.shift()!.length;
   }
+  /**
+   * As text a checkpoint can hold: a command's output may be binary, and a NUL (which jsonb
+   * refuses) would fail the step; each becomes U+FFFD, as bytes that are not UTF-8 do.
+   */
   toString(): string {
     const all = Buffer.concat(this.#chunks);
-    return all.subarray(Math.max(0, all.length - this.limit)).toString('utf8');
+    return all
+      .subarray(Math.max(0, all.length - this.limit))
+      .toString('utf8')
+      .replace(/\u0000/g, '\uFFFD');
   }
 }
 

@@ -105,12 +105,17 @@ export async function runOperation<T>(
   if (options.reconcileEveryMs !== undefined) toMs(options.reconcileEveryMs, `operation ${JSON.stringify(name)}: reconcileEveryMs`);
   const rateLimit = checkRateLimitKey(options.rateLimit, `operation ${JSON.stringify(name)}`);
   const timeoutMs = stepTimeoutMs(options.timeout, `operation ${JSON.stringify(name)}: timeout`);
-  const policyAction = {
-    kind: 'operation' as const,
-    name,
-    idempotencyKey: options.idempotencyKey ?? `${exec.runId}:${exec.stepsTaken}:${name}`,
-  };
-  if (!(options as { [FROM_TOOL_CALL]?: boolean })[FROM_TOOL_CALL] && !allowedByPolicy(exec, policyAction)) return exec.suspend();
+  // The policy's question is built only when the workflow has a policy (this is every operation's path).
+  if (
+    exec.policy &&
+    !(options as { [FROM_TOOL_CALL]?: boolean })[FROM_TOOL_CALL] &&
+    !allowedByPolicy(exec, {
+      kind: 'operation',
+      name,
+      idempotencyKey: options.idempotencyKey ?? `${exec.runId}:${exec.stepsTaken}:${name}`,
+    })
+  )
+    return exec.suspend();
   const position = exec.takeStep(name, 'operation');
   if (!position) return exec.suspend();
   const { seq, recorded } = position;

@@ -66,6 +66,15 @@ describe('ctx.exec', () => {
     expect(result.stdoutTail.endsWith('4998\n4999\n5000\n')).toBe(true);
   });
 
+  it('binary output (a NUL, bytes that are not UTF-8) is checkpointed as text, not a failed step', async () => {
+    const wf = t.engine.workflow({ name: 'binary-output', queue: 'exec' }, async (ctx) =>
+      ctx.exec('binary', { command: 'sh', args: ['-c', "printf 'a\\000b\\377c'"] }),
+    );
+    await worker();
+    const result = await (await t.engine.start(wf, undefined)).result();
+    expect(result).toMatchObject({ exitCode: 0, stdoutTail: 'a\uFFFDb\uFFFDc' });
+  });
+
   it('a cancelled run kills the whole group, background jobs too, and is CANCELLED within grace + 2 s, only once the group is gone', async () => {
     await worker();
     const pidFile = newFile();
