@@ -51,7 +51,7 @@ class Tail {
     return all
       .subarray(Math.max(0, all.length - this.limit))
       .toString('utf8')
-      .replace(/\u0000/g, '\uFFFD');
+      .replaceAll('\u0000', '\uFFFD');
   }
 }
 
