@@ -61,6 +61,17 @@ describe('environments across a worker crash', () => {
       async () => [waiting.runId, busy.runId].every((id) => story(id).some((l) => l[0] === 'reclaim')),
       20_000,
     );
+    // The reclaim callback logs before its worker records the reclaim in the table.
+    await waitFor(
+      'both reclaims recorded',
+      async () =>
+        (
+          await db.pool.query(
+            `select count(*)::int as n from runledger.environments where run_id = any($1) and reclaimed_status is not null`,
+            [[waiting.runId, busy.runId]],
+          )
+        ).rows[0].n === 2,
+    );
 
     const resumed = story(waiting.runId);
     expect(resumed.map((l) => [l[0], l.at(-1)])).toEqual([

@@ -39,7 +39,8 @@ describe('environments', () => {
     const handle = await t.engine.start(workflows().workspace, {});
     const output = await handle.result();
     expect(output.exists).toBe(true);
-    await waitFor('the reclaim', async () => lines(handle.runId).some((l) => l.startsWith('reclaim')));
+    // The reclaim callback writes its line before the worker records the reclaim: wait for the row.
+    await waitFor('the reclaim recorded', async () => (await envRows(handle.runId))[0]?.reclaimed_status != null);
     expect(lines(handle.runId)).toEqual([`create ${output.dir}`, 'reclaim SUCCEEDED true']);
     expect(await envRows(handle.runId)).toEqual([{ reclaimed_status: 'SUCCEEDED', reclaim_attempts: 1, last_error: null }]);
     const first = await db.pool.query(`select seq, name, output from runledger.steps where run_id = $1 order by seq limit 1`, [
@@ -59,7 +60,10 @@ describe('environments', () => {
         (await db.pool.query(`select status from runledger.runs where run_id = $1`, [waiting.runId])).rows[0].status === 'WAITING',
     );
     await t.engine.cancel(waiting.runId);
-    await waitFor('both reclaimed', async () => lines(failed.runId).length === 2 && lines(waiting.runId).length === 2);
+    await waitFor('both reclaims recorded', async () => {
+      const rows = [...(await envRows(failed.runId)), ...(await envRows(waiting.runId))];
+      return rows.length === 2 && rows.every((row) => row.reclaimed_status != null);
+    });
     expect(lines(failed.runId)[1]).toBe('reclaim FAILED true');
     expect(lines(waiting.runId)[1]).toBe('reclaim CANCELLED true');
     expect(await envRows(waiting.runId)).toEqual([{ reclaimed_status: 'CANCELLED', reclaim_attempts: 1, last_error: null }]);
@@ -79,7 +83,8 @@ describe('environments', () => {
     await worker(other);
     await t.engine.signal(handle.runId, 'go');
     const output = await handle.result();
-    await waitFor('the reclaim', async () => lines(handle.runId).some((l) => l.startsWith('reclaim')));
+    // The reclaim callback writes its line before the worker records the reclaim: wait for the row.
+    await waitFor('the reclaim recorded', async () => (await envRows(handle.runId))[0]?.reclaimed_status != null);
     expect(lines(handle.runId)).toEqual([`create ${output.dir}`, `rehydrate ${output.dir}`, 'reclaim SUCCEEDED true']);
   });
 
