@@ -500,10 +500,16 @@ CREATE TABLE runledger.sessions (
   entry_count integer DEFAULT 0 NOT NULL,
   created_at timestamp with time zone DEFAULT runledger.now() NOT NULL,
   updated_at timestamp with time zone DEFAULT runledger.now() NOT NULL,
-  tenant_id text COLLATE "C" DEFAULT ''::text NOT NULL
+  tenant_id text COLLATE "C" DEFAULT ''::text NOT NULL,
+  budget_limits jsonb,
+  budget_used jsonb DEFAULT '{}'::jsonb NOT NULL,
+  holder_mark jsonb
 );
 COMMENT ON TABLE runledger.sessions IS 'Agent sessions: a history that spans runs, held by at most one run at a time (holder_run_id; null = free). Others queue in session_waiters. last_holder_run_id, released_at and release_reason (released, ended, operator) say how it was last let go; entry_count is the seq of its last entry.';
 COMMENT ON COLUMN runledger.sessions.tenant_id IS 'The tenant whose runs use this session ('''' for runs without a tenant): with session_id, the session''s key. A run opens, appends to and waits for only its own tenant''s session of an id.';
+COMMENT ON COLUMN runledger.sessions.budget_limits IS 'The session''s budget per dimension (units, tokens, cost_usd, tool_calls, turns), spanning every run that holds it; null: none. Set by the last openSession(..., { budget }) or by set_session_budget.';
+COMMENT ON COLUMN runledger.sessions.budget_used IS 'What the runs that held the session charged while they held it, added when each let go (the holder''s charges so far are in the view session_budgets).';
+COMMENT ON COLUMN runledger.sessions.holder_mark IS 'While a run holds a session that has a budget: {used: the run''s counters when it took it, cap: the limits the session allows it, base: its limits without any session''s cap}. Null otherwise.';
 ALTER TABLE runledger.sessions ADD CONSTRAINT sessions_holder_complete CHECK (((holder_run_id IS NULL) = (held_at IS NULL)));
 ALTER TABLE runledger.sessions ADD CONSTRAINT sessions_id_valid CHECK (((session_id ~ '^[A-Za-z0-9][A-Za-z0-9_.:/-]*$'::text) AND (length(session_id) <= 92)));
 ALTER TABLE runledger.sessions ADD CONSTRAINT sessions_pkey PRIMARY KEY (session_id, tenant_id);
@@ -911,6 +917,36 @@ UNION ALL
     round(EXTRACT(epoch FROM s.finished_at - s.started_at) * 1000::numeric, 1) AS duration_ms
    FROM runledger.steps s;
 COMMENT ON VIEW runledger.run_timeline IS 'History of runs: lifecycle events and step checkpoints. Use: select * from runledger.run_timeline where run_id = ''...'' order by at.';
+
+CREATE VIEW runledger.session_budgets AS
+ SELECT s.session_id,
+    NULLIF(s.tenant_id, ''::text) AS tenant_id,
+    s.budget_limits AS budget,
+    x.spent,
+    ( SELECT COALESCE(jsonb_object_agg(l.key, GREATEST(0::numeric, l.value::numeric - COALESCE((x.spent ->> l.key)::numeric, 0::numeric))), '{}'::jsonb) AS "coalesce"
+           FROM jsonb_each_text(COALESCE(s.budget_limits, '{}'::jsonb)) l(key, value)) AS remaining,
+    (EXISTS ( SELECT 1
+           FROM jsonb_each_text(COALESCE(s.budget_limits, '{}'::jsonb)) l(key, value)
+          WHERE COALESCE((x.spent ->> l.key)::numeric, 0::numeric) >= l.value::numeric)) AS exhausted,
+    s.holder_run_id,
+    s.updated_at
+   FROM runledger.sessions s
+     CROSS JOIN LATERAL ( SELECT COALESCE(jsonb_object_agg(d.dim, d.amount), '{}'::jsonb) AS spent
+           FROM ( SELECT a.dim,
+                    sum(a.amount) AS amount
+                   FROM ( SELECT e.key AS dim,
+                            e.value::numeric AS amount
+                           FROM jsonb_each_text(s.budget_used) e(key, value)
+                        UNION ALL
+                         SELECT e.key,
+                            e.value::numeric - COALESCE(((s.holder_mark -> 'used'::text) ->> e.key)::numeric, 0::numeric)
+                           FROM runledger.runs r,
+                            LATERAL jsonb_each_text(COALESCE(r.budget_used, '{}'::jsonb) || jsonb_build_object('units', r.budget_spent)) e(key, value)
+                          WHERE r.run_id = s.holder_run_id AND s.holder_mark IS NOT NULL) a
+                  GROUP BY a.dim
+                 HAVING sum(a.amount) <> 0::numeric) d) x
+  WHERE s.budget_limits IS NOT NULL OR s.budget_used <> '{}'::jsonb;
+COMMENT ON VIEW runledger.session_budgets IS 'Each session with a budget (or spending recorded against one): its budget per dimension, what the runs that held it spent (the holder''s charges so far included), what remains, whether a dimension is used up, and the holder.';
 
 CREATE VIEW runledger.session_list AS
  SELECT s.session_id,
@@ -1605,13 +1641,14 @@ CREATE OR REPLACE FUNCTION runledger._charge(p_run runledger.runs, p_charge json
  LANGUAGE plpgsql
 AS $function$
 declare
-  v_run   runledger.runs;
+  v_run    runledger.runs;
   v_charge jsonb := runledger._as_charge(p_charge);
-  v_units numeric := coalesce((v_charge->>'units')::numeric, 0);
-  v_other jsonb := v_charge - 'units';
-  v_dim   text;
-  v_limit numeric;
-  v_spent numeric;
+  v_units  numeric := coalesce((v_charge->>'units')::numeric, 0);
+  v_other  jsonb := v_charge - 'units';
+  v_dim    text;
+  v_limit  numeric;
+  v_spent  numeric;
+  v_evidence jsonb;
 begin
   -- units stay in budget_spent; the other dimensions add up in budget_used.
   update runledger.runs r
@@ -1621,28 +1658,40 @@ begin
    where r.run_id = p_run.run_id
   returning * into v_run;
   if v_run.budget is not null and v_run.budget_spent > v_run.budget then
-    perform runledger._terminate_run(v_run.run_id, v_run.fencing_token, 'BUDGET',
-      jsonb_build_object('dimension', 'units', 'limit', v_run.budget, 'budget', v_run.budget, 'spent', v_run.budget_spent,
-                         'charge', v_units, 'step', p_step, 'seq', p_seq));
-    select * into v_run from runledger.runs where run_id = p_run.run_id;
+    v_dim := 'units';
+    v_evidence := jsonb_build_object('dimension', 'units', 'limit', v_run.budget, 'budget', v_run.budget, 'spent', v_run.budget_spent,
+                                     'charge', v_units, 'step', p_step, 'seq', p_seq);
+  else
+    -- The first dimension (in a fixed order) past its limit names the stop.
+    foreach v_dim in array array['tokens', 'cost_usd', 'tool_calls', 'turns'] loop
+      v_limit := (v_run.budget_limits->>v_dim)::numeric;
+      v_spent := coalesce((v_run.budget_used->>v_dim)::numeric, 0);
+      if v_limit is not null and v_spent > v_limit then
+        v_evidence := jsonb_build_object('dimension', v_dim, 'limit', v_limit, 'spent', v_spent, 'budget_used', v_run.budget_used,
+                                         'charge', coalesce((v_other->>v_dim)::numeric, 0), 'step', p_step, 'seq', p_seq);
+        exit;
+      end if;
+    end loop;
+  end if;
+  if v_evidence is null then
     return v_run;
   end if;
-  -- The first dimension (in a fixed order) past its limit names the stop.
-  foreach v_dim in array array['tokens', 'cost_usd', 'tool_calls', 'turns'] loop
-    v_limit := (v_run.budget_limits->>v_dim)::numeric;
-    v_spent := coalesce((v_run.budget_used->>v_dim)::numeric, 0);
-    if v_limit is not null and v_spent > v_limit then
-      perform runledger._terminate_run(v_run.run_id, v_run.fencing_token, 'BUDGET',
-        jsonb_build_object('dimension', v_dim, 'limit', v_limit, 'spent', v_spent, 'budget_used', v_run.budget_used,
-                           'charge', coalesce((v_other->>v_dim)::numeric, 0), 'step', p_step, 'seq', p_seq));
-      select * into v_run from runledger.runs where run_id = p_run.run_id;
-      return v_run;
-    end if;
-  end loop;
+  -- The limit passed is a session's cap (a session budget), not the run's own: say which.
+  select v_evidence || jsonb_build_object('session', jsonb_build_object(
+           'session_id', s.session_id, 'budget', s.budget_limits->(v_dim),
+           'spent_before', coalesce((s.budget_used->>v_dim)::numeric, 0)))
+    into v_evidence
+    from runledger.sessions s
+   where s.holder_run_id = v_run.run_id and s.holder_mark is not null
+     and (s.holder_mark->'cap'->>v_dim)::numeric = (v_evidence->>'limit')::numeric
+     and (s.holder_mark->'base'->>v_dim) is distinct from (v_evidence->>'limit')
+   order by s.session_id limit 1;
+  perform runledger._terminate_run(v_run.run_id, v_run.fencing_token, 'BUDGET', v_evidence);
+  select * into v_run from runledger.runs where run_id = p_run.run_id;
   return v_run;
 end;
 $function$;
-COMMENT ON FUNCTION runledger._charge(runledger.runs,jsonb,text,integer) IS 'Adds a charge ({"units": n, "tokens": n, "cost_usd": n, "tool_calls": n, "turns": n}, any subset; a bare number is units) to the run: units to budget_spent, the others to budget_used. Past a limit (budget, or a dimension of budget_limits) the run ends TERMINATED (BUDGET) in the same transaction, with evidence naming the dimension, its limit, what was spent, the charge and the step.';
+COMMENT ON FUNCTION runledger._charge(runledger.runs,jsonb,text,integer) IS 'Adds a charge ({"units": n, "tokens": n, "cost_usd": n, "tool_calls": n, "turns": n}, any subset; a bare number is units) to the run: units to budget_spent, the others to budget_used. Past a limit (budget, or a dimension of budget_limits) the run ends TERMINATED (BUDGET) in the same transaction, with evidence naming the dimension, its limit, what was spent, the charge and the step, and the session when the limit is a session budget''s remainder.';
 
 CREATE OR REPLACE FUNCTION runledger._charge_fits(p_budget numeric, p_spent numeric, p_limits jsonb, p_used jsonb, p_charge jsonb)
  RETURNS boolean
@@ -1681,6 +1730,23 @@ begin
 end;
 $function$;
 COMMENT ON FUNCTION runledger._charge_now(text,bigint,jsonb,text,integer) IS 'Fenced charge committed on its own, not with a checkpoint (ctx.chargeNow: a model''s usage, reported by the provider, that a crash before the step''s checkpoint must not lose). Its commit does not wait for the WAL flush (synchronous_commit off for this transaction only): a worker crash cannot lose it, the next synchronous commit flushes it. Returns the run''s status (TERMINATED or CANCELLING when the charge passed a limit) and its budgets as they stand. With a null or empty charge it only reads them.';
+
+CREATE OR REPLACE FUNCTION runledger._check_budget_amounts(p_amounts jsonb, p_what text)
+ RETURNS void
+ LANGUAGE plpgsql
+ IMMUTABLE
+AS $function$
+begin
+  if jsonb_typeof(p_amounts) <> 'object' or exists (
+       select 1 from jsonb_each(p_amounts) e
+        where e.key not in ('units', 'tokens', 'cost_usd', 'tool_calls', 'turns')
+           or jsonb_typeof(e.value) <> 'number' or (e.value #>> '{}')::numeric < 0) then
+    raise exception using errcode = 'RL003',
+      message = format('%s: %s is not an object of amounts >= 0 of units, tokens, cost_usd, tool_calls, turns', p_what, left(p_amounts::text, 200));
+  end if;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._check_budget_amounts(jsonb,text) IS 'RL003 unless p_amounts is an object of numbers >= 0 of the budget dimensions (units, tokens, cost_usd, tool_calls, turns).';
 
 CREATE OR REPLACE FUNCTION runledger._check_budget_option(p_budget jsonb, p_caller text)
  RETURNS void
@@ -4635,6 +4701,25 @@ end;
 $function$;
 COMMENT ON FUNCTION runledger._retry_wait(text,bigint,integer,text,text,integer,bigint) IS 'Fenced: a backoff too long to sleep in memory becomes a durable wait (wait_kind retry): the step keeps a WAITING row with the attempt reached and the run waits, holding no worker, until the next attempt is due.';
 
+CREATE OR REPLACE FUNCTION runledger._run_amounts(p_budget_spent numeric, p_budget_used jsonb)
+ RETURNS jsonb
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+  select coalesce(p_budget_used, '{}'::jsonb) || jsonb_build_object('units', coalesce(p_budget_spent, 0))
+$function$;
+COMMENT ON FUNCTION runledger._run_amounts(numeric,jsonb) IS 'A run''s spending as one object of dimensions: budget_used with units (budget_spent).';
+
+CREATE OR REPLACE FUNCTION runledger._run_limits(p_budget numeric, p_budget_limits jsonb)
+ RETURNS jsonb
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+  select coalesce(p_budget_limits, '{}'::jsonb)
+         || case when p_budget is null then '{}'::jsonb else jsonb_build_object('units', p_budget) end
+$function$;
+COMMENT ON FUNCTION runledger._run_limits(numeric,jsonb) IS 'A run''s limits as one object of dimensions: budget_limits with units (budget); a dimension without a limit is absent.';
+
 CREATE OR REPLACE FUNCTION runledger._run_tenant(p_run_id text)
  RETURNS text
  LANGUAGE sql
@@ -4828,6 +4913,124 @@ end;
 $function$;
 COMMENT ON FUNCTION runledger._session_append(text,text,integer,jsonb) IS 'Inside the holder''s transaction step at p_position: appends the entries ([{role, content}], numbered after the last) to the session of the run''s tenant and answers {first_seq, last_seq}. A run that does not hold the session: RL005 (a run that held it when it ended and was retried takes it back if nobody held it since and nobody waits). Bad entries: RL003.';
 
+CREATE OR REPLACE FUNCTION runledger._session_budget_caps(p_run_id text, p_base jsonb)
+ RETURNS jsonb
+ LANGUAGE sql
+ STABLE
+AS $function$
+  -- Per dimension, the smallest of the run's own limit and the caps of the budgeted sessions it holds.
+  select coalesce(jsonb_object_agg(dim, lim), '{}'::jsonb)
+    from (select dim, min(lim) as lim
+            from (select l.key as dim, l.value::numeric as lim from jsonb_each_text(coalesce(p_base, '{}'::jsonb)) l
+                  union all
+                  select c.key, c.value::numeric
+                    from runledger.sessions s, jsonb_each_text(s.holder_mark->'cap') c
+                   where s.holder_run_id = p_run_id and s.holder_mark is not null) x
+           group by dim) y
+$function$;
+COMMENT ON FUNCTION runledger._session_budget_caps(text,jsonb) IS 'The limits a run is held to: per dimension the smallest of p_base (its own limits) and the cap of each session with a budget that it holds.';
+
+CREATE OR REPLACE FUNCTION runledger._session_budget_close(p_session_id text, p_tenant_id text)
+ RETURNS jsonb
+ LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+AS $function$
+declare
+  v_session runledger.sessions;
+  v_run     runledger.runs;
+begin
+  -- The caller holds the session row. What the holder charged since its mark goes to the
+  -- session, once: the mark is cleared in the same transaction.
+  select * into v_session from runledger.sessions where session_id = p_session_id and tenant_id = p_tenant_id;
+  if v_session.holder_mark is null then
+    return null;
+  end if;
+  select * into v_run from runledger.runs where run_id = v_session.holder_run_id;
+  update runledger.sessions
+     set budget_used = case when v_run.run_id is null then budget_used
+                            else runledger._add_amounts(budget_used,
+                                   runledger._sub_amounts(runledger._run_amounts(v_run.budget_spent, v_run.budget_used),
+                                                          v_session.holder_mark->'used')) end,
+         holder_mark = null
+   where session_id = p_session_id and tenant_id = p_tenant_id;
+  return v_session.holder_mark->'base';
+end;
+$function$;
+COMMENT ON FUNCTION runledger._session_budget_close(text,text) IS 'Ends the budget mark of a session''s holder (the row locked by the caller): what it charged since the mark is added to the session''s budget_used, once. Returns the holder''s own limits recorded at the mark (null: no mark) for the caller to give back.';
+
+CREATE OR REPLACE FUNCTION runledger._session_budget_hold(p_session_id text, p_run_id text, p_budget jsonb)
+ RETURNS TABLE(budget numeric, budget_spent numeric, budget_limits jsonb, budget_used jsonb)
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
+AS $function$
+declare
+  v_tenant  text := runledger._run_tenant(p_run_id);
+  v_session runledger.sessions;
+  v_base    jsonb;
+begin
+  select * into v_session from runledger.sessions where session_id = p_session_id and tenant_id = v_tenant for update;
+  if not found or v_session.holder_run_id is distinct from p_run_id then
+    raise exception using errcode = 'RL005', message = format('session %s is not held by run %s', p_session_id, p_run_id);
+  end if;
+  if p_budget is not null then
+    perform runledger._check_budget_amounts(p_budget, 'session budget');
+  end if;
+  if p_budget is not null and p_budget is distinct from v_session.budget_limits then
+    -- A new budget: the holder's mark so far is closed and taken again against it.
+    v_base := runledger._session_budget_close(p_session_id, v_tenant);
+    update runledger.sessions set budget_limits = p_budget, updated_at = runledger.now()
+     where session_id = p_session_id and tenant_id = v_tenant;
+  end if;
+  perform runledger._session_budget_open(p_session_id, v_tenant, v_base);
+  return query select r.budget, r.budget_spent, r.budget_limits, r.budget_used from runledger.runs r where r.run_id = p_run_id;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._session_budget_hold(text,text,jsonb) IS 'Inside the transaction step that took the session: p_budget (an object of dimensions; null: keep the session''s) becomes the session''s budget, and the holder is held to the session''s remainder. Returns the run''s budget columns. RL005 when p_run_id does not hold the session; RL003 for a bad budget.';
+
+CREATE OR REPLACE FUNCTION runledger._session_budget_open(p_session_id text, p_tenant_id text, p_base jsonb)
+ RETURNS void
+ LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+AS $function$
+declare
+  v_session runledger.sessions;
+  v_run     runledger.runs;
+  v_used    jsonb;
+  v_base    jsonb;
+  v_cap     jsonb;
+begin
+  -- The caller holds the session row; its holder takes the session's remainder as a cap.
+  select * into v_session from runledger.sessions where session_id = p_session_id and tenant_id = p_tenant_id;
+  if v_session.holder_run_id is null or v_session.budget_limits is null or v_session.holder_mark is not null then
+    return;
+  end if;
+  select * into v_run from runledger.runs where run_id = v_session.holder_run_id for update;
+  if not found then
+    return;
+  end if;
+  v_used := runledger._run_amounts(v_run.budget_spent, v_run.budget_used);
+  -- Its own limits: those recorded with another budgeted session it holds, else its current ones.
+  v_base := coalesce(p_base,
+                     (select s.holder_mark->'base' from runledger.sessions s
+                       where s.holder_run_id = v_run.run_id and s.holder_mark is not null limit 1),
+                     runledger._run_limits(v_run.budget, v_run.budget_limits));
+  select jsonb_object_agg(l.key, coalesce((v_used->>l.key)::numeric, 0)
+                                 + greatest(0, l.value::numeric - coalesce((v_session.budget_used->>l.key)::numeric, 0)))
+    into v_cap
+    from jsonb_each_text(v_session.budget_limits) l;
+  update runledger.sessions
+     set holder_mark = jsonb_build_object('used', v_used, 'cap', coalesce(v_cap, '{}'::jsonb), 'base', v_base)
+   where session_id = p_session_id and tenant_id = p_tenant_id;
+  perform runledger._set_run_limits(v_run.run_id, runledger._session_budget_caps(v_run.run_id, v_base));
+end;
+$function$;
+COMMENT ON FUNCTION runledger._session_budget_open(text,text,jsonb) IS 'The holder of a session with a budget (the row locked by the caller) is marked: its counters now, the cap the session''s remainder allows, its own limits (p_base, or found); its limits become the smallest of its own and its sessions'' caps.';
+
 CREATE OR REPLACE FUNCTION runledger._session_check_id(p_session_id text)
  RETURNS void
  LANGUAGE plpgsql
@@ -4850,15 +5053,23 @@ CREATE OR REPLACE FUNCTION runledger._session_free(p_session_id text, p_tenant_i
  SET enable_seqscan TO 'off'
  SET jit TO 'off'
 AS $function$
+declare
+  v_holder text;
+  v_base   jsonb;
 begin
+  select holder_run_id into v_holder from runledger.sessions where session_id = p_session_id and tenant_id = p_tenant_id;
+  v_base := runledger._session_budget_close(p_session_id, p_tenant_id);
   update runledger.sessions
      set last_holder_run_id = holder_run_id, holder_run_id = null, held_at = null,
          released_at = runledger.now(), release_reason = p_reason, updated_at = runledger.now()
    where session_id = p_session_id and tenant_id = p_tenant_id and holder_run_id is not null;
+  if v_base is not null and p_reason <> 'ended' then
+    perform runledger._set_run_limits(v_holder, runledger._session_budget_caps(v_holder, v_base));
+  end if;
   return runledger._session_handoff(p_session_id, p_tenant_id);
 end;
 $function$;
-COMMENT ON FUNCTION runledger._session_free(text,text,text) IS 'The holder of the session (locked by the caller) lets go, for p_reason (released, ended, operator); the session goes to the next waiter. Returns the new holder or null.';
+COMMENT ON FUNCTION runledger._session_free(text,text,text) IS 'The holder of the session (locked by the caller) lets go, for p_reason (released, ended, operator): what it charged while holding a session with a budget is added to that budget and, unless it ended, its own limits come back; the session goes to the next waiter. Returns the new holder or null.';
 
 CREATE OR REPLACE FUNCTION runledger._session_handoff(p_session_id text, p_tenant_id text)
  RETURNS text
@@ -5101,6 +5312,49 @@ begin
 end;
 $function$;
 COMMENT ON FUNCTION runledger._set_retention(text,interval,text) IS 'The action behind runledger.set_retention (which records it in audit_log): sets how long a kind is kept, for one workflow or (workflow null) as the default.';
+
+CREATE OR REPLACE FUNCTION runledger._set_run_limits(p_run_id text, p_limits jsonb)
+ RETURNS runledger.runs
+ LANGUAGE sql
+AS $function$
+  update runledger.runs
+     set budget = (p_limits->>'units')::numeric, budget_limits = nullif(p_limits - 'units', '{}'::jsonb)
+   where run_id = p_run_id
+  returning *
+$function$;
+COMMENT ON FUNCTION runledger._set_run_limits(text,jsonb) IS 'Writes a run''s limits from one object of dimensions (units to budget, the others to budget_limits) and returns the row.';
+
+CREATE OR REPLACE FUNCTION runledger._set_session_budget(p_session_id text, p_budget jsonb)
+ RETURNS runledger.sessions
+ LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+AS $function$
+declare
+  v_tenant  text := runledger._session_scope();
+  v_session runledger.sessions;
+  v_base    jsonb;
+begin
+  perform runledger._session_check_id(p_session_id);
+  if p_budget is not null then
+    perform runledger._check_budget_amounts(p_budget, 'set_session_budget');
+  end if;
+  insert into runledger.sessions (session_id, tenant_id) values (p_session_id, v_tenant)
+  on conflict (session_id, tenant_id) do nothing;
+  perform 1 from runledger.sessions where session_id = p_session_id and tenant_id = v_tenant for update;
+  v_base := runledger._session_budget_close(p_session_id, v_tenant);
+  update runledger.sessions set budget_limits = p_budget, updated_at = runledger.now()
+   where session_id = p_session_id and tenant_id = v_tenant
+  returning * into v_session;
+  if v_session.holder_run_id is not null and v_base is not null then
+    perform runledger._set_run_limits(v_session.holder_run_id, runledger._session_budget_caps(v_session.holder_run_id, v_base));
+  end if;
+  perform runledger._session_budget_open(p_session_id, v_tenant, v_base);
+  select * into v_session from runledger.sessions where session_id = p_session_id and tenant_id = v_tenant;
+  return v_session;
+end;
+$function$;
+COMMENT ON FUNCTION runledger._set_session_budget(text,jsonb) IS 'The action behind runledger.set_session_budget (which records it in audit_log).';
 
 CREATE OR REPLACE FUNCTION runledger._slot_freed(p_run_id text)
  RETURNS void
@@ -5852,6 +6106,18 @@ begin
 end;
 $function$;
 COMMENT ON FUNCTION runledger._stream_write(text,bigint,text,integer,bigint,integer,boolean,integer[],jsonb,boolean) IS 'Fenced (a read of the run''s fencing token and status, no row lock; RL001 when stale): stores a batch of one stream''s chunks (p_chunks, a JSON array, each at the step position in p_seqs) at consecutive offsets from p_first_offset, or, when it is null, after the last chunk written at positions before p_base_seq; an offset already stored, or at or past the stream''s end, is left as it is. p_close closes the stream after the batch. One NOTIFY runledger_stream (payload: the run id) when anything was stored. Returns the offset after the batch.';
+
+CREATE OR REPLACE FUNCTION runledger._sub_amounts(p_a jsonb, p_b jsonb)
+ RETURNS jsonb
+ LANGUAGE sql
+ IMMUTABLE
+AS $function$
+  select coalesce(jsonb_object_agg(k, d), '{}'::jsonb)
+    from (select k, coalesce((p_a->>k)::numeric, 0) - coalesce((p_b->>k)::numeric, 0) as d
+            from (select jsonb_object_keys(coalesce(p_a, '{}'::jsonb)) union select jsonb_object_keys(coalesce(p_b, '{}'::jsonb))) keys(k)) x
+   where d <> 0
+$function$;
+COMMENT ON FUNCTION runledger._sub_amounts(jsonb,jsonb) IS 'The difference per key of two objects of numbers (a - b); keys whose difference is 0 are left out.';
 
 CREATE OR REPLACE FUNCTION runledger._take_migration(p_pairs text[])
  RETURNS TABLE(run_id text, workflow_name text, from_version text, to_version text, status runledger.run_status, input jsonb, version_manifest jsonb, checkpoints jsonb)
@@ -6899,6 +7165,25 @@ begin
 end;
 $function$;
 COMMENT ON FUNCTION runledger.set_retention(text,interval,text) IS 'Operator action: keep kind (runs, events, idempotency, signals, streams, session_entries, audit_log) for p_keep (null: forever), for workflow p_workflow_name or (null) as the default for workflows without their own rule. Bad kind, negative keep, or a workflow for session_entries or audit_log: RL003. An audit_log rule shorter than owner_settings.audit_log_min_keep (365 days unless the schema''s owner lowered it): 42501. With tenant isolation on, refused (42501) to an operator bound to a tenant. Recorded in audit_log, and that record is never pruned.';
+
+CREATE OR REPLACE FUNCTION runledger.set_session_budget(p_session_id text, p_budget jsonb)
+ RETURNS runledger.sessions
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
+AS $function$
+declare
+  v_session runledger.sessions := runledger._set_session_budget(p_session_id, p_budget);
+begin
+  perform runledger._audit('set_session_budget', v_session.holder_run_id, p_session_id,
+                           jsonb_build_object('budget', p_budget, 'tenant_id', nullif(v_session.tenant_id, '')),
+                           jsonb_build_object('budget_limits', v_session.budget_limits, 'budget_used', v_session.budget_used));
+  return v_session;
+end;
+$function$;
+COMMENT ON FUNCTION runledger.set_session_budget(text,jsonb) IS 'Operator action: the budget of a session (of the tenant the caller''s session names; none: the runs without a tenant) across every run that holds it, an object of dimensions ({"tokens": 1000000, "cost_usd": 20}); null removes it. What was spent stays counted; a run holding the session is held to the new remainder at once. Creates the session if it does not exist. Bad budget: RL003. Recorded in audit_log.';
 
 CREATE OR REPLACE FUNCTION runledger.start_run(p_workflow text, p_input jsonb, p_options jsonb DEFAULT '{}'::jsonb)
  RETURNS text

@@ -61,6 +61,7 @@ const EXPECTED: Record<string, string[]> = {
     'pause_rate_limit',
     'resume_rate_limit',
     'delete_rate_limit',
+    'set_session_budget',
   ],
   runledger_worker: [
     ...READS,
@@ -125,6 +126,7 @@ const EXPECTED: Record<string, string[]> = {
     '_environment_record',
     '_environments_due',
     '_environment_reclaimed',
+    '_session_budget_hold',
   ],
 };
 const ROLES = Object.keys(EXPECTED);

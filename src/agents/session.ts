@@ -4,6 +4,8 @@ import { UNREADABLE, type Execution } from '../engine/run/execution.js';
 import type { Payloads } from '../engine/core/payloads.js';
 import { toMs, type Duration } from '../engine/core/duration.js';
 import { toJsonText } from '../engine/core/json.js';
+import { toBudgetAmounts, toSqlLimits, type BudgetAmounts } from '../engine/core/budget.js';
+import { budgetStateOf, type BudgetColumns } from '../engine/run/budget-state.js';
 import { pgCode } from '../engine/db/pg-errors.js';
 import {
   InvalidInputError,
@@ -42,6 +44,14 @@ export interface StoredSessionEntry extends SessionEntry {
 export interface SessionOptions {
   /** How long to wait for another run holding the session; default: as long as it takes. Past it: SessionTimeoutError. */
   timeout?: Duration;
+  /**
+   * The session's budget, across every run that holds it (a number is units; else
+   * `{ units, tokens, costUsd, toolCalls, turns }`). It replaces the session's budget; without
+   * it a budget set earlier (by another run, or set_session_budget) still applies. While
+   * this run holds the session it may spend no more than the session has left: past it the
+   * run ends TERMINATED (BUDGET), the session named in the evidence. docs/sessions.md#budgets.
+   */
+  budget?: number | BudgetAmounts;
 }
 
 export interface Session {
@@ -94,17 +104,35 @@ export function checkSessionId(sessionId: unknown): asserts sessionId is string 
 export async function openSession(ctx: StepContext, exec: Execution, sessionId: string, options: SessionOptions = {}): Promise<Session> {
   checkSessionId(sessionId);
   const timeoutMs = options.timeout === undefined ? undefined : toMs(options.timeout, `session ${sessionId} timeout`);
+  const budget =
+    options.budget === undefined ? null : JSON.stringify(toSqlLimits(toBudgetAmounts(options.budget, `session ${sessionId} budget`)));
   const hold = holdOf(exec, sessionId);
   const runId = exec.runId;
+  // The run's budget columns once the session's budget holds it (set only when the step ran, not on replay).
+  let columns: BudgetColumns | undefined;
+  // Taking the session, the run is held to its budget's remainder, in the same transaction.
+  const holdBudget = async (trx: Parameters<Parameters<StepContext['transaction']>[1]>[0]) => {
+    const result =
+      await sql<BudgetColumns>`select * from runledger._session_budget_hold(p_session_id => ${sessionId}, p_run_id => ${runId}, p_budget => ${budget}::jsonb)`.execute(
+        trx,
+      );
+    columns = result.rows[0];
+  };
+  const taken = (entryCount: number) => {
+    if (columns) exec.budgetState = budgetStateOf(columns);
+    return held(ctx, exec, sessionId, hold, entryCount);
+  };
   let deadline: Date | undefined;
   for (;;) {
     const answer = (await ctx.transaction(`session:${sessionId}:open`, async (trx) => {
       const result = await sql<{
         answer: Acquired;
       }>`select runledger._session_acquire(p_session_id => ${sessionId}, p_run_id => ${runId}) as answer`.execute(trx);
-      return result.rows[0]!.answer;
+      const acquired = result.rows[0]!.answer;
+      if (acquired.held) await holdBudget(trx);
+      return acquired;
     })) as Acquired;
-    if (answer.held) return held(ctx, exec, sessionId, hold, answer.entry_count);
+    if (answer.held) return taken(answer.entry_count);
     if (timeoutMs !== undefined) deadline ??= new Date((await ctx.now(`session:${sessionId}:since`)).getTime() + timeoutMs);
     const signal = await ctx.waitForSignal(`session:${sessionId}`, {
       name: `session:${sessionId}:wait`,
@@ -115,9 +143,11 @@ export async function openSession(ctx: StepContext, exec: Execution, sessionId: 
       const result = await sql<{
         answer: Acquired;
       }>`select runledger._session_leave(p_session_id => ${sessionId}, p_run_id => ${runId}) as answer`.execute(trx);
-      return result.rows[0]!.answer;
+      const acquired = result.rows[0]!.answer;
+      if (acquired.held) await holdBudget(trx);
+      return acquired;
     })) as Acquired;
-    if (left.held) return held(ctx, exec, sessionId, hold, left.entry_count);
+    if (left.held) return taken(left.entry_count);
     throw new SessionTimeoutError(`session ${sessionId}: still held by run ${left.holder ?? '?'} after ${timeoutMs} ms`, {
       sessionId,
       holder: left.holder,
@@ -232,12 +262,20 @@ class HeldSession implements Session {
     if (!this.hold.held) return;
     const { id } = this;
     const runId = this.exec.runId;
+    let columns: BudgetColumns | undefined;
     await this.ctx.transaction(`session:${id}:release`, async (trx) => {
       const result = await sql<{
         released: boolean;
       }>`select runledger._session_release(p_session_id => ${id}, p_run_id => ${runId}) as released`.execute(trx);
+      // Its own limits are back if the session had a budget.
+      columns = (
+        await sql<BudgetColumns>`select budget, budget_spent, budget_limits, budget_used from runledger.runs where run_id = ${runId}`.execute(
+          trx,
+        )
+      ).rows[0];
       return result.rows[0]!.released;
     });
+    if (columns) this.exec.budgetState = budgetStateOf(columns);
     this.hold.held = false;
   }
 }

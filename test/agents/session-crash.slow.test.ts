@@ -156,3 +156,29 @@ describe('fault scenario 9: SIGKILL between a tool call and the append of its re
     expect(appends).toEqual([{ name: `session:${sessionId}:append`, kind: 'transaction', status: 'SUCCEEDED' }]);
   });
 });
+
+describe('a session budget across a SIGKILL', () => {
+  it("killed after a charged step's checkpoint committed: the next worker replays it; the session counts each charge once", async () => {
+    const sessionId = 'crash-budget';
+    const run = await t.engine.start(flows.spender, { sessionId, tokens: 50, budget: 100 });
+    // Killed once its first plain step (spend-0, with its charge) has committed, before it heard so.
+    const doomed = await worker('after-group-commit:single');
+    expect((await doomed.exited).signal).toBe('SIGKILL');
+    const budget = async () =>
+      (await db.pool.query('select spent, remaining, holder_run_id from runledger.session_budgets where session_id = $1', [sessionId]))
+        .rows[0];
+    // At the kill: the session held, spend-0's charge committed.
+    expect(await budget()).toEqual({ spent: { tokens: 10 }, remaining: { tokens: 90 }, holder_run_id: run.runId });
+    await worker();
+    await waitFor('the run finished', async () => (await runRow(run.runId)).status === 'SUCCEEDED');
+    expect(await runRow(run.runId)).toEqual({ status: 'SUCCEEDED', recovery_attempts: 1 });
+    expect(await budget()).toEqual({ spent: { tokens: 50 }, remaining: { tokens: 50 }, holder_run_id: null });
+    // The next run has the 50 left: its sixth step of 10 passes it.
+    const next = await t.engine.start(flows.spender, { sessionId, tokens: 100 });
+    await waitFor('the next run stopped', async () => (await runRow(next.runId)).status === 'TERMINATED');
+    const evidence = (await db.pool.query('select termination_evidence from runledger.runs where run_id = $1', [next.runId])).rows[0]
+      .termination_evidence;
+    expect(evidence).toMatchObject({ dimension: 'tokens', limit: 50, spent: 60, step: 'spend-5', session: { spent_before: 50 } });
+    expect(await budget()).toEqual({ spent: { tokens: 110 }, remaining: { tokens: 0 }, holder_run_id: null });
+  });
+});
