@@ -264,6 +264,7 @@ declare
   v_limit  numeric;
   v_spent  numeric;
   v_evidence jsonb;
+  v_session  jsonb;
 begin
   -- units stay in budget_spent; the other dimensions add up in budget_used.
   update runledger.runs r
@@ -292,15 +293,17 @@ begin
     return v_run;
   end if;
   -- The limit passed is a session's cap (a session budget), not the run's own: say which.
-  select v_evidence || jsonb_build_object('session', jsonb_build_object(
-           'session_id', s.session_id, 'budget', s.budget_limits->(v_dim),
-           'spent_before', coalesce((s.budget_used->>v_dim)::numeric, 0)))
-    into v_evidence
+  select jsonb_build_object('session_id', s.session_id, 'budget', s.budget_limits->(v_dim),
+                            'spent_before', coalesce((s.budget_used->>v_dim)::numeric, 0))
+    into v_session
     from runledger.sessions s
    where s.holder_run_id = v_run.run_id and s.holder_mark is not null
      and (s.holder_mark->'cap'->>v_dim)::numeric = (v_evidence->>'limit')::numeric
      and (s.holder_mark->'base'->>v_dim) is distinct from (v_evidence->>'limit')
    order by s.session_id limit 1;
+  if v_session is not null then
+    v_evidence := v_evidence || jsonb_build_object('session', v_session);
+  end if;
   perform runledger._terminate_run(v_run.run_id, v_run.fencing_token, 'BUDGET', v_evidence);
   select * into v_run from runledger.runs where run_id = p_run.run_id;
   return v_run;

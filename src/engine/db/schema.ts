@@ -272,6 +272,9 @@ export const RUNLEDGER_TABLES = {
     created_at: 'timestamptz default',
     updated_at: 'timestamptz default',
     tenant_id: 'text default',
+    budget_limits: 'jsonb null',
+    budget_used: 'jsonb default',
+    holder_mark: 'jsonb null',
   },
   'runledger.session_entries': {
     session_id: 'text',
