@@ -7,6 +7,7 @@ import { NO_CODEC, type Payloads } from '../engine/core/payloads.js';
 import { InvalidInputError, PayloadTooLargeError } from '../engine/core/errors.js';
 import { assertStorable, toJsonText } from '../engine/core/json.js';
 import { executionOf } from './execution-of.js';
+import { storeBlob } from '../steps/blob.js';
 
 /** An artifact's content (text or bytes, stored once by sha256), or a reference to where it lives. */
 export type ArtifactContent = string | Uint8Array | { ref: string; sha256?: string; size?: number };
@@ -180,23 +181,8 @@ export async function storeLarge(ctx: StepContext | Execution, name: string, val
   // Stored as the codec has it (its envelope's JSON text), and addressed by the sha256 of that.
   const bytes = Buffer.from(exec.payloads.text(text), 'utf8');
   checkSize(`value ${name}`, bytes.byteLength);
-  const sha = sha256Of(bytes);
-  const position = exec.activeSteps.at(-1) ?? null;
-  const client = await exec.deps.pool.connect();
-  try {
-    await client.query('begin');
-    const held = await client.query<{ held: boolean }>('select runledger._artifact_blob_held(p_sha256 => $1) as held', [sha]);
-    await client.query(
-      "select runledger._record_artifact(p_run_id => $1, p_position => $2, p_name => $3, p_kind => 'value', p_sha256 => $4, p_size => $5, p_content => $6, p_ref => null)",
-      [exec.runId, position, name, sha, bytes.byteLength, held.rows[0]!.held ? null : bytes],
-    );
-    await client.query('commit');
-  } catch (error) {
-    await client.query('rollback').catch(() => {});
-    throw error;
-  } finally {
-    client.release();
-  }
+  // Already the codec's form: stored as it is.
+  const { sha256: sha } = await storeBlob(exec, { name, kind: 'value', bytes, position: exec.activeSteps.at(-1) ?? null, encoded: true });
   let texts = stored.get(exec);
   if (!texts) stored.set(exec, (texts = new Map()));
   texts.set(sha, text);

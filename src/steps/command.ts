@@ -15,6 +15,13 @@ export interface ExecOptions {
   grace?: Duration;
   /** How much of the end of stdout and stderr the result keeps, in bytes; default 4096 each. */
   tailBytes?: number;
+  /**
+   * Keep the whole output (up to MAX_KEPT_OUTPUT_BYTES of each stream, the rest cut off):
+   * ctx.exec stores it as the run's artifacts `<name>.stdout` and `<name>.stderr` (kind
+   * 'value': content its checkpoint refers to; the result names them); runCommand returns it
+   * as Buffers.
+   */
+  keepOutput?: boolean;
   retry?: StepOptions['retry'];
   rateLimit?: string;
 }
@@ -27,7 +34,31 @@ export interface ExecResult {
   stdoutTail: string;
   stderrTail: string;
   durationMs: number;
+  /** With keepOutput: the whole stdout, an artifact of the run (engine.readArtifact); null when there was none. */
+  stdoutArtifact?: ExecOutputArtifact | null;
+  stderrArtifact?: ExecOutputArtifact | null;
 }
+
+export interface ExecOutputArtifact {
+  artifactId: string;
+  sha256: string;
+  /** Bytes stored (with a codec: of the stored envelope). */
+  size: number;
+  /** The stream was longer than MAX_KEPT_OUTPUT_BYTES: the first part is stored (the tail has the end). */
+  truncated: boolean;
+}
+
+/** What runCommand gives: the result, and with keepOutput the whole output. */
+export interface CommandResult extends ExecResult {
+  stdout?: Buffer;
+  stderr?: Buffer;
+  /** True when a stream was cut at MAX_KEPT_OUTPUT_BYTES. */
+  stdoutTruncated?: boolean;
+  stderrTruncated?: boolean;
+}
+
+/** The most of each stream keepOutput keeps. */
+export const MAX_KEPT_OUTPUT_BYTES = 64 * 1024 * 1024;
 
 const GRACE_DEFAULT_MS = 5_000;
 const TAIL_DEFAULT_BYTES = 4_096;
@@ -52,6 +83,24 @@ class Tail {
       .subarray(Math.max(0, all.length - this.limit))
       .toString('utf8')
       .replaceAll('\u0000', '\uFFFD');
+  }
+}
+
+/** The first MAX_KEPT_OUTPUT_BYTES of a stream (keepOutput). */
+class Whole {
+  #chunks: Buffer[] = [];
+  #size = 0;
+  truncated = false;
+  push(chunk: Buffer): void {
+    const room = MAX_KEPT_OUTPUT_BYTES - this.#size;
+    if (chunk.length > room) this.truncated = true;
+    if (room <= 0) return;
+    const kept = chunk.length > room ? chunk.subarray(0, room) : chunk;
+    this.#chunks.push(kept);
+    this.#size += kept.length;
+  }
+  get bytes(): Buffer {
+    return Buffer.concat(this.#chunks);
   }
 }
 
@@ -111,6 +160,8 @@ export function checkCommandOptions(
   const tailBytes = options.tailBytes ?? TAIL_DEFAULT_BYTES;
   if (!Number.isInteger(tailBytes) || tailBytes < 0 || tailBytes > 1_048_576)
     throw new ConfigError(`${what}: tailBytes must be a whole number from 0 to 1048576`);
+  if (options.keepOutput !== undefined && typeof options.keepOutput !== 'boolean')
+    throw new ConfigError(`${what}: keepOutput must be true or false`);
   return {
     graceMs: options.grace === undefined ? GRACE_DEFAULT_MS : toMs(options.grace, `${what}: grace`),
     timeoutMs: stepTimeoutMs(options.timeout, `${what}: timeout`),
@@ -137,14 +188,15 @@ export interface CommandControl {
  * signal fires or `timeout` passes (STEP_TIMEOUT), a watcher that kills the group if this
  * process dies, nothing left of the group once the command exits. Not a step by itself.
  */
-export function runCommand(options: ExecOptions, control: CommandControl): Promise<ExecResult> {
+export function runCommand(options: ExecOptions, control: CommandControl): Promise<CommandResult> {
   const name = control.name ?? options?.command;
   const { graceMs, timeoutMs, tailBytes } = checkCommandOptions(name, options);
   const { signal, attempt = 1, deadlineMs } = control;
-  return new Promise<ExecResult>((resolve, reject) => {
+  return new Promise<CommandResult>((resolve, reject) => {
     const startedAt = monotonicMark();
     const stdout = new Tail(tailBytes);
     const stderr = new Tail(tailBytes);
+    const whole = options.keepOutput ? { stdout: new Whole(), stderr: new Whole() } : undefined;
     const env = { ...process.env };
     for (const [key, value] of Object.entries(options.env ?? {})) {
       if (value === undefined) delete env[key];
@@ -166,8 +218,8 @@ export function runCommand(options: ExecOptions, control: CommandControl): Promi
     // Nothing the command started outlives it: once it exits, what is left of its group is
     // killed (a background job holding its output open would otherwise hold the step).
     child.once('exit', () => child.pid !== undefined && signalGroup(child.pid, 'SIGKILL'));
-    child.stdout!.on('data', (chunk: Buffer) => stdout.push(chunk));
-    child.stderr!.on('data', (chunk: Buffer) => stderr.push(chunk));
+    child.stdout!.on('data', (chunk: Buffer) => (stdout.push(chunk), whole?.stdout.push(chunk)));
+    child.stderr!.on('data', (chunk: Buffer) => (stderr.push(chunk), whole?.stderr.push(chunk)));
     const kill = () => {
       if (killing || child.pid === undefined) return;
       killing = killGroup(child.pid, exited, graceMs);
@@ -193,12 +245,18 @@ export function runCommand(options: ExecOptions, control: CommandControl): Promi
       if (killing) await killing;
       stopWatcher();
       if (child.pid === undefined) return; // spawn failed: 'error' rejected
-      const result: ExecResult = {
+      const result: CommandResult = {
         exitCode: end.code,
         signal: end.signal,
         stdoutTail: stdout.toString(),
         stderrTail: stderr.toString(),
         durationMs: Math.round(msSince(startedAt)),
+        ...(whole && {
+          stdout: whole.stdout.bytes,
+          stderr: whole.stderr.bytes,
+          stdoutTruncated: whole.stdout.truncated,
+          stderrTruncated: whole.stderr.truncated,
+        }),
       };
       if (timedOut) {
         reject(

@@ -75,6 +75,42 @@ describe('ctx.exec', () => {
     expect(result).toMatchObject({ exitCode: 0, stdoutTail: 'a\uFFFDb\uFFFDc' });
   });
 
+  it('keepOutput stores the whole output, binary included, as two artifacts of the run; the checkpoint names them', async () => {
+    const wf = t.engine.workflow({ name: 'kept-output', queue: 'exec' }, async (ctx) =>
+      ctx.exec('build', { command: 'sh', args: ['-c', "seq 1 20000; printf 'x\\000y' >&2"], tailBytes: 10, keepOutput: true }),
+    );
+    await worker();
+    const handle = await t.engine.start(wf, undefined);
+    const result = await handle.result();
+    const expected = Array.from({ length: 20_000 }, (_, i) => `${i + 1}\n`).join('');
+    expect(result.stdoutTail).toBe('9999\n20000\n'.slice(-10));
+    expect(result.stdoutArtifact).toMatchObject({ size: Buffer.byteLength(expected), truncated: false });
+    expect(result.stderrArtifact).toMatchObject({ size: 3, truncated: false });
+    const stdout = await t.engine.readArtifact(result.stdoutArtifact!.artifactId);
+    expect(stdout?.record).toMatchObject({ runId: handle.runId, name: 'build.stdout', kind: 'value' });
+    expect(stdout?.content?.toString('utf8')).toBe(expected);
+    // Bytes as the command wrote them: the NUL is kept (only the tail, a checkpointed text, replaces it).
+    expect((await t.engine.readArtifact(result.stderrArtifact!.artifactId))?.content).toEqual(Buffer.from([0x78, 0, 0x79]));
+    const step = (await db.pool.query(`select seq, output from runledger.steps where run_id = $1 and name = 'build'`, [handle.runId]))
+      .rows[0];
+    expect(step.output.stdoutArtifact.artifactId).toBe(result.stdoutArtifact!.artifactId);
+    const rows = await db.pool.query(`select name, step_position from runledger.artifacts where run_id = $1 order by name`, [handle.runId]);
+    expect(rows.rows).toEqual([
+      { name: 'build.stderr', step_position: step.seq },
+      { name: 'build.stdout', step_position: step.seq },
+    ]);
+  });
+
+  it('keepOutput with a silent command stores nothing', async () => {
+    const wf = t.engine.workflow({ name: 'kept-nothing', queue: 'exec' }, async (ctx) =>
+      ctx.exec('quiet', { command: 'true', keepOutput: true }),
+    );
+    await worker();
+    const handle = await t.engine.start(wf, undefined);
+    expect(await handle.result()).toMatchObject({ exitCode: 0, stdoutArtifact: null, stderrArtifact: null });
+    expect((await db.pool.query(`select 1 from runledger.artifacts where run_id = $1`, [handle.runId])).rowCount).toBe(0);
+  });
+
   it('a cancelled run kills the whole group, background jobs too, and is CANCELLED within grace + 2 s, only once the group is gone', async () => {
     await worker();
     const pidFile = newFile();
