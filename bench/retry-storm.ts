@@ -47,6 +47,7 @@ interface Outcome {
   recoveryMs: number;
   totalMs: number;
   parked: number;
+  timeline: string;
 }
 
 const RETRY = { maxAttempts: 30, initialDelayMs: 200, factor: 2, maxDelayMs: 5_000, jitter: true };
@@ -80,6 +81,16 @@ async function arrangement(name: string, shared: boolean): Promise<Outcome> {
     await Promise.all(handles.map((h) => h.result({ timeoutMs: 120_000 })));
     const finished = Date.now();
     await worker.stop();
+    // Calls per second, counted from the end of the outage (negative: during it).
+    const perSecond = new Map<number, number>();
+    for (const c of calls) {
+      const second = Math.floor((c.at - outageEndsAt) / 1000);
+      perSecond.set(second, (perSecond.get(second) ?? 0) + 1);
+    }
+    const timeline = [...perSecond.entries()]
+      .sort((a, b) => a[0] - b[0])
+      .map(([second, n]) => `${second}s: ${n}`)
+      .join(', ');
     const parked = await engine.pool.query(`select count(*)::int as n from runledger.events where kind = 'rate_limit_wait'`);
     return {
       arrangement: name,
@@ -89,6 +100,7 @@ async function arrangement(name: string, shared: boolean): Promise<Outcome> {
       recoveryMs: finished - outageEndsAt,
       totalMs: finished - started,
       parked: parked.rows[0].n,
+      timeline,
     };
   } finally {
     await engine.close();
@@ -112,6 +124,10 @@ const lines = [
   '',
   `Calls during the outage, per run over shared: **${(perRun.callsDuringOutage / Math.max(1, shared.callsDuringOutage)).toFixed(1)}x**.`,
   '',
+  'Calls per second at the provider, from the end of the outage (negative: during it):',
+  '',
+  ...rows.map((r) => `- ${r.arrangement}: ${r.timeline}`),
+  '',
 ];
 console.log(lines.join('\n'));
 
@@ -121,5 +137,5 @@ const header =
 const existing = existsSync(REPORT) ? readFileSync(REPORT, 'utf8') : header;
 const sections = existing.split(/^### /m);
 const kept = sections.slice(1).filter((s) => !s.startsWith(server));
-writeFileSync(REPORT, [sections[0] || header, ...kept.map((s) => `### ${s}`), lines.join('\n')].join(''));
+writeFileSync(REPORT, [sections[0] || header, ...kept.map((s) => `### ${s.trimEnd()}\n\n`), lines.join('\n')].join(''));
 await embedded?.stop();

@@ -105,15 +105,16 @@ begin
     delete from runledger.rate_limit_calls c where c.key = p_key and c.at <= v_now - v_hold;
     select count(*) into v_used from runledger.rate_limit_calls c where c.key = p_key;
     if v_used + v_ahead >= v_limit.max_calls then
-      -- This caller's place is the (v_place + 1)-th to free: the calls in the window free
-      -- theirs oldest first, one window on, and the places after them a window later each.
+      -- This caller's place is the (v_place + 1)-th to free. The max_calls places free once a
+      -- window, round after round: those of the calls in the window a window after each
+      -- call, oldest first, and the free ones (taken now by those ahead) a window from now.
       v_place := v_used + v_ahead - v_limit.max_calls;
-      if v_used = 0 then
-        v_until := v_now + v_hold * (1 + v_place / v_limit.max_calls);
+      if v_place % v_limit.max_calls < v_used then
+        select c.at into v_at from runledger.rate_limit_calls c where c.key = p_key order by c.at offset v_place % v_limit.max_calls limit 1;
       else
-        select c.at into v_at from runledger.rate_limit_calls c where c.key = p_key order by c.at offset v_place % v_used limit 1;
-        v_until := v_at + v_hold * (1 + v_place / v_used);
+        v_at := v_now;
       end if;
+      v_until := v_at + v_hold * (1 + v_place / v_limit.max_calls);
     end if;
   end if;
   if v_until is null then
