@@ -99,6 +99,10 @@ describe('debounce', () => {
       InvalidInputError,
     );
     await expect(t.engine.start(wf, { v: 'z' }, { debounce: { key: '', delay: '1s' } })).rejects.toBeInstanceOf(InvalidInputError);
+    // A key jsonb cannot hold (a NUL) is refused before anything is sent: coded, nothing stored.
+    await expect(t.engine.start(wf, { v: 'z' }, { debounce: { key: 'a\u0000b', delay: '1s' } })).rejects.toMatchObject({
+      code: 'INVALID_INPUT',
+    });
     await expect(t.engine.startMany(wf, [{ v: 'z' }], { debounce: { key: 'k', delay: '1s' } } as never)).rejects.toBeInstanceOf(
       InvalidInputError,
     );
