@@ -157,4 +157,32 @@ describe('policy', () => {
     expect((await runRow(b.runId)).termination_evidence.reason).toMatch(/a promise \(a policy decides synchronously\)/);
     expect(() => t.engine.workflow({ name: 'policy-bad', policy: 'allow' as never }, async () => 1)).toThrow(/policy must be a function/);
   });
+
+  it('evidence JSON cannot write, or jsonb cannot store, is recorded as well as it can be: the run still ends POLICY', async () => {
+    const withBigint: Record<string, unknown> = { amount: 10n };
+    const bigint = t.engine.workflow(
+      { name: 'policy-bigint', queue: 'policy', policy: () => ({ refuse: 'over the limit', evidence: withBigint }) },
+      async (ctx) => ctx.operation('pay', {}, async () => 1),
+    );
+    const nul = t.engine.workflow(
+      { name: 'policy-nul', queue: 'policy', policy: () => ({ refuse: 'bad\u0000name', evidence: { name: 'a\u0000b' } }) },
+      async (ctx) => ctx.operation('pay', {}, async () => 1),
+    );
+    await worker();
+    const a = await t.engine.start(bigint, undefined);
+    const b = await t.engine.start(nul, undefined);
+    await expect(a.result()).rejects.toMatchObject({ code: 'RUN_FAILED' });
+    await expect(b.result()).rejects.toMatchObject({ code: 'RUN_FAILED' });
+    expect(await runRow(a.runId)).toMatchObject({
+      termination_reason: 'POLICY',
+      termination_evidence: {
+        reason: 'over the limit',
+        evidence: { unserializable: '[object Object]', error: expect.stringMatching(/BigInt/) },
+      },
+    });
+    expect(await runRow(b.runId)).toMatchObject({
+      termination_reason: 'POLICY',
+      termination_evidence: { reason: 'bad\uFFFDname', evidence: { name: 'a\uFFFDb' } },
+    });
+  });
 });

@@ -27,11 +27,25 @@ export function allowedByPolicy(exec: Execution, action: PolicyAction): boolean 
     evidence: {
       action: describeAction(action),
       reason: refusal.refuse,
-      ...(refusal.evidence !== undefined ? { evidence: refusal.evidence } : {}),
+      ...(refusal.evidence !== undefined ? { evidence: asEvidence(refusal.evidence) } : {}),
       seq: exec.stepsTaken,
     },
   });
   return false;
+}
+
+/**
+ * The policy's evidence as JSON: what JSON.stringify cannot write (a BigInt, a cycle) is kept
+ * as its description, so the stop is recorded rather than its write failing. (Characters
+ * jsonb refuses become U+FFFD when the record is written, as in any diagnostic.)
+ */
+function asEvidence(evidence: unknown): unknown {
+  try {
+    const text = JSON.stringify(evidence);
+    return text === undefined ? String(evidence) : (JSON.parse(text) as unknown);
+  } catch (error) {
+    return { unserializable: String(evidence), error: error instanceof Error ? error.message : String(error) };
+  }
 }
 
 function describe(value: unknown): string {
