@@ -255,6 +255,43 @@ export async function runSessionEntries(pool: pg.Pool, runId: string): Promise<S
   return result.rows;
 }
 
+export interface EnvironmentRow {
+  env_id: string;
+  run_id: string;
+  workflow_name: string;
+  manifest: unknown;
+  seq: number;
+  attempt: number;
+  created_at: Date;
+  reclaimed_at: Date | null;
+  reclaimed_status: string | null;
+  reclaim_attempts: number;
+  last_error: unknown;
+  /** A worker holds its reclaim right now. */
+  reclaiming: boolean;
+}
+
+const ENVIRONMENT_COLUMNS = `env_id, run_id, workflow_name, manifest, seq, attempt, created_at, reclaimed_at, reclaimed_status,
+  reclaim_attempts, last_error, reclaim_owner is not null and reclaim_until > runledger.now() as reclaiming`;
+
+/** The run's execution environments (sql/0020_environments.sql): one per attempt of its create step. */
+export async function runEnvironments(pool: pg.Pool, runId: string): Promise<EnvironmentRow[]> {
+  const result = await pool.query<EnvironmentRow>(
+    `select ${ENVIRONMENT_COLUMNS} from runledger.environments where run_id = $1 order by created_at, env_id limit 100`,
+    [runId],
+  );
+  return result.rows;
+}
+
+/** Environments whose reclaim failed and is not done yet: a sandbox or workspace still running, paid for. */
+export async function failingReclaims(pool: pg.Pool): Promise<EnvironmentRow[]> {
+  const result = await pool.query<EnvironmentRow>(
+    `select ${ENVIRONMENT_COLUMNS} from runledger.environments where reclaimed_at is null and last_error is not null
+      order by created_at limit 200`,
+  );
+  return result.rows;
+}
+
 export async function approvalInbox(pool: pg.Pool): Promise<Array<Record<string, unknown>>> {
   return (await pool.query('select * from runledger.approval_inbox order by requested_at, request_id limit 200')).rows;
 }

@@ -170,8 +170,12 @@ export async function startConsole(options: ConsoleOptions = {}): Promise<Runnin
     const runId = c.req.param('id');
     const doc = await q.runDocument(pool, runId);
     if (!doc) return refuse(c, 404, 'NOT_FOUND', `run ${runId} not found`);
-    const [streams, sessionEntries] = await Promise.all([q.runStreams(pool, runId), q.runSessionEntries(pool, runId)]);
-    return render(c, runPage(context(c), { doc, streams, sessionEntries }));
+    const [streams, sessionEntries, environments] = await Promise.all([
+      q.runStreams(pool, runId),
+      q.runSessionEntries(pool, runId),
+      q.runEnvironments(pool, runId),
+    ]);
+    return render(c, runPage(context(c), { doc, streams, sessionEntries, environments }));
   });
 
   // What the live stream view polls: the chunks of one stream from an offset on, as JSON.
@@ -204,8 +208,8 @@ export async function startConsole(options: ConsoleOptions = {}): Promise<Runnin
     return render(c, approvalsPage(context(c), rows));
   });
   app.get('/problems', async (c) => {
-    const [dead, unknown] = await Promise.all([q.deadLetters(pool), q.unknownOperations(pool)]);
-    return render(c, problemsPage(context(c), dead, unknown));
+    const [dead, unknown, reclaims] = await Promise.all([q.deadLetters(pool), q.unknownOperations(pool), q.failingReclaims(pool)]);
+    return render(c, problemsPage(context(c), dead, unknown, reclaims));
   });
   app.get('/queues', async (c) => {
     const [queues, workers] = await Promise.all([q.queueRows(pool), q.workerRows(pool)]);

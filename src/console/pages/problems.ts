@@ -1,9 +1,15 @@
-/** Runs parked in the dead letter (retry, fork) and operations whose outcome is UNKNOWN (resolve). */
+/** Runs parked in the dead letter (retry, fork), operations whose outcome is UNKNOWN (resolve), environments whose reclaim fails. */
 import { html } from 'hono/html';
 import { actionForm, json, layout, runLink, since, when, type Html, type PageContext } from './layout.js';
-import { resolveForm } from './run.js';
+import { environmentTable, resolveForm } from './run.js';
+import type { EnvironmentRow } from '../queries.js';
 
-export function problemsPage(ctx: PageContext, dead: Array<Record<string, unknown>>, unknown: Array<Record<string, unknown>>): Html {
+export function problemsPage(
+  ctx: PageContext,
+  dead: Array<Record<string, unknown>>,
+  unknown: Array<Record<string, unknown>>,
+  reclaims: EnvironmentRow[] = [],
+): Html {
   const body = html`
     <h1>Dead letter (${dead.length})</h1>
     ${
@@ -81,6 +87,16 @@ export function problemsPage(ctx: PageContext, dead: Array<Record<string, unknow
                   </tr>`,
               )}
             </table>`
+    }
+    ${
+      reclaims.length === 0
+        ? ''
+        : html`<h1>Environments not reclaimed (${reclaims.length})</h1>
+            <p class="muted">
+              Their run has finished, but the workflow's reclaim failed: the workspace, browser or sandbox may still be running. The workers
+              try again; fix the cause (the last error says it) or reclaim it by hand.
+            </p>
+            ${environmentTable(reclaims, true)}`
     }
   `;
   return layout(ctx, 'Dead letter & unknown', body);

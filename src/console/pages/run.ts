@@ -1,10 +1,11 @@
 /**
  * One run: summary and links (parent, children, forks), its actions, the step timeline,
  * the operation ledger (UNKNOWN highlighted, with resolve), waits, approvals, signals,
- * live streams, session entries, the termination record and the event history.
+ * live streams, session entries, its execution environments, the termination record and the
+ * event history.
  */
 import { html } from 'hono/html';
-import type { SessionEntryRow, StreamRow } from '../queries.js';
+import type { EnvironmentRow, SessionEntryRow, StreamRow } from '../queries.js';
 import { actionForm, json, layout, runLink, status, when, type Html, type PageContext } from './layout.js';
 
 type Row = Record<string, unknown>;
@@ -13,6 +14,7 @@ export interface RunPage {
   doc: Row;
   streams: StreamRow[];
   sessionEntries: SessionEntryRow[];
+  environments: EnvironmentRow[];
 }
 
 const ms = (from: unknown, to: unknown): string => {
@@ -317,6 +319,12 @@ ${s.tail.map((c) => (typeof c.chunk === 'string' ? c.chunk : `${JSON.stringify(c
             </table>`
         : ''
     }
+    ${
+      page.environments.length > 0
+        ? html`<h2>Environment</h2>
+            ${environmentTable(page.environments, false)}`
+        : ''
+    }
 
     <h2>Event history (${events.length})</h2>
     <table data-testid="events">
@@ -366,4 +374,39 @@ export function resolveForm(ctx: PageContext, operationId: string): Html {
     'Resolve',
     { testId: `resolve-${operationId}` },
   );
+}
+
+/** Execution environments: the manifest, which attempt made it, and its reclaim (or why it has not happened). */
+export function environmentTable(rows: EnvironmentRow[], withRun: boolean): Html {
+  return html`<table data-testid="environments">
+    <tr>
+      ${withRun ? html`<th>run</th>` : ''}
+      <th>environment</th>
+      <th>manifest</th>
+      <th>made</th>
+      <th>reclaim</th>
+      <th class="num">tries</th>
+      <th>last error</th>
+    </tr>
+    ${rows.map(
+      (e) =>
+        html`<tr>
+          ${withRun ? html`<td>${runLink(e.run_id)}<br />${e.workflow_name}</td>` : ''}
+          <td class="mono">${e.env_id}</td>
+          <td><pre>${json(e.manifest, 800)}</pre></td>
+          <td>step ${e.seq}, attempt ${e.attempt}<br />${when(e.created_at)}</td>
+          <td>
+            ${
+              e.reclaimed_at
+                ? html`reclaimed (${e.reclaimed_status}) ${when(e.reclaimed_at)}`
+                : e.reclaiming
+                  ? 'being reclaimed'
+                  : 'not reclaimed yet'
+            }
+          </td>
+          <td class="num">${e.reclaim_attempts}</td>
+          <td>${e.last_error ? html`<pre>${json(e.last_error, 600)}</pre>` : '-'}</td>
+        </tr>`,
+    )}
+  </table>`;
 }
