@@ -3248,7 +3248,7 @@ AS $function$
 $function$;
 COMMENT ON FUNCTION runledger._graph_delete_thread(text) IS 'RunledgerSaver.deleteThread: every checkpoint, channel value and pending write of a thread, in every namespace.';
 
-CREATE OR REPLACE FUNCTION runledger._graph_put(p_thread_id text, p_ns text, p_checkpoint_id text, p_parent_id text, p_checkpoint jsonb, p_metadata jsonb, p_channels text[], p_versions text[], p_types text[], p_blobs bytea[], p_run_id text DEFAULT NULL::text)
+CREATE OR REPLACE FUNCTION runledger._graph_put(p_thread_id text, p_ns text, p_checkpoint_id text, p_parent_id text, p_checkpoint jsonb, p_metadata jsonb, p_channels text[], p_versions text[], p_types text[], p_blobs bytea[], p_run_id text DEFAULT NULL::text, p_token bigint DEFAULT NULL::bigint)
  RETURNS void
  LANGUAGE plpgsql
  SECURITY DEFINER
@@ -3260,6 +3260,10 @@ begin
   if p_thread_id is null or p_checkpoint_id is null or p_checkpoint is null then
     raise exception using errcode = 'RL003', message = '_graph_put: thread_id, checkpoint_id and checkpoint are required';
   end if;
+  if p_token is not null then
+    -- Written by a run's execution (runGraph): only while it still holds the run (RL001 otherwise).
+    perform runledger._fence(p_run_id, p_token);
+  end if;
   insert into runledger.graph_blobs (thread_id, checkpoint_ns, channel, version, type, blob)
   select p_thread_id, coalesce(p_ns, ''), c, v, t, b
     from unnest(p_channels, p_versions, p_types, p_blobs) as u(c, v, t, b)
@@ -3270,9 +3274,9 @@ begin
   do update set checkpoint = excluded.checkpoint, metadata = excluded.metadata;
 end;
 $function$;
-COMMENT ON FUNCTION runledger._graph_put(text,text,text,text,jsonb,jsonb,text[],text[],text[],bytea[],text) IS 'RunledgerSaver.put: the channel values of the checkpoint''s new versions (once per version) and the checkpoint, in one transaction; putting the same checkpoint id again replaces its checkpoint and metadata.';
+COMMENT ON FUNCTION runledger._graph_put(text,text,text,text,jsonb,jsonb,text[],text[],text[],bytea[],text,bigint) IS 'RunledgerSaver.put: the channel values of the checkpoint''s new versions (once per version) and the checkpoint, in one transaction; putting the same checkpoint id again replaces its checkpoint and metadata. With p_token (runGraph), fenced: refused with RL001 unless the execution still holds run p_run_id under that token.';
 
-CREATE OR REPLACE FUNCTION runledger._graph_put_writes(p_thread_id text, p_ns text, p_checkpoint_id text, p_task_id text, p_task_path text, p_idx integer[], p_channels text[], p_types text[], p_blobs bytea[], p_replace boolean)
+CREATE OR REPLACE FUNCTION runledger._graph_put_writes(p_thread_id text, p_ns text, p_checkpoint_id text, p_task_id text, p_task_path text, p_idx integer[], p_channels text[], p_types text[], p_blobs bytea[], p_replace boolean, p_run_id text DEFAULT NULL::text, p_token bigint DEFAULT NULL::bigint)
  RETURNS void
  LANGUAGE plpgsql
  SECURITY DEFINER
@@ -3281,6 +3285,9 @@ CREATE OR REPLACE FUNCTION runledger._graph_put_writes(p_thread_id text, p_ns te
  SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
 AS $function$
 begin
+  if p_token is not null then
+    perform runledger._fence(p_run_id, p_token);
+  end if;
   if p_replace then
     insert into runledger.graph_writes (thread_id, checkpoint_ns, checkpoint_id, task_id, idx, channel, type, blob, task_path)
     select p_thread_id, coalesce(p_ns, ''), p_checkpoint_id, p_task_id, i, c, t, b, coalesce(p_task_path, '')
@@ -3295,7 +3302,7 @@ begin
   end if;
 end;
 $function$;
-COMMENT ON FUNCTION runledger._graph_put_writes(text,text,text,text,text,integer[],text[],text[],bytea[],boolean) IS 'RunledgerSaver.putWrites: a task''s writes after a checkpoint, in one transaction. A regular write is kept as first written (a task run again writes the same); the special channels (errors, interrupts, resumes: p_replace) replace what was there, as LangGraph asks.';
+COMMENT ON FUNCTION runledger._graph_put_writes(text,text,text,text,text,integer[],text[],text[],bytea[],boolean,text,bigint) IS 'RunledgerSaver.putWrites: a task''s writes after a checkpoint, in one transaction. A regular write is kept as first written (a task run again writes the same); the special channels (errors, interrupts, resumes: p_replace) replace what was there, as LangGraph asks. With p_token (runGraph), fenced as _graph_put.';
 
 CREATE OR REPLACE FUNCTION runledger._heartbeat(p_worker_id text, p_lease_ms integer, p_except text[] DEFAULT '{}'::text[])
  RETURNS text[]

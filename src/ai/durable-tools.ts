@@ -1,7 +1,7 @@
 import type { ToolExecutionOptions, ToolSet } from 'ai';
 import { z } from 'zod';
 import { defineTool, type SideEffect, type WorkflowContext } from '../agents/index.js';
-import type { Duration, ReconcileAnswer, RetryPolicy } from '../index.js';
+import { ConfigError, type Duration, type ReconcileAnswer, type RetryPolicy } from '../index.js';
 import { replyStreamed, takeTurn } from '../adapters/reply-order.js';
 import { UI_STREAM_TOPIC } from './ui-chunks.js';
 
@@ -53,7 +53,7 @@ export function durableTools<T extends ToolSet>(
   options: { uiStream?: string | false } = {},
 ): T {
   for (const name of Object.keys(contracts)) {
-    if (!(name in tools)) throw new TypeError(`durableTools: a contract names ${JSON.stringify(name)}, which is not one of the tools`);
+    if (!(name in tools)) throw new ConfigError(`durableTools: a contract names ${JSON.stringify(name)}, which is not one of the tools`);
   }
   const uiTopic = options.uiStream === undefined ? UI_STREAM_TOPIC : options.uiStream;
   const wrapped: Record<string, unknown> = {};

@@ -1,6 +1,7 @@
 import { Command } from '@langchain/langgraph';
 import type { WorkflowContext } from '../agents/index.js';
-import { RunledgerSaver } from './saver.js';
+import { ConfigError, InvalidInputError } from '../index.js';
+import { FENCING_TOKEN_KEY, RUN_ID_KEY, RunledgerSaver } from './saver.js';
 
 /** What runGraph needs of a compiled LangGraph graph. */
 export interface GraphLike {
@@ -61,13 +62,13 @@ const THREAD_ID = /^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,79}$/;
 export async function runGraph(ctx: WorkflowContext, graph: GraphLike, input: unknown, options: RunGraphOptions): Promise<RunGraphResult> {
   const threadId = options.thread_id;
   if (typeof threadId !== 'string' || !THREAD_ID.test(threadId)) {
-    throw new TypeError(
+    throw new InvalidInputError(
       `runGraph: thread_id ${JSON.stringify(threadId)} must be 1-80 letters, digits and _ . : / -, starting with a letter or digit`,
     );
   }
   const saver = graph.checkpointer;
   if (!(saver instanceof RunledgerSaver)) {
-    throw new TypeError('runGraph: compile the graph with a RunledgerSaver (builder.compile({ checkpointer: saver }))');
+    throw new ConfigError('runGraph: compile the graph with a RunledgerSaver (builder.compile({ checkpointer: saver }))');
   }
   const session = await ctx.session(`graph:${threadId}`);
   const answered: RunGraphResult['interrupts'] = [];
@@ -77,13 +78,16 @@ export async function runGraph(ctx: WorkflowContext, graph: GraphLike, input: un
     // thread moved on goes on from its last checkpoint instead of starting over.
     const from = await ctx.step(`graph:leg:${leg}:from`, () => latestCheckpoint(saver, threadId));
     const outcome = (await ctx.step(`graph:leg:${leg}`, async ({ signal }) => {
-      saver.runId = ctx.runId;
       const moved = (await latestCheckpoint(saver, threadId)) !== from;
       const argument = moved ? null : leg === 0 ? input : new Command({ resume });
-      const state = (await graph.invoke(argument, { ...options.config, configurable: { thread_id: threadId }, signal })) as Record<
-        string,
-        unknown
-      > | null;
+      // Every write of this leg is fenced: an execution that lost the run writes nothing more to the thread.
+      const configurable = {
+        ...(options.config?.configurable as Record<string, unknown> | undefined),
+        thread_id: threadId,
+        [RUN_ID_KEY]: ctx.runId,
+        [FENCING_TOKEN_KEY]: ctx.fencingToken,
+      };
+      const state = (await graph.invoke(argument, { ...options.config, configurable, signal })) as Record<string, unknown> | null;
       const pending = ((state?.__interrupt__ ?? []) as Array<{ id?: string; value?: unknown }>).map((i) => ({
         id: i.id ?? '',
         value: i.value ?? null,

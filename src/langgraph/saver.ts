@@ -14,7 +14,7 @@ import {
   type SerializerProtocol,
 } from '@langchain/langgraph-checkpoint';
 import pg from 'pg';
-import { createEngine } from '../index.js';
+import { ConfigError, createEngine } from '../index.js';
 
 export interface RunledgerSaverOptions {
   /** The schema runledger lives in; only 'runledger' (the default) is supported. */
@@ -35,6 +35,21 @@ const SELECT = `select c.thread_id, c.checkpoint_ns, c.checkpoint_id, c.parent_c
      from runledger.graph_writes w
     where w.thread_id = c.thread_id and w.checkpoint_ns = c.checkpoint_ns and w.checkpoint_id = c.checkpoint_id) as pending_writes
   from runledger.graph_checkpoints c`;
+
+/**
+ * The configurable keys runGraph sets on each invoke: the run that writes through the saver
+ * and the fencing token its execution holds. Carried in LangGraph's config, not on the
+ * saver, so one compiled graph serves many runs at once; with them every write is fenced.
+ */
+export const RUN_ID_KEY = 'runledger_run_id';
+export const FENCING_TOKEN_KEY = 'runledger_fencing_token';
+
+function writer(config: RunnableConfig): { runId: string | null; token: string | null } {
+  const configurable = (config.configurable ?? {}) as Record<string, unknown>;
+  const runId = typeof configurable[RUN_ID_KEY] === 'string' ? configurable[RUN_ID_KEY] : null;
+  const token = typeof configurable[FENCING_TOKEN_KEY] === 'string' ? configurable[FENCING_TOKEN_KEY] : null;
+  return { runId, token: runId === null ? null : token };
+}
 
 interface Row {
   thread_id: string;
@@ -59,13 +74,11 @@ export class RunledgerSaver extends BaseCheckpointSaver {
   readonly pool: SaverPool;
   #ownPool: pg.Pool | undefined;
   #url: string | undefined;
-  /** The run that writes checkpoints through this saver (runGraph sets it). */
-  runId: string | null = null;
 
   constructor(pool: SaverPool, options: RunledgerSaverOptions = {}) {
     super(options.serde);
     if (options.schema !== undefined && options.schema !== 'runledger') {
-      throw new TypeError(`RunledgerSaver: the schema is runledger's own ('runledger'), not ${JSON.stringify(options.schema)}`);
+      throw new ConfigError(`RunledgerSaver: the schema is runledger's own ('runledger'), not ${JSON.stringify(options.schema)}`);
     }
     this.pool = pool;
   }
@@ -183,10 +196,24 @@ export class RunledgerSaver extends BaseCheckpointSaver {
     }
     const [, metadataBytes] = await this.serde.dumpsTyped(metadata);
     const metadataJson = new TextDecoder().decode(metadataBytes).replace(/\\u0000|\0/g, '');
+    const { runId, token } = writer(config);
     await this.pool.query(
       'select runledger._graph_put(p_thread_id => $1, p_ns => $2, p_checkpoint_id => $3, p_parent_id => $4, p_checkpoint => $5, ' +
-        'p_metadata => $6::jsonb, p_channels => $7, p_versions => $8, p_types => $9, p_blobs => $10, p_run_id => $11)',
-      [thread_id, checkpoint_ns, checkpoint.id, checkpoint_id ?? null, stored, metadataJson, channels, versions, types, blobs, this.runId],
+        'p_metadata => $6::jsonb, p_channels => $7, p_versions => $8, p_types => $9, p_blobs => $10, p_run_id => $11, p_token => $12)',
+      [
+        thread_id,
+        checkpoint_ns,
+        checkpoint.id,
+        checkpoint_id ?? null,
+        stored,
+        metadataJson,
+        channels,
+        versions,
+        types,
+        blobs,
+        runId,
+        token,
+      ],
     );
     return { configurable: { thread_id, checkpoint_ns, checkpoint_id: checkpoint.id } };
   }
@@ -205,10 +232,11 @@ export class RunledgerSaver extends BaseCheckpointSaver {
       blobs.push(Buffer.from(bytes));
     }
     const replace = writes.every(([channel]) => channel in WRITES_IDX_MAP);
+    const { runId, token } = writer(config);
     await this.pool.query(
       'select runledger._graph_put_writes(p_thread_id => $1, p_ns => $2, p_checkpoint_id => $3, p_task_id => $4, p_task_path => $5, ' +
-        'p_idx => $6, p_channels => $7, p_types => $8, p_blobs => $9, p_replace => $10)',
-      [thread_id, checkpoint_ns, checkpoint_id, taskId, taskPath, idx, channels, types, blobs, replace],
+        'p_idx => $6, p_channels => $7, p_types => $8, p_blobs => $9, p_replace => $10, p_run_id => $11, p_token => $12)',
+      [thread_id, checkpoint_ns, checkpoint_id, taskId, taskPath, idx, channels, types, blobs, replace, runId, token],
     );
   }
 

@@ -64,6 +64,16 @@ export class StepContext<DB = any> {
     return this.#exec.lineageId;
   }
 
+  /**
+   * The fencing token this execution holds the run under (a decimal string of a bigint): it
+   * grows each time a worker takes the run. A system of your own can refuse a write that
+   * carries a lower token than the last one it saw, so an execution that lost its lease (a
+   * stalled worker still running) cannot write after the one that replaced it.
+   */
+  get fencingToken(): string {
+    return this.#exec.fencingToken.toString();
+  }
+
   /** 1 for the first execution of the run; +1 for every recovery after a lost lease. */
   get attempt(): number {
     return this.#exec.attempt;

@@ -101,6 +101,68 @@ describe('runGraph', () => {
     await expect(second.result()).resolves.toMatchObject({ output: { order: 'g-4', decision: 'yes again' } });
   });
 
+  it("an execution that lost the run writes nothing more to the thread: the saver's writes are fenced; the run goes on elsewhere", async () => {
+    const saver = new RunledgerSaver(t.engine.pool);
+    const refused: string[] = [];
+    let saving = 0;
+    const put = saver.put.bind(saver);
+    saver.put = async (...args: Parameters<typeof put>) => {
+      saving++;
+      try {
+        return await put(...args);
+      } catch (error) {
+        refused.push((error as { code?: string }).code ?? String(error));
+        throw error;
+      } finally {
+        saving--;
+      }
+    };
+    let release!: () => void;
+    const gate = new Promise<void>((resolve) => (release = resolve));
+    let slowRuns = 0;
+    const Counter = Annotation.Root({ n: Annotation<number>() });
+    const graph = new StateGraph(Counter)
+      .addNode('first', () => ({ n: 1 }))
+      .addNode('slow', async (s) => {
+        slowRuns++;
+        await gate;
+        return { n: s.n + 1 };
+      })
+      .addEdge(START, 'first')
+      .addEdge('first', 'slow')
+      .addEdge('slow', END)
+      .compile({ checkpointer: saver });
+    const wf = t.engine.workflow({ name: 'graph-fenced', queue: 'graphs-fenced' }, async (ctx) =>
+      runGraph(ctx, graph, { n: 0 }, { thread_id: 'fenced-thread' }),
+    );
+    const w = await t.engine.runWorker({ queues: ['graphs-fenced'], leaseMs: 1_000, pollIntervalMs: 50, sweepIntervalMs: 200 });
+    try {
+      const handle = await t.engine.start(wf, undefined);
+      const checkpoints = async () =>
+        Number((await db.pool.query(`select count(*) from runledger.graph_checkpoints where thread_id = 'fenced-thread'`)).rows[0].count);
+      // The slow node running, and the checkpoints before it saved (LangGraph saves them while the next node runs).
+      await waitFor('the slow node running', async () => slowRuns === 1 && saving === 0 && (await checkpoints()) > 0);
+      const before = await checkpoints();
+      // Another worker took the run meanwhile (as after a stall past the lease): a new token, a
+      // lease of its own, already expired so that recovery hands the run back.
+      await db.pool.query(
+        `update runledger.runs set fencing_token = fencing_token + 1, lease_owner = 'another-worker', lease_expires_at = now() where run_id = $1`,
+        [handle.runId],
+      );
+      release();
+      await waitFor('the stale checkpoint refused', async () => refused.length > 0);
+      expect(refused[0]).toBe('RL001');
+      expect(await checkpoints()).toBe(before);
+      // Recovered, the run finds the thread where it was and runs the slow node again: its first result never landed.
+      await expect(handle.result()).resolves.toMatchObject({ output: { n: 2 } });
+      expect(slowRuns).toBe(2);
+      const writers = await db.pool.query(`select distinct run_id from runledger.graph_checkpoints where thread_id = 'fenced-thread'`);
+      expect(writers.rows).toEqual([{ run_id: handle.runId }]);
+    } finally {
+      await w.stop();
+    }
+  });
+
   it('refuses a graph compiled without a RunledgerSaver, and a thread id that is not a plain name', async () => {
     const plain = new StateGraph(State)
       .addNode('x', () => ({}))
@@ -110,10 +172,18 @@ describe('runGraph', () => {
       runGraph(ctx, input.plain ? plain : refundGraph(new RunledgerSaver(t.engine.pool)), {}, { thread_id: input.thread }),
     );
     await worker();
-    await expect((await t.engine.start(wf, { thread: 'ok', plain: true })).result()).rejects.toThrow(
-      /compile the graph with a RunledgerSaver/,
-    );
-    await expect((await t.engine.start(wf, { thread: 'not ok!', plain: false })).result()).rejects.toThrow(/thread_id/);
+    const plainRun = await t.engine.start(wf, { thread: 'ok', plain: true });
+    await expect(plainRun.result()).rejects.toThrow(/compile the graph with a RunledgerSaver/);
+    const badThread = await t.engine.start(wf, { thread: 'not ok!', plain: false });
+    await expect(badThread.result()).rejects.toThrow(/thread_id/);
+    // Coded, as every refusal of runledger's: CONFIG for the graph, INVALID_INPUT for the id.
+    const codes = await db.pool.query(`select run_id, error->>'code' as code from runledger.runs where run_id = any($1)`, [
+      [plainRun.runId, badThread.runId],
+    ]);
+    expect(Object.fromEntries(codes.rows.map((r) => [r.run_id, r.code]))).toEqual({
+      [plainRun.runId]: 'CONFIG',
+      [badThread.runId]: 'INVALID_INPUT',
+    });
   });
 });
 
