@@ -3,6 +3,7 @@ import { waitFor } from '../helpers/database.js';
 import { useTestEngine } from '../helpers/test-engine.js';
 import { stoppedAfterEach } from '../helpers/cleanup.js';
 import type { BudgetRemaining } from '../../src/index.js';
+import { runCli } from '../helpers/cli.js';
 
 /**
  * Session budgets (openSession(..., { budget }), sql/0021_session_budgets.sql): one budget
@@ -104,6 +105,11 @@ describe('session budgets', () => {
       exhausted: true,
       holder_run_id: null,
     });
+    // runledger session shows it, as text and as JSON.
+    const text = await runCli(db.url, ['session', 'budget-a']);
+    expect(text.stdout).toContain('budget      tokens 60 of 50 (0 left), used up');
+    const json = JSON.parse((await runCli(db.url, ['session', 'budget-a', '--json'])).stdout);
+    expect(json.budget).toEqual({ limits: { tokens: 50 }, spent: { tokens: 60 }, remaining: { tokens: 0 }, exhausted: true });
     // A third run can take the session but spend nothing.
     const third = await t.engine.start(flows.spend, { sessionId: 'budget-a', tokens: 10 });
     await waitFor('the third run stopped', async () => (await runRow(third.runId)).status === 'TERMINATED');

@@ -16,6 +16,23 @@ interface SessionRow {
   created_at: Date;
 }
 
+interface BudgetRow {
+  budget: Record<string, number> | null;
+  spent: Record<string, number>;
+  remaining: Record<string, number>;
+  exhausted: boolean;
+}
+
+/** "tokens 30 of 50 (20 left), cost_usd 0.4 of 20 (19.6 left)": each dimension of the budget. */
+function budgetLine(b: BudgetRow): string {
+  const limits = Object.entries(b.budget ?? {});
+  if (limits.length === 0) return `none (spent ${shortJson(b.spent, 200)})`;
+  const parts = limits.map(
+    ([dim, limit]) => `${dim} ${Number(b.spent[dim] ?? 0)} of ${Number(limit)} (${Number(b.remaining[dim] ?? 0)} left)`,
+  );
+  return `${parts.join(', ')}${b.exhausted ? ', used up' : ''}`;
+}
+
 interface EntryRow {
   seq: number;
   role: string;
@@ -48,7 +65,7 @@ export const session: Command = {
     const sessionId = parsed.positionals[0]!;
     const width = intOption(parsed.values, 'width', 10) ?? 100;
     const payloads = cliPayloads();
-    const { row, entries } = await withPool(parsed.values, async (pool) => {
+    const { row, entries, budget } = await withPool(parsed.values, async (pool) => {
       // session_history checks the id (RL003) and refuses an unknown session (RL002).
       const history = await pool.query<EntryRow>(
         'select seq, role, content, run_id, step_position, created_at from runledger.session_history(p_session_id => $1) order by seq',
@@ -62,7 +79,17 @@ export const session: Command = {
         [sessionId],
       );
       if (!found.rows[0]) throw new CliError('NOT_FOUND', `session ${sessionId} not found`, 1);
-      return { row: found.rows[0], entries: history.rows.map((e) => ({ ...e, content: payloads.decode(e.content) })) };
+      // Its budget across the runs that hold it (sql/0021_session_budgets.sql), if it has one.
+      const budgets = await pool.query<BudgetRow>(
+        `select budget, spent, remaining, exhausted from runledger.session_budgets
+          where session_id = $1 and coalesce(tenant_id, '') = coalesce(current_setting('runledger.tenant', true), '')`,
+        [sessionId],
+      );
+      return {
+        row: found.rows[0],
+        entries: history.rows.map((e) => ({ ...e, content: payloads.decode(e.content) })),
+        budget: budgets.rows[0] ?? null,
+      };
     });
     if (parsed.values.json) {
       print(
@@ -78,6 +105,7 @@ export const session: Command = {
             waiting: row.waiting_run_ids,
             lastRelease: row.last_holder_run_id && { runId: row.last_holder_run_id, reason: row.release_reason, at: row.released_at },
             createdAt: row.created_at,
+            budget: budget && { limits: budget.budget, spent: budget.spent, remaining: budget.remaining, exhausted: budget.exhausted },
             entries: entries.map((e) => ({
               seq: e.seq,
               role: e.role,
@@ -100,6 +128,7 @@ export const session: Command = {
         : `free        ${row.last_holder_run_id ? `last held by ${row.last_holder_run_id}, let go (${row.release_reason}) ${ago(row.released_at)}` : 'never held'}`,
     );
     print(`queued      ${row.waiters === 0 ? 'nobody' : `${row.waiters}: ${row.waiting_run_ids.join(', ')}`}`);
+    if (budget) print(`budget      ${budgetLine(budget)}`);
     print();
     print(`entries (${entries.length})`);
     if (entries.length === 0) return;
