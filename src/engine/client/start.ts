@@ -135,7 +135,7 @@ export async function startRun<O, In>(
   // step. A delayed run is announced as always (its notification carries the delay).
   const local = options.runAt === undefined ? host.takeLocally?.(workflow, options.queue ?? workflow.queue, runIdAsked) : undefined;
   let runId: string;
-  let ranHere: Promise<LocalSuccess | undefined> | undefined;
+  let ranHere: LocalExecution | undefined;
   try {
     // Starts made together share a statement and a commit (start-batch.ts).
     const row = await host.startBatched({
@@ -146,7 +146,11 @@ export async function startRun<O, In>(
       ...(local ? { claimFor: { workerId: local.workerId, leaseMs: local.leaseMs } } : {}),
     });
     runId = row.run_id;
-    if (local && row.claimed) ranHere = local.execute({ ...(row as unknown as ClaimedAtStart), fencing_token: String(row.fencing_token) });
+    if (local && row.claimed)
+      ranHere = {
+        done: local.execute({ ...(row as unknown as ClaimedAtStart), fencing_token: String(row.fencing_token) }),
+        leaseMs: local.leaseMs,
+      };
     else local?.wake();
     // A start that found its idempotency key's run returns that run: not a new one.
     if (runId === runIdAsked) host.deps.metrics?.runsStarted(workflow.name, workflow.version, 1);
@@ -250,8 +254,16 @@ export async function startMany<O, In>(
   return runIds.map((runId) => handleFor<Jsonify<O>>(host, runId));
 }
 
-/** ranHere: the execution of this process's worker that the start handed the run to (engine.start). */
-export function handleFor<O>(host: StartHost, runId: string, ranHere?: Promise<LocalSuccess | undefined>): RunHandle<O> {
+/**
+ * The execution of this process's worker that a start handed the run to (engine.start): what
+ * it answers when it completes the run (undefined when it ended otherwise), and its lease.
+ */
+export interface LocalExecution {
+  done: Promise<LocalSuccess | undefined>;
+  leaseMs: number;
+}
+
+export function handleFor<O>(host: StartHost, runId: string, ranHere?: LocalExecution): RunHandle<O> {
   return { runId, result: (opts) => awaitResult<O>(host, runId, opts?.timeoutMs, ranHere) };
 }
 
@@ -397,14 +409,18 @@ export async function awaitResult<O>(
   host: StartHost,
   runId: string,
   timeoutMs = Infinity,
-  ranHere?: Promise<LocalSuccess | undefined>,
+  ranHere?: LocalExecution,
 ): Promise<O> {
   // A timeout of this caller's own: measured on its clock, never compared with the database's.
   const deadline = Date.now() + timeoutMs;
   if (ranHere) {
-    // The execution ends however the run goes (it completes, waits, is released, loses its
-    // lease): only a committed completion answers here, anything else is read below.
-    const success = await withinMs(ranHere, timeoutMs);
+    // Only a committed completion answers here, anything else is read below. The execution
+    // ends however the run goes (it completes, waits, is released), but not always soon: a
+    // step that hangs past the lease is taken over by another worker, which may finish the
+    // run while this execution still awaits the step. No other worker can take the run
+    // before the lease runs out, so past it the caller watches the database too (the
+    // announcement of the run's end, or this worker's own wake-up when it completes).
+    const success = await withinMs(ranHere.done, Math.min(timeoutMs, ranHere.leaseMs));
     if (success) return (success.outputText === undefined ? null : JSON.parse(success.outputText)) as O;
   }
   const remaining = Math.max(0, deadline - Date.now());
