@@ -405,12 +405,7 @@ function asInvalidInput<T>(convert: () => T): T {
  * of the same engine, it reads the run row once per wake-up (ResultWatch); without a
  * ResultWatch it reads on a growing interval (10 ms up to 500 ms).
  */
-export async function awaitResult<O>(
-  host: StartHost,
-  runId: string,
-  timeoutMs = Infinity,
-  ranHere?: LocalExecution,
-): Promise<O> {
+export async function awaitResult<O>(host: StartHost, runId: string, timeoutMs = Infinity, ranHere?: LocalExecution): Promise<O> {
   // A timeout of this caller's own: measured on its clock, never compared with the database's.
   const deadline = Date.now() + timeoutMs;
   if (ranHere) {
