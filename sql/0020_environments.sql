@@ -4,12 +4,13 @@
 -- its checkpoint, so an environment made by an attempt that crashed is known too. When the run
 -- finishes, whatever its status (cancelled and dead-lettered included), every environment of
 -- the run is reclaimed: by its own worker at once, or by any worker serving the workflow that
--- finds it due (its own worker gone). A reclaim is leased, so two workers never reclaim the
--- same environment at the same time; one that fails is tried again later. A run brought back
+-- finds it due (its own worker gone). A reclaim is leased, and the lease renewed while it runs,
+-- so two live workers never reclaim the same environment at the same time; one that fails is
+-- tried again later. A run brought back
 -- by retry_run finishes again: its environments are reclaimed again then.
 --
 -- tables: environments
--- functions: _environment_record, _environments_due, _environment_reclaimed
+-- functions: _environment_record, _environments_due, _environment_renew, _environment_reclaimed
 
 create table runledger.environments (
   env_id            text collate "C" primary key,
@@ -91,6 +92,21 @@ $$;
 comment on function runledger._environments_due(text, text[], int, int, text) is
   'Leases to p_worker_id up to p_limit environments due for reclaim: their run finished (any terminal status) after their last reclaim, their workflow@version is in p_workflows, and no other worker holds them (reclaim_until passed). Each lease counts a reclaim attempt. p_run_id limits it to one run''s.';
 
+-- A reclaim that takes longer than its lease keeps it while its worker lives: renewed on the way,
+-- so no other worker starts the same reclaim beside it; a worker that dies stops renewing.
+create function runledger._environment_renew(p_env_id text, p_worker_id text, p_lease_ms int) returns boolean
+language sql volatile
+set enable_seqscan = off set jit = off as $$
+  with renewed as (
+    update runledger.environments e
+       set reclaim_until = runledger._ms_after(runledger.now(), p_lease_ms, '_environment_renew: p_lease_ms')
+     where e.env_id = p_env_id and e.reclaim_owner = p_worker_id and e.reclaim_until > runledger.now()
+    returning 1)
+  select exists (select 1 from renewed)
+$$;
+comment on function runledger._environment_renew(text, text, int) is
+  'The worker reclaiming an environment extends its lease by p_lease_ms from now; false when it no longer holds it (the lease ran out and another worker may have taken it).';
+
 create function runledger._environment_reclaimed(p_env_id text, p_worker_id text, p_error jsonb, p_retry_in_ms int)
 returns boolean
 language plpgsql volatile
@@ -125,7 +141,7 @@ comment on function runledger._environment_reclaimed(text, text, jsonb, int) is
   'The outcome of a leased reclaim: p_error null records it reclaimed (for the run''s current status) and ends the lease; else the error is kept and the environment is due again after p_retry_in_ms. False when the lease is no longer p_worker_id''s (its outcome is not recorded).';
 
 insert into runledger.role_functions (role_name, function_name)
-select 'runledger_worker', f from unnest(array['_environment_record', '_environments_due', '_environment_reclaimed']) f;
+select 'runledger_worker', f from unnest(array['_environment_record', '_environments_due', '_environment_renew', '_environment_reclaimed']) f;
 
 select runledger._secure_functions();
 

@@ -139,8 +139,8 @@ $$;
 comment on function runledger._session_budget_close(text, text) is
   'Ends the budget mark of a session''s holder (the row locked by the caller): what it charged since the mark is added to the session''s budget_used, once. Returns the holder''s own limits recorded at the mark (null: no mark) for the caller to give back.';
 
--- The holder lets go: as in 0012, and its spending is added to the session's budget and, unless
--- it ended, its own limits come back.
+-- The holder lets go: as in 0012, and its spending is added to the session's budget and its own
+-- limits come back.
 create or replace function runledger._session_free(p_session_id text, p_tenant_id text, p_reason text) returns text
 language plpgsql volatile
 set enable_seqscan = off set jit = off as $$
@@ -154,14 +154,16 @@ begin
      set last_holder_run_id = holder_run_id, holder_run_id = null, held_at = null,
          released_at = runledger.now(), release_reason = p_reason, updated_at = runledger.now()
    where session_id = p_session_id and tenant_id = p_tenant_id and holder_run_id is not null;
-  if v_base is not null and p_reason <> 'ended' then
+  -- Its own limits come back, also when it ended: a run brought back by retry_run goes on
+  -- under them, not under a cap of a session it no longer holds.
+  if v_base is not null then
     perform runledger._set_run_limits(v_holder, runledger._session_budget_caps(v_holder, v_base));
   end if;
   return runledger._session_handoff(p_session_id, p_tenant_id);
 end;
 $$;
 comment on function runledger._session_free(text, text, text) is
-  'The holder of the session (locked by the caller) lets go, for p_reason (released, ended, operator): what it charged while holding a session with a budget is added to that budget and, unless it ended, its own limits come back; the session goes to the next waiter. Returns the new holder or null.';
+  'The holder of the session (locked by the caller) lets go, for p_reason (released, ended, operator): what it charged while holding a session with a budget is added to that budget and its own limits come back; the session goes to the next waiter. Returns the new holder or null.';
 
 create function runledger._session_budget_hold(p_session_id text, p_run_id text, p_budget jsonb)
 returns table (budget numeric, budget_spent numeric, budget_limits jsonb, budget_used jsonb)

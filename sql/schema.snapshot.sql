@@ -2968,6 +2968,23 @@ end;
 $function$;
 COMMENT ON FUNCTION runledger._environment_record(text,bigint,integer,integer,jsonb) IS 'Fenced: records the environment an attempt of a run''s environment create step made (its manifest), before the step''s checkpoint; returns its env_id.';
 
+CREATE OR REPLACE FUNCTION runledger._environment_renew(p_env_id text, p_worker_id text, p_lease_ms integer)
+ RETURNS boolean
+ LANGUAGE sql
+ SECURITY DEFINER
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'runledger', 'pg_temp'
+AS $function$
+  with renewed as (
+    update runledger.environments e
+       set reclaim_until = runledger._ms_after(runledger.now(), p_lease_ms, '_environment_renew: p_lease_ms')
+     where e.env_id = p_env_id and e.reclaim_owner = p_worker_id and e.reclaim_until > runledger.now()
+    returning 1)
+  select exists (select 1 from renewed)
+$function$;
+COMMENT ON FUNCTION runledger._environment_renew(text,text,integer) IS 'The worker reclaiming an environment extends its lease by p_lease_ms from now; false when it no longer holds it (the lease ran out and another worker may have taken it).';
+
 CREATE OR REPLACE FUNCTION runledger._environments_due(p_worker_id text, p_workflows text[], p_limit integer, p_lease_ms integer, p_run_id text DEFAULT NULL::text)
  RETURNS TABLE(env_id text, run_id text, workflow_name text, workflow_version text, manifest jsonb, run_status text, attempts integer)
  LANGUAGE plpgsql
@@ -5074,13 +5091,15 @@ begin
      set last_holder_run_id = holder_run_id, holder_run_id = null, held_at = null,
          released_at = runledger.now(), release_reason = p_reason, updated_at = runledger.now()
    where session_id = p_session_id and tenant_id = p_tenant_id and holder_run_id is not null;
-  if v_base is not null and p_reason <> 'ended' then
+  -- Its own limits come back, also when it ended: a run brought back by retry_run goes on
+  -- under them, not under a cap of a session it no longer holds.
+  if v_base is not null then
     perform runledger._set_run_limits(v_holder, runledger._session_budget_caps(v_holder, v_base));
   end if;
   return runledger._session_handoff(p_session_id, p_tenant_id);
 end;
 $function$;
-COMMENT ON FUNCTION runledger._session_free(text,text,text) IS 'The holder of the session (locked by the caller) lets go, for p_reason (released, ended, operator): what it charged while holding a session with a budget is added to that budget and, unless it ended, its own limits come back; the session goes to the next waiter. Returns the new holder or null.';
+COMMENT ON FUNCTION runledger._session_free(text,text,text) IS 'The holder of the session (locked by the caller) lets go, for p_reason (released, ended, operator): what it charged while holding a session with a budget is added to that budget and its own limits come back; the session goes to the next waiter. Returns the new holder or null.';
 
 CREATE OR REPLACE FUNCTION runledger._session_handoff(p_session_id text, p_tenant_id text)
  RETURNS text

@@ -136,6 +136,82 @@ describe('environments', () => {
     expect(reclaimed[1]).toBe(`${handle.runId} SUCCEEDED`);
   });
 
+  it('a reclaim that outlasts the lease keeps it while it runs: another worker sweeping meanwhile does not start a second one', async () => {
+    let calls = 0;
+    let finish!: () => void;
+    const finished = new Promise<void>((resolve) => (finish = resolve));
+    const slow = t.engine.workflow(
+      {
+        name: 'slow-reclaim',
+        queue: 'environments-slow',
+        environment: {
+          create: () => ({ vm: 'vm-1' }),
+          reclaim: async (_manifest, { signal }) => {
+            calls++;
+            await finished; // released by the test once several leases have passed
+            if (signal.aborted) throw new Error('lease lost');
+          },
+        },
+      },
+      async () => 'ok',
+    );
+    const options = { queues: ['environments-slow'], concurrency: 1, leaseMs: 600, pollIntervalMs: 50, sweepIntervalMs: 100 };
+    workers.push(await t.engine.runWorker(options));
+    const handle = await t.engine.start(slow, undefined);
+    await handle.result();
+    await waitFor('the reclaim started', async () => calls === 1);
+    // A second worker sweeps every 100 ms; without renewal the 600 ms lease would run out three times over.
+    workers.push(await t.engine.runWorker(options));
+    const leasedUntil = async () =>
+      (await db.pool.query(`select reclaim_until from runledger.environments where run_id = $1`, [handle.runId])).rows[0]
+        .reclaim_until as Date;
+    const first = await leasedUntil();
+    await waitFor('the lease renewed three times over', async () => (await leasedUntil()).getTime() > first.getTime() + 1_800);
+    expect(calls).toBe(1);
+    finish();
+    await waitFor('the reclaim recorded', async () => (await envRows(handle.runId))[0]?.reclaimed_status != null);
+    expect(await envRows(handle.runId)).toEqual([{ reclaimed_status: 'SUCCEEDED', reclaim_attempts: 1, last_error: null }]);
+    expect(calls).toBe(1);
+  });
+
+  it("a worker that lost a reclaim's lease is told through the signal, and its outcome is not recorded", async () => {
+    let aborted = false;
+    let finish!: () => void;
+    const finished = new Promise<void>((resolve) => (finish = resolve));
+    const taken = t.engine.workflow(
+      {
+        name: 'taken-reclaim',
+        queue: 'environments-taken',
+        environment: {
+          create: () => ({ vm: 'vm-2' }),
+          reclaim: async (_manifest, { signal }) => {
+            signal.addEventListener('abort', () => (aborted = true));
+            await finished;
+          },
+        },
+      },
+      async () => 'ok',
+    );
+    const w = await t.engine.runWorker({ queues: ['environments-taken'], leaseMs: 600, pollIntervalMs: 50, sweepIntervalMs: 100 });
+    workers.push(w);
+    const handle = await t.engine.start(taken, undefined);
+    await handle.result();
+    await waitFor(
+      'the reclaim leased',
+      async () =>
+        (await db.pool.query(`select reclaim_owner from runledger.environments where run_id = $1`, [handle.runId])).rows[0]?.reclaim_owner,
+    );
+    // Another worker holds it now (as after this one stalled past the lease).
+    await db.pool.query(`update runledger.environments set reclaim_owner = 'another-worker' where run_id = $1`, [handle.runId]);
+    await waitFor('the signal aborted', async () => aborted);
+    finish();
+    // stop() waits for the reclaim in flight to finish and to try to record its outcome.
+    await w.stop();
+    const row = (await db.pool.query(`select reclaim_owner, reclaimed_at from runledger.environments where run_id = $1`, [handle.runId]))
+      .rows[0];
+    expect(row).toEqual({ reclaim_owner: 'another-worker', reclaimed_at: null });
+  });
+
   it('a bad environment option is a ConfigError', () => {
     expect(() => t.engine.workflow({ name: 'env-bad', environment: { create: () => 1 } as never }, async () => 1)).toThrow(
       /environment.reclaim must be a function/,

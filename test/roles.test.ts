@@ -125,6 +125,7 @@ const EXPECTED: Record<string, string[]> = {
     '_rate_limit_wait',
     '_environment_record',
     '_environments_due',
+    '_environment_renew',
     '_environment_reclaimed',
     '_session_budget_hold',
   ],

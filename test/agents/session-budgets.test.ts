@@ -99,6 +99,8 @@ describe('session budgets', () => {
       step: 'spend-2',
       session: { session_id: 'budget-a', budget: 50, spent_before: 30 },
     });
+    // Its end let go of the session: its own limit is back (what a retry_run would go on under).
+    expect(stopped.budget_limits).toEqual({ tokens: 1000 });
     expect(await budgetRow('budget-a')).toMatchObject({
       spent: { tokens: 60 },
       remaining: { tokens: 0 },

@@ -16,5 +16,10 @@ export interface EnvironmentSpec<M = unknown> {
   /** Gets the run's input (as the workflow function does). */
   create: (ctx: WorkflowContext, input: any) => Promise<M> | M;
   rehydrate?: (ctx: WorkflowContext, manifest: M) => Promise<void> | void;
-  reclaim: (manifest: M, info: { runId: string; status: string; envId: string }) => Promise<void> | void;
+  /**
+   * `signal` aborts when this worker lost the reclaim's lease (it stalled past the worker's
+   * leaseMs): another worker may reclaim it by now. The lease is renewed while the reclaim
+   * runs, however long.
+   */
+  reclaim: (manifest: M, info: { runId: string; status: string; envId: string; signal: AbortSignal }) => Promise<void> | void;
 }

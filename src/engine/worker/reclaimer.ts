@@ -4,9 +4,8 @@ import type { LogFunction } from '../core/log.js';
 import type { EnvironmentSpec } from '../core/environment.js';
 import { workflowKey, type Workflow } from '../core/workflow.js';
 
-/** Environments leased per pass, and how long a lease lasts (a reclaim past it may be taken over). */
+/** Environments leased per pass. */
 const BATCH = 20;
-const LEASE_MS = 60_000;
 /** After a failed reclaim, the environment is due again after this long. */
 const RETRY_IN_MS = 10_000;
 
@@ -32,6 +31,11 @@ export function createReclaimer(options: {
   log: LogFunction;
   /** The runs whose environment this process has: a reclaimed one is forgotten (a retried run rebuilds it). */
   local: Set<string>;
+  /**
+   * A reclaim's lease: the worker's run lease. Renewed every third of it while the reclaim
+   * runs (two renewals may fail before it runs out); a worker that stops renewing loses it.
+   */
+  leaseMs: number;
 }): { run: (runId?: string) => Promise<void>; settled: () => Promise<void> } {
   const specs = new Map<string, EnvironmentSpec>();
   for (const workflow of options.served)
@@ -42,14 +46,32 @@ export function createReclaimer(options: {
   const reclaimOne = async (due: Due) => {
     const spec = specs.get(workflowKey(due.workflow_name, due.workflow_version));
     let error: unknown;
+    // The lease is renewed while the reclaim runs; once lost (this worker stalled past it),
+    // the reclaim is told to stop (signal): another worker may be reclaiming by now.
+    const leaseLost = new AbortController();
+    const renewal = setInterval(() => {
+      options.pool
+        .query<{ held: boolean }>('select runledger._environment_renew(p_env_id => $1, p_worker_id => $2, p_lease_ms => $3) as held', [
+          due.env_id,
+          options.workerId,
+          options.leaseMs,
+        ])
+        .then(
+          (result) => {
+            if (!result.rows[0]?.held) leaseLost.abort(new Error(`the reclaim lease of environment ${due.env_id} was lost`));
+          },
+          () => {}, // the next renewal tries again before the lease runs out
+        );
+    }, options.leaseMs / 3);
     try {
-      await spec!.reclaim(due.manifest, { runId: due.run_id, status: due.run_status, envId: due.env_id });
+      await spec!.reclaim(due.manifest, { runId: due.run_id, status: due.run_status, envId: due.env_id, signal: leaseLost.signal });
     } catch (caught) {
       error = caught;
       options.log('warn', `run ${due.run_id}: reclaiming environment ${due.env_id} failed; it is tried again in ${RETRY_IN_MS} ms`, {
         error: serializeError(caught),
       });
     }
+    clearInterval(renewal);
     options.local.delete(due.run_id);
     await options.pool.query(
       'select runledger._environment_reclaimed(p_env_id => $1, p_worker_id => $2, p_error => $3::jsonb, p_retry_in_ms => $4)',
@@ -61,7 +83,7 @@ export function createReclaimer(options: {
     for (;;) {
       const due = await options.pool.query<Due>(
         'select * from runledger._environments_due(p_worker_id => $1, p_workflows => $2, p_limit => $3, p_lease_ms => $4, p_run_id => $5)',
-        [options.workerId, keys, BATCH, LEASE_MS, runId ?? null],
+        [options.workerId, keys, BATCH, options.leaseMs, runId ?? null],
       );
       await Promise.all(due.rows.map(reclaimOne));
       if (due.rows.length < BATCH) return;

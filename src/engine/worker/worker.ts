@@ -280,7 +280,7 @@ export async function startWorker(host: WorkerHost, options: WorkerOptions = {})
     ...(deps.payloads ? { payloads: deps.payloads } : {}),
     ...(crash ? { crash } : {}),
   });
-  reclaimer = createReclaimer({ pool: deps.pool, workerId, served, log: deps.log, local: localEnvironments });
+  reclaimer = createReclaimer({ pool: deps.pool, workerId, served, log: deps.log, local: localEnvironments, leaseMs });
   const sweep = oneAtATime(async () => {
     await sweeper();
     // Environments of runs that finished without their worker (a cancel while waiting, a dead letter, a crash).
