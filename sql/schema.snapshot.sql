@@ -5604,11 +5604,14 @@ declare
   v_run      runledger.runs;
   v_t        runledger.runs;
   v_not_before timestamptz;
+  v_max_wait numeric;
 begin
   if jsonb_typeof(v_debounce) is distinct from 'object' or jsonb_typeof(v_debounce->'key') is distinct from 'string'
-     or jsonb_typeof(v_debounce->'delay_ms') is distinct from 'number' or (v_debounce - 'key' - 'delay_ms') <> '{}' then
+     or jsonb_typeof(v_debounce->'delay_ms') is distinct from 'number'
+     or (v_debounce ? 'max_wait_ms' and jsonb_typeof(v_debounce->'max_wait_ms') is distinct from 'number')
+     or (v_debounce - 'key' - 'delay_ms' - 'max_wait_ms') <> '{}' then
     raise exception using errcode = 'RL003',
-      message = format('start_run(%s): debounce must be {"key": text, "delay_ms": number}, not %s', p_workflow, v_debounce);
+      message = format('start_run(%s): debounce must be {"key": text, "delay_ms": number, "max_wait_ms": number (optional)}, not %s', p_workflow, v_debounce);
   end if;
   v_key := v_debounce->>'key';
   v_ms := (v_debounce->>'delay_ms')::numeric;
@@ -5624,6 +5627,14 @@ begin
   v_t := runledger._start_template(p_workflow, p_options - 'debounce');
   -- Checks the delay (0 to 2^53 - 1 ms) before anything is written.
   v_not_before := runledger._ms_after(runledger.now(), v_ms, format('start_run(%s): debounce delay_ms', p_workflow));
+  if v_debounce ? 'max_wait_ms' then
+    v_max_wait := (v_debounce->>'max_wait_ms')::numeric;
+    perform runledger._ms_after(runledger.now(), v_max_wait, format('start_run(%s): debounce max_wait_ms', p_workflow));
+    if v_max_wait < v_ms then
+      raise exception using errcode = 'RL003',
+        message = format('start_run(%s): debounce max_wait_ms (%s) is shorter than delay_ms (%s)', p_workflow, v_max_wait, v_ms);
+    end if;
+  end if;
   -- Starts of one key take turns: the second finds the first's run.
   perform pg_advisory_xact_lock(hashtextextended(format('runledger.debounce:%s:%s:%s', p_workflow, v_t.tenant_id, v_key), 0));
   select * into v_run from runledger.runs r
@@ -5631,6 +5642,11 @@ begin
      and r.status = 'PENDING' and r.started_at is null
    for update;
   if found then
+    -- A burst that never pauses for delay_ms still starts its run: at most max_wait_ms after
+    -- the burst's first start (the run's creation).
+    if v_max_wait is not null then
+      v_not_before := least(v_not_before, runledger._ms_after(v_run.created_at, v_max_wait, 'debounce max_wait_ms'));
+    end if;
     if pg_column_size(p_input) > runledger._max_payload_bytes() then
       raise exception using errcode = 'RL004',
         message = format('start_run: input is %s bytes, over the limit of %s', pg_column_size(p_input), runledger._max_payload_bytes());
@@ -5639,7 +5655,8 @@ begin
      where run_id = v_run.run_id;
     insert into runledger.events (run_id, kind, detail)
     values (v_run.run_id, 'debounced', jsonb_build_object('key', v_key, 'not_before', v_not_before));
-    perform runledger._dispatch(v_run.run_id, v_run.queue_name, ceil(v_ms)::bigint);
+    perform runledger._dispatch(v_run.run_id, v_run.queue_name,
+      greatest(0, ceil(extract(epoch from v_not_before - runledger.now()) * 1000))::bigint);
     return v_run.run_id;
   end if;
   v_run := (runledger._start(p_workflow, p_input, (p_options - 'debounce') || jsonb_build_object('run_in_ms', ceil(v_ms)::bigint))).run;
@@ -5647,7 +5664,7 @@ begin
   return v_run.run_id;
 end;
 $function$;
-COMMENT ON FUNCTION runledger._start_debounced(text,jsonb,jsonb) IS 'start_run with the option debounce {key, delay_ms}: the run of this workflow, key and tenant that has not started yet (PENDING, never claimed) gets the new input and starts delay_ms from now instead (event debounced), and its id is returned; else a new run, delayed by delay_ms, carrying the key. Starts of one key are serialised by an advisory lock. RL003 for a malformed debounce, or with run_at, run_in_ms, run_id or idempotency_key.';
+COMMENT ON FUNCTION runledger._start_debounced(text,jsonb,jsonb) IS 'start_run with the option debounce {key, delay_ms, max_wait_ms}: the run of this workflow, key and tenant that has not started yet (PENDING, never claimed) gets the new input and starts delay_ms from now instead, but no later than max_wait_ms after it was created when given (event debounced), and its id is returned; else a new run, delayed by delay_ms, carrying the key. Starts of one key are serialised by an advisory lock. RL003 for a malformed debounce (max_wait_ms below delay_ms included), or with run_at, run_in_ms, run_id or idempotency_key.';
 
 CREATE OR REPLACE FUNCTION runledger._start_many(p_items jsonb)
  RETURNS TABLE(item integer, run_id text, claimed boolean, workflow_name text, workflow_version text, input jsonb, fencing_token bigint, recovery_attempts integer, max_steps integer, budget numeric, budget_spent numeric, budget_limits jsonb, budget_used jsonb, traceparent text)
@@ -7230,7 +7247,7 @@ begin
   return (runledger._start(p_workflow, p_input, p_options)).run.run_id;
 end;
 $function$;
-COMMENT ON FUNCTION runledger.start_run(text,jsonb,jsonb) IS 'Starts a run of a registered workflow and dispatches it (or leaves it to its queue''s admission); returns run_id. Options: run_at (delayed start at a timestamp, compared with runledger.now()) or run_in_ms (delayed start this many ms after now on the database clock), run_id, idempotency_key (same key or run_id returns the existing run), queue, priority, concurrency_key, version, max_recovery_attempts, limits overriding the workflow''s: deadline (interval or timestamp), max_steps, budget, no_progress; traceparent (a W3C traceparent the run''s executions are traced under, see runs.traceparent); notify (default true): false starts an immediately runnable run without waking the queue''s workers by NOTIFY, for a caller whose own worker claims it (engine.start does so when its process''s worker has a free slot; other workers find the run at their next poll); and debounce {key, delay_ms}: starts of the workflow with the same key collapse into one run that starts delay_ms after the last of them, with its input (_start_debounced). An unknown option is RL003 (naming it and the known ones), as are run_at or a deadline that is not a finite time PostgreSQL holds (infinity, -infinity, unparsable text) and run_in_ms outside 0 to 2^53 - 1.';
+COMMENT ON FUNCTION runledger.start_run(text,jsonb,jsonb) IS 'Starts a run of a registered workflow and dispatches it (or leaves it to its queue''s admission); returns run_id. Options: run_at (delayed start at a timestamp, compared with runledger.now()) or run_in_ms (delayed start this many ms after now on the database clock), run_id, idempotency_key (same key or run_id returns the existing run), queue, priority, concurrency_key, version, max_recovery_attempts, limits overriding the workflow''s: deadline (interval or timestamp), max_steps, budget, no_progress; traceparent (a W3C traceparent the run''s executions are traced under, see runs.traceparent); notify (default true): false starts an immediately runnable run without waking the queue''s workers by NOTIFY, for a caller whose own worker claims it (engine.start does so when its process''s worker has a free slot; other workers find the run at their next poll); and debounce {key, delay_ms, max_wait_ms}: starts of the workflow with the same key collapse into one run that starts delay_ms after the last of them (no later than max_wait_ms after the first, when given), with its input (_start_debounced). An unknown option is RL003 (naming it and the known ones), as are run_at or a deadline that is not a finite time PostgreSQL holds (infinity, -infinity, unparsable text) and run_in_ms outside 0 to 2^53 - 1.';
 
 CREATE OR REPLACE FUNCTION runledger.start_runs(p_workflow text, p_inputs jsonb, p_options jsonb DEFAULT '{}'::jsonb)
  RETURNS text[]

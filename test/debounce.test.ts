@@ -68,6 +68,60 @@ describe('debounce', () => {
     expect(await Promise.all([a.result(), b.result(), c.result()])).toEqual([1, 2, 3]);
   });
 
+  it('maxWait: a burst that never pauses still starts its run, no later than maxWait after its first start', async () => {
+    const wf = t.engine.workflow({ name: 'max-wait', queue: 'debounce-max-wait' }, async (_ctx, input: { n: number }) => input.n);
+    await t.engine.start(wf, { n: 0 }, { runAt: '1h' }); // registers the workflow; no worker serves this queue
+    // The start set, in ms after the run's creation (the first start), by the database's clock.
+    const times = async (runId: string) =>
+      (
+        await db.pool.query(
+          `select extract(epoch from not_before - created_at) * 1000 as after_ms, input from runledger.runs where run_id = $1`,
+          [runId],
+        )
+      ).rows[0] as { after_ms: string; input: { n: number } };
+    // maxWait equal to the delay: every later start of the burst keeps the start the first one set.
+    const capped = await t.engine.start(wf, { n: 1 }, { debounce: { key: 'capped', delay: '1m', maxWait: '1m' } });
+    const free = await t.engine.start(wf, { n: 1 }, { debounce: { key: 'free', delay: '1m' } });
+    // The rest of the burst at least 50 ms later (by the database's clock, which sets the times).
+    await waitFor(
+      '50 ms past the first starts',
+      async () =>
+        (
+          await db.pool.query(
+            `select runledger.now() > created_at + interval '50 milliseconds' as past from runledger.runs where run_id = $1`,
+            [free.runId],
+          )
+        ).rows[0].past,
+    );
+    for (let n = 2; n <= 5; n++) {
+      expect((await t.engine.start(wf, { n }, { debounce: { key: 'capped', delay: '1m', maxWait: '1m' } })).runId).toBe(capped.runId);
+      expect((await t.engine.start(wf, { n }, { debounce: { key: 'free', delay: '1m' } })).runId).toBe(free.runId);
+    }
+    const c = await times(capped.runId);
+    expect(c.input).toEqual({ n: 5 });
+    // A minute after the first start (the first start's clock readings may differ by a millisecond).
+    expect(Math.abs(Number(c.after_ms) - 60_000)).toBeLessThan(2);
+    // Without maxWait the later starts moved it: more than a minute after the first.
+    const f = await times(free.runId);
+    expect(Number(f.after_ms)).toBeGreaterThan(60_000 + 50);
+    // From SQL, and refused when shorter than the delay.
+    const id = (
+      await db.pool.query(
+        `select runledger.start_run('max-wait', '{"n": 6}', '{"debounce": {"key": "capped", "delay_ms": 60000, "max_wait_ms": 60000}}') as id`,
+      )
+    ).rows[0].id;
+    expect(id).toBe(capped.runId);
+    expect(Math.abs(Number((await times(capped.runId)).after_ms) - 60_000)).toBeLessThan(2);
+    await expect(
+      db.pool.query(
+        `select runledger.start_run('max-wait', '{"n": 7}', '{"debounce": {"key": "k2", "delay_ms": 60000, "max_wait_ms": 1000}}')`,
+      ),
+    ).rejects.toMatchObject({ code: 'RL003' });
+    await expect(t.engine.start(wf, { n: 7 }, { debounce: { key: 'k2', delay: '1m', maxWait: '1s' } })).rejects.toMatchObject({
+      code: 'INVALID_INPUT',
+    });
+  });
+
   it('works from SQL: start_run with debounce collapses into the pending run; bad options are RL003', async () => {
     const wf = t.engine.workflow({ name: 'sql-debounced', queue: 'debounce-sql' }, async (_ctx, input: { v: string }) => input.v);
     await t.engine.start(wf, { v: 'register' }, { runAt: '1h' }); // registers the workflow; never runs in this test

@@ -47,9 +47,11 @@ export interface StartOptions {
   /**
    * Starts with the same `key` (per workflow and tenant) closer together than `delay` collapse
    * into one run: it starts `delay` after the last of them, with the last input, and each
-   * start returns its id (docs/queues.md#debounce). Not with runId, idempotencyKey or runAt.
+   * start returns its id (docs/queues.md#debounce). With `maxWait` (at least `delay`), it
+   * starts no later than that after the first start of the burst, so that starts that never
+   * pause for `delay` still get their run. Not with runId, idempotencyKey or runAt.
    */
-  debounce?: { key: string; delay: Duration };
+  debounce?: { key: string; delay: Duration; maxWait?: Duration };
 }
 
 /** `O` is the output as stored: `engine.start` gives `RunHandle<Jsonify<O>>` for a workflow returning `O`. */
@@ -183,7 +185,12 @@ async function startDebounced<O>(
     if (options[excluded] !== undefined)
       throw new InvalidInputError(`start: debounce decides the run's id and start time: it does not go with ${excluded}`);
   }
-  sqlOptions.debounce = { key: debounce.key, delay_ms: Math.round(asInvalidInput(() => toMs(debounce.delay, 'start: debounce.delay'))) };
+  const delayMs = Math.round(asInvalidInput(() => toMs(debounce.delay, 'start: debounce.delay')));
+  const maxWaitMs =
+    debounce.maxWait === undefined ? undefined : Math.round(asInvalidInput(() => toMs(debounce.maxWait!, 'start: debounce.maxWait')));
+  if (maxWaitMs !== undefined && maxWaitMs < delayMs)
+    throw new InvalidInputError(`start: debounce.maxWait (${maxWaitMs} ms) must be at least debounce.delay (${delayMs} ms)`);
+  sqlOptions.debounce = { key: debounce.key, delay_ms: delayMs, ...(maxWaitMs === undefined ? {} : { max_wait_ms: maxWaitMs }) };
   if (options.concurrencyKey !== undefined) sqlOptions.concurrency_key = options.concurrencyKey;
   try {
     const result = await host.deps.pool.query(
