@@ -327,7 +327,7 @@ CREATE TABLE runledger.rate_limit_waiters (
   since timestamp with time zone DEFAULT runledger.now() NOT NULL,
   until timestamp with time zone NOT NULL
 );
-COMMENT ON TABLE runledger.rate_limit_waiters IS 'Step positions refused a permit and waiting for one (in a worker''s memory, or as a WAITING run with wait_kind rate_limit): which key, since when, until when. The row goes when the permit is given; rows of finished runs are not counted by the view rate_limits.';
+COMMENT ON TABLE runledger.rate_limit_waiters IS 'Step positions refused a permit and waiting for one (in a worker''s memory, or as a WAITING run with wait_kind rate_limit): which key, since when, until when. The row goes when the permit is given, or when a caller of the key finds its run ended or gone; until then the view rate_limits does not count it.';
 ALTER TABLE runledger.rate_limit_waiters ADD CONSTRAINT rate_limit_waiters_pkey PRIMARY KEY (run_id, seq);
 CREATE INDEX rate_limit_waiters_key ON runledger.rate_limit_waiters USING btree (key);
 CREATE UNIQUE INDEX rate_limit_waiters_pkey ON runledger.rate_limit_waiters USING btree (run_id, seq);
@@ -4201,6 +4201,11 @@ begin
   -- without the margin two calls a window apart by their permits could land closer at the
   -- provider. (The view rate_limits counts the same way.)
   v_hold := v_limit.per + least(v_limit.per * 0.1, interval '1 second');
+  -- A waiter whose run ended without its permit (cancelled while parked, past its deadline)
+  -- or is gone (pruned) waits for nothing: its row goes as it is met.
+  delete from runledger.rate_limit_waiters w
+   where w.key = p_key
+     and not exists (select 1 from runledger.runs r where r.run_id = w.run_id and not runledger.is_terminal(r.status));
   -- Those ahead: callers of the key waiting since before this one (all of them, for a new
   -- caller), whose runs go on and who came back when their place was due (one gone for
   -- longer than a window, its worker stopped or its queue paused, holds up nobody).
@@ -4239,7 +4244,7 @@ begin
   return query select false, greatest(1, ceil(extract(epoch from v_until - v_now) * 1000))::bigint;
 end;
 $function$;
-COMMENT ON FUNCTION runledger._rate_limit_acquire(text,bigint,integer,text) IS 'Fenced: a permit for one attempt of the call at (run, seq) on a shared rate limit key, first come first served: granted (the call logged in rate_limit_calls) when the key is not paused and the places left in the window (max_calls, each held for per and a tenth more, at most a second) outnumber the callers waiting since before this one; else not granted, with the milliseconds until this caller''s place is due (counting those ahead) or the pause ends, and the caller kept in rate_limit_waiters (its first since kept, which holds its place in line). A waiter whose run ended, or who has not come back for a window after its place was due, is not counted ahead. A key with no row is not limited.';
+COMMENT ON FUNCTION runledger._rate_limit_acquire(text,bigint,integer,text) IS 'Fenced: a permit for one attempt of the call at (run, seq) on a shared rate limit key, first come first served: granted (the call logged in rate_limit_calls) when the key is not paused and the places left in the window (max_calls, each held for per and a tenth more, at most a second) outnumber the callers waiting since before this one; else not granted, with the milliseconds until this caller''s place is due (counting those ahead) or the pause ends, and the caller kept in rate_limit_waiters (its first since kept, which holds its place in line). A waiter whose run ended, or who has not come back for a window after its place was due, is not counted ahead; the rows of waiters whose run ended or is gone are deleted as the key''s callers meet them. A key with no row is not limited.';
 
 CREATE OR REPLACE FUNCTION runledger._rate_limit_pause(p_run_id text, p_token bigint, p_key text, p_ms bigint, p_reason jsonb)
  RETURNS timestamp with time zone

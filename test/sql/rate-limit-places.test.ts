@@ -60,6 +60,25 @@ describe('runledger._rate_limit_acquire: the wait it tells', () => {
     expect(await acquire(db, caller, 1)).toEqual({ granted: false, wait_ms: '4400' });
   });
 
+  it('waiters whose run ended without a permit (or is gone) hold no place, and their rows go when the next caller meets them', async ({ db }) => {
+    await setNowLocal(db.pool, '2060-01-01T00:00:00Z');
+    await db.pool.query(`select runledger._register_worker('wk-places', 'host', 1, $1, '{default}', 2, 10000)`, [[`${WORKFLOW}@1`]]);
+    await db.pool.query(`select runledger.set_rate_limit('places', 1, interval '1 second')`);
+    const ended = await claimedRun(db);
+    await db.pool.query(
+      `insert into runledger.rate_limit_waiters (run_id, seq, key, since, until)
+       select $1, i, 'places', runledger.now(), runledger.now() + interval '1 hour' from generate_series(1, 5) i
+       union all select 'pruned-run', 1, 'places', runledger.now(), runledger.now() + interval '1 hour'`,
+      [ended.runId],
+    );
+    await db.pool.query(`select runledger._complete_run($1, $2, 'null', 'p/1')`, [ended.runId, ended.token]);
+    const caller = await claimedRun(db);
+    // Nobody ahead of it and no call in the window: let through at once.
+    expect(await acquire(db, caller, 1)).toEqual({ granted: true, wait_ms: '0' });
+    const left = await db.pool.query(`select run_id from runledger.rate_limit_waiters where key = 'places'`);
+    expect(left.rows).toEqual([]);
+  });
+
   it('with a full window and nobody ahead: the place of the oldest call in the window, a window after it', async ({ db }) => {
     await setNowLocal(db.pool, '2060-01-01T00:00:00Z');
     await db.pool.query(`select runledger._register_worker('wk-places', 'host', 1, $1, '{default}', 2, 10000)`, [[`${WORKFLOW}@1`]]);

@@ -431,6 +431,8 @@ describe('the workers', () => {
     });
     expect(['retention-0', 'retention-1']).toContain(row.worker_id);
     expect(row.last_result.removed.runs).toBe(5);
+    // The worker logs its pass after it recorded it: wait for the line, not only the row.
+    await waitFor('the pass logged', async () => logs.some((l) => l.message.startsWith('retention: removed')));
     const passes = logs.filter((l) => l.message.startsWith('retention: removed'));
     expect(passes).toHaveLength(1);
     expect(passes[0]!.engine).toBe(row.worker_id === 'retention-0' ? 0 : 1);
