@@ -11,8 +11,9 @@
 -- columns: sessions.budget_limits, sessions.budget_used, sessions.holder_mark
 -- views: session_budgets
 -- redefines: _session_free, _charge
--- functions: set_session_budget, _session_budget_hold, _set_session_budget, _session_budget_open,
---   _session_budget_close, _session_budget_caps, _set_run_limits, _run_amounts, _run_limits, _sub_amounts
+-- functions: set_session_budget, _session_budget_hold, _set_session_budget, _session_budget_replace,
+--   _session_budget_open, _session_budget_close, _session_budget_caps, _check_budget_amounts, _set_run_limits, _run_amounts,
+--   _run_limits, _sub_amounts
 
 alter table runledger.sessions
   add column budget_limits jsonb,
@@ -165,6 +166,27 @@ $$;
 comment on function runledger._session_free(text, text, text) is
   'The holder of the session (locked by the caller) lets go, for p_reason (released, ended, operator): what it charged while holding a session with a budget is added to that budget and its own limits come back; the session goes to the next waiter. Returns the new holder or null.';
 
+create function runledger._session_budget_replace(p_session_id text, p_tenant_id text, p_budget jsonb) returns void
+language plpgsql volatile
+set enable_seqscan = off set jit = off as $$
+declare
+  v_base   jsonb := runledger._session_budget_close(p_session_id, p_tenant_id);
+  v_holder text;
+begin
+  -- The caller holds the session row. What the holder spent so far is counted under the old
+  -- budget; it is then held to the new one's remainder (or, with none, to its own limits).
+  update runledger.sessions set budget_limits = p_budget, updated_at = runledger.now()
+   where session_id = p_session_id and tenant_id = p_tenant_id
+  returning holder_run_id into v_holder;
+  if v_holder is not null and v_base is not null then
+    perform runledger._set_run_limits(v_holder, runledger._session_budget_caps(v_holder, v_base));
+  end if;
+  perform runledger._session_budget_open(p_session_id, p_tenant_id, v_base);
+end;
+$$;
+comment on function runledger._session_budget_replace(text, text, jsonb) is
+  'A session''s budget becomes p_budget (null: none); the row is locked by the caller. The holder''s mark is closed (its spending counted) and taken again against the new budget.';
+
 create function runledger._session_budget_hold(p_session_id text, p_run_id text, p_budget jsonb)
 returns table (budget numeric, budget_spent numeric, budget_limits jsonb, budget_used jsonb)
 language plpgsql volatile
@@ -172,7 +194,6 @@ set enable_seqscan = off set jit = off as $$
 declare
   v_tenant  text := runledger._run_tenant(p_run_id);
   v_session runledger.sessions;
-  v_base    jsonb;
 begin
   select * into v_session from runledger.sessions where session_id = p_session_id and tenant_id = v_tenant for update;
   if not found or v_session.holder_run_id is distinct from p_run_id then
@@ -182,12 +203,10 @@ begin
     perform runledger._check_budget_amounts(p_budget, 'session budget');
   end if;
   if p_budget is not null and p_budget is distinct from v_session.budget_limits then
-    -- A new budget: the holder's mark so far is closed and taken again against it.
-    v_base := runledger._session_budget_close(p_session_id, v_tenant);
-    update runledger.sessions set budget_limits = p_budget, updated_at = runledger.now()
-     where session_id = p_session_id and tenant_id = v_tenant;
+    perform runledger._session_budget_replace(p_session_id, v_tenant, p_budget);
+  else
+    perform runledger._session_budget_open(p_session_id, v_tenant, null);
   end if;
-  perform runledger._session_budget_open(p_session_id, v_tenant, v_base);
   return query select r.budget, r.budget_spent, r.budget_limits, r.budget_used from runledger.runs r where r.run_id = p_run_id;
 end;
 $$;
@@ -215,7 +234,6 @@ set enable_seqscan = off set jit = off as $$
 declare
   v_tenant  text := runledger._session_scope();
   v_session runledger.sessions;
-  v_base    jsonb;
 begin
   perform runledger._session_check_id(p_session_id);
   if p_budget is not null then
@@ -224,14 +242,7 @@ begin
   insert into runledger.sessions (session_id, tenant_id) values (p_session_id, v_tenant)
   on conflict (session_id, tenant_id) do nothing;
   perform 1 from runledger.sessions where session_id = p_session_id and tenant_id = v_tenant for update;
-  v_base := runledger._session_budget_close(p_session_id, v_tenant);
-  update runledger.sessions set budget_limits = p_budget, updated_at = runledger.now()
-   where session_id = p_session_id and tenant_id = v_tenant
-  returning * into v_session;
-  if v_session.holder_run_id is not null and v_base is not null then
-    perform runledger._set_run_limits(v_session.holder_run_id, runledger._session_budget_caps(v_session.holder_run_id, v_base));
-  end if;
-  perform runledger._session_budget_open(p_session_id, v_tenant, v_base);
+  perform runledger._session_budget_replace(p_session_id, v_tenant, p_budget);
   select * into v_session from runledger.sessions where session_id = p_session_id and tenant_id = v_tenant;
   return v_session;
 end;

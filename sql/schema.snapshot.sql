@@ -5003,7 +5003,6 @@ AS $function$
 declare
   v_tenant  text := runledger._run_tenant(p_run_id);
   v_session runledger.sessions;
-  v_base    jsonb;
 begin
   select * into v_session from runledger.sessions where session_id = p_session_id and tenant_id = v_tenant for update;
   if not found or v_session.holder_run_id is distinct from p_run_id then
@@ -5013,12 +5012,10 @@ begin
     perform runledger._check_budget_amounts(p_budget, 'session budget');
   end if;
   if p_budget is not null and p_budget is distinct from v_session.budget_limits then
-    -- A new budget: the holder's mark so far is closed and taken again against it.
-    v_base := runledger._session_budget_close(p_session_id, v_tenant);
-    update runledger.sessions set budget_limits = p_budget, updated_at = runledger.now()
-     where session_id = p_session_id and tenant_id = v_tenant;
+    perform runledger._session_budget_replace(p_session_id, v_tenant, p_budget);
+  else
+    perform runledger._session_budget_open(p_session_id, v_tenant, null);
   end if;
-  perform runledger._session_budget_open(p_session_id, v_tenant, v_base);
   return query select r.budget, r.budget_spent, r.budget_limits, r.budget_used from runledger.runs r where r.run_id = p_run_id;
 end;
 $function$;
@@ -5063,6 +5060,29 @@ begin
 end;
 $function$;
 COMMENT ON FUNCTION runledger._session_budget_open(text,text,jsonb) IS 'The holder of a session with a budget (the row locked by the caller) is marked: its counters now, the cap the session''s remainder allows, its own limits (p_base, or found); its limits become the smallest of its own and its sessions'' caps.';
+
+CREATE OR REPLACE FUNCTION runledger._session_budget_replace(p_session_id text, p_tenant_id text, p_budget jsonb)
+ RETURNS void
+ LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET jit TO 'off'
+AS $function$
+declare
+  v_base   jsonb := runledger._session_budget_close(p_session_id, p_tenant_id);
+  v_holder text;
+begin
+  -- The caller holds the session row. What the holder spent so far is counted under the old
+  -- budget; it is then held to the new one's remainder (or, with none, to its own limits).
+  update runledger.sessions set budget_limits = p_budget, updated_at = runledger.now()
+   where session_id = p_session_id and tenant_id = p_tenant_id
+  returning holder_run_id into v_holder;
+  if v_holder is not null and v_base is not null then
+    perform runledger._set_run_limits(v_holder, runledger._session_budget_caps(v_holder, v_base));
+  end if;
+  perform runledger._session_budget_open(p_session_id, p_tenant_id, v_base);
+end;
+$function$;
+COMMENT ON FUNCTION runledger._session_budget_replace(text,text,jsonb) IS 'A session''s budget becomes p_budget (null: none); the row is locked by the caller. The holder''s mark is closed (its spending counted) and taken again against the new budget.';
 
 CREATE OR REPLACE FUNCTION runledger._session_check_id(p_session_id text)
  RETURNS void
@@ -5368,7 +5388,6 @@ AS $function$
 declare
   v_tenant  text := runledger._session_scope();
   v_session runledger.sessions;
-  v_base    jsonb;
 begin
   perform runledger._session_check_id(p_session_id);
   if p_budget is not null then
@@ -5377,14 +5396,7 @@ begin
   insert into runledger.sessions (session_id, tenant_id) values (p_session_id, v_tenant)
   on conflict (session_id, tenant_id) do nothing;
   perform 1 from runledger.sessions where session_id = p_session_id and tenant_id = v_tenant for update;
-  v_base := runledger._session_budget_close(p_session_id, v_tenant);
-  update runledger.sessions set budget_limits = p_budget, updated_at = runledger.now()
-   where session_id = p_session_id and tenant_id = v_tenant
-  returning * into v_session;
-  if v_session.holder_run_id is not null and v_base is not null then
-    perform runledger._set_run_limits(v_session.holder_run_id, runledger._session_budget_caps(v_session.holder_run_id, v_base));
-  end if;
-  perform runledger._session_budget_open(p_session_id, v_tenant, v_base);
+  perform runledger._session_budget_replace(p_session_id, v_tenant, p_budget);
   select * into v_session from runledger.sessions where session_id = p_session_id and tenant_id = v_tenant;
   return v_session;
 end;

@@ -154,6 +154,9 @@ describe('ctx.exec', () => {
   });
 
   it('a command that cannot start fails the step with its error; bad options are a ConfigError', async () => {
+    const badKeep = t.engine.workflow({ name: 'bad-keep-output', queue: 'exec' }, async (ctx) =>
+      ctx.exec('keep', { command: 'true', keepOutput: 'yes' as never }),
+    );
     await worker();
     const missing = await t.engine.start(workflows().shell, { command: 'runledger-no-such-command' });
     await expect(missing.result()).rejects.toMatchObject({ code: 'RUN_FAILED' });
@@ -163,5 +166,10 @@ describe('ctx.exec', () => {
     await expect(empty.result()).rejects.toThrow(/options.command must be a non-empty string/);
     const badGrace = await t.engine.start(workflows().shell, { command: 'true', grace: 'soon' });
     await expect(badGrace.result()).rejects.toThrow(/grace/);
+    const kept = await t.engine.start(badKeep, undefined);
+    await expect(kept.result()).rejects.toThrow(/keepOutput must be true or false/);
+    expect((await db.pool.query(`select error->>'code' as code from runledger.runs where run_id = $1`, [kept.runId])).rows[0].code).toBe(
+      'CONFIG',
+    );
   });
 });
