@@ -73,10 +73,18 @@ module.exports = {
       comment:
         'the framework adapters (src/ai, src/openai-agents and their shared src/adapters) are built as a user would build ' +
         'them: on the public entries (src/index.ts, src/agents/index.ts), never on engine, steps or agents internals',
-      from: { path: ['^src/ai/', '^src/openai-agents/', '^src/langgraph/', '^src/adapters/'] },
+      from: { path: ['^src/ai/', '^src/openai-agents/', '^src/langgraph/', '^src/workflow-world/', '^src/adapters/'] },
       to: {
         path: '^src/',
-        pathNot: ['^src/ai/', '^src/openai-agents/', '^src/langgraph/', '^src/adapters/', '^src/index\\.ts$', '^src/agents/index\\.ts$'],
+        pathNot: [
+          '^src/ai/',
+          '^src/openai-agents/',
+          '^src/langgraph/',
+          '^src/workflow-world/',
+          '^src/adapters/',
+          '^src/index\\.ts$',
+          '^src/agents/index\\.ts$',
+        ],
       },
     },
     {
@@ -84,8 +92,8 @@ module.exports = {
       severity: 'error',
       comment:
         'nothing but the adapters imports them: the main entry and runledger/agents load without the AI SDK or the Agents SDK installed',
-      from: { path: '^src/', pathNot: ['^src/ai/', '^src/openai-agents/', '^src/langgraph/', '^src/adapters/'] },
-      to: { path: ['^src/ai/', '^src/openai-agents/', '^src/langgraph/', '^src/adapters/'] },
+      from: { path: '^src/', pathNot: ['^src/ai/', '^src/openai-agents/', '^src/langgraph/', '^src/workflow-world/', '^src/adapters/'] },
+      to: { path: ['^src/ai/', '^src/openai-agents/', '^src/langgraph/', '^src/workflow-world/', '^src/adapters/'] },
     },
     {
       name: 'frameworks-only-in-their-adapter',
@@ -101,6 +109,13 @@ module.exports = {
       comment: "'@langchain/*' is imported only by src/langgraph",
       from: { path: '^src/', pathNot: ['^src/langgraph/'] },
       to: { path: 'node_modules/@langchain/' },
+    },
+    {
+      name: 'workflow-sdk-only-in-its-adapter',
+      severity: 'error',
+      comment: "'@workflow/*' (the Workflow SDK) is imported only by src/workflow-world",
+      from: { path: '^src/', pathNot: ['^src/workflow-world/'] },
+      to: { path: 'node_modules/@workflow/' },
     },
     {
       name: 'agents-sdk-only-in-its-adapter',

@@ -20,6 +20,8 @@ CREATE SEQUENCE runledger.events_event_id_seq AS bigint START 1 INCREMENT 1 MINV
 
 CREATE SEQUENCE runledger.session_waiters_ticket_seq AS bigint START 1 INCREMENT 1 MINVALUE 1 MAXVALUE 9223372036854775807 CACHE 1 OWNED BY runledger.session_waiters.ticket (identity);
 
+CREATE SEQUENCE runledger.wf_stream_chunks_seq_seq AS bigint START 1 INCREMENT 1 MINVALUE 1 MAXVALUE 9223372036854775807 CACHE 1 OWNED BY runledger.wf_stream_chunks.seq (identity);
+
 -- tables
 
 CREATE TABLE runledger.admissions (
@@ -444,6 +446,7 @@ CREATE INDEX runs_ready ON runledger.runs USING btree (queue_name, priority, cre
 CREATE INDEX runs_retention ON runledger.runs USING btree (finished_at) WHERE (status = ANY (ARRAY['SUCCEEDED'::runledger.run_status, 'FAILED'::runledger.run_status, 'CANCELLED'::runledger.run_status, 'TERMINATED'::runledger.run_status, 'DEAD_LETTER'::runledger.run_status]));
 CREATE INDEX runs_tenant ON runledger.runs USING btree (tenant_id, created_at) WHERE (tenant_id IS NOT NULL);
 CREATE INDEX runs_timer ON runledger.runs USING btree (queue_name, wake_at) WHERE ((status = 'WAITING'::runledger.run_status) AND (wake_at IS NOT NULL));
+CREATE INDEX runs_workflow_world ON runledger.runs USING btree (((input ->> 'runId'::text)), created_at) WHERE (workflow_name = 'workflow-world'::text);
 CREATE TRIGGER runs_delete_history AFTER DELETE ON runledger.runs REFERENCING OLD TABLE AS gone FOR EACH STATEMENT EXECUTE FUNCTION runledger._delete_run_history();
 COMMENT ON TRIGGER runs_delete_history ON runledger.runs IS 'Deleting runs deletes their checkpoints and events in the same statement (no foreign key, see runledger._delete_run_history).';
 CREATE TRIGGER runs_invariants BEFORE INSERT OR UPDATE ON runledger.runs FOR EACH ROW EXECUTE FUNCTION runledger._check_run();
@@ -614,6 +617,115 @@ CREATE TABLE runledger.tenant_members (
 COMMENT ON TABLE runledger.tenant_members IS 'Which tenants a role (or any member of it) may act for when tenant isolation is on. A role with rows here sees only those tenants, whatever runledger.tenant it sets; a role with none may name any tenant (the application that connects it chooses). Written by the schema''s owner.';
 ALTER TABLE runledger.tenant_members ADD CONSTRAINT tenant_members_pkey PRIMARY KEY (role_name, tenant_id);
 CREATE UNIQUE INDEX tenant_members_pkey ON runledger.tenant_members USING btree (role_name, tenant_id);
+
+CREATE TABLE runledger.wf_events (
+  event_id text COLLATE "C" NOT NULL,
+  run_id text COLLATE "C" NOT NULL,
+  event_type text COLLATE "C" NOT NULL,
+  correlation_id text COLLATE "C",
+  event_data json,
+  spec_version integer,
+  created_at timestamp with time zone DEFAULT runledger.now() NOT NULL
+);
+COMMENT ON TABLE runledger.wf_events IS 'The event log of each Workflow SDK run (runledger/workflow-world), in event_id order (ULIDs): run_created ... run_completed, step_*, hook_*, wait_*, attr_set. The SDK replays a run from it.';
+ALTER TABLE runledger.wf_events ADD CONSTRAINT wf_events_pkey PRIMARY KEY (event_id);
+CREATE INDEX wf_events_correlation ON runledger.wf_events USING btree (correlation_id, event_id);
+CREATE UNIQUE INDEX wf_events_entity_creation ON runledger.wf_events USING btree (run_id, correlation_id, event_type) WHERE (event_type = ANY (ARRAY['step_created'::text, 'hook_created'::text, 'wait_created'::text, 'attr_set'::text]));
+CREATE UNIQUE INDEX wf_events_pkey ON runledger.wf_events USING btree (event_id);
+CREATE INDEX wf_events_run ON runledger.wf_events USING btree (run_id, event_id);
+
+CREATE TABLE runledger.wf_hooks (
+  hook_id text COLLATE "C" NOT NULL,
+  run_id text COLLATE "C" NOT NULL,
+  token text COLLATE "C" NOT NULL,
+  metadata json,
+  is_webhook boolean DEFAULT true NOT NULL,
+  is_system boolean DEFAULT false NOT NULL,
+  spec_version integer,
+  created_at timestamp with time zone DEFAULT runledger.now() NOT NULL
+);
+COMMENT ON TABLE runledger.wf_hooks IS 'The live hooks of Workflow SDK runs (runledger/workflow-world): a hook waits for payloads sent to its token (resumeHook); it is deleted when disposed or when its run ends.';
+ALTER TABLE runledger.wf_hooks ADD CONSTRAINT wf_hooks_pkey PRIMARY KEY (hook_id);
+ALTER TABLE runledger.wf_hooks ADD CONSTRAINT wf_hooks_token_key UNIQUE (token);
+CREATE UNIQUE INDEX wf_hooks_pkey ON runledger.wf_hooks USING btree (hook_id);
+CREATE INDEX wf_hooks_run ON runledger.wf_hooks USING btree (run_id, hook_id);
+CREATE UNIQUE INDEX wf_hooks_token_key ON runledger.wf_hooks USING btree (token);
+
+CREATE TABLE runledger.wf_runs (
+  run_id text COLLATE "C" NOT NULL,
+  deployment_id text COLLATE "C" NOT NULL,
+  workflow_name text COLLATE "C" NOT NULL,
+  status text COLLATE "C" DEFAULT 'pending'::text NOT NULL,
+  spec_version integer,
+  input json,
+  output json,
+  error json,
+  error_code text COLLATE "C",
+  execution_context json,
+  attributes jsonb DEFAULT '{}'::jsonb NOT NULL,
+  extra json,
+  created_at timestamp with time zone DEFAULT runledger.now() NOT NULL,
+  updated_at timestamp with time zone DEFAULT runledger.now() NOT NULL,
+  started_at timestamp with time zone,
+  completed_at timestamp with time zone,
+  expired_at timestamp with time zone
+);
+COMMENT ON TABLE runledger.wf_runs IS 'Workflow SDK runs (runledger/workflow-world): one row per run, materialized from its events in wf_events (status pending, running, completed, failed or cancelled; input, output and error as the SDK serialized them).';
+ALTER TABLE runledger.wf_runs ADD CONSTRAINT wf_runs_pkey PRIMARY KEY (run_id);
+ALTER TABLE runledger.wf_runs ADD CONSTRAINT wf_runs_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'running'::text, 'completed'::text, 'failed'::text, 'cancelled'::text])));
+CREATE INDEX wf_runs_name ON runledger.wf_runs USING btree (workflow_name, run_id);
+CREATE UNIQUE INDEX wf_runs_pkey ON runledger.wf_runs USING btree (run_id);
+CREATE INDEX wf_runs_status ON runledger.wf_runs USING btree (status, run_id);
+
+CREATE TABLE runledger.wf_steps (
+  run_id text COLLATE "C" NOT NULL,
+  step_id text COLLATE "C" NOT NULL,
+  step_name text COLLATE "C" NOT NULL,
+  status text COLLATE "C" DEFAULT 'pending'::text NOT NULL,
+  input json,
+  output json,
+  error json,
+  attempt integer DEFAULT 0 NOT NULL,
+  started_at timestamp with time zone,
+  completed_at timestamp with time zone,
+  retry_after timestamp with time zone,
+  spec_version integer,
+  created_at timestamp with time zone DEFAULT runledger.now() NOT NULL,
+  updated_at timestamp with time zone DEFAULT runledger.now() NOT NULL
+);
+COMMENT ON TABLE runledger.wf_steps IS 'The steps of Workflow SDK runs (runledger/workflow-world): status, attempts, input, output or error, and when a retry may start (retry_after).';
+ALTER TABLE runledger.wf_steps ADD CONSTRAINT wf_steps_pkey PRIMARY KEY (run_id, step_id);
+ALTER TABLE runledger.wf_steps ADD CONSTRAINT wf_steps_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'running'::text, 'completed'::text, 'failed'::text, 'cancelled'::text])));
+CREATE UNIQUE INDEX wf_steps_pkey ON runledger.wf_steps USING btree (run_id, step_id);
+
+CREATE TABLE runledger.wf_stream_chunks (
+  seq bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
+  stream_name text COLLATE "C" NOT NULL,
+  run_id text COLLATE "C",
+  data bytea NOT NULL,
+  eof boolean DEFAULT false NOT NULL,
+  created_at timestamp with time zone DEFAULT runledger.now() NOT NULL
+);
+COMMENT ON TABLE runledger.wf_stream_chunks IS 'The chunks of Workflow SDK streams (runledger/workflow-world), in seq order per stream; a row with eof closes the stream. A reader tails it on NOTIFY runledger_wf_stream.';
+ALTER TABLE runledger.wf_stream_chunks ADD CONSTRAINT wf_stream_chunks_pkey PRIMARY KEY (seq);
+CREATE UNIQUE INDEX wf_stream_chunks_pkey ON runledger.wf_stream_chunks USING btree (seq);
+CREATE INDEX wf_stream_chunks_run ON runledger.wf_stream_chunks USING btree (run_id, stream_name);
+CREATE INDEX wf_stream_chunks_stream ON runledger.wf_stream_chunks USING btree (stream_name, seq);
+
+CREATE TABLE runledger.wf_waits (
+  run_id text COLLATE "C" NOT NULL,
+  correlation_id text COLLATE "C" NOT NULL,
+  status text COLLATE "C" DEFAULT 'waiting'::text NOT NULL,
+  resume_at timestamp with time zone,
+  completed_at timestamp with time zone,
+  spec_version integer,
+  created_at timestamp with time zone DEFAULT runledger.now() NOT NULL,
+  updated_at timestamp with time zone DEFAULT runledger.now() NOT NULL
+);
+COMMENT ON TABLE runledger.wf_waits IS 'The sleeps of Workflow SDK runs (runledger/workflow-world): waiting until resume_at, then completed.';
+ALTER TABLE runledger.wf_waits ADD CONSTRAINT wf_waits_pkey PRIMARY KEY (run_id, correlation_id);
+ALTER TABLE runledger.wf_waits ADD CONSTRAINT wf_waits_status_check CHECK ((status = ANY (ARRAY['waiting'::text, 'completed'::text])));
+CREATE UNIQUE INDEX wf_waits_pkey ON runledger.wf_waits USING btree (run_id, correlation_id);
 
 CREATE TABLE runledger.workers (
   worker_id text COLLATE "C" NOT NULL,
@@ -1090,6 +1202,38 @@ CREATE VIEW runledger.waiting AS
          LIMIT 1) s ON true
   WHERE r.status = 'WAITING'::runledger.run_status;
 COMMENT ON VIEW runledger.waiting IS 'Runs waiting, holding no worker: what for (timer, signal topic, approval request, child run), at which step, since when and until when (timeout or deadline).';
+
+CREATE VIEW runledger.workflow_world_runs AS
+ SELECT w.run_id,
+    w.workflow_name,
+    w.status,
+    w.deployment_id,
+    w.created_at,
+    w.started_at,
+    w.completed_at,
+    w.error_code,
+    w.attributes,
+    ( SELECT count(*)::integer AS count
+           FROM runledger.wf_steps s
+          WHERE s.run_id = w.run_id) AS steps,
+    ( SELECT count(*)::integer AS count
+           FROM runledger.wf_hooks h
+          WHERE h.run_id = w.run_id) AS live_hooks,
+    ( SELECT count(*)::integer AS count
+           FROM runledger.wf_waits t
+          WHERE t.run_id = w.run_id AND t.status = 'waiting'::text) AS waiting_sleeps,
+    d.deliveries,
+    d.deliveries_active,
+    d.deliveries_failed,
+    d.last_delivery_run_id
+   FROM runledger.wf_runs w
+     LEFT JOIN LATERAL ( SELECT count(*)::integer AS deliveries,
+            count(*) FILTER (WHERE r.status = ANY (ARRAY['PENDING'::runledger.run_status, 'RUNNING'::runledger.run_status, 'WAITING'::runledger.run_status]))::integer AS deliveries_active,
+            count(*) FILTER (WHERE r.status = ANY (ARRAY['FAILED'::runledger.run_status, 'DEAD_LETTER'::runledger.run_status]))::integer AS deliveries_failed,
+            (array_agg(r.run_id ORDER BY r.created_at DESC))[1] AS last_delivery_run_id
+           FROM runledger.runs r
+          WHERE r.workflow_name = 'workflow-world'::text AND (r.input ->> 'runId'::text) = w.run_id) d ON true;
+COMMENT ON VIEW runledger.workflow_world_runs IS 'One row per Workflow SDK run (runledger/workflow-world): its status and workflow, its steps, live hooks and pending sleeps, and the runledger runs that delivered its queue messages (how many, still active, failed or dead-lettered, the latest one''s run_id for runledger.runs and the console).';
 
 -- functions
 

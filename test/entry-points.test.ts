@@ -102,6 +102,7 @@ describe.skipIf(!existsSync(join(ROOT, 'dist/index.d.ts')))('the published decla
       ai: ['ai', '@ai-sdk/provider'],
       'openai-agents': ['@openai/agents-core'],
       langgraph: ['@langchain/langgraph', '@langchain/langgraph-checkpoint', '@langchain/core'],
+      'workflow-world': ['@workflow/world', '@workflow/errors'],
     };
     const manifest = JSON.parse(readFileSync(join(ROOT, 'package.json'), 'utf8'));
     const optional = Object.entries(manifest.peerDependenciesMeta as Record<string, { optional?: boolean }>)

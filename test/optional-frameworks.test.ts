@@ -7,7 +7,7 @@ import { afterAll, describe, expect, it } from 'vitest';
 
 /**
  * The framework adapters are optional: `runledger` and `runledger/agents` load in a process
- * where the AI SDK and the Agents SDK cannot be found (a resolve hook refuses them), and the
+ * where the AI SDK, the Agents SDK, LangGraph and the Workflow SDK cannot be found (a resolve hook refuses them), and the
  * adapters' own entries, loaded the same way, fail for want of them (so the hook works).
  */
 const ROOT = resolve(import.meta.dirname, '..');
@@ -18,7 +18,7 @@ const hooks = join(scratch, 'hooks.mjs');
 writeFileSync(
   hooks,
   `export async function resolve(specifier, context, next) {
-  if (specifier === 'ai' || specifier.startsWith('ai/') || specifier.startsWith('@ai-sdk/') || specifier.startsWith('@openai/') || specifier.startsWith('@langchain/')) {
+  if (specifier === 'ai' || specifier.startsWith('ai/') || specifier.startsWith('@ai-sdk/') || specifier.startsWith('@openai/') || specifier.startsWith('@langchain/') || specifier.startsWith('@workflow/')) {
     const error = new Error('blocked for this test: ' + specifier);
     error.code = 'ERR_MODULE_NOT_FOUND';
     throw error;
@@ -50,7 +50,7 @@ function load(entry: string) {
 }
 
 describe('the framework adapters are optional', () => {
-  it.each(['src/index.ts', 'src/agents/index.ts'])('%s loads without ai, @ai-sdk/*, @openai/* and @langchain/*', (entry) => {
+  it.each(['src/index.ts', 'src/agents/index.ts'])('%s loads without ai, @ai-sdk/*, @openai/*, @langchain/* and @workflow/*', (entry) => {
     const result = load(entry);
     expect(result.stderr).not.toContain('blocked for this test');
     expect(result.stdout.trim()).toBe('loaded');
@@ -60,6 +60,7 @@ describe('the framework adapters are optional', () => {
     ['src/ai/index.ts', 'ai'],
     ['src/openai-agents/index.ts', '@openai/agents-core'],
     ['src/langgraph/index.ts', '@langchain/'],
+    ['src/workflow-world/index.ts', '@workflow/'],
   ])('%s needs its framework', (entry, framework) => {
     const result = load(entry);
     expect(result.status).not.toBe(0);

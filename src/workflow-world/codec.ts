@@ -30,8 +30,7 @@ function revive(_key: string, value: unknown): unknown {
   if (value === null || typeof value !== 'object') return value;
   const tagged = value as Tagged;
   if (tagged.__type === BYTES && typeof tagged.data === 'string') return new Uint8Array(Buffer.from(tagged.data, 'base64'));
-  if (tagged.__type === DATE && (typeof tagged.value === 'string' || tagged.value === null))
-    return new Date(tagged.value ?? Number.NaN);
+  if (tagged.__type === DATE && (typeof tagged.value === 'string' || tagged.value === null)) return new Date(tagged.value ?? Number.NaN);
   return value;
 }
 

@@ -92,7 +92,9 @@ function isUniqueViolation(error: unknown, constraint: string): boolean {
   return pgError?.code === '23505' && pgError.constraint === constraint;
 }
 
-export function createEventWriter(pool: pg.Pool): (runId: string | null, data: unknown, params?: CreateEventParams) => Promise<EventResult> {
+export function createEventWriter(
+  pool: pg.Pool,
+): (runId: string | null, data: unknown, params?: CreateEventParams) => Promise<EventResult> {
   const ulid = monotonicFactory();
   const newEventId = () => `wevt_${ulid()}`;
 
@@ -102,7 +104,15 @@ export function createEventWriter(pool: pg.Pool): (runId: string | null, data: u
     return toRun(rows[0]);
   }
 
-  async function insertEvent(tx: Tx, runId: string, eventId: string, type: string, correlationId: string | undefined, data: unknown, specVersion: number) {
+  async function insertEvent(
+    tx: Tx,
+    runId: string,
+    eventId: string,
+    type: string,
+    correlationId: string | undefined,
+    data: unknown,
+    specVersion: number,
+  ) {
     try {
       const { rows } = await tx.query(
         `insert into runledger.wf_events (event_id, run_id, event_type, correlation_id, event_data, spec_version)
@@ -158,7 +168,10 @@ export function createEventWriter(pool: pg.Pool): (runId: string | null, data: u
   }
 
   async function stepRow(tx: Tx, runId: string, stepId: string): Promise<Record<string, unknown> | undefined> {
-    const { rows } = await tx.query(`select ${STEP_COLUMNS} from runledger.wf_steps where run_id = $1 and step_id = $2 for update`, [runId, stepId]);
+    const { rows } = await tx.query(`select ${STEP_COLUMNS} from runledger.wf_steps where run_id = $1 and step_id = $2 for update`, [
+      runId,
+      stepId,
+    ]);
     return rows[0];
   }
 
@@ -166,7 +179,8 @@ export function createEventWriter(pool: pg.Pool): (runId: string | null, data: u
   async function liveStep(tx: Tx, runId: string, stepId: string): Promise<Record<string, unknown>> {
     const row = await stepRow(tx, runId, stepId);
     if (!row) throw new WorkflowWorldError(`Step "${stepId}" not found`, { status: 404 });
-    if (isTerminalStepStatus(row.status as string)) throw new EntityConflictError(`Cannot modify step in terminal state "${row.status as string}"`);
+    if (isTerminalStepStatus(row.status as string))
+      throw new EntityConflictError(`Cannot modify step in terminal state "${row.status as string}"`);
     return row;
   }
 
@@ -207,7 +221,8 @@ export function createEventWriter(pool: pg.Pool): (runId: string | null, data: u
             `select 1 from runledger.wf_events where run_id = $1 and correlation_id = $2 and event_type = 'attr_set'`,
             [runId, data.correlationId],
           );
-          if (rowCount) throw new EntityConflictError(`attr_set for correlationId "${data.correlationId}" already exists in run "${runId}"`);
+          if (rowCount)
+            throw new EntityConflictError(`attr_set for correlationId "${data.correlationId}" already exists in run "${runId}"`);
         }
         validateAttributeChanges(changes, {
           existingKeys: Object.keys(run.attributes ?? {}),
@@ -249,7 +264,8 @@ export function createEventWriter(pool: pg.Pool): (runId: string | null, data: u
         const row = await liveStep(tx, runId, correlationId);
         if (isTerminalWorkflowRunStatus(run.status) && row.status !== 'running')
           throw new RunExpiredError(`Cannot modify non-running step on run in terminal state "${run.status}"`);
-        const retryAfter = eventData.retryAfter instanceof Date || typeof eventData.retryAfter === 'string' ? new Date(eventData.retryAfter) : null;
+        const retryAfter =
+          eventData.retryAfter instanceof Date || typeof eventData.retryAfter === 'string' ? new Date(eventData.retryAfter) : null;
         return {
           step: await updateStep(tx, runId, correlationId, `status = 'pending', error = $3::json, retry_after = $4`, [
             encodeValue(eventData.error),
@@ -283,7 +299,10 @@ export function createEventWriter(pool: pg.Pool): (runId: string | null, data: u
           [runId, correlationId],
         );
         if (rows.length > 0) return { wait: toWait(rows[0]) };
-        const { rowCount } = await tx.query('select 1 from runledger.wf_waits where run_id = $1 and correlation_id = $2', [runId, correlationId]);
+        const { rowCount } = await tx.query('select 1 from runledger.wf_waits where run_id = $1 and correlation_id = $2', [
+          runId,
+          correlationId,
+        ]);
         if (rowCount === 0) throw new WorkflowWorldError(`Wait "${correlationId}" not found`, { status: 404 });
         throw new EntityConflictError(`Wait "${correlationId}" already completed`);
       }
@@ -312,11 +331,20 @@ export function createEventWriter(pool: pg.Pool): (runId: string | null, data: u
       );
       row = rows[0];
       // Replay reads step_created before step_started: the lazy start writes both.
-      await insertEvent(tx, runId, newEventId(), 'step_created', stepId, { stepName: eventData.stepName, input: eventData.input }, specVersion);
+      await insertEvent(
+        tx,
+        runId,
+        newEventId(),
+        'step_created',
+        stepId,
+        { stepName: eventData.stepName, input: eventData.input },
+        specVersion,
+      );
       stepCreated = true;
     }
     if (!row) throw new WorkflowWorldError(`Step "${stepId}" not found`, { status: 404 });
-    if (isTerminalStepStatus(row.status as string)) throw new EntityConflictError(`Cannot modify step in terminal state "${row.status as string}"`);
+    if (isTerminalStepStatus(row.status as string))
+      throw new EntityConflictError(`Cannot modify step in terminal state "${row.status as string}"`);
     if (isTerminalWorkflowRunStatus(run.status) && row.status !== 'running')
       throw new RunExpiredError(`Cannot modify non-running step on run in terminal state "${run.status}"`);
     const retryAfter = row.retry_after as Date | null;
@@ -347,10 +375,21 @@ export function createEventWriter(pool: pg.Pool): (runId: string | null, data: u
     const { rows } = await tx.query(
       `insert into runledger.wf_hooks (hook_id, run_id, token, metadata, is_webhook, is_system, spec_version)
        values ($1, $2, $3, $4::json, $5, $6, $7) on conflict do nothing returning ${HOOK_COLUMNS}`,
-      [hookId, runId, eventData.token, encodeValue(eventData.metadata), eventData.isWebhook ?? true, eventData.isSystem ?? false, specVersion],
+      [
+        hookId,
+        runId,
+        eventData.token,
+        encodeValue(eventData.metadata),
+        eventData.isWebhook ?? true,
+        eventData.isSystem ?? false,
+        specVersion,
+      ],
     );
     if (rows.length > 0) return { hook: toHook(rows[0]) };
-    const holder = await tx.query('select hook_id, run_id from runledger.wf_hooks where token = $1 or hook_id = $2', [eventData.token, hookId]);
+    const holder = await tx.query('select hook_id, run_id from runledger.wf_hooks where token = $1 or hook_id = $2', [
+      eventData.token,
+      hookId,
+    ]);
     const same = holder.rows.find((row) => row.hook_id === hookId && row.run_id === runId);
     if (same || holder.rows.length === 0) throw new EntityConflictError(`Hook "${hookId}" already created`);
     return { event: { eventType: 'hook_conflict', eventData: { token: eventData.token, conflictingRunId: holder.rows[0].run_id } } };
@@ -363,7 +402,8 @@ export function createEventWriter(pool: pg.Pool): (runId: string | null, data: u
     if (data.eventType === 'run_started' || data.eventType === 'hook_received')
       throw new RunExpiredError(`Workflow run "${run.runId}" is already in terminal state "${state}"`);
     if (isTerminalRunEventType(data.eventType)) throw new EntityConflictError(`Cannot transition run from terminal state "${state}"`);
-    if (isChildEntityCreationEvent(data as never)) throw new EntityConflictError(`Cannot create new entities on run in terminal state "${state}"`);
+    if (isChildEntityCreationEvent(data as never))
+      throw new EntityConflictError(`Cannot create new entities on run in terminal state "${state}"`);
     if (data.eventType === 'attr_set') throw new EntityConflictError(`Cannot set attributes on run in terminal state "${state}"`);
   }
 
@@ -383,8 +423,12 @@ export function createEventWriter(pool: pg.Pool): (runId: string | null, data: u
 
     return inTransaction(pool, async (tx) => {
       if (data.eventType === 'run_created') {
-        if (!(await createRun(tx, runId, data.eventData ?? {}, specVersion))) throw new EntityConflictError(`Workflow run "${runId}" already exists`);
-        const { rows } = await tx.query(`select ${EVENT_COLUMNS} from runledger.wf_events where run_id = $1 and event_type = 'run_created'`, [runId]);
+        if (!(await createRun(tx, runId, data.eventData ?? {}, specVersion)))
+          throw new EntityConflictError(`Workflow run "${runId}" already exists`);
+        const { rows } = await tx.query(
+          `select ${EVENT_COLUMNS} from runledger.wf_events where run_id = $1 and event_type = 'run_created'`,
+          [runId],
+        );
         return { event: toEvent(rows[0], resolveData), run: await runRow(tx, runId) } as EventResult;
       }
       const locked = await tx.query(`select run_id from runledger.wf_runs where run_id = $1 for update`, [runId]);
@@ -400,10 +444,13 @@ export function createEventWriter(pool: pg.Pool): (runId: string | null, data: u
       const run = await runRow(tx, runId);
       if (requiresNewerWorld(run.specVersion)) throw new RunNotSupportedError(run.specVersion as number, SPEC_VERSION_CURRENT);
       if (isLegacySpecVersion(run.specVersion))
-        throw new WorkflowWorldError(`Run "${runId}" was written by a pre-event-sourcing SDK (specVersion ${String(run.specVersion)}); runledger's World serves specVersion 2 and later`);
+        throw new WorkflowWorldError(
+          `Run "${runId}" was written by a pre-event-sourcing SDK (specVersion ${String(run.specVersion)}); runledger's World serves specVersion 2 and later`,
+        );
 
       let outcome: Outcome;
-      if (data.eventType === 'run_cancelled' && run.status === 'cancelled') outcome = { run }; // idempotent: recorded again, nothing changes
+      if (data.eventType === 'run_cancelled' && run.status === 'cancelled')
+        outcome = { run }; // idempotent: recorded again, nothing changes
       else {
         refuseOnTerminalRun(run, data);
         if (isHookEventRequiringExistence(data.eventType)) {
@@ -415,8 +462,7 @@ export function createEventWriter(pool: pg.Pool): (runId: string | null, data: u
       if (outcome.event === null) return { run: outcome.run } as EventResult;
 
       const eventType = outcome.event?.eventType ?? data.eventType;
-      const stored =
-        outcome.event !== undefined ? outcome.event.eventData : 'storedData' in outcome ? outcome.storedData : data.eventData;
+      const stored = outcome.event !== undefined ? outcome.event.eventData : 'storedData' in outcome ? outcome.storedData : data.eventData;
       const row = await insertEvent(tx, runId, newEventId(), eventType, data.correlationId, stored, specVersion);
       const event = toEvent(row, resolveData);
       const result: EventResult = { event, run: outcome.run, step: outcome.step, hook: outcome.hook, wait: outcome.wait };

@@ -141,7 +141,11 @@ export function createEnqueue(pool: pg.Pool, config: QueueConfig, ready: () => P
           return { messageId: MessageId.parse(live.rows[0]?.message_id) };
         }
       }
-      await client.query(`select runledger.start_run($1, $2::jsonb, $3::jsonb)`, [DELIVERY_WORKFLOW, JSON.stringify(input), JSON.stringify(options)]);
+      await client.query(`select runledger.start_run($1, $2::jsonb, $3::jsonb)`, [
+        DELIVERY_WORKFLOW,
+        JSON.stringify(input),
+        JSON.stringify(options),
+      ]);
       await client.query('commit');
     } catch (error) {
       await client.query('rollback').catch(() => {
@@ -181,7 +185,11 @@ export const createQueueHandler: Queue['createQueueHandler'] = (prefix, handler)
     return Response.json({ error: `The message is not JSON: ${String(error)}` }, { status: 400 });
   }
   try {
-    const result = await handler(body, { attempt: headers.attempt, queueName: headers.queueName as ValidQueueName, messageId: MessageId.parse(headers.messageId) });
+    const result = await handler(body, {
+      attempt: headers.attempt,
+      queueName: headers.queueName as ValidQueueName,
+      messageId: MessageId.parse(headers.messageId),
+    });
     const timeoutSeconds = (result as Reply | undefined | void)?.timeoutSeconds;
     return typeof timeoutSeconds === 'number' ? Response.json({ timeoutSeconds }) : Response.json({ ok: true });
   } catch (error) {

@@ -50,7 +50,8 @@ interface Page<T> {
 
 function pageLimit(pagination: PaginationOptions | undefined, fallback: number): number {
   const asked = pagination?.limit ?? fallback;
-  if (!Number.isInteger(asked) || asked < 1) throw new WorkflowWorldError(`pagination.limit must be a whole number >= 1, got ${String(asked)}`);
+  if (!Number.isInteger(asked) || asked < 1)
+    throw new WorkflowWorldError(`pagination.limit must be a whole number >= 1, got ${String(asked)}`);
   return Math.min(asked, MAX_PAGE);
 }
 
@@ -103,10 +104,7 @@ export function createRunReads(db: Queryable): Storage['runs'] {
 export function createStepReads(db: Queryable): Storage['steps'] {
   return {
     async get(runId: string, stepId: string, params?: GetStepParams) {
-      const { rows } = await db.query(`select ${STEP_COLUMNS} from runledger.wf_steps where run_id = $1 and step_id = $2`, [
-        runId,
-        stepId,
-      ]);
+      const { rows } = await db.query(`select ${STEP_COLUMNS} from runledger.wf_steps where run_id = $1 and step_id = $2`, [runId, stepId]);
       if (rows.length === 0) throw new WorkflowWorldError(`Step not found: ${stepId}`, { status: 404 });
       return stepData(toStep(rows[0]), params?.resolveData);
     },

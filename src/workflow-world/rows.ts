@@ -111,15 +111,15 @@ export function toHook(row: Row): Hook {
 export function toWait(row: Row): Wait {
   return WaitSchema.parse(
     present({
-    waitId: `${row.run_id as string}-${row.correlation_id as string}`,
-    runId: row.run_id,
-    status: row.status,
-    resumeAt: row.resume_at,
-    completedAt: row.completed_at,
-    specVersion: row.spec_version,
-    createdAt: row.created_at,
-    updatedAt: row.updated_at,
-  }),
+      waitId: `${row.run_id as string}-${row.correlation_id as string}`,
+      runId: row.run_id,
+      status: row.status,
+      resumeAt: row.resume_at,
+      completedAt: row.completed_at,
+      specVersion: row.spec_version,
+      createdAt: row.created_at,
+      updatedAt: row.updated_at,
+    }),
   );
 }
 

@@ -26,7 +26,8 @@ function readCursor(cursor: string | undefined): { seq: string; index: number } 
   if (!cursor) return { seq: '0', index: 0 };
   try {
     const parsed = JSON.parse(Buffer.from(cursor, 'base64url').toString('utf8')) as { s?: unknown; i?: unknown };
-    if (typeof parsed.s === 'string' && /^\d+$/.test(parsed.s) && Number.isInteger(parsed.i)) return { seq: parsed.s, index: parsed.i as number };
+    if (typeof parsed.s === 'string' && /^\d+$/.test(parsed.s) && Number.isInteger(parsed.i))
+      return { seq: parsed.s, index: parsed.i as number };
   } catch {
     // fall through
   }
@@ -37,7 +38,7 @@ export interface StreamerHandle extends Streamer {
   close(): Promise<void>;
 }
 
-export function createStreamer(pool: pg.Pool, connectionString: string | undefined): StreamerHandle {
+export function createStreamer(pool: pg.Pool): StreamerHandle {
   const written = new EventEmitter();
   written.setMaxListeners(0);
   let listener: Promise<pg.Client> | undefined;
@@ -46,7 +47,8 @@ export function createStreamer(pool: pg.Pool, connectionString: string | undefin
   /** One LISTEN connection, opened by the first reader; readers poll if it cannot be opened. */
   const listen = (): void => {
     if (listener || closed) return;
-    const client = new pg.Client(connectionString ? { connectionString } : {});
+    // The pool's own connection settings (URL, user, password, ssl) for the LISTEN connection.
+    const client = new pg.Client(pool.options);
     listener = client.connect().then(async () => {
       client.on('notification', (message) => written.emit(message.payload ?? '', undefined));
       client.on('error', () => {
@@ -98,7 +100,8 @@ export function createStreamer(pool: pg.Pool, connectionString: string | undefin
     },
     async getChunks(_runId, name, options?: GetChunksOptions): Promise<StreamChunksResponse> {
       const limit = Math.min(options?.limit ?? 100, 1000);
-      if (!Number.isInteger(limit) || limit < 1) throw new Error(`runledger/workflow-world: limit must be a whole number >= 1, got ${String(options?.limit)}`);
+      if (!Number.isInteger(limit) || limit < 1)
+        throw new Error(`runledger/workflow-world: limit must be a whole number >= 1, got ${String(options?.limit)}`);
       const from = readCursor(options?.cursor);
       const { rows } = await pool.query<ChunkRow & { done: boolean }>(
         `select seq::text as seq, data, eof,

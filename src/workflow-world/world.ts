@@ -49,7 +49,9 @@ export function createWorld(options: RunledgerWorldOptions = {}): RunledgerWorld
   const env = process.env;
   const connectionString = options.connectionString ?? env.WORKFLOW_RUNLEDGER_URL ?? env.DATABASE_URL;
   if (!options.engine && !connectionString)
-    throw new ConfigError('runledger/workflow-world: no database: set WORKFLOW_RUNLEDGER_URL or DATABASE_URL, or pass createWorld({ connectionString })');
+    throw new ConfigError(
+      'runledger/workflow-world: no database: set WORKFLOW_RUNLEDGER_URL or DATABASE_URL, or pass createWorld({ connectionString })',
+    );
   const engine = options.engine ?? createEngine({ connectionString });
   const ownEngine = !options.engine;
   const queueName = options.queue ?? env.WORKFLOW_RUNLEDGER_QUEUE ?? DELIVERY_WORKFLOW;
@@ -57,7 +59,10 @@ export function createWorld(options: RunledgerWorldOptions = {}): RunledgerWorld
   const config: QueueConfig = {
     queue: queueName,
     baseUrl: () =>
-      options.baseUrl ?? env.WORKFLOW_RUNLEDGER_BASE_URL ?? env.WORKFLOW_LOCAL_BASE_URL ?? (env.PORT ? `http://localhost:${env.PORT}` : undefined),
+      options.baseUrl ??
+      env.WORKFLOW_RUNLEDGER_BASE_URL ??
+      env.WORKFLOW_LOCAL_BASE_URL ??
+      (env.PORT ? `http://localhost:${env.PORT}` : undefined),
     deliveryAttempts: positiveInteger(options.deliveryAttempts ?? 20, 'deliveryAttempts'),
   };
   const delivery = defineDelivery(engine, config);
@@ -68,10 +73,12 @@ export function createWorld(options: RunledgerWorldOptions = {}): RunledgerWorld
   const ready = (): Promise<void> => {
     readying ??= (async () => {
       if (options.migrate !== false) await engine.migrate();
-      await pool.query(
-        `select runledger._register_workflow(p_name => $1, p_version => $2, p_queue => $3, p_max_recovery_attempts => $4)`,
-        [delivery.name, delivery.version, delivery.queue, delivery.maxRecoveryAttempts],
-      );
+      await pool.query(`select runledger._register_workflow(p_name => $1, p_version => $2, p_queue => $3, p_max_recovery_attempts => $4)`, [
+        delivery.name,
+        delivery.version,
+        delivery.queue,
+        delivery.maxRecoveryAttempts,
+      ]);
     })().catch((error: unknown) => {
       readying = undefined;
       throw error;
@@ -79,7 +86,7 @@ export function createWorld(options: RunledgerWorldOptions = {}): RunledgerWorld
     return readying;
   };
 
-  const streamer = createStreamer(pool, connectionString);
+  const streamer = createStreamer(pool);
   const writeEvent = createEventWriter(pool);
   const eventReads = createEventReads(pool);
   const withReady =

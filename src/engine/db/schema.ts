@@ -378,6 +378,78 @@ export const RUNLEDGER_TABLES = {
     since: 'timestamptz default',
     until: 'timestamptz',
   },
+  'runledger.wf_runs': {
+    run_id: 'text',
+    deployment_id: 'text',
+    workflow_name: 'text',
+    status: ['text default', ['pending', 'running', 'completed', 'failed', 'cancelled']],
+    spec_version: 'int4 null',
+    input: 'json null',
+    output: 'json null',
+    error: 'json null',
+    error_code: 'text null',
+    execution_context: 'json null',
+    attributes: 'jsonb default',
+    extra: 'json null',
+    created_at: 'timestamptz default',
+    updated_at: 'timestamptz default',
+    started_at: 'timestamptz null',
+    completed_at: 'timestamptz null',
+    expired_at: 'timestamptz null',
+  },
+  'runledger.wf_events': {
+    event_id: 'text',
+    run_id: 'text',
+    event_type: 'text',
+    correlation_id: 'text null',
+    event_data: 'json null',
+    spec_version: 'int4 null',
+    created_at: 'timestamptz default',
+  },
+  'runledger.wf_steps': {
+    run_id: 'text',
+    step_id: 'text',
+    step_name: 'text',
+    status: ['text default', ['pending', 'running', 'completed', 'failed', 'cancelled']],
+    input: 'json null',
+    output: 'json null',
+    error: 'json null',
+    attempt: 'int4 default',
+    started_at: 'timestamptz null',
+    completed_at: 'timestamptz null',
+    retry_after: 'timestamptz null',
+    spec_version: 'int4 null',
+    created_at: 'timestamptz default',
+    updated_at: 'timestamptz default',
+  },
+  'runledger.wf_hooks': {
+    hook_id: 'text',
+    run_id: 'text',
+    token: 'text',
+    metadata: 'json null',
+    is_webhook: 'bool default',
+    is_system: 'bool default',
+    spec_version: 'int4 null',
+    created_at: 'timestamptz default',
+  },
+  'runledger.wf_waits': {
+    run_id: 'text',
+    correlation_id: 'text',
+    status: ['text default', ['waiting', 'completed']],
+    resume_at: 'timestamptz null',
+    completed_at: 'timestamptz null',
+    spec_version: 'int4 null',
+    created_at: 'timestamptz default',
+    updated_at: 'timestamptz default',
+  },
+  'runledger.wf_stream_chunks': {
+    seq: 'int8 default',
+    stream_name: 'text',
+    run_id: 'text null',
+    data: 'bytea',
+    eof: 'bool default',
+    created_at: 'timestamptz default',
+  },
 } as const satisfies Record<string, Record<string, ColumnSpec>>;
 
 /** The PostgreSQL types runledger's tables use (udt_name), and what node-postgres gives and takes for each. */
@@ -389,6 +461,8 @@ interface PgTypes {
   bool: [boolean, boolean];
   timestamptz: [Date, Date | string];
   jsonb: [unknown, unknown];
+  /** json keeps its text as written (runledger/workflow-world's payloads); node-postgres parses it. */
+  json: [unknown, unknown];
   bytea: [Buffer, Buffer | Uint8Array];
   _text: [string[], string[]];
   run_status: [string, string];
