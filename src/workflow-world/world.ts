@@ -25,6 +25,8 @@ export interface RunledgerWorldOptions {
   baseUrl?: string;
   /** Attempts of one delivery before its runledger run fails; default 20 (backoff 1 s doubling to 60 s: about 15 minutes). */
   deliveryAttempts?: number;
+  /** How long a silent worker keeps a delivery before another takes it over (runWorker's leaseMs); default the engine's. */
+  leaseMs?: number;
   /** Apply runledger's migrations on first use; default true (false when a DBA migrates). */
   migrate?: boolean;
   /** The deployment id the SDK records on runs; default 'runledger'. */
@@ -112,7 +114,7 @@ export function createWorld(options: RunledgerWorldOptions = {}): RunledgerWorld
     async start() {
       starting ??= (async () => {
         await ready();
-        worker = await engine.runWorker({ queues: [queueName], concurrency });
+        worker = await engine.runWorker({ queues: [queueName], concurrency, ...(options.leaseMs ? { leaseMs: options.leaseMs } : {}) });
       })();
       await starting;
     },

@@ -11,7 +11,8 @@ import { describe, expect, inject, it } from 'vitest';
  * file installs it on first use (npm ci, from its lock file), builds dist/ when the World's
  * source is newer, and runs it on this suite's PostgreSQL server, where it makes a database of
  * its own. Its servers are real processes: each test starts the SDK's app server, which loads
- * the built World by WORKFLOW_TARGET_WORLD and runs a runledger worker.
+ * the built World by WORKFLOW_TARGET_WORLD and runs a runledger worker; beside the SDK's suite,
+ * crash.test.mjs SIGKILLs such servers mid-delivery and while a run sleeps.
  */
 const ROOT = resolve(import.meta.dirname, '../..');
 const SUITE = join(ROOT, 'test/workflow-world/suite');
@@ -40,7 +41,7 @@ function newestSource(): number {
 }
 
 describe('@workflow/world-testing against runledger/workflow-world', () => {
-  it('passes 12 of 12, and the runs it made are runledger runs', async () => {
+  it('passes 12 of 12, and the runs it made are runledger runs; SIGKILLed servers lose nothing (crash.test.mjs)', async () => {
     if (!existsSync(join(SUITE, 'node_modules/@workflow/world-testing'))) {
       const install = await run('npm', ['ci', '--no-audit', '--no-fund'], SUITE);
       expect(install.code, install.output).toBe(0);
@@ -52,8 +53,10 @@ describe('@workflow/world-testing against runledger/workflow-world', () => {
     const suite = await run('npx', ['vitest', 'run'], SUITE, { ...process.env, DATABASE_URL: inject('adminUrl') });
     const plain = stripVTControlCharacters(suite.output);
     expect(suite.code, plain).toBe(0);
-    // vitest's own closing line: "Tests  12 passed (12)".
-    expect(plain).toMatch(/Tests\s+12 passed \(12\)/);
+    // The SDK's 12 and the two crash tests (crash.test.mjs); vitest's closing line: "Tests  14 passed (14)".
+    expect(plain).toMatch(/suite\.test\.mjs \(12 tests\)/);
+    expect(plain).toMatch(/crash\.test\.mjs \(2 tests\)/);
+    expect(plain).toMatch(/Tests\s+14 passed \(14\)/);
     expect(plain).toContain('runledger.workflow_world_runs after the suite');
   }, 600_000);
 });
