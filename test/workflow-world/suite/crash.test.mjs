@@ -9,7 +9,6 @@ import pg from 'pg';
 import { afterAll, afterEach, beforeAll, describe, expect, it, onTestFailed, vi } from 'vitest';
 
 const SERVER = fileURLToPath(new URL('./node_modules/@workflow/world-testing/dist/src/server.mjs', import.meta.url));
-const WORLD = '../../../dist/workflow-world/index.js';
 const CRASH_WORLD = './crash-world.mjs';
 const started = [];
 let db;
