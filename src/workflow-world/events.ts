@@ -17,7 +17,7 @@ import {
   WorkflowWorldError,
 } from '@workflow/errors';
 import {
-  EventSchema,
+  CreateEventSchema,
   SPEC_VERSION_CURRENT,
   applyAttributeChanges,
   isChildEntityCreationEvent,
@@ -27,12 +27,10 @@ import {
   isTerminalStepStatus,
   isTerminalWorkflowRunStatus,
   requiresNewerWorld,
-  stripEventDataRefs,
   validateAttributeChanges,
   validateUlidTimestamp,
   type AttributeChange,
   type CreateEventParams,
-  type Event,
   type EventResult,
   type Hook,
   type Step,
@@ -361,7 +359,7 @@ export function createEventWriter(
     );
     // The step's input belongs to step_created; step_started keeps the rest (stepName, for the replay's check).
     const { input: _input, ...storedData } = eventData;
-    return { step, stepCreated, storedData: Object.keys(storedData).length === 0 && data.eventData === undefined ? undefined : storedData };
+    return { step, stepCreated, storedData: data.eventData === undefined ? undefined : storedData };
   }
 
   /**
@@ -408,6 +406,10 @@ export function createEventWriter(
   }
 
   return async function create(runIdArg, dataArg, params) {
+    // A request the SDK's own schema refuses is refused here, before anything is written.
+    const checked = CreateEventSchema.safeParse(dataArg);
+    if (!checked.success)
+      throw new WorkflowWorldError(`Not an event the Workflow SDK's spec knows: ${checked.error.message.slice(0, 500)}`, { status: 400 });
     const data = dataArg as EventRequest;
     const resolveData = params?.resolveData ?? 'all';
     const specVersion = data.specVersion ?? SPEC_VERSION_CURRENT;
@@ -477,9 +479,4 @@ export function createEventWriter(
       return result;
     });
   };
-}
-
-/** An event as the SDK's schema reads it, for a caller that built one by hand (tests). */
-export function parseEvent(value: unknown): Event {
-  return stripEventDataRefs(EventSchema.parse(value) as Event, 'all');
 }

@@ -120,6 +120,10 @@ export function createEnqueue(pool: pg.Pool, config: QueueConfig, ready: () => P
       body: encodeValue(message) ?? 'null',
     };
     const delaySeconds = opts?.delaySeconds ?? 0;
+    if (typeof delaySeconds !== 'number' || !Number.isFinite(delaySeconds) || delaySeconds < 0)
+      throw new WorkflowWorldError(`runledger/workflow-world: delaySeconds must be a number >= 0, got ${String(delaySeconds)}`, {
+        status: 400,
+      });
     const options: Record<string, unknown> = { queue: config.queue };
     if (delaySeconds > 0) options.run_in_ms = Math.round(delaySeconds * 1000);
     // Invocations of one SDK run (not its background steps) share a concurrency key, for a
@@ -141,7 +145,7 @@ export function createEnqueue(pool: pg.Pool, config: QueueConfig, ready: () => P
           return { messageId: MessageId.parse(live.rows[0]?.message_id) };
         }
       }
-      await client.query(`select runledger.start_run($1, $2::jsonb, $3::jsonb)`, [
+      await client.query(`select runledger.start_run(p_workflow => $1, p_input => $2::jsonb, p_options => $3::jsonb)`, [
         DELIVERY_WORKFLOW,
         JSON.stringify(input),
         JSON.stringify(options),

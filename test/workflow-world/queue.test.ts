@@ -165,6 +165,17 @@ describe('the queue', () => {
   });
 });
 
+describe('bad input', () => {
+  it('a delay that is not a number >= 0 is refused, and nothing is queued', async () => {
+    for (const delaySeconds of [-1, Number.NaN, Number.POSITIVE_INFINITY]) {
+      await expect(world.queue('__wkf_workflow_bad', { runId: 'wrun_bad', tag: 'bad' } as never, { delaySeconds })).rejects.toThrow(
+        'delaySeconds must be a number >= 0',
+      );
+    }
+    expect(await deliveryRuns('bad')).toEqual([]);
+  });
+});
+
 describe('the queue handler', () => {
   it('answers 400 to a request without the delivery headers, and to a queue it does not handle', async () => {
     const handler = world.createQueueHandler('__wkf_workflow_', async () => undefined);

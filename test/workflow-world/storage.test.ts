@@ -181,6 +181,17 @@ describe('the event log', () => {
     expect((await create(second, { eventType: 'hook_created', correlationId: 'hook_c', eventData: { token } })).hook?.runId).toBe(second);
   });
 
+  it('refuses an event request the SDK spec does not know, writing nothing', async () => {
+    const runId = await newRun();
+    const bad = await rejection(create(runId, { eventType: 'step_created', correlationId: 'step_x', eventData: { input: bytes(1) } }));
+    expect(bad.name).toBe('WorkflowWorldError');
+    expect(bad.message).toContain("Not an event the Workflow SDK's spec knows");
+    expect((await rejection(create(runId, { eventType: 'no_such_event' }))).name).toBe('WorkflowWorldError');
+    const { rows } = await t.db.pool.query('select count(*)::int as n from runledger.wf_steps where run_id = $1', [runId]);
+    expect(rows[0].n).toBe(0);
+    expect((await world_().events.list({ runId })).data.map((e) => e.eventType)).toEqual(['run_created']);
+  });
+
   it('refuses a client run id whose time is far from now, and one already used', async () => {
     const stale = await rejection(
       world_().events.create('wrun_01ARZ3NDEKTSV4RRFFQ69G5FAV', {
