@@ -9,7 +9,7 @@
 --
 -- tables: wf_runs, wf_events, wf_steps, wf_hooks, wf_waits, wf_stream_chunks
 -- views: workflow_world_runs
--- indexes: runs_workflow_world (the deliveries of an SDK run)
+-- indexes: runs_workflow_world (the deliveries of an SDK run), runs_workflow_world_key (by idempotency key)
 
 -- Payload columns (input, output, error, event_data, metadata ...) are json, not jsonb: the
 -- World writes the SDK's values as JSON with binary data as { "__type": "Uint8Array", "data":
@@ -127,6 +127,10 @@ comment on table runledger.wf_stream_chunks is
 -- input names it.
 create index runs_workflow_world on runledger.runs ((input ->> 'runId'), created_at)
   where workflow_name = 'workflow-world';
+-- A message's idempotency key is taken while a delivery with it lives: the World's queue()
+-- looks it up among the deliveries, history included.
+create index runs_workflow_world_key on runledger.runs ((input ->> 'idempotencyKey'))
+  where workflow_name = 'workflow-world' and input ->> 'idempotencyKey' is not null;
 
 create view runledger.workflow_world_runs as
 select w.run_id,

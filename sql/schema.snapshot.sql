@@ -447,6 +447,7 @@ CREATE INDEX runs_retention ON runledger.runs USING btree (finished_at) WHERE (s
 CREATE INDEX runs_tenant ON runledger.runs USING btree (tenant_id, created_at) WHERE (tenant_id IS NOT NULL);
 CREATE INDEX runs_timer ON runledger.runs USING btree (queue_name, wake_at) WHERE ((status = 'WAITING'::runledger.run_status) AND (wake_at IS NOT NULL));
 CREATE INDEX runs_workflow_world ON runledger.runs USING btree (((input ->> 'runId'::text)), created_at) WHERE (workflow_name = 'workflow-world'::text);
+CREATE INDEX runs_workflow_world_key ON runledger.runs USING btree (((input ->> 'idempotencyKey'::text))) WHERE ((workflow_name = 'workflow-world'::text) AND ((input ->> 'idempotencyKey'::text) IS NOT NULL));
 CREATE TRIGGER runs_delete_history AFTER DELETE ON runledger.runs REFERENCING OLD TABLE AS gone FOR EACH STATEMENT EXECUTE FUNCTION runledger._delete_run_history();
 COMMENT ON TRIGGER runs_delete_history ON runledger.runs IS 'Deleting runs deletes their checkpoints and events in the same statement (no foreign key, see runledger._delete_run_history).';
 CREATE TRIGGER runs_invariants BEFORE INSERT OR UPDATE ON runledger.runs FOR EACH ROW EXECUTE FUNCTION runledger._check_run();

@@ -40,6 +40,7 @@ import {
 import type pg from 'pg';
 import { monotonicFactory } from 'ulid';
 import { encodeValue } from './codec.js';
+import { inTransaction } from './transaction.js';
 import { EVENT_COLUMNS, HOOK_COLUMNS, RUN_COLUMNS, STEP_COLUMNS, WAIT_COLUMNS, toEvent, toHook, toRun, toStep, toWait } from './rows.js';
 
 /** What events.create receives: an event request, loosely typed (its shape is checked by the SDK's schemas on the way out). */
@@ -65,24 +66,6 @@ interface Outcome {
   event?: { eventType: string; eventData?: unknown } | null;
   /** The event data to store, when it differs from the request's. */
   storedData?: unknown;
-}
-
-async function inTransaction<T>(pool: pg.Pool, body: (tx: Tx) => Promise<T>): Promise<T> {
-  const client = await pool.connect();
-  let broken = false;
-  try {
-    await client.query('begin');
-    const result = await body(client);
-    await client.query('commit');
-    return result;
-  } catch (error) {
-    await client.query('rollback').catch(() => {
-      broken = true;
-    });
-    throw error;
-  } finally {
-    client.release(broken);
-  }
 }
 
 function isUniqueViolation(error: unknown, constraint: string): boolean {

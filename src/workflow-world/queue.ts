@@ -13,6 +13,7 @@ import type pg from 'pg';
 import { monotonicFactory } from 'ulid';
 import type { Engine, Workflow } from '../index.js';
 import { decodeValue, encodeValue } from './codec.js';
+import { inTransaction } from './transaction.js';
 
 /** The runledger workflow whose runs deliver the SDK's messages. */
 export const DELIVERY_WORKFLOW = 'workflow-world';
@@ -129,37 +130,24 @@ export function createEnqueue(pool: pg.Pool, config: QueueConfig, ready: () => P
     // Invocations of one SDK run (not its background steps) share a concurrency key, for a
     // queue whose perKeyConcurrency is 1 to take them one at a time as the SDK's Postgres world does.
     if (input.runId && !input.stepId) options.concurrency_key = input.runId;
-    const client = await pool.connect();
-    let broken = false;
-    try {
-      await client.query('begin');
+    const live = await inTransaction(pool, async (tx) => {
       if (input.idempotencyKey) {
-        await client.query(`select pg_advisory_xact_lock(hashtextextended('workflow-world:' || $1, 0))`, [input.idempotencyKey]);
-        const live = await client.query<{ message_id: string }>(
+        await tx.query(`select pg_advisory_xact_lock(hashtextextended('workflow-world:' || $1, 0))`, [input.idempotencyKey]);
+        const { rows } = await tx.query<{ message_id: string }>(
           `select input ->> 'messageId' as message_id from runledger.runs
             where workflow_name = '${DELIVERY_WORKFLOW}' and input ->> 'idempotencyKey' = $1 and status not in ${ENDED} limit 1`,
           [input.idempotencyKey],
         );
-        if (live.rows.length > 0) {
-          await client.query('commit');
-          return { messageId: MessageId.parse(live.rows[0]?.message_id) };
-        }
+        if (rows[0]) return rows[0].message_id;
       }
-      await client.query(`select runledger.start_run(p_workflow => $1, p_input => $2::jsonb, p_options => $3::jsonb)`, [
+      await tx.query(`select runledger.start_run(p_workflow => $1, p_input => $2::jsonb, p_options => $3::jsonb)`, [
         DELIVERY_WORKFLOW,
         JSON.stringify(input),
         JSON.stringify(options),
       ]);
-      await client.query('commit');
-    } catch (error) {
-      await client.query('rollback').catch(() => {
-        broken = true;
-      });
-      throw error;
-    } finally {
-      client.release(broken);
-    }
-    return { messageId };
+      return undefined;
+    });
+    return { messageId: live === undefined ? messageId : MessageId.parse(live) };
   };
 }
 
