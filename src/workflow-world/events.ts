@@ -18,7 +18,6 @@ import {
 } from '@workflow/errors';
 import {
   CreateEventSchema,
-  SPEC_VERSION_CURRENT,
   applyAttributeChanges,
   isChildEntityCreationEvent,
   isHookEventRequiringExistence,
@@ -26,7 +25,6 @@ import {
   isTerminalRunEventType,
   isTerminalStepStatus,
   isTerminalWorkflowRunStatus,
-  requiresNewerWorld,
   validateAttributeChanges,
   validateUlidTimestamp,
   type AttributeChange,
@@ -41,6 +39,7 @@ import type pg from 'pg';
 import { monotonicFactory } from 'ulid';
 import { encodeValue } from './codec.js';
 import { inTransaction } from './transaction.js';
+import { WORLD_SPEC_VERSION } from './spec.js';
 import { EVENT_COLUMNS, HOOK_COLUMNS, RUN_COLUMNS, STEP_COLUMNS, WAIT_COLUMNS, toEvent, toHook, toRun, toStep, toWait } from './rows.js';
 
 /** What events.create receives: an event request, loosely typed (its shape is checked by the SDK's schemas on the way out). */
@@ -395,7 +394,7 @@ export function createEventWriter(
       throw new WorkflowWorldError(`Not an event the Workflow SDK's spec knows: ${checked.error.message.slice(0, 500)}`, { status: 400 });
     const data = dataArg as EventRequest;
     const resolveData = params?.resolveData ?? 'all';
-    const specVersion = data.specVersion ?? SPEC_VERSION_CURRENT;
+    const specVersion = data.specVersion ?? WORLD_SPEC_VERSION;
     let runId: string;
     if (data.eventType === 'run_created') {
       if (runIdArg) {
@@ -427,7 +426,7 @@ export function createEventWriter(
         } else throw new WorkflowRunNotFoundError(runId);
       }
       const run = await runRow(tx, runId);
-      if (requiresNewerWorld(run.specVersion)) throw new RunNotSupportedError(run.specVersion as number, SPEC_VERSION_CURRENT);
+      if ((run.specVersion ?? 0) > WORLD_SPEC_VERSION) throw new RunNotSupportedError(run.specVersion as number, WORLD_SPEC_VERSION);
       if (isLegacySpecVersion(run.specVersion))
         throw new WorkflowWorldError(
           `Run "${runId}" was written by a pre-event-sourcing SDK (specVersion ${String(run.specVersion)}); runledger's World serves specVersion 2 and later`,

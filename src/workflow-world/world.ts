@@ -5,11 +5,12 @@
  * (which the SDK calls in the app's process) migrates the schema and runs a runledger worker
  * for the deliveries; a process that only starts workflows needs no start().
  */
-import { SPEC_VERSION_CURRENT, type World } from '@workflow/world';
+import type { World } from '@workflow/world';
 import { ConfigError, createEngine, type Engine, type Worker } from '../index.js';
 import { createEventWriter } from './events.js';
 import { DELIVERY_WORKFLOW, createEnqueue, createQueueHandler, defineDelivery, type QueueConfig } from './queue.js';
 import { createEventReads, createHookReads, createRunReads, createStepReads } from './reads.js';
+import { WORLD_SPEC_VERSION } from './spec.js';
 import { createStreamer } from './streamer.js';
 
 export interface RunledgerWorldOptions {
@@ -101,7 +102,7 @@ export function createWorld(options: RunledgerWorldOptions = {}): RunledgerWorld
   let starting: Promise<void> | undefined;
 
   const world = {
-    specVersion: SPEC_VERSION_CURRENT,
+    specVersion: WORLD_SPEC_VERSION,
     engine,
     getDeploymentId: async () => options.deploymentId ?? 'runledger',
     queue: createEnqueue(pool, config, ready),

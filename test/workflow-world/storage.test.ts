@@ -181,6 +181,17 @@ describe('the event log', () => {
     expect((await create(second, { eventType: 'hook_created', correlationId: 'hook_c', eventData: { token } })).hook?.runId).toBe(second);
   });
 
+  it('serves World spec 5, and refuses a run written under a newer spec rather than half understand it', async () => {
+    expect(world_().specVersion).toBe(5);
+    const created = await world_().events.create(null, {
+      eventType: 'run_created',
+      eventData: { deploymentId: 'dpl-1', workflowName: 'from-the-future', input: bytes(1) },
+      specVersion: 6,
+    } as never);
+    const refused = await rejection(create(created.run!.runId, { eventType: 'run_started' }));
+    expect(refused.name).toBe('RunNotSupportedError');
+  });
+
   it('refuses an event request the SDK spec does not know, writing nothing', async () => {
     const runId = await newRun();
     const bad = await rejection(create(runId, { eventType: 'step_created', correlationId: 'step_x', eventData: { input: bytes(1) } }));
