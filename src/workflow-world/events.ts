@@ -67,6 +67,22 @@ interface Outcome {
   storedData?: unknown;
 }
 
+const CROCKFORD = '0123456789ABCDEFGHJKMNPQRSTVWXYZ';
+
+/** The ULID-shaped id right after `id` ('wevt_' and 26 Crockford base32 characters): its last character incremented, with carry. */
+export function successor(id: string): string {
+  const chars = id.split('');
+  for (let i = chars.length - 1; i >= id.length - 26; i--) {
+    const digit = CROCKFORD.indexOf(chars[i]!);
+    if (digit < CROCKFORD.length - 1) {
+      chars[i] = CROCKFORD[digit + 1]!;
+      return chars.join('');
+    }
+    chars[i] = '0';
+  }
+  throw new WorkflowWorldError(`No event id after ${id}`);
+}
+
 function isUniqueViolation(error: unknown, constraint: string): boolean {
   const pgError = error as { code?: string; constraint?: string } | null;
   return pgError?.code === '23505' && pgError.constraint === constraint;
@@ -76,7 +92,19 @@ export function createEventWriter(
   pool: pg.Pool,
 ): (runId: string | null, data: unknown, params?: CreateEventParams) => Promise<EventResult> {
   const ulid = monotonicFactory();
-  const newEventId = () => `wevt_${ulid()}`;
+  /**
+   * The last event id of the run each transaction holds the lock of: a new id is after it even
+   * when this process's clock is behind the one that wrote it, so a run's log, read in event_id
+   * order, is in the order its events committed (writers of one run take turns on its row lock).
+   */
+  const lastIds = new WeakMap<Tx, string>();
+  const newEventId = (tx: Tx): string => {
+    const last = lastIds.get(tx);
+    let id = `wevt_${ulid()}`;
+    if (last !== undefined && id <= last) id = successor(last);
+    lastIds.set(tx, id);
+    return id;
+  };
 
   async function runRow(tx: Tx, runId: string): Promise<WorkflowRun> {
     const { rows } = await tx.query(`select ${RUN_COLUMNS} from runledger.wf_runs where run_id = $1`, [runId]);
@@ -130,7 +158,7 @@ export function createEventWriter(
       ],
     );
     if (rowCount === 0) return false;
-    await insertEvent(tx, runId, newEventId(), 'run_created', undefined, eventData, specVersion);
+    await insertEvent(tx, runId, newEventId(tx), 'run_created', undefined, eventData, specVersion);
     return true;
   }
 
@@ -314,7 +342,7 @@ export function createEventWriter(
       await insertEvent(
         tx,
         runId,
-        newEventId(),
+        newEventId(tx),
         'step_created',
         stepId,
         { stepName: eventData.stepName, input: eventData.input },
@@ -407,6 +435,7 @@ export function createEventWriter(
 
     return inTransaction(pool, async (tx) => {
       if (data.eventType === 'run_created') {
+        lastIds.delete(tx);
         if (!(await createRun(tx, runId, data.eventData ?? {}, specVersion)))
           throw new EntityConflictError(`Workflow run "${runId}" already exists`);
         const { rows } = await tx.query(
@@ -415,7 +444,14 @@ export function createEventWriter(
         );
         return { event: toEvent(rows[0], resolveData), run: await runRow(tx, runId) } as EventResult;
       }
-      const locked = await tx.query(`select run_id from runledger.wf_runs where run_id = $1 for update`, [runId]);
+      lastIds.delete(tx);
+      const locked = await tx.query<{ last_event_id: string | null }>(
+        `select (select max(event_id) from runledger.wf_events e where e.run_id = r.run_id) as last_event_id
+           from runledger.wf_runs r where r.run_id = $1 for update`,
+        [runId],
+      );
+      const lastEventId = locked.rows[0]?.last_event_id;
+      if (lastEventId) lastIds.set(tx, lastEventId);
       if (locked.rowCount === 0) {
         // Resilient start: a run_started that carries the run's creation data creates the run
         // (its start() may have failed to write run_created before the message was queued).
@@ -447,7 +483,7 @@ export function createEventWriter(
 
       const eventType = outcome.event?.eventType ?? data.eventType;
       const stored = outcome.event !== undefined ? outcome.event.eventData : 'storedData' in outcome ? outcome.storedData : data.eventData;
-      const row = await insertEvent(tx, runId, newEventId(), eventType, data.correlationId, stored, specVersion);
+      const row = await insertEvent(tx, runId, newEventId(tx), eventType, data.correlationId, stored, specVersion);
       const event = toEvent(row, resolveData);
       const result: EventResult = { event, run: outcome.run, step: outcome.step, hook: outcome.hook, wait: outcome.wait };
       if (outcome.stepCreated) result.stepCreated = true;

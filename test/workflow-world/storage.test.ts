@@ -1,6 +1,8 @@
 import { SPEC_VERSION_CURRENT } from '@workflow/world';
 import { afterAll, describe, expect, it } from 'vitest';
 import { createWorld, type RunledgerWorld } from '../../src/workflow-world/index.js';
+import { successor } from '../../src/workflow-world/events.js';
+import { encodeTime } from 'ulid';
 import { useTestEngine } from '../helpers/test-engine.js';
 
 /**
@@ -190,6 +192,22 @@ describe('the event log', () => {
     } as never);
     const refused = await rejection(create(created.run!.runId, { eventType: 'run_started' }));
     expect(refused.name).toBe('RunNotSupportedError');
+  });
+
+  it("orders a run's log by commit even when a writer's clock is behind the last writer's", async () => {
+    const runId = await newRun();
+    // An event written by a process whose clock runs an hour ahead of this one.
+    const ahead = `wevt_${encodeTime(Date.now() + 3_600_000)}ZZZZZZZZZZZZZZZZ`;
+    await t.db.pool.query(
+      `insert into runledger.wf_events (event_id, run_id, event_type, spec_version) values ($1, $2, 'run_started', 5)`,
+      [ahead, runId],
+    );
+    const next = await create(runId, { eventType: 'step_created', correlationId: 'step_1', eventData: { stepName: 's', input: bytes(1) } });
+    expect(next.event!.eventId > ahead).toBe(true);
+    expect(next.event!.eventId).toBe(successor(ahead));
+    const log = await world_().events.list({ runId });
+    expect(log.data.map((e) => e.eventType)).toEqual(['run_created', 'run_started', 'step_created']);
+    expect(successor('wevt_01ARZ3NDEKTSV4RRFFQ69G5FAZ')).toBe('wevt_01ARZ3NDEKTSV4RRFFQ69G5FB0');
   });
 
   it('refuses an event request the SDK spec does not know, writing nothing', async () => {
