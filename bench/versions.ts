@@ -84,7 +84,7 @@ try {
     await new Promise((resolve) => setTimeout(resolve, 20));
   }
   const migrateMs = performance.now() - started;
-  console.log(`migrated ${marked.length} waiting runs in ${migrateMs.toFixed(0)} ms (marked in ${markedMs.toFixed(0)} ms)`);
+  console.log(`migrated ${marked.marked.length} waiting runs in ${migrateMs.toFixed(0)} ms (marked in ${markedMs.toFixed(0)} ms)`);
 
   // (2) ctx.patched per call.
   const times: Record<string, number[]> = Object.fromEntries(Object.keys(kinds).map((k) => [k, []]));
