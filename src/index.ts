@@ -11,6 +11,8 @@ export type {
   TracerProviderLike,
 } from './engine/index.js';
 export { REDACTED } from './engine/core/redaction.js';
+/** Why a string cannot be stored in PostgreSQL (a NUL, a lone surrogate), or undefined: for adapters that check their input. */
+export { unstorableReason } from './engine/core/storable.js';
 export { defineWorkflow } from './engine/core/workflow.js';
 export { aesGcmCodec, isAesGcmEnvelope } from './engine/core/codec.js';
 export type { AesGcmCodecOptions, AesGcmEnvelope, JsonValue, PayloadCodec } from './engine/core/codec.js';

@@ -39,6 +39,7 @@ import type pg from 'pg';
 import { monotonicFactory } from 'ulid';
 import { encodeValue } from './codec.js';
 import { inTransaction } from './transaction.js';
+import { invalid, storable } from './invalid.js';
 import { WORLD_SPEC_VERSION } from './spec.js';
 import { EVENT_COLUMNS, HOOK_COLUMNS, RUN_COLUMNS, STEP_COLUMNS, WAIT_COLUMNS, toEvent, toHook, toRun, toStep, toWait } from './rows.js';
 
@@ -315,7 +316,7 @@ export function createEventWriter(
         throw new EntityConflictError(`Wait "${correlationId}" already completed`);
       }
       default:
-        throw new WorkflowWorldError(`Unknown event type "${data.eventType}"`, { status: 400 });
+        throw invalid(`unknown event type "${data.eventType}"`);
     }
   }
 
@@ -418,19 +419,23 @@ export function createEventWriter(
   return async function create(runIdArg, dataArg, params) {
     // A request the SDK's own schema refuses is refused here, before anything is written.
     const checked = CreateEventSchema.safeParse(dataArg);
-    if (!checked.success)
-      throw new WorkflowWorldError(`Not an event the Workflow SDK's spec knows: ${checked.error.message.slice(0, 500)}`, { status: 400 });
+    if (!checked.success) throw invalid(`Not an event the Workflow SDK's spec knows: ${checked.error.message.slice(0, 500)}`);
     const data = dataArg as EventRequest;
+    // What goes to text and jsonb columns; payloads go to json columns, which keep any string.
+    storable('runId', runIdArg);
+    storable('correlationId', data.correlationId);
+    for (const field of ['token', 'stepName', 'workflowName', 'deploymentId', 'errorCode', 'attributes', 'changes'])
+      storable(`eventData.${field}`, data.eventData?.[field]);
     const resolveData = params?.resolveData ?? 'all';
     const specVersion = data.specVersion ?? WORLD_SPEC_VERSION;
     let runId: string;
     if (data.eventType === 'run_created') {
       if (runIdArg) {
-        const invalid = validateUlidTimestamp(runIdArg, 'wrun_');
-        if (invalid) throw new WorkflowWorldError(invalid, { status: 400 });
+        const stale = validateUlidTimestamp(runIdArg, 'wrun_');
+        if (stale) throw invalid(stale);
         runId = runIdArg;
       } else runId = `wrun_${ulid()}`;
-    } else if (!runIdArg) throw new WorkflowWorldError('runId is required for non-run_created events', { status: 400 });
+    } else if (!runIdArg) throw invalid('runId is required for non-run_created events');
     else runId = runIdArg;
 
     return inTransaction(pool, async (tx) => {

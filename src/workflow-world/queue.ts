@@ -14,6 +14,7 @@ import { monotonicFactory } from 'ulid';
 import type { Engine, Workflow } from '../index.js';
 import { decodeValue, encodeValue } from './codec.js';
 import { inTransaction } from './transaction.js';
+import { invalid, storable } from './invalid.js';
 
 /** The runledger workflow whose runs deliver the SDK's messages. */
 export const DELIVERY_WORKFLOW = 'workflow-world';
@@ -56,6 +57,7 @@ async function deliver(config: QueueConfig, message: DeliveryInput, attempt: num
   if (!base)
     throw new WorkflowWorldError(
       'runledger/workflow-world: no URL to deliver to: set WORKFLOW_RUNLEDGER_BASE_URL (or PORT, for http://localhost:$PORT), or createWorld({ baseUrl })',
+      { code: 'CONFIG' },
     );
   const url = `${base.replace(/\/+$/, '')}/.well-known/workflow/v1/${handlerPath(message.queueName)}`;
   const response = await fetch(url, {
@@ -122,9 +124,9 @@ export function createEnqueue(pool: pg.Pool, config: QueueConfig, ready: () => P
     };
     const delaySeconds = opts?.delaySeconds ?? 0;
     if (typeof delaySeconds !== 'number' || !Number.isFinite(delaySeconds) || delaySeconds < 0)
-      throw new WorkflowWorldError(`runledger/workflow-world: delaySeconds must be a number >= 0, got ${String(delaySeconds)}`, {
-        status: 400,
-      });
+      throw invalid(`delaySeconds must be a number >= 0, got ${String(delaySeconds)}`);
+    // The delivery's input is jsonb: its names and keys must be strings jsonb holds (the message itself is JSON text in it).
+    for (const field of ['queueName', 'runId', 'stepId', 'idempotencyKey', 'headers'] as const) storable(field, input[field]);
     const options: Record<string, unknown> = { queue: config.queue };
     if (delaySeconds > 0) options.run_in_ms = Math.round(delaySeconds * 1000);
     // Invocations of one SDK run (not its background steps) share a concurrency key, for a

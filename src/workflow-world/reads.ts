@@ -34,6 +34,7 @@ import {
   toRun,
   toStep,
 } from './rows.js';
+import { invalid, storable } from './invalid.js';
 
 type Queryable = Pick<pg.Pool, 'query'>;
 
@@ -50,13 +51,13 @@ interface Page<T> {
 
 function pageLimit(pagination: PaginationOptions | undefined, fallback: number): number {
   const asked = pagination?.limit ?? fallback;
-  if (!Number.isInteger(asked) || asked < 1)
-    throw new WorkflowWorldError(`pagination.limit must be a whole number >= 1, got ${String(asked)}`);
+  if (!Number.isInteger(asked) || asked < 1) throw invalid(`pagination.limit must be a whole number >= 1, got ${String(asked)}`);
   return Math.min(asked, MAX_PAGE);
 }
 
 /** Runs a keyset page query that asks for limit + 1 rows: the extra one says whether there are more. */
 async function page<T>(db: Queryable, spec: Page<T>): Promise<PaginatedResponse<T>> {
+  storable('a filter or cursor', spec.params);
   const { rows } = await db.query(spec.sql, [...spec.params, spec.limit + 1]);
   const data = rows.slice(0, spec.limit).map(spec.map);
   const last = data.at(-1);
@@ -73,6 +74,7 @@ function after(column: string, order: 'asc' | 'desc', cursor: string | undefined
 export function createRunReads(db: Queryable): Storage['runs'] {
   return {
     async get(id: string, params?: GetWorkflowRunParams) {
+      storable('runId', id);
       const { rows } = await db.query(`select ${RUN_COLUMNS} from runledger.wf_runs where run_id = $1`, [id]);
       if (rows.length === 0) throw new WorkflowRunNotFoundError(id);
       return runData(toRun(rows[0]), params?.resolveData);
@@ -104,6 +106,8 @@ export function createRunReads(db: Queryable): Storage['runs'] {
 export function createStepReads(db: Queryable): Storage['steps'] {
   return {
     async get(runId: string, stepId: string, params?: GetStepParams) {
+      storable('runId', runId);
+      storable('stepId', stepId);
       const { rows } = await db.query(`select ${STEP_COLUMNS} from runledger.wf_steps where run_id = $1 and step_id = $2`, [runId, stepId]);
       if (rows.length === 0) throw new WorkflowWorldError(`Step not found: ${stepId}`, { status: 404 });
       return stepData(toStep(rows[0]), params?.resolveData);
@@ -125,6 +129,7 @@ export function createStepReads(db: Queryable): Storage['steps'] {
 
 export function createHookReads(db: Queryable): Storage['hooks'] {
   const one = async (column: 'hook_id' | 'token', value: string, params?: GetHookParams): Promise<Hook> => {
+    storable(column === 'token' ? 'token' : 'hookId', value);
     const { rows } = await db.query(`select ${HOOK_COLUMNS} from runledger.wf_hooks where ${column} = $1`, [value]);
     if (rows.length === 0) throw new HookNotFoundError(value);
     return hookData(toHook(rows[0]), params?.resolveData);
@@ -168,6 +173,8 @@ export function createEventReads(db: Queryable): Pick<Storage['events'], 'get' |
   };
   return {
     async get(runId: string, eventId: string, params?: GetEventParams) {
+      storable('runId', runId);
+      storable('eventId', eventId);
       const { rows } = await db.query(`select ${EVENT_COLUMNS} from runledger.wf_events where run_id = $1 and event_id = $2`, [
         runId,
         eventId,

@@ -7,6 +7,7 @@
 import { EventEmitter } from 'node:events';
 import type { GetChunksOptions, StreamChunksResponse, StreamInfoResponse, Streamer } from '@workflow/world';
 import pg from 'pg';
+import { invalid, storable } from './invalid.js';
 
 const CHANNEL = 'runledger_wf_stream';
 const POLL_MS = 1_000;
@@ -31,7 +32,7 @@ function readCursor(cursor: string | undefined): { seq: string; index: number } 
   } catch {
     // fall through
   }
-  throw new Error(`runledger/workflow-world: not a stream cursor: ${cursor}`);
+  throw invalid(`not a stream cursor: ${cursor}`);
 }
 
 export interface StreamerHandle extends Streamer {
@@ -63,6 +64,8 @@ export function createStreamer(pool: pg.Pool): StreamerHandle {
   };
 
   const insert = async (runId: string, name: string, chunks: Buffer[], eof: boolean) => {
+    storable('runId', runId);
+    storable('stream name', name);
     await pool.query(
       `with written as (
          insert into runledger.wf_stream_chunks (stream_name, run_id, data, eof)
@@ -83,6 +86,7 @@ export function createStreamer(pool: pg.Pool): StreamerHandle {
       await insert(await runId, name, [Buffer.alloc(0)], true);
     },
     async list(runId) {
+      storable('runId', runId);
       const { rows } = await pool.query<{ stream_name: string }>(
         'select distinct stream_name from runledger.wf_stream_chunks where run_id = $1 order by stream_name',
         [runId],
@@ -90,6 +94,7 @@ export function createStreamer(pool: pg.Pool): StreamerHandle {
       return rows.map((row) => row.stream_name);
     },
     async getInfo(_runId, name): Promise<StreamInfoResponse> {
+      storable('stream name', name);
       const { rows } = await pool.query<{ chunks: number; done: boolean }>(
         `select (count(*) filter (where not eof))::int as chunks, bool_or(eof) is true as done
            from runledger.wf_stream_chunks where stream_name = $1`,
@@ -99,9 +104,9 @@ export function createStreamer(pool: pg.Pool): StreamerHandle {
       return { tailIndex: (info?.chunks ?? 0) - 1, done: info?.done ?? false };
     },
     async getChunks(_runId, name, options?: GetChunksOptions): Promise<StreamChunksResponse> {
+      storable('stream name', name);
       const limit = Math.min(options?.limit ?? 100, 1000);
-      if (!Number.isInteger(limit) || limit < 1)
-        throw new Error(`runledger/workflow-world: limit must be a whole number >= 1, got ${String(options?.limit)}`);
+      if (!Number.isInteger(limit) || limit < 1) throw invalid(`limit must be a whole number >= 1, got ${String(options?.limit)}`);
       const from = readCursor(options?.cursor);
       const { rows } = await pool.query<ChunkRow & { done: boolean }>(
         `select seq::text as seq, data, eof,
@@ -123,6 +128,7 @@ export function createStreamer(pool: pg.Pool): StreamerHandle {
       };
     },
     async get(_runId, name, startIndex = 0) {
+      storable('stream name', name);
       listen();
       let lastSeq = '0';
       let skip = startIndex;

@@ -174,6 +174,19 @@ describe('bad input', () => {
     }
     expect(await deliveryRuns('bad')).toEqual([]);
   });
+
+  it('a key, a header or a run id PostgreSQL cannot store is INVALID_INPUT, and nothing is queued; in the message itself it is delivered as it was', async () => {
+    const refused = [
+      world.queue('__wkf_workflow_bad', { runId: 'wrun_bad', tag: 'bad' } as never, { idempotencyKey: 'k\u0000' }),
+      world.queue('__wkf_workflow_bad', { runId: 'wrun_bad', tag: 'bad' } as never, { headers: { 'x-trace': 'v\ud800' } }),
+      world.queue('__wkf_workflow_bad', { runId: 'wrun_\u0000', tag: 'bad' } as never),
+    ];
+    for (const attempt of refused) await expect(attempt).rejects.toMatchObject({ name: 'WorkflowWorldError', code: 'INVALID_INPUT' });
+    expect(await deliveryRuns('bad')).toEqual([]);
+    await world.queue('__wkf_workflow_odd', { runId: 'wrun_odd', tag: 'odd', text: 'nul \u0000 half \ud83d' } as never);
+    await waitFor('the odd message', async () => deliveriesOf('odd').length === 1);
+    expect(deliveriesOf('odd')[0]!.body.text).toBe('nul \u0000 half \ud83d');
+  });
 });
 
 describe('the queue handler', () => {

@@ -242,6 +242,67 @@ describe('the event log', () => {
   });
 });
 
+describe('strings PostgreSQL cannot store', () => {
+  const NUL = 'a\u0000b';
+  const LONE = 'tok-\ud83d';
+
+  it('in an id, a token, a name or an attribute: INVALID_INPUT naming the field, nothing written, other runs unaffected', async () => {
+    const runId = await newRun();
+    const good = await newRun();
+    const bad = [
+      create(runId, { eventType: 'step_created', correlationId: NUL, eventData: { stepName: 's', input: bytes(1) } }),
+      create(runId, { eventType: 'hook_created', correlationId: 'hook_x', eventData: { token: LONE } }),
+      create(runId, { eventType: 'step_created', correlationId: 'step_y', eventData: { stepName: LONE, input: bytes(1) } }),
+      create(runId, {
+        eventType: 'attr_set',
+        correlationId: 'a1',
+        eventData: { changes: [{ key: 'k', value: NUL }], writer: { type: 'workflow' } },
+      }),
+      world_().events.create(null, {
+        eventType: 'run_created',
+        eventData: { deploymentId: 'd', workflowName: NUL, input: bytes() },
+        ...spec,
+      } as never),
+    ];
+    // Another run's events, written at the same time, are not affected.
+    const [outcomes, fine] = await Promise.all([
+      Promise.allSettled(bad),
+      create(good, { eventType: 'step_created', correlationId: 'step_ok', eventData: { stepName: 'ok', input: bytes(1) } }),
+    ]);
+    expect(fine.step?.stepId).toBe('step_ok');
+    const reasons = outcomes.map((o) => (o as PromiseRejectedResult).reason as { name: string; code: string; message: string });
+    expect(reasons.map((r) => [r.name, r.code])).toEqual(Array(5).fill(['WorkflowWorldError', 'INVALID_INPUT']));
+    expect(reasons[0]!.message).toContain('correlationId holds a NUL character');
+    expect(reasons[1]!.message).toContain('eventData.token holds a lone surrogate');
+    expect(reasons[3]!.message).toContain('eventData.changes[0].value holds a NUL character');
+    expect((await world_().events.list({ runId })).data.map((e) => e.eventType)).toEqual(['run_created']);
+    const { rows } = await t.db.pool.query('select count(*)::int as n from runledger.wf_runs where workflow_name = $1', ['a\ufffdb']);
+    expect(rows[0].n).toBe(0);
+  });
+
+  it('in a read: INVALID_INPUT, not a database error', async () => {
+    for (const read of [
+      world_().runs.get(NUL),
+      world_().steps.get('wrun_x', LONE),
+      world_().hooks.getByToken(LONE),
+      world_().events.get('wrun_x', NUL),
+      world_().runs.list({ workflowName: NUL }),
+      world_().events.listByCorrelationId({ correlationId: LONE }),
+    ])
+      expect(await rejection(read)).toMatchObject({ name: 'WorkflowWorldError', code: 'INVALID_INPUT' });
+  });
+
+  it('in a payload: stored and read back as it was (payloads are json, which keeps both)', async () => {
+    const runId = await newRun();
+    await create(runId, {
+      eventType: 'hook_created',
+      correlationId: 'hook_p',
+      eventData: { token: `p-${runId}`, metadata: { note: `${NUL}${LONE}` } },
+    });
+    expect((await world_().hooks.get('hook_p')).metadata).toEqual({ note: `${NUL}${LONE}` });
+  });
+});
+
 describe('the reads the suite does not call', () => {
   it('runs.list: newest first, filtered by workflow and status, in pages, without data on resolveData none', async () => {
     const ids: string[] = [];

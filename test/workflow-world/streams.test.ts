@@ -49,6 +49,14 @@ describe('streams', () => {
     expect(await readAll(await w().streams.get(runId, 'strm_a', -1))).toEqual(['\u0000th\u0000']);
   });
 
+  it('a stream name or run id PostgreSQL cannot store is INVALID_INPUT; chunk bytes are any bytes', async () => {
+    await expect(w().streams.write('wrun_streams_3', 'strm_\u0000', 'x')).rejects.toMatchObject({ code: 'INVALID_INPUT' });
+    await expect(w().streams.write('wrun_\ud800', 'strm_ok', 'x')).rejects.toMatchObject({ code: 'INVALID_INPUT' });
+    await expect(w().streams.getInfo('wrun_streams_3', 'strm_\u0000')).rejects.toMatchObject({ code: 'INVALID_INPUT' });
+    await expect(w().streams.getChunks('wrun_streams_3', 'strm_ok', { limit: 0 })).rejects.toMatchObject({ code: 'INVALID_INPUT' });
+    expect(await w().streams.list('wrun_streams_3')).toEqual([]);
+  });
+
   it('a reader that starts first receives the chunks as they are written, and ends at close', async () => {
     const runId = 'wrun_streams_2';
     const reading = readAll(await w().streams.get(runId, 'strm_live'));
