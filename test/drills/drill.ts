@@ -79,11 +79,25 @@ export async function progress(url: string): Promise<number> {
   }
 }
 
-/** Milliseconds from now until progress() grows past `before` (the first claim or commit after a fault). */
-export async function timeToRecover(url: string, before: number): Promise<number> {
+/**
+ * Milliseconds from now until progress() grows past `before` (the first claim or commit after a
+ * fault). With `finished`: undefined when the work ended before the fault, so that nothing was
+ * left to make progress on (the load's last runs finished while the server went down).
+ */
+export async function timeToRecover(url: string, before: number, finished?: () => Promise<boolean>): Promise<number | undefined> {
   const from = Date.now();
+  let idle = false;
   try {
-    await waitFor('progress after the fault', async () => (await progress(url).catch(() => before)) > before, 60_000);
+    await waitFor(
+      'progress after the fault',
+      async () => {
+        if ((await progress(url).catch(() => before)) > before) return true;
+        idle = (await finished?.().catch(() => false)) ?? false;
+        return idle;
+      },
+      60_000,
+    );
+    if (idle) return undefined;
   } catch (error) {
     const client = new pg.Client({ connectionString: url });
     await client.connect();

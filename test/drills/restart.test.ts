@@ -142,7 +142,14 @@ describe('PostgreSQL restarted under load (pg_ctl stop -m immediate)', () => {
       await sleep(downMs);
       server.start();
       downtimes.push(downMs);
-      recoveries.push(await timeToRecover(url, await progress(url)));
+      // The signals may all have gone out, and the last runs finished, while the server was down:
+      // then there is nothing to recover to, and no recovery to time (the invariants below still hold).
+      const recovery = await timeToRecover(
+        url,
+        await progress(url),
+        async () => !sending && (await unfinished(url, [...runIds, ...holdRunIds])) === 0,
+      );
+      if (recovery !== undefined) recoveries.push(recovery);
       if (faults === 4 && sweepFault) workers.push(await drillWorker(url, { PGAPPNAME: 'drill-worker-3' }));
     }
     await sender.done;
